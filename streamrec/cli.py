@@ -1,0 +1,105 @@
+"""The ``streamrec`` command line: one entry point, one subcommand per part.
+
+Each part registers its own subcommands from a ``cli`` module exposing
+``register(subparsers, common)``; this module owns only the shared options
+(``--config``, ``--set``, ``--bootstrap``, ``--log-level``) and the broker choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import logging
+import sys
+from typing import Iterator
+
+from .config import Config, ConfigError, load_config, parse_overrides
+
+COMMAND_MODULES = [
+    "ingest.cli",
+    "sketch.cli",
+    "trainer.cli",
+    "serving.cli",
+    "streamrec.demo",
+    "streamrec.report",
+    "benchmarks.cli",
+]
+
+
+def common_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("common options")
+    g.add_argument("--config", "-c", metavar="FILE", help="TOML config file (default: built-in defaults)")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config key (repeatable); env STREAMREC_SECTION__KEY does the same")
+    g.add_argument("--bootstrap", metavar="HOST:PORT",
+                   help="use this Kafka cluster instead of the embedded broker")
+    g.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    overrides = parse_overrides(args.overrides or [])
+    if getattr(args, "bootstrap", None):
+        overrides["kafka.bootstrap"] = args.bootstrap
+    return load_config(args.config, overrides)
+
+
+@contextlib.contextmanager
+def kafka_bootstrap(cfg: Config, create_topics: bool = True) -> Iterator[str]:
+    """Yield a bootstrap address: the configured cluster, or a fresh embedded broker."""
+    from ingest import EmbeddedBroker, ensure_topics, pipeline_topics, wait_for_broker
+
+    if cfg.kafka.bootstrap:
+        wait_for_broker(cfg.kafka.bootstrap)
+        if create_topics:
+            ensure_topics(cfg.kafka.bootstrap, pipeline_topics(cfg))
+        yield cfg.kafka.bootstrap
+        return
+    with EmbeddedBroker() as broker:
+        logging.getLogger("streamrec").info("embedded broker listening on %s", broker.bootstrap)
+        if create_topics:
+            ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+        yield broker.bootstrap
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = common_parser()
+    parser = argparse.ArgumentParser(
+        prog="streamrec",
+        description="Streaming online learning for recommendation models: Kafka in, tiered embeddings, gRPC out.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name and name.startswith(e.name):
+                continue  # that part is not installed in this build
+            raise
+        mod.register(sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("kafka", "aiokafka", "faust", "mode"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"streamrec: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

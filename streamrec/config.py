@@ -1,0 +1,376 @@
+"""One typed configuration for every part of streamrec.
+
+Read from a TOML file, then overridden by ``STREAMREC_<SECTION>__<KEY>``
+environment variables, then by ``--set section.key=value`` on the command line.
+Every value is checked against its declared type; a bad value raises
+:class:`ConfigError` naming the key and the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown, missing or has a bad value."""
+
+
+@dataclass
+class FieldSpec:
+    """One sparse field of the model, and how the synthetic generator draws it."""
+
+    name: str
+    cardinality: int = 100_000  # distinct ids the generator draws from
+    zipf: float = 1.1  # generator's Zipf exponent
+    multi: int = 1  # ids per event the generator draws (1 = single-valued)
+
+
+@dataclass
+class ModelConfig:
+    fields: list[FieldSpec] = field(
+        default_factory=lambda: [
+            FieldSpec("user", cardinality=200_000, zipf=1.05),
+            FieldSpec("item", cardinality=100_000, zipf=1.2),
+            FieldSpec("category", cardinality=1_000, zipf=1.1),
+            FieldSpec("tags", cardinality=5_000, zipf=1.1, multi=3),
+        ]
+    )
+    dense_dim: int = 4
+    embedding_dim: int = 16
+    bottom_mlp: list[int] = field(default_factory=lambda: [32, 16])
+    top_mlp: list[int] = field(default_factory=lambda: [64, 32])
+    seed: int = 0  # seeds embedding initialisation: rows are a function of (table, id, seed)
+
+    @property
+    def field_names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+
+@dataclass
+class KafkaConfig:
+    bootstrap: str = ""  # empty: start the embedded broker
+    events_topic: str = "events"
+    dlq_topic: str = "events.dlq"
+    hotset_topic: str = "hot-set"
+    partitions: int = 4
+    trainer_group: str = "streamrec-trainer"
+    sketch_group: str = "streamrec-sketch"
+    codec: str = "arrow"  # wire form the producer writes: "arrow" or "json"
+    events_per_message: int = 512  # Arrow IPC messages hold this many events
+    max_poll_interval_ms: int = 15_000  # also the group rebalance timeout; long values slow group joins
+    consumer_mode: str = "group"  # group: join the consumer group; assign: take every partition, no join
+
+
+@dataclass
+class StoreConfig:
+    path: str = "data/store"
+    shards: int = 4
+    block_cache_mb: int = 256
+    host_cache_rows: int = 100_000  # bounded host-memory cache of cold rows (0 = off)
+    expire_after_s: float = 0.0  # 0 = never expire untouched rows
+    adagrad_lr: float = 0.05
+    adagrad_eps: float = 1e-8
+    init_scale: float = 0.05  # rows start uniform in [-init_scale, init_scale]
+
+
+@dataclass
+class SketchConfig:
+    epsilon: float = 1e-4
+    delta: float = 1e-3
+    half_life_s: float = 600.0
+    top_k: int = 20_000
+    publish_interval_s: float = 5.0
+    change_fraction: float = 0.2  # publish early when the hot set changed by this much
+    state_dir: str = "data/sketch"
+
+
+@dataclass
+class HotConfig:
+    budget_rows: int = 20_000  # rows kept on the device, over all tables
+    budget_bytes: int = 0  # 0 = use budget_rows
+
+
+@dataclass
+class TrainerConfig:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    batch_size: int = 1024
+    dense_optimizer: str = "adam"  # adam | adagrad
+    dense_lr: float = 1e-3
+    schedule: str = "fae"  # fae | arrival
+    hot_per_cold: int = 0  # 0 = interleave in proportion to what arrives
+    checkpoint_dir: str = "data/checkpoints"
+    checkpoint_every_events: int = 50_000
+    checkpoint_every_s: float = 30.0
+    keep_checkpoints: int = 3
+    snapshot_every: int = 1  # push a snapshot after every N checkpoints
+    full_snapshot_every: int = 10  # every N-th snapshot is full, the rest deltas
+    metrics_window: int = 20_000  # events in the sliding AUC/logloss window
+    metrics_port: int = 0  # Prometheus HTTP port, 0 = off
+    log_path: str = ""  # JSON-lines metrics log ("" = none)
+    max_events: int = 0  # stop after this many events (0 = run forever)
+    idle_exit_s: float = 0.0  # stop after this long without events (0 = never)
+
+
+@dataclass
+class ServingConfig:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    target: str = ""  # where clients and the trainer push: host:port ("" = host:port above)
+    data_dir: str = "data/serving"
+    push_token: str = ""  # required bearer token for PushSnapshot ("" = none)
+    predict_token: str = ""  # required bearer token for Predict ("" = none)
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""  # clients verify the server against this CA
+    max_message_mb: int = 64
+    max_batch: int = 4096  # events per Predict request
+    hot_rows: int = 100_000  # rows serving keeps in memory
+    workers: int = 8
+
+
+@dataclass
+class GeneratorConfig:
+    events: int = 200_000
+    seed: int = 7
+    label_noise: float = 1.0  # scale of the logistic noise in the hidden model
+    base_rate: float = 0.25  # approximate click rate
+    start_ts_ms: int = 1_700_000_000_000
+    events_per_s: float = 1000.0  # simulated time between events
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    sketch: SketchConfig = field(default_factory=SketchConfig)
+    hot: HotConfig = field(default_factory=HotConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def model_hash(self) -> str:
+        """Hash of what makes two models compatible (fields, sizes, seed)."""
+        blob = json.dumps(dataclasses.asdict(self.model), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def serving_target(self) -> str:
+        return self.serving.target or f"{self.serving.host}:{self.serving.port}"
+
+
+ENV_PREFIX = "STREAMREC_"
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; convert strings from env/CLI."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            if arg is type(None) and value is None:
+                return None
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: {value!r} matches none of {tp}")
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and isinstance(value, tp):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{key}: expected a table, got {value!r}") from e
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a table, got {type(value).__name__} {value!r}")
+        return _build(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        where = f"[{prefix}]" if prefix else "top level"
+        raise ConfigError(f"unknown key {unknown[0]!r} in {where}; known keys: {', '.join(sorted(names))}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if f.name in data:
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{key}: missing required key")
+    obj = cls(**kwargs)
+    _validate(obj, prefix)
+    return obj
+
+
+def _validate(obj: Any, prefix: str) -> None:
+    """Semantic checks beyond types."""
+
+    def bad(key: str, msg: str) -> None:
+        raise ConfigError(f"{prefix + '.' if prefix else ''}{key}: {msg}")
+
+    if isinstance(obj, ModelConfig):
+        if not obj.fields:
+            bad("fields", "at least one sparse field is needed")
+        names = [f.name for f in obj.fields]
+        if len(set(names)) != len(names):
+            bad("fields", f"duplicate field names in {names}")
+        if obj.dense_dim < 0:
+            bad("dense_dim", "must be >= 0")
+        if obj.embedding_dim <= 0:
+            bad("embedding_dim", "must be > 0")
+        if obj.bottom_mlp and obj.bottom_mlp[-1] != obj.embedding_dim:
+            bad("bottom_mlp", f"last layer must equal embedding_dim ({obj.embedding_dim}) for the dot interaction")
+    elif isinstance(obj, FieldSpec):
+        if not obj.name or not obj.name.replace("_", "").replace("-", "").isalnum():
+            bad("name", f"{obj.name!r} is not a valid field name")
+        if obj.cardinality < 1 or obj.cardinality > 10**9:
+            bad("cardinality", "must be in 1..1e9")
+        if obj.zipf <= 0:
+            bad("zipf", "must be > 0")
+        if obj.multi < 1:
+            bad("multi", "must be >= 1")
+    elif isinstance(obj, KafkaConfig):
+        if obj.codec not in ("arrow", "json"):
+            bad("codec", f"must be 'arrow' or 'json', got {obj.codec!r}")
+        if obj.partitions < 1:
+            bad("partitions", "must be >= 1")
+        if obj.consumer_mode not in ("group", "assign"):
+            bad("consumer_mode", f"must be 'group' or 'assign', got {obj.consumer_mode!r}")
+        if obj.events_per_message < 1:
+            bad("events_per_message", "must be >= 1")
+    elif isinstance(obj, StoreConfig):
+        if not 1 <= obj.shards <= 256:
+            bad("shards", "must be in 1..256")
+    elif isinstance(obj, SketchConfig):
+        if not 0 < obj.epsilon < 1:
+            bad("epsilon", "must be in (0, 1)")
+        if not 0 < obj.delta < 1:
+            bad("delta", "must be in (0, 1)")
+        if obj.half_life_s <= 0:
+            bad("half_life_s", "must be > 0")
+    elif isinstance(obj, TrainerConfig):
+        if obj.batch_size < 1:
+            bad("batch_size", "must be >= 1")
+        if obj.dense_optimizer not in ("adam", "adagrad"):
+            bad("dense_optimizer", f"must be 'adam' or 'adagrad', got {obj.dense_optimizer!r}")
+        if obj.schedule not in ("fae", "arrival"):
+            bad("schedule", f"must be 'fae' or 'arrival', got {obj.schedule!r}")
+        if obj.device != "auto" and not (obj.device == "cpu" or obj.device.startswith("cuda")):
+            bad("device", f"must be auto, cpu or cuda[:N], got {obj.device!r}")
+    elif isinstance(obj, ServingConfig):
+        if not 0 <= obj.port <= 65535:
+            bad("port", "must be in 0..65535")
+        if bool(obj.tls_cert) != bool(obj.tls_key):
+            bad("tls_cert", "tls_cert and tls_key must be given together")
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    parts = dotted.split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"{source}: expected section.key, got {dotted!r}")
+    section, key = parts
+    sections = {f.name for f in dataclasses.fields(Config)}
+    if section not in sections:
+        raise ConfigError(f"{source}: unknown section {section!r}; known: {', '.join(sorted(sections))}")
+    data.setdefault(section, {})[key] = value
+
+
+def load_config(
+    path: str | os.PathLike | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the config: file, then ``STREAMREC_SECTION__KEY`` env vars, then ``overrides``.
+
+    ``overrides`` maps ``"section.key"`` to a value (already typed, or a string).
+    """
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p}: {e}") from e
+    env = os.environ if env is None else env
+    for name, value in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
+        _set_path(data, f"{section}.{key}", value, f"environment variable {name}")
+    for dotted, value in (overrides or {}).items():
+        _set_path(data, dotted, value, f"override {dotted}")
+    return _build(Config, data, "")
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    """Turn ``["a.b=1", ...]`` from ``--set`` into a dict."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {pair!r}: expected section.key=value")
+        out[key.strip()] = value
+    return out

@@ -1,0 +1,68 @@
+"""Shared fixtures: one real embedded broker per test session, small configs, temp dirs.
+
+Group joins are slow on the embedded broker, so tests share the broker and use
+unique topic names per test (``topics`` fixture) instead of restarting it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from ingest import EmbeddedBroker, ensure_topics, pipeline_topics
+from streamrec.config import Config, FieldSpec, load_config
+
+
+@pytest.fixture(scope="session")
+def broker():
+    with EmbeddedBroker() as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def bootstrap(broker) -> str:
+    return broker.bootstrap
+
+
+def small_config(tmp_path, **overrides) -> Config:
+    """A small model config rooted in ``tmp_path``; ``overrides`` are 'section.key' -> value."""
+    base = {
+        "model.fields": [
+            {"name": "user", "cardinality": 5000, "zipf": 1.1},
+            {"name": "item", "cardinality": 2000, "zipf": 1.2},
+            {"name": "tags", "cardinality": 500, "zipf": 1.1, "multi": 2},
+        ],
+        "model.dense_dim": 3,
+        "model.embedding_dim": 8,
+        "model.bottom_mlp": [16, 8],
+        "model.top_mlp": [16],
+        "store.path": str(tmp_path / "store"),
+        "store.shards": 2,
+        "sketch.state_dir": str(tmp_path / "sketch"),
+        "trainer.checkpoint_dir": str(tmp_path / "ckpt"),
+        "serving.data_dir": str(tmp_path / "serving"),
+        "serving.port": 0,
+    }
+    base.update(overrides)
+    return load_config(None, base, env={})
+
+
+@pytest.fixture
+def cfg(tmp_path) -> Config:
+    return small_config(tmp_path)
+
+
+@pytest.fixture
+def topics(bootstrap, cfg, request):
+    """Fresh, uniquely named pipeline topics on the shared broker; returns the config using them."""
+    suffix = uuid.uuid4().hex[:8]
+    cfg.kafka.events_topic = f"events-{suffix}"
+    cfg.kafka.dlq_topic = f"events-{suffix}.dlq"
+    cfg.kafka.hotset_topic = f"hot-set-{suffix}"
+    cfg.kafka.trainer_group = f"trainer-{suffix}"
+    cfg.kafka.sketch_group = f"sketch-{suffix}"
+    cfg.kafka.bootstrap = bootstrap
+    ensure_topics(bootstrap, pipeline_topics(cfg))
+    return cfg

@@ -1,0 +1,44 @@
+import pytest
+
+from streamrec.config import ConfigError, load_config
+
+
+def test_defaults_are_valid():
+    cfg = load_config(None, env={})
+    assert cfg.kafka.events_topic == "events"
+    assert cfg.model.bottom_mlp[-1] == cfg.model.embedding_dim
+
+
+def test_file_env_and_override_precedence(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[trainer]\nbatch_size = 64\n[kafka]\npartitions = 2\n')
+    cfg = load_config(f, {"trainer.batch_size": "128"}, env={"STREAMREC_KAFKA__PARTITIONS": "8"})
+    assert cfg.trainer.batch_size == 128
+    assert cfg.kafka.partitions == 8
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("[trainer]\nbatch_size = 'big'\n", "trainer.batch_size: expected an integer"),
+        ("[trainer]\nbatchsize = 3\n", "unknown key 'batchsize' in [trainer]"),
+        ("[nope]\nx = 1\n", "unknown key 'nope'"),
+        ("[kafka]\ncodec = 'xml'\n", "kafka.codec: must be 'arrow' or 'json'"),
+        ("[model]\nembedding_dim = 8\nbottom_mlp = [4, 4]\n", "model.bottom_mlp: last layer must equal"),
+        ("[[model.fields]]\ncardinality = 3\n", "model.fields[0].name: missing required key"),
+        ("[model\n", "config file"),
+    ],
+)
+def test_bad_config_names_key(tmp_path, text, needle):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(f, env={})
+    assert needle in str(e.value)
+
+
+def test_bad_env_names_variable():
+    with pytest.raises(ConfigError, match="trainer.batch_size"):
+        load_config(None, env={"STREAMREC_TRAINER__BATCH_SIZE": "x"})
+    with pytest.raises(ConfigError, match="unknown section 'bogus'"):
+        load_config(None, env={"STREAMREC_BOGUS__X": "1"})
