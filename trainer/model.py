@@ -63,3 +63,36 @@ def pool_sum(rows: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor) -> 
     ``index`` maps every id occurrence to its unique row. Empty bags pool to zero.
     """
     return F.embedding_bag(index, rows, offsets[:-1], mode="sum", include_last_offset=False)
+
+
+def embed_batch(batch, fields, lookup, device, requires_grad: bool = False):
+    """Look up and sum-pool every sparse field of an ``ingest.EventBatch``.
+
+    ``lookup(field, unique_ids: np.ndarray[int64]) -> Tensor[n, dim]`` fetches rows
+    (from the tiered store in training, from serving's copy in serving). Returns
+    ``pooled [B, F, dim]`` and, per field, ``(unique_ids, rows)`` where ``rows`` is
+    a leaf tensor whose ``.grad`` after backward is the gradient of each unique row.
+    """
+    import numpy as np
+
+    pooled = []
+    touched = []
+    for f in fields:
+        j = batch.sparse[f]
+        uniq, inverse = np.unique(j.values, return_inverse=True)
+        rows = lookup(f, uniq).to(device)
+        if requires_grad:
+            rows = rows.detach().requires_grad_(True)
+        index = torch.from_numpy(inverse.astype(np.int64).reshape(-1)).to(device)
+        offsets = torch.from_numpy(j.offsets).to(device)
+        pooled.append(pool_sum(rows, index, offsets))
+        touched.append((f, uniq, rows))
+    return torch.stack(pooled, dim=1), touched
+
+
+@torch.no_grad()
+def predict_batch(model: DLRM, batch, fields, lookup, device) -> "np.ndarray":
+    """Click probabilities for a batch: the one scoring path shared by trainer and serving."""
+    pooled, _ = embed_batch(batch, fields, lookup, device)
+    dense = torch.from_numpy(batch.dense).to(device)
+    return torch.sigmoid(model(dense, pooled)).float().cpu().numpy()
