@@ -1,0 +1,1 @@
+"""Benchmark scripts: each measures its own baseline in the same run and prints ratios."""
