@@ -374,3 +374,13 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
             raise ConfigError(f"--set {pair!r}: expected section.key=value")
         out[key.strip()] = value
     return out
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> Path:
+    """Write the full config as TOML (what child processes of the demo read)."""
+    import tomli_w
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(tomli_w.dumps(cfg.to_dict()))
+    return p

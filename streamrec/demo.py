@@ -1,0 +1,419 @@
+"""``streamrec demo``: the whole pipeline on one machine, as it runs in production.
+
+Starts the embedded broker (or uses ``--bootstrap``), then the serving endpoint,
+the popularity-sketch worker and the trainer as separate processes, streams a
+generated (or replayed) dataset in, shows one live view, and finally scores a
+few held-out events through the served model's gRPC ``Predict``. Every child is
+stopped on the way out, also on Ctrl-C or when one of them dies (the demo then
+names it and exits non-zero). The last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import secrets
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cli import config_from_args, kafka_bootstrap
+from .config import Config, save_config
+from .procs import Supervisor
+
+log = logging.getLogger("streamrec.demo")
+
+
+def register(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("demo", parents=[common], help="run the whole pipeline on one machine and score through gRPC")
+    p.add_argument("--events", type=int, default=300_000, help="events to stream and train on (default 300000)")
+    p.add_argument("--rate", type=float, default=0.0, help="events/s the producer sends (default: as fast as it can)")
+    p.add_argument("--data", metavar="FILE",
+                   help="replay this file (Criteo TSV, Avazu CSV, Parquet, JSON lines) instead of generated events")
+    p.add_argument("--layout", choices=["auto", "criteo", "avazu", "events"], default="auto",
+                   help="layout of --data (default: from the file name/extension)")
+    p.add_argument("--run-dir", metavar="DIR", help="where logs, metrics, checkpoints and the report go")
+    p.add_argument("--predict", type=int, default=5, help="held-out events to score through gRPC at the end")
+    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
+    p.set_defaults(func=cmd_demo)
+
+
+class DemoFailure(RuntimeError):
+    pass
+
+
+@dataclass
+class View:
+    """What the live view shows; filled from the metrics log, hot-set topic and serving Status."""
+
+    started: float = field(default_factory=time.monotonic)
+    produced: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    hot_version: int | None = None
+    hot_rows: int = 0
+    hot_coverage: float | None = None
+    served_version: int | None = None
+    freshness_s: float | None = None
+    phase: str = "starting"
+
+    def rows(self) -> list[tuple[str, str]]:
+        m = self.metrics
+
+        def f(key, fmt="{:.4f}"):
+            v = m.get(key)
+            return fmt.format(v) if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) else "-"
+
+        cov = f"{self.hot_coverage:.1%}" if self.hot_coverage is not None else "-"
+        return [
+            ("phase", self.phase),
+            ("elapsed", f"{time.monotonic() - self.started:.0f} s"),
+            ("events produced", f"{self.produced:,}"),
+            ("events trained", f("events", "{:,}")),
+            ("train events/s", f("events_per_s", "{:,.0f}")),
+            ("hot set", f"v{self.hot_version} · {self.hot_rows:,} rows · coverage {cov}" if self.hot_version is not None else "-"),
+            ("hot fraction trained", f("hot_fraction", "{:.1%}")),
+            ("progressive AUC (window / all)", f"{f('window_auc')} / {f('auc')}"),
+            ("logloss (window / all)", f"{f('window_logloss')} / {f('logloss')}"),
+            ("dead letters", f("dead_letters", "{:,}")),
+            ("snapshots pushed", f("snapshots_pushed", "{:,}")),
+            ("served version", str(self.served_version) if self.served_version is not None else "-"),
+            ("freshness", f"{self.freshness_s:.1f} s" if self.freshness_s is not None else "-"),
+        ]
+
+
+def _last_json_line(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 65536))
+            lines = fh.read().splitlines()
+    except OSError:
+        return {}
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+    return {}
+
+
+def demo_config(cfg: Config, args, run_dir: Path) -> Config:
+    """Point every path of the config into the run directory and fill ports and the token."""
+    from ingest import free_port
+
+    cfg.store.path = str(run_dir / "trainer-store")
+    cfg.sketch.state_dir = str(run_dir / "sketch")
+    cfg.trainer.checkpoint_dir = str(run_dir / "checkpoints")
+    cfg.trainer.log_path = str(run_dir / "metrics.jsonl")
+    cfg.trainer.max_events = args.events
+    cfg.serving.data_dir = str(run_dir / "serving")
+    cfg.serving.host = "127.0.0.1"
+    cfg.serving.port = free_port()
+    cfg.serving.target = ""
+    if not cfg.serving.push_token:
+        cfg.serving.push_token = secrets.token_hex(16)
+    # short intervals so a two-minute demo shows several hot sets, checkpoints and snapshots
+    cfg.sketch.publish_interval_s = min(cfg.sketch.publish_interval_s, 3.0)
+    cfg.trainer.checkpoint_every_events = min(cfg.trainer.checkpoint_every_events, max(10_000, args.events // 6))
+    cfg.trainer.checkpoint_every_s = min(cfg.trainer.checkpoint_every_s, 15.0)
+    return cfg
+
+
+def _event_source(cfg: Config, args):
+    """Return (batches to produce, list that ends up holding the events to score at the end).
+
+    Generated data: the events right after the trained ones (never trained on).
+    Replayed data: the last events of the file (the file has no held-out part).
+    """
+    import numpy as np
+
+    from ingest import SyntheticStream
+
+    held: list = []
+    k = max(args.predict, 1)
+    if args.data:
+        from ingest.datasets import read_file
+
+        def replay():
+            for b in read_file(args.data, cfg, layout=args.layout):
+                held[:] = [b.take(np.arange(max(0, len(b) - k), len(b)))]
+                yield b
+
+        return replay(), held
+
+    it = SyntheticStream(cfg).batches(args.events + k)
+
+    def generated():
+        left = args.events
+        for b in it:
+            if len(b) > left:
+                held.append(b.take(np.arange(left, len(b))))
+                b = b.take(np.arange(left))
+            left -= len(b)
+            if len(b):
+                yield b
+            if left <= 0:
+                break
+        held.extend(it)
+
+    return generated(), held
+
+
+def _produce(cfg: Config, bootstrap: str, batches, rate: float, view: View, stop: threading.Event, errors: list):
+    from ingest import EventProducer
+
+    try:
+        producer = EventProducer(bootstrap, cfg)
+        t0 = time.monotonic()
+        for b in batches:
+            if stop.is_set():
+                break
+            producer.send_batch(b)
+            view.produced += len(b)
+            if rate > 0:
+                ahead = view.produced / rate - (time.monotonic() - t0)
+                if ahead > 0:
+                    stop.wait(ahead)
+        producer.close()
+    except Exception as e:  # reported by the main loop
+        errors.append(f"producer failed: {e!r}")
+
+
+def _held_out_events(cfg: Config, held, k: int) -> list[dict]:
+    from ingest import EventBatch
+
+    batch = EventBatch.concat(held, cfg.model.dense_dim, cfg.model.field_names)
+    events = batch.to_events()[-k:] if held else []
+    for ev in events:
+        ev.pop("label", None)
+    return events
+
+
+def cmd_demo(args) -> int:
+    cfg = config_from_args(args)
+    run_dir = Path(args.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = demo_config(cfg, args, run_dir)
+    cfg_path = save_config(cfg, run_dir / "config.toml")
+    err = _console()
+    err.print(f"[bold]streamrec demo[/bold] · run directory [cyan]{run_dir}[/cyan]")
+
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        stop.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    sup = Supervisor(run_dir / "logs")
+    view = View()
+    result: dict[str, Any] = {}
+    code = 1
+    try:
+        with kafka_bootstrap(cfg) as bootstrap:
+            err.print(f"Kafka at [cyan]{bootstrap}[/cyan]")
+            result = _run(cfg, cfg_path, bootstrap, args, sup, view, stop, err)
+            code = 0
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted: stopping every process[/yellow]")
+        code = 130
+    except DemoFailure as e:
+        err.print(f"[red]demo failed:[/red] {e}")
+        code = 1
+    finally:
+        stop.set()
+        sup.stop_all()
+        leftover = [c.name for c in sup.children if c.poll() is None]
+        if leftover:
+            err.print(f"[red]could not stop: {leftover}[/red]")
+            code = code or 1
+    if code == 0:
+        _write_report(run_dir, err)
+        for i, s in enumerate(result.get("scores", [])):
+            print(f"event {i}: score {s:.6f} (model version {result['served_version']})")
+        print(json.dumps(result), flush=True)
+    else:
+        print(json.dumps({"error": "demo failed", "exit_code": code, "run_dir": str(run_dir)}), flush=True)
+    return code
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _check_children(sup: Supervisor, errors: list[str]) -> None:
+    if errors:
+        raise DemoFailure(errors[0])
+    dead = sup.dead()
+    if dead:
+        c = dead[0]
+        raise DemoFailure(
+            f"process '{c.name}' (pid {c.pid}) exited with code {c.poll()}; last log lines ({c.log_path}):\n{c.tail()}"
+        )
+
+
+def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, view: View,
+         stop: threading.Event, err) -> dict[str, Any]:
+    from serving import ServingClient
+    from sketch import HotSetFollower
+
+    base = [sys.executable, "-m", "streamrec.cli"]
+    common = ["--config", str(cfg_path), "--bootstrap", bootstrap]
+    deadline = time.monotonic() + args.timeout
+    target = cfg.serving_target()
+
+    view.phase = "starting serving"
+    sup.start("serving", base + ["serve", *common])
+    client = ServingClient(target, token=cfg.serving.predict_token)
+    while not client.wait_ready(timeout=0.5):
+        _check_children(sup, [])
+        if time.monotonic() > deadline:
+            raise DemoFailure(f"serving did not become healthy at {target}")
+    err.print(f"serving endpoint healthy at [cyan]{target}[/cyan]")
+
+    view.phase = "starting sketch + trainer"
+    sup.start("sketch", base + ["sketch", *common])
+    trainer = sup.start("trainer", base + ["train", *common], expected_exit=True)
+
+    batches, held = _event_source(cfg, args)
+    errors: list[str] = []
+    producer = threading.Thread(target=_produce, args=(cfg, bootstrap, batches, args.rate, view, stop, errors),
+                                daemon=True, name="producer")
+    producer.start()
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
+    metrics_path = Path(cfg.trainer.log_path)
+    view_log = open(metrics_path.parent / "view.jsonl", "a")
+    view.phase = "streaming + training"
+
+    def refresh():
+        view.metrics = _last_json_line(metrics_path) or view.metrics
+        hs = follower.latest()
+        if hs is not None:
+            view.hot_version = hs.version
+            view.hot_rows = int(sum(len(v) for v in hs.tables.values()))
+            view.hot_coverage = float(hs.coverage)
+        try:
+            st = client.status(timeout=1.0)
+            view.served_version = st.get("version") or None
+            view.freshness_s = st.get("freshness_s")
+        except Exception:
+            pass
+        view_log.write(json.dumps({
+            "t": time.time(), "produced": view.produced, "hot_version": view.hot_version,
+            "hot_rows": view.hot_rows, "hot_coverage": view.hot_coverage,
+            "served_version": view.served_version, "freshness_s": view.freshness_s,
+        }) + "\n")
+        view_log.flush()
+
+    try:
+        with _live(view, args, err) as update:
+            while trainer.poll() is None:
+                _check_children(sup, errors)
+                if time.monotonic() > deadline:
+                    raise DemoFailure(f"timed out after {args.timeout:.0f}s (trainer at {view.metrics.get('events', 0)} events)")
+                refresh()
+                update()
+                time.sleep(0.5)
+            _check_children(sup, errors)
+            refresh()
+            view.phase = "waiting for the final snapshot to be served"
+            final_version = view.metrics.get("snapshot_version")
+            while True:
+                refresh()
+                update()
+                if view.served_version is not None and (final_version is None or view.served_version >= final_version):
+                    break
+                _check_children(sup, errors)
+                if time.monotonic() > deadline:
+                    raise DemoFailure(f"served version {view.served_version} never reached {final_version}")
+                time.sleep(0.3)
+            view.phase = "scoring held-out events through gRPC Predict"
+            update()
+    finally:
+        follower.close()
+        view_log.close()
+
+    events = _held_out_events(cfg, held, max(args.predict, 1))
+    scores, version = client.predict(events)
+    scores = [float(s) for s in scores]
+    if not scores or not all(math.isfinite(s) for s in scores):
+        raise DemoFailure(f"Predict returned bad scores: {scores}")
+    m = view.metrics
+    return {
+        "events_trained": int(m.get("events", 0)),
+        "auc": _finite(m.get("auc")),
+        "window_auc": _finite(m.get("window_auc")),
+        "logloss": _finite(m.get("logloss")),
+        "hot_coverage": _finite(view.hot_coverage if view.hot_coverage is not None else m.get("hot_coverage")),
+        "served_version": int(version),
+        "scores": scores,
+        "run_dir": str(Path(cfg.trainer.log_path).parent),
+    }
+
+
+def _finite(v):
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+class _live:
+    """A rich Live table on a terminal, or a log line every few seconds elsewhere."""
+
+    def __init__(self, view: View, args, console):
+        self.view = view
+        self.console = console
+        self.tty = console.is_terminal and not args.no_live
+        self._last = 0.0
+        self._live = None
+
+    def _table(self):
+        from rich.table import Table
+
+        t = Table(title="streamrec demo", show_header=False, min_width=60)
+        t.add_column(style="bold")
+        t.add_column()
+        for k, v in self.view.rows():
+            t.add_row(k, v)
+        return t
+
+    def update(self) -> None:
+        if self._live is not None:
+            self._live.update(self._table())
+        elif time.monotonic() - self._last > 5:
+            self._last = time.monotonic()
+            self.console.print(" · ".join(f"{k}: {v}" for k, v in self.view.rows()), highlight=False)
+
+    def __enter__(self):
+        if self.tty:
+            from rich.live import Live
+
+            self._live = Live(self._table(), console=self.console, refresh_per_second=4)
+            self._live.__enter__()
+        return self.update
+
+    def __exit__(self, *exc):
+        if self._live is not None:
+            self._live.update(self._table())
+            self._live.__exit__(*exc)
+        else:
+            self._last = 0
+            self.update()
+
+
+def _write_report(run_dir: Path, err) -> None:
+    try:
+        from .report import write_report
+
+        png, md = write_report(run_dir)
+        err.print(f"report: [cyan]{md}[/cyan] and [cyan]{png}[/cyan] (again with: streamrec report {run_dir})")
+    except Exception as e:  # the report is a convenience; the demo's result stands
+        err.print(f"[yellow]could not write the report: {e}[/yellow]")

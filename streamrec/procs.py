@@ -1,0 +1,131 @@
+"""Supervision of the pipeline's child processes (demo and tests).
+
+Children run in their own process group, die with their parent
+(``PR_SET_PDEATHSIG``), and are stopped by pid: SIGTERM (or SIGINT), then
+SIGKILL after a grace period, because some workers (faust) may ignore SIGTERM.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _child_setup() -> None:  # between fork and exec
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    os.setpgrp()
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    expected_exit: bool = False  # a child that finishes its job (trainer with max_events)
+    _log: object = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def tail(self, n: int = 15) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+
+class Supervisor:
+    """Starts named children with logs in ``log_dir`` and stops them all, escalating to SIGKILL."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: list[Child] = []
+
+    def start(self, name: str, argv: list[str], env: dict | None = None, expected_exit: bool = False) -> Child:
+        log_path = self.log_dir / f"{name}.log"
+        log = open(log_path, "ab")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=full_env, preexec_fn=_child_setup)
+        child = Child(name, proc, log_path, expected_exit, log)
+        self.children.append(child)
+        return child
+
+    def dead(self) -> list[Child]:
+        """Children that exited when they were not expected to (or expected ones that failed)."""
+        out = []
+        for c in self.children:
+            rc = c.poll()
+            if rc is None:
+                continue
+            if not c.expected_exit or rc != 0:
+                out.append(c)
+        return out
+
+    def stop(self, child: Child, grace: float = 10.0, sig: int = signal.SIGTERM) -> int | None:
+        if child.poll() is None:
+            try:
+                child.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+            try:
+                child.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                child.proc.kill()
+                child.proc.wait(5)
+        if child._log is not None:
+            child._log.close()
+            child._log = None
+        return child.proc.returncode
+
+    def stop_all(self, grace: float = 10.0) -> None:
+        # signal everyone first so they drain in parallel, then wait and escalate
+        for c in self.children:
+            if c.poll() is None:
+                try:
+                    c.proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for c in reversed(self.children):
+            self.stop(c, grace=max(0.1, deadline - time.monotonic()))
+
+    def pids(self) -> list[int]:
+        return [c.pid for c in self.children]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
