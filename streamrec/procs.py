@@ -67,7 +67,16 @@ class Supervisor:
                                 env=full_env, preexec_fn=_child_setup)
         child = Child(name, proc, log_path, expected_exit, log)
         self.children.append(child)
+        self._write_pids()
         return child
+
+    def _write_pids(self) -> None:
+        """``pids.json`` beside the logs: lets operators and tests find (and check) every child."""
+        import json
+
+        tmp = self.log_dir / "pids.json.tmp"
+        tmp.write_text(json.dumps({c.name: c.pid for c in self.children}))
+        tmp.replace(self.log_dir / "pids.json")
 
     def dead(self) -> list[Child]:
         """Children that exited when they were not expected to (or expected ones that failed)."""
