@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "serving.cli",
     "streamrec.demo",
     "streamrec.report",
+    "streamrec.config_cli",
     "benchmarks.cli",
 ]
 

@@ -44,10 +44,10 @@ class ModelConfig:
             FieldSpec("tags", cardinality=5_000, zipf=1.1, multi=3),
         ]
     )
-    dense_dim: int = 4
-    embedding_dim: int = 16
-    bottom_mlp: list[int] = field(default_factory=lambda: [32, 16])
-    top_mlp: list[int] = field(default_factory=lambda: [64, 32])
+    dense_dim: int = 4  # width of the dense feature vector of every event
+    embedding_dim: int = 16  # embedding row width (all tables)
+    bottom_mlp: list[int] = field(default_factory=lambda: [32, 16])  # bottom MLP layer sizes over dense features; last = embedding_dim
+    top_mlp: list[int] = field(default_factory=lambda: [64, 32])  # top MLP hidden sizes (a 1-unit output layer is added)
     seed: int = 0  # seeds embedding initialisation: rows are a function of (table, id, seed)
 
     @property
@@ -58,12 +58,12 @@ class ModelConfig:
 @dataclass
 class KafkaConfig:
     bootstrap: str = ""  # empty: start the embedded broker
-    events_topic: str = "events"
-    dlq_topic: str = "events.dlq"
-    hotset_topic: str = "hot-set"
-    partitions: int = 4
-    trainer_group: str = "streamrec-trainer"
-    sketch_group: str = "streamrec-sketch"
+    events_topic: str = "events"  # topic of incoming events
+    dlq_topic: str = "events.dlq"  # dead-letter topic: bad records with the reason in headers
+    hotset_topic: str = "hot-set"  # compacted topic of versioned hot sets
+    partitions: int = 4  # partitions of the events topic when streamrec creates it
+    trainer_group: str = "streamrec-trainer"  # consumer group of the trainers
+    sketch_group: str = "streamrec-sketch"  # consumer group (faust app id) of the sketch workers
     codec: str = "arrow"  # wire form the producer writes: "arrow" or "json"
     events_per_message: int = 512  # Arrow IPC messages hold this many events
     max_poll_interval_ms: int = 15_000  # also the group rebalance timeout; long values slow group joins
@@ -72,25 +72,25 @@ class KafkaConfig:
 
 @dataclass
 class StoreConfig:
-    path: str = "data/store"
-    shards: int = 4
-    block_cache_mb: int = 256
+    path: str = "data/store"  # directory of the trainer's sharded RocksDB cold tier
+    shards: int = 4  # RocksDB shards (separate databases) in the cold tier
+    block_cache_mb: int = 256  # RocksDB block cache shared by the shards
     host_cache_rows: int = 100_000  # bounded host-memory cache of cold rows (0 = off)
     expire_after_s: float = 0.0  # 0 = never expire untouched rows
-    adagrad_lr: float = 0.05
-    adagrad_eps: float = 1e-8
+    adagrad_lr: float = 0.05  # row-wise Adagrad learning rate of embedding rows
+    adagrad_eps: float = 1e-8  # row-wise Adagrad epsilon
     init_scale: float = 0.05  # rows start uniform in [-init_scale, init_scale]
 
 
 @dataclass
 class SketchConfig:
-    epsilon: float = 1e-4
-    delta: float = 1e-3
-    half_life_s: float = 600.0
-    top_k: int = 20_000
-    publish_interval_s: float = 5.0
+    epsilon: float = 1e-4  # count-min error bound as a fraction of the total count (sets the width)
+    delta: float = 1e-3  # probability that an estimate exceeds the epsilon bound (sets the depth)
+    half_life_s: float = 600.0  # popularity counts halve every this many seconds of event time
+    top_k: int = 20_000  # heavy-hitter candidates kept per sketch
+    publish_interval_s: float = 5.0  # publish a hot set at least this often
     change_fraction: float = 0.2  # publish early when the hot set changed by this much
-    state_dir: str = "data/sketch"
+    state_dir: str = "data/sketch"  # faust table state (RocksDB) of the sketch worker
 
 
 @dataclass
@@ -102,15 +102,15 @@ class HotConfig:
 @dataclass
 class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    batch_size: int = 1024
+    batch_size: int = 1024  # events per training mini-batch
     dense_optimizer: str = "adam"  # adam | adagrad
-    dense_lr: float = 1e-3
+    dense_lr: float = 1e-3  # learning rate of the dense (MLP) parameters
     schedule: str = "fae"  # fae | arrival
     hot_per_cold: int = 0  # 0 = interleave in proportion to what arrives
-    checkpoint_dir: str = "data/checkpoints"
-    checkpoint_every_events: int = 50_000
-    checkpoint_every_s: float = 30.0
-    keep_checkpoints: int = 3
+    checkpoint_dir: str = "data/checkpoints"  # where durable checkpoints go; offsets are committed only after one
+    checkpoint_every_events: int = 50_000  # checkpoint after this many events ...
+    checkpoint_every_s: float = 30.0  # ... or after this many seconds, whichever comes first
+    keep_checkpoints: int = 3  # complete checkpoints kept on disk
     snapshot_every: int = 1  # push a snapshot after every N checkpoints
     full_snapshot_every: int = 10  # every N-th snapshot is full, the rest deltas
     metrics_window: int = 20_000  # events in the sliding AUC/logloss window
@@ -122,28 +122,28 @@ class TrainerConfig:
 
 @dataclass
 class ServingConfig:
-    host: str = "127.0.0.1"
-    port: int = 50051
+    host: str = "127.0.0.1"  # address the gRPC server binds (0.0.0.0 in containers)
+    port: int = 50051  # gRPC port (0 = any free port)
     target: str = ""  # where clients and the trainer push: host:port ("" = host:port above)
-    data_dir: str = "data/serving"
+    data_dir: str = "data/serving"  # serving's staging area and its own RocksDB copy of the rows
     push_token: str = ""  # required bearer token for PushSnapshot ("" = none)
     predict_token: str = ""  # required bearer token for Predict ("" = none)
-    tls_cert: str = ""
-    tls_key: str = ""
+    tls_cert: str = ""  # server certificate (PEM) to serve TLS; with tls_key
+    tls_key: str = ""  # server private key (PEM)
     tls_ca: str = ""  # clients verify the server against this CA
-    max_message_mb: int = 64
+    max_message_mb: int = 64  # gRPC message size limit, both directions
     max_batch: int = 4096  # events per Predict request
     hot_rows: int = 100_000  # rows serving keeps in memory
-    workers: int = 8
+    workers: int = 8  # gRPC server threads
 
 
 @dataclass
 class GeneratorConfig:
-    events: int = 200_000
-    seed: int = 7
+    events: int = 200_000  # events `streamrec generate/produce --synthetic` makes by default
+    seed: int = 7  # generator seed: the same seed gives the same stream
     label_noise: float = 1.0  # scale of the logistic noise in the hidden model
     base_rate: float = 0.25  # approximate click rate
-    start_ts_ms: int = 1_700_000_000_000
+    start_ts_ms: int = 1_700_000_000_000  # event time of the first generated event
     events_per_s: float = 1000.0  # simulated time between events
 
 

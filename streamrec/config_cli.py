@@ -1,0 +1,60 @@
+"""``streamrec config``: print the effective config as TOML, or the key reference as Markdown."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import re
+
+from .config import Config, FieldSpec
+
+
+def register(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("config", parents=[common], help="print the effective config (file + env + --set)")
+    p.add_argument("--reference", action="store_true", help="print every key with its default and meaning (Markdown)")
+    p.set_defaults(func=cmd_config)
+
+
+def cmd_config(args) -> int:
+    if args.reference:
+        print(reference_markdown())
+        return 0
+    import tomli_w
+
+    from .cli import config_from_args
+
+    print(tomli_w.dumps(config_from_args(args).to_dict()), end="")
+    return 0
+
+
+def _comments(cls: type) -> dict[str, str]:
+    """Trailing ``# comments`` on field lines: the meaning of each key, kept next to its default."""
+    out = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def reference_markdown() -> str:
+    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    defaults = Config()
+    for section in dataclasses.fields(Config):
+        obj = getattr(defaults, section.name)
+        notes = _comments(type(obj))
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.name == "fields":
+                shown = "4 fields: user, item, category, tags (multi=3)"
+                note = "sparse fields: list of {name, cardinality, zipf, multi} (cardinality/zipf/multi drive the generator)"
+            else:
+                shown = f"`{value!r}`" if value != "" else '`""`'
+                note = notes.get(f.name, "")
+            lines.append(f"| `{section.name}.{f.name}` | {shown} | {note} |")
+    fs = _comments(FieldSpec)
+    for f in dataclasses.fields(FieldSpec):
+        if f.name != "name":
+            lines.append(f"| `model.fields[].{f.name}` | `{f.default!r}` | {fs.get(f.name, '')} |")
+    return "\n".join(lines)
