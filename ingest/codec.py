@@ -16,6 +16,11 @@ import pyarrow as pa
 
 from .events import EventBatch, EventError, EventSchema, JaggedIds
 
+try:  # orjson parses ~3x faster than the standard library; optional
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
 CODEC_HEADER = "streamrec-codec"
 ARROW = "arrow"
 JSON = "json"
@@ -57,6 +62,15 @@ def encode_arrow(batch: EventBatch, schema: EventSchema) -> bytes:
     with pa.ipc.new_stream(sink, rb.schema) as w:
         w.write_batch(rb)
     return sink.getvalue().to_pybytes()
+
+
+def _loads_json(value: bytes) -> Any:
+    try:
+        if _orjson is not None:
+            return _orjson.loads(value)
+        return json.loads(value)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise EventError(f"bad JSON: {e}") from None
 
 
 def encode_json(event: dict[str, Any]) -> bytes:
@@ -105,11 +119,48 @@ class Decoder:
         raise EventError("message is neither a JSON object nor an Arrow IPC stream")
 
     def decode_json(self, value: bytes) -> EventBatch:
-        try:
-            ev = json.loads(value)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise EventError(f"bad JSON: {e}") from None
-        return self.schema.batch_from_events([ev])
+        return self.schema.batch_from_parsed([self.schema.validate(_loads_json(value))])
+
+    def decode_many(self, values: Sequence[bytes | None]) -> tuple[EventBatch | None, list[tuple[int, str]]]:
+        """Decode many record values into one batch, in order; bad ones come back as ``(index, reason)``.
+
+        JSON records are validated one by one but built into columns together
+        (one numpy call per column instead of a 1-row batch per record), so the
+        JSON path costs little more than the JSON parse itself.
+        """
+        segments: list[EventBatch] = []
+        rows: list = []
+        errors: list[tuple[int, str]] = []
+        validate = self.schema.validate
+        for i, v in enumerate(values):
+            if not v:
+                errors.append((i, "empty message"))
+                continue
+            first = v[:1]
+            if first == b"{" or (first in b" \t\r\n" and v.lstrip()[:1] == b"{"):
+                try:
+                    rows.append(validate(_loads_json(v)))
+                except EventError as e:
+                    errors.append((i, str(e)))
+            elif v[:4] == b"\xff\xff\xff\xff":
+                try:
+                    b = self.decode_arrow(v)
+                except EventError as e:
+                    errors.append((i, str(e)))
+                    continue
+                if rows:
+                    segments.append(self.schema.batch_from_parsed(rows))
+                    rows = []
+                segments.append(b)
+            else:
+                errors.append((i, "message is neither a JSON object nor an Arrow IPC stream"))
+        if rows:
+            segments.append(self.schema.batch_from_parsed(rows))
+        if not segments:
+            return None, errors
+        if len(segments) == 1:
+            return segments[0], errors
+        return EventBatch.concat(segments, self.schema.dense_dim, self.schema.fields), errors
 
     def decode_arrow(self, value: bytes) -> EventBatch:
         try:
