@@ -1,0 +1,25 @@
+"""Serving: the gRPC endpoint (Predict, PushSnapshot, Status, health, reflection),
+the snapshot format the trainer writes, and the Python clients.
+
+Public surface::
+
+    write_snapshot(out_dir, *, version, parent_version, kind, dense_state, rows, ...)  -> Path
+    rows_batch(table, ids, vectors) -> pyarrow.RecordBatch   # rows in the snapshot schema
+    verify_snapshot(dir) -> Manifest ; read_manifest ; read_dense ; iter_rows
+    SnapshotPusher(target, token=..., tls_ca=...).push(dir) -> PushResult
+    ServingClient(target, token=..., tls_ca=...).predict(events) -> (scores, version)
+    serve(cfg) -> ServingServer (.port, .target, .stop())
+"""
+
+from .client import PushError, PushResult, ServingClient, SnapshotPusher, snapshot_chunks
+from .convert import RequestError, events_to_request
+from .server import ServingServer, StreamRecService, pick_device, serve
+from .snapshot import Manifest, SnapshotError, iter_rows, read_dense, read_manifest, rows_batch, rows_schema, verify_snapshot, write_snapshot
+
+__all__ = [
+    "PushError", "PushResult", "ServingClient", "SnapshotPusher", "snapshot_chunks",
+    "RequestError", "events_to_request",
+    "ServingServer", "StreamRecService", "pick_device", "serve",
+    "Manifest", "SnapshotError", "iter_rows", "read_dense", "read_manifest", "rows_batch", "rows_schema",
+    "verify_snapshot", "write_snapshot",
+]

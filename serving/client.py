@@ -1,0 +1,189 @@
+"""Python clients: ``ServingClient`` (Predict / Status / health) and ``SnapshotPusher``
+(what the trainer uses to push snapshots: chunked, bearer token, retries with backoff).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import grpc
+import numpy as np
+from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from .convert import events_to_request
+from .pb import pb, pb_grpc
+from .snapshot import MANIFEST, SnapshotError, read_manifest
+
+log = logging.getLogger("streamrec.serving")
+
+
+def make_channel(target: str, tls_ca: str = "", max_message_mb: int = 64, server_name: str = "") -> grpc.Channel:
+    limit = int(max_message_mb) * 1024 * 1024
+    opts = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    if server_name:
+        opts.append(("grpc.ssl_target_name_override", server_name))
+    if tls_ca:
+        creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+        return grpc.secure_channel(target, creds, options=opts)
+    return grpc.insecure_channel(target, options=opts)
+
+
+def _metadata(token: str) -> tuple:
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class ServingClient:
+    """Predict, Status and health against one server."""
+
+    def __init__(self, target: str, token: str = "", tls_ca: str = "", timeout: float = 10.0,
+                 max_message_mb: int = 64):
+        self.channel = make_channel(target, tls_ca, max_message_mb)
+        self.stub = pb_grpc.StreamRecStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+        self.token = token
+        self.timeout = timeout
+
+    @classmethod
+    def from_config(cls, cfg, **kw) -> "ServingClient":
+        s = cfg.serving
+        return cls(cfg.serving_target(), token=s.predict_token, tls_ca=s.tls_ca, max_message_mb=s.max_message_mb, **kw)
+
+    def predict(self, events: Iterable[Mapping[str, Any]]) -> tuple[np.ndarray, int]:
+        """Scores (float32, one per event) and the model version that produced them."""
+        return self.predict_request(events_to_request(events))
+
+    def predict_request(self, request) -> tuple[np.ndarray, int]:
+        resp = self.stub.Predict(request, timeout=self.timeout, metadata=_metadata(self.token))
+        return np.asarray(resp.scores, dtype=np.float32), int(resp.model_version)
+
+    def status(self) -> dict[str, Any]:
+        resp = self.stub.Status(pb.StatusRequest(), timeout=self.timeout)
+        return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+    def health(self, service: str = "") -> str:
+        resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        grpc.channel_ready_future(self.channel).result(timeout=timeout)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "ServingClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class PushResult:
+    ok: bool
+    version: int = 0  # the version the server serves after an accepted push
+    code: str = "OK"  # gRPC status name when refused (FAILED_PRECONDITION -> send a full snapshot)
+    reason: str = ""
+    seconds: float = 0.0  # wall time of the push, including retries
+    attempts: int = 0
+
+    @property
+    def needs_full(self) -> bool:
+        return self.code == "FAILED_PRECONDITION"
+
+
+class PushError(RuntimeError):
+    def __init__(self, result: PushResult):
+        super().__init__(f"push refused: {result.code}: {result.reason}")
+        self.result = result
+
+
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+             grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+
+
+def snapshot_chunks(snapshot_dir, chunk_bytes: int = 1 << 20) -> Iterator:
+    """The PushSnapshot stream for a directory: manifest first, then each file in order."""
+    d = Path(snapshot_dir)
+    manifest = read_manifest(d)
+    yield pb.SnapshotChunk(manifest_json=(d / MANIFEST).read_bytes())
+    for name in manifest.files:
+        with open(d / name, "rb") as f:
+            offset = 0
+            while True:
+                data = f.read(chunk_bytes)
+                if not data and offset > 0:
+                    break
+                yield pb.SnapshotChunk(chunk=pb.FileChunk(name=name, offset=offset, data=data))
+                offset += len(data)
+                if not data:
+                    break
+
+
+class SnapshotPusher:
+    """Pushes snapshot directories; never raises into the caller unless ``raise_errors``.
+
+    Transient failures (server down, deadline) are retried with exponential
+    backoff and jitter; refusals (wrong parent, corrupt, unauthenticated) are not.
+    """
+
+    def __init__(self, target: str, token: str = "", tls_ca: str = "", chunk_bytes: int = 1 << 20,
+                 attempts: int = 5, backoff_s: float = 0.2, max_backoff_s: float = 5.0, timeout_s: float = 300.0,
+                 max_message_mb: int = 64, raise_errors: bool = False):
+        self.target = target
+        self.token = token
+        self.chunk_bytes = int(chunk_bytes)
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.timeout_s = timeout_s
+        self.raise_errors = raise_errors
+        self.channel = make_channel(target, tls_ca, max_message_mb)
+        self.stub = pb_grpc.StreamRecStub(self.channel)
+
+    @classmethod
+    def from_config(cls, cfg, **kw) -> "SnapshotPusher":
+        s = cfg.serving
+        return cls(cfg.serving_target(), token=s.push_token, tls_ca=s.tls_ca, max_message_mb=s.max_message_mb, **kw)
+
+    def push(self, snapshot_dir) -> PushResult:
+        t0 = time.perf_counter()
+        result = PushResult(ok=False)
+        for attempt in range(1, self.attempts + 1):
+            result.attempts = attempt
+            try:
+                resp = self.stub.PushSnapshot(snapshot_chunks(snapshot_dir, self.chunk_bytes),
+                                              timeout=self.timeout_s, metadata=_metadata(self.token))
+                result = PushResult(True, int(resp.version), "OK", "", 0.0, attempt)
+                break
+            except (SnapshotError, OSError) as e:
+                result = PushResult(False, 0, "INVALID_ARGUMENT", f"local snapshot unreadable: {e}", 0.0, attempt)
+                break
+            except grpc.RpcError as e:
+                code = e.code()
+                result = PushResult(False, 0, code.name, e.details() or "", 0.0, attempt)
+                if code not in RETRYABLE or attempt == self.attempts:
+                    break
+                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random())
+                log.warning("push of %s failed (%s: %s); retry %d in %.2fs", snapshot_dir, code.name,
+                            e.details(), attempt, delay)
+                time.sleep(delay)
+        result.seconds = time.perf_counter() - t0
+        if not result.ok and self.raise_errors:
+            raise PushError(result)
+        return result
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "SnapshotPusher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,87 @@
+"""Receive a PushSnapshot stream into a private staging directory, checking as it goes.
+
+Nothing here touches the served version: files land in ``staging/<random>/``,
+each file's bytes must arrive in order, and at the end every file's size and
+sha256 must match the manifest. Any failure removes the staging directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import uuid
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .snapshot import MANIFEST, Manifest, SnapshotError
+
+
+class PushError(Exception):
+    """The push is refused; ``code`` is the gRPC status name to answer with."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def receive_snapshot(chunks: Iterable, staging_root: Path, max_bytes: int,
+                     precheck: Callable[[Manifest], None] | None = None) -> tuple[Path, Manifest]:
+    """Consume ``SnapshotChunk`` messages; return the verified staging dir and manifest.
+
+    ``precheck(manifest)`` runs right after the manifest arrives (e.g. the parent
+    check) so a doomed push is refused before its bytes are sent.
+    """
+    it = iter(chunks)
+    first = next(it, None)
+    if first is None or first.WhichOneof("part") != "manifest_json":
+        raise PushError("INVALID_ARGUMENT", "manifest_json: the first message of PushSnapshot must carry the manifest")
+    try:
+        manifest = Manifest.from_json(first.manifest_json)
+    except SnapshotError as e:
+        raise PushError("INVALID_ARGUMENT", f"manifest_json: {e}") from None
+    total = sum(f["bytes"] for f in manifest.files.values())
+    if total > max_bytes:
+        raise PushError("INVALID_ARGUMENT", f"manifest_json: snapshot of {total} bytes exceeds the limit of {max_bytes}")
+    if precheck is not None:
+        precheck(manifest)
+    stage = Path(staging_root) / f"{manifest.version}-{uuid.uuid4().hex[:8]}"
+    stage.mkdir(parents=True)
+    ok = False
+    handles: dict = {}
+    try:
+        hashes = {n: hashlib.sha256() for n in manifest.files}
+        got = {n: 0 for n in manifest.files}
+        for msg in it:
+            if msg.WhichOneof("part") != "chunk":
+                raise PushError("INVALID_ARGUMENT", "manifest_json: sent twice; only the first message carries it")
+            c = msg.chunk
+            if c.name not in manifest.files:
+                raise PushError("INVALID_ARGUMENT", f"chunk.name: {c.name!r} is not a file of the manifest")
+            if c.offset != got[c.name]:
+                raise PushError("DATA_LOSS", f"chunk.offset: {c.name} at {c.offset}, expected {got[c.name]} (lost or reordered chunk)")
+            if got[c.name] + len(c.data) > manifest.files[c.name]["bytes"]:
+                raise PushError("DATA_LOSS", f"{c.name}: more bytes than the manifest's {manifest.files[c.name]['bytes']}")
+            f = handles.get(c.name)
+            if f is None:
+                f = handles[c.name] = open(stage / c.name, "wb")
+            f.write(c.data)
+            hashes[c.name].update(c.data)
+            got[c.name] += len(c.data)
+        for f in handles.values():
+            f.close()
+        handles.clear()
+        for name, info in manifest.files.items():
+            if got[name] != info["bytes"]:
+                raise PushError("DATA_LOSS", f"{name}: received {got[name]} of {info['bytes']} bytes (truncated stream)")
+            if hashes[name].hexdigest() != info["sha256"]:
+                raise PushError("DATA_LOSS", f"{name}: sha256 does not match the manifest (corrupt)")
+            if info["bytes"] == 0:
+                (stage / name).touch()
+        (stage / MANIFEST).write_bytes(first.manifest_json)
+        ok = True
+        return stage, manifest
+    finally:
+        for f in handles.values():
+            f.close()
+        if not ok:
+            shutil.rmtree(stage, ignore_errors=True)

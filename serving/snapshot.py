@@ -1,0 +1,260 @@
+"""The snapshot format: what the trainer hands to serving.
+
+A snapshot is a directory::
+
+    manifest.json        version, parent, kind, offsets, metrics, hashes, per-file sha256
+    dense.safetensors    the DLRM state_dict (all of it, also in a delta)
+    rows-00000.parquet   embedding rows: table (string), id (int64), vector (fixed_size_list<float32>[dim])
+
+A *full* snapshot holds every row the model has; a *delta* holds the rows that
+changed since ``parent_version``. ``manifest.json`` is written last (atomically),
+so a directory with a manifest is complete; the per-file sha256 lets a receiver
+prove that what arrived over the wire is what the writer wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+DENSE = "dense.safetensors"
+ROWS_PER_FILE = 1_000_000
+KINDS = ("full", "delta")
+
+
+class SnapshotError(ValueError):
+    """A snapshot is malformed, incomplete or corrupt; the message says which file and why."""
+
+
+@dataclass
+class Manifest:
+    version: int
+    parent_version: int | None
+    kind: str
+    created_ms: int
+    newest_event_ms: int
+    config_hash: str
+    model_config: dict[str, Any]
+    kafka_offsets: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    rows: int = 0
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {"sha256", "bytes"}
+    store_config: dict[str, Any] = field(default_factory=dict)  # init settings the store used (init_scale, ...)
+    format: int = FORMAT
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, blob: bytes | str) -> "Manifest":
+        try:
+            d = json.loads(blob)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise SnapshotError(f"manifest is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise SnapshotError("manifest must be a JSON object")
+        if d.get("format") != FORMAT:
+            raise SnapshotError(f"manifest format {d.get('format')!r} is not supported (expected {FORMAT})")
+        known = set(cls.__dataclass_fields__)
+        extra = sorted(set(d) - known)
+        if extra:
+            raise SnapshotError(f"manifest has unknown key {extra[0]!r}")
+        try:
+            m = cls(**d)
+        except TypeError as e:
+            raise SnapshotError(f"manifest: {e}") from None
+        m.check()
+        return m
+
+    def check(self) -> None:
+        def bad(key: str, msg: str) -> None:
+            raise SnapshotError(f"manifest.{key}: {msg}")
+
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
+            bad("version", f"must be a positive integer, got {self.version!r}")
+        if self.kind not in KINDS:
+            bad("kind", f"must be 'full' or 'delta', got {self.kind!r}")
+        if self.kind == "delta":
+            if not isinstance(self.parent_version, int) or self.parent_version < 1:
+                bad("parent_version", "a delta needs a positive parent_version")
+            if self.parent_version >= self.version:
+                bad("parent_version", f"{self.parent_version} is not older than version {self.version}")
+        if DENSE not in self.files:
+            bad("files", f"{DENSE} is missing")
+        for name, info in self.files.items():
+            if name != os.path.basename(name) or name.startswith(".") or name == MANIFEST:
+                bad("files", f"bad file name {name!r}")
+            if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not isinstance(info.get("bytes"), int):
+                bad("files", f"{name!r} needs sha256 (string) and bytes (integer)")
+            if info["bytes"] < 0:
+                bad("files", f"{name!r} has a negative size")
+        if not isinstance(self.model_config, dict) or not self.model_config.get("fields"):
+            bad("model_config", "must describe the model (fields, sizes)")
+
+    @property
+    def row_files(self) -> list[str]:
+        return sorted(n for n in self.files if n.startswith("rows-") and n.endswith(".parquet"))
+
+
+def sha256_file(path: Path, block: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def rows_schema(dim: int) -> pa.Schema:
+    return pa.schema([("table", pa.string()), ("id", pa.int64()), ("vector", pa.list_(pa.float32(), dim))])
+
+
+def rows_batch(table: str, ids: np.ndarray, vectors: np.ndarray | torch.Tensor) -> pa.RecordBatch:
+    """One table's rows as a record batch in the snapshot's row schema."""
+    if isinstance(vectors, torch.Tensor):
+        vectors = vectors.detach().float().cpu().numpy()
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    ids = np.asarray(ids, dtype=np.int64)
+    if vectors.ndim != 2 or len(vectors) != len(ids):
+        raise SnapshotError(f"rows of {table!r}: {len(ids)} ids but vectors of shape {tuple(vectors.shape)}")
+    dim = vectors.shape[1]
+    vec = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dim)
+    return pa.RecordBatch.from_arrays([pa.array([table] * len(ids), pa.string()), pa.array(ids), vec],
+                                      schema=rows_schema(dim))
+
+
+def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: str,
+                   dense_state: dict[str, torch.Tensor], rows: Iterable[pa.RecordBatch],
+                   kafka_offsets: dict, metrics: dict, config_hash: str, newest_event_ms: int,
+                   model_config: dict, store_config: dict | None = None,
+                   rows_per_file: int = ROWS_PER_FILE) -> Path:
+    """Write a complete snapshot directory; the manifest goes last so a half-written one has none."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    if (out / MANIFEST).exists():
+        raise SnapshotError(f"{out} already holds a snapshot")
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in dense_state.items()}
+    save_file(state, str(out / DENSE))
+    names = [DENSE]
+    writer, n_in_file, n_rows, dim = None, 0, 0, None
+    try:
+        for batch in rows:
+            if isinstance(batch, pa.Table):
+                batches = batch.to_batches()
+            else:
+                batches = [batch]
+            for b in batches:
+                if len(b) == 0:
+                    continue
+                d = b.schema.field("vector").type.list_size
+                if dim is None:
+                    dim = d
+                elif d != dim:
+                    raise SnapshotError(f"rows have vectors of width {d} and {dim}; one width per snapshot")
+                b = b.select(["table", "id", "vector"]).cast(rows_schema(dim))
+                if writer is None or n_in_file >= rows_per_file:
+                    if writer is not None:
+                        writer.close()
+                    name = f"rows-{len(names) - 1:05d}.parquet"
+                    names.append(name)
+                    writer = pq.ParquetWriter(str(out / name), rows_schema(dim), compression="zstd")
+                    n_in_file = 0
+                writer.write_batch(b)
+                n_in_file += len(b)
+                n_rows += len(b)
+    finally:
+        if writer is not None:
+            writer.close()
+    files = {n: {"sha256": sha256_file(out / n), "bytes": (out / n).stat().st_size} for n in names}
+    m = Manifest(
+        version=int(version), parent_version=None if parent_version is None else int(parent_version),
+        kind=kind, created_ms=int(time.time() * 1000), newest_event_ms=int(newest_event_ms),
+        config_hash=str(config_hash), model_config=_plain(model_config),
+        kafka_offsets=_plain(kafka_offsets), metrics={k: float(v) for k, v in (metrics or {}).items()},
+        rows=n_rows, files=files, store_config=_plain(store_config or {}),
+    )
+    m.check()
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_bytes(m.to_json())
+    os.replace(tmp, out / MANIFEST)
+    return out
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-safe copy: tuple keys such as (topic, partition) become 'topic:partition'."""
+    if isinstance(obj, dict):
+        return {(":".join(map(str, k)) if isinstance(k, tuple) else str(k)): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "__dataclass_fields__"):
+        return _plain(asdict(obj))
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    return obj
+
+
+def read_manifest(snapshot_dir) -> Manifest:
+    p = Path(snapshot_dir) / MANIFEST
+    if not p.exists():
+        raise SnapshotError(f"{p} does not exist (incomplete snapshot?)")
+    return Manifest.from_json(p.read_bytes())
+
+
+def verify_snapshot(snapshot_dir) -> Manifest:
+    """Check every file against the manifest's size and sha256; return the manifest."""
+    d = Path(snapshot_dir)
+    m = read_manifest(d)
+    for name, info in m.files.items():
+        p = d / name
+        if not p.exists():
+            raise SnapshotError(f"{name}: missing")
+        size = p.stat().st_size
+        if size != info["bytes"]:
+            raise SnapshotError(f"{name}: {size} bytes, manifest says {info['bytes']} (truncated?)")
+        if sha256_file(p) != info["sha256"]:
+            raise SnapshotError(f"{name}: sha256 does not match the manifest (corrupt)")
+    return m
+
+
+def read_dense(snapshot_dir) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(Path(snapshot_dir) / DENSE))
+    except Exception as e:  # safetensors raises several types on bad bytes
+        raise SnapshotError(f"{DENSE}: cannot be read: {e}") from None
+
+
+def iter_rows(snapshot_dir, manifest: Manifest | None = None) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """Yield ``(table, ids int64[n], vectors float32[n, dim])`` groups from the row files."""
+    d = Path(snapshot_dir)
+    m = manifest or read_manifest(d)
+    for name in m.row_files:
+        try:
+            pf = pq.ParquetFile(str(d / name))
+            for b in pf.iter_batches(batch_size=65_536):
+                tables = b.column("table").to_numpy(zero_copy_only=False)
+                ids = b.column("id").to_numpy()
+                vec = b.column("vector")
+                dim = vec.type.list_size
+                vectors = vec.flatten().to_numpy().reshape(-1, dim)
+                for t in np.unique(tables):
+                    mask = tables == t
+                    yield str(t), ids[mask], vectors[mask]
+        except (pa.ArrowException, OSError) as e:
+            raise SnapshotError(f"{name}: cannot be read: {e}") from None
