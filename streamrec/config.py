@@ -118,6 +118,14 @@ class TrainerConfig:
     log_path: str = ""  # JSON-lines metrics log ("" = none)
     max_events: int = 0  # stop after this many events (0 = run forever)
     idle_exit_s: float = 0.0  # stop after this long without events (0 = never)
+    window_batches: int = 8  # mini-batches per polled window (the unit FAE splits into hot/cold)
+    hot_source: str = "topic"  # topic: follow the sketch's hot-set topic | sample: count in-process | none
+    hot_sample_events: int = 50_000  # hot_source=sample: events counted before choosing the hot set
+    hot_refresh_events: int = 0  # hot_source=sample: re-count every N events (0 = choose once)
+    log_every_s: float = 2.0  # seconds between metrics-log records / progress updates
+    snapshot_dir: str = "data/snapshots"  # where serving snapshots are built before the push
+    push_snapshots: bool = True  # push snapshots to serving.target (false: only build them)
+    trace_path: str = ""  # JSON-lines debug file of trained Kafka offset ranges ("" = none)
 
 
 @dataclass
@@ -314,6 +322,10 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("batch_size", "must be >= 1")
         if obj.dense_optimizer not in ("adam", "adagrad"):
             bad("dense_optimizer", f"must be 'adam' or 'adagrad', got {obj.dense_optimizer!r}")
+        if obj.hot_source not in ("topic", "sample", "none"):
+            bad("hot_source", f"must be 'topic', 'sample' or 'none', got {obj.hot_source!r}")
+        if obj.window_batches < 1:
+            bad("window_batches", "must be >= 1")
         if obj.schedule not in ("fae", "arrival"):
             bad("schedule", f"must be 'fae' or 'arrival', got {obj.schedule!r}")
         if obj.device != "auto" and not (obj.device == "cpu" or obj.device.startswith("cuda")):

@@ -1,0 +1,125 @@
+"""The trainer's state machine without Kafka: model + dense optimizer + tiered
+store + hot set + metrics. ``train_window`` takes a window of arriving events,
+plans FAE hot/cold mini-batches, prefetches the next cold batch's rows while the
+current one trains, and scores every event before training on it.
+
+Kafka, checkpoints and snapshots are wired around this in ``trainer.service``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from ingest.events import EventBatch
+
+from .metrics import StreamingMetrics
+from .model import DLRM, predict_batch
+from .schedule import MiniBatch, hot_samples, plan
+from .step import dense_optimizer, train_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WindowResult:
+    events: int
+    hot_events: int
+    minibatches: int
+    scores: np.ndarray  # progressive scores, in the window's arrival order
+
+
+class TrainerCore:
+    def __init__(self, cfg, store, device: torch.device):
+        self.cfg = cfg
+        self.store = store
+        self.device = device
+        self.fields = cfg.model.field_names
+        self.model = DLRM.from_config(cfg.model).to(device)
+        self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
+        self.metrics = StreamingMetrics(cfg.trainer.metrics_window)
+        self.events = 0
+        self.hot_events = 0
+        self.hot_version = 0
+        self.hot_rows = 0
+        self.newest_event_ms = 0
+
+    # -- hot set ---------------------------------------------------------------
+    def apply_hot_set(self, version: int, tables: Mapping[str, np.ndarray]) -> Any:
+        """Migrate to a new hot set (between batches; the store moves rows with their optimizer state)."""
+        tables = {t: np.asarray(ids, dtype=np.int64) for t, ids in tables.items() if t in self.fields}
+        stats = self.store.set_hot(tables)
+        self.hot_version = int(version)
+        self.hot_rows = int(sum(len(v) for v in tables.values()))
+        log.info("hot set v%d applied: %d rows (%s)", version, self.hot_rows, stats)
+        return stats
+
+    def hot_mask(self, field: str, ids: np.ndarray) -> np.ndarray:
+        return self.store.hot_mask(field, ids)
+
+    # -- training ------------------------------------------------------------
+    def plan(self, batch: EventBatch) -> list[MiniBatch]:
+        t = self.cfg.trainer
+        if t.schedule == "fae" and self.hot_rows:
+            hot = hot_samples(batch, self.fields, self.hot_mask)
+        else:
+            hot = np.zeros(len(batch), dtype=bool)
+        return plan(hot, t.batch_size, t.schedule if self.hot_rows else "arrival", t.hot_per_cold)
+
+    def _prefetch(self, batch: EventBatch) -> None:
+        for f in self.fields:
+            ids = batch.sparse[f].values
+            if len(ids):
+                self.store.prefetch(f, np.unique(ids))
+
+    def train_window(self, batch: EventBatch) -> WindowResult:
+        """Train on one window of events (score first); returns the scores in arrival order."""
+        self.model.train()
+        scores = np.zeros(len(batch), np.float32)
+        mbs = self.plan(batch)
+        subs = [batch.take(m.rows) for m in mbs]
+        hot_n = 0
+        for i, (m, sub) in enumerate(zip(mbs, subs)):
+            nxt = i + 1
+            if nxt < len(mbs) and mbs[nxt].kind != "hot":
+                self._prefetch(subs[nxt])  # cold rows load in the background while this batch trains
+            p = train_step(self.model, self.opt, sub, self.fields, self.store.lookup, self.store.apply_gradients,
+                           self.device)
+            scores[m.rows] = p
+            if m.kind == "hot":
+                hot_n += len(m.rows)
+        self.metrics.update(batch.labels, scores)
+        self.events += len(batch)
+        self.hot_events += hot_n
+        if len(batch):
+            self.newest_event_ms = max(self.newest_event_ms, int(batch.ts.max()))
+        return WindowResult(len(batch), hot_n, len(mbs), scores)
+
+    def predict(self, batch: EventBatch) -> np.ndarray:
+        self.model.eval()
+        try:
+            return predict_batch(self.model, batch, self.fields, self.store.lookup, self.device)
+        finally:
+            self.model.train()
+
+    # -- state -----------------------------------------------------------------
+    def dense_state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
+
+    def load_dense_state(self, d: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(d["model"])
+        self.opt.load_state_dict(d["opt"])
+
+    def counters(self) -> dict[str, Any]:
+        return {"events": self.events, "hot_events": self.hot_events, "hot_version": self.hot_version,
+                "newest_event_ms": self.newest_event_ms, "metrics": self.metrics.state()}
+
+    def load_counters(self, d: Mapping[str, Any]) -> None:
+        self.events = int(d.get("events", 0))
+        self.hot_events = int(d.get("hot_events", 0))
+        self.newest_event_ms = int(d.get("newest_event_ms", 0))
+        self.metrics.load_state(d.get("metrics", {}))

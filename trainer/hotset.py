@@ -1,0 +1,141 @@
+"""Where the trainer's hot set comes from.
+
+- ``topic``: the popularity-sketch worker's compacted ``hot-set`` topic (the
+  pipeline's normal mode), followed with ``sketch.HotSetFollower``.
+- ``sample``: counted in-process from the first events (FAE finds hot rows from a
+  sample, not a full pass), optionally re-counted every N events. For runs
+  without the sketch worker: tests, benchmarks, a single-process trainer.
+- ``none``: no hot tier; every row stays in the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ingest.events import EventBatch
+
+
+@dataclass
+class HotUpdate:
+    version: int
+    tables: dict[str, np.ndarray]
+    coverage: float = float("nan")  # estimated fraction of lookups the set covers
+    hit_rate: float = float("nan")
+
+
+def budget_rows(cfg) -> int:
+    """Row budget of the device tier: ``hot.budget_bytes`` when set, else ``hot.budget_rows``."""
+    if cfg.hot.budget_bytes > 0:
+        per_row = cfg.model.embedding_dim * 4 + 4  # vector + Adagrad accumulator
+        return max(0, cfg.hot.budget_bytes // per_row)
+    return max(0, cfg.hot.budget_rows)
+
+
+def top_rows(counts: dict[str, tuple[np.ndarray, np.ndarray]], budget: int) -> tuple[dict[str, np.ndarray], float]:
+    """The ``budget`` most frequent (table, id) over all tables, and the share of lookups they cover."""
+    tabs, ids, cnts = [], [], []
+    for i, (t, (u, c)) in enumerate(sorted(counts.items())):
+        tabs.append(np.full(len(u), i, np.int32))
+        ids.append(u)
+        cnts.append(c)
+    if not ids:
+        return {}, float("nan")
+    tab, idv, cnt = np.concatenate(tabs), np.concatenate(ids), np.concatenate(cnts)
+    total = float(cnt.sum())
+    if budget < len(cnt):
+        keep = np.argpartition(-cnt, budget)[:budget] if budget > 0 else np.zeros(0, np.int64)
+    else:
+        keep = np.arange(len(cnt))
+    names = sorted(counts)
+    out = {n: np.sort(idv[keep][tab[keep] == i]) for i, n in enumerate(names)}
+    return out, (float(cnt[keep].sum()) / total if total else float("nan"))
+
+
+@dataclass
+class SampleHotSource:
+    """Exact id counts over a sample of the stream -> the top ``budget`` rows."""
+
+    fields: list[str]
+    budget: int
+    sample_events: int = 50_000
+    refresh_events: int = 0  # 0 = decide once
+    version: int = 0
+    _seen: int = 0
+    _counts: dict = field(default_factory=dict)
+    _ready: HotUpdate | None = None
+
+    def observe(self, batch: EventBatch) -> None:
+        if self.version and not self.refresh_events:
+            return
+        for f in self.fields:
+            u, c = np.unique(batch.sparse[f].values, return_counts=True)
+            if f in self._counts:
+                pu, pc = self._counts[f]
+                allu = np.concatenate([pu, u])
+                allc = np.concatenate([pc, c])
+                u, inv = np.unique(allu, return_inverse=True)
+                c = np.bincount(inv.reshape(-1), weights=allc, minlength=len(u)).astype(np.int64)
+            self._counts[f] = (u, c)
+        self._seen += len(batch)
+        need = self.sample_events if not self.version else self.refresh_events
+        if self._seen >= need:
+            tables, coverage = top_rows(self._counts, self.budget)
+            self.version += 1
+            self._ready = HotUpdate(self.version, tables, coverage)
+            self._seen, self._counts = 0, {}
+
+    def poll(self) -> HotUpdate | None:
+        u, self._ready = self._ready, None
+        return u
+
+
+class TopicHotSource:
+    """Newest hot set published by the sketch worker on the ``hot-set`` topic."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        from sketch import HotSetFollower
+
+        self.follower = HotSetFollower(bootstrap, topic)
+        self.version = 0
+
+    def observe(self, batch: EventBatch) -> None:
+        pass
+
+    def poll(self) -> HotUpdate | None:
+        hs = self.follower.latest()
+        if hs is None or hs.version == self.version:
+            return None
+        self.version = hs.version
+        return HotUpdate(int(hs.version), dict(hs.tables), float(getattr(hs, "coverage", float("nan"))),
+                         float(getattr(hs, "hit_rate", float("nan"))))
+
+    def close(self) -> None:
+        close = getattr(self.follower, "close", None)
+        if close:
+            close()
+
+
+class NoHotSource:
+    version = 0
+
+    def observe(self, batch: EventBatch) -> None:
+        pass
+
+    def poll(self) -> HotUpdate | None:
+        return None
+
+
+def make_hot_source(cfg, bootstrap: str | None):
+    kind = cfg.trainer.hot_source
+    if kind == "none" or budget_rows(cfg) == 0:
+        return NoHotSource()
+    if kind == "sample":
+        return SampleHotSource(cfg.model.field_names, budget_rows(cfg), cfg.trainer.hot_sample_events,
+                               cfg.trainer.hot_refresh_events)
+    if kind == "topic":
+        if not bootstrap:
+            raise ValueError("trainer.hot_source='topic' needs a Kafka bootstrap")
+        return TopicHotSource(bootstrap, cfg.kafka.hotset_topic)
+    raise ValueError(f"trainer.hot_source must be topic, sample or none, got {kind!r}")

@@ -1,0 +1,80 @@
+"""The plain in-memory baseline: every embedding row in an ``nn.Embedding``, no
+store, no tiers. Same deterministic initial rows and the same row-wise Adagrad as
+the store, so the tiered trainer can be checked against it (equivalence tests) and
+measured against it (``bench train``).
+
+Ids are unbounded in the stream, so the baseline takes a vocabulary per field up
+front (all ids it will see), the way DLRM's reference pre-indexes Criteo.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from embedding_store.adagrad import adagrad_rows
+from embedding_store.rows import init_rows, table_salt
+
+from .model import DLRM, predict_batch
+from .step import dense_optimizer, train_step
+
+
+class MemoryDLRM:
+    def __init__(self, cfg, vocab: Mapping[str, np.ndarray], device: torch.device | str = "cpu",
+                 init_chunk: int = 1 << 20):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.fields = cfg.model.field_names
+        dim = cfg.model.embedding_dim
+        self.model = DLRM.from_config(cfg.model).to(self.device)
+        self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
+        self.ids: dict[str, np.ndarray] = {}
+        self.emb: dict[str, nn.Embedding] = {}
+        self.acc: dict[str, torch.Tensor] = {}
+        for f in self.fields:
+            ids = np.unique(np.asarray(vocab[f], dtype=np.int64))
+            self.ids[f] = ids
+            w = np.empty((len(ids), dim), np.float32)
+            for s in range(0, len(ids), init_chunk):
+                w[s:s + init_chunk] = init_rows(table_salt(f), cfg.model.seed, ids[s:s + init_chunk], dim,
+                                                cfg.store.init_scale)
+            e = nn.Embedding(len(ids), dim, _weight=torch.from_numpy(w))
+            e.weight.requires_grad_(False)
+            self.emb[f] = e.to(self.device)
+            self.acc[f] = torch.zeros(len(ids), dtype=torch.float32, device=self.device)
+
+    def index(self, field: str, ids: np.ndarray) -> np.ndarray:
+        known = self.ids[field]
+        pos = np.searchsorted(known, ids)
+        pos = np.minimum(pos, len(known) - 1)
+        if len(ids) and not np.array_equal(known[pos], ids):
+            missing = ids[known[pos] != ids][:3]
+            raise KeyError(f"field {field!r}: ids {missing.tolist()} are not in the baseline's vocabulary")
+        return pos
+
+    def lookup(self, field: str, ids: np.ndarray) -> torch.Tensor:
+        idx = torch.from_numpy(self.index(field, ids)).to(self.device)
+        return self.emb[field].weight[idx]
+
+    def apply_gradients(self, field: str, ids: np.ndarray, grads: torch.Tensor) -> None:
+        idx = torch.from_numpy(self.index(field, ids)).to(self.device)
+        w = self.emb[field].weight
+        new_w, new_acc = adagrad_rows(w[idx], self.acc[field][idx], grads.to(self.device),
+                                      self.cfg.store.adagrad_lr, self.cfg.store.adagrad_eps)
+        w[idx] = new_w
+        self.acc[field][idx] = new_acc
+
+    def train_batch(self, batch) -> np.ndarray:
+        """Score-before-train on one mini-batch; returns the progressive scores."""
+        self.model.train()
+        return train_step(self.model, self.opt, batch, self.fields, self.lookup, self.apply_gradients, self.device)
+
+    def predict(self, batch) -> np.ndarray:
+        self.model.eval()
+        return predict_batch(self.model, batch, self.fields, self.lookup, self.device)
+
+    def nbytes(self) -> int:
+        return sum(e.weight.numel() * 4 + self.acc[f].numel() * 4 for f, e in self.emb.items())

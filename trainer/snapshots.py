@@ -1,0 +1,208 @@
+"""Serving snapshots after checkpoints: full the first time (and whenever serving
+asks for one), deltas of changed rows after that, pushed in the background.
+
+Deltas are always taken relative to the last version serving *accepted*, and no
+new snapshot is built while a push is still being retried, so a delta's parent is
+always what serving holds. A failed push is retried with exponential backoff and
+never blocks or stops training.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+NEEDS_FULL = ("FAILED_PRECONDITION", "DATA_LOSS")
+
+
+@dataclass
+class SnapshotState:
+    accepted_version: int = 0  # what serving holds (0 = nothing yet)
+    accepted_epoch: int = 0  # store epoch of that version (delta base)
+    need_full: bool = True
+    built: int = 0
+    pushed: int = 0
+    failures: int = 0
+    last_error: str = ""
+    history: list = field(default_factory=list)
+
+
+class SnapshotPublisher:
+    """Builds snapshot directories and pushes them with a background retry loop."""
+
+    def __init__(self, cfg, out_dir: str | Path, push: bool = True, full_every: int = 10,
+                 keep: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0):
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.push_enabled = push
+        self.full_every = max(1, full_every)
+        self.keep = keep
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.st = SnapshotState()
+        self._lock = threading.Lock()
+        self._pending: tuple[int, int, Path] | None = None  # (version, epoch, dir)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pusher = None
+
+    # -- state carried in checkpoints --------------------------------------
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            return {"accepted_version": self.st.accepted_version, "accepted_epoch": self.st.accepted_epoch,
+                    "need_full": self.st.need_full, "built": self.st.built}
+
+    def load_state(self, d: dict[str, Any]) -> None:
+        with self._lock:
+            self.st.accepted_version = int(d.get("accepted_version", 0))
+            self.st.accepted_epoch = int(d.get("accepted_epoch", 0))
+            self.st.need_full = bool(d.get("need_full", True))
+            self.st.built = int(d.get("built", 0))
+
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return self._pending is not None
+
+    @property
+    def version(self) -> int:
+        with self._lock:
+            return self.st.accepted_version
+
+    def request_full(self) -> None:
+        with self._lock:
+            self.st.need_full = True
+
+    # -- building ------------------------------------------------------------
+    def publish(self, version: int, epoch: int, store, model, kafka_offsets: dict, metrics: dict,
+                newest_event_ms: int) -> Path | None:
+        """Build snapshot ``version`` (store state as of ``epoch``) and queue it for pushing.
+
+        Returns the snapshot dir, or None when skipped because a push is still pending.
+        """
+        from serving import write_snapshot
+
+        with self._lock:
+            if self._pending is not None:
+                return None
+            full = self.st.need_full or self.st.accepted_version == 0 or (self.st.built % self.full_every == 0)
+            parent = None if full else self.st.accepted_version
+            since = 0 if full else self.st.accepted_epoch
+        import dataclasses
+
+        out = self.out_dir / f"v{version:09d}"
+        if out.exists():
+            shutil.rmtree(out)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        dense_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        write_snapshot(
+            out, version=version, parent_version=parent, kind="full" if full else "delta",
+            dense_state=dense_state, rows=store.changed_rows(since),
+            kafka_offsets={f"{t}:{p}": o for (t, p), o in kafka_offsets.items()},
+            metrics={k: float(v) for k, v in metrics.items()
+                     if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")},
+            config_hash=self.cfg.model_hash(), newest_event_ms=int(newest_event_ms),
+            model_config=dataclasses.asdict(self.cfg.model),
+            store_config=dataclasses.asdict(self.cfg.store),
+        )
+        with self._lock:
+            self.st.built += 1
+            self.st.history.append((version, "full" if full else "delta"))
+            if self.push_enabled:
+                self._pending = (version, epoch, out)
+        self._prune()
+        if self.push_enabled:
+            self._ensure_thread()
+            self._wake.set()
+        return out
+
+    def _prune(self) -> None:
+        dirs = sorted(p for p in self.out_dir.glob("v*") if p.is_dir())
+        with self._lock:
+            pending = self._pending[2] if self._pending else None
+        for p in dirs[: max(0, len(dirs) - self.keep)]:
+            if p != pending:
+                shutil.rmtree(p, ignore_errors=True)
+
+    # -- pushing -------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="snapshot-push", daemon=True)
+            self._thread.start()
+
+    def _client(self):
+        if self._pusher is None:
+            from serving import SnapshotPusher
+
+            self._pusher = SnapshotPusher(self.cfg.serving_target(), self.cfg.serving.push_token)
+        return self._pusher
+
+    def _run(self) -> None:
+        delay = self.backoff_s
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            with self._lock:
+                job = self._pending
+            if job is None:
+                continue
+            version, epoch, path = job
+            ok, reason = self._push_once(path)
+            with self._lock:
+                if ok:
+                    self.st.accepted_version, self.st.accepted_epoch = version, epoch
+                    self.st.need_full = False
+                    self.st.pushed += 1
+                    self._pending = None
+                elif any(code in reason for code in NEEDS_FULL):
+                    # serving cannot apply this delta: drop it, the next snapshot is full
+                    self.st.need_full = True
+                    self.st.failures += 1
+                    self.st.last_error = reason
+                    self._pending = None
+                else:
+                    self.st.failures += 1
+                    self.st.last_error = reason
+            if ok or self._pending is None:
+                delay = self.backoff_s
+                continue
+            log.warning("snapshot v%d push failed (%s); retrying in %.1fs", version, reason, delay)
+            if self._stop.wait(delay):
+                return
+            delay = min(self.max_backoff_s, delay * 2)
+            self._wake.set()
+
+    def _push_once(self, path: Path) -> tuple[bool, str]:
+        try:
+            res = self._client().push(path)
+        except Exception as e:  # network, serving down, ...: retry later
+            self._pusher = None
+            return False, f"{type(e).__name__}: {e}"
+        ok = getattr(res, "ok", None)
+        if ok is None:
+            ok = bool(getattr(res, "accepted", False)) or (isinstance(res, dict) and bool(res.get("accepted")))
+        reason = str(getattr(res, "reason", "") or getattr(res, "code", "") or (res.get("reason", "") if isinstance(res, dict) else ""))
+        return bool(ok), reason
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no push is pending (used on shutdown); True when idle."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.busy:
+                return True
+            time.sleep(0.05)
+        return not self.busy
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5)
