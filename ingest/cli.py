@@ -1,4 +1,5 @@
-"""``streamrec broker`` (run the embedded broker) and ``streamrec produce`` (replay events into Kafka)."""
+"""``streamrec broker`` (run the embedded broker), ``streamrec produce`` (replay events into Kafka)
+and ``streamrec generate`` (write the synthetic stream to a file)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,45 @@ import argparse
 import signal
 import sys
 import threading
+import time
+
+from .datasets import FORMATS, LAYOUTS
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("broker", parents=[common], help="run the embedded Kafka-protocol broker until Ctrl-C")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser(
+        "produce", parents=[common],
+        help="replay a file (CSV/TSV, JSON lines, Parquet, Criteo, Avazu) or the synthetic stream into the events topic",
+        description="Replay events into the events topic. Without --bootstrap the events go to a private embedded "
+                    "broker that stops when this command ends: run `streamrec broker` elsewhere and pass its "
+                    "address, or use --hold.",
+    )
+    p.add_argument("file", nargs="?", help="file to replay (omit with --synthetic)")
+    p.add_argument("--synthetic", type=int, metavar="N", help="send N generated events instead of a file")
+    p.add_argument("--format", choices=FORMATS, help="file format (default: from the extension and first line)")
+    p.add_argument("--layout", choices=LAYOUTS,
+                   help="set the model fields and dense width for this layout (consumers need the same config)")
+    p.add_argument("--rate", type=float, default=0.0, metavar="EVENTS_PER_S",
+                   help="events per second (default 0: as fast as possible)")
+    p.add_argument("--codec", choices=["arrow", "json"], help="wire form (default: kafka.codec from the config)")
+    p.add_argument("--limit", type=int, default=0, metavar="N", help="stop after N events (0 = all)")
+    p.add_argument("--chunk", type=int, default=8192, help="events read per file chunk")
+    p.add_argument("--hold", action="store_true",
+                   help="with the embedded broker: keep it serving after producing, until Ctrl-C")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser("generate", parents=[common],
+                       help="write the synthetic stream to a Parquet or JSON-lines file; print its Bayes AUC")
+    p.add_argument("--out", required=True, metavar="FILE", help="FILE.parquet or FILE.jsonl (.gz ok for jsonl)")
+    p.add_argument("--events", type=int, help="how many events (default: generator.events from the config)")
+    p.add_argument("--seed", type=int, help="generator seed (default: generator.seed)")
+    p.add_argument("--layout", choices=LAYOUTS, help="generate events with this layout's fields")
+    p.set_defaults(func=cmd_generate)
 
 
 def cmd_broker(args) -> int:
@@ -33,4 +67,157 @@ def cmd_broker(args) -> int:
                     return 1
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+def _progress(quiet: bool, total: int | None):
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn() if total else TextColumn(""),
+        TextColumn("{task.completed:>12,.0f} events"),
+        TextColumn("{task.fields[rate]:>10,.0f} events/s"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=quiet,
+    )
+
+
+def _sliced(batches, size: int):
+    """Split batches into slices of at most ``size`` events (for smooth rate limiting)."""
+    import numpy as np
+
+    for b in batches:
+        if len(b) <= size:
+            yield b
+            continue
+        for s in range(0, len(b), size):
+            yield b.take(np.arange(s, min(len(b), s + size)))
+
+
+def _limited(batches, limit: int):
+    import numpy as np
+
+    left = limit
+    for b in batches:
+        if limit and len(b) >= left:
+            yield b.take(np.arange(left))
+            return
+        left -= len(b)
+        yield b
+
+
+def cmd_produce(args) -> int:
+    from streamrec.cli import config_from_args, kafka_bootstrap
+
+    from . import DatasetError, EventProducer, SyntheticStream, layout_config, read_events
+
+    cfg = config_from_args(args)
+    if args.layout:
+        cfg = layout_config(args.layout, cfg)
+    if args.codec:
+        cfg.kafka.codec = args.codec
+    if (args.file is None) == (args.synthetic is None):
+        print("streamrec produce: give either a FILE or --synthetic N", file=sys.stderr)
+        return 2
+    if args.rate < 0:
+        print("streamrec produce: --rate must be >= 0", file=sys.stderr)
+        return 2
+    if args.synthetic is not None:
+        total: int | None = args.synthetic if not args.limit else min(args.limit, args.synthetic)
+        source = SyntheticStream(cfg).batches(total)
+        what = f"{total:,} synthetic events"
+    else:
+        total = args.limit or None
+        try:
+            source = read_events(args.file, cfg, format=args.format, chunk=args.chunk)
+            source = _limited(source, args.limit) if args.limit else source
+        except DatasetError as e:
+            print(f"streamrec produce: {e}", file=sys.stderr)
+            return 2
+        what = args.file
+    if not cfg.kafka.bootstrap:
+        print("streamrec produce: no --bootstrap given: producing into a private embedded broker that stops when "
+              "this command ends" + (" (--hold keeps it serving until Ctrl-C)" if not args.hold else "")
+              + "; for a broker that outlives it run `streamrec broker` and pass --bootstrap", file=sys.stderr)
+    if args.rate:
+        source = _sliced(source, max(1, min(cfg.kafka.events_per_message, int(args.rate / 20) or 1)))
+    sent = 0
+    interrupted = False
+    t0 = time.monotonic()
+    with kafka_bootstrap(cfg) as bootstrap:
+        producer = EventProducer(bootstrap, cfg)
+        try:
+            with _progress(args.quiet, total) as progress:
+                task = progress.add_task(f"{cfg.kafka.events_topic} <- {what}", total=total, rate=0.0)
+                try:
+                    for b in source:
+                        producer.send_batch(b)
+                        sent += len(b)
+                        elapsed = time.monotonic() - t0
+                        progress.update(task, completed=sent, rate=sent / max(elapsed, 1e-9))
+                        if args.rate:
+                            ahead = sent / args.rate - elapsed
+                            if ahead > 0:
+                                time.sleep(ahead)
+                except KeyboardInterrupt:
+                    interrupted = True
+                except DatasetError as e:
+                    producer.close(30)
+                    print(f"streamrec produce: {e} (after {sent:,} events were sent)", file=sys.stderr)
+                    return 2
+            producer.close(60)
+        except KeyboardInterrupt:  # a second Ctrl-C while flushing
+            interrupted = True
+        dt = time.monotonic() - t0
+        print(f"{'interrupted: ' if interrupted else ''}produced {sent:,} events in {producer.sent_messages:,} "
+              f"{cfg.kafka.codec} messages to {cfg.kafka.events_topic!r} on {bootstrap} in {dt:.1f}s "
+              f"({sent / max(dt, 1e-9):,.0f} events/s)", flush=True)
+        if args.hold and not cfg.kafka.bootstrap and not interrupted:
+            print(f"holding the embedded broker on {bootstrap}; Ctrl-C stops it", file=sys.stderr, flush=True)
+            try:
+                while True:
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+    return 130 if interrupted else 0
+
+
+def cmd_generate(args) -> int:
+    import numpy as np
+
+    from streamrec.cli import config_from_args
+
+    from . import DatasetError, SyntheticStream, layout_config, roc_auc, write_events
+
+    cfg = config_from_args(args)
+    if args.layout:
+        cfg = layout_config(args.layout, cfg)
+    if args.seed is not None:
+        cfg.generator.seed = args.seed
+    n = args.events if args.events is not None else cfg.generator.events
+    if n < 1:
+        print("streamrec generate: --events must be >= 1", file=sys.stderr)
+        return 2
+    labels: list = []
+    probs: list = []
+
+    def batches():
+        for b, p in SyntheticStream(cfg).batches(n, with_truth=True):
+            labels.append(b.labels)
+            probs.append(p)
+            yield b
+
+    t0 = time.monotonic()
+    try:
+        written = write_events(args.out, batches(), cfg)
+    except DatasetError as e:
+        print(f"streamrec generate: {e}", file=sys.stderr)
+        return 2
+    auc = roc_auc(np.concatenate(labels), np.concatenate(probs))
+    ctr = float(np.concatenate(labels).mean())
+    print(f"wrote {written:,} events to {args.out} in {time.monotonic() - t0:.1f}s "
+          f"(seed {cfg.generator.seed}, click rate {ctr:.3f}); Bayes-optimal AUC {auc:.4f}")
     return 0

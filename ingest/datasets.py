@@ -310,7 +310,7 @@ def _labels(col: pa.Array, where: str) -> np.ndarray:
     return y
 
 
-def _read_csv(path: Path, schema: EventSchema, delimiter: str, block_size: int) -> Iterator[EventBatch]:
+def _check_csv(path: Path, schema: EventSchema, delimiter: str) -> tuple[list[str], list[str]]:
     header = _csv_header(path, delimiter)
     dense_cols = [f"dense_{i}" for i in range(schema.dense_dim)]
     known = {"label", "ts", "request_id", *dense_cols, *schema.fields}
@@ -325,6 +325,11 @@ def _read_csv(path: Path, schema: EventSchema, delimiter: str, block_size: int) 
     missing = [c for c in dense_cols if c not in header]
     if missing:
         raise DatasetError(f"{path}: missing dense column {missing[0]!r} (the model expects {schema.dense_dim})")
+    return header, dense_cols
+
+
+def _read_csv(path: Path, schema: EventSchema, delimiter: str, block_size: int) -> Iterator[EventBatch]:
+    header, dense_cols = _check_csv(path, schema, delimiter)
     types = {"label": pa.float32(), "ts": pa.int64(), "request_id": pa.string(),
              **{c: pa.float32() for c in dense_cols}, **{f: pa.string() for f in schema.fields}}
     types = {k: v for k, v in types.items() if k in header}
@@ -464,6 +469,11 @@ def read_events(
         raise DatasetError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
     if dense not in ("log", "raw"):
         raise DatasetError(f"dense transform must be 'log' or 'raw', got {dense!r}")
+    # check headers and layouts now, before the caller starts anything (a broker, a progress bar)
+    if fmt in LAYOUTS:
+        check_layout(schema, fmt)
+    elif fmt in ("csv", "tsv"):
+        _check_csv(p, schema, "," if fmt == "csv" else "\t")
     block = max(1 << 16, chunk * 256)  # bytes per CSV block: about ``chunk`` rows of Criteo
     if fmt in ("csv", "tsv"):
         src = _read_csv(p, schema, "," if fmt == "csv" else "\t", block)
@@ -510,3 +520,19 @@ def write_events(path: str | os.PathLike, batches: Iterable[EventBatch], cfg=Non
                 n += len(b)
     os.replace(tmp, p)
     return n
+
+
+def read_file(path: str | os.PathLike, cfg, layout: str = "auto", chunk: int = 8192) -> Iterator[EventBatch]:
+    """:func:`read_events` with a layout choice: ``auto`` (detect), ``criteo``, ``avazu``,
+    or ``events`` (the plain event columns: CSV/TSV, JSON lines or Parquet by extension)."""
+    if layout == "auto":
+        return read_events(path, cfg, chunk=chunk)
+    if layout in LAYOUTS:
+        return read_events(path, cfg, format=layout, chunk=chunk)
+    if layout == "events":
+        name, _ = _strip_compression(Path(path))
+        fmt = _BY_EXT.get(os.path.splitext(name)[1])
+        if fmt is None:
+            raise DatasetError(f"{path}: cannot tell the format from the extension; use .csv, .tsv, .jsonl or .parquet")
+        return read_events(path, cfg, format=fmt, chunk=chunk)
+    raise DatasetError(f"unknown layout {layout!r}; expected auto, criteo, avazu or events")

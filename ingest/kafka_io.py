@@ -41,6 +41,10 @@ def make_producer(bootstrap: str, **overrides) -> KafkaProducer:
     return KafkaProducer(**opts)
 
 
+class ProduceError(RuntimeError):
+    """The broker did not acknowledge some messages."""
+
+
 class EventProducer:
     """Writes events to the events topic in the configured wire form."""
 
@@ -54,6 +58,12 @@ class EventProducer:
         self.sent_events = 0
         self._rr = 0
         self._partitions: list[int] | None = None
+        self.failed = 0  # messages the broker did not take (reported by flush)
+        self.last_error: Exception | None = None
+
+    def _on_error(self, exc: Exception) -> None:
+        self.failed += 1
+        self.last_error = exc
 
     def _next_partition(self) -> int | None:
         if self._partitions is None:
@@ -69,22 +79,29 @@ class EventProducer:
         msgs = encode_messages(batch, self.schema, self.codec, self.cfg.kafka.events_per_message)
         headers = [(CODEC_HEADER, self.codec.encode())]
         for m in msgs:
-            self.producer.send(self.topic, m, partition=self._next_partition(), headers=headers)
+            self.producer.send(self.topic, m, partition=self._next_partition(), headers=headers).add_errback(
+                self._on_error)
         self.sent_messages += len(msgs)
         self.sent_events += len(batch)
         return len(msgs)
 
     def send_raw(self, value: bytes, key: bytes | None = None) -> None:
         """Send bytes as they are (a third-party JSON event, or a bad record in tests)."""
-        self.producer.send(self.topic, value, key=key, partition=self._next_partition())
+        self.producer.send(self.topic, value, key=key, partition=self._next_partition()).add_errback(self._on_error)
         self.sent_messages += 1
 
     def flush(self, timeout: float | None = 60) -> None:
+        """Wait until every message is acknowledged; raise if any was refused (never lose events silently)."""
         self.producer.flush(timeout)
+        if self.failed:
+            raise ProduceError(f"{self.failed} of {self.sent_messages} messages to {self.topic!r} failed: "
+                               f"{self.last_error!r}")
 
-    def close(self) -> None:
-        self.producer.flush()
-        self.producer.close()
+    def close(self, timeout: float | None = 60) -> None:
+        try:
+            self.flush(timeout)
+        finally:
+            self.producer.close(timeout)
 
 
 @dataclass
