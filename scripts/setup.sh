@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Create .venv at the repository root and install streamrec with its pinned dependencies.
-# Idempotent: re-running only installs what changed. Used by both README commands and CI.
+# Idempotent: re-running only reinstalls when pyproject.toml or constraints.txt changed.
+# Used by both README commands and by CI (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $("$PY" --version 2>&1)" >&2
   "$PY" -m venv .venv
 fi
 stamp=.venv/.streamrec-installed
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-  # torch first, from the pin, so nothing later can pull a multi-GB CUDA build
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[test]"
+  log=.venv/setup.log
+  echo "setup: installing streamrec and its dependencies into .venv (log: $log)" >&2
+  pip=(.venv/bin/python -m pip install --disable-pip-version-check -c constraints.txt)
+  # torch first, from the pin, so that nothing later can pull a multi-GB CUDA build
+  if ! { "${pip[@]}" "torch==2.13.0" && "${pip[@]}" -e ".[test]"; } >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "setup: install failed; full log in $log" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
