@@ -1,0 +1,278 @@
+"""Cold tier: rows in N RocksDB shards (separate databases in one directory).
+
+Why these RocksDB options (rows are ~80-byte random point reads/writes):
+- bloom filters (10 bits/key, whole-key): a miss (a never-seen id, common with
+  unbounded ids) is answered without touching data blocks;
+- one LRU block cache shared by all shards, sized by ``block_cache_mb``, with index
+  and filter blocks cached and L0 ones pinned;
+- LZ4 only for the bottom level, none above: float rows barely compress, and
+  uncompressed upper levels keep point reads cheap;
+- small blocks (4 KiB) because reads are single rows, not scans;
+- WAL on, ``sync=False``: a SIGKILL loses nothing that ``write`` acknowledged (the
+  WAL is in the OS page cache); ``sync=True`` (``durable_sync``) survives power loss too.
+
+Atomicity across shards: one logical write (a batch of rows of one table) becomes one
+``WriteBatch`` per shard it touches. Each of those batches also carries an *undo
+record* (the rows' previous bytes, the write's sequence number and the set of shards
+taking part). On open, if the newest write reached only some of its shards (a kill
+between shard writes), the shards that did apply it are rolled back — so the store
+always reopens to a prefix of acknowledged writes, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import rocksdict as rd
+
+from .errors import StoreMismatchError
+from .rows import KEY_BYTES, decode_keys, encode_keys, pack_records, shard_of, unpack_records
+
+MANIFEST = "manifest.json"
+UNDO_KEY = b"~undo"  # meta keys are not 13 bytes long, so they never collide with rows
+FORMAT = 1
+_UNDO_HEAD = struct.Struct("<QII")  # seq, n rows, record size
+
+
+def _options(cache: rd.Cache | None, read_only: bool) -> rd.Options:
+    o = rd.Options(raw_mode=True)
+    o.create_if_missing(not read_only)
+    t = rd.BlockBasedOptions()
+    t.set_bloom_filter(10, False)
+    t.set_block_size(4096)
+    if cache is not None:
+        t.set_block_cache(cache)
+    t.set_cache_index_and_filter_blocks(True)
+    t.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    o.set_block_based_table_factory(t)
+    o.set_compression_type(rd.DBCompressionType.none())
+    o.set_bottommost_compression_type(rd.DBCompressionType.lz4())
+    o.set_write_buffer_size(32 << 20)
+    o.set_max_write_buffer_number(2)
+    o.set_max_background_jobs(2)
+    o.set_level_compaction_dynamic_level_bytes(True)
+    o.set_keep_log_file_num(2)
+    return o
+
+
+def read_manifest(path: str | os.PathLike) -> dict | None:
+    p = Path(path) / MANIFEST
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def write_manifest(path: str | os.PathLike, manifest: dict) -> None:
+    p = Path(path) / MANIFEST
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+
+
+def check_manifest(path, have: dict, tables: dict[str, int], shards: int, seed: int) -> None:
+    """Raise StoreMismatchError naming every difference between a directory and the request."""
+    problems = []
+    if have.get("format") != FORMAT:
+        problems.append(f"format {have.get('format')} != {FORMAT}")
+    if have["shards"] != shards:
+        problems.append(f"shards: directory has {have['shards']}, asked for {shards}")
+    if have["seed"] != seed:
+        problems.append(f"seed: directory has {have['seed']}, asked for {seed}")
+    for name, dim in tables.items():
+        old = have["tables"].get(name)
+        if old is not None and old != dim:
+            problems.append(f"table {name!r}: directory has dim {old}, asked for dim {dim}")
+    if problems:
+        raise StoreMismatchError(f"store directory {path} was created with another layout: " + "; ".join(problems))
+
+
+class ColdTier:
+    """Sharded RocksDB rows of every table; batched, shard-atomic-as-a-whole writes."""
+
+    def __init__(self, path: str, shards: int, block_cache_mb: int, read_only: bool = False,
+                 sync: bool = False):
+        self.path = Path(path)
+        self.shards = shards
+        self.read_only = read_only
+        self._cache = rd.Cache(max(1, block_cache_mb) << 20)
+        self.dbs: list[rd.Rdict] = []
+        access = rd.AccessType.read_only() if read_only else rd.AccessType.read_write()
+        for i in range(shards):
+            self.dbs.append(rd.Rdict(str(self.path / f"shard-{i:03d}"), _options(self._cache, read_only),
+                                     access_type=access))
+        self._wopt = rd.WriteOptions()
+        self._wopt.sync = sync
+        self._lock = threading.Lock()  # one logical write at a time (undo records assume it)
+        self.seq = 0
+        self.bytes_written = 0
+        self.reads = 0
+        self._recover()
+
+    # -- recovery ---------------------------------------------------------------------
+    def _undo_of(self, i: int):
+        raw = self.dbs[i].get(UNDO_KEY)
+        if raw is None:
+            return None
+        seq, n, rsz = _UNDO_HEAD.unpack_from(raw, 0)
+        off = _UNDO_HEAD.size
+        members = np.frombuffer(raw, dtype=np.uint8, count=self.shards, offset=off)
+        return seq, n, rsz, members, raw, off + self.shards
+
+    def _recover(self) -> None:
+        undos = [self._undo_of(i) for i in range(self.shards)]
+        seqs = [u[0] if u else 0 for u in undos]
+        top = max(seqs) if seqs else 0
+        self.seq = top
+        if top == 0:
+            return
+        members = next(u[3] for u in undos if u and u[0] == top)
+        torn = any(members[j] and seqs[j] < top for j in range(self.shards))
+        if not torn:
+            return
+        if self.read_only:
+            raise StoreMismatchError(f"store {self.path} has a torn write; open it read-write once to roll it back")
+        for i, u in enumerate(undos):
+            if not u or u[0] != top:
+                continue
+            _, n, rsz, _, raw, off = u
+            keys = [raw[off + k * KEY_BYTES: off + (k + 1) * KEY_BYTES] for k in range(n)]
+            off += n * KEY_BYTES
+            present = raw[off: off + n]
+            off += n
+            wb = rd.WriteBatch(raw_mode=True)
+            for k in range(n):
+                if present[k]:
+                    wb.put(keys[k], raw[off + k * rsz: off + (k + 1) * rsz])
+                else:
+                    wb.delete(keys[k])
+            # the rolled-back shard keeps seq `top` with an empty undo: re-running recovery is a no-op
+            wb.put(UNDO_KEY, _UNDO_HEAD.pack(top, 0, 0) + bytes(self.shards))
+            self.dbs[i].write(wb, self._wopt)
+
+    # -- reads ------------------------------------------------------------------------
+    def get(self, tag: int, salt: int, ids: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Records of ``ids`` (unique) and a bool ``found`` mask; missing rows are zero records."""
+        n = len(ids)
+        out = np.zeros(n, dtype=dtype)
+        found = np.zeros(n, dtype=bool)
+        if n == 0:
+            return out, found
+        keys = encode_keys(tag, ids)
+        sh = shard_of(salt, ids, self.shards)
+        order = np.argsort(sh, kind="stable")
+        bounds = np.searchsorted(sh[order], np.arange(self.shards + 1))
+        for i in range(self.shards):
+            pos = order[bounds[i]:bounds[i + 1]]
+            if len(pos) == 0:
+                continue
+            vals = self.dbs[i][[keys[p] for p in pos.tolist()]]
+            hit = np.fromiter((v is not None for v in vals), dtype=bool, count=len(vals))
+            if hit.any():
+                got = pos[hit]
+                out[got] = unpack_records([v for v in vals if v is not None], dtype)
+                found[got] = True
+        self.reads += n
+        return out, found
+
+    # -- writes -----------------------------------------------------------------------
+    def write(self, tag: int, salt: int, ids: np.ndarray, new: np.ndarray | None,
+              old: np.ndarray, old_found: np.ndarray) -> None:
+        """Atomically (across shards) set rows ``ids`` to records ``new`` (None = delete).
+
+        ``old``/``old_found`` are the rows' current records (the caller has read them
+        already); they form the undo record that makes a torn multi-shard write
+        roll back on reopen.
+        """
+        if self.read_only:
+            raise PermissionError(f"store {self.path} is open read-only")
+        n = len(ids)
+        if n == 0:
+            return
+        keys = encode_keys(tag, ids)
+        vals = pack_records(new) if new is not None else None
+        old_vals = old.view(f"S{old.dtype.itemsize}")
+        rsz = old.dtype.itemsize
+        sh = shard_of(salt, ids, self.shards)
+        order = np.argsort(sh, kind="stable")
+        bounds = np.searchsorted(sh[order], np.arange(self.shards + 1))
+        members = np.zeros(self.shards, dtype=np.uint8)
+        members[(bounds[1:] - bounds[:-1]) > 0] = 1
+        with self._lock:
+            self.seq += 1
+            head_tail = members.tobytes()
+            for i in range(self.shards):
+                pos = order[bounds[i]:bounds[i + 1]]
+                if len(pos) == 0:
+                    continue
+                pl = pos.tolist()
+                wb = rd.WriteBatch(raw_mode=True)
+                kk = [keys[p] for p in pl]
+                undo = b"".join([_UNDO_HEAD.pack(self.seq, len(pl), rsz), head_tail, b"".join(kk),
+                                 old_found[pos].astype(np.uint8).tobytes(), old_vals[pos].tobytes()])
+                wb.put(UNDO_KEY, undo)
+                if vals is not None:
+                    for p, k in zip(pl, kk):
+                        wb.put(k, vals[p])
+                else:
+                    for k in kk:
+                        wb.delete(k)
+                self.bytes_written += wb.size_in_bytes()
+                self.dbs[i].write(wb, self._wopt)
+
+    # -- scans, maintenance -----------------------------------------------------------
+    def scan(self) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
+        """Yield ``(shard, keys, values)`` chunks of every row (meta keys skipped)."""
+        for i, db in enumerate(self.dbs):
+            keys: list[bytes] = []
+            vals: list[bytes] = []
+            it = db.iter()
+            it.seek_to_first()
+            while it.valid():
+                k = it.key()
+                if len(k) == KEY_BYTES:
+                    keys.append(k)
+                    vals.append(it.value())
+                    if len(keys) >= 65536:
+                        yield i, keys, vals
+                        keys, vals = [], []
+                it.next()
+            del it
+            if keys:
+                yield i, keys, vals
+
+    def count_estimate(self) -> int:
+        total = 0
+        for db in self.dbs:
+            v = db.property_int_value("rocksdb.estimate-num-keys")
+            total += int(v or 0)
+        return total
+
+    def checkpoint(self, dest: Path) -> None:
+        """RocksDB checkpoint of every shard (hard links where possible) into ``dest``."""
+        with self._lock:
+            for i, db in enumerate(self.dbs):
+                db.flush_wal(True)
+                rd.Checkpoint(db).create_checkpoint(str(dest / f"shard-{i:03d}"))
+
+    def sync_wal(self) -> None:
+        for db in self.dbs:
+            db.flush_wal(True)
+
+    def close(self) -> None:
+        for db in self.dbs:
+            try:
+                db.close()
+            except Exception:  # already closed
+                pass
+        self.dbs = []
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,65 @@
+"""Hot tier: per table one contiguous device tensor of rows plus their Adagrad state.
+
+The id -> slot index is a sorted id array and ``np.searchsorted``: a whole batch is
+resolved in one vectorised call (no Python per id, no hash-map of Python ints).
+The hot set changes rarely (on a new published hot set), so rebuilding the sorted
+index then is cheap compared with the per-batch lookups it speeds up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class HotTable:
+    def __init__(self, dim: int, device: torch.device):
+        self.dim = dim
+        self.device = device
+        self.ids = np.empty(0, dtype=np.int64)       # sorted hot ids
+        self.slot = np.empty(0, dtype=np.int64)      # slot of ids[k] in w/acc
+        self.w = torch.empty((0, dim), dtype=torch.float32, device=device)
+        self.acc = torch.empty(0, dtype=torch.float32, device=device)
+        self.dirty = np.zeros(0, dtype=bool)         # changed since last write-back to the cold tier
+        self.ep = np.zeros(0, dtype=np.int64)        # epoch of last change, per slot
+        self.ts = np.zeros(0, dtype=np.float64)      # last-touched time, per slot
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        """Slot per id, -1 where the id is not hot."""
+        if len(self.ids) == 0:
+            return np.full(len(ids), -1, dtype=np.int64)
+        k = np.searchsorted(self.ids, ids)
+        k[k == len(self.ids)] = 0
+        hit = self.ids[k] == ids
+        return np.where(hit, self.slot[k], -1)
+
+    def mask(self, ids: np.ndarray) -> np.ndarray:
+        if len(self.ids) == 0:
+            return np.zeros(len(ids), dtype=bool)
+        k = np.searchsorted(self.ids, ids)
+        k[k == len(self.ids)] = 0
+        return self.ids[k] == ids
+
+    def rebuild(self, ids: np.ndarray, w: torch.Tensor, acc: torch.Tensor, ep: np.ndarray,
+                ts: np.ndarray, dirty: np.ndarray) -> None:
+        """Replace the hot set with rows ``ids`` (unique), slot k = k-th given row."""
+        order = np.argsort(ids, kind="stable")
+        self.ids = ids[order]
+        self.slot = order.astype(np.int64)
+        self.w = w.to(self.device).contiguous()
+        self.acc = acc.to(self.device).contiguous()
+        self.ep = ep.astype(np.int64)
+        self.ts = ts.astype(np.float64)
+        self.dirty = dirty.astype(bool)
+
+    def slot_ids(self) -> np.ndarray:
+        """Id held by each slot."""
+        out = np.empty(len(self.ids), dtype=np.int64)
+        out[self.slot] = self.ids
+        return out
+
+    def nbytes(self) -> int:
+        return self.w.numel() * 4 + self.acc.numel() * 4 + self.ids.nbytes * 2

@@ -1,0 +1,97 @@
+"""Row identity and layout: table tags, RocksDB keys, shard placement, packed records,
+and the deterministic initial vectors.
+
+Everything here is vectorised over a batch of ids (numpy), because the store's hot
+path must not run Python per id.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xxhash
+
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+KEY_BYTES = 13  # 4-byte table tag + 8-byte id (big-endian) + 0x01 terminator
+_KEY_DTYPE = np.dtype([("tag", ">u4"), ("id", ">i8"), ("end", "u1")])
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """Vectorised splitmix64 finaliser: a bijective scramble of uint64 (counter-based RNG)."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + _GOLD
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def table_salt(name: str) -> int:
+    """Stable 64-bit salt of a table name (same in every process and run)."""
+    return xxhash.xxh64_intdigest(name.encode())
+
+
+def table_tag(name: str) -> int:
+    """4-byte key prefix of a table (top bits of its salt)."""
+    return table_salt(name) >> 32
+
+
+def encode_keys(tag: int, ids: np.ndarray) -> list[bytes]:
+    """RocksDB keys for ``ids`` of one table.
+
+    The 0x01 terminator lets numpy's fixed-width bytes dtype (which strips trailing
+    NULs) turn the whole array into Python ``bytes`` in one vectorised ``tolist``.
+    """
+    k = np.empty(len(ids), dtype=_KEY_DTYPE)
+    k["tag"] = tag
+    k["id"] = ids
+    k["end"] = 1
+    return k.view(f"S{KEY_BYTES}").tolist()
+
+
+def decode_keys(keys: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(tags, ids) of a list of row keys."""
+    k = np.frombuffer(b"".join(keys), dtype=_KEY_DTYPE)
+    return k["tag"].astype(np.int64), k["id"].astype(np.int64)
+
+
+def shard_of(salt: int, ids: np.ndarray, shards: int) -> np.ndarray:
+    """Shard index per id: a stable hash of (table, id) — no per-id Python."""
+    return (splitmix64(ids.astype(np.uint64) ^ np.uint64(salt)) % np.uint64(shards)).astype(np.int64)
+
+
+def record_dtype(dim: int) -> np.dtype:
+    """Packed value of one row: embedding, Adagrad accumulator, last-touched time,
+    epoch of last change (for delta export) and a 0x01 terminator (see encode_keys)."""
+    return np.dtype([("w", "<f4", (dim,)), ("acc", "<f4"), ("ts", "<f8"), ("ep", "<u4"), ("end", "u1")])
+
+
+def pack_records(rec: np.ndarray) -> list[bytes]:
+    rec["end"] = 1
+    return rec.view(f"S{rec.dtype.itemsize}").tolist()
+
+
+def unpack_records(values: list[bytes], dtype: np.dtype) -> np.ndarray:
+    if not values:
+        return np.empty(0, dtype=dtype)
+    raw = b"".join(values)
+    if len(raw) != len(values) * dtype.itemsize:
+        raise ValueError(f"stored rows have the wrong size for {dtype.itemsize}-byte records "
+                         "(store written with another embedding dim?)")
+    return np.frombuffer(raw, dtype=dtype).copy()
+
+
+def init_rows(salt: int, seed: int, ids: np.ndarray, dim: int, scale: float) -> np.ndarray:
+    """Deterministic initial vectors, uniform in [-scale, scale), float32 ``[n, dim]``.
+
+    Counter-based: element (id, j) is splitmix64 of a mix of (table salt, seed, id, j),
+    so any process computes the same row without coordination.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    base = splitmix64(ids.astype(np.uint64) ^ np.uint64(salt)) ^ splitmix64(np.array([seed], dtype=np.uint64))
+    with np.errstate(over="ignore"):
+        ctr = base[:, None] + np.arange(dim, dtype=np.uint64)[None, :] * _GOLD
+    h = splitmix64(ctr)
+    u = (h >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))  # [0, 1), exact in float32
+    return ((u * np.float32(2.0) - np.float32(1.0)) * np.float32(scale)).astype(np.float32)

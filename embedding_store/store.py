@@ -1,0 +1,576 @@
+"""EmbeddingStore: every embedding table of one model, tiered.
+
+Tiers and ownership: a row is *owned* by the hot tier (device tensor) while it is in
+the hot set, else by the cold tier (sharded RocksDB). Hot rows keep a backup copy in
+RocksDB, refreshed when they are demoted and at every checkpoint (only rows changed
+since are written), so a checkpoint is a set of RocksDB checkpoints plus the hot id
+list. Small buffers (``buffers.py``) keep just-read and prefetched cold rows so a
+training step reads each cold row once.
+
+Not thread-safe: call it from one thread (the prefetcher is internal).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .adagrad import adagrad_rows
+from .buffers import RowBuffer
+from .cold import FORMAT, ColdTier, check_manifest, read_manifest, write_manifest
+from .errors import StoreError
+from .hot import HotTable
+from .rows import decode_keys, init_rows, record_dtype, table_salt, table_tag, unpack_records
+
+_MAX_BUFFERS = 3  # per table: the last read batch + up to two prefetched batches
+
+
+def resolve_device(device) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class _Table:
+    def __init__(self, name: str, dim: int, device: torch.device, max_id: int | None):
+        self.name = name
+        self.dim = dim
+        self.salt = table_salt(name)
+        self.tag = table_tag(name)
+        self.dtype = record_dtype(dim)
+        self.hot = HotTable(dim, device)
+        self.buffers: list[RowBuffer] = []
+        self.max_id = max_id
+
+
+class EmbeddingStore:
+    """All embedding tables of one model: sharded RocksDB cold tier + device hot tier.
+
+    ``apply_gradients`` requires unique ids and raises :class:`StoreError` on duplicates
+    (sum them first, e.g. with ``np.unique`` + ``index_add``). ``lookup`` creates
+    (persists) unseen rows with their deterministic init; ``peek`` never writes.
+    ``max_id`` optionally bounds a table's ids to ``[0, max_id)``.
+    """
+
+    def __init__(self, path: str, tables: dict[str, int], shards: int = 4, seed: int = 0,
+                 device: str | torch.device = "cpu", hot_capacity_rows: int = 0,
+                 lr: float = 0.05, eps: float = 1e-8, init_scale: float = 0.05,
+                 block_cache_mb: int = 256, host_cache_rows: int = 0, read_only: bool = False,
+                 max_id: dict[str, int] | None = None, sync: bool = False):
+        if not tables:
+            raise StoreError("an EmbeddingStore needs at least one table")
+        for name, dim in tables.items():
+            if not isinstance(name, str) or not name:
+                raise StoreError(f"table names must be non-empty strings, got {name!r}")
+            if not isinstance(dim, (int, np.integer)) or dim <= 0:
+                raise StoreError(f"table {name!r}: dim must be a positive int, got {dim!r}")
+        if not 1 <= shards <= 256:
+            raise StoreError(f"shards must be in 1..256, got {shards}")
+        tags = {}
+        for name in tables:
+            t = table_tag(name)
+            if t in tags:
+                raise StoreError(f"tables {tags[t]!r} and {name!r} hash to the same key prefix; rename one")
+            tags[t] = name
+        self.path = Path(path)
+        self.device = resolve_device(device)
+        self.seed = int(seed)
+        self.lr, self.eps, self.init_scale = float(lr), float(eps), float(init_scale)
+        self.hot_capacity_rows = int(hot_capacity_rows)
+        self.host_cache_rows = int(host_cache_rows)  # reserved: the row buffers play this role (see README)
+        self.read_only = read_only
+        self.shards = shards
+        manifest = read_manifest(self.path)
+        if manifest is not None:
+            check_manifest(self.path, manifest, dict(tables), shards, self.seed)
+            all_tables = {**manifest["tables"], **{k: int(v) for k, v in tables.items()}}
+            self._epoch = int(manifest.get("epoch", 0))
+        else:
+            if read_only:
+                raise StoreError(f"no store at {self.path} (no {self.path / 'manifest.json'}); cannot open read-only")
+            all_tables = {k: int(v) for k, v in tables.items()}
+            self._epoch = 0
+        if not read_only:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._manifest = {"format": FORMAT, "tables": all_tables, "shards": shards, "seed": self.seed,
+                              "epoch": self._epoch}
+            write_manifest(self.path, self._manifest)
+        else:
+            self._manifest = manifest
+        self.cold = ColdTier(str(self.path), shards, block_cache_mb, read_only=read_only, sync=sync)
+        self.tables = {n: _Table(n, int(d), self.device, (max_id or {}).get(n)) for n, d in tables.items()}
+        self._by_tag = {t.tag: t for t in self.tables.values()}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="store-prefetch")
+        self.hot_hits = 0
+        self.cold_hits = 0
+        self.created = 0
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, cfg, device, path: str | None = None, read_only: bool = False) -> "EmbeddingStore":
+        dim = cfg.model.embedding_dim
+        tables = {f.name: dim for f in cfg.model.fields}
+        cap = cfg.hot.budget_rows
+        if cfg.hot.budget_bytes > 0:
+            cap = cfg.hot.budget_bytes // (4 * (dim + 1))
+        s = cfg.store
+        return cls(path or s.path, tables, shards=s.shards, seed=cfg.model.seed, device=device,
+                   hot_capacity_rows=cap, lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=s.init_scale,
+                   block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows, read_only=read_only)
+
+    # -- validation -----------------------------------------------------------------
+    def _table(self, table: str) -> _Table:
+        if self._closed:
+            raise StoreError("the store is closed")
+        t = self.tables.get(table)
+        if t is None:
+            raise StoreError(f"unknown table {table!r}; tables: {', '.join(sorted(self.tables))}")
+        return t
+
+    def _ids(self, t: _Table, ids, what: str = "ids") -> np.ndarray:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.detach().cpu().numpy()
+        a = np.asarray(ids)
+        if a.ndim != 1:
+            raise StoreError(f"{t.name}: {what} must be a 1-D array, got shape {a.shape}")
+        if a.dtype.kind not in "iu":
+            if a.size == 0:
+                return np.empty(0, dtype=np.int64)
+            raise StoreError(f"{t.name}: {what} must be integers, got dtype {a.dtype}")
+        if a.dtype == np.uint64 and a.size and a.max() > np.iinfo(np.int64).max:
+            raise StoreError(f"{t.name}: {what} must fit in int64; got {int(a.max())}")
+        a = a.astype(np.int64, copy=False)
+        if t.max_id is not None and a.size and (a.min() < 0 or a.max() >= t.max_id):
+            bad = a[(a < 0) | (a >= t.max_id)][0]
+            raise StoreError(f"{t.name}: id {int(bad)} is outside [0, {t.max_id})")
+        return a
+
+    def _unique_ids(self, t: _Table, ids) -> np.ndarray:
+        a = self._ids(t, ids)
+        if len(a) > 1:
+            if not np.all(a[1:] > a[:-1]):  # sorted-unique fast path, else check properly
+                s = np.sort(a)
+                d = s[1:] == s[:-1]
+                if d.any():
+                    raise StoreError(f"{t.name}: ids must be unique here; id {int(s[1:][d][0])} repeats "
+                                     "(sum the gradients of repeated ids first)")
+        return a
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StoreError(f"store {self.path} is open read-only")
+
+    # -- cold rows through the buffers ------------------------------------------------
+    def _fetch(self, t: _Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Current records of unique cold ``ids`` (buffers first, then RocksDB)."""
+        n = len(ids)
+        recs = np.zeros(n, dtype=t.dtype)
+        found = np.zeros(n, dtype=bool)
+        have = np.zeros(n, dtype=bool)
+        for b in reversed(t.buffers):
+            b.take(ids, recs, found, have)
+        if not have.all():
+            rest = ~have
+            r, f = self.cold.get(t.tag, t.salt, ids[rest], t.dtype)
+            recs[rest] = r
+            found[rest] = f
+        return recs, found
+
+    def _remember(self, t: _Table, ids: np.ndarray, recs: np.ndarray, found: np.ndarray) -> None:
+        t.buffers = [b for b in t.buffers if b.future is not None][-(_MAX_BUFFERS - 1):]
+        t.buffers.append(RowBuffer(ids, recs=recs.copy(), found=found.copy()))
+
+    def _write(self, t: _Table, ids, new, old, old_found) -> None:
+        self.cold.write(t.tag, t.salt, ids, new, old, old_found)
+        for b in t.buffers:
+            b.on_write(ids, new)
+
+    def _new_records(self, t: _Table, ids: np.ndarray) -> np.ndarray:
+        r = np.zeros(len(ids), dtype=t.dtype)
+        r["w"] = init_rows(t.salt, self.seed, ids, t.dim, self.init_scale)
+        r["ts"] = time.time()
+        r["ep"] = self._epoch + 1
+        return r
+
+    def _drain(self) -> None:
+        """Finish background reads and forget the buffers (before scans and migrations)."""
+        for t in self.tables.values():
+            for b in t.buffers:
+                b._settle()
+            t.buffers = []
+
+    # -- public API -------------------------------------------------------------------
+    def init_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
+        t = self._table(table)
+        return init_rows(t.salt, self.seed, self._ids(t, ids), t.dim, self.init_scale)
+
+    def hot_mask(self, table: str, ids: np.ndarray) -> np.ndarray:
+        t = self._table(table)
+        return t.hot.mask(self._ids(t, ids))
+
+    def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor:
+        """Rows of ``ids`` (any order, repeats allowed) as ``[n, dim]`` float32 on the device."""
+        return self._get(table, ids, create=not self.read_only)
+
+    def peek(self, table: str, ids: np.ndarray) -> torch.Tensor:
+        """Like ``lookup`` but never writes: unseen ids give their init vector."""
+        return self._get(table, ids, create=False)
+
+    def _get(self, table: str, ids, create: bool) -> torch.Tensor:
+        t = self._table(table)
+        ids = self._ids(t, ids)
+        n = len(ids)
+        slots = t.hot.find(ids)
+        is_hot = slots >= 0
+        nh = int(is_hot.sum())
+        self.hot_hits += nh
+        self.cold_hits += n - nh
+        if nh == n:
+            return t.hot.w[torch.from_numpy(slots).to(self.device)]
+        cold_pos = np.flatnonzero(~is_hot)
+        uniq, inv = np.unique(ids[cold_pos], return_inverse=True)
+        recs, found = self._fetch(t, uniq)
+        missing = ~found
+        if missing.any():
+            fresh = self._new_records(t, uniq[missing])
+            recs[missing] = fresh
+            if create:
+                self._write(t, uniq[missing], fresh, np.zeros(len(fresh), dtype=t.dtype),
+                            np.zeros(len(fresh), dtype=bool))
+                self.created += len(fresh)
+                found = found | missing
+        if create:
+            self._remember(t, uniq, recs, found)
+        cold_rows = torch.from_numpy(np.ascontiguousarray(recs["w"][inv.reshape(-1)]))
+        if nh == 0:
+            return cold_rows.to(self.device)
+        out = torch.empty((n, t.dim), dtype=torch.float32, device=self.device)
+        hot_pos = np.flatnonzero(is_hot)
+        out[torch.from_numpy(hot_pos).to(self.device)] = t.hot.w[torch.from_numpy(slots[hot_pos]).to(self.device)]
+        out[torch.from_numpy(cold_pos).to(self.device)] = cold_rows.to(self.device)
+        return out
+
+    def apply_gradients(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> None:
+        """Row-wise Adagrad on rows ``ids`` (unique) with ``grads [n, dim]`` float32."""
+        self._writable()
+        t = self._table(table)
+        ids = self._unique_ids(t, ids)
+        if isinstance(grads, np.ndarray):
+            grads = torch.from_numpy(grads)
+        if not isinstance(grads, torch.Tensor):
+            raise StoreError(f"{table}: grads must be a torch.Tensor, got {type(grads).__name__}")
+        if grads.dtype != torch.float32:
+            raise StoreError(f"{table}: grads must be float32, got {grads.dtype}")
+        if tuple(grads.shape) != (len(ids), t.dim):
+            raise StoreError(f"{table}: grads must have shape ({len(ids)}, {t.dim}), got {tuple(grads.shape)}")
+        if len(ids) == 0:
+            return
+        if not bool(torch.isfinite(grads).all()):
+            raise StoreError(f"{table}: grads contain NaN or inf; nothing was applied")
+        grads = grads.detach()
+        now = time.time()
+        slots = t.hot.find(ids)
+        is_hot = slots >= 0
+        if is_hot.any():
+            hp = np.flatnonzero(is_hot)
+            s = slots[hp]
+            st = torch.from_numpy(s).to(self.device)
+            g = grads[torch.from_numpy(hp).to(grads.device)].to(self.device)
+            w, acc = adagrad_rows(t.hot.w[st], t.hot.acc[st], g, self.lr, self.eps)
+            t.hot.w[st] = w
+            t.hot.acc[st] = acc
+            t.hot.dirty[s] = True
+            t.hot.ep[s] = self._epoch + 1
+            t.hot.ts[s] = now
+        if not is_hot.all():
+            cp = np.flatnonzero(~is_hot)
+            cids = ids[cp]
+            old, found = self._fetch(t, cids)
+            base = old.copy()
+            if not found.all():
+                base[~found] = self._new_records(t, cids[~found])
+            g = grads[torch.from_numpy(cp).to(grads.device)].cpu()
+            w, acc = adagrad_rows(torch.from_numpy(base["w"].copy()),
+                                  torch.from_numpy(base["acc"].copy()), g, self.lr, self.eps)
+            new = base
+            new["w"] = w.numpy()
+            new["acc"] = acc.numpy()
+            new["ts"] = now
+            new["ep"] = self._epoch + 1
+            self._write(t, cids, new, old, found)
+
+    def upsert_rows(self, table: str, ids: np.ndarray, vectors: np.ndarray) -> None:
+        """Overwrite the vectors of rows ``ids`` (unique); optimizer state kept (zero if new)."""
+        self._writable()
+        t = self._table(table)
+        ids = self._unique_ids(t, ids)
+        if isinstance(vectors, torch.Tensor):
+            vectors = vectors.detach().cpu().numpy()
+        v = np.asarray(vectors)
+        if v.dtype != np.float32:
+            raise StoreError(f"{table}: vectors must be float32, got {v.dtype}")
+        if v.shape != (len(ids), t.dim):
+            raise StoreError(f"{table}: vectors must have shape ({len(ids)}, {t.dim}), got {v.shape}")
+        if len(ids) == 0:
+            return
+        now = time.time()
+        slots = t.hot.find(ids)
+        is_hot = slots >= 0
+        if is_hot.any():
+            s = slots[is_hot]
+            t.hot.w[torch.from_numpy(s).to(self.device)] = torch.from_numpy(v[is_hot]).to(self.device)
+            t.hot.dirty[s] = True
+            t.hot.ep[s] = self._epoch + 1
+            t.hot.ts[s] = now
+        if not is_hot.all():
+            cids = ids[~is_hot]
+            old, found = self._fetch(t, cids)
+            new = old.copy()
+            new["w"] = v[~is_hot]
+            new["ts"] = now
+            new["ep"] = self._epoch + 1
+            self._write(t, cids, new, old, found)
+
+    def prefetch(self, table: str, ids: np.ndarray) -> None:
+        """Start reading the cold rows of ``ids`` in the background for a later lookup/apply."""
+        t = self._table(table)
+        ids = self._ids(t, ids)
+        cold = np.unique(ids[~t.hot.mask(ids)])
+        if len(cold) == 0:
+            return
+        fut = self._pool.submit(self.cold.get, t.tag, t.salt, cold, t.dtype)
+        t.buffers.append(RowBuffer(cold, future=fut))
+        if len(t.buffers) > _MAX_BUFFERS:
+            t.buffers[0]._settle()
+            t.buffers = t.buffers[-_MAX_BUFFERS:]
+
+    def set_hot(self, hot: dict[str, np.ndarray]) -> dict:
+        """Make ``hot`` the complete hot set (a table not named has no hot rows).
+
+        Demoted rows (with their Adagrad state) are written to RocksDB; promoted rows are
+        read from it (or initialised). No update is lost: all reads and writes happen here,
+        in the caller's thread, after pending prefetches have settled.
+        """
+        self._writable()
+        want = {}
+        for name, ids in hot.items():
+            t = self._table(name)
+            want[name] = np.unique(self._ids(t, ids))
+        total = sum(len(v) for v in want.values())
+        if total > self.hot_capacity_rows:
+            raise StoreError(f"hot set of {total} rows exceeds hot_capacity_rows={self.hot_capacity_rows}")
+        self._drain()
+        stats = {"promoted": 0, "demoted": 0, "kept": 0, "created": 0, "hot_rows": total}
+        t0 = time.perf_counter()
+        for name, t in self.tables.items():
+            new_ids = want.get(name, np.empty(0, dtype=np.int64))
+            h = t.hot
+            cur = h.slot_ids()
+            stay = np.isin(cur, new_ids)
+            # demote: write rows leaving the hot tier back to RocksDB
+            dem_slots = np.flatnonzero(~stay)
+            if len(dem_slots):
+                dids = cur[dem_slots]
+                old, found = self.cold.get(t.tag, t.salt, dids, t.dtype)
+                rec = np.zeros(len(dids), dtype=t.dtype)
+                st = torch.from_numpy(dem_slots).to(self.device)
+                rec["w"] = h.w[st].cpu().numpy()
+                rec["acc"] = h.acc[st].cpu().numpy()
+                rec["ts"] = h.ts[dem_slots]
+                rec["ep"] = h.ep[dem_slots]
+                self.cold.write(t.tag, t.salt, dids, rec, old, found)
+            # promote: read rows entering the hot tier
+            prom = new_ids[~np.isin(new_ids, cur)]
+            recs, found = self.cold.get(t.tag, t.salt, prom, t.dtype)
+            if not found.all():
+                recs[~found] = self._new_records(t, prom[~found])
+            keep_slots = np.flatnonzero(stay)
+            kst = torch.from_numpy(keep_slots).to(self.device)
+            w = torch.cat([h.w[kst], torch.from_numpy(recs["w"].copy()).to(self.device)])
+            acc = torch.cat([h.acc[kst], torch.from_numpy(recs["acc"].copy()).to(self.device)])
+            h.rebuild(np.concatenate([cur[keep_slots], prom]), w, acc,
+                      np.concatenate([h.ep[keep_slots], recs["ep"].astype(np.int64)]),
+                      np.concatenate([h.ts[keep_slots], recs["ts"]]),
+                      np.concatenate([h.dirty[keep_slots], ~found]))
+            stats["promoted"] += len(prom)
+            stats["demoted"] += len(dem_slots)
+            stats["kept"] += len(keep_slots)
+            stats["created"] += int((~found).sum())
+        stats["seconds"] = time.perf_counter() - t0
+        return stats
+
+    def _write_back_hot(self) -> int:
+        """Refresh RocksDB's backup copy of hot rows changed since the last write-back."""
+        n = 0
+        for t in self.tables.values():
+            h = t.hot
+            d = np.flatnonzero(h.dirty)
+            if not len(d):
+                continue
+            ids = h.slot_ids()[d]
+            old, found = self.cold.get(t.tag, t.salt, ids, t.dtype)
+            rec = np.zeros(len(ids), dtype=t.dtype)
+            st = torch.from_numpy(d).to(self.device)
+            rec["w"] = h.w[st].cpu().numpy()
+            rec["acc"] = h.acc[st].cpu().numpy()
+            rec["ts"] = h.ts[d]
+            rec["ep"] = h.ep[d]
+            self.cold.write(t.tag, t.salt, ids, rec, old, found)
+            h.dirty[d] = False
+            n += len(d)
+        return n
+
+    def checkpoint(self, path: str) -> int:
+        """Write a consistent, durable point to ``path`` (must not exist yet); returns its epoch.
+
+        Rows changed after this call carry a higher epoch, so ``changed_rows(since=epoch)``
+        gives exactly what changed after it.
+        """
+        self._writable()
+        dest = Path(path)
+        if dest.exists() and any(dest.iterdir()):
+            raise StoreError(f"checkpoint directory {dest} already exists and is not empty")
+        dest.mkdir(parents=True, exist_ok=True)
+        self._drain()
+        self._write_back_hot()
+        epoch = self._epoch + 1
+        self.cold.checkpoint(dest)
+        hot = {name: t.hot.slot_ids() for name, t in self.tables.items()}
+        np.savez(dest / "hot.npz", **hot)
+        write_manifest(dest, {**self._manifest, "epoch": epoch, "hot_capacity_rows": self.hot_capacity_rows})
+        self._epoch = epoch
+        self._manifest["epoch"] = epoch
+        write_manifest(self.path, self._manifest)
+        return epoch
+
+    @classmethod
+    def restore(cls, checkpoint_path: str, path: str | None = None, **kwargs) -> "EmbeddingStore":
+        """Open the state of a checkpoint (classmethod).
+
+        With ``path``, the checkpoint is copied there (replacing what is there) and the
+        copy becomes the live store; without, the checkpoint directory itself is opened
+        and becomes live. Tables, shards and seed come from the checkpoint's manifest
+        unless given; the checkpoint's hot set is re-promoted.
+        """
+        src = Path(checkpoint_path)
+        man = read_manifest(src)
+        if man is None:
+            raise StoreError(f"{src} is not a store checkpoint (no manifest.json)")
+        if path is not None and Path(path).resolve() != src.resolve():
+            if Path(path).exists():
+                shutil.rmtree(path)
+            shutil.copytree(src, path)
+        else:
+            path = str(src)
+        kwargs.setdefault("tables", man["tables"])
+        kwargs.setdefault("shards", man["shards"])
+        kwargs.setdefault("seed", man["seed"])
+        kwargs.setdefault("hot_capacity_rows", man.get("hot_capacity_rows", 0))
+        store = cls(str(path), **kwargs)
+        hot_file = Path(path) / "hot.npz"
+        if hot_file.exists():
+            with np.load(hot_file) as z:
+                hot = {k: z[k] for k in z.files if k in store.tables}
+            if sum(len(v) for v in hot.values()) and not store.read_only:
+                store.set_hot(hot)
+                for t in store.tables.values():
+                    t.hot.dirty[:] = False  # identical to the RocksDB copy just read
+        return store
+
+    def changed_rows(self, since: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Rows changed after checkpoint epoch ``since`` (None: all rows), as Arrow batches
+        with columns ``table`` (string), ``id`` (int64), ``vector`` (fixed_size_list<float32>[dim])."""
+        self._table(next(iter(self.tables)))
+        self._drain()
+        floor = -1 if since is None else int(since)
+        for t in self.tables.values():
+            h = t.hot
+            sel = np.flatnonzero(h.ep > floor)
+            if len(sel):
+                w = h.w[torch.from_numpy(sel).to(self.device)].cpu().numpy()
+                yield _batch(t.name, h.slot_ids()[sel], w)
+        for _, keys, vals in self.cold.scan():
+            tags, ids = decode_keys(keys)
+            for tag in np.unique(tags):
+                t = self._by_tag.get(int(tag))
+                if t is None:
+                    continue
+                sel = np.flatnonzero(tags == tag)
+                recs = unpack_records([vals[i] for i in sel.tolist()], t.dtype)
+                keep = (recs["ep"].astype(np.int64) > floor) & ~t.hot.mask(ids[sel])
+                if keep.any():
+                    yield _batch(t.name, ids[sel][keep], recs["w"][keep])
+
+    def expire(self, older_than_s: float) -> int:
+        """Delete cold rows untouched for ``older_than_s`` seconds; returns how many."""
+        self._writable()
+        self._drain()
+        cutoff = time.time() - float(older_than_s)
+        n = 0
+        for _, keys, vals in self.cold.scan():
+            tags, ids = decode_keys(keys)
+            for tag in np.unique(tags):
+                t = self._by_tag.get(int(tag))
+                if t is None:
+                    continue
+                sel = np.flatnonzero(tags == tag)
+                recs = unpack_records([vals[i] for i in sel.tolist()], t.dtype)
+                old = (recs["ts"] < cutoff) & ~t.hot.mask(ids[sel])
+                if old.any():
+                    self.cold.write(t.tag, t.salt, ids[sel][old], None, recs[old], np.ones(int(old.sum()), bool))
+                    n += int(old.sum())
+        return n
+
+    def stats(self) -> dict:
+        hot_rows = sum(len(t.hot) for t in self.tables.values())
+        total = self.hot_hits + self.cold_hits
+        return {
+            "hot_rows": hot_rows,
+            "cold_rows": self.cold.count_estimate(),
+            "hot_hits": self.hot_hits,
+            "cold_hits": self.cold_hits,
+            "hot_hit_rate": self.hot_hits / total if total else 0.0,
+            "created": self.created,
+            "cold_reads": self.cold.reads,
+            "bytes_written": self.cold.bytes_written,
+            "hot_bytes": sum(t.hot.nbytes() for t in self.tables.values()),
+            "epoch": self._epoch,
+            "device": str(self.device),
+        }
+
+    def flush(self) -> None:
+        """Make every acknowledged write survive power loss too (fsync the WALs)."""
+        self.cold.sync_wal()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._drain()
+        finally:
+            self._pool.shutdown(wait=True)
+            self.cold.close()
+            self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _batch(table: str, ids: np.ndarray, w: np.ndarray) -> pa.RecordBatch:
+    dim = w.shape[1]
+    vec = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(w, dtype=np.float32).reshape(-1)), dim)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([table] * len(ids), type=pa.string()), pa.array(ids, type=pa.int64()), vec],
+        names=["table", "id", "vector"])
