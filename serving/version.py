@@ -112,21 +112,31 @@ class ServedVersion:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _store_config(cfg: Config, model_cfg: ModelConfig, manifest: Manifest, path: Path) -> Config:
-    store = dataclasses.replace(cfg.store, path=str(path))
-    for k, v in (manifest.store_config or {}).items():
-        if k in ("init_scale",) and hasattr(store, k):  # what decides the initial vector of unseen ids
-            store = dataclasses.replace(store, **{k: type(getattr(store, k))(v)})
-    return dataclasses.replace(cfg, model=model_cfg, store=store)
+def _store_kwargs(cfg: Config, manifest: Manifest, device: torch.device) -> dict:
+    """Store settings: the serving config's, with the init settings the trainer used (from the manifest)."""
+    s = cfg.serving
+    kw = dict(device=device, hot_capacity_rows=int(s.hot_rows), init_scale=float(cfg.store.init_scale),
+              block_cache_mb=int(cfg.store.block_cache_mb))
+    if "init_scale" in (manifest.store_config or {}):  # decides the initial vector of unseen ids
+        kw["init_scale"] = float(manifest.store_config["init_scale"])
+    return kw
 
 
-def _open_store(scfg: Config, device: torch.device, path: Path, hot_rows: int):
+def _new_store(model_cfg: ModelConfig, cfg: Config, manifest: Manifest, device: torch.device, path: Path):
     from embedding_store import EmbeddingStore
 
-    try:
-        return EmbeddingStore.from_config(scfg, device, path=str(path), hot_capacity_rows=hot_rows)
-    except TypeError:  # from_config without a hot-capacity argument
-        return EmbeddingStore.from_config(scfg, device, path=str(path))
+    tables = {f.name: model_cfg.embedding_dim for f in model_cfg.fields}
+    return EmbeddingStore(str(path), tables, shards=cfg.store.shards, seed=model_cfg.seed,
+                          **_store_kwargs(cfg, manifest, device))
+
+
+def _store_from_parent(parent: "ServedVersion", cfg: Config, manifest: Manifest, device: torch.device, path: Path):
+    """A RocksDB checkpoint of the parent's store (hard links), opened as this version's own store."""
+    from embedding_store import EmbeddingStore
+
+    with parent._store_lock:
+        parent.store.checkpoint(str(path))
+    return EmbeddingStore.restore(str(path), **_store_kwargs(cfg, manifest, device))
 
 
 def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None, versions_root: Path,
@@ -157,14 +167,14 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
         except RuntimeError as e:
             raise LoadError("INVALID_ARGUMENT", f"dense.safetensors does not fit the model: {str(e)[:300]}") from None
         model.to(device).eval()
-        scfg = _store_config(cfg, model_cfg, manifest, vdir / "store")
         if manifest.kind == "delta":
-            with parent._store_lock:
-                parent.store.checkpoint(str(vdir / "store"))
-            rows_held = parent.rows_held
+            store = _store_from_parent(parent, cfg, manifest, device, vdir / "store")
+            rows_held = parent.rows_held  # + delta rows below: an upper bound (a changed row may already exist)
         else:
+            store = _new_store(model_cfg, cfg, manifest, device, vdir / "store")
             rows_held = 0
-        store = _open_store(scfg, device, vdir / "store", cfg.serving.hot_rows)
+        hot: dict[str, list] = {}
+        hot_left = int(cfg.serving.hot_rows) if manifest.kind == "full" else 0
         tables = set(model_cfg.field_names)
         dim = model_cfg.embedding_dim
         for table, ids, vectors in iter_rows(staged, manifest):
@@ -172,8 +182,13 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
                 raise LoadError("INVALID_ARGUMENT", f"rows: table {table!r} is not a model field")
             if vectors.shape[1] != dim:
                 raise LoadError("INVALID_ARGUMENT", f"rows: table {table!r} has width {vectors.shape[1]}, model has {dim}")
-            store.upsert_rows(table, ids, torch.from_numpy(np.ascontiguousarray(vectors)))
+            store.upsert_rows(table, ids, np.ascontiguousarray(vectors))
             rows_held += len(ids)
+            if hot_left > 0:
+                hot.setdefault(table, []).append(ids[:hot_left])
+                hot_left -= min(hot_left, len(ids))
+        if hot:  # a full snapshot: its first rows go to memory; a delta keeps its parent's hot set
+            store.set_hot({t: np.concatenate(v) for t, v in hot.items()})
         return ServedVersion(manifest, model, store, model_cfg, {k: v.detach().clone() for k, v in state.items()},
                              vdir, rows_held, device)
     except BaseException as e:
@@ -185,4 +200,8 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
         shutil.rmtree(vdir, ignore_errors=True)
         if isinstance(e, SnapshotError):
             raise LoadError("DATA_LOSS", str(e)) from None
+        from embedding_store import StoreError
+
+        if isinstance(e, StoreError):
+            raise LoadError("INVALID_ARGUMENT", f"rows: {e}") from None
         raise
