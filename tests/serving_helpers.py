@@ -94,6 +94,11 @@ def make_events(cfg, n: int = 64, seed: int = 3, id_range: int = 4000) -> list[d
 
 
 def events_to_batch(cfg, events):
-    from ingest import EventSchema
+    """The trainer-side batch of the events: ingest's validation + hashing, jagged ids per field."""
+    from ingest import EventBatch, EventSchema, JaggedIds
 
-    return EventSchema.from_config(cfg, require_label=False).batch_from_events(events)
+    schema = EventSchema.from_config(cfg, require_label=False)
+    rows = [schema.validate(e) for e in events]
+    return EventBatch(ts=np.array([r[0] for r in rows], np.int64), labels=np.zeros(len(rows), np.float32),
+                      dense=np.array([r[2] for r in rows], np.float32).reshape(len(rows), cfg.model.dense_dim),
+                      sparse={f: JaggedIds.from_lists([r[3][f] for r in rows]) for f in schema.fields})

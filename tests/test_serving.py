@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from serving import ServingClient, SnapshotPusher, serve
-from tests.serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
+from serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
 
 TOKEN = "push-secret"
 
