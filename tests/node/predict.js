@@ -17,7 +17,7 @@ if (!target || !protoPath) {
   process.exit(2);
 }
 const def = protoLoader.loadSync(path.basename(protoPath), {
-  includeDirs: [path.dirname(protoPath)], longs: String, enums: String, defaults: true, oneofs: true,
+  includeDirs: [path.dirname(protoPath)], keepCase: true, longs: String, enums: String, defaults: true, oneofs: true,
 });
 const api = grpc.loadPackageDefinition(def).streamrec.v1;
 const client = new api.StreamRec(target, grpc.credentials.createInsecure());
