@@ -146,14 +146,18 @@ def cmd_produce(args) -> int:
         source = _sliced(source, max(1, min(cfg.kafka.events_per_message, int(args.rate / 20) or 1)))
     sent = 0
     interrupted = False
+    stop = threading.Event()  # Ctrl-C sets it; the loop stops between batches, so counts stay exact
+    old_handler = signal.signal(signal.SIGINT, lambda *_: stop.set())
     t0 = time.monotonic()
-    with kafka_bootstrap(cfg) as bootstrap:
-        producer = EventProducer(bootstrap, cfg)
-        try:
+    try:
+        with kafka_bootstrap(cfg) as bootstrap:
+            producer = EventProducer(bootstrap, cfg)
             with _progress(args.quiet, total) as progress:
                 task = progress.add_task(f"{cfg.kafka.events_topic} <- {what}", total=total, rate=0.0)
                 try:
                     for b in source:
+                        if stop.is_set():
+                            break
                         producer.send_batch(b)
                         sent += len(b)
                         elapsed = time.monotonic() - t0
@@ -161,27 +165,24 @@ def cmd_produce(args) -> int:
                         if args.rate:
                             ahead = sent / args.rate - elapsed
                             if ahead > 0:
-                                time.sleep(ahead)
-                except KeyboardInterrupt:
-                    interrupted = True
+                                stop.wait(ahead)
                 except DatasetError as e:
                     producer.close(30)
                     print(f"streamrec produce: {e} (after {sent:,} events were sent)", file=sys.stderr)
                     return 2
+            interrupted = stop.is_set()
             producer.close(60)
-        except KeyboardInterrupt:  # a second Ctrl-C while flushing
-            interrupted = True
-        dt = time.monotonic() - t0
-        print(f"{'interrupted: ' if interrupted else ''}produced {sent:,} events in {producer.sent_messages:,} "
-              f"{cfg.kafka.codec} messages to {cfg.kafka.events_topic!r} on {bootstrap} in {dt:.1f}s "
-              f"({sent / max(dt, 1e-9):,.0f} events/s)", flush=True)
-        if args.hold and not cfg.kafka.bootstrap and not interrupted:
-            print(f"holding the embedded broker on {bootstrap}; Ctrl-C stops it", file=sys.stderr, flush=True)
-            try:
-                while True:
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                pass
+            dt = time.monotonic() - t0
+            print(f"{'interrupted: ' if interrupted else ''}produced {sent:,} events in {producer.sent_messages:,} "
+                  f"{cfg.kafka.codec} messages to {cfg.kafka.events_topic!r} on {bootstrap} in {dt:.1f}s "
+                  f"({sent / max(dt, 1e-9):,.0f} events/s)", flush=True)
+            if args.hold and not cfg.kafka.bootstrap and not interrupted:
+                print(f"holding the embedded broker on {bootstrap}; Ctrl-C stops it", file=sys.stderr, flush=True)
+                stop.clear()
+                while not stop.wait(0.5):
+                    pass
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
     return 130 if interrupted else 0
 
 

@@ -1,7 +1,7 @@
 """Wire forms of events: one JSON object per message, or an Arrow IPC stream of many.
 
 The Arrow form is the fast path: a record batch with columns ``ts`` (int64),
-``label`` (float32), ``dense`` (fixed-size list of float32), one ``list<int64>``
+``label`` (float32), ``dense`` (fixed-size list of float32; absent when the model has no dense features), one ``list<int64>``
 column per sparse field, and an optional ``request_id`` (string). Decoding
 sniffs the form from the first byte, so one topic may carry both.
 """
@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .events import EventBatch, EventError, EventSchema, JaggedIds
 
@@ -30,8 +31,9 @@ def arrow_schema(schema: EventSchema) -> pa.Schema:
     cols = [
         pa.field("ts", pa.int64(), nullable=False),
         pa.field("label", pa.float32(), nullable=False),
-        pa.field("dense", pa.list_(pa.float32(), schema.dense_dim) if schema.dense_dim else pa.list_(pa.float32(), 0)),
     ]
+    if schema.dense_dim:  # no dense column when the model has no dense features
+        cols.append(pa.field("dense", pa.list_(pa.float32(), schema.dense_dim)))
     cols += [pa.field(f, pa.list_(pa.int64())) for f in schema.fields]
     cols.append(pa.field("request_id", pa.string()))
     return pa.schema(cols)
@@ -39,12 +41,13 @@ def arrow_schema(schema: EventSchema) -> pa.Schema:
 
 def batch_to_arrow(batch: EventBatch, schema: EventSchema) -> pa.RecordBatch:
     n = len(batch)
-    dense_flat = pa.array(np.ascontiguousarray(batch.dense, dtype=np.float32).reshape(-1), type=pa.float32())
     arrays = [
         pa.array(batch.ts, type=pa.int64()),
         pa.array(batch.labels, type=pa.float32()),
-        pa.FixedSizeListArray.from_arrays(dense_flat, schema.dense_dim),
     ]
+    if schema.dense_dim:
+        dense_flat = pa.array(np.ascontiguousarray(batch.dense, dtype=np.float32).reshape(-1), type=pa.float32())
+        arrays.append(pa.FixedSizeListArray.from_arrays(dense_flat, schema.dense_dim))
     for f in schema.fields:
         j = batch.sparse[f]
         arrays.append(
@@ -227,6 +230,16 @@ class Decoder:
                 raise EventError(f"dense has {width} values, the model expects {s.dense_dim}")
             dense = np.asarray(flat, dtype=np.float32).reshape(n, s.dense_dim)
         else:
+            if "dense" in names:  # tolerated when every row is empty
+                dc = col("dense")
+                if pa.types.is_fixed_size_list(dc.type):
+                    width = dc.type.list_size if n else 0
+                elif pa.types.is_list(dc.type) or pa.types.is_large_list(dc.type):
+                    width = int(pc.max(pc.list_value_length(dc)).as_py() or 0) if n else 0
+                else:
+                    raise EventError(f"dense must be a list of float32, got {dc.type}")
+                if width:
+                    raise EventError(f"dense has {width} values, the model expects 0")
             dense = np.zeros((n, 0), np.float32)
         sparse = {}
         empty = JaggedIds(np.zeros(0, np.int64), np.zeros(n + 1, np.int64))

@@ -137,7 +137,7 @@ class EventBatch:
         return EventBatch(
             ts=np.concatenate([p.ts for p in parts]),
             labels=np.concatenate([p.labels for p in parts]),
-            dense=np.concatenate([p.dense for p in parts]).reshape(-1, dense_dim),
+            dense=np.concatenate([p.dense for p in parts]).reshape(sum(len(p) for p in parts), dense_dim),
             sparse={f: JaggedIds.concat([p.sparse[f] for p in parts]) for f in fields},
             request_ids=rids,
             source_offsets=offsets,
