@@ -1,0 +1,275 @@
+"""The continuous trainer process: Kafka in, checkpoints, offsets, snapshots, metrics.
+
+Durability order, per interval: train windows -> write checkpoint (store, dense
+weights + optimizer, hot-set version, offsets, metrics) atomically -> only then
+commit the offsets to Kafka -> build/push a snapshot in the background. On start
+the newest complete checkpoint is restored and the consumer is positioned at its
+offsets, so after a SIGKILL no event is lost and at most one interval is replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import (STORE, latest_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint,
+                         write_checkpoint)
+from .core import TrainerCore
+from .hotset import HotUpdate, make_hot_source
+from .snapshots import SnapshotPublisher
+from .step import resolve_device
+from .telemetry import MetricsLog, ProgressLine, PrometheusExporter, Rate
+
+log = logging.getLogger(__name__)
+
+
+def open_store(cfg, device, restore_from: Path | None):
+    """Open the tiered store; after a crash roll it back to the checkpoint's copy first."""
+    from embedding_store import EmbeddingStore
+
+    if restore_from is not None and (restore_from / STORE).exists():
+        s = cfg.store
+        return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, lr=s.adagrad_lr,
+                                      eps=s.adagrad_eps, init_scale=s.init_scale, block_cache_mb=s.block_cache_mb,
+                                      host_cache_rows=s.host_cache_rows)
+    return EmbeddingStore.from_config(cfg, device)
+
+
+class Trace:
+    """Debug record of the Kafka offset ranges trained (proves at-least-once / bounded duplicates)."""
+
+    def __init__(self, path: str):
+        self._f = None
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._f = open(path, "a", buffering=1)
+
+    def write(self, rec: dict) -> None:
+        if self._f is not None:
+            self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
+class TrainerService:
+    def __init__(self, cfg, bootstrap: str, stop: threading.Event | None = None, progress: bool | None = None):
+        self.cfg = cfg
+        self.bootstrap = bootstrap
+        self.stop = stop or threading.Event()
+        t = cfg.trainer
+        self.device = resolve_device(t.device)
+        ckpt = latest_checkpoint(t.checkpoint_dir)
+        self.store = open_store(cfg, self.device, ckpt)
+        self.core = TrainerCore(cfg, self.store, self.device)
+        self.publisher = SnapshotPublisher(cfg, t.snapshot_dir, push=t.push_snapshots,
+                                           full_every=t.full_snapshot_every) if t.snapshot_every > 0 else None
+        self.seq = 0
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.resumed_from: str | None = None
+        if ckpt is not None:
+            state, dense = read_checkpoint(ckpt, map_location=str(self.device))
+            self.core.load_dense_state(dense)
+            self.core.load_counters(state)
+            self.seq = int(state["seq"])
+            self.offsets = offsets_from_json(state.get("offsets", []))
+            if self.publisher is not None:
+                self.publisher.load_state(state.get("snapshot", {}))
+                self.publisher.request_full()  # serving may hold a newer version than this checkpoint knew
+            self.core.hot_version = int(state.get("hot_version", 0))
+            self.core.hot_rows = int(self.store.stats()["hot_rows"])
+            self.resumed_from = str(ckpt)
+            log.info("resumed from %s: %d events, offsets %s", ckpt, self.core.events, self.offsets)
+        self.hot = make_hot_source(cfg, bootstrap)
+        self.hot_coverage = float("nan")
+        self.hit_rate = float("nan")
+        self.metrics_log = MetricsLog(t.log_path)
+        self.prom = PrometheusExporter(t.metrics_port) if t.metrics_port else None
+        self.progress = ProgressLine(progress)
+        self.trace = Trace(t.trace_path)
+        from ingest import EventConsumer
+
+        self.consumer = EventConsumer(bootstrap, cfg, group_id=cfg.kafka.trainer_group, mode=cfg.kafka.consumer_mode)
+        self.pos = self._position_consumer()
+        self.trace.write({"start": True, "pid": os.getpid(), "seq": self.seq,
+                          "positions": offsets_to_json(self.pos)})
+        self._rate = Rate()
+        self._rate.n = self.core.events
+        self._hot_at_log = (self.core.events, self.core.hot_events)
+        self.last_record: dict[str, Any] = {}
+
+    # -- consumer position -------------------------------------------------------
+    def _position_consumer(self) -> dict[tuple[str, int], int]:
+        """Seek every assigned partition to the checkpoint offset, else the committed one, else the start."""
+        from kafka import TopicPartition
+
+        kc = self.consumer.consumer
+        deadline = time.monotonic() + max(60.0, self.cfg.kafka.max_poll_interval_ms / 1000 * 3)
+        while not kc.assignment():
+            if time.monotonic() > deadline or self.stop.is_set():
+                raise RuntimeError(f"no partitions of {self.cfg.kafka.events_topic!r} assigned to the trainer")
+            kc.poll(timeout_ms=200, max_records=1)  # joins the group; anything fetched is re-read after the seek
+        tps = sorted(kc.assignment(), key=lambda tp: (tp.topic, tp.partition))
+        begin = kc.beginning_offsets(tps)
+        pos = {}
+        for tp in tps:
+            key = (tp.topic, tp.partition)
+            if key in self.offsets:
+                off = self.offsets[key]
+            else:
+                c = kc.committed(TopicPartition(tp.topic, tp.partition))
+                off = c if c is not None else begin[tp]
+            kc.seek(tp, off)
+            pos[key] = int(off)
+        return pos
+
+    # -- the loop ---------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        t = self.cfg.trainer
+        window = t.batch_size * t.window_batches
+        last_ckpt_t = last_log_t = time.monotonic()
+        idle_since = time.monotonic()
+        events_at_ckpt = self.core.events
+        dirty = False
+        reason = "stopped"
+        try:
+            while not self.stop.is_set():
+                if t.max_events and self.core.events >= t.max_events:
+                    reason = "max_events"
+                    break
+                self._maybe_apply_hot_set()
+                want = window if not t.max_events else max(1, min(window, t.max_events - self.core.events))
+                batch = self.consumer.poll_batch(want, timeout=0.5)
+                now = time.monotonic()
+                if batch is not None:
+                    idle_since = now
+                    self.hot.observe(batch)
+                    if len(batch):
+                        self.core.train_window(batch)
+                    self._record_trained(batch)
+                    dirty = True
+                elif t.idle_exit_s and now - idle_since > t.idle_exit_s:
+                    reason = "idle"
+                    break
+                if dirty and (self.core.events - events_at_ckpt >= t.checkpoint_every_events
+                              or now - last_ckpt_t >= t.checkpoint_every_s):
+                    self.checkpoint()
+                    events_at_ckpt, last_ckpt_t, dirty = self.core.events, time.monotonic(), False
+                if now - last_log_t >= t.log_every_s:
+                    self.emit()
+                    last_log_t = now
+            if dirty:
+                self.checkpoint()
+            self.emit()
+        finally:
+            self.close()
+        return {"reason": reason, "events": self.core.events, "checkpoint": self.seq,
+                "auc": self.core.metrics.auc, "window_auc": self.core.metrics.window_auc(),
+                "dead_letters": self.consumer.stats.dead_letters}
+
+    def _maybe_apply_hot_set(self) -> None:
+        upd: HotUpdate | None = self.hot.poll()
+        if upd is None:
+            return
+        self.core.apply_hot_set(upd.version, upd.tables)
+        self.hot_coverage = upd.coverage
+        if upd.hit_rate == upd.hit_rate:
+            self.hit_rate = upd.hit_rate
+
+    def _record_trained(self, batch) -> None:
+        ranges = []
+        for key, nxt in sorted(batch.source_offsets.items()):
+            start = self.pos.get(key, nxt)
+            ranges.append([key[0], key[1], int(start), int(nxt)])
+            self.pos[key] = int(nxt)
+            self.offsets[key] = int(nxt)
+        self.trace.write({"events": len(batch), "ranges": ranges, "after_seq": self.seq})
+
+    # -- durability -------------------------------------------------------------
+    def checkpoint(self) -> int:
+        self.seq += 1
+        seq = self.seq
+        epoch_box: dict[str, int] = {}
+
+        def write_store(d: Path):
+            epoch_box["epoch"] = int(self.store.checkpoint(d))
+            return {"epoch": epoch_box["epoch"]}
+
+        state = {
+            "offsets": offsets_to_json(self.offsets),
+            "ts": time.time(),
+            "dead_letters": self.consumer.stats.dead_letters,
+            "snapshot": self.publisher.state() if self.publisher else {},
+            **self.core.counters(),
+        }
+        path = write_checkpoint(self.cfg.trainer.checkpoint_dir, seq, state, self.core.dense_state(), write_store,
+                                keep=self.cfg.trainer.keep_checkpoints)
+        self.consumer.mark_durable(dict(self.offsets))
+        self.trace.write({"checkpoint": seq, "offsets": offsets_to_json(self.offsets), "events": self.core.events})
+        log.info("checkpoint %d at %d events -> %s", seq, self.core.events, path)
+        if self.publisher is not None and seq % max(1, self.cfg.trainer.snapshot_every) == 0:
+            try:
+                self.publisher.publish(seq, epoch_box.get("epoch", 0), self.store, self.core.model, self.offsets,
+                                       self._metric_values(), self.core.newest_event_ms)
+            except Exception:  # a snapshot failure must never stop training
+                log.exception("building snapshot %d failed", seq)
+        return seq
+
+    # -- telemetry --------------------------------------------------------------
+    def _metric_values(self) -> dict[str, float]:
+        m = self.core.metrics
+        return {"auc": m.auc, "logloss": m.logloss, "window_auc": m.window_auc(), "events": float(self.core.events)}
+
+    def emit(self) -> dict[str, Any]:
+        m = self.core.metrics
+        ev0, hot0 = self._hot_at_log
+        dn = self.core.events - ev0
+        hot_fraction = (self.core.hot_events - hot0) / dn if dn else float("nan")
+        self._hot_at_log = (self.core.events, self.core.hot_events)
+        rec = {
+            "ts": time.time(), "events": self.core.events, "auc": m.auc, "logloss": m.logloss,
+            "window_auc": m.window_auc(), "window_logloss": m.window_logloss(),
+            "events_per_s": self._rate.tick(self.core.events), "hot_fraction": hot_fraction,
+            "hot_coverage": self.hot_coverage, "hit_rate": self._hit_rate(), "hot_version": self.core.hot_version,
+            "hot_rows": self.core.hot_rows, "dead_letters": self.consumer.stats.dead_letters,
+            "snapshot_version": self.publisher.version if self.publisher else 0,
+            "checkpoint": self.seq, "lag": self.consumer.lag(),
+        }
+        self.last_record = rec
+        self.metrics_log.write(rec)
+        if self.prom is not None:
+            self.prom.update(rec)
+        self.progress.update(rec)
+        return rec
+
+    def _hit_rate(self) -> float:
+        try:
+            st = self.store.stats()
+        except Exception:
+            return self.hit_rate
+        for k in ("hot_hit_rate", "hit_rate"):
+            v = st.get(k) if isinstance(st, dict) else getattr(st, k, None)
+            if isinstance(v, (int, float)):
+                return float(v)
+        return self.hit_rate
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.wait_idle(5.0)
+            self.publisher.close()
+        for c in (self.progress, self.metrics_log, self.trace):
+            c.close()
+        if self.prom is not None:
+            self.prom.close()
+        try:
+            self.consumer.close()
+        finally:
+            if hasattr(self.hot, "close"):
+                self.hot.close()
+            self.store.close()
