@@ -3,7 +3,7 @@
 Per row: ``acc += mean(g**2)``; ``w -= lr * g / (sqrt(acc) + eps)``. The sum over the
 row is an explicit left-to-right loop over columns (elementwise ops only), so the
 result does not depend on how many rows are updated together or on the device's
-reduction kernel — the hot tier (device), the cold tier (CPU) and the plain-Python
+reduction kernel, and sqrt is taken in float64 then rounded — the hot tier (device), the cold tier (CPU) and the plain-Python
 reference model in the tests agree float-exactly.
 """
 
@@ -19,8 +19,13 @@ def adagrad_rows(w: torch.Tensor, acc: torch.Tensor, g: torch.Tensor, lr: float,
     s = sq[:, 0].clone()
     for j in range(1, dim):
         s = s + sq[:, j]
-    acc_new = acc + s / torch.tensor(float(dim), dtype=torch.float32, device=g.device)
+    acc_new = acc + s / torch.full_like(s, float(dim))  # a tensor divisor: a scalar one becomes * (1/dim)
     lr_t = torch.tensor(lr, dtype=torch.float32, device=g.device)
     eps_t = torch.tensor(eps, dtype=torch.float32, device=g.device)
-    w_new = w - lr_t * g / (torch.sqrt(acc_new) + eps_t)[:, None]
+    # same-shape operands: a broadcast divisor takes another (not bit-identical) kernel path
+    # torch's vectorised float32 sqrt is not always correctly rounded; float64 sqrt rounded
+    # to float32 is (53 >= 2*24 + 2 bits), so it equals IEEE float32 sqrt on every device
+    root = torch.sqrt(acc_new.double()).float()
+    denom = (root + eps_t)[:, None].expand_as(g).contiguous()
+    w_new = w - (lr_t * g) / denom
     return w_new, acc_new

@@ -113,6 +113,7 @@ class ColdTier:
         self.seq = 0
         self.bytes_written = 0
         self.reads = 0
+        self._after_shard_write = None  # test hook: called with the shard index after each shard write
         self._recover()
 
     # -- recovery ---------------------------------------------------------------------
@@ -225,6 +226,8 @@ class ColdTier:
                         wb.delete(k)
                 self.bytes_written += wb.size_in_bytes()
                 self.dbs[i].write(wb, self._wopt)
+                if self._after_shard_write is not None:
+                    self._after_shard_write(i)
 
     # -- scans, maintenance -----------------------------------------------------------
     def scan(self) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
