@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from streamrec.config import Config
 
-from .convert import RequestError, request_to_batch
+from .convert import RequestError, request_to_batch_ids
 from .pb import SERVICE, pb, pb_grpc
 from .receiver import PushError, receive_snapshot
 from .version import LoadError, ServedVersion, load_version
@@ -121,7 +121,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, "no model loaded yet; push a snapshot first")
         try:
             try:
-                batch = request_to_batch(request, v.fields, v.dense_dim, self.cfg.serving.max_batch)
+                batch, rids = request_to_batch_ids(request, v.fields, v.dense_dim, self.cfg.serving.max_batch)
             except RequestError as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             scores = v.predict(batch)
@@ -133,7 +133,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             self.events_served += len(scores)
         resp = pb.PredictResponse(model_version=version)
         resp.scores.extend(scores.tolist())
-        resp.request_ids.extend(e.request_id for e in request.events)
+        resp.request_ids.extend(rids)
         return resp
 
     def PushSnapshot(self, request_iterator, context):

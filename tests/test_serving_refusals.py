@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
-from serving import ServingClient, SnapshotPusher, serve, snapshot_chunks
+from serving import ServingClient, SnapshotPusher, events_to_request, serve, snapshot_chunks
 from serving.pb import pb, pb_grpc
 from serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
 
@@ -118,19 +118,32 @@ def test_predict_refusals(loaded):
         with pytest.raises(grpc.RpcError) as e:
             anon.predict(events)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    cases = [
-        (dict(events[0], dense=[1.0]), "events[0].dense"),
-        (dict(events[0], sparse={"nosuch": [1]}), "events[0].sparse"),
-        (dict(events[0], dense=[float("nan")] * trainer.cfg.model.dense_dim), "events[0].dense"),
+    dd = trainer.cfg.model.dense_dim
+    cases = [  # (event, field named in the per-event form, in the column form)
+        (dict(events[0], dense=[1.0]), "events[0].dense", "columns.dense"),
+        (dict(events[0], sparse={"nosuch": [1]}), "events[0].sparse", "columns.sparse"),
+        (dict(events[0], dense=[float("nan")] * dd), "events[0].dense", "columns.dense"),
     ]
-    for ev, field in cases:
+    for ev, field, col_field in cases:
+        for columns, name in ((False, field), (True, col_field)):
+            with pytest.raises(grpc.RpcError) as e:
+                client.predict([ev], columns=columns)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and name in e.value.details(), e.value.details()
+    for evs, columns, name in (([], False, "events: empty"), (events * 3, False, "events: 60 events"),
+                               ([], True, "columns.size: 0"), (events * 3, True, "columns.size: 60 events")):
         with pytest.raises(grpc.RpcError) as e:
-            client.predict([ev])
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details(), e.value.details()
-    for n, field in ((0, "events: empty"), (51, "events: 51 events")):
+            client.predict(evs, columns=columns)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and name in e.value.details(), e.value.details()
+    # malformed columns: lengths that do not add up, both forms at once
+    req = events_to_request(events[:3])
+    req.columns.sparse["user"].lengths[0] += 1
+    both = events_to_request(events[:3])
+    both.events.extend(events_to_request(events[:1], columns=False).events)
+    for r, name in ((req, "columns.sparse[user].values"), (both, "either events or columns")):
         with pytest.raises(grpc.RpcError) as e:
-            client.predict(events * 3 if n else [])
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            client.predict_request(r)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and name in e.value.details(), e.value.details()
+    assert np.array_equal(client.predict(events, columns=False)[0], client.predict(events)[0])
     still_serving_v1(client, events, want)
     st = client.status()
     assert int(st["version"]) == 1

@@ -1,0 +1,251 @@
+"""``streamrec bench serve``: Predict latency/throughput over gRPC vs the bare model in-process,
+snapshot push-to-serving time, and serving-side freshness.
+
+The server runs in its own process (``streamrec serve``) so clients and server do
+not share a GIL. Baseline, same run: the bare DLRM forward pass in-process on the
+same batches with embeddings already pooled; ``inproc_predict`` (lookups from the
+store + forward, the trainer's own scoring path) is shown too. The ratio
+``grpc_vs_inproc_b512`` = served events/s over bare-forward events/s at batch 512.
+
+Freshness here is serving's part: an update is stamped with "now" as its event
+time, written as a delta snapshot, pushed, and clients poll Predict until the
+served version contains it. The trainer's checkpoint cadence comes on top
+(``trainer.checkpoint_every_s``), measured by the trainer's benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def _pct(xs, q):
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0):
+    from embedding_store import EmbeddingStore
+    from trainer import DLRM
+
+    model = DLRM.from_config(cfg.model).eval()
+    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / "trainer-store"))
+    rng = np.random.default_rng(seed)
+    return model, store, rng
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="streamrec bench serve", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short run (< 60 s)")
+    ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object with the issue's keys")
+    ap.add_argument("--seconds", type=float, default=None, help="measuring time per (batch, clients) cell")
+    args = ap.parse_args(argv)
+
+    import grpc
+
+    from ingest import SyntheticStream
+    from serving import ServingClient, SnapshotPusher, events_to_request, rows_batch, write_snapshot
+    from streamrec.config import load_config
+    from trainer import embed_batch, predict_batch
+
+    quick = args.quick
+    cell_s = args.seconds or (1.2 if quick else 4.0)
+    rows_per_table = 20_000 if quick else 200_000
+    batches = [1, 64, 512]
+    clients = [1, 4, 16]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    cfg = load_config(None, {"serving.data_dir": str(tmp / "serving"), "store.path": str(tmp / "store"),
+                             "serving.port": 0, "serving.push_token": "bench"}, env={})
+    fields = cfg.model.field_names
+    dev = torch.device("cpu")
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
+
+    # the "trainer": model + store with rows for the generator's ids
+    model, store, rng = build_state(cfg, tmp, rows_per_table)
+    stream = SyntheticStream(cfg)
+    ev_batch = next(iter(stream.batches(max(batches) * 8)))
+    for f in fields:  # rows for every id the events use, plus more up to rows_per_table
+        ids = np.unique(ev_batch.sparse[f].values)
+        extra = rng.integers(-2**62, 2**62, max(0, rows_per_table - len(ids)))
+        ids = np.unique(np.concatenate([ids, extra]).astype(np.int64))
+        store.upsert_rows(f, ids, rng.standard_normal((len(ids), cfg.model.embedding_dim)).astype(np.float32) * 0.05)
+    # the in-process baseline's store keeps the events' rows hot, as serving does after a full load
+    store.set_hot({f: np.unique(ev_batch.sparse[f].values)[: store.hot_capacity_rows // len(fields)] for f in fields})
+    all_rows = list(store.changed_rows())
+    rows_total = sum(len(b) for b in all_rows)
+
+    # baselines: bare forward (pooled precomputed) and the full in-process predict path
+    base = {}
+    lookup = lambda f, ids: store.peek(f, ids)  # noqa: E731
+    for b in batches:
+        sub = ev_batch.take(np.arange(b))
+        pooled, _ = embed_batch(sub, fields, lookup, dev)
+        dense = torch.from_numpy(sub.dense)
+        with torch.no_grad():
+            model(dense, pooled)
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < cell_s / 2:
+                model(dense, pooled)
+                n += 1
+            fwd = n / (time.perf_counter() - t0)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < cell_s / 2:
+            predict_batch(model, sub, fields, lookup, dev)
+            n += 1
+        base[b] = {"forward_qps": fwd, "predict_qps": n / (time.perf_counter() - t0)}
+        say(f"in-process b{b:<4} bare forward {fwd:9.1f} req/s ({fwd * b:10.0f} ev/s)   "
+            f"lookup+forward {base[b]['predict_qps']:8.1f} req/s")
+
+    # full snapshot
+    version = 1
+    snap1 = write_snapshot(tmp / "snap-1", version=1, parent_version=None, kind="full", dense_state=model.state_dict(),
+                           rows=all_rows, kafka_offsets={}, metrics={"auc": 0.0}, config_hash=cfg.model_hash(),
+                           newest_event_ms=int(time.time() * 1000), model_config=cfg.to_dict()["model"],
+                           store_config={"init_scale": cfg.store.init_scale})
+    size_mb = sum(p.stat().st_size for p in snap1.iterdir()) / 1e6
+
+    env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving"), STREAMREC_SERVING__PUSH_TOKEN="bench",
+               STREAMREC_SERVING__WORKERS="16")
+    proc = subprocess.Popen([sys.executable, "-m", "streamrec.cli", "serve", "--port", "0", "--device", "cpu",
+                             "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                            text=True)
+    try:
+        target = proc.stdout.readline().strip()
+        if not target:
+            raise RuntimeError("the server did not start")
+        pusher = SnapshotPusher(target, token="bench")
+        t0 = time.perf_counter()
+        r = pusher.push(snap1)
+        full_push_s = time.perf_counter() - t0
+        assert r.ok, r
+        say(f"full snapshot: {rows_total} rows, {size_mb:.1f} MB, push-to-serving {full_push_s:.2f} s")
+
+        # Predict latency / throughput
+        requests = {b: events_to_request(ev_batch.take(np.arange(b)).to_events()) for b in batches}
+        res = {}
+        for b in batches:
+            for c in clients:
+                lat: list[list[float]] = [[] for _ in range(c)]
+                stop = threading.Event()
+                errors = []
+
+                def run(i, b=b, lat=lat, stop=stop, errors=errors):
+                    with ServingClient(target, timeout=30) as cl:
+                        req = requests[b]
+                        cl.predict_request(req)
+                        while not stop.is_set():
+                            t = time.perf_counter()
+                            try:
+                                cl.predict_request(req)
+                            except grpc.RpcError as e:
+                                errors.append(e.code().name)
+                                continue
+                            lat[i].append(time.perf_counter() - t)
+
+                ths = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(c)]
+                for t in ths:
+                    t.start()
+                time.sleep(0.3)
+                for x in lat:
+                    x.clear()
+                t0 = time.perf_counter()
+                time.sleep(cell_s)
+                counts = [len(x) for x in lat]
+                el = time.perf_counter() - t0
+                stop.set()
+                for t in ths:
+                    t.join(30)
+                all_lat = [v * 1000 for x in lat for v in x]
+                qps = sum(counts) / el
+                res[(b, c)] = {"p50": _pct(all_lat, 50), "p99": _pct(all_lat, 99), "qps": qps, "errors": len(errors)}
+                say(f"gRPC b{b:<4} clients {c:<3} p50 {res[(b, c)]['p50']:7.2f} ms  p99 {res[(b, c)]['p99']:7.2f} ms  "
+                    f"{qps:8.1f} req/s ({qps * b:9.0f} ev/s)  vs bare forward {qps / base[b]['forward_qps']:.3f}x  "
+                    f"vs lookup+forward {qps / base[b]['predict_qps']:.2f}x  errors {len(errors)}")
+
+        # delta snapshot (1% of rows changed + dense) and freshness
+        def delta(version, parent, newest_ms):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01)
+            rows = []
+            for f in fields:
+                ids = np.unique(ev_batch.sparse[f].values)[: max(1, rows_per_table // 100)]
+                vec = rng.standard_normal((len(ids), cfg.model.embedding_dim)).astype(np.float32)
+                rows.append(rows_batch(f, ids, vec))
+            return write_snapshot(tmp / f"snap-{version}", version=version, parent_version=parent, kind="delta",
+                                  dense_state=model.state_dict(), rows=rows, kafka_offsets={}, metrics={},
+                                  config_hash=cfg.model_hash(), newest_event_ms=newest_ms,
+                                  model_config=cfg.to_dict()["model"])
+
+        snap2 = delta(2, 1, int(time.time() * 1000))
+        t0 = time.perf_counter()
+        r = pusher.push(snap2)
+        delta_push_s = time.perf_counter() - t0
+        assert r.ok, r
+        say(f"delta snapshot push-to-serving {delta_push_s:.3f} s")
+
+        fresh = []
+        with ServingClient(target) as cl:
+            for v in range(3, 6 if quick else 8):
+                t_event = time.time()
+                snap = delta(v, v - 1, int(t_event * 1000))
+                done = threading.Event()
+                th = threading.Thread(target=lambda s=snap: (pusher.push(s), done.set()), daemon=True)
+                th.start()
+                deadline = time.time() + 60
+                while time.time() < deadline:
+                    _, got = cl.predict_request(requests[1])
+                    if got >= v:
+                        break
+                    time.sleep(0.002)
+                fresh.append(time.time() - t_event)
+                th.join(60)
+            st = cl.status()
+        freshness_s = float(np.median(fresh))
+        say(f"serving-side freshness (update stamped -> Predict answers with it): median {freshness_s:.3f} s "
+            f"over {len(fresh)}; Status.freshness_s now {st['freshness_s']:.3f}")
+        pusher.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        store.close()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    best512 = max(res[(512, c)]["qps"] for c in clients)
+    out = {
+        "p50_ms_b64": round(res[(64, 1)]["p50"], 3),
+        "p99_ms_b64": round(res[(64, 1)]["p99"], 3),
+        "qps_b512": round(best512, 2),
+        "inproc_qps_b512": round(base[512]["forward_qps"], 2),
+        "grpc_vs_inproc_b512": round(best512 / base[512]["forward_qps"], 4),
+        "full_push_s": round(full_push_s, 3),
+        "delta_push_s": round(delta_push_s, 3),
+        "freshness_s": round(freshness_s, 3),
+        "inproc_predict_qps_b512": round(base[512]["predict_qps"], 2),
+        "grpc_vs_inproc_predict_b512": round(best512 / base[512]["predict_qps"], 4),
+        "errors": sum(v["errors"] for v in res.values()),
+        "cells": {f"b{b}_c{c}": {k: round(x, 3) for k, x in v.items()} for (b, c), v in res.items()},
+    }
+    say(f"p99 at batch 64 (1 client): {out['p99_ms_b64']} ms (goal <= 10); served/in-process forward at b512: "
+        f"{out['grpc_vs_inproc_b512']}x (goal >= 0.5); vs lookup+forward {out['grpc_vs_inproc_predict_b512']}x")
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
