@@ -118,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     from ingest import EmbeddedBroker, SyntheticStream
     from streamrec.config import load_config
 
-    n_arrow = args.arrow_events or (200_000 if args.quick else 1_000_000)
-    n_json = args.json_events or (20_000 if args.quick else 100_000)
-    repeats = 1 if args.quick else 3
+    n_arrow = args.arrow_events or (400_000 if args.quick else 2_000_000)
+    n_json = args.json_events or (40_000 if args.quick else 200_000)
+    repeats = 2 if args.quick else 3
     cfg = load_config(None, {}, env={})  # the default model: 4 sparse fields (one multi-valued), 4 dense
 
     def events(n):
