@@ -91,12 +91,16 @@ class SketchConfig:
     publish_interval_s: float = 5.0  # publish a hot set at least this often
     change_fraction: float = 0.2  # publish early when the hot set changed by this much
     state_dir: str = "data/sketch"  # faust table state (RocksDB) of the sketch worker
+    checkpoint_interval_s: float = 2.0  # faust-table snapshot per partition; offsets are acked only after one
+    sample_events: int = 20_000  # recent events kept to estimate hot-set coverage and hit rate
+    sample_rate: float = 0.1  # fraction of events that enter that sample
 
 
 @dataclass
 class HotConfig:
     budget_rows: int = 20_000  # rows kept on the device, over all tables
     budget_bytes: int = 0  # 0 = use budget_rows
+    row_bytes: int = 0  # device bytes per hot row under budget_bytes (0 = embedding_dim * 4 * 2: weights + Adagrad)
 
 
 @dataclass

@@ -1,0 +1,135 @@
+"""The faust-streaming sketch worker: events in, versioned hot sets out.
+
+* The agent reads the events topic as raw bytes (``noack`` stream), decodes each
+  record with the ingest decoder and counts it in its partition's sketch.
+* State: a faust Table on RocksDB (``store="rocksdb://"``, rocksdict driver),
+  key ``p<partition>`` -> that partition's sketch snapshot with the offset after
+  the last record it includes. Snapshots are written every
+  ``sketch.checkpoint_interval_s`` while processing that partition's records
+  (so the changelog partition matches), and only then are those records
+  acked: faust commits source offsets only for acked records, so a worker
+  killed with SIGKILL restarts at or before its snapshot and the offset in
+  the snapshot skips anything counted already -- counts resume, nothing is
+  lost or counted twice.
+* A timer merges the partition sketches, chooses the hot set (FAE policy) and
+  publishes it to the compacted ``hot-set`` topic under one constant key every
+  ``sketch.publish_interval_s``, or sooner when the set changed by more than
+  ``sketch.change_fraction``. Versions continue from the last one on the topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from .follower import latest_hotset
+from .hotset import HotSet
+from .state import SketchState
+
+log = logging.getLogger(__name__)
+
+HOTSET_KEY = b"hot-set"
+TABLE_NAME = "sketch-state"
+
+
+def faust_settings(cfg, bootstrap: str) -> dict:
+    """faust App settings tuned for quick group joins (the embedded broker waits a full rebalance timeout)."""
+    return dict(
+        broker=f"kafka://{bootstrap}",
+        store="rocksdb://",
+        datadir=cfg.sketch.state_dir,
+        web_enabled=False,
+        topic_partitions=cfg.kafka.partitions,
+        key_serializer="raw",
+        value_serializer="raw",
+        consumer_auto_offset_reset="earliest",
+        broker_rebalance_timeout=3.0,
+        broker_session_timeout=6.0,
+        broker_heartbeat_interval=1.0,
+        broker_commit_interval=1.0,
+        # a partition snapshot is ~1-3 MB (count-min cells); hot sets can be large too
+        producer_max_request_size=32 << 20,
+        consumer_max_fetch_size=64 << 20,
+        stream_wait_empty=False,
+    )
+
+
+def build_app(cfg, bootstrap: str, state: SketchState | None = None):
+    """The faust App with its agent, table and publisher timer; returns (app, state)."""
+    import faust
+
+    state = state or SketchState(cfg)
+    app = faust.App(cfg.kafka.sketch_group, **faust_settings(cfg, bootstrap))
+    events = app.topic(cfg.kafka.events_topic, key_type=bytes, value_type=bytes,
+                       key_serializer="raw", value_serializer="raw")
+    hot_topic = app.topic(cfg.kafka.hotset_topic, key_type=bytes, value_type=bytes,
+                          key_serializer="raw", value_serializer="raw")
+    table = app.Table(TABLE_NAME, partitions=cfg.kafka.partitions, key_type=bytes, value_type=bytes,
+                      options={"driver": "rocksdict"})
+    pending: dict[int, list] = {}
+    last_ckpt: dict[int, float] = {}
+    interval = cfg.sketch.checkpoint_interval_s
+
+    @app.agent(events, name="sketch-count")
+    async def count(stream):
+        async for ev in stream.noack().events():
+            p = ev.message.partition
+            if not state.has(p):
+                state.restore(p, table.get(b"p%d" % p))
+                last_ckpt[p] = time.monotonic()
+            state.apply(p, ev.message.offset, ev.value)
+            pending.setdefault(p, []).append(ev)
+            if time.monotonic() - last_ckpt[p] >= interval:
+                table[b"p%d" % p] = state.snapshot(p)  # changelog goes to partition p: this event's
+                for e in pending.pop(p):
+                    e.ack()
+                last_ckpt[p] = time.monotonic()
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender, revoked, **kwargs):
+        # another worker takes these over and resumes from their snapshots: drop our copies
+        for tp in revoked:
+            if tp.topic == cfg.kafka.events_topic:
+                state.drop(tp.partition)
+                pending.pop(tp.partition, None)
+
+    pub = {"version": None, "last": None, "at": 0.0, "events": -1}
+    tick = max(0.5, min(1.0, cfg.sketch.publish_interval_s / 4))
+
+    @app.timer(interval=tick, name="sketch-publish")
+    async def publish():
+        if pub["version"] is None:
+            prev = latest_hotset(bootstrap, cfg.kafka.hotset_topic, timeout=5.0)
+            pub["version"] = prev.version if prev else 0
+        now = time.monotonic()
+        due = now - pub["at"] >= cfg.sketch.publish_interval_s
+        if not due and state.stats.events == pub["events"]:
+            return
+        # off the event loop: choosing takes ~0.1 s and the agent must keep counting meanwhile
+        hs = await asyncio.get_running_loop().run_in_executor(None, state.choose, pub["version"] + 1)
+        if hs is None:
+            return
+        changed = hs.changed_fraction(pub["last"])
+        if not due and changed <= cfg.sketch.change_fraction:
+            return
+        await hot_topic.send(key=HOTSET_KEY, value=hs.to_bytes())
+        pub.update(version=hs.version, last=hs, at=now, events=state.stats.events)
+        log.info("published hot set v%d: %d rows, coverage %.3f, hit rate %.3f, %d events counted "
+                 "(%d malformed records skipped, changed %.2f)", hs.version, hs.rows, hs.coverage,
+                 hs.hit_rate, hs.events, state.stats.bad_records, changed)
+
+    return app, state
+
+
+def run_worker(cfg, bootstrap: str, loglevel: str = "warning") -> int:
+    """Run the worker until SIGINT/SIGTERM (faust's Worker installs the signal handlers)."""
+    from faust.worker import Worker
+
+    app, _ = build_app(cfg, bootstrap)
+    worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False, override_logging=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0

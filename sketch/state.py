@@ -1,0 +1,138 @@
+"""The sketch worker's state, independent of faust: one sketch per partition.
+
+Each partition's snapshot carries the offset *after* the last record it
+includes, so a restarted worker skips records it already counted (Kafka may
+redeliver from an older commit) and never counts one twice. Malformed records
+are counted and skipped here; writing them to the dead-letter topic is the
+trainer consumer's job (doing it here too would duplicate them).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ingest import Decoder, EventError, EventSchema
+
+from .hotset import EventSample, HotSet, choose_hot_set
+from .popularity import PopularitySketch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerStats:
+    records: int = 0  # records applied
+    events: int = 0  # events counted
+    bad_records: int = 0  # malformed records skipped
+    skipped: int = 0  # records already in a snapshot (redelivered after a restart)
+
+
+class SketchState:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.fields = list(cfg.model.field_names)
+        self.decoder = Decoder(EventSchema.from_config(cfg))
+        self.sketches: dict[int, PopularitySketch] = {}
+        self.next_offset: dict[int, int] = {}
+        self.sample = EventSample(cfg.sketch.sample_events, cfg.sketch.sample_rate)
+        self.stats = WorkerStats()
+        # apply() runs on the event loop, choose() in a thread: the lock covers reads of shared state
+        self.lock = threading.RLock()
+
+    def new_sketch(self) -> PopularitySketch:
+        s = self.cfg.sketch
+        return PopularitySketch(self.fields, s.epsilon, s.delta, s.half_life_s, s.top_k)
+
+    # -- per record ------------------------------------------------------
+
+    def has(self, partition: int) -> bool:
+        return partition in self.sketches
+
+    def restore(self, partition: int, blob: bytes | None) -> None:
+        """Take a partition's snapshot (or start it empty when there is none)."""
+        with self.lock:
+            self._restore(partition, blob)
+
+    def _restore(self, partition: int, blob: bytes | None) -> None:
+        if blob:
+            sk, meta = PopularitySketch.from_bytes_with_meta(blob)
+            if sk.fields != self.fields:
+                raise ValueError(f"snapshot of partition {partition} is over fields {sk.fields}, "
+                                 f"the model has {self.fields}: clear {self.cfg.sketch.state_dir}")
+            self.sketches[partition] = sk
+            self.next_offset[partition] = int(meta.get("next_offset", 0))
+            log.info("partition %d: resumed %d events from the snapshot (next offset %d)",
+                     partition, sk.events, self.next_offset[partition])
+        else:
+            self.sketches[partition] = self.new_sketch()
+            self.next_offset[partition] = 0
+
+    def drop(self, partition: int) -> None:
+        """Forget a partition this worker no longer owns."""
+        with self.lock:
+            self._drop(partition)
+
+    def _drop(self, partition: int) -> None:
+        self.sketches.pop(partition, None)
+        self.next_offset.pop(partition, None)
+
+    def apply(self, partition: int, offset: int, value: bytes | None) -> bool:
+        """Count one Kafka record; False when it was skipped (already counted, or malformed)."""
+        with self.lock:
+            return self._apply(partition, offset, value)
+
+    def _apply(self, partition: int, offset: int, value: bytes | None) -> bool:
+        if partition not in self.sketches:
+            self.restore(partition, None)
+        if offset < self.next_offset[partition]:
+            self.stats.skipped += 1
+            return False
+        self.next_offset[partition] = offset + 1
+        try:
+            batch = self.decoder.decode(value)
+        except EventError as e:
+            self.stats.bad_records += 1
+            log.warning("skipping malformed record p%d@%d (the dead-letter path owns it): %s", partition, offset, e)
+            return False
+        self.sketches[partition].update_batch(batch)
+        self.sample.offer(batch)
+        self.stats.records += 1
+        self.stats.events += len(batch)
+        return True
+
+    def snapshot(self, partition: int) -> bytes:
+        with self.lock:
+            return self.sketches[partition].to_bytes(meta={"next_offset": self.next_offset[partition]})
+
+    # -- the hot set -----------------------------------------------------
+
+    def merged(self) -> PopularitySketch | None:
+        parts = [s for s in self.sketches.values() if s.t0_ms is not None]
+        if not parts:
+            return None
+        out = parts[0].copy()
+        for s in parts[1:]:
+            out.merge(s)
+        return out
+
+    def row_bytes(self) -> int:
+        return self.cfg.hot.row_bytes or self.cfg.model.embedding_dim * 4 * 2
+
+    def choose(self, version: int) -> HotSet | None:
+        """The hot set the current counts give (None before any event)."""
+        with self.lock:
+            m = self.merged()
+            sample = self.sample.frozen()
+        if m is None:
+            return None
+        tables, ids, counts = m.candidates()
+        h = self.cfg.hot
+        c = choose_hot_set(self.fields, tables, ids, counts, budget_rows=h.budget_rows,
+                           budget_bytes=h.budget_bytes, row_bytes=self.row_bytes(), sample=sample)
+        hs = HotSet(version=version, tables=c.tables, coverage=c.coverage, hit_rate=c.hit_rate,
+                    window_start_ms=int(m.first_ms or 0), window_end_ms=int(m.now_ms or 0),
+                    created_ms=int(time.time() * 1000), threshold=c.threshold, events=m.events)
+        return hs
