@@ -7,6 +7,8 @@ Why these RocksDB options (rows are ~80-byte random point reads/writes):
   and filter blocks cached and L0 ones pinned;
 - LZ4 only for the bottom level, none above: float rows barely compress, and
   uncompressed upper levels keep point reads cheap;
+- write buffers bounded over all shards (``memtable_mb``): they are most of the
+  tier's resident memory;
 - small blocks (4 KiB) because reads are single rows, not scans;
 - WAL on, ``sync=False``: a SIGKILL loses nothing that ``write`` acknowledged (the
   WAL is in the OS page cache); ``sync=True`` (``durable_sync``) survives power loss too.
@@ -41,7 +43,7 @@ FORMAT = 1
 _UNDO_HEAD = struct.Struct("<QII")  # seq, n rows, record size
 
 
-def _options(cache: rd.Cache | None, read_only: bool) -> rd.Options:
+def _options(cache: rd.Cache | None, read_only: bool, write_buffer_mb: int) -> rd.Options:
     o = rd.Options(raw_mode=True)
     o.create_if_missing(not read_only)
     t = rd.BlockBasedOptions()
@@ -54,7 +56,7 @@ def _options(cache: rd.Cache | None, read_only: bool) -> rd.Options:
     o.set_block_based_table_factory(t)
     o.set_compression_type(rd.DBCompressionType.none())
     o.set_bottommost_compression_type(rd.DBCompressionType.lz4())
-    o.set_write_buffer_size(32 << 20)
+    o.set_write_buffer_size(write_buffer_mb << 20)
     o.set_max_write_buffer_number(2)
     o.set_max_background_jobs(2)
     o.set_level_compaction_dynamic_level_bytes(True)
@@ -97,15 +99,16 @@ class ColdTier:
     """Sharded RocksDB rows of every table; batched, shard-atomic-as-a-whole writes."""
 
     def __init__(self, path: str, shards: int, block_cache_mb: int, read_only: bool = False,
-                 sync: bool = False):
+                 sync: bool = False, memtable_mb: int = 64):
         self.path = Path(path)
+        wb_mb = max(2, memtable_mb // (2 * shards))  # two write buffers per shard
         self.shards = shards
         self.read_only = read_only
         self._cache = rd.Cache(max(1, block_cache_mb) << 20)
         self.dbs: list[rd.Rdict] = []
         access = rd.AccessType.read_only() if read_only else rd.AccessType.read_write()
         for i in range(shards):
-            self.dbs.append(rd.Rdict(str(self.path / f"shard-{i:03d}"), _options(self._cache, read_only),
+            self.dbs.append(rd.Rdict(str(self.path / f"shard-{i:03d}"), _options(self._cache, read_only, wb_mb),
                                      access_type=access))
         self._wopt = rd.WriteOptions()
         self._wopt.sync = sync

@@ -31,17 +31,26 @@ class HotTable:
         """Slot per id, -1 where the id is not hot."""
         if len(self.ids) == 0:
             return np.full(len(ids), -1, dtype=np.int64)
-        k = np.searchsorted(self.ids, ids)
-        k[k == len(self.ids)] = 0
+        k = self._search(ids)
         hit = self.ids[k] == ids
         return np.where(hit, self.slot[k], -1)
+
+    def _search(self, ids: np.ndarray) -> np.ndarray:
+        """searchsorted, clamped; sorted queries are several times faster (each probe starts
+        where the previous ended), so a large unsorted batch is sorted first."""
+        if len(ids) > 512 and not bool(np.all(ids[1:] >= ids[:-1])):
+            order = np.argsort(ids)
+            k = np.empty(len(ids), dtype=np.int64)
+            k[order] = np.searchsorted(self.ids, ids[order])
+        else:
+            k = np.searchsorted(self.ids, ids)
+        k[k == len(self.ids)] = 0
+        return k
 
     def mask(self, ids: np.ndarray) -> np.ndarray:
         if len(self.ids) == 0:
             return np.zeros(len(ids), dtype=bool)
-        k = np.searchsorted(self.ids, ids)
-        k[k == len(self.ids)] = 0
-        return self.ids[k] == ids
+        return self.ids[self._search(ids)] == ids
 
     def rebuild(self, ids: np.ndarray, w: torch.Tensor, acc: torch.Tensor, ep: np.ndarray,
                 ts: np.ndarray, dirty: np.ndarray) -> None:

@@ -56,8 +56,9 @@ class EmbeddingStore:
     """All embedding tables of one model: sharded RocksDB cold tier + device hot tier.
 
     ``apply_gradients`` requires unique ids and raises :class:`StoreError` on duplicates
-    (sum them first, e.g. with ``np.unique`` + ``index_add``). ``lookup`` creates
-    (persists) unseen rows with their deterministic init; ``peek`` never writes.
+    (sum them first, e.g. with ``np.unique`` + ``index_add``). Unseen ids read as their
+    deterministic init; a row is stored on its first write; ``peek`` never touches
+    the buffers either. ``memtable_mb`` bounds RocksDB write buffers over all shards.
     ``max_id`` optionally bounds a table's ids to ``[0, max_id)``.
     """
 
@@ -65,7 +66,7 @@ class EmbeddingStore:
                  device: str | torch.device = "cpu", hot_capacity_rows: int = 0,
                  lr: float = 0.05, eps: float = 1e-8, init_scale: float = 0.05,
                  block_cache_mb: int = 256, host_cache_rows: int = 0, read_only: bool = False,
-                 max_id: dict[str, int] | None = None, sync: bool = False):
+                 max_id: dict[str, int] | None = None, sync: bool = False, memtable_mb: int = 64):
         if not tables:
             raise StoreError("an EmbeddingStore needs at least one table")
         for name, dim in tables.items():
@@ -106,7 +107,8 @@ class EmbeddingStore:
             write_manifest(self.path, self._manifest)
         else:
             self._manifest = manifest
-        self.cold = ColdTier(str(self.path), shards, block_cache_mb, read_only=read_only, sync=sync)
+        self.cold = ColdTier(str(self.path), shards, block_cache_mb, read_only=read_only, sync=sync,
+                             memtable_mb=memtable_mb)
         self.tables = {n: _Table(n, int(d), self.device, (max_id or {}).get(n)) for n, d in tables.items()}
         self._by_tag = {t.tag: t for t in self.tables.values()}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="store-prefetch")
@@ -218,14 +220,21 @@ class EmbeddingStore:
         return t.hot.mask(self._ids(t, ids))
 
     def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor:
-        """Rows of ``ids`` (any order, repeats allowed) as ``[n, dim]`` float32 on the device."""
-        return self._get(table, ids, create=not self.read_only)
+        """Rows of ``ids`` (any order, repeats allowed) as ``[n, dim]`` float32 on the device.
+
+        An unseen id reads as its deterministic init; the row is materialised in RocksDB
+        by its first write (``apply_gradients``/``upsert_rows``/promotion), which is
+        indistinguishable through this API from storing it here and saves one write
+        per new row (new ids are most of the cold traffic under Zipf). Fetched cold
+        rows are kept for the ``apply_gradients`` that usually follows.
+        """
+        return self._get(table, ids, remember=True)
 
     def peek(self, table: str, ids: np.ndarray) -> torch.Tensor:
         """Like ``lookup`` but never writes: unseen ids give their init vector."""
-        return self._get(table, ids, create=False)
+        return self._get(table, ids, remember=False)
 
-    def _get(self, table: str, ids, create: bool) -> torch.Tensor:
+    def _get(self, table: str, ids, remember: bool) -> torch.Tensor:
         t = self._table(table)
         ids = self._ids(t, ids)
         n = len(ids)
@@ -240,16 +249,10 @@ class EmbeddingStore:
         uniq, inv = np.unique(ids[cold_pos], return_inverse=True)
         recs, found = self._fetch(t, uniq)
         missing = ~found
-        if missing.any():
-            fresh = self._new_records(t, uniq[missing])
-            recs[missing] = fresh
-            if create:
-                self._write(t, uniq[missing], fresh, np.zeros(len(fresh), dtype=t.dtype),
-                            np.zeros(len(fresh), dtype=bool))
-                self.created += len(fresh)
-                found = found | missing
-        if create:
+        if remember:
             self._remember(t, uniq, recs, found)
+        if missing.any():
+            recs["w"][missing] = init_rows(t.salt, self.seed, uniq[missing], t.dim, self.init_scale)
         cold_rows = torch.from_numpy(np.ascontiguousarray(recs["w"][inv.reshape(-1)]))
         if nh == 0:
             return cold_rows.to(self.device)
@@ -298,6 +301,7 @@ class EmbeddingStore:
             base = old.copy()
             if not found.all():
                 base[~found] = self._new_records(t, cids[~found])
+                self.created += int((~found).sum())
             g = grads[torch.from_numpy(cp).to(grads.device)].cpu()
             w, acc = adagrad_rows(torch.from_numpy(base["w"].copy()),
                                   torch.from_numpy(base["acc"].copy()), g, self.lr, self.eps)

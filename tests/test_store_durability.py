@@ -121,7 +121,7 @@ def test_checkpoint_restore_and_delta_export(tmp_path):
 
 def test_expire_and_read_only_peek(tmp_path):
     with EmbeddingStore(str(tmp_path / "s"), {"a": 4}, shards=2, hot_capacity_rows=4) as s:
-        s.lookup("a", np.arange(20))
+        s.apply_gradients("a", np.arange(20), torch.zeros(20, 4))  # rows are stored by their first write
         s.set_hot({"a": np.arange(4)})
         time.sleep(0.05)
         s.apply_gradients("a", np.array([10, 11]), torch.ones(2, 4))

@@ -1,0 +1,165 @@
+"""``streamrec bench store``: tiered embedding store vs in-memory ceiling and RocksDB floor.
+
+Workload: Zipf(1.05) ids over N rows (10M, or 1M with --quick), dim 16, batches of
+4096 lookups; per batch: unique ids -> lookup -> per-row gradient (sum over the
+batch's occurrences) -> row-wise sparse update. Three set-ups, each in its own fresh
+subprocess so its peak RSS (``ru_maxrss``) is its own:
+
+- memory: one ``torch.nn.Embedding(N, 16, sparse=True)`` + ``torch.optim.Adagrad`` (ceiling)
+- rocks:  EmbeddingStore with no hot tier (every row from RocksDB; floor)
+- tiered: EmbeddingStore with the top 1% ids in the hot tier, next batch prefetched
+
+Store set-ups start empty: rows are created on first touch, as in online training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+DIM = 16
+BATCH = 4096
+ZIPF = 1.05
+_A = 2_654_435_761  # odd multiplier: rank -> row is a bijection on [0, N) scattering hot rows
+
+
+def _id_stream(n_ids: int, batches: int, seed: int = 1):
+    from ingest.synthetic import zipf_ranks
+
+    rng = np.random.default_rng(seed)
+    for _ in range(batches):
+        r = zipf_ranks(rng, BATCH, n_ids, ZIPF)
+        yield (r * _A + 12345) % n_ids
+
+
+def _rows_of_ranks(ranks: np.ndarray, n_ids: int) -> np.ndarray:
+    return (ranks * _A + 12345) % n_ids
+
+
+def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    stream = _id_stream(n_ids, 10**9)
+    gen = torch.Generator().manual_seed(0)
+    G = torch.randn(BATCH, DIM, generator=gen) * 0.01
+    done = 0
+    occ_hot = occ = 0
+    if setup == "memory":
+        emb = torch.nn.Embedding(n_ids, DIM, sparse=True)
+        opt = torch.optim.Adagrad(emb.parameters(), lr=0.05)
+
+        def step(ids):
+            t = torch.from_numpy(ids)
+            loss = (emb(t) * G).sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        store = None
+    else:
+        from embedding_store import EmbeddingStore
+
+        hot = n_ids // 100 if setup == "tiered" else 0
+        store = EmbeddingStore(path, {"t": DIM}, shards=4, device="cpu", hot_capacity_rows=hot,
+                               block_cache_mb=32)
+        if hot:
+            store.set_hot({"t": _rows_of_ranks(np.arange(hot), n_ids)})
+        pending = [None]
+
+        def step(ids):
+            uniq, inv = np.unique(ids, return_inverse=True)
+            nxt = next(stream)
+            if setup == "tiered":
+                pending[0] = nxt
+            rows = store.lookup("t", uniq)
+            out = rows[torch.from_numpy(inv)]
+            del out
+            g = torch.zeros(len(uniq), DIM).index_add_(0, torch.from_numpy(inv), G)
+            if setup == "tiered":
+                store.prefetch("t", pending[0])
+            store.apply_gradients("t", uniq, g)
+            return nxt
+    ids = next(stream)
+    for _ in range(warm):
+        r = step(ids)
+        ids = r if r is not None else next(stream)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        if store is not None:  # hit rate over id occurrences (lookups), not unique rows
+            occ_hot += int(store.hot_mask("t", ids).sum())
+            occ += len(ids)
+        r = step(ids)
+        ids = r if r is not None else next(stream)
+        done += 1
+    dt = time.perf_counter() - t0
+    out = {"setup": setup, "rows_per_s": done * BATCH / dt, "batches": done, "seconds": dt}
+    if store is not None:
+        out["hot_hit_rate"] = occ_hot / max(1, occ)
+        out["cold_rows"] = store.stats()["cold_rows"]
+        store.close()
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def _run_setup(setup: str, n_ids: int, warm: int, seconds: float) -> dict:
+    tmp = tempfile.mkdtemp(prefix=f"bench-store-{setup}-")
+    code = ("import json,sys; from benchmarks.bench_store import _worker; "
+            f"print(json.dumps(_worker({setup!r}, {n_ids}, {warm}, {seconds}, {tmp + '/db'!r})))")
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=seconds * 4 + 240, cwd=os.path.dirname(os.path.dirname(__file__)))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"set-up {setup} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="streamrec bench store", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1M ids, short runs (< 50 s)")
+    ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per set-up")
+    args = ap.parse_args(argv)
+    n_ids = 1_000_000 if args.quick else 10_000_000
+    seconds = args.seconds or (7.0 if args.quick else 30.0)
+    warm = 10 if args.quick else 50
+    res = {s: _run_setup(s, n_ids, warm, seconds) for s in ("memory", "rocks", "tiered")}
+    a, b, c = res["memory"], res["rocks"], res["tiered"]
+    summary = {
+        "tiered_rows_per_s": round(c["rows_per_s"]),
+        "memory_rows_per_s": round(a["rows_per_s"]),
+        "rocks_rows_per_s": round(b["rows_per_s"]),
+        "tiered_vs_memory": round(c["rows_per_s"] / a["rows_per_s"], 3),
+        "tiered_vs_rocks": round(c["rows_per_s"] / b["rows_per_s"], 3),
+        "hot_hit_rate": round(c["hot_hit_rate"], 4),
+        "tiered_rss_vs_memory": round(c["peak_rss_mb"] / a["peak_rss_mb"], 3),
+        "memory_peak_rss_mb": round(a["peak_rss_mb"], 1),
+        "rocks_peak_rss_mb": round(b["peak_rss_mb"], 1),
+        "tiered_peak_rss_mb": round(c["peak_rss_mb"], 1),
+        "ids": n_ids,
+    }
+    print(f"store benchmark: Zipf({ZIPF}) over {n_ids:,} ids, dim {DIM}, batch {BATCH}, "
+          f"{seconds:.0f}s per set-up (each in its own process)")
+    for name, r in res.items():
+        extra = f", hot hit rate {r['hot_hit_rate']:.3f}" if "hot_hit_rate" in r else ""
+        print(f"  {name:7s} {r['rows_per_s']:>12,.0f} rows/s  peak RSS {r['peak_rss_mb']:8.1f} MB{extra}")
+    print(f"  tiered/memory = {summary['tiered_vs_memory']:.3f} (goal >= 0.6)   "
+          f"tiered/rocks = {summary['tiered_vs_rocks']:.2f} (goal >= 5)   "
+          f"tiered RSS/memory RSS = {summary['tiered_rss_vs_memory']:.3f} (goal <= 0.25)")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
