@@ -64,9 +64,11 @@ def main(argv: list[str]) -> int:
     clients = [1, 4, 16]
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     cfg = load_config(None, {"serving.data_dir": str(tmp / "serving"), "store.path": str(tmp / "store"),
-                             "serving.port": 0, "serving.push_token": "bench"}, env={})
+                             "serving.port": 0, "serving.push_token": "bench",
+                             "hot.budget_rows": 100_000}, env={})  # baseline store as hot as serving (serving.hot_rows)
     fields = cfg.model.field_names
     dev = torch.device("cpu")
+    torch.set_num_threads(1)  # same as the server process (OMP_NUM_THREADS=1): stable on a shared 2-core box
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
 
     # the "trainer": model + store with rows for the generator's ids
@@ -114,7 +116,7 @@ def main(argv: list[str]) -> int:
     size_mb = sum(p.stat().st_size for p in snap1.iterdir()) / 1e6
 
     env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving"), STREAMREC_SERVING__PUSH_TOKEN="bench",
-               STREAMREC_SERVING__WORKERS="16")
+               STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "streamrec.cli", "serve", "--port", "0", "--device", "cpu",
                              "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)
