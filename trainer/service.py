@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .checkpoint import (STORE, latest_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint,
                          write_checkpoint)
 from .core import TrainerCore
@@ -137,6 +139,7 @@ class TrainerService:
         idle_since = time.monotonic()
         events_at_ckpt = self.core.events
         dirty = False
+        first_poll = True
         reason = "stopped"
         try:
             while not self.stop.is_set():
@@ -145,13 +148,17 @@ class TrainerService:
                     break
                 self._maybe_apply_hot_set()
                 want = window if not t.max_events else max(1, min(window, t.max_events - self.core.events))
+                if first_poll:  # the consumer sizes polls in records; until it has seen one, ask for few
+                    want = max(1, want // max(1, self.cfg.kafka.events_per_message))
+                    first_poll = False
                 batch = self.consumer.poll_batch(want, timeout=0.5)
                 now = time.monotonic()
                 if batch is not None:
                     idle_since = now
                     self.hot.observe(batch)
-                    if len(batch):
-                        self.core.train_window(batch)
+                    for s in range(0, len(batch), window):  # a poll may bring more than one window
+                        part = batch if len(batch) <= window else batch.take(np.arange(s, min(len(batch), s + window)))
+                        self.core.train_window(part)
                     self._record_trained(batch)
                     dirty = True
                 elif t.idle_exit_s and now - idle_since > t.idle_exit_s:
