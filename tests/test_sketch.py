@@ -1,0 +1,233 @@
+"""Sketch accuracy, decay, merge, serialisation, the FAE hot-set choice, and bad-record handling."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+from ingest import EventSchema, SyntheticStream, encode_arrow, encode_json
+from ingest.synthetic import rank_to_id, zipf_ranks
+from sketch import (CountMinSketch, EventSample, HeavyHitters, HotSet, PopularitySketch, SketchState, aggregate,
+                    choose_hot_set, make_keys)
+
+T0 = 1_700_000_000_000
+
+
+def zipf_ids(n, card=100_000, s=1.1, seed=1):
+    return rank_to_id("item", zipf_ranks(np.random.default_rng(seed), n, card, s))
+
+
+def test_aggregate_sums_duplicates_exactly():
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 50, 10_000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    w = rng.random(10_000)
+    agg = aggregate(keys, w)
+    want = collections.defaultdict(float)
+    for k, x in zip(keys.tolist(), w.tolist()):
+        want[k] += x
+    assert sorted(agg.keys.tolist()) == sorted(want)
+    assert np.allclose([want[k] for k in agg.keys.tolist()], agg.weights)
+    assert np.array_equal(keys[agg.first], agg.keys)
+
+
+def test_count_min_zipf_accuracy_bound_and_never_below_truth():
+    ids = zipf_ids(400_000, card=200_000)
+    cms = CountMinSketch.from_error(epsilon=1e-3, delta=1e-3)
+    keys = make_keys("item", ids)
+    for s in range(0, len(keys), 50_000):
+        cms.add(keys[s:s + 50_000])
+    uk, truth = np.unique(keys, return_counts=True)
+    est = cms.estimate(uk)
+    assert np.all(est >= truth)  # count-min never under-estimates
+    over = est - truth
+    bound = cms.epsilon * cms.total
+    # the guarantee: P(error > eps * N) <= delta, per key
+    assert (over > bound).mean() <= cms.delta
+    assert cms.total == len(keys)
+
+
+def test_conservative_update_is_tighter_than_plain():
+    ids = zipf_ids(200_000)
+    keys = make_keys("item", ids)
+    cu, plain = CountMinSketch(1024, 4), CountMinSketch(1024, 4, conservative=False)
+    cu.add(keys)
+    plain.add(keys)
+    uk, truth = np.unique(keys, return_counts=True)
+    e_cu, e_plain = cu.estimate(uk), plain.estimate(uk)
+    assert np.all(e_cu >= truth) and np.all(e_cu <= e_plain)
+    assert (e_cu - truth).sum() < 0.5 * (e_plain - truth).sum()
+
+
+def test_top_k_recall_at_budget():
+    k = 1000
+    ids = zipf_ids(1_000_000, card=100_000, s=1.1, seed=3)
+    ps = PopularitySketch(["item"], epsilon=1e-4, delta=1e-3, half_life_s=1e9, top_k=k)
+    ts = np.full(len(ids), T0, dtype=np.int64)
+    tables = np.zeros(len(ids), np.int16)
+    for s in range(0, len(ids), 65_536):
+        ps.update(tables[s:s + 65_536], ids[s:s + 65_536], ts[s:s + 65_536])
+    counts = collections.Counter(ids.tolist())
+    true_top = {i for i, _ in counts.most_common(k)}
+    _, got, est = ps.top(k)
+    recall = len(true_top & set(got.tolist())) / k
+    assert recall >= 0.95, recall
+    truth = np.array([counts[i] for i in got.tolist()], dtype=np.float64)
+    assert np.all(est >= truth * (1 - 1e-9))
+
+
+def test_decay_matches_half_life():
+    hl = 100.0
+    ps = PopularitySketch(["item"], epsilon=1e-3, delta=1e-2, half_life_s=hl, top_k=10)
+    ids = np.full(1000, 42, dtype=np.int64)
+    ps.update(np.zeros(1000, np.int16), ids, np.full(1000, T0))
+    # nothing else happens for one half-life, then one event of another id moves "now"
+    ps.update(np.zeros(1, np.int16), np.array([7]), np.array([T0 + int(hl * 1000)]))
+    est = ps.estimate("item", np.array([42]))[0]
+    assert abs(est - 500.0) / 500.0 < 0.01
+    # and after three half-lives, with many renormalisations in between
+    for j in range(1, 200):
+        ps.update(np.zeros(1, np.int16), np.array([7]), np.array([T0 + int(hl * 1000) + j * 1000]))
+    at = T0 + int(3 * hl * 1000)
+    assert abs(ps.estimate("item", np.array([42]), at_ms=at)[0] - 125.0) / 125.0 < 0.01
+
+
+def test_renormalisation_keeps_estimates():
+    ps = PopularitySketch(["item"], epsilon=1e-3, delta=1e-2, half_life_s=1.0, top_k=10)
+    ps.update(np.zeros(10, np.int16), np.arange(10), np.full(10, T0))
+    t_late = T0 + 100_000  # 100 half-lives later: forces a renormalisation
+    ps.update(np.zeros(1, np.int16), np.array([99]), np.array([t_late]))
+    assert ps.t0_ms == t_late
+    assert ps.estimate("item", np.array([99]))[0] == pytest.approx(1.0)
+    assert ps.estimate("item", np.array([3]))[0] == pytest.approx(2.0 ** -100, rel=1e-6)
+
+
+@pytest.mark.parametrize("conservative", [False, True])
+def test_merge_of_halves_equals_whole(conservative, tmp_path):
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path)
+    batches = list(SyntheticStream(cfg).batches(40_000))
+    fields = cfg.model.field_names
+
+    def new():
+        return PopularitySketch(fields, epsilon=1e-3, delta=1e-3, half_life_s=30.0, top_k=200,
+                                conservative=conservative)
+
+    whole, a, b = new(), new(), new()
+    for i, bt in enumerate(batches):
+        whole.update_batch(bt)
+        (a if i % 2 else b).update_batch(bt)
+    merged = a.copy().merge(b)
+    assert merged.events == whole.events == 40_000
+    assert merged.now_ms == whole.now_ms
+    if not conservative:  # plain count-min merges exactly: cell-wise sums
+        assert np.allclose(merged.cms.counts * merged.decay_factor(), whole.cms.counts * whole.decay_factor(),
+                           rtol=1e-9, atol=1e-9)
+    assert merged.total == pytest.approx(whole.total, rel=1e-9)
+    _, w_ids, w_est = whole.top(100)
+    _, m_ids, m_est = merged.top(100)
+    assert len(set(w_ids.tolist()) & set(m_ids.tolist())) >= 95
+    # true decayed counts of the whole stream are a lower bound for both
+    for field in fields:
+        vals = np.concatenate([bt.sparse[field].values for bt in batches])
+        ts = np.concatenate([np.repeat(bt.ts, bt.sparse[field].lengths) for bt in batches])
+        uk, inv = np.unique(vals, return_inverse=True)
+        truth = np.bincount(inv, weights=np.exp2((ts - whole.now_ms) / whole.half_life_ms))
+        assert np.all(merged.estimate(field, uk) >= truth * (1 - 1e-9))
+        assert np.all(whole.estimate(field, uk) >= truth * (1 - 1e-9))
+
+
+def test_sketch_bytes_roundtrip_and_bad_bytes():
+    ps = PopularitySketch(["a", "b"], epsilon=1e-3, delta=1e-2, half_life_s=60, top_k=50)
+    ps.update(np.array([0, 1, 1], np.int16), np.array([5, 6, 6]), np.array([T0, T0 + 1, T0 + 2]))
+    blob = ps.to_bytes(meta={"next_offset": 17})
+    back, meta = PopularitySketch.from_bytes_with_meta(blob)
+    assert meta == {"next_offset": 17}
+    assert np.array_equal(back.cms.counts, ps.cms.counts)
+    assert back.estimate("b", np.array([6]))[0] == pytest.approx(ps.estimate("b", np.array([6]))[0])
+    assert back.top(2)[1].tolist() == ps.top(2)[1].tolist()
+    with pytest.raises(ValueError, match="bad magic"):
+        PopularitySketch.from_bytes(b"nope")
+    with pytest.raises(ValueError, match="corrupt"):
+        PopularitySketch.from_bytes(blob[:40])
+
+
+def test_heavy_hitters_keep_largest():
+    hh = HeavyHitters(3)
+    keys = np.arange(1, 6, dtype=np.uint64)
+    hh.offer(keys, np.zeros(5, np.int16), np.arange(5), np.array([5.0, 1, 4, 2, 3]))
+    assert sorted(hh.ids.tolist()) == [0, 2, 4]
+    hh.offer(np.array([2], np.uint64), np.zeros(1, np.int16), np.array([1]), np.array([10.0]))
+    assert hh.top(1)[2].tolist() == [1] and len(hh) == 3
+
+
+def test_hotset_bytes_roundtrip_and_corruption():
+    hs = HotSet(version=3, tables={"a": np.array([1, -2, 2**62]), "b": np.zeros(0, np.int64)}, coverage=0.5,
+                hit_rate=0.9, window_start_ms=1, window_end_ms=2, created_ms=3, events=11)
+    back = HotSet.from_bytes(hs.to_bytes())
+    assert back.version == 3 and back.events == 11 and back.hit_rate == 0.9
+    assert back.tables["a"].tolist() == [1, -2, 2**62] and back.tables["b"].size == 0
+    with pytest.raises(ValueError):
+        HotSet.from_bytes(hs.to_bytes()[:-3])
+    with pytest.raises(ValueError, match="bad magic"):
+        HotSet.from_bytes(b"{}")
+
+
+def test_choose_hot_set_budget_threshold_and_coverage(tmp_path):
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path)
+    fields = cfg.model.field_names
+    stream = list(SyntheticStream(cfg).batches(20_000))
+    ps = PopularitySketch(fields, epsilon=1e-4, delta=1e-3, half_life_s=1e9, top_k=5000)
+    sample = EventSample(capacity=50_000, rate=1.0)
+    for b in stream:
+        ps.update_batch(b)
+        sample.offer(b)
+    t, i, c = ps.candidates()
+    ch = choose_hot_set(fields, t, i, c, budget_rows=500, sample=sample)
+    assert ch.rows == 500 == sum(len(v) for v in ch.tables.values())
+    assert c[499] == ch.threshold  # one global threshold from the counts (FAE)
+    # coverage and hit rate, checked against a direct count over the same events
+    hot = {(f, int(x)) for f, v in ch.tables.items() for x in v}
+    lookups = hits = covered = events = 0
+    for b in stream:
+        for r in range(len(b)):
+            row = [(f, int(x)) for f in fields for x in b.sparse[f].row(r)]
+            h = sum(x in hot for x in row)
+            hits += h
+            lookups += len(row)
+            covered += h == len(row)
+            events += 1
+    assert ch.hit_rate == pytest.approx(hits / lookups)
+    assert ch.coverage == pytest.approx(covered / events)
+    # byte budget: 'tags' rows cost more, fewer fit
+    rb = {"user": 64, "item": 64, "tags": 256}
+    chb = choose_hot_set(fields, t, i, c, budget_bytes=64 * 300, row_bytes=rb)
+    assert chb.bytes <= 64 * 300 and chb.rows <= 300
+    with pytest.raises(ValueError, match="row_bytes"):
+        choose_hot_set(fields, t, i, c, budget_bytes=100, row_bytes={"user": 1})
+
+
+def test_malformed_records_never_reach_the_sketch(tmp_path):
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path)
+    st = SketchState(cfg)
+    schema = EventSchema.from_config(cfg)
+    good = next(SyntheticStream(cfg).batches(100))
+    bad = [b"", b"garbage", b'{"ts": 1, "label": 7}', b"\xff\xff\xff\xff broken arrow",
+           encode_json({"ts": 1, "label": 1, "dense": [0, 0, 0], "sparse": {"nope": 1}}), None]
+    for off, v in enumerate(bad):
+        assert st.apply(0, off, v) is False
+    assert st.stats.bad_records == len(bad) and st.merged() is None and st.choose(1) is None
+    assert st.apply(0, len(bad), encode_arrow(good, schema)) is True
+    assert st.stats.events == 100 and st.merged().events == 100
+    # a redelivered record (offset below the snapshot's) is not counted twice
+    blob = st.snapshot(0)
+    st2 = SketchState(cfg)
+    st2.restore(0, blob)
+    assert st2.apply(0, len(bad), encode_arrow(good, schema)) is False and st2.stats.skipped == 1
+    assert st2.merged().events == 100
