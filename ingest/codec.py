@@ -134,6 +134,7 @@ class Decoder:
         segments: list[EventBatch] = []
         rows: list = []
         errors: list[tuple[int, str]] = []
+        tables: list[tuple[int, pa.Table]] = []  # consecutive Arrow records, decoded together
         validate = self.schema.validate
         for i, v in enumerate(values):
             if not v:
@@ -141,36 +142,61 @@ class Decoder:
                 continue
             first = v[:1]
             if first == b"{" or (first in b" \t\r\n" and v.lstrip()[:1] == b"{"):
+                if tables:  # keep arrival order: Arrow records before this one first
+                    self._flush_tables(tables, segments, errors)
                 try:
                     rows.append(validate(_loads_json(v)))
                 except EventError as e:
                     errors.append((i, str(e)))
             elif v[:4] == b"\xff\xff\xff\xff":
                 try:
-                    b = self.decode_arrow(v)
+                    t = self._read_arrow(v)
                 except EventError as e:
                     errors.append((i, str(e)))
                     continue
                 if rows:
                     segments.append(self.schema.batch_from_parsed(rows))
                     rows = []
-                segments.append(b)
+                tables.append((i, t))
+                continue
             else:
                 errors.append((i, "message is neither a JSON object nor an Arrow IPC stream"))
+        if tables:
+            self._flush_tables(tables, segments, errors)
         if rows:
             segments.append(self.schema.batch_from_parsed(rows))
+        errors.sort()
         if not segments:
             return None, errors
         if len(segments) == 1:
             return segments[0], errors
         return EventBatch.concat(segments, self.schema.dense_dim, self.schema.fields), errors
 
-    def decode_arrow(self, value: bytes) -> EventBatch:
+    def _read_arrow(self, value: bytes) -> pa.Table:
         try:
-            table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
+            return pa.ipc.open_stream(pa.py_buffer(value)).read_all()
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
             raise EventError(f"bad Arrow IPC stream: {e}") from None
-        return self.batch_from_table(table)
+
+    def decode_arrow(self, value: bytes) -> EventBatch:
+        return self.batch_from_table(self._read_arrow(value))
+
+    def _flush_tables(self, tables: list, segments: list, errors: list) -> None:
+        """Decode consecutive Arrow records as one table (one numpy pass per column);
+        if that fails, decode them one by one so each bad record gets its own reason."""
+        if len(tables) > 1:
+            try:
+                segments.append(self.batch_from_table(pa.concat_tables([t for _, t in tables])))
+                tables.clear()
+                return
+            except (EventError, pa.ArrowInvalid, pa.ArrowTypeError):
+                pass
+        for i, t in tables:
+            try:
+                segments.append(self.batch_from_table(t))
+            except EventError as e:
+                errors.append((i, str(e)))
+        tables.clear()
 
     def batch_from_table(self, table: pa.Table | pa.RecordBatch) -> EventBatch:
         s = self.schema

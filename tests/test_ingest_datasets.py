@@ -191,3 +191,18 @@ def test_generate_command_writes_file_and_prints_bayes_auc(tmp_path, capsys):
     cfg = load_config(None, {"generator.seed": 3}, env={})
     assert sum(len(b) for b in read_events(out, cfg)) == 3000
     assert abs(SyntheticStream(cfg).bayes_auc(3000) - auc) < 1e-4
+
+
+def test_consecutive_arrow_records_decode_together_and_bad_one_is_named(cfg, tmp_path):
+    from tests.conftest import small_config
+
+    schema = EventSchema.from_config(cfg)
+    other = EventSchema.from_config(small_config(tmp_path, **{"model.dense_dim": 2}))
+    b = next(SyntheticStream(cfg, chunk=30).batches(30))
+    wide = b.take(np.arange(5))
+    wide.dense = wide.dense[:, :2].copy()
+    msgs = [encode_arrow(b.take(np.arange(s, s + 10)), schema) for s in (0, 10, 20)]
+    values = [msgs[0], msgs[1], encode_arrow(wide, other), msgs[2]]
+    batch, errors = Decoder(schema).decode_many(values)
+    assert [i for i, _ in errors] == [2] and "dense has 2 values, the model expects 3" in errors[0][1]
+    assert batch.to_events() == b.to_events()
