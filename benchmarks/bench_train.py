@@ -1,0 +1,167 @@
+"""``streamrec bench train``: training throughput, AUC and peak memory of three set-ups
+on the same skewed Criteo-like stream (26 sparse fields, 10M ids in all, dim 16,
+13 dense features, DLRM 13-512-256-64-16 / 512-256-1):
+
+  memory: plain in-memory PyTorch DLRM, every row in an nn.Embedding (the baseline)
+  cold:   the trainer with every row in the store (no hot tier)
+  fae:    the trainer with FAE hot/cold mini-batches, hot tier <= 5% of the rows
+
+Each set-up runs in its own subprocess so its peak RSS is its own. Kafka is left out
+of all three (same pre-generated events in memory), so the numbers compare training
+paths only. Events/s counts the training loop; data generation and model/vocabulary
+set-up are excluded and reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+FIELDS = 26
+TOTAL_IDS = 10_000_000
+# Criteo Kaggle's 26 categorical cardinalities, scaled so they sum to --ids: a few huge
+# fields and many tiny ones, which is what makes whole samples hot (FAE's premise)
+CRITEO = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
+          5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+
+
+def bench_config(root: str, ids: int, batch: int):
+    from streamrec.config import load_config
+
+    scale = ids / sum(CRITEO)
+    fields = [{"name": f"c{i:02d}", "cardinality": max(2, round(c * scale)), "zipf": 1.2}
+              for i, c in enumerate(CRITEO)]
+    return load_config(None, {
+        "model.fields": fields, "model.dense_dim": 13, "model.embedding_dim": 16,
+        "model.bottom_mlp": [512, 256, 64, 16], "model.top_mlp": [512, 256],
+        "store.path": os.path.join(root, "store"), "store.shards": 4,
+        "trainer.batch_size": batch, "trainer.window_batches": 4, "trainer.device": "cpu",
+        "hot.budget_rows": int(0.05 * ids),
+    }, env={})
+
+
+def run_one(setup: str, events: int, ids: int, batch: int, sample: int) -> dict:
+    import numpy as np
+    import torch
+
+    from ingest import EventBatch, SyntheticStream
+    from ingest.synthetic import rank_to_id
+    from trainer.metrics import StreamingMetrics
+
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    root = tempfile.mkdtemp(prefix=f"bench-train-{setup}-")
+    cfg = bench_config(root, ids, batch)
+    fields = cfg.model.field_names
+    t0 = time.perf_counter()
+    data = EventBatch.concat(list(SyntheticStream(cfg).batches(events)), cfg.model.dense_dim, fields)
+    gen_s = time.perf_counter() - t0
+    window = batch * cfg.trainer.window_batches
+    windows = [data.take(np.arange(s, min(events, s + window))) for s in range(0, events, window)]
+    t0 = time.perf_counter()
+    extra = {}
+    if setup == "memory":
+        from trainer.reference import MemoryDLRM
+
+        vocab = {f.name: rank_to_id(f.name, np.arange(f.cardinality)) for f in cfg.model.fields}
+        model = MemoryDLRM(cfg, vocab)
+        del vocab
+        metrics = StreamingMetrics(cfg.trainer.metrics_window)
+
+        def train(w):
+            for s in range(0, len(w), batch):
+                mb = w.take(np.arange(s, min(len(w), s + batch)))
+                metrics.update(mb.labels, model.train_batch(mb))
+        extra["rows"] = sum(len(v) for v in model.ids.values())
+    else:
+        from embedding_store import EmbeddingStore
+        from trainer.core import TrainerCore
+        from trainer.hotset import SampleHotSource, budget_rows
+
+        store = EmbeddingStore.from_config(cfg, "cpu")
+        core = TrainerCore(cfg, store, torch.device("cpu"))
+        metrics = core.metrics
+        if setup == "fae":
+            # FAE: hot rows from a sample of the stream (the first `sample` events), not a full pass
+            src = SampleHotSource(fields, budget_rows(cfg), sample_events=sample)
+            src.observe(data.take(np.arange(min(sample, events))))
+            upd = src.poll()
+            core.apply_hot_set(upd.version, upd.tables)
+            extra["hot_rows"] = core.hot_rows
+            extra["hot_coverage_sample"] = upd.coverage
+
+        def train(w):
+            core.train_window(w)
+    setup_s = time.perf_counter() - t0
+    train(windows[0])  # warm-up (allocations, first RocksDB files), counted in AUC but not in time
+    t0 = time.perf_counter()
+    for w in windows[1:]:
+        train(w)
+    dt = time.perf_counter() - t0
+    timed = events - len(windows[0])
+    out = {"setup": setup, "events": events, "events_per_s": timed / dt, "train_s": dt, "setup_s": setup_s,
+           "gen_s": gen_s, "auc": metrics.auc, "window_auc": metrics.window_auc(), "logloss": metrics.logloss,
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}
+    if setup != "memory":
+        out["hot_fraction"] = core.hot_events / core.events
+        out["store"] = {k: v for k, v in store.stats().items() if isinstance(v, (int, float))}
+        store.close()
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="streamrec bench train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer events and ids (under a minute)")
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.add_argument("--events", type=int, help="events per set-up")
+    p.add_argument("--ids", type=int, help=f"ids over all fields (default {TOTAL_IDS:,})")
+    p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--run-one", choices=["memory", "cold", "fae"], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    events = args.events or (16_384 if args.quick else 204_800)
+    ids = args.ids or (1_000_000 if args.quick else TOTAL_IDS)
+    sample = min(50_000, events // 2)
+    if args.run_one:
+        print(json.dumps(run_one(args.run_one, events, ids, args.batch, sample)))
+        return 0
+    res = {}
+    for setup in ("memory", "cold", "fae"):
+        cmd = [sys.executable, "-m", "benchmarks.bench_train", "--run-one", setup, "--events", str(events),
+               "--ids", str(ids), "--batch", str(args.batch)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            return 1
+        res[setup] = json.loads(proc.stdout.strip().splitlines()[-1])
+        r = res[setup]
+        print(f"{setup:>6}: {r['events_per_s']:>9,.0f} events/s  auc {r['auc']:.4f}  "
+              f"peak RSS {r['peak_rss_mb']:,.0f} MB  (setup {r['setup_s']:.1f}s, train {r['train_s']:.1f}s"
+              + (f", hot fraction {r['hot_fraction']:.1%}" if "hot_fraction" in r else "") + ")", flush=True)
+    m, c, f = res["memory"], res["cold"], res["fae"]
+    summary = {
+        "fae_events_per_s": f["events_per_s"], "memory_events_per_s": m["events_per_s"],
+        "cold_events_per_s": c["events_per_s"],
+        "fae_vs_memory": f["events_per_s"] / m["events_per_s"], "fae_vs_cold": f["events_per_s"] / c["events_per_s"],
+        "auc_fae": f["auc"], "auc_memory": m["auc"], "auc_cold": c["auc"],
+        "fae_rss_vs_memory": f["peak_rss_mb"] / m["peak_rss_mb"],
+        "events": events, "ids": ids, "batch": args.batch, "hot_fraction": f.get("hot_fraction"),
+        "peak_rss_mb": {k: v["peak_rss_mb"] for k, v in res.items()},
+    }
+    print(f"ratios: fae/memory {summary['fae_vs_memory']:.2f}x (goal >= 0.7), fae/cold {summary['fae_vs_cold']:.2f}x "
+          f"(goal >= 3), |auc fae - memory| {abs(f['auc'] - m['auc']):.4f} (goal <= 0.002), "
+          f"fae RSS / memory RSS {summary['fae_rss_vs_memory']:.2f} (goal <= 0.30)")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
