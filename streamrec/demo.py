@@ -109,6 +109,12 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     """Point every path of the config into the run directory and fill ports and the token."""
     from ingest import free_port
 
+    if args.data:
+        from ingest.datasets import detect_format, layout_config
+
+        layout = args.layout if args.layout != "auto" else detect_format(args.data)
+        if layout in ("criteo", "avazu"):
+            cfg = layout_config(layout, cfg)  # every process reads this config, so all agree on the fields
     cfg.store.path = str(run_dir / "trainer-store")
     cfg.sketch.state_dir = str(run_dir / "sketch")
     cfg.trainer.checkpoint_dir = str(run_dir / "checkpoints")
