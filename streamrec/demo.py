@@ -270,6 +270,8 @@ def _check_children(sup: Supervisor, errors: list[str]) -> None:
 
 def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, view: View,
          stop: threading.Event, err) -> dict[str, Any]:
+    import grpc
+
     from serving import ServingClient
     from sketch import HotSetFollower
 
@@ -281,11 +283,15 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
     view.phase = "starting serving"
     sup.start("serving", base + ["serve", *common])
     client = ServingClient(target, token=cfg.serving.predict_token)
-    while not client.wait_ready(timeout=0.5):
-        _check_children(sup, [])
-        if time.monotonic() > deadline:
-            raise DemoFailure(f"serving did not become healthy at {target}")
-    err.print(f"serving endpoint healthy at [cyan]{target}[/cyan]")
+    while True:
+        try:
+            client.wait_ready(timeout=0.5)
+            break
+        except grpc.FutureTimeoutError:
+            _check_children(sup, [])
+            if time.monotonic() > deadline:
+                raise DemoFailure(f"serving did not come up at {target}") from None
+    err.print(f"serving endpoint up at [cyan]{target}[/cyan] (no model yet)")
 
     view.phase = "starting sketch + trainer"
     sup.start("sketch", base + ["sketch", *common])
@@ -309,9 +315,10 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
             view.hot_rows = int(sum(len(v) for v in hs.tables.values()))
             view.hot_coverage = float(hs.coverage)
         try:
-            st = client.status(timeout=1.0)
-            view.served_version = st.get("version") or None
-            view.freshness_s = st.get("freshness_s")
+            st = client.status()
+            if st.get("serving"):
+                view.served_version = int(st.get("version", 0))
+                view.freshness_s = float(st.get("freshness_s", 0.0))
         except Exception:
             pass
         view_log.write(json.dumps({
