@@ -143,3 +143,39 @@ def test_bad_records_are_dead_lettered_and_training_goes_on(topics, tmp_path, bo
     last = _read_jsonl(tmp_path / "metrics.jsonl")[-1]
     assert last["dead_letters"] == summary["dead_letters"]
     assert len(read_topic(bootstrap, cfg.kafka.dlq_topic, expected=summary["dead_letters"])) == summary["dead_letters"]
+
+
+def test_sigterm_drains_with_final_checkpoint_and_serves_prometheus(topics, tmp_path, bootstrap):
+    import urllib.request
+
+    from ingest import free_port
+
+    cfg = _trainer_cfg(topics, tmp_path)
+    cfg.trainer.idle_exit_s = 0.0  # would run forever: only the signal stops it
+    cfg.trainer.checkpoint_every_events = 10**9
+    cfg.trainer.metrics_port = free_port()
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
+    _produce(cfg, bootstrap, 8_192)
+    cmd = [sys.executable, "-m", "streamrec.cli", "train", "--config", str(cfg_path), "--bootstrap", bootstrap,
+           "--no-progress", "--log-level", "WARNING"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trace = tmp_path / "trace.jsonl"
+    deadline = time.monotonic() + 90
+    while sum(r.get("events", 0) for r in _read_jsonl(trace) if "ranges" in r) < 8_192:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:] if proc.poll() else "slow"
+        time.sleep(0.05)
+    time.sleep(0.6)  # one metrics interval
+    body = urllib.request.urlopen(f"http://127.0.0.1:{cfg.trainer.metrics_port}/metrics", timeout=5).read().decode()
+    assert "streamrec_trainer_events 8192.0" in body
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["reason"] == "stopped"
+    state, _ = read_checkpoint(latest_checkpoint(cfg.trainer.checkpoint_dir))
+    trained_to = {}
+    for r in _read_jsonl(trace):
+        for _t, p, _a, b in r.get("ranges", []):
+            trained_to[p] = b
+    assert state["events"] == 8_192 and {p: o for _t, p, o in state["offsets"]} == trained_to
