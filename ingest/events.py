@@ -288,7 +288,7 @@ class EventSchema:
             lengths = np.fromiter(map(len, lists), dtype=np.int64, count=n)
             offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
-            if offsets[-1] == n:  # single-valued: one id per event
+            if bool((lengths == 1).all()):  # single-valued: one id per event (a total of n alone is not enough)
                 values = np.fromiter((x[0] for x in lists), dtype=np.int64, count=n)
             else:
                 values = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(offsets[-1]))

@@ -1,0 +1,27 @@
+"""Regressions found while building serving (each test names the bug it pins down)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ingest import EventSchema
+
+
+def test_batch_from_parsed_total_equals_events_with_empty_bags(cfg):
+    """ingest.EventSchema.batch_from_parsed took 'total ids == events' to mean one id per
+    event and indexed x[0] of an empty bag (IndexError)."""
+    schema = EventSchema.from_config(cfg, require_label=False)
+    f = schema.fields[0]
+    events = []
+    for bag in ([11, 12], [], [13]):  # 3 ids over 3 events, but not one each
+        sparse = {name: [] for name in schema.fields}
+        sparse[f] = bag
+        events.append({"dense": [0.5] * cfg.model.dense_dim, "sparse": sparse})
+    batch = schema.batch_from_parsed([schema.validate(e) for e in events])
+    j = batch.sparse[f]
+    assert j.offsets.tolist() == [0, 2, 2, 3]
+    assert j.values.tolist() == [schema.validate(events[0])[3][f][0], schema.validate(events[0])[3][f][1],
+                                 schema.validate(events[2])[3][f][0]]
+    for other in schema.fields[1:]:
+        assert batch.sparse[other].offsets.tolist() == [0, 0, 0, 0]
+    assert np.array_equal(batch.dense, np.full((3, cfg.model.dense_dim), 0.5, np.float32))
