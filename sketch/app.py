@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 
 from .follower import latest_hotset
 from .hotset import HotSet
@@ -58,6 +59,7 @@ def faust_settings(cfg, bootstrap: str) -> dict:
 def build_app(cfg, bootstrap: str, state: SketchState | None = None):
     """The faust App with its agent, table and publisher timer; returns (app, state)."""
     import faust
+    from faust.streams import _current_event
 
     state = state or SketchState(cfg)
     app = faust.App(cfg.kafka.sketch_group, **faust_settings(cfg, bootstrap))
@@ -71,20 +73,44 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None):
     last_ckpt: dict[int, float] = {}
     interval = cfg.sketch.checkpoint_interval_s
 
+    def checkpoint(p: int) -> None:
+        """Snapshot partition ``p`` into the table, then ack the records the snapshot covers."""
+        evs = pending.pop(p, None)
+        last_ckpt[p] = time.monotonic()
+        if not evs:
+            return
+        # faust sends a table write's changelog to the partition of the *current event*; outside the
+        # agent's iteration (the idle timer below) there is none, so point it at this partition's last one
+        token = _current_event.set(weakref.ref(evs[-1]))
+        try:
+            table[b"p%d" % p] = state.snapshot(p)
+        finally:
+            _current_event.reset(token)
+        for e in evs:
+            e.ack()
+
     @app.agent(events, name="sketch-count")
     async def count(stream):
         async for ev in stream.noack().events():
             p = ev.message.partition
             if not state.has(p):
-                state.restore(p, table.get(b"p%d" % p))
+                blob = table.get(b"p%d" % p)
+                log.info("partition %d: first record at offset %d, snapshot %s", p, ev.message.offset,
+                         f"{len(blob)} bytes" if blob else "none")
+                state.restore(p, blob)
                 last_ckpt[p] = time.monotonic()
             state.apply(p, ev.message.offset, ev.value)
             pending.setdefault(p, []).append(ev)
             if time.monotonic() - last_ckpt[p] >= interval:
-                table[b"p%d" % p] = state.snapshot(p)  # changelog goes to partition p: this event's
-                for e in pending.pop(p):
-                    e.ack()
-                last_ckpt[p] = time.monotonic()
+                checkpoint(p)
+
+    @app.timer(interval=max(0.1, interval / 2), name="sketch-checkpoint")
+    async def checkpoint_idle():
+        # a partition that went quiet still gets its last records snapshotted and acked
+        now = time.monotonic()
+        for p in list(pending):
+            if now - last_ckpt.get(p, 0.0) >= interval:
+                checkpoint(p)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender, revoked, **kwargs):
