@@ -84,7 +84,7 @@ def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str) -> dic
             out = rows[torch.from_numpy(inv)]
             del out
             g = torch.zeros(len(uniq), DIM).index_add_(0, torch.from_numpy(inv), G)
-            if setup == "tiered":
+            if setup == "tiered" and os.environ.get("BENCH_STORE_PREFETCH", "1") == "1":
                 store.prefetch("t", pending[0])
             store.apply_gradients("t", uniq, g)
             return nxt

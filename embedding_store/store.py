@@ -7,6 +7,15 @@ since are written), so a checkpoint is a set of RocksDB checkpoints plus the hot
 list. Small buffers (``buffers.py``) keep just-read and prefetched cold rows so a
 training step reads each cold row once.
 
+Durability: ``checkpoint(path)`` is exact (``restore`` brings back vectors, Adagrad
+state and the hot set bit for bit). Reopening the *live* directory after a crash gives
+cold rows at a prefix of acknowledged writes (WAL + cross-shard undo, see cold.py) and
+hot rows at their last write-back (checkpoint or demotion) — so after a crash resume
+from ``restore(last checkpoint)``, as the trainer's offset contract requires.
+
+``host_cache_rows`` is accepted for config compatibility; the bounded host cache is
+the per-table row buffers (last batch + prefetched batches), not a separate LRU.
+
 Not thread-safe: call it from one thread (the prefetcher is internal).
 """
 

@@ -152,3 +152,26 @@ def test_same_init_in_every_instance_and_seed_matters(tmp_path):
         assert a.dtype == np.float32 and a.shape == (5, 16)
         assert np.abs(a).max() <= 0.05 and np.abs(a).max() > 0.03
         assert np.array_equal(s1.lookup("a", ids).numpy(), a)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (hot tier on GPU)")
+def test_cuda_hot_tier_matches_reference(tmp_path):
+    store = EmbeddingStore(str(tmp_path / "s"), TABLES, shards=2, hot_capacity_rows=20, lr=LR, eps=EPS,
+                           device="cuda")
+    ref = Reference(lambda table, i: store.init_rows(table, np.array([i]))[0])
+    rng = np.random.default_rng(0)
+    try:
+        for step in range(30):
+            if step % 7 == 0:
+                store.set_hot({"a": rng.choice(40, 10, replace=False), "b": rng.choice(40, 5, replace=False)})
+            for table, dim in TABLES.items():
+                ids = rng.choice(40, 12, replace=False).astype(np.int64)
+                g = rng.normal(0, 1, (12, dim)).astype(np.float32)
+                store.apply_gradients(table, ids, torch.from_numpy(g).cuda())
+                for k, i in enumerate(ids):
+                    ref.apply(table, int(i), g[k])
+        for table in TABLES:
+            _check(store, ref, table, sorted({i for (t, i) in ref.rows if t == table}))
+        _check_acc(store, ref)
+    finally:
+        store.close()
