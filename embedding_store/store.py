@@ -472,7 +472,7 @@ class EmbeddingStore:
         With ``path``, the checkpoint is copied there (replacing what is there) and the
         copy becomes the live store; without, the checkpoint directory itself is opened
         and becomes live. Tables, shards and seed come from the checkpoint's manifest
-        unless given; the checkpoint's hot set is re-promoted.
+        unless given; the checkpoint's hot set is re-promoted (cut to ``hot_capacity_rows``).
         """
         src = Path(checkpoint_path)
         man = read_manifest(src)
@@ -493,6 +493,10 @@ class EmbeddingStore:
         if hot_file.exists():
             with np.load(hot_file) as z:
                 hot = {k: z[k] for k in z.files if k in store.tables}
+            budget = store.hot_capacity_rows  # a smaller hot tier than the checkpoint's keeps a prefix
+            for k in hot:
+                hot[k] = hot[k][:budget]
+                budget -= len(hot[k])
             if sum(len(v) for v in hot.values()) and not store.read_only:
                 store.set_hot(hot)
                 for t in store.tables.values():
