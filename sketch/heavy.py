@@ -35,7 +35,11 @@ class HeavyHitters:
         return float(self.est.min()) if len(self.keys) >= self.capacity else 0.0
 
     def offer(self, keys: np.ndarray, tables: np.ndarray, ids: np.ndarray, est: np.ndarray) -> None:
-        """Offer distinct keys with their current estimates (newer than any kept value)."""
+        """Offer distinct keys with their current estimates (newer than any kept value).
+
+        The kept arrays stay sorted by key, so membership is a binary search and
+        newcomers are merged in linearly: no sort of the whole candidate set per batch.
+        """
         if len(keys) == 0:
             return
         floor = self.floor
@@ -44,22 +48,38 @@ class HeavyHitters:
             keys, tables, ids, est = keys[keep], tables[keep], ids[keep], est[keep]
             if len(keys) == 0:
                 return
-        if len(self.keys):
-            old = ~np.isin(self.keys, keys, assume_unique=True)
-            keys = np.concatenate([self.keys[old], keys])
-            tables = np.concatenate([self.tables[old], tables.astype(np.int16, copy=False)])
-            ids = np.concatenate([self.ids[old], ids])
-            est = np.concatenate([self.est[old], est])
-        self._set(keys, tables, ids, est)
+        order = np.argsort(keys)
+        keys, tables, ids, est = keys[order], tables[order], ids[order], est[order]
+        n = len(self.keys)
+        pos = np.searchsorted(self.keys, keys)
+        found = np.zeros(len(keys), dtype=bool)
+        if n:
+            found = self.keys[np.minimum(pos, n - 1)] == keys
+            self.est[pos[found]] = est[found]
+        new = ~found
+        if new.any():
+            at = pos[new]
+            self.keys = np.insert(self.keys, at, keys[new])
+            self.tables = np.insert(self.tables, at, tables[new].astype(np.int16, copy=False))
+            self.ids = np.insert(self.ids, at, ids[new])
+            self.est = np.insert(self.est, at, est[new])
+        self._trim()
+
+    def _trim(self) -> None:
+        n = len(self.keys)
+        if n > self.capacity:
+            keep = np.zeros(n, dtype=bool)
+            keep[np.argpartition(-self.est, self.capacity - 1)[: self.capacity]] = True
+            self.keys, self.tables, self.ids, self.est = (
+                self.keys[keep], self.tables[keep], self.ids[keep], self.est[keep])
 
     def _set(self, keys, tables, ids, est) -> None:
-        if len(keys) > self.capacity:
-            top = np.argpartition(-est, self.capacity - 1)[: self.capacity]
-            keys, tables, ids, est = keys[top], tables[top], ids[top], est[top]
-        self.keys = np.ascontiguousarray(keys, dtype=np.uint64)
-        self.tables = np.ascontiguousarray(tables, dtype=np.int16)
-        self.ids = np.ascontiguousarray(ids, dtype=np.int64)
-        self.est = np.ascontiguousarray(est, dtype=np.float64)
+        order = np.argsort(np.asarray(keys, dtype=np.uint64), kind="stable")
+        self.keys = np.ascontiguousarray(np.asarray(keys, dtype=np.uint64)[order])
+        self.tables = np.ascontiguousarray(np.asarray(tables, dtype=np.int16)[order])
+        self.ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64)[order])
+        self.est = np.ascontiguousarray(np.asarray(est, dtype=np.float64)[order])
+        self._trim()
 
     def top(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(keys, tables, ids, estimates) of the ``k`` largest, largest first."""
