@@ -33,7 +33,8 @@ log = logging.getLogger("streamrec.demo")
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("demo", parents=[common], help="run the whole pipeline on one machine and score through gRPC")
     p.add_argument("--events", type=int, default=300_000, help="events to stream and train on (default 300000)")
-    p.add_argument("--rate", type=float, default=0.0, help="events/s the producer sends (default: as fast as it can)")
+    p.add_argument("--rate", type=float, default=5000.0,
+                   help="events/s the producer sends, a live stream (default 5000; 0 = as fast as it can)")
     p.add_argument("--data", metavar="FILE",
                    help="replay this file (Criteo TSV, Avazu CSV, Parquet, JSON lines) instead of generated events")
     p.add_argument("--layout", choices=["auto", "criteo", "avazu", "events"], default="auto",
@@ -82,7 +83,7 @@ class View:
             ("progressive AUC (window / all)", f"{f('window_auc')} / {f('auc')}"),
             ("logloss (window / all)", f"{f('window_logloss')} / {f('logloss')}"),
             ("dead letters", f("dead_letters", "{:,}")),
-            ("snapshots pushed", f("snapshots_pushed", "{:,}")),
+            ("snapshot version (trainer)", f("snapshot_version", "{:,}")),
             ("served version", str(self.served_version) if self.served_version is not None else "-"),
             ("freshness", f"{self.freshness_s:.1f} s" if self.freshness_s is not None else "-"),
         ]
@@ -120,6 +121,9 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     cfg.trainer.checkpoint_dir = str(run_dir / "checkpoints")
     cfg.trainer.log_path = str(run_dir / "metrics.jsonl")
     cfg.trainer.max_events = args.events
+    # generated events carry the current time, so the served model's freshness means something
+    cfg.generator.start_ts_ms = int(time.time() * 1000)
+    cfg.generator.events_per_s = args.rate if args.rate > 0 else 20_000.0
     cfg.serving.data_dir = str(run_dir / "serving")
     cfg.serving.host = "127.0.0.1"
     cfg.serving.port = free_port()
@@ -280,8 +284,10 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
     deadline = time.monotonic() + args.timeout
     target = cfg.serving_target()
 
-    view.phase = "starting serving"
+    view.phase = "starting serving, sketch and trainer"
     sup.start("serving", base + ["serve", *common])
+    sup.start("sketch", base + ["sketch", *common])
+    trainer = sup.start("trainer", base + ["train", *common], expected_exit=True)
     client = ServingClient(target, token=cfg.serving.predict_token)
     while True:
         try:
@@ -292,10 +298,6 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
             if time.monotonic() > deadline:
                 raise DemoFailure(f"serving did not come up at {target}") from None
     err.print(f"serving endpoint up at [cyan]{target}[/cyan] (no model yet)")
-
-    view.phase = "starting sketch + trainer"
-    sup.start("sketch", base + ["sketch", *common])
-    trainer = sup.start("trainer", base + ["train", *common], expected_exit=True)
 
     batches, held = _event_source(cfg, args)
     errors: list[str] = []

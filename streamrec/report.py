@@ -129,7 +129,7 @@ def write_report(run_dir: Path) -> tuple[Path, Path]:
                 f"| hot fraction of trained samples (last) | {fmt(last.get('hot_fraction'), '{:.1%}')} |",
                 f"| hot-tier hit rate (last) | {fmt(last.get('hit_rate'), '{:.1%}')} |",
                 f"| dead letters | {fmt(last.get('dead_letters'), '{:,}')} |",
-                f"| snapshots pushed | {fmt(last.get('snapshots_pushed'), '{:,}')} |",
+                f"| last snapshot version built by the trainer | {fmt(last.get('snapshot_version'), '{:,}')} |",
                 f"| last served version | {served[-1] if served else '-'} |",
                 f"| median freshness | {fmt(sorted(fresh)[len(fresh) // 2] if fresh else None, '{:.1f} s')} |",
                 "",
