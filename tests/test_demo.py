@@ -48,8 +48,10 @@ def test_demo_end_to_end(bootstrap, tmp_path):
     assert result["served_version"] >= 1
     assert result["events_trained"] >= DEMO_EVENTS
     bayes = SyntheticStream(load_config(run_dir / "config.toml", env={})).bayes_auc(20_000)
-    floor = 0.5 + 0.4 * (bayes - 0.5)  # a real model gets well past chance within a few 10k events
-    assert result["auc"] is not None and result["auc"] > floor, (result, bayes)
+    # progressive AUC since the first event (cold start included) and over the last window,
+    # against floors set from the generator's Bayes-optimal AUC (~0.83 here)
+    assert result["auc"] is not None and result["auc"] > 0.5 + 0.3 * (bayes - 0.5), (result, bayes)
+    assert result["window_auc"] is not None and result["window_auc"] > 0.5 + 0.5 * (bayes - 0.5), (result, bayes)
     assert result["scores"] and all(math.isfinite(s) and 0.0 <= s <= 1.0 for s in result["scores"])
     pids = _pids(run_dir)
     assert set(pids) >= {"serving", "sketch", "trainer"}
