@@ -8,17 +8,18 @@ Public surface::
     verify_snapshot(dir) -> Manifest ; read_manifest ; read_dense ; iter_rows
     SnapshotPusher(target, token=..., tls_ca=...).push(dir) -> PushResult
     ServingClient(target, token=..., tls_ca=...).predict(events) -> (scores, version)
+    events_to_request(events) / batch_to_request(EventBatch) -> PredictRequest (column-wise, bytes columns)
     serve(cfg) -> ServingServer (.port, .target, .stop())
 """
 
 from .client import PushError, PushResult, ServingClient, SnapshotPusher, snapshot_chunks
-from .convert import RequestError, events_to_request
+from .convert import RequestError, batch_to_request, events_to_request
 from .server import ServingServer, StreamRecService, pick_device, serve
 from .snapshot import Manifest, SnapshotError, iter_rows, read_dense, read_manifest, rows_batch, rows_schema, verify_snapshot, write_snapshot
 
 __all__ = [
     "PushError", "PushResult", "ServingClient", "SnapshotPusher", "snapshot_chunks",
-    "RequestError", "events_to_request",
+    "RequestError", "batch_to_request", "events_to_request",
     "ServingServer", "StreamRecService", "pick_device", "serve",
     "Manifest", "SnapshotError", "iter_rows", "read_dense", "read_manifest", "rows_batch", "rows_schema",
     "verify_snapshot", "write_snapshot",

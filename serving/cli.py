@@ -35,8 +35,13 @@ def cmd_serve(args) -> int:
     cfg = config_from_args(args)
     server = serve(cfg, device=args.device, port=args.port)
     if args.snapshot:
+        from .receiver import PushError
+
         m = verify_snapshot(args.snapshot)
-        server.service.install(Path(args.snapshot), m)
+        try:
+            server.service.install(Path(args.snapshot), m)
+        except PushError as e:  # e.g. a restart that already serves this version or a newer one
+            print(f"--snapshot not loaded: {e}", file=sys.stderr)
     print(server.target, flush=True)
     print(f"serving on {server.target}; Ctrl-C stops it", file=sys.stderr)
     stop = threading.Event()

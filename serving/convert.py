@@ -78,20 +78,52 @@ def events_to_request(events: Iterable[Mapping[str, Any]], columns: bool = True)
                 raise RequestError(f"events[{i}].sparse.{name}: {e}") from None
             lens[i] = len(vs)
     try:
-        c.dense.extend(dense)
-    except TypeError:
+        dense_arr = np.asarray(dense, dtype="<f4")
+    except (TypeError, ValueError):
         raise RequestError("dense: values must be numbers") from None
+    c.dense_f32 = dense_arr.tobytes()
     if any(rids):
         c.request_ids.extend(rids)
     for name, (vals, lens) in cols.items():
         col = c.sparse[name]
-        col.values.extend(vals)
-        col.lengths.extend(lens)
+        col.values_i64 = np.asarray(vals, dtype="<i8").tobytes()
+        col.lengths_u32 = np.asarray(lens, dtype="<u4").tobytes()
+    return req
+
+
+def batch_to_request(batch, request_ids=None) -> "pb.PredictRequest":
+    """A column-wise Predict request straight from an ``ingest.EventBatch`` (no per-event Python)."""
+    req = pb.PredictRequest()
+    c = req.columns
+    n = len(batch.ts)
+    c.size = n
+    c.dense_f32 = np.ascontiguousarray(batch.dense, dtype="<f4").tobytes()
+    for name, j in batch.sparse.items():
+        col = c.sparse[name]
+        col.values_i64 = np.ascontiguousarray(j.values, dtype="<i8").tobytes()
+        col.lengths_u32 = np.diff(j.offsets).astype("<u4").tobytes()
+    rids = request_ids if request_ids is not None else getattr(batch, "request_ids", None)
+    if rids is not None and any(rids):
+        c.request_ids.extend(str(r or "") for r in rids)
     return req
 
 
 def _from_repeated(values, dtype) -> np.ndarray:
     return np.fromiter(values, dtype=dtype, count=len(values))
+
+
+def _column(msg, packed: str, raw: str, dtype: str, path: str) -> np.ndarray:
+    """One column from its packed-repeated or its raw-bytes form (never both)."""
+    blob = getattr(msg, raw)
+    rep = getattr(msg, packed)
+    if blob:
+        if len(rep):
+            raise RequestError(f"{path}.{raw}: send {packed} or {raw}, not both")
+        size = np.dtype(dtype).itemsize
+        if len(blob) % size:
+            raise RequestError(f"{path}.{raw}: {len(blob)} bytes is not a whole number of {size}-byte values")
+        return np.frombuffer(blob, dtype=dtype)
+    return _from_repeated(rep, np.dtype(dtype).newbyteorder("="))
 
 
 def columns_to_batch(c, fields: list[str], dense_dim: int, max_batch: int) -> tuple[EventBatch, list[str]]:
@@ -100,9 +132,11 @@ def columns_to_batch(c, fields: list[str], dense_dim: int, max_batch: int) -> tu
         raise RequestError("columns.size: 0; send at least one event")
     if n > max_batch:
         raise RequestError(f"columns.size: {n} events, the limit is {max_batch} per request")
-    if len(c.dense) != n * dense_dim:
-        raise RequestError(f"columns.dense: {len(c.dense)} values, expected size*dense_dim = {n * dense_dim}")
-    dense = _from_repeated(c.dense, np.float32).reshape(n, dense_dim)
+    flat = _column(c, "dense", "dense_f32", "<f4", "columns")
+    if len(flat) != n * dense_dim:
+        name = "dense_f32" if c.dense_f32 else "dense"
+        raise RequestError(f"columns.{name}: {len(flat)} values, expected size*dense_dim = {n * dense_dim}")
+    dense = flat.astype(np.float32).reshape(n, dense_dim)  # a writable native copy
     if not np.all(np.isfinite(dense)):
         raise RequestError(f"columns.dense: values must be finite (event {int(np.argwhere(~np.isfinite(dense))[0][0])})")
     known = set(fields)
@@ -113,14 +147,16 @@ def columns_to_batch(c, fields: list[str], dense_dim: int, max_batch: int) -> tu
     for f in fields:
         if f in c.sparse:
             col = c.sparse[f]
-            if len(col.lengths) != n:
-                raise RequestError(f"columns.sparse[{f}].lengths: {len(col.lengths)} entries, expected {n}")
-            lengths = _from_repeated(col.lengths, np.int64)
+            path = f"columns.sparse[{f}]"
+            lengths = _column(col, "lengths", "lengths_u32", "<u4", path)
+            if len(lengths) != n:
+                raise RequestError(f"{path}.lengths: {len(lengths)} entries, expected {n}")
+            values = _column(col, "values", "values_i64", "<i8", path).astype(np.int64, copy=False)
             offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
-            if offsets[-1] != len(col.values):
-                raise RequestError(f"columns.sparse[{f}].values: {len(col.values)} ids, lengths sum to {int(offsets[-1])}")
-            sparse[f] = JaggedIds(_from_repeated(col.values, np.int64), offsets)
+            if offsets[-1] != len(values):
+                raise RequestError(f"{path}.values: {len(values)} ids, lengths sum to {int(offsets[-1])}")
+            sparse[f] = JaggedIds(values, offsets)
         else:
             sparse[f] = JaggedIds(np.zeros(0, np.int64), np.zeros(n + 1, np.int64))
     if len(c.request_ids) not in (0, n):
@@ -128,19 +164,20 @@ def columns_to_batch(c, fields: list[str], dense_dim: int, max_batch: int) -> tu
     if len(c.ts) not in (0, n):
         raise RequestError(f"columns.ts: {len(c.ts)} entries, expected 0 or {n}")
     ts = _from_repeated(c.ts, np.int64) if len(c.ts) else np.zeros(n, np.int64)
-    rids = list(c.request_ids) if len(c.request_ids) else [""] * n
+    rids = list(c.request_ids)
     return EventBatch(ts=ts, labels=np.zeros(n, np.float32), dense=dense, sparse=sparse), rids
 
 
 def request_to_batch_ids(req, fields: list[str], dense_dim: int, max_batch: int) -> tuple[EventBatch, list[str]]:
-    """The batch of a Predict request (either form) and the request ids to echo."""
+    """The batch of a Predict request (either form) and the request ids to echo ([] when none was given)."""
     has_cols = req.HasField("columns")
     if has_cols and len(req.events):
         raise RequestError("events: send either events or columns, not both")
     if has_cols:
         return columns_to_batch(req.columns, fields, dense_dim, max_batch)
     batch = request_to_batch(req, fields, dense_dim, max_batch)
-    return batch, [e.request_id for e in req.events]
+    rids = [e.request_id for e in req.events]
+    return batch, rids if any(rids) else []
 
 
 def request_to_batch(req: "pb.PredictRequest", fields: list[str], dense_dim: int, max_batch: int) -> EventBatch:

@@ -25,7 +25,7 @@ from streamrec.config import Config
 from .convert import RequestError, request_to_batch_ids
 from .pb import SERVICE, pb, pb_grpc
 from .receiver import PushError, receive_snapshot
-from .version import LoadError, ServedVersion, load_version
+from .version import LoadError, ServedVersion, load_version, restore_newest
 
 log = logging.getLogger("streamrec.serving")
 
@@ -55,7 +55,6 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.staging = root / "staging"
         self.versions = root / "versions"
         shutil.rmtree(self.staging, ignore_errors=True)  # leftovers of a crashed receive
-        shutil.rmtree(self.versions, ignore_errors=True)  # versions are re-pushed after a restart
         self.staging.mkdir(parents=True, exist_ok=True)
         self.versions.mkdir(parents=True, exist_ok=True)
         self._current: ServedVersion | None = None
@@ -65,6 +64,9 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.requests_served = 0
         self.events_served = 0
         self.max_snapshot_bytes = 64 * 1024**3
+        restored = restore_newest(self.versions, cfg, device)  # a restart serves what it served before
+        if restored is not None:
+            self._swap(restored)
 
     # -- versions -------------------------------------------------------
     @property
@@ -107,10 +109,11 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                             f"parent_version: delta needs parent {manifest.parent_version}, serving {have}; send a full snapshot")
 
     def close(self) -> None:
+        """Stop serving; the current version's directory stays for the next start to restore."""
         with self._swap_lock:
             old, self._current = self._current, None
         if old is not None:
-            old.retire()
+            old.retire(keep_dir=True)
 
     # -- RPCs -----------------------------------------------------------
     def Predict(self, request, context):
@@ -133,7 +136,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             self.events_served += len(scores)
         resp = pb.PredictResponse(model_version=version)
         resp.scores.extend(scores.tolist())
-        resp.request_ids.extend(rids)
+        if rids:
+            resp.request_ids.extend(rids)
         return resp
 
     def PushSnapshot(self, request_iterator, context):
@@ -174,7 +178,16 @@ class StreamRecService(pb_grpc.StreamRecServicer):
 
 
 class ServingServer:
-    """A running server: ``.port``, ``.service`` (current version, counters), ``.stop()``."""
+    """A running server: ``.port``, ``.service`` (current version, counters), ``.stop()``.
+
+    Limits, set explicitly: ``serving.max_message_mb`` caps every gRPC message in
+    both directions (``grpc.max_receive/send_message_length``); a bigger request is
+    refused by gRPC itself with ``RESOURCE_EXHAUSTED`` before it reaches Python.
+    ``serving.max_batch`` caps events per Predict (``INVALID_ARGUMENT`` naming
+    ``events`` / ``columns.size``). Snapshots stream in chunks, so their size is bounded
+    by ``max_snapshot_bytes`` rather than the message limit. On start it serves the
+    newest complete version left in ``serving.data_dir`` (see ``version.restore_newest``).
+    """
 
     def __init__(self, cfg: Config, device: torch.device | str | None = None, port: int | None = None):
         self.cfg = cfg

@@ -1,20 +1,30 @@
-"""One loaded model version, and how a snapshot becomes one.
+"""One loaded model version, how a snapshot becomes one, and how one comes back after a restart.
 
 Staging choice (why deltas never disturb the version being served): every
-version owns its own embedding store directory ``versions/v<N>/store``. A full
-snapshot loads into a fresh store; a delta first takes a RocksDB checkpoint of
-its parent's store (hard links to the immutable SST files, so it costs little
-disk and time), opens that copy, and upserts the changed rows there. The parent
-store is only read during this, so requests keep being answered from it. The
-swap is one reference assignment; each request holds a reference (refcount) to
-the version it started on, and a retired version's store is closed and its
+version owns its own directory ``versions/v<N>/`` with its own embedding store
+(``store/``, every row it holds) and in-memory rows (``MemoryRows``, up to
+``serving.hot_rows`` of them). A full snapshot loads into a fresh store; a delta
+first takes a RocksDB checkpoint of its parent's store (hard links to the
+immutable SST files, so it costs little disk and time), opens that copy, and
+upserts the changed rows there, and builds new memory rows from its parent's.
+The parent is only read during this, so requests keep being answered from it.
+The swap is one reference assignment; each request holds a reference (refcount)
+to the version it started on, and a retired version's store is closed and its
 directory removed only when its last request has finished.
+
+Restart: a loaded version also writes its merged dense weights, its manifest and
+its memory-row ids into its directory, then ``served.json`` last (atomically), so
+a directory with ``served.json`` is complete. ``restore_newest`` serves the
+newest complete one after a restart and skips (with a log line) any that is
+half-written or fails its checks.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
+import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -27,9 +37,13 @@ import torch
 from streamrec.config import Config, ConfigError, ModelConfig, load_config
 from trainer import DLRM, predict_batch
 
-from .snapshot import Manifest, SnapshotError, iter_rows, read_dense
+from .rows import MemoryRows
+from .snapshot import DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, read_dense
 
 log = logging.getLogger("streamrec.serving")
+
+SERVED = "served.json"  # written last: its presence marks a complete version directory
+MEMORY_IDS = "memory-ids.npz"
 
 
 class LoadError(Exception):
@@ -48,10 +62,17 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
 
 
 class ServedVersion:
-    """A model (dense weights) plus its own embedding store; safe to score from many threads."""
+    """A model (dense weights), its in-memory rows and its own embedding store; safe to score from many threads.
+
+    ``rows_held``: distinct embedding rows this version holds, i.e. rows a snapshot
+    gave it (a full snapshot's rows; a delta adds the ids its parent did not hold).
+    A row whose vector equals the deterministic init of an unseen id is
+    indistinguishable from one not held, and counts as not held when a delta
+    brings it.
+    """
 
     def __init__(self, manifest: Manifest, model: DLRM, store, model_cfg: ModelConfig, dense_state: dict,
-                 directory: Path, rows_held: int, device: torch.device):
+                 directory: Path, rows_held: int, device: torch.device, memory: MemoryRows | None = None):
         self.manifest = manifest
         self.version = manifest.version
         self.model = model
@@ -63,18 +84,30 @@ class ServedVersion:
         self.directory = directory
         self.rows_held = rows_held
         self.device = device
+        self.memory = memory if memory is not None else MemoryRows.build(
+            self.fields, model_cfg.embedding_dim, device, {})
         self.loaded_ms = int(time.time() * 1000)
         self._refs = 0
         self._retired = False
         self._closed = False
+        self._keep_dir = False
         self._lock = threading.Lock()
         self._store_lock = threading.Lock()  # the store's read path is not promised to be thread-safe
 
     def lookup(self, field: str, ids: np.ndarray) -> torch.Tensor:
+        """Rows of ``ids`` from the store (every row this version holds; init for unseen ids)."""
         with self._store_lock:
             return self.store.peek(field, ids)
 
+    @torch.inference_mode()
     def predict(self, batch) -> np.ndarray:
+        """Click probabilities: memory rows + one batched store read for the rest, then the forward pass."""
+        pooled = self.memory.pooled(batch, self.lookup)
+        dense = torch.from_numpy(batch.dense).to(self.device)
+        return torch.sigmoid(self.model(dense, pooled)).float().cpu().numpy()
+
+    def predict_via_store(self, batch) -> np.ndarray:
+        """The trainer's scoring path over the store alone (a cross-check for tests)."""
         return predict_batch(self.model, batch, self.fields, self.lookup, self.device)
 
     def acquire(self) -> bool:
@@ -93,10 +126,14 @@ class ServedVersion:
         if close:
             self._close()
 
-    def retire(self) -> None:
-        """No new requests will come; close once the in-flight ones are done."""
+    def retire(self, keep_dir: bool = False) -> None:
+        """No new requests will come; close once the in-flight ones are done.
+
+        ``keep_dir``: keep the directory (a server shutting down, to be restored on restart);
+        otherwise it is removed (a newer version replaced this one)."""
         with self._lock:
             self._retired = True
+            self._keep_dir = keep_dir
             close = self._refs == 0 and not self._closed
             if close:
                 self._closed = True
@@ -109,13 +146,15 @@ class ServedVersion:
                 self.store.close()
         except Exception:  # closing must never break serving
             log.exception("closing the store of version %s", self.version)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if not self._keep_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _store_kwargs(cfg: Config, manifest: Manifest, device: torch.device) -> dict:
-    """Store settings: the serving config's, with the init settings the trainer used (from the manifest)."""
-    s = cfg.serving
-    kw = dict(device=device, hot_capacity_rows=int(s.hot_rows), init_scale=float(cfg.store.init_scale),
+    """Store settings: the serving config's, with the init settings the trainer used (from the manifest).
+
+    The store keeps no hot tier of its own: the version's ``MemoryRows`` are serving's hot rows."""
+    kw = dict(device=device, hot_capacity_rows=0, init_scale=float(cfg.store.init_scale),
               block_cache_mb=int(cfg.store.block_cache_mb))
     if "init_scale" in (manifest.store_config or {}):  # decides the initial vector of unseen ids
         kw["init_scale"] = float(manifest.store_config["init_scale"])
@@ -137,6 +176,31 @@ def _store_from_parent(parent: "ServedVersion", cfg: Config, manifest: Manifest,
     with parent._store_lock:
         parent.store.checkpoint(str(path))
     return EmbeddingStore.restore(str(path), **_store_kwargs(cfg, manifest, device))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, rows_held: int) -> None:
+    """What a restart needs to serve this version again; ``served.json`` last."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(vdir / DENSE))
+    (vdir / MANIFEST).write_bytes(manifest.to_json())
+    np.savez(vdir / MEMORY_IDS, **{f: memory.ids[f] for f in memory.fields})
+    info = {"format": 1, "version": manifest.version, "rows_held": int(rows_held),
+            "files": {n: _sha256(vdir / n) for n in (DENSE, MANIFEST, MEMORY_IDS)}}
+    tmp = vdir / (SERVED + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, vdir / SERVED)
 
 
 def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None, versions_root: Path,
@@ -167,30 +231,48 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
         except RuntimeError as e:
             raise LoadError("INVALID_ARGUMENT", f"dense.safetensors does not fit the model: {str(e)[:300]}") from None
         model.to(device).eval()
+        fields = list(model_cfg.field_names)
+        dim = model_cfg.embedding_dim
         if manifest.kind == "delta":
             store = _store_from_parent(parent, cfg, manifest, device, vdir / "store")
-            rows_held = parent.rows_held  # + delta rows below: an upper bound (a changed row may already exist)
+            rows_held = parent.rows_held
+            parts = parent.memory.parts()
+            old_memory = parent.memory
         else:
             store = _new_store(model_cfg, cfg, manifest, device, vdir / "store")
             rows_held = 0
-        hot: dict[str, list] = {}
-        hot_left = int(cfg.serving.hot_rows) if manifest.kind == "full" else 0
-        tables = set(model_cfg.field_names)
-        dim = model_cfg.embedding_dim
+            parts = {}
+            old_memory = None
+        room = int(cfg.serving.hot_rows) - sum(len(p[0]) for ps in parts.values() for p in ps)
+        tables = set(fields)
         for table, ids, vectors in iter_rows(staged, manifest):
             if table not in tables:
                 raise LoadError("INVALID_ARGUMENT", f"rows: table {table!r} is not a model field")
             if vectors.shape[1] != dim:
                 raise LoadError("INVALID_ARGUMENT", f"rows: table {table!r} has width {vectors.shape[1]}, model has {dim}")
-            store.upsert_rows(table, ids, np.ascontiguousarray(vectors))
-            rows_held += len(ids)
-            if hot_left > 0:
-                hot.setdefault(table, []).append(ids[:hot_left])
-                hot_left -= min(hot_left, len(ids))
-        if hot:  # a full snapshot: its first rows go to memory; a delta keeps its parent's hot set
-            store.set_hot({t: np.concatenate(v) for t, v in hot.items()})
+            vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+            if old_memory is None:
+                rows_held += len(ids)
+                in_memory = np.zeros(len(ids), dtype=bool)
+            else:  # exact count: a changed row the parent held is not a new row
+                in_memory = old_memory.contains(table, ids)
+                rest = ids[~in_memory]
+                if len(rest):
+                    held = np.any(store.peek(table, rest).numpy() != store.init_rows(table, rest), axis=1)
+                    rows_held += int((~held).sum())
+            store.upsert_rows(table, ids, vectors)
+            # memory: rows already there are updated; new ones join while there is room
+            take = in_memory.copy()
+            if room > 0:
+                new_pos = np.flatnonzero(~in_memory)[:room]
+                take[new_pos] = True
+                room -= len(new_pos)
+            if take.any():
+                parts.setdefault(table, []).append((ids[take], vectors[take]))
+        memory = MemoryRows.build(fields, dim, device, parts)
+        _persist(vdir, manifest, state, memory, rows_held)
         return ServedVersion(manifest, model, store, model_cfg, {k: v.detach().clone() for k, v in state.items()},
-                             vdir, rows_held, device)
+                             vdir, rows_held, device, memory)
     except BaseException as e:
         if store is not None:
             try:
@@ -205,3 +287,69 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
         if isinstance(e, StoreError):
             raise LoadError("INVALID_ARGUMENT", f"rows: {e}") from None
         raise
+
+
+def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVersion:
+    """Open a complete version directory a previous server process left; raises on anything amiss."""
+    from safetensors.torch import load_file
+
+    from embedding_store import EmbeddingStore
+
+    marker = vdir / SERVED
+    if not marker.exists():
+        raise LoadError("DATA_LOSS", f"no {SERVED} (half-written)")
+    info = json.loads(marker.read_text())
+    for name, digest in info["files"].items():
+        if _sha256(vdir / name) != digest:
+            raise LoadError("DATA_LOSS", f"{name}: sha256 does not match {SERVED} (corrupt)")
+    manifest = Manifest.from_json((vdir / MANIFEST).read_bytes())
+    if manifest.version != info["version"]:
+        raise LoadError("DATA_LOSS", f"{MANIFEST} is version {manifest.version}, {SERVED} says {info['version']}")
+    model_cfg = model_config_from_dict(manifest.model_config)
+    state = load_file(str(vdir / DENSE))
+    model = DLRM.from_config(model_cfg)
+    model.load_state_dict(state, strict=True)
+    model.to(device).eval()
+    store = EmbeddingStore.restore(str(vdir / "store"), **_store_kwargs(cfg, manifest, device))
+    try:
+        fields = list(model_cfg.field_names)
+        parts = {}
+        with np.load(vdir / MEMORY_IDS) as z:
+            for f in fields:
+                if f in z.files and len(z[f]):
+                    ids = z[f]
+                    parts[f] = [(ids, store.peek(f, ids).cpu().numpy())]
+        memory = MemoryRows.build(fields, model_cfg.embedding_dim, device, parts)
+    except BaseException:
+        store.close()
+        raise
+    return ServedVersion(manifest, model, store, model_cfg, state, vdir, int(info["rows_held"]), device, memory)
+
+
+def restore_newest(versions_root: Path, cfg: Config, device: torch.device) -> ServedVersion | None:
+    """The newest complete version under ``versions_root`` (None if there is none).
+
+    Half-written directories (no ``served.json``) and directories older than the one
+    restored are removed; a complete one that fails to open is skipped and left in place."""
+    dirs = []
+    for p in versions_root.glob("v*"):
+        try:
+            dirs.append((int(p.name[1:]), p))
+        except ValueError:
+            continue
+    dirs.sort(reverse=True)
+    found = None
+    for n, p in dirs:
+        if found is not None:
+            shutil.rmtree(p, ignore_errors=True)  # superseded by the one restored
+            continue
+        if not (p / SERVED).exists():
+            log.warning("skipping version directory %s: half-written (no %s); removing it", p, SERVED)
+            shutil.rmtree(p, ignore_errors=True)
+            continue
+        try:
+            found = restore_version(p, cfg, device)
+            log.info("restored version %d from %s (%d rows held)", found.version, p, found.rows_held)
+        except Exception as e:  # any failure: skip it, try the next older one
+            log.warning("skipping version directory %s: %s: %s", p, type(e).__name__, e)
+    return found

@@ -143,8 +143,8 @@ class ServingConfig:
     tls_cert: str = ""  # server certificate (PEM) to serve TLS; with tls_key
     tls_key: str = ""  # server private key (PEM)
     tls_ca: str = ""  # clients verify the server against this CA
-    max_message_mb: int = 64  # gRPC message size limit, both directions
-    max_batch: int = 4096  # events per Predict request
+    max_message_mb: int = 64  # gRPC message size limit (MiB), both directions; bigger -> RESOURCE_EXHAUSTED from gRPC
+    max_batch: int = 4096  # events per Predict request; more -> INVALID_ARGUMENT naming the field
     hot_rows: int = 100_000  # rows serving keeps in memory
     workers: int = 8  # gRPC server threads
 

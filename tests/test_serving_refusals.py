@@ -134,12 +134,29 @@ def test_predict_refusals(loaded):
         with pytest.raises(grpc.RpcError) as e:
             client.predict(evs, columns=columns)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and name in e.value.details(), e.value.details()
-    # malformed columns: lengths that do not add up, both forms at once
+    # malformed columns: lengths that do not add up (bytes and packed form), torn bytes, two forms at once
     req = events_to_request(events[:3])
-    req.columns.sparse["user"].lengths[0] += 1
+    lens = np.frombuffer(req.columns.sparse["user"].lengths_u32, "<u4").copy()
+    lens[0] += 1
+    req.columns.sparse["user"].lengths_u32 = lens.tobytes()
+    packed = events_to_request(events[:3])
+    for name, col in packed.columns.sparse.items():
+        col.values.extend(np.frombuffer(col.values_i64, "<i8").tolist())
+        col.lengths.extend(np.frombuffer(col.lengths_u32, "<u4").tolist())
+        col.values_i64, col.lengths_u32 = b"", b""
+    packed.columns.dense.extend(np.frombuffer(packed.columns.dense_f32, "<f4").tolist())
+    packed.columns.dense_f32 = b""
+    assert np.array_equal(client.predict_request(packed)[0], client.predict(events[:3])[0])
+    packed.columns.sparse["user"].lengths[0] += 1
+    torn = events_to_request(events[:3])
+    torn.columns.dense_f32 = torn.columns.dense_f32[:-1]
+    twice = events_to_request(events[:3])
+    twice.columns.dense.append(0.0)
     both = events_to_request(events[:3])
     both.events.extend(events_to_request(events[:1], columns=False).events)
-    for r, name in ((req, "columns.sparse[user].values"), (both, "either events or columns")):
+    for r, name in ((req, "columns.sparse[user].values"), (packed, "columns.sparse[user].values"),
+                    (torn, "columns.dense_f32"), (twice, "columns.dense_f32: send dense or dense_f32"),
+                    (both, "either events or columns")):
         with pytest.raises(grpc.RpcError) as e:
             client.predict_request(r)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and name in e.value.details(), e.value.details()

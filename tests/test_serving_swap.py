@@ -18,6 +18,7 @@ KINDS = ["full", "delta", "delta", "full", "delta"]
 
 def test_swap_under_load(cfg, tmp_path):
     cfg.serving.push_token = "t"
+    cfg.serving.hot_rows = 500  # some rows in memory, the rest only in the store: both paths score
     trainer = FakeTrainer(cfg, tmp_path)
     events = make_events(cfg, 32, seed=11)
     batch = events_to_batch(cfg, events)
