@@ -3,8 +3,10 @@ snapshot push-to-serving time, and serving-side freshness.
 
 The server runs in its own process (``streamrec serve``) so clients and server do
 not share a GIL. Baseline, same run: the bare DLRM forward pass in-process on the
-same batches with embeddings already pooled; ``inproc_predict`` (lookups from the
-store + forward, the trainer's own scoring path) is shown too. The ratio
+same batches with embeddings already pooled; also shown: ``inproc_predict`` (lookups
+from the store + forward, the trainer's own scoring path), ``serving path in-process``
+(the served version's own lookup + forward, no gRPC) and the gRPC floor (round trips
+of an empty Health check), so the ratio's gap can be split into transport and work.
 ``grpc_vs_inproc_b512`` = served events/s over bare-forward events/s at batch 512.
 
 Freshness here is serving's part: an update is stamped with "now" as its event
@@ -103,7 +105,7 @@ def main(argv: list[str]) -> int:
         while time.perf_counter() - t0 < cell_s / 2:
             predict_batch(model, sub, fields, lookup, dev)
             n += 1
-        base[b] = {"forward_qps": fwd, "predict_qps": n / (time.perf_counter() - t0)}
+        base[b] = {"forward_qps": fwd, "predict_qps": n / (time.perf_counter() - t0), "sub": sub}
         say(f"in-process b{b:<4} bare forward {fwd:9.1f} req/s ({fwd * b:10.0f} ev/s)   "
             f"lookup+forward {base[b]['predict_qps']:8.1f} req/s")
 
@@ -114,6 +116,22 @@ def main(argv: list[str]) -> int:
                            newest_event_ms=int(time.time() * 1000), model_config=cfg.to_dict()["model"],
                            store_config={"init_scale": cfg.store.init_scale})
     size_mb = sum(p.stat().st_size for p in snap1.iterdir()) / 1e6
+
+    # the serving path in-process: the served version's lookup + forward, no gRPC
+    from serving import verify_snapshot
+    from serving.version import load_version
+
+    served = load_version(snap1, verify_snapshot(snap1), None, tmp / "inproc-versions", cfg, dev)
+    for b in batches:
+        sub = base[b]["sub"]
+        served.predict(sub)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < cell_s / 2:
+            served.predict(sub)
+            n += 1
+        base[b]["serving_path_qps"] = n / (time.perf_counter() - t0)
+        say(f"in-process b{b:<4} serving path (memory rows + forward) {base[b]['serving_path_qps']:8.1f} req/s")
+    served.retire()
 
     env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving"), STREAMREC_SERVING__PUSH_TOKEN="bench",
                STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")
@@ -130,6 +148,16 @@ def main(argv: list[str]) -> int:
         full_push_s = time.perf_counter() - t0
         assert r.ok, r
         say(f"full snapshot: {rows_total} rows, {size_mb:.1f} MB, push-to-serving {full_push_s:.2f} s")
+
+        # the transport floor: an empty Health check round trip
+        with ServingClient(target, timeout=30) as cl:
+            cl.health()
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < cell_s / 2:
+                cl.health()
+                n += 1
+            floor_qps = n / (time.perf_counter() - t0)
+        say(f"gRPC floor (empty Health check, 1 client): {floor_qps:.1f} req/s, {1000 / floor_qps:.2f} ms round trip")
 
         # Predict latency / throughput
         requests = {b: events_to_request(ev_batch.take(np.arange(b)).to_events()) for b in batches}
@@ -238,6 +266,8 @@ def main(argv: list[str]) -> int:
         "delta_push_s": round(delta_push_s, 3),
         "freshness_s": round(freshness_s, 3),
         "inproc_predict_qps_b512": round(base[512]["predict_qps"], 2),
+        "serving_path_inproc_qps_b512": round(base[512]["serving_path_qps"], 2),
+        "grpc_floor_qps": round(floor_qps, 2),
         "grpc_vs_inproc_predict_b512": round(best512 / base[512]["predict_qps"], 4),
         "errors": sum(v["errors"] for v in res.values()),
         "cells": {f"b{b}_c{c}": {k: round(x, 3) for k, x in v.items()} for (b, c), v in res.items()},
