@@ -52,7 +52,7 @@ def reference_markdown() -> str:
             else:
                 shown = f"`{value!r}`" if value != "" else '`""`'
                 note = notes.get(f.name, "")
-            lines.append(f"| `{section.name}.{f.name}` | {shown} | {note} |")
+            lines.append(f"| `{section.name}.{f.name}` | {shown} | {note.replace('|', '/')} |")
     fs = _comments(FieldSpec)
     for f in dataclasses.fields(FieldSpec):
         if f.name != "name":

@@ -119,6 +119,7 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     cfg.store.path = str(run_dir / "trainer-store")
     cfg.sketch.state_dir = str(run_dir / "sketch")
     cfg.trainer.checkpoint_dir = str(run_dir / "checkpoints")
+    cfg.trainer.snapshot_dir = str(run_dir / "snapshots")
     cfg.trainer.log_path = str(run_dir / "metrics.jsonl")
     cfg.trainer.max_events = args.events
     # generated events carry the current time, so the served model's freshness means something
