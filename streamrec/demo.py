@@ -224,6 +224,7 @@ def cmd_demo(args) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)  # also when started with SIGINT ignored (a background job)
     sup = Supervisor(run_dir / "logs")
     view = View()
     result: dict[str, Any] = {}
@@ -231,8 +232,13 @@ def cmd_demo(args) -> int:
     try:
         with kafka_bootstrap(cfg) as bootstrap:
             err.print(f"Kafka at [cyan]{bootstrap}[/cyan]")
-            result = _run(cfg, cfg_path, bootstrap, args, sup, view, stop, err)
-            code = 0
+            try:
+                result = _run(cfg, cfg_path, bootstrap, args, sup, view, stop, err)
+                code = 0
+            finally:
+                # children drain (final checkpoint, offset commit) while the broker is still up
+                stop.set()
+                sup.stop_all()
     except KeyboardInterrupt:
         err.print("[yellow]interrupted: stopping every process[/yellow]")
         code = 130

@@ -110,16 +110,10 @@ class Supervisor:
         return child.proc.returncode
 
     def stop_all(self, grace: float = 10.0) -> None:
-        # signal everyone first so they drain in parallel, then wait and escalate
-        for c in self.children:
-            if c.poll() is None:
-                try:
-                    c.proc.send_signal(signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace
+        """Stop in reverse start order: consumers drain (and push their last snapshot) while
+        the services they talk to are still up."""
         for c in reversed(self.children):
-            self.stop(c, grace=max(0.1, deadline - time.monotonic()))
+            self.stop(c, grace=grace)
 
     def pids(self) -> list[int]:
         return [c.pid for c in self.children]
