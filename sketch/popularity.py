@@ -6,6 +6,14 @@ and an estimate at time ``now`` is ``scaled * 2 ** ((t0 - now) / half_life)``.
 Only when the scale factor grows large are all cells renormalised (one
 multiply over the arrays). Time is *event* time (``ts`` of the events), so a
 replayed stream decays the same way as a live one.
+
+Updates are micro-batched: ids are copied into a per-field buffer and counted
+when it holds ``buffer_ids`` ids (or would span more than 65 s of event time),
+and before any read (estimates, top, merge, bytes): every public answer
+includes every id given so far. One flush groups equal ids with two value sorts
+(``groupby.py``) and then touches the count-min sketch and the heavy hitters
+once per *distinct* id, so the fixed numpy cost per call and the per-distinct
+work are paid once per ~262k ids rather than per Kafka record.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ import numpy as np
 
 from ingest import EventBatch
 
-from .cms import CountMinSketch, aggregate
+from .cms import CountMinSketch
+from .groupby import MAX_SPAN_MS, group_ids
 from .heavy import HeavyHitters
 from .keys import make_keys
 
@@ -32,7 +41,7 @@ class PopularitySketch:
 
     def __init__(self, fields: Sequence[str], epsilon: float = 1e-4, delta: float = 1e-3,
                  half_life_s: float = 600.0, top_k: int = 20_000, seed: int = 0, conservative: bool = True,
-                 candidates: int | None = None):
+                 candidates: int | None = None, buffer_ids: int = 1 << 18):
         if not fields:
             raise ValueError("at least one field is needed")
         if half_life_s <= 0:
@@ -41,9 +50,10 @@ class PopularitySketch:
         self._field_index = {f: i for i, f in enumerate(self.fields)}
         self.half_life_ms = float(half_life_s) * 1000.0
         self.top_k = int(top_k)
-        self.cms = CountMinSketch.from_error(epsilon, delta, seed, conservative)
+        self._cms = CountMinSketch.from_error(epsilon, delta, seed, conservative)
         # keep more candidates than reported: cheap, and it lifts top-K recall near the cut
-        self.hh = HeavyHitters(candidates or max(2 * self.top_k, 64))
+        self._hh = HeavyHitters(candidates or max(2 * self.top_k, 64))
+        self._init_buffer(buffer_ids)
         self.t0_ms: int | None = None  # reference time of the scaled units
         self.now_ms: int | None = None  # newest event time seen
         self.first_ms: int | None = None  # oldest event time counted
@@ -52,25 +62,50 @@ class PopularitySketch:
 
     # -- updates ---------------------------------------------------------
 
-    def _weights(self, ts: np.ndarray) -> np.ndarray:
-        ts = np.asarray(ts, dtype=np.int64)
-        hi, lo = int(ts.max()), int(ts.min())
+    def _init_buffer(self, buffer_ids: int) -> None:
+        self.buffer_ids = max(0, int(buffer_ids))
+        self._buf: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # field index -> [(ids, ts per id)]
+        self._buf_n = 0
+        self._buf_lo = self._buf_hi = 0
+
+    @property
+    def cms(self) -> CountMinSketch:
+        self.flush()
+        return self._cms
+
+    @property
+    def hh(self) -> HeavyHitters:
+        self.flush()
+        return self._hh
+
+    def _advance(self, lo: int, hi: int) -> None:
+        """Track event time; flush first when the new times need a renormalisation or widen the buffer too far."""
         if self.t0_ms is None:
             self.t0_ms = hi
         if (hi - self.t0_ms) / self.half_life_ms > RENORM_HALF_LIVES:
-            self.renormalise(hi)
+            self.renormalise(hi)  # flushes
+        elif self._buf_n and max(hi, self._buf_hi) - min(lo, self._buf_lo) > MAX_SPAN_MS:
+            self.flush()
+        if self._buf_n == 0:
+            self._buf_lo, self._buf_hi = lo, hi
+        else:
+            self._buf_lo, self._buf_hi = min(lo, self._buf_lo), max(hi, self._buf_hi)
         self.now_ms = hi if self.now_ms is None else max(self.now_ms, hi)
         self.first_ms = lo if self.first_ms is None else min(self.first_ms, lo)
-        return np.exp2((ts - self.t0_ms) / self.half_life_ms)
+
+    def _push(self, table: int, ids: np.ndarray, ts: np.ndarray) -> None:
+        self._buf.setdefault(table, []).append((ids, ts))
+        self._buf_n += len(ids)
 
     def renormalise(self, t0_ms: int) -> None:
         """Move the reference time to ``t0_ms`` (rescales every count)."""
         if self.t0_ms is None:
             self.t0_ms = int(t0_ms)
             return
+        self.flush()
         f = float(np.exp2((self.t0_ms - t0_ms) / self.half_life_ms))
-        self.cms.scale(f)
-        self.hh.scale(f)
+        self._cms.scale(f)
+        self._hh.scale(f)
         self.t0_ms = int(t0_ms)
 
     def update(self, tables: np.ndarray, ids: np.ndarray, ts_ms: np.ndarray) -> None:
@@ -79,38 +114,58 @@ class PopularitySketch:
         if n == 0:
             return
         tables = np.asarray(tables, dtype=np.int16)
-        ids = np.asarray(ids, dtype=np.int64)
-        keys = np.empty(n, dtype=np.uint64)
+        ids = np.array(ids, dtype=np.int64)  # a copy: the buffer must not alias the caller's arrays
+        ts = np.array(ts_ms, dtype=np.int64)
+        self._advance(int(ts.min()), int(ts.max()))
         for t in np.unique(tables):  # one vectorised pass per table, not per id
             m = tables == t
-            keys[m] = make_keys(self.fields[int(t)], ids[m])
-        self._update_keys(keys, tables, ids, self._weights(ts_ms))
+            self._push(int(t), ids[m], ts[m])
         self.ids += n
+        if self._buf_n >= self.buffer_ids:
+            self.flush()
 
     def update_batch(self, batch: EventBatch) -> None:
         """Count every sparse id of a decoded event batch at its event's time."""
-        if len(batch) == 0:
+        n = len(batch)
+        if n == 0:
             return
-        w_event = self._weights(batch.ts)
-        keys, tables, ids, weights = [], [], [], []
+        ts = np.array(batch.ts, dtype=np.int64)
+        self._advance(int(ts.min()), int(ts.max()))
         for f, j in batch.sparse.items():
             ti = self._field_index.get(f)
             if ti is None or len(j.values) == 0:
                 continue
-            keys.append(make_keys(f, j.values))
-            tables.append(np.full(len(j.values), ti, dtype=np.int16))
-            ids.append(j.values)
-            weights.append(np.repeat(w_event, j.lengths))
-        if keys:
-            k = np.concatenate(keys)
-            self._update_keys(k, np.concatenate(tables), np.concatenate(ids), np.concatenate(weights))
-            self.ids += len(k)
-        self.events += len(batch)
+            per_id = ts if len(j.values) == n and j.offsets[-1] == n and np.all(j.lengths == 1) \
+                else np.repeat(ts, j.lengths)
+            self._push(ti, np.array(j.values, dtype=np.int64), per_id)
+            self.ids += len(j.values)
+        self.events += n
+        if self._buf_n >= self.buffer_ids:
+            self.flush()
 
-    def _update_keys(self, keys, tables, ids, weights) -> None:
-        agg = aggregate(keys, weights)
-        est = self.cms.add_unique(agg.keys, agg.weights)
-        self.hh.offer(agg.keys, tables[agg.first], ids[agg.first], est)
+    def flush(self) -> None:
+        """Count the buffered ids: group per field, then one sketch update and one heavy-hitter offer."""
+        if not self._buf_n:
+            return
+        buf, self._buf, self._buf_n = self._buf, {}, 0
+        keys, tables, ids, weights = [], [], [], []
+        for ti, parts in sorted(buf.items()):
+            v = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
+            ts = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
+            g = group_ids(v, ts, self.half_life_ms)
+            if g is None:  # too wide a time span, or a 48-bit mix collision: exact argsort grouping
+                u, inv = np.unique(v, return_inverse=True)
+                w = np.bincount(inv.reshape(-1), weights=np.exp2((ts - self.t0_ms) / self.half_life_ms))
+            else:
+                u, w, lo = g
+                w *= float(np.exp2((lo - self.t0_ms) / self.half_life_ms))
+            keys.append(make_keys(self.fields[ti], u))
+            tables.append(np.full(len(u), ti, dtype=np.int16))
+            ids.append(u)
+            weights.append(w)
+        k = np.concatenate(keys)
+        est = self._cms.add_unique(k, np.concatenate(weights))
+        self._hh.offer(k, np.concatenate(tables), np.concatenate(ids), est)
 
     # -- queries ---------------------------------------------------------
 
@@ -177,16 +232,18 @@ class PopularitySketch:
         p._field_index = dict(self._field_index)
         p.half_life_ms = self.half_life_ms
         p.top_k = self.top_k
-        p.cms = CountMinSketch(self.cms.width, self.cms.depth, self.cms.seed, self.cms.conservative)
-        p.hh = HeavyHitters(self.hh.capacity)
+        c = self._cms
+        p._cms = CountMinSketch(c.width, c.depth, c.seed, c.conservative)
+        p._hh = HeavyHitters(self._hh.capacity)
+        p._init_buffer(self.buffer_ids)
         p.t0_ms = p.now_ms = p.first_ms = None
         p.events = p.ids = 0
         return p
 
     def copy(self) -> "PopularitySketch":
         p = self.empty_like()
-        p.cms = self.cms.copy()
-        p.hh = self.hh.copy()
+        p._cms = self.cms.copy()
+        p._hh = self.hh.copy()
         p.t0_ms, p.now_ms, p.first_ms = self.t0_ms, self.now_ms, self.first_ms
         p.events, p.ids = self.events, self.ids
         return p
@@ -196,7 +253,7 @@ class PopularitySketch:
         head = json.dumps({
             "fields": self.fields, "half_life_ms": self.half_life_ms, "top_k": self.top_k,
             "t0_ms": self.t0_ms, "now_ms": self.now_ms, "first_ms": self.first_ms,
-            "events": self.events, "ids": self.ids, "meta": dict(meta or {}),
+            "events": self.events, "ids": self.ids, "buffer_ids": self.buffer_ids, "meta": dict(meta or {}),
         }).encode()
         cms, hh = self.cms.to_bytes(), self.hh.to_bytes()
         body = struct.pack("<III", len(head), len(cms), len(hh)) + head + cms + hh
@@ -224,7 +281,8 @@ class PopularitySketch:
         p._field_index = {f: i for i, f in enumerate(p.fields)}
         p.half_life_ms = float(head["half_life_ms"])
         p.top_k = int(head["top_k"])
-        p.cms, p.hh = cms, hh
+        p._cms, p._hh = cms, hh
+        p._init_buffer(int(head.get("buffer_ids", 1 << 18)))
         p.t0_ms, p.now_ms, p.first_ms = head["t0_ms"], head["now_ms"], head["first_ms"]
         p.events, p.ids = int(head["events"]), int(head["ids"])
         return p, dict(head.get("meta") or {})

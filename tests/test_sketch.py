@@ -231,3 +231,36 @@ def test_malformed_records_never_reach_the_sketch(tmp_path):
     st2.restore(0, blob)
     assert st2.apply(0, len(bad), encode_arrow(good, schema)) is False and st2.stats.skipped == 1
     assert st2.merged().events == 100
+
+
+@pytest.mark.parametrize("span_ms", [0, 5_000, 65_535])
+def test_group_ids_sums_decay_weights_exactly(span_ms):
+    from sketch.groupby import group_ids
+
+    rng = np.random.default_rng(span_ms)
+    ids = np.concatenate([zipf_ids(30_000), np.arange(50, dtype=np.int64)])  # scrambled and small ids
+    ts = T0 + rng.integers(0, span_ms + 1, len(ids))
+    ts[0] = T0 + span_ms
+    u, w, lo = group_ids(ids, ts, 60_000.0)
+    uu, inv = np.unique(ids, return_inverse=True)
+    truth = np.bincount(inv, weights=np.exp2((ts - lo) / 60_000.0))
+    o = np.argsort(u)
+    assert np.array_equal(u[o], uu)
+    assert np.allclose(w[o], truth, rtol=1e-12)
+    assert group_ids(ids, np.append(ts[1:], T0 + 70_000), 60_000.0) is None  # too wide a span: caller's exact path
+
+
+def test_buffered_updates_equal_unbuffered():
+    ids = zipf_ids(100_000)
+    ts = T0 + np.arange(len(ids)) // 10  # 10 s, then a 100 s jump (flush on span)
+    ts[-1000:] += 100_000
+    a = PopularitySketch(["item"], epsilon=1e-3, delta=1e-2, half_life_s=30, top_k=100, conservative=False)
+    b = PopularitySketch(["item"], epsilon=1e-3, delta=1e-2, half_life_s=30, top_k=100, conservative=False,
+                         buffer_ids=0)
+    for s in range(0, len(ids), 7_000):
+        sl = slice(s, s + 7_000)
+        a.update(np.zeros(len(ids[sl]), np.int16), ids[sl], ts[sl])
+        b.update(np.zeros(len(ids[sl]), np.int16), ids[sl], ts[sl])
+    assert a._buf_n > 0  # something still buffered: reads must flush it
+    assert np.allclose(a.cms.counts, b.cms.counts, rtol=1e-9, atol=1e-12)
+    assert a.top(50)[1].tolist() == b.top(50)[1].tolist()
