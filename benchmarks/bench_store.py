@@ -6,8 +6,10 @@ batch's occurrences) -> row-wise sparse update. Three set-ups, each in its own f
 subprocess so its peak RSS (``ru_maxrss``) is its own:
 
 - memory: one ``torch.nn.Embedding(N, 16, sparse=True)`` + ``torch.optim.Adagrad`` (ceiling)
-- rocks:  EmbeddingStore with no hot tier (every row from RocksDB; floor)
-- tiered: EmbeddingStore with the top 1% ids in the hot tier, next batch prefetched
+- rocks:  EmbeddingStore with no hot tier and no host cache (every row from RocksDB; floor)
+- tiered: EmbeddingStore with the top 1% ids in the hot tier, a write-back host cache of
+  ``--cache-pct`` (default 4%) of the ids for recently used cold rows, next batch
+  prefetched. Its peak RSS includes the cache.
 
 Store set-ups start empty: rows are created on first touch, as in online training.
 """
@@ -45,7 +47,7 @@ def _rows_of_ranks(ranks: np.ndarray, n_ids: int) -> np.ndarray:
     return (ranks * _A + 12345) % n_ids
 
 
-def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str) -> dict:
+def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str, cache_pct: float = 4.0) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -69,8 +71,9 @@ def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str) -> dic
         from embedding_store import EmbeddingStore
 
         hot = n_ids // 100 if setup == "tiered" else 0
+        cache = int(n_ids * cache_pct / 100) if setup == "tiered" else 0
         store = EmbeddingStore(path, {"t": DIM}, shards=4, device="cpu", hot_capacity_rows=hot,
-                               block_cache_mb=32)
+                               block_cache_mb=32, host_cache_rows=cache)
         if hot:
             store.set_hot({"t": _rows_of_ranks(np.arange(hot), n_ids)})
         pending = [None]
@@ -104,16 +107,20 @@ def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str) -> dic
     out = {"setup": setup, "rows_per_s": done * BATCH / dt, "batches": done, "seconds": dt}
     if store is not None:
         out["hot_hit_rate"] = occ_hot / max(1, occ)
-        out["cold_rows"] = store.stats()["cold_rows"]
+        st = store.stats()
+        out["cold_rows"] = st["cold_rows"]
+        if st["cache_hits"] + st["cache_misses"]:
+            out["cache_hit_rate"] = st["cache_hits"] / (st["cache_hits"] + st["cache_misses"])
+            out["cache_mb"] = st["cache_bytes"] / 2**20
         store.close()
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
 
-def _run_setup(setup: str, n_ids: int, warm: int, seconds: float) -> dict:
+def _run_setup(setup: str, n_ids: int, warm: int, seconds: float, cache_pct: float) -> dict:
     tmp = tempfile.mkdtemp(prefix=f"bench-store-{setup}-")
     code = ("import json,sys; from benchmarks.bench_store import _worker; "
-            f"print(json.dumps(_worker({setup!r}, {n_ids}, {warm}, {seconds}, {tmp + '/db'!r})))")
+            f"print(json.dumps(_worker({setup!r}, {n_ids}, {warm}, {seconds}, {tmp + '/db'!r}, {cache_pct})))")
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=seconds * 4 + 240, cwd=os.path.dirname(os.path.dirname(__file__)))
@@ -129,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1M ids, short runs (< 50 s)")
     ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per set-up")
+    ap.add_argument("--cache-pct", type=float, default=4.0,
+                    help="tiered host cache size in %% of the ids (0 = off)")
     args = ap.parse_args(argv)
     n_ids = 1_000_000 if args.quick else 10_000_000
     seconds = args.seconds or (7.0 if args.quick else 30.0)
     warm = 10 if args.quick else 50
-    res = {s: _run_setup(s, n_ids, warm, seconds) for s in ("memory", "rocks", "tiered")}
+    res = {s: _run_setup(s, n_ids, warm, seconds, args.cache_pct) for s in ("memory", "rocks", "tiered")}
     a, b, c = res["memory"], res["rocks"], res["tiered"]
     summary = {
         "tiered_rows_per_s": round(c["rows_per_s"]),
@@ -147,11 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         "rocks_peak_rss_mb": round(b["peak_rss_mb"], 1),
         "tiered_peak_rss_mb": round(c["peak_rss_mb"], 1),
         "ids": n_ids,
+        "host_cache_rows": int(n_ids * args.cache_pct / 100),
+        "cache_hit_rate": round(c.get("cache_hit_rate", 0.0), 4),
     }
     print(f"store benchmark: Zipf({ZIPF}) over {n_ids:,} ids, dim {DIM}, batch {BATCH}, "
           f"{seconds:.0f}s per set-up (each in its own process)")
     for name, r in res.items():
         extra = f", hot hit rate {r['hot_hit_rate']:.3f}" if "hot_hit_rate" in r else ""
+        if "cache_hit_rate" in r:
+            extra += f", host cache hit rate {r['cache_hit_rate']:.3f} ({r['cache_mb']:.0f} MB)"
         print(f"  {name:7s} {r['rows_per_s']:>12,.0f} rows/s  peak RSS {r['peak_rss_mb']:8.1f} MB{extra}")
     print(f"  tiered/memory = {summary['tiered_vs_memory']:.3f} (goal >= 0.6)   "
           f"tiered/rocks = {summary['tiered_vs_rocks']:.2f} (goal >= 5)   "

@@ -1,20 +1,29 @@
 """EmbeddingStore: every embedding table of one model, tiered.
 
 Tiers and ownership: a row is *owned* by the hot tier (device tensor) while it is in
-the hot set, else by the cold tier (sharded RocksDB). Hot rows keep a backup copy in
+the hot set; else by the host cache (``cache.py``, bounded, write-back, LRU) while it
+is cached; else by the cold tier (sharded RocksDB). Hot rows keep a backup copy in
 RocksDB, refreshed when they are demoted and at every checkpoint (only rows changed
-since are written), so a checkpoint is a set of RocksDB checkpoints plus the hot id
-list. Small buffers (``buffers.py``) keep just-read and prefetched cold rows so a
-training step reads each cold row once.
+since are written); dirty cached rows are written back, batched, when evicted and at
+every checkpoint — so a checkpoint is a set of RocksDB checkpoints plus the hot id
+list. Promotion takes a row out of the cache (no copy is left behind), so every row
+has exactly one owner for updates. Prefetch buffers (``buffers.py``) hold the next
+batch's RocksDB reads; they mirror RocksDB, never the cache, and are read only for
+rows the cache misses.
 
 Durability: ``checkpoint(path)`` is exact (``restore`` brings back vectors, Adagrad
-state and the hot set bit for bit). Reopening the *live* directory after a crash gives
-cold rows at a prefix of acknowledged writes (WAL + cross-shard undo, see cold.py) and
-hot rows at their last write-back (checkpoint or demotion) — so after a crash resume
-from ``restore(last checkpoint)``, as the trainer's offset contract requires.
-
-``host_cache_rows`` is accepted for config compatibility; the bounded host cache is
-the per-table row buffers (last batch + prefetched batches), not a separate LRU.
+state and the hot set bit for bit). ``close()`` writes every dirty cached and hot row
+back (a clean reopen of the live directory loses no update, only the hot set);
+``flush()`` writes dirty cached rows back and fsyncs. After a crash (SIGKILL), the consistent point is the last checkpoint:
+- host cache on (``host_cache_rows > 0``, the trainer's default): updates since the
+  last checkpoint that were still dirty in the cache are lost, and the live directory
+  holds each row at some acknowledged value no older than that checkpoint (write-backs
+  are per-row atomic but not a prefix); resume with ``restore(last checkpoint)`` and
+  replay from its Kafka offsets — DESIGN.md's offsets-and-durability contract. This is
+  the price of writing a cold row to RocksDB once per eviction instead of once per batch;
+- host cache off (``host_cache_rows=0``, serving's stores): every write goes straight
+  to RocksDB, so the live directory reopens at a prefix of acknowledged writes (WAL +
+  cross-shard undo, see cold.py), with hot rows at their last write-back.
 
 Not thread-safe: call it from one thread (the prefetcher is internal).
 """
@@ -35,6 +44,7 @@ import torch
 
 from .adagrad import adagrad_rows
 from .buffers import RowBuffer
+from .cache import HostCache
 from .cold import FORMAT, ColdTier, check_manifest, read_manifest, write_manifest
 from .errors import StoreError
 from .hot import HotTable
@@ -59,6 +69,7 @@ class _Table:
         self.hot = HotTable(dim, device)
         self.buffers: list[RowBuffer] = []
         self.max_id = max_id
+        self.cache: HostCache | None = None
 
 
 class EmbeddingStore:
@@ -68,7 +79,9 @@ class EmbeddingStore:
     (sum them first, e.g. with ``np.unique`` + ``index_add``). Unseen ids read as their
     deterministic init; a row is stored on its first write; ``peek`` never touches
     the buffers either. ``memtable_mb`` bounds RocksDB write buffers over all shards.
-    ``max_id`` optionally bounds a table's ids to ``[0, max_id)``.
+    ``max_id`` optionally bounds a table's ids to ``[0, max_id)``. ``host_cache_rows``
+    bounds the write-back host cache over all tables (split evenly; 0 = off, every
+    cold write goes straight to RocksDB).
     """
 
     def __init__(self, path: str, tables: dict[str, int], shards: int = 4, seed: int = 0,
@@ -96,7 +109,9 @@ class EmbeddingStore:
         self.seed = int(seed)
         self.lr, self.eps, self.init_scale = float(lr), float(eps), float(init_scale)
         self.hot_capacity_rows = int(hot_capacity_rows)
-        self.host_cache_rows = int(host_cache_rows)  # reserved: the row buffers play this role (see README)
+        if host_cache_rows < 0:
+            raise StoreError(f"host_cache_rows must be >= 0, got {host_cache_rows}")
+        self.host_cache_rows = int(host_cache_rows)
         self.read_only = read_only
         self.shards = shards
         manifest = read_manifest(self.path)
@@ -120,6 +135,10 @@ class EmbeddingStore:
                              memtable_mb=memtable_mb)
         self.tables = {n: _Table(n, int(d), self.device, (max_id or {}).get(n)) for n, d in tables.items()}
         self._by_tag = {t.tag: t for t in self.tables.values()}
+        if self.host_cache_rows:
+            per_table = max(1, self.host_cache_rows // len(self.tables))
+            for t in self.tables.values():
+                t.cache = HostCache(per_table, t.dtype, self._spiller(t))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="store-prefetch")
         self.hot_hits = 0
         self.cold_hits = 0
@@ -196,6 +215,54 @@ class EmbeddingStore:
             found[rest] = f
         return recs, found
 
+    def _cold_rows(self, t: _Table, ids: np.ndarray, touch: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Current ``(records, stored, cache slots)`` of unique cold ``ids``: host cache, then
+        buffers, then RocksDB. A row never stored reads as its init record (acc 0, ts 0,
+        epoch 0). ``touch`` marks cache hits as just used."""
+        c = t.cache
+        if c is None:
+            recs, found = self._fetch(t, ids)
+            slots = np.full(len(ids), -1, dtype=np.int64)
+        else:
+            slots = c.lookup(ids) if touch else c.find(ids)
+            hit = slots >= 0
+            if hit.all():
+                return c.rec[slots], c.stored[slots], slots
+            recs = np.empty(len(ids), dtype=t.dtype)
+            found = np.empty(len(ids), dtype=bool)
+            if hit.any():
+                recs[hit] = c.rec[slots[hit]]
+                found[hit] = c.stored[slots[hit]]
+            miss = ~hit
+            recs[miss], found[miss] = self._fetch(t, ids[miss])
+        if not found.all():
+            recs["w"][~found] = init_rows(t.salt, self.seed, ids[~found], t.dim, self.init_scale)
+        return recs, found, slots
+
+    def _store_cold(self, t: _Table, ids: np.ndarray, new: np.ndarray, old: np.ndarray, found: np.ndarray,
+                    slots: np.ndarray) -> None:
+        """New records for cold rows: into the cache (dirty) when it is on, else straight to RocksDB."""
+        c = t.cache
+        if c is None:
+            self._write(t, ids, new, old, found)
+            return
+        hit = slots >= 0
+        if hit.any():
+            c.update(slots[hit], new[hit])
+        if not hit.all():
+            miss = ~hit
+            c.insert(ids[miss], new[miss], np.ones(int(miss.sum()), dtype=bool), dirty=True)
+
+    def _spiller(self, t: _Table):
+        def spill(ids: np.ndarray, recs: np.ndarray) -> None:
+            self.cold.put(t.tag, t.salt, ids, recs)
+            for b in t.buffers:
+                b.on_write(ids, recs)
+        return spill
+
+    def _flush_caches(self) -> int:
+        return sum(t.cache.flush() for t in self.tables.values() if t.cache is not None)
+
     def _remember(self, t: _Table, ids: np.ndarray, recs: np.ndarray, found: np.ndarray) -> None:
         t.buffers = [b for b in t.buffers if b.future is not None][-(_MAX_BUFFERS - 1):]
         t.buffers.append(RowBuffer(ids, recs=recs.copy(), found=found.copy()))
@@ -256,12 +323,14 @@ class EmbeddingStore:
             return t.hot.w[torch.from_numpy(slots).to(self.device)]
         cold_pos = np.flatnonzero(~is_hot)
         uniq, inv = np.unique(ids[cold_pos], return_inverse=True)
-        recs, found = self._fetch(t, uniq)
-        missing = ~found
+        recs, found, slots_c = self._cold_rows(t, uniq, touch=remember)
         if remember:
-            self._remember(t, uniq, recs, found)
-        if missing.any():
-            recs["w"][missing] = init_rows(t.salt, self.seed, uniq[missing], t.dim, self.init_scale)
+            if t.cache is not None:
+                miss = slots_c < 0
+                if miss.any():
+                    t.cache.insert(uniq[miss], recs[miss], found[miss], dirty=False)
+            else:
+                self._remember(t, uniq, recs, found)
         cold_rows = torch.from_numpy(np.ascontiguousarray(recs["w"][inv.reshape(-1)]))
         if nh == 0:
             return cold_rows.to(self.device)
@@ -306,20 +375,17 @@ class EmbeddingStore:
         if not is_hot.all():
             cp = np.flatnonzero(~is_hot)
             cids = ids[cp]
-            old, found = self._fetch(t, cids)
-            base = old.copy()
-            if not found.all():
-                base[~found] = self._new_records(t, cids[~found])
-                self.created += int((~found).sum())
+            old, found, cslots = self._cold_rows(t, cids, touch=True)
+            self.created += int((~found).sum())
             g = grads[torch.from_numpy(cp).to(grads.device)].cpu()
-            w, acc = adagrad_rows(torch.from_numpy(base["w"].copy()),
-                                  torch.from_numpy(base["acc"].copy()), g, self.lr, self.eps)
-            new = base
+            w, acc = adagrad_rows(torch.from_numpy(old["w"].copy()),
+                                  torch.from_numpy(old["acc"].copy()), g, self.lr, self.eps)
+            new = old.copy()
             new["w"] = w.numpy()
             new["acc"] = acc.numpy()
             new["ts"] = now
             new["ep"] = self._epoch + 1
-            self._write(t, cids, new, old, found)
+            self._store_cold(t, cids, new, old, found, cslots)
 
     def upsert_rows(self, table: str, ids: np.ndarray, vectors: np.ndarray) -> None:
         """Overwrite the vectors of rows ``ids`` (unique); optimizer state kept (zero if new)."""
@@ -346,18 +412,20 @@ class EmbeddingStore:
             t.hot.ts[s] = now
         if not is_hot.all():
             cids = ids[~is_hot]
-            old, found = self._fetch(t, cids)
+            old, found, cslots = self._cold_rows(t, cids, touch=True)
             new = old.copy()
             new["w"] = v[~is_hot]
             new["ts"] = now
             new["ep"] = self._epoch + 1
-            self._write(t, cids, new, old, found)
+            self._store_cold(t, cids, new, old, found, cslots)
 
     def prefetch(self, table: str, ids: np.ndarray) -> None:
         """Start reading the cold rows of ``ids`` in the background for a later lookup/apply."""
         t = self._table(table)
         ids = self._ids(t, ids)
         cold = np.unique(ids[~t.hot.mask(ids)])
+        if t.cache is not None and len(cold):
+            cold = cold[t.cache.find(cold) < 0]  # cached rows need no read
         if len(cold) == 0:
             return
         fut = self._pool.submit(self.cold.get, t.tag, t.salt, cold, t.dtype)
@@ -404,6 +472,10 @@ class EmbeddingStore:
             # promote: read rows entering the hot tier
             prom = new_ids[~np.isin(new_ids, cur)]
             recs, found = self.cold.get(t.tag, t.salt, prom, t.dtype)
+            dirty = ~found
+            if t.cache is not None and len(prom):  # cached rows move to the hot tier with their state
+                hit, crec, cstored, cdirty = t.cache.take(prom)
+                recs[hit], found[hit], dirty[hit] = crec, cstored, cdirty | ~cstored
             if not found.all():
                 recs[~found] = self._new_records(t, prom[~found])
             keep_slots = np.flatnonzero(stay)
@@ -413,7 +485,7 @@ class EmbeddingStore:
             h.rebuild(np.concatenate([cur[keep_slots], prom]), w, acc,
                       np.concatenate([h.ep[keep_slots], recs["ep"].astype(np.int64)]),
                       np.concatenate([h.ts[keep_slots], recs["ts"]]),
-                      np.concatenate([h.dirty[keep_slots], ~found]))
+                      np.concatenate([h.dirty[keep_slots], dirty]))
             stats["promoted"] += len(prom)
             stats["demoted"] += len(dem_slots)
             stats["kept"] += len(keep_slots)
@@ -454,6 +526,7 @@ class EmbeddingStore:
             raise StoreError(f"checkpoint directory {dest} already exists and is not empty")
         dest.mkdir(parents=True, exist_ok=True)
         self._drain()
+        self._flush_caches()
         self._write_back_hot()
         epoch = self._epoch + 1
         self.cold.checkpoint(dest)
@@ -515,6 +588,11 @@ class EmbeddingStore:
             if len(sel):
                 w = h.w[torch.from_numpy(sel).to(self.device)].cpu().numpy()
                 yield _batch(t.name, h.slot_ids()[sel], w)
+            if t.cache is not None:  # the cache owns its rows: export them from there
+                cids, crecs, cstored = t.cache.items()
+                sel = np.flatnonzero(cstored & (crecs["ep"].astype(np.int64) > floor))
+                if len(sel):
+                    yield _batch(t.name, cids[sel], crecs["w"][sel])
         for _, keys, vals in self.cold.scan():
             tags, ids = decode_keys(keys)
             for tag in np.unique(tags):
@@ -524,6 +602,8 @@ class EmbeddingStore:
                 sel = np.flatnonzero(tags == tag)
                 recs = unpack_records([vals[i] for i in sel.tolist()], t.dtype)
                 keep = (recs["ep"].astype(np.int64) > floor) & ~t.hot.mask(ids[sel])
+                if t.cache is not None:
+                    keep &= t.cache.find(ids[sel]) < 0
                 if keep.any():
                     yield _batch(t.name, ids[sel][keep], recs["w"][keep])
 
@@ -531,6 +611,9 @@ class EmbeddingStore:
         """Delete cold rows untouched for ``older_than_s`` seconds; returns how many."""
         self._writable()
         self._drain()
+        for t in self.tables.values():  # write cached rows back and forget them: RocksDB decides
+            if t.cache is not None:
+                t.cache.clear()
         cutoff = time.time() - float(older_than_s)
         n = 0
         for _, keys, vals in self.cold.scan():
@@ -550,7 +633,15 @@ class EmbeddingStore:
     def stats(self) -> dict:
         hot_rows = sum(len(t.hot) for t in self.tables.values())
         total = self.hot_hits + self.cold_hits
+        caches = [t.cache for t in self.tables.values() if t.cache is not None]
         return {
+            "cache_rows": sum(len(c) for c in caches),
+            "cache_hits": sum(c.hits for c in caches),
+            "cache_misses": sum(c.misses for c in caches),
+            "cache_dirty": sum(c.dirty_count() for c in caches),
+            "cache_evicted": sum(c.evicted for c in caches),
+            "cache_written_back": sum(c.spilled for c in caches),
+            "cache_bytes": sum(c.nbytes() for c in caches),
             "hot_rows": hot_rows,
             "cold_rows": self.cold.count_estimate(),
             "hot_hits": self.hot_hits,
@@ -565,7 +656,9 @@ class EmbeddingStore:
         }
 
     def flush(self) -> None:
-        """Make every acknowledged write survive power loss too (fsync the WALs)."""
+        """Write dirty cached rows back, then make every write survive power loss (fsync the WALs)."""
+        if not self.read_only:
+            self._flush_caches()
         self.cold.sync_wal()
 
     def close(self) -> None:
@@ -573,6 +666,9 @@ class EmbeddingStore:
             return
         try:
             self._drain()
+            if not self.read_only:  # a clean close loses nothing: cached and hot rows go back
+                self._flush_caches()
+                self._write_back_hot()
         finally:
             self._pool.shutdown(wait=True)
             self.cold.close()

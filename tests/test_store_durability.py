@@ -1,4 +1,9 @@
-"""Durability: SIGKILL of a writing child process, torn multi-shard writes, checkpoints."""
+"""Durability: SIGKILL of a writing child process, torn multi-shard writes, checkpoints.
+
+Host cache off: the live directory reopens at a prefix of acknowledged writes.
+Host cache on (write-back): the last checkpoint is the consistent point; the live
+directory holds every row untorn, at some acknowledged value no older than it.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_store_durability import ROWS, DIM, _vectors
     from embedding_store import EmbeddingStore
-    s = EmbeddingStore({path!r}, {{"t": DIM}}, shards=4)
+    s = EmbeddingStore({path!r}, {{"t": DIM}}, shards=4, host_cache_rows={cache})
     crash_at = {crash_at}
     if crash_at:
         # die between shard writes of batch `crash_at`: a torn multi-shard write
@@ -43,12 +48,16 @@ CHILD = textwrap.dedent("""
         s.cold._after_shard_write = hook
     for k in range(1, 100000):
         s.upsert_rows("t", ROWS, _vectors(k))
+        if {ckpt_every} and k % {ckpt_every} == 0:
+            s.checkpoint({path!r} + f"-ckpt-{{k}}")
+            print("ckpt", k, flush=True)
         print(k, flush=True)
 """)
 
 
-def _run_child(path, crash_at=0):
-    code = CHILD.format(tests=os.path.dirname(__file__), path=str(path), crash_at=crash_at)
+def _run_child(path, crash_at=0, cache=0, ckpt_every=0):
+    code = CHILD.format(tests=os.path.dirname(__file__), path=str(path), crash_at=crash_at, cache=cache,
+                        ckpt_every=ckpt_every)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
@@ -81,6 +90,46 @@ def test_sigkill_mid_write_reopens_to_a_prefix(tmp_path):
     with EmbeddingStore(str(tmp_path / "s"), {"t": DIM}, shards=4) as s:
         k = _batch_of(s)
         assert acked <= k <= acked + 1, (acked, k)
+
+
+def test_sigkill_with_write_back_cache_restores_last_checkpoint(tmp_path):
+    """Cache of 100 rows, batches of 400: every batch evicts and writes back (no undo
+    records); the checkpoint flushes the rest. Kill, then: the last acknowledged
+    checkpoint restores exactly, and the live directory has no torn row."""
+    child = _run_child(tmp_path / "s", cache=100, ckpt_every=5)
+    acked, ckpt = 0, 0
+    deadline = time.monotonic() + 60
+    try:
+        for line in child.stdout:
+            parts = line.split()
+            if parts[0] == "ckpt":
+                ckpt = int(parts[1])
+            else:
+                acked = int(parts[0])
+            if ckpt >= 20 or time.monotonic() > deadline:
+                break
+        time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+        for line in child.stdout.read().splitlines():
+            parts = line.split()
+            if parts[0] == "ckpt":
+                ckpt = int(parts[1])
+            else:
+                acked = int(parts[0])
+    finally:
+        child.kill()
+        child.wait(10)
+    assert ckpt >= 20, "child never got going"
+    with EmbeddingStore(str(tmp_path / "s"), {"t": DIM}, shards=4, host_cache_rows=100) as live:
+        got = live.peek("t", ROWS).numpy()
+        ks = np.floor(got[:, 0]).astype(np.int64)
+        assert ks.min() >= ckpt and ks.max() <= acked + 1, (ckpt, acked, sorted(set(ks.tolist())))
+        for k in set(ks.tolist()):  # each row whole: exactly the value of one batch
+            sel = ks == k
+            assert np.array_equal(got[sel], _vectors(k)[sel]), f"a row of batch {k} is torn"
+    with EmbeddingStore.restore(str(tmp_path / "s") + f"-ckpt-{ckpt}", path=str(tmp_path / "r"),
+                                host_cache_rows=100) as r:
+        assert _batch_of(r) == ckpt
 
 
 def test_torn_multishard_write_rolls_back(tmp_path):

@@ -59,6 +59,8 @@ op = st.one_of(
     st.tuples(st.just("upsert"), st.sampled_from(sorted(TABLES)), st.lists(ID, max_size=6, unique=True),
               st.integers(0, 2**31)),
     st.tuples(st.just("checkpoint")),
+    st.tuples(st.just("flush")),
+    st.tuples(st.just("reopen")),
     st.tuples(st.just("restore"), st.integers(0, 10)),
 )
 
@@ -77,17 +79,21 @@ def _check_acc(store, ref):
         if slot >= 0:
             got = t.hot.acc[int(slot)].item()
         else:
-            recs, found = store._fetch(t, np.array([i]))
+            recs, found, _ = store._cold_rows(t, np.array([i]), touch=False)
             assert found[0]
             got = recs["acc"][0]
         assert np.float32(got) == acc, (table, i)
 
 
+# host cache off (write-through), tiny (3 rows per table: batches overflow it, every
+# step evicts) and small (12 per table: some hits, bulk evictions of 1 row)
+@pytest.mark.parametrize("cache_rows", [0, 6, 24])
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(op, min_size=1, max_size=25))
-def test_store_matches_reference(ops):
+@given(ops=st.lists(op, min_size=1, max_size=25))
+def test_store_matches_reference(cache_rows, ops):
     root = Path(tempfile.mkdtemp(prefix="store-prop-"))
-    kw = dict(shards=3, seed=11, hot_capacity_rows=12, lr=LR, eps=EPS, block_cache_mb=8)
+    kw = dict(shards=3, seed=11, hot_capacity_rows=12, lr=LR, eps=EPS, block_cache_mb=8,
+              host_cache_rows=cache_rows)
     store = EmbeddingStore(str(root / "live"), TABLES, **kw)
     ref = Reference(lambda table, i: store.init_rows(table, np.array([i]))[0])
     checkpoints: list[tuple[str, dict]] = []
@@ -113,6 +119,11 @@ def test_store_matches_reference(ops):
                 store.upsert_rows(table, np.array(ids, dtype=np.int64), v)
                 for k, i in enumerate(ids):
                     ref.upsert(table, i, v[k])
+            elif kind == "flush":
+                store.flush()
+            elif kind == "reopen":  # a clean close writes every dirty cached row back
+                store.close()
+                store = EmbeddingStore(str(root / "live"), TABLES, **kw)
             elif kind == "checkpoint":
                 p = str(root / f"ckpt-{len(checkpoints)}")
                 store.checkpoint(p)

@@ -1,0 +1,196 @@
+"""Host cache: a bounded, write-back cache of recently used cold rows of one table.
+
+Sits between the device hot tier and RocksDB (DESIGN.md, Tiers). While a row is in
+the cache the cache *owns* it: updates change the cached record and mark it dirty;
+RocksDB sees the row again only when it is evicted or flushed (``checkpoint``,
+``flush``, ``close``). That turns "one RocksDB read + one write per cold row per
+batch" into "one read per miss + one write per evicted dirty row", batched.
+
+Vectorised throughout (no Python per id):
+- slots are one structured array of packed records (the RocksDB value layout, so a
+  write-back is a zero-copy view) plus per-slot id, LRU stamp, dirty and stored bits;
+- the id -> slot index is a sorted id array searched with ``np.searchsorted``; new
+  ids are merged in with ``np.insert`` (one O(capacity) memmove per batch, far
+  cheaper than hashing in Python);
+- eviction is bulk: when slots run out, the least recently used ``evict_fraction``
+  of the cache (``np.argpartition`` on stamps) leaves at once and its dirty rows go
+  back in one ``spill`` call (one WriteBatch per shard).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+Spill = Callable[[np.ndarray, np.ndarray], None]  # (ids, records) of dirty rows leaving the cache
+
+
+class HostCache:
+    def __init__(self, capacity: int, dtype: np.dtype, spill: Spill, evict_fraction: float = 0.125):
+        if capacity <= 0:
+            raise ValueError(f"host cache capacity must be positive, got {capacity}")
+        self.capacity = int(capacity)
+        self.rec = np.zeros(self.capacity, dtype=dtype)
+        self.sid = np.zeros(self.capacity, dtype=np.int64)       # id held by each slot
+        self.used = np.zeros(self.capacity, dtype=bool)
+        self.dirty = np.zeros(self.capacity, dtype=bool)         # newer than RocksDB's copy
+        self.stored = np.zeros(self.capacity, dtype=bool)        # the row exists (in RocksDB or dirty here)
+        self.stamp = np.zeros(self.capacity, dtype=np.int64)     # LRU clock of the last use
+        self.keys = np.empty(0, dtype=np.int64)                  # sorted cached ids ...
+        self.kslot = np.empty(0, dtype=np.int64)                 # ... and their slots
+        self._free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)  # stack of free slots
+        self._nfree = self.capacity
+        self.clock = 0
+        self.evict_batch = max(1, int(self.capacity * evict_fraction))
+        self.spill = spill
+        self.hits = 0
+        self.misses = 0
+        self.evicted = 0
+        self.spilled = 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    # -- index ---------------------------------------------------------------------
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        """Slot per id, -1 where not cached (no LRU effect)."""
+        n = len(self.keys)
+        if n == 0 or len(ids) == 0:
+            return np.full(len(ids), -1, dtype=np.int64)
+        if len(ids) > 512 and not bool(np.all(ids[1:] >= ids[:-1])):
+            order = np.argsort(ids)
+            k = np.empty(len(ids), dtype=np.int64)
+            k[order] = np.searchsorted(self.keys, ids[order])
+        else:
+            k = np.searchsorted(self.keys, ids)
+        k[k == n] = 0
+        return np.where(self.keys[k] == ids, self.kslot[k], -1)
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """``find`` + mark the hits as just used; counts hits and misses."""
+        slots = self.find(ids)
+        hit = slots >= 0
+        self.clock += 1
+        self.stamp[slots[hit]] = self.clock
+        nh = int(hit.sum())
+        self.hits += nh
+        self.misses += len(ids) - nh
+        return slots
+
+    # -- updates ---------------------------------------------------------------------
+    def update(self, slots: np.ndarray, recs: np.ndarray) -> None:
+        """New records for cached rows (they become dirty and stored)."""
+        self.rec[slots] = recs
+        self.dirty[slots] = True
+        self.stored[slots] = True
+
+    def insert(self, ids: np.ndarray, recs: np.ndarray, stored: np.ndarray, dirty: bool) -> None:
+        """Add rows not cached yet (unique ``ids``), evicting the least recently used if full.
+
+        Rows that cannot fit even in an empty cache (a batch larger than the capacity)
+        are spilled at once when dirty, so nothing is ever dropped.
+        """
+        k = len(ids)
+        if k == 0:
+            return
+        if k > self.capacity:  # keep the last `capacity` rows, spill the rest
+            cut = k - self.capacity
+            if dirty:
+                self._spill(ids[:cut], recs[:cut])
+            ids, recs, stored, k = ids[cut:], recs[cut:], stored[cut:], self.capacity
+        if k > self._nfree:
+            self.evict(max(k - self._nfree, self.evict_batch))
+        slots = self._free[self._nfree - k:self._nfree].copy()
+        self._nfree -= k
+        self.clock += 1
+        self.rec[slots] = recs
+        self.sid[slots] = ids
+        self.used[slots] = True
+        self.dirty[slots] = dirty
+        self.stored[slots] = stored | dirty
+        self.stamp[slots] = self.clock
+        if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+            order = np.argsort(ids, kind="stable")
+            ids, slots = ids[order], slots[order]
+        pos = np.searchsorted(self.keys, ids)
+        self.keys = np.insert(self.keys, pos, ids)
+        self.kslot = np.insert(self.kslot, pos, slots)
+
+    def evict(self, n: int) -> int:
+        """Drop the ``n`` least recently used rows, spilling the dirty ones first."""
+        used = np.flatnonzero(self.used)
+        n = min(n, len(used))
+        if n <= 0:
+            return 0
+        if n < len(used):
+            victims = used[np.argpartition(self.stamp[used], n - 1)[:n]]
+        else:
+            victims = used
+        self._drop(victims)
+        return n
+
+    def take(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Remove ``ids`` from the cache without writing them back (the caller becomes their
+        owner, e.g. a promotion to the hot tier). Returns (hit, records, stored, dirty)."""
+        slots = self.find(ids)
+        hit = slots >= 0
+        s = slots[hit]
+        out = (hit, self.rec[s].copy(), self.stored[s].copy(), self.dirty[s].copy())
+        if len(s):
+            self._release(s)
+        return out
+
+    def _drop(self, victims: np.ndarray) -> None:
+        d = victims[self.dirty[victims]]
+        if len(d):
+            self._spill(self.sid[d], self.rec[d])
+            self.dirty[d] = False
+        self.evicted += len(victims)
+        self._release(victims)
+
+    def _release(self, slots: np.ndarray) -> None:
+        gone = np.sort(self.sid[slots])
+        pos = np.searchsorted(self.keys, gone)
+        keep = np.ones(len(self.keys), dtype=bool)
+        keep[pos] = False
+        self.keys = self.keys[keep]
+        self.kslot = self.kslot[keep]
+        self.used[slots] = False
+        self.dirty[slots] = False
+        self._free[self._nfree:self._nfree + len(slots)] = slots
+        self._nfree += len(slots)
+
+    def _spill(self, ids: np.ndarray, recs: np.ndarray) -> None:
+        self.spill(np.ascontiguousarray(ids), np.ascontiguousarray(recs))
+        self.spilled += len(ids)
+
+    # -- write-back ------------------------------------------------------------------
+    def flush(self) -> int:
+        """Write every dirty row back (rows stay cached, now clean); returns how many."""
+        d = np.flatnonzero(self.dirty & self.used)
+        if len(d):
+            order = np.argsort(self.sid[d])
+            d = d[order]
+            self._spill(self.sid[d], self.rec[d])
+            self.dirty[d] = False
+        return len(d)
+
+    def clear(self) -> None:
+        """Flush, then forget every row."""
+        self.flush()
+        used = np.flatnonzero(self.used)
+        if len(used):
+            self._release(used)
+
+    def items(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, records, stored) of every cached row."""
+        s = np.flatnonzero(self.used)
+        return self.sid[s], self.rec[s], self.stored[s]
+
+    def dirty_count(self) -> int:
+        return int((self.dirty & self.used).sum())
+
+    def nbytes(self) -> int:
+        per_slot = self.rec.dtype.itemsize + 8 + 8 + 8 + 3  # record, id, stamp, free stack, bits
+        return self.capacity * per_slot + self.keys.nbytes + self.kslot.nbytes
