@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+SPILL_CHUNK = 16384  # rows per write-back call
 Spill = Callable[[np.ndarray, np.ndarray], None]  # (ids, records) of dirty rows leaving the cache
 
 
@@ -162,18 +163,21 @@ class HostCache:
         self._nfree += len(slots)
 
     def _spill(self, ids: np.ndarray, recs: np.ndarray) -> None:
-        self.spill(np.ascontiguousarray(ids), np.ascontiguousarray(recs))
+        # in chunks: a write-back's transient Python keys/values and WriteBatch cost ~3x the
+        # rows' bytes, which for a whole-cache flush would be the process's peak memory
+        for lo in range(0, len(ids), SPILL_CHUNK):
+            self.spill(np.ascontiguousarray(ids[lo:lo + SPILL_CHUNK]), np.ascontiguousarray(recs[lo:lo + SPILL_CHUNK]))
         self.spilled += len(ids)
 
     # -- write-back ------------------------------------------------------------------
     def flush(self) -> int:
         """Write every dirty row back (rows stay cached, now clean); returns how many."""
         d = np.flatnonzero(self.dirty & self.used)
-        if len(d):
-            order = np.argsort(self.sid[d])
-            d = d[order]
-            self._spill(self.sid[d], self.rec[d])
-            self.dirty[d] = False
+        d = d[np.argsort(self.sid[d])]
+        for lo in range(0, len(d), SPILL_CHUNK):
+            c = d[lo:lo + SPILL_CHUNK]
+            self._spill(self.sid[c], self.rec[c])
+        self.dirty[d] = False
         return len(d)
 
     def clear(self) -> None:

@@ -42,9 +42,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .adagrad import adagrad_rows
+from .adagrad import adagrad_rows, adagrad_rows_np
 from .buffers import RowBuffer
-from .cache import HostCache
+from .cache import SPILL_CHUNK, HostCache
 from .cold import FORMAT, ColdTier, check_manifest, read_manifest, write_manifest
 from .errors import StoreError
 from .hot import HotTable
@@ -322,7 +322,11 @@ class EmbeddingStore:
         if nh == n:
             return t.hot.w[torch.from_numpy(slots).to(self.device)]
         cold_pos = np.flatnonzero(~is_hot)
-        uniq, inv = np.unique(ids[cold_pos], return_inverse=True)
+        cids = ids[cold_pos]
+        if len(cids) < 2 or bool(np.all(cids[1:] > cids[:-1])):  # already sorted unique (the trainer's
+            uniq, inv = cids, np.arange(len(cids))                  # usual call): skip np.unique
+        else:
+            uniq, inv = np.unique(cids, return_inverse=True)
         recs, found, slots_c = self._cold_rows(t, uniq, touch=remember)
         if remember:
             if t.cache is not None:
@@ -364,11 +368,17 @@ class EmbeddingStore:
         if is_hot.any():
             hp = np.flatnonzero(is_hot)
             s = slots[hp]
-            st = torch.from_numpy(s).to(self.device)
-            g = grads[torch.from_numpy(hp).to(grads.device)].to(self.device)
-            w, acc = adagrad_rows(t.hot.w[st], t.hot.acc[st], g, self.lr, self.eps)
-            t.hot.w[st] = w
-            t.hot.acc[st] = acc
+            if self.device.type == "cpu":  # numpy: same IEEE ops, no per-op dispatch cost
+                hw, ha = t.hot.w.numpy(), t.hot.acc.numpy()
+                g = grads.cpu().numpy()
+                g = g if len(hp) == len(ids) else g[hp]
+                hw[s], ha[s] = adagrad_rows_np(hw[s], ha[s], g, self.lr, self.eps)
+            else:
+                st = torch.from_numpy(s).to(self.device)
+                g = grads[torch.from_numpy(hp).to(grads.device)].to(self.device)
+                w, acc = adagrad_rows(t.hot.w[st], t.hot.acc[st], g, self.lr, self.eps)
+                t.hot.w[st] = w
+                t.hot.acc[st] = acc
             t.hot.dirty[s] = True
             t.hot.ep[s] = self._epoch + 1
             t.hot.ts[s] = now
@@ -377,12 +387,9 @@ class EmbeddingStore:
             cids = ids[cp]
             old, found, cslots = self._cold_rows(t, cids, touch=True)
             self.created += int((~found).sum())
-            g = grads[torch.from_numpy(cp).to(grads.device)].cpu()
-            w, acc = adagrad_rows(torch.from_numpy(old["w"].copy()),
-                                  torch.from_numpy(old["acc"].copy()), g, self.lr, self.eps)
+            g = grads[torch.from_numpy(cp).to(grads.device)].cpu().numpy()
             new = old.copy()
-            new["w"] = w.numpy()
-            new["acc"] = acc.numpy()
+            new["w"], new["acc"] = adagrad_rows_np(old["w"], old["acc"], g, self.lr, self.eps)
             new["ts"] = now
             new["ep"] = self._epoch + 1
             self._store_cold(t, cids, new, old, found, cslots)
@@ -423,7 +430,8 @@ class EmbeddingStore:
         """Start reading the cold rows of ``ids`` in the background for a later lookup/apply."""
         t = self._table(table)
         ids = self._ids(t, ids)
-        cold = np.unique(ids[~t.hot.mask(ids)])
+        cold = np.unique(ids)  # sorted first: the index searches below are fastest on sorted ids
+        cold = cold[~t.hot.mask(cold)]
         if t.cache is not None and len(cold):
             cold = cold[t.cache.find(cold) < 0]  # cached rows need no read
         if len(cold) == 0:
@@ -498,20 +506,23 @@ class EmbeddingStore:
         n = 0
         for t in self.tables.values():
             h = t.hot
-            d = np.flatnonzero(h.dirty)
-            if not len(d):
+            dirty = np.flatnonzero(h.dirty)
+            if not len(dirty):
                 continue
-            ids = h.slot_ids()[d]
-            old, found = self.cold.get(t.tag, t.salt, ids, t.dtype)
-            rec = np.zeros(len(ids), dtype=t.dtype)
-            st = torch.from_numpy(d).to(self.device)
-            rec["w"] = h.w[st].cpu().numpy()
-            rec["acc"] = h.acc[st].cpu().numpy()
-            rec["ts"] = h.ts[d]
-            rec["ep"] = h.ep[d]
-            self.cold.write(t.tag, t.salt, ids, rec, old, found)
-            h.dirty[d] = False
-            n += len(d)
+            sid = h.slot_ids()
+            for lo in range(0, len(dirty), SPILL_CHUNK):  # chunks bound the transient memory
+                d = dirty[lo:lo + SPILL_CHUNK]
+                ids = sid[d]
+                old, found = self.cold.get(t.tag, t.salt, ids, t.dtype)
+                rec = np.zeros(len(ids), dtype=t.dtype)
+                st = torch.from_numpy(d).to(self.device)
+                rec["w"] = h.w[st].cpu().numpy()
+                rec["acc"] = h.acc[st].cpu().numpy()
+                rec["ts"] = h.ts[d]
+                rec["ep"] = h.ep[d]
+                self.cold.write(t.tag, t.salt, ids, rec, old, found)
+                h.dirty[d] = False
+            n += len(dirty)
         return n
 
     def checkpoint(self, path: str) -> int:
