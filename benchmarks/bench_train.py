@@ -2,14 +2,18 @@
 on the same skewed Criteo-like stream (26 sparse fields, 10M ids in all, dim 16,
 13 dense features, DLRM 13-512-256-64-16 / 512-256-1):
 
-  memory: plain in-memory PyTorch DLRM, every row in an nn.Embedding (the baseline)
-  cold:   the trainer with every row in the store (no hot tier)
-  fae:    the trainer with FAE hot/cold mini-batches, hot tier <= 5% of the rows
+  memory: plain in-memory PyTorch DLRM, every row in one table per field, row-wise
+          Adagrad on the touched rows only (the baseline)
+  cold:   the trainer with every row in the store: no hot tier and no host cache,
+          so every lookup and update goes to RocksDB (the floor)
+  fae:    the trainer with FAE hot/cold mini-batches, hot tier <= 5% of the rows,
+          host cache of cold rows as the default config has it
 
-Each set-up runs in its own subprocess so its peak RSS is its own. Kafka is left out
-of all three (same pre-generated events in memory), so the numbers compare training
-paths only. Events/s counts the training loop; data generation and model/vocabulary
-set-up are excluded and reported separately.
+Each set-up runs in its own subprocess so its peak RSS is its own, with the same
+torch thread count (``--threads``). Kafka is left out of all three (same
+pre-generated events in memory), so the numbers compare training paths only.
+Events/s counts the training loop after a warm-up window; data generation and
+model/vocabulary set-up are excluded and reported separately.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 FIELDS = 26
 TOTAL_IDS = 10_000_000
@@ -31,53 +38,92 @@ CRITEO = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 835
           5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
 
 
-def bench_config(root: str, ids: int, batch: int):
+def bench_config(root: str, ids: int, batch: int, setup: str):
     from streamrec.config import load_config
 
     scale = ids / sum(CRITEO)
     fields = [{"name": f"c{i:02d}", "cardinality": max(2, round(c * scale)), "zipf": 1.2}
               for i, c in enumerate(CRITEO)]
-    return load_config(None, {
+    over = {
         "model.fields": fields, "model.dense_dim": 13, "model.embedding_dim": 16,
         "model.bottom_mlp": [512, 256, 64, 16], "model.top_mlp": [512, 256],
         "store.path": os.path.join(root, "store"), "store.shards": 4,
         "trainer.batch_size": batch, "trainer.window_batches": 4, "trainer.device": "cpu",
         "hot.budget_rows": int(0.05 * ids),
-    }, env={})
+    }
+    if setup == "cold":  # the RocksDB floor: nothing held above it
+        over.update({"store.host_cache_rows": 0, "hot.budget_rows": 0})
+    return load_config(None, over, env={})
 
 
-def run_one(setup: str, events: int, ids: int, batch: int, sample: int) -> dict:
-    import numpy as np
+def rss_mb() -> float:
+    """Current resident set size (Linux /proc), MB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class LazyVocab:
+    """The baseline's vocabulary (every id of every field), made one field at a time so the
+    set-up does not hold all fields' id lists at once."""
+
+    def __init__(self, cfg):
+        self.card = {f.name: f.cardinality for f in cfg.model.fields}
+
+    def __getitem__(self, field: str):
+        from ingest.synthetic import rank_to_id
+
+        return rank_to_id(field, np.arange(self.card[field]))
+
+
+def windows_of(stream, events: int, window: int, dense_dim: int, fields):
+    """Consecutive windows of ``window`` events, generated on demand (the benchmark holds one
+    window at a time, like the trainer polling Kafka, so RSS is the training path's)."""
+    from ingest import EventBatch
+
+    buf, n = [], 0
+    for b in stream.batches(events):
+        buf.append(b)
+        n += len(b)
+        while n >= window:
+            allb = EventBatch.concat(buf, dense_dim, fields)
+            yield allb.take(np.arange(window))
+            rest = allb.take(np.arange(window, n))
+            buf, n = ([rest] if len(rest) else []), len(rest)
+    if n:
+        yield EventBatch.concat(buf, dense_dim, fields)
+
+
+def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads: int,
+            profile: str | None = None) -> dict:
     import torch
 
-    from ingest import EventBatch, SyntheticStream
-    from ingest.synthetic import rank_to_id
-    from trainer.metrics import StreamingMetrics
+    from ingest import SyntheticStream
 
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    torch.set_num_threads(threads)
     root = tempfile.mkdtemp(prefix=f"bench-train-{setup}-")
-    cfg = bench_config(root, ids, batch)
+    cfg = bench_config(root, ids, batch, setup)
     fields = cfg.model.field_names
-    t0 = time.perf_counter()
-    data = EventBatch.concat(list(SyntheticStream(cfg).batches(events)), cfg.model.dense_dim, fields)
-    gen_s = time.perf_counter() - t0
     window = batch * cfg.trainer.window_batches
-    windows = [data.take(np.arange(s, min(events, s + window))) for s in range(0, events, window)]
+    stream = windows_of(SyntheticStream(cfg), events, window, cfg.model.dense_dim, fields)
+    t0 = time.perf_counter()
+    first = [next(stream) for _ in range(-(-sample // window))]  # FAE's sample; the rest comes lazily
+    gen_s = time.perf_counter() - t0
+    rss_data = rss_mb()
     t0 = time.perf_counter()
     extra = {}
     if setup == "memory":
+        from trainer.metrics import StreamingMetrics
         from trainer.reference import MemoryDLRM
 
-        vocab = {f.name: rank_to_id(f.name, np.arange(f.cardinality)) for f in cfg.model.fields}
-        model = MemoryDLRM(cfg, vocab)
-        del vocab
+        model = MemoryDLRM(cfg, LazyVocab(cfg))
         metrics = StreamingMetrics(cfg.trainer.metrics_window)
+        extra["rows"] = sum(len(v) for v in model.ids.values())
+        extra["table_mb"] = model.nbytes() / 2**20
 
         def train(w):
             for s in range(0, len(w), batch):
                 mb = w.take(np.arange(s, min(len(w), s + batch)))
                 metrics.update(mb.labels, model.train_batch(mb))
-        extra["rows"] = sum(len(v) for v in model.ids.values())
     else:
         from embedding_store import EmbeddingStore
         from trainer.core import TrainerCore
@@ -86,10 +132,12 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int) -> dict:
         store = EmbeddingStore.from_config(cfg, "cpu")
         core = TrainerCore(cfg, store, torch.device("cpu"))
         metrics = core.metrics
+        extra["host_cache_rows"] = cfg.store.host_cache_rows
         if setup == "fae":
             # FAE: hot rows from a sample of the stream (the first `sample` events), not a full pass
             src = SampleHotSource(fields, budget_rows(cfg), sample_events=sample)
-            src.observe(data.take(np.arange(min(sample, events))))
+            for w in first:
+                src.observe(w)
             upd = src.poll()
             core.apply_hot_set(upd.version, upd.tables)
             extra["hot_rows"] = core.hot_rows
@@ -98,21 +146,42 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int) -> dict:
         def train(w):
             core.train_window(w)
     setup_s = time.perf_counter() - t0
-    train(windows[0])  # warm-up (allocations, first RocksDB files), counted in AUC but not in time
-    t0 = time.perf_counter()
-    for w in windows[1:]:
+    rss_setup = rss_mb()
+    warm = first.pop(0)
+    train(warm)  # warm-up (allocations, first RocksDB files), counted in AUC but not in time
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+    dt = cpu = 0.0
+    timed = 0
+
+    def timed_windows():
+        yield from first
+        yield from stream
+
+    for w in timed_windows():  # generating a window is not timed: the real trainer polls it from Kafka
+        if prof is not None:
+            prof.enable()
+        c0, t0 = time.process_time(), time.perf_counter()
         train(w)
-    dt = time.perf_counter() - t0
-    timed = events - len(windows[0])
-    out = {"setup": setup, "events": events, "events_per_s": timed / dt, "train_s": dt, "setup_s": setup_s,
-           "gen_s": gen_s, "auc": metrics.auc, "window_auc": metrics.window_auc(), "logloss": metrics.logloss,
+        dt += time.perf_counter() - t0
+        cpu += time.process_time() - c0
+        if prof is not None:
+            prof.disable()
+        timed += len(w)
+    if prof is not None:
+        prof.dump_stats(profile)
+    out = {"setup": setup, "events": events, "timed_events": timed, "events_per_s": timed / dt, "train_s": dt,
+           "cpu_s": cpu, "setup_s": setup_s, "gen_s": gen_s, "threads": threads, "auc": metrics.auc,
+           "window_auc": metrics.window_auc(), "logloss": metrics.logloss,
+           "rss_after_data_mb": rss_data, "rss_after_setup_mb": rss_setup,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}
     if setup != "memory":
         out["hot_fraction"] = core.hot_events / core.events
         out["store"] = {k: v for k, v in store.stats().items() if isinstance(v, (int, float))}
         store.close()
-    import shutil
-
     shutil.rmtree(root, ignore_errors=True)
     return out
 
@@ -124,18 +193,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, help="events per set-up")
     p.add_argument("--ids", type=int, help=f"ids over all fields (default {TOTAL_IDS:,})")
     p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads in every set-up (default 1: the trainer's prefetch thread "
+                        "needs the other core of a small box, and oversubscribed OpenMP threads stall)")
+    p.add_argument("--setups", default="memory,cold,fae", help=argparse.SUPPRESS)
     p.add_argument("--run-one", choices=["memory", "cold", "fae"], help=argparse.SUPPRESS)
+    p.add_argument("--profile", help=argparse.SUPPRESS)  # with --run-one: cProfile stats of the timed loop
     args = p.parse_args(argv)
-    events = args.events or (16_384 if args.quick else 204_800)
+    # quick: 1M ids, 6 windows of 8k events (1 warm-up + 5 timed)
+    events = args.events or (49_152 if args.quick else 204_800)
     ids = args.ids or (1_000_000 if args.quick else TOTAL_IDS)
     sample = min(50_000, events // 2)
     if args.run_one:
-        print(json.dumps(run_one(args.run_one, events, ids, args.batch, sample)))
+        print(json.dumps(run_one(args.run_one, events, ids, args.batch, sample, args.threads, args.profile)))
         return 0
     res = {}
-    for setup in ("memory", "cold", "fae"):
+    for setup in args.setups.split(","):
         cmd = [sys.executable, "-m", "benchmarks.bench_train", "--run-one", setup, "--events", str(events),
-               "--ids", str(ids), "--batch", str(args.batch)]
+               "--ids", str(ids), "--batch", str(args.batch), "--threads", str(args.threads)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)
@@ -143,8 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         res[setup] = json.loads(proc.stdout.strip().splitlines()[-1])
         r = res[setup]
         print(f"{setup:>6}: {r['events_per_s']:>9,.0f} events/s  auc {r['auc']:.4f}  "
-              f"peak RSS {r['peak_rss_mb']:,.0f} MB  (setup {r['setup_s']:.1f}s, train {r['train_s']:.1f}s"
+              f"peak RSS {r['peak_rss_mb']:,.0f} MB (after set-up {r['rss_after_setup_mb']:,.0f})  "
+              f"(setup {r['setup_s']:.1f}s, train {r['train_s']:.1f}s, cpu {r['cpu_s']:.1f}s"
               + (f", hot fraction {r['hot_fraction']:.1%}" if "hot_fraction" in r else "") + ")", flush=True)
+    if set(res) != {"memory", "cold", "fae"}:
+        return 0
     m, c, f = res["memory"], res["cold"], res["fae"]
     summary = {
         "fae_events_per_s": f["events_per_s"], "memory_events_per_s": m["events_per_s"],
@@ -152,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         "fae_vs_memory": f["events_per_s"] / m["events_per_s"], "fae_vs_cold": f["events_per_s"] / c["events_per_s"],
         "auc_fae": f["auc"], "auc_memory": m["auc"], "auc_cold": c["auc"],
         "fae_rss_vs_memory": f["peak_rss_mb"] / m["peak_rss_mb"],
-        "events": events, "ids": ids, "batch": args.batch, "hot_fraction": f.get("hot_fraction"),
+        "events": events, "ids": ids, "batch": args.batch, "threads": args.threads,
+        "hot_fraction": f.get("hot_fraction"),
         "peak_rss_mb": {k: v["peak_rss_mb"] for k, v in res.items()},
     }
     print(f"ratios: fae/memory {summary['fae_vs_memory']:.2f}x (goal >= 0.7), fae/cold {summary['fae_vs_cold']:.2f}x "

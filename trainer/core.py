@@ -18,7 +18,7 @@ import torch
 from ingest.events import EventBatch
 
 from .metrics import StreamingMetrics
-from .model import DLRM, predict_batch
+from .model import DLRM, predict_batch, unique_ids
 from .schedule import MiniBatch, hot_samples, plan
 from .step import dense_optimizer, train_step
 
@@ -70,25 +70,34 @@ class TrainerCore:
             hot = np.zeros(len(batch), dtype=bool)
         return plan(hot, t.batch_size, t.schedule if self.hot_rows else "arrival", t.hot_per_cold)
 
-    def _prefetch(self, batch: EventBatch) -> None:
+    def _prefetch(self, uniques: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
         for f in self.fields:
-            ids = batch.sparse[f].values
+            ids = uniques[f][0]
             if len(ids):
-                self.store.prefetch(f, np.unique(ids))
+                self.store.prefetch(f, ids)
 
     def train_window(self, batch: EventBatch) -> WindowResult:
-        """Train on one window of events (score first); returns the scores in arrival order."""
+        """Train on one window of events (score first); returns the scores in arrival order.
+
+        Each mini-batch's unique ids are computed once (shared by its prefetch and its
+        lookup); hot mini-batches are never prefetched (their rows are all on the device).
+        """
         self.model.train()
         scores = np.zeros(len(batch), np.float32)
         mbs = self.plan(batch)
         subs = [batch.take(m.rows) for m in mbs]
+        uniqs = [None] * len(mbs)
         hot_n = 0
         for i, (m, sub) in enumerate(zip(mbs, subs)):
+            if uniqs[i] is None:
+                uniqs[i] = unique_ids(sub, self.fields)
             nxt = i + 1
             if nxt < len(mbs) and mbs[nxt].kind != "hot":
-                self._prefetch(subs[nxt])  # cold rows load in the background while this batch trains
+                uniqs[nxt] = unique_ids(subs[nxt], self.fields)
+                self._prefetch(uniqs[nxt])  # cold rows load in the background while this batch trains
             p = train_step(self.model, self.opt, sub, self.fields, self.store.lookup, self.store.apply_gradients,
-                           self.device)
+                           self.device, uniques=uniqs[i])
+            uniqs[i] = None
             scores[m.rows] = p
             if m.kind == "hot":
                 hot_n += len(m.rows)

@@ -65,13 +65,26 @@ def pool_sum(rows: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor) -> 
     return F.embedding_bag(index, rows, offsets[:-1], mode="sum", include_last_offset=False)
 
 
-def embed_batch(batch, fields, lookup, device, requires_grad: bool = False):
+def unique_ids(batch, fields) -> dict:
+    """Per field ``(sorted unique ids, inverse index)`` of a batch: computed once per
+    mini-batch and shared by the prefetch and the lookup (``embed_batch(uniques=...)``)."""
+    import numpy as np
+
+    out = {}
+    for f in fields:
+        uniq, inverse = np.unique(batch.sparse[f].values, return_inverse=True)
+        out[f] = (uniq, inverse.reshape(-1))
+    return out
+
+
+def embed_batch(batch, fields, lookup, device, requires_grad: bool = False, uniques=None):
     """Look up and sum-pool every sparse field of an ``ingest.EventBatch``.
 
     ``lookup(field, unique_ids: np.ndarray[int64]) -> Tensor[n, dim]`` fetches rows
     (from the tiered store in training, from serving's copy in serving). Returns
     ``pooled [B, F, dim]`` and, per field, ``(unique_ids, rows)`` where ``rows`` is
     a leaf tensor whose ``.grad`` after backward is the gradient of each unique row.
+    ``uniques``: this batch's ``unique_ids(batch, fields)`` when the caller has them.
     """
     import numpy as np
 
@@ -79,11 +92,14 @@ def embed_batch(batch, fields, lookup, device, requires_grad: bool = False):
     touched = []
     for f in fields:
         j = batch.sparse[f]
-        uniq, inverse = np.unique(j.values, return_inverse=True)
+        if uniques is not None:
+            uniq, inverse = uniques[f]
+        else:
+            uniq, inverse = np.unique(j.values, return_inverse=True)
         rows = lookup(f, uniq).to(device)
         if requires_grad:
             rows = rows.detach().requires_grad_(True)
-        index = torch.from_numpy(inverse.astype(np.int64).reshape(-1)).to(device)
+        index = torch.from_numpy(inverse.astype(np.int64, copy=False).reshape(-1)).to(device)
         offsets = torch.from_numpy(j.offsets).to(device)
         pooled.append(pool_sum(rows, index, offsets))
         touched.append((f, uniq, rows))

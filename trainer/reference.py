@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from embedding_store.adagrad import adagrad_rows
+from embedding_store.adagrad import adagrad_rows, adagrad_rows_np
 from embedding_store.rows import init_rows, table_salt
 
 from .model import DLRM, predict_batch
@@ -24,7 +24,7 @@ from .step import dense_optimizer, train_step
 
 class MemoryDLRM:
     def __init__(self, cfg, vocab: Mapping[str, np.ndarray], device: torch.device | str = "cpu",
-                 init_chunk: int = 1 << 20):
+                 init_chunk: int = 1 << 17):
         self.cfg = cfg
         self.device = torch.device(device)
         self.fields = cfg.model.field_names
@@ -34,6 +34,7 @@ class MemoryDLRM:
         self.ids: dict[str, np.ndarray] = {}
         self.emb: dict[str, nn.Embedding] = {}
         self.acc: dict[str, torch.Tensor] = {}
+        self._last: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for f in self.fields:
             ids = np.unique(np.asarray(vocab[f], dtype=np.int64))
             self.ids[f] = ids
@@ -47,19 +48,32 @@ class MemoryDLRM:
             self.acc[f] = torch.zeros(len(ids), dtype=torch.float32, device=self.device)
 
     def index(self, field: str, ids: np.ndarray) -> np.ndarray:
+        last = self._last.get(field)
+        if last is not None and last[0] is ids:  # apply_gradients right after lookup of the same array
+            return last[1]
         known = self.ids[field]
         pos = np.searchsorted(known, ids)
         pos = np.minimum(pos, len(known) - 1)
         if len(ids) and not np.array_equal(known[pos], ids):
             missing = ids[known[pos] != ids][:3]
             raise KeyError(f"field {field!r}: ids {missing.tolist()} are not in the baseline's vocabulary")
+        self._last[field] = (ids, pos)
         return pos
 
     def lookup(self, field: str, ids: np.ndarray) -> torch.Tensor:
+        if self.device.type == "cpu":  # numpy gather on the shared buffer: no torch dispatch per field
+            return torch.from_numpy(self.emb[field].weight.numpy()[self.index(field, ids)])
         idx = torch.from_numpy(self.index(field, ids)).to(self.device)
         return self.emb[field].weight[idx]
 
     def apply_gradients(self, field: str, ids: np.ndarray, grads: torch.Tensor) -> None:
+        """Row-wise Adagrad on the touched rows only (the sparse update a competent DLRM does)."""
+        if self.device.type == "cpu":  # same IEEE ops as the store's host path, bit for bit
+            idx = self.index(field, ids)
+            w, acc = self.emb[field].weight.numpy(), self.acc[field].numpy()
+            w[idx], acc[idx] = adagrad_rows_np(w[idx], acc[idx], grads.detach().numpy(),
+                                               self.cfg.store.adagrad_lr, self.cfg.store.adagrad_eps)
+            return
         idx = torch.from_numpy(self.index(field, ids)).to(self.device)
         w = self.emb[field].weight
         new_w, new_acc = adagrad_rows(w[idx], self.acc[field][idx], grads.to(self.device),

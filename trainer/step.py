@@ -38,9 +38,10 @@ def dense_optimizer(model: DLRM, kind: str, lr: float) -> torch.optim.Optimizer:
 
 
 def train_step(model: DLRM, opt: torch.optim.Optimizer, batch, fields: Sequence[str], lookup: Lookup,
-               apply_grads: ApplyGrads, device: torch.device) -> np.ndarray:
-    """Score (before update) and train on one mini-batch; returns the scores."""
-    pooled, touched = embed_batch(batch, fields, lookup, device, requires_grad=True)
+               apply_grads: ApplyGrads, device: torch.device, uniques=None) -> np.ndarray:
+    """Score (before update) and train on one mini-batch; returns the scores.
+    ``uniques``: the batch's ``model.unique_ids`` when the caller already has them."""
+    pooled, touched = embed_batch(batch, fields, lookup, device, requires_grad=True, uniques=uniques)
     dense = torch.from_numpy(batch.dense).to(device)
     labels = torch.from_numpy(batch.labels).to(device)
     logits = model(dense, pooled)
