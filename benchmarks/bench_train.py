@@ -38,7 +38,7 @@ CRITEO = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 835
           5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
 
 
-def bench_config(root: str, ids: int, batch: int, setup: str):
+def bench_config(root: str, ids: int, batch: int, setup: str, extra: dict | None = None):
     from streamrec.config import load_config
 
     scale = ids / sum(CRITEO)
@@ -50,6 +50,7 @@ def bench_config(root: str, ids: int, batch: int, setup: str):
         "store.path": os.path.join(root, "store"), "store.shards": 4,
         "trainer.batch_size": batch, "trainer.window_batches": 4, "trainer.device": "cpu",
         "hot.budget_rows": int(0.05 * ids),
+        **(extra or {}),
     }
     if setup == "cold":  # the RocksDB floor: nothing held above it
         over.update({"store.host_cache_rows": 0, "hot.budget_rows": 0})
@@ -94,14 +95,14 @@ def windows_of(stream, events: int, window: int, dense_dim: int, fields):
 
 
 def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads: int,
-            profile: str | None = None) -> dict:
+            profile: str | None = None, sets: dict | None = None) -> dict:
     import torch
 
     from ingest import SyntheticStream
 
     torch.set_num_threads(threads)
     root = tempfile.mkdtemp(prefix=f"bench-train-{setup}-")
-    cfg = bench_config(root, ids, batch, setup)
+    cfg = bench_config(root, ids, batch, setup, sets)
     fields = cfg.model.field_names
     window = batch * cfg.trainer.window_batches
     stream = windows_of(SyntheticStream(cfg), events, window, cfg.model.dense_dim, fields)
@@ -196,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads in every set-up (default 1: the trainer's prefetch thread "
                         "needs the other core of a small box, and oversubscribed OpenMP threads stall)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every set-up (cold keeps no hot tier and no host cache)")
     p.add_argument("--setups", default="memory,cold,fae", help=argparse.SUPPRESS)
     p.add_argument("--run-one", choices=["memory", "cold", "fae"], help=argparse.SUPPRESS)
     p.add_argument("--profile", help=argparse.SUPPRESS)  # with --run-one: cProfile stats of the timed loop
@@ -204,13 +207,20 @@ def main(argv: list[str] | None = None) -> int:
     events = args.events or (49_152 if args.quick else 204_800)
     ids = args.ids or (1_000_000 if args.quick else TOTAL_IDS)
     sample = min(50_000, events // 2)
+    sets = {}
+    for kv in args.set:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            p.error(f"--set wants KEY=VALUE, got {kv!r}")
+        sets[k] = json.loads(v) if v[:1].isdigit() or v[:1] in "[{-" or v in ("true", "false") else v
     if args.run_one:
-        print(json.dumps(run_one(args.run_one, events, ids, args.batch, sample, args.threads, args.profile)))
+        print(json.dumps(run_one(args.run_one, events, ids, args.batch, sample, args.threads, args.profile, sets)))
         return 0
     res = {}
     for setup in args.setups.split(","):
         cmd = [sys.executable, "-m", "benchmarks.bench_train", "--run-one", setup, "--events", str(events),
                "--ids", str(ids), "--batch", str(args.batch), "--threads", str(args.threads)]
+        cmd += [a for kv in args.set for a in ("--set", kv)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)
