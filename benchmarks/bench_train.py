@@ -13,7 +13,10 @@ Each set-up runs in its own subprocess so its peak RSS is its own, with the same
 torch thread count (``--threads``). Kafka is left out of all three (same
 pre-generated events in memory), so the numbers compare training paths only.
 Events/s counts the training loop after a warm-up window; data generation and
-model/vocabulary set-up are excluded and reported separately.
+model/vocabulary set-up are excluded and reported separately. AUC is measured on the
+same held-out slice (the two windows after the trained events) for every set-up;
+progressive AUC is reported too, but FAE reorders events inside a window, so some of
+its events are scored after later ones trained, which flatters its progressive AUC.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
     cfg = bench_config(root, ids, batch, setup, sets)
     fields = cfg.model.field_names
     window = batch * cfg.trainer.window_batches
-    stream = windows_of(SyntheticStream(cfg), events, window, cfg.model.dense_dim, fields)
+    held_n = 2 * window  # the events right after the trained ones: held-out AUC, the same slice for every set-up
+    stream = windows_of(SyntheticStream(cfg), events + held_n, window, cfg.model.dense_dim, fields)
     t0 = time.perf_counter()
     first = [next(stream) for _ in range(-(-sample // window))]  # FAE's sample; the rest comes lazily
     gen_s = time.perf_counter() - t0
@@ -125,6 +129,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
             for s in range(0, len(w), batch):
                 mb = w.take(np.arange(s, min(len(w), s + batch)))
                 metrics.update(mb.labels, model.train_batch(mb))
+        predict = model.predict
     else:
         from embedding_store import EmbeddingStore
         from trainer.core import TrainerCore
@@ -146,6 +151,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
 
         def train(w):
             core.train_window(w)
+        predict = core.predict
     setup_s = time.perf_counter() - t0
     rss_setup = rss_mb()
     warm = first.pop(0)
@@ -160,7 +166,15 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
 
     def timed_windows():
         yield from first
-        yield from stream
+        seen = len(warm) + sum(len(w) for w in first)
+        for w in stream:
+            if seen >= events:
+                held.append(w)
+                continue
+            seen += len(w)
+            yield w
+
+    held: list = []
 
     for w in timed_windows():  # generating a window is not timed: the real trainer polls it from Kafka
         if prof is not None:
@@ -174,11 +188,18 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
         timed += len(w)
     if prof is not None:
         prof.dump_stats(profile)
+    from ingest import EventBatch, roc_auc
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # training's peak, before evaluation
+    hb = EventBatch.concat(held, cfg.model.dense_dim, fields)
+    scores = [predict(hb.take(np.arange(s, min(len(hb), s + batch)))) for s in range(0, len(hb), batch)]
+    held_auc = roc_auc(hb.labels, np.concatenate(scores)) if len(hb) else float("nan")
     out = {"setup": setup, "events": events, "timed_events": timed, "events_per_s": timed / dt, "train_s": dt,
-           "cpu_s": cpu, "setup_s": setup_s, "gen_s": gen_s, "threads": threads, "auc": metrics.auc,
+           "cpu_s": cpu, "setup_s": setup_s, "gen_s": gen_s, "threads": threads, "auc": held_auc,
+           "held_out_events": len(hb), "progressive_auc": metrics.auc,
            "window_auc": metrics.window_auc(), "logloss": metrics.logloss,
            "rss_after_data_mb": rss_data, "rss_after_setup_mb": rss_setup,
-           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **extra}
+           "peak_rss_mb": peak, **extra}
     if setup != "memory":
         out["hot_fraction"] = core.hot_events / core.events
         out["store"] = {k: v for k, v in store.stats().items() if isinstance(v, (int, float))}
@@ -203,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-one", choices=["memory", "cold", "fae"], help=argparse.SUPPRESS)
     p.add_argument("--profile", help=argparse.SUPPRESS)  # with --run-one: cProfile stats of the timed loop
     args = p.parse_args(argv)
-    # quick: 1M ids, 6 windows of 8k events (1 warm-up + 5 timed)
-    events = args.events or (49_152 if args.quick else 204_800)
+    # quick: 1M ids, 12 windows of 8k events (1 warm-up + 11 timed, a few seconds per set-up)
+    events = args.events or (98_304 if args.quick else 204_800)
     ids = args.ids or (1_000_000 if args.quick else TOTAL_IDS)
     sample = min(50_000, events // 2)
     sets = {}
@@ -227,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         res[setup] = json.loads(proc.stdout.strip().splitlines()[-1])
         r = res[setup]
-        print(f"{setup:>6}: {r['events_per_s']:>9,.0f} events/s  auc {r['auc']:.4f}  "
+        print(f"{setup:>6}: {r['events_per_s']:>9,.0f} events/s  held-out auc {r['auc']:.4f} "
+              f"(progressive {r['progressive_auc']:.4f})  "
               f"peak RSS {r['peak_rss_mb']:,.0f} MB (after set-up {r['rss_after_setup_mb']:,.0f})  "
               f"(setup {r['setup_s']:.1f}s, train {r['train_s']:.1f}s, cpu {r['cpu_s']:.1f}s"
               + (f", hot fraction {r['hot_fraction']:.1%}" if "hot_fraction" in r else "") + ")", flush=True)
@@ -238,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         "fae_events_per_s": f["events_per_s"], "memory_events_per_s": m["events_per_s"],
         "cold_events_per_s": c["events_per_s"],
         "fae_vs_memory": f["events_per_s"] / m["events_per_s"], "fae_vs_cold": f["events_per_s"] / c["events_per_s"],
-        "auc_fae": f["auc"], "auc_memory": m["auc"], "auc_cold": c["auc"],
+        "auc_fae": f["auc"], "auc_memory": m["auc"], "auc_cold": c["auc"],  # held-out, after the same events
+        "progressive_auc": {k: v["progressive_auc"] for k, v in res.items()},
         "fae_rss_vs_memory": f["peak_rss_mb"] / m["peak_rss_mb"],
         "events": events, "ids": ids, "batch": args.batch, "threads": args.threads,
         "hot_fraction": f.get("hot_fraction"),
