@@ -18,7 +18,14 @@ Atomicity across shards: one logical write (a batch of rows of one table) become
 record* (the rows' previous bytes, the write's sequence number and the set of shards
 taking part). On open, if the newest write reached only some of its shards (a kill
 between shard writes), the shards that did apply it are rolled back — so the store
-always reopens to a prefix of acknowledged writes, never half of one.
+always reopens to a prefix of acknowledged writes, never half of one. The host cache's
+write-backs (``put``) skip the undo record: with the cache on, only checkpoints are
+consistent points anyway (see store.py), and the undo record would cost a read per row.
+
+Measured on the bench workload (random ~100-byte rows, 2 shared cores): a point read
+costs ~3 us/key (multi-get, block cache 32-128 MB made no clear difference) and an
+insert ~1-1.5 us/row (16 MB of write buffers a little cheaper than 64 MB; the WAL and
+block checksums made no measurable difference).
 """
 
 from __future__ import annotations

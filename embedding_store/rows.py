@@ -14,6 +14,7 @@ _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
+_INIT_CHUNK = 8192  # rows per init_rows pass: a big promotion would otherwise peak at ~500 B/row
 KEY_BYTES = 13  # 4-byte table tag + 8-byte id (big-endian) + 0x01 terminator
 _KEY_DTYPE = np.dtype([("tag", ">u4"), ("id", ">i8"), ("end", "u1")])
 
@@ -89,6 +90,9 @@ def init_rows(salt: int, seed: int, ids: np.ndarray, dim: int, scale: float) -> 
     so any process computes the same row without coordination.
     """
     ids = np.asarray(ids, dtype=np.int64)
+    if len(ids) > _INIT_CHUNK:  # bounded temporaries (several uint64 [n, dim] arrays per call)
+        return np.concatenate([init_rows(salt, seed, ids[lo:lo + _INIT_CHUNK], dim, scale)
+                               for lo in range(0, len(ids), _INIT_CHUNK)])
     base = splitmix64(ids.astype(np.uint64) ^ np.uint64(salt)) ^ splitmix64(np.array([seed], dtype=np.uint64))
     with np.errstate(over="ignore"):
         ctr = base[:, None] + np.arange(dim, dtype=np.uint64)[None, :] * _GOLD
