@@ -245,4 +245,6 @@ class ServingServer:
 
 def serve(cfg: Config, device: torch.device | str | None = None, port: int | None = None) -> ServingServer:
     """Start a server for ``cfg.serving`` and return its handle (already listening)."""
+    if cfg.serving.torch_threads > 0:
+        torch.set_num_threads(cfg.serving.torch_threads)
     return ServingServer(cfg, device, port).start()

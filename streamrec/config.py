@@ -106,6 +106,7 @@ class HotConfig:
 @dataclass
 class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    torch_threads: int = 0  # CPU threads for torch ops (0 = torch's default: all cores)
     batch_size: int = 1024  # events per training mini-batch
     dense_optimizer: str = "adam"  # adam | adagrad
     dense_lr: float = 1e-3  # learning rate of the dense (MLP) parameters
@@ -147,6 +148,7 @@ class ServingConfig:
     max_batch: int = 4096  # events per Predict request; more -> INVALID_ARGUMENT naming the field
     hot_rows: int = 100_000  # rows serving keeps in memory
     workers: int = 8  # gRPC server threads
+    torch_threads: int = 0  # CPU threads for torch ops (0 = torch's default: all cores)
 
 
 @dataclass

@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import secrets
 import signal
 import sys
@@ -131,6 +132,11 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     cfg.serving.target = ""
     if not cfg.serving.push_token:
         cfg.serving.push_token = secrets.token_hex(16)
+    if (os.cpu_count() or 1) <= 4:
+        # trainer, sketch, serving and the producer share a few cores: one torch thread each
+        # beats threads that stall each other
+        cfg.trainer.torch_threads = cfg.trainer.torch_threads or 1
+        cfg.serving.torch_threads = cfg.serving.torch_threads or 1
     # short intervals so a two-minute demo shows several hot sets, checkpoints and snapshots
     cfg.sketch.publish_interval_s = min(cfg.sketch.publish_interval_s, 3.0)
     cfg.trainer.checkpoint_every_events = min(cfg.trainer.checkpoint_every_events, max(10_000, args.events // 6))

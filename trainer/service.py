@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from .checkpoint import (STORE, latest_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint,
                          write_checkpoint)
@@ -66,6 +67,8 @@ class TrainerService:
         self.bootstrap = bootstrap
         self.stop = stop or threading.Event()
         t = cfg.trainer
+        if t.torch_threads > 0:
+            torch.set_num_threads(t.torch_threads)
         self.device = resolve_device(t.device)
         ckpt = latest_checkpoint(t.checkpoint_dir)
         self.store = open_store(cfg, self.device, ckpt)
