@@ -114,7 +114,7 @@ class TrainerConfig:
     hot_per_cold: int = 0  # 0 = interleave in proportion to what arrives
     checkpoint_dir: str = "data/checkpoints"  # where durable checkpoints go; offsets are committed only after one
     checkpoint_every_events: int = 50_000  # checkpoint after this many events ...
-    checkpoint_every_s: float = 30.0  # ... or after this many seconds, whichever comes first
+    checkpoint_every_s: float = 10.0  # ... or after this many seconds, whichever comes first (bounds freshness)
     keep_checkpoints: int = 3  # complete checkpoints kept on disk
     snapshot_every: int = 1  # push a snapshot after every N checkpoints
     full_snapshot_every: int = 10  # every N-th snapshot is full, the rest deltas

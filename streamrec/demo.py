@@ -140,7 +140,7 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     # short intervals so a two-minute demo shows several hot sets, checkpoints and snapshots
     cfg.sketch.publish_interval_s = min(cfg.sketch.publish_interval_s, 3.0)
     cfg.trainer.checkpoint_every_events = min(cfg.trainer.checkpoint_every_events, max(10_000, args.events // 6))
-    cfg.trainer.checkpoint_every_s = min(cfg.trainer.checkpoint_every_s, 15.0)
+    cfg.trainer.checkpoint_every_s = min(cfg.trainer.checkpoint_every_s, 10.0)
     return cfg
 
 
