@@ -322,6 +322,8 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
     view_log = open(metrics_path.parent / "view.jsonl", "a")
     view.phase = "streaming + training"
 
+    freshness: list[float] = []  # served model's age (now - newest event it learned) while events flow
+
     def refresh():
         view.metrics = _last_json_line(metrics_path) or view.metrics
         hs = follower.latest()
@@ -334,6 +336,8 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
             if st.get("serving"):
                 view.served_version = int(st.get("version", 0))
                 view.freshness_s = float(st.get("freshness_s", 0.0))
+                if view.produced < args.events or not freshness:  # while the stream is live
+                    freshness.append(view.freshness_s)
         except Exception:
             pass
         view_log.write(json.dumps({
@@ -384,6 +388,7 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
         "logloss": _finite(m.get("logloss")),
         "hot_coverage": _finite(view.hot_coverage if view.hot_coverage is not None else m.get("hot_coverage")),
         "served_version": int(version),
+        "freshness_s_median": round(float(sorted(freshness)[len(freshness) // 2]), 2) if freshness else None,
         "scores": scores,
         "run_dir": str(Path(cfg.trainer.log_path).parent),
     }
