@@ -660,6 +660,7 @@ class EmbeddingStore:
             "hot_hit_rate": self.hot_hits / total if total else 0.0,
             "created": self.created,
             "cold_reads": self.cold.reads,
+            "cold_reads_skipped": self.cold.skipped,  # never-stored ids answered by the key filter
             "bytes_written": self.cold.bytes_written,
             "hot_bytes": sum(t.hot.nbytes() for t in self.tables.values()),
             "epoch": self._epoch,
