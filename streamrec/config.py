@@ -84,7 +84,7 @@ class StoreConfig:
 
 @dataclass
 class SketchConfig:
-    epsilon: float = 1e-4  # count-min error bound as a fraction of the total count (sets the width)
+    epsilon: float = 5e-5  # count-min error bound as a fraction of the total count (sets the width)
     delta: float = 1e-3  # probability that an estimate exceeds the epsilon bound (sets the depth)
     half_life_s: float = 600.0  # popularity counts halve every this many seconds of event time
     top_k: int = 20_000  # heavy-hitter candidates kept per sketch
