@@ -76,7 +76,7 @@ class StoreConfig:
     shards: int = 4  # RocksDB shards (separate databases) in the cold tier
     block_cache_mb: int = 256  # RocksDB block cache shared by the shards
     host_cache_rows: int = 100_000  # bounded host-memory cache of cold rows (0 = off)
-    expire_after_s: float = 0.0  # 0 = never expire untouched rows
+    expire_after_s: float = 0.0  # trainer deletes cold rows untouched this long, swept at checkpoints (0 = never)
     adagrad_lr: float = 0.05  # row-wise Adagrad learning rate of embedding rows
     adagrad_eps: float = 1e-8  # row-wise Adagrad epsilon
     init_scale: float = 0.05  # rows start uniform in [-init_scale, init_scale]

@@ -154,6 +154,7 @@ def test_sigterm_drains_with_final_checkpoint_and_serves_prometheus(topics, tmp_
     cfg.trainer.idle_exit_s = 0.0  # would run forever: only the signal stops it
     cfg.trainer.checkpoint_every_events = 10**9
     cfg.trainer.metrics_port = free_port()
+    cfg.store.expire_after_s = 0.001  # the final checkpoint's sweep expires every untouched cold row
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
     _produce(cfg, bootstrap, 8_192)
@@ -179,3 +180,4 @@ def test_sigterm_drains_with_final_checkpoint_and_serves_prometheus(topics, tmp_
         for _t, p, _a, b in r.get("ranges", []):
             trained_to[p] = b
     assert state["events"] == 8_192 and {p: o for _t, p, o in state["offsets"]} == trained_to
+    assert _read_jsonl(tmp_path / "metrics.jsonl")[-1]["rows_expired"] > 0

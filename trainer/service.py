@@ -94,6 +94,8 @@ class TrainerService:
         self.hot = make_hot_source(cfg, bootstrap)
         self.hot_coverage = float("nan")
         self.hit_rate = float("nan")
+        self.rows_expired = 0
+        self._last_sweep = time.monotonic()
         self.metrics_log = MetricsLog(t.log_path)
         self.prom = PrometheusExporter(t.metrics_port) if t.metrics_port else None
         self.progress = ProgressLine(progress)
@@ -202,7 +204,19 @@ class TrainerService:
         self.trace.write({"events": len(batch), "ranges": ranges, "after_seq": self.seq})
 
     # -- durability -------------------------------------------------------------
+    def _maybe_expire(self) -> None:
+        """Delete cold rows untouched for ``store.expire_after_s`` (a full scan, so at most every half period)."""
+        after = self.cfg.store.expire_after_s
+        if after <= 0 or time.monotonic() - self._last_sweep < after / 2:
+            return
+        t0 = time.monotonic()
+        n = self.store.expire(after)
+        self._last_sweep = time.monotonic()
+        self.rows_expired += n
+        log.info("expired %d rows untouched for %.0f s (sweep took %.2f s)", n, after, self._last_sweep - t0)
+
     def checkpoint(self) -> int:
+        self._maybe_expire()  # before the store checkpoint, so the checkpoint holds the sweep
         self.seq += 1
         seq = self.seq
         epoch_box: dict[str, int] = {}
@@ -249,7 +263,7 @@ class TrainerService:
             "hot_coverage": self.hot_coverage, "hit_rate": self._hit_rate(), "hot_version": self.core.hot_version,
             "hot_rows": self.core.hot_rows, "dead_letters": self.consumer.stats.dead_letters,
             "snapshot_version": self.publisher.version if self.publisher else 0,
-            "checkpoint": self.seq, "lag": self.consumer.lag(),
+            "checkpoint": self.seq, "lag": self.consumer.lag(), "rows_expired": self.rows_expired,
         }
         self.last_record = rec
         self.metrics_log.write(rec)
