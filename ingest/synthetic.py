@@ -109,7 +109,7 @@ class SyntheticStream:
         dense = rng.normal(0, 1, size=(n, m.dense_dim)).astype(np.float32)
         if m.dense_dim:
             logit += dense.astype(np.float64) @ self.dense_beta
-        p = 1.0 / (1.0 + np.exp(-logit))
+        p = 1.0 / (1.0 + np.exp(-logit / g.label_noise))
         labels = (rng.random(n) < p).astype(np.float32)
         start = index * self.chunk
         ts = g.start_ts_ms + ((start + np.arange(n)) * (1000.0 / g.events_per_s)).astype(np.int64)

@@ -155,7 +155,7 @@ class ServingConfig:
 class GeneratorConfig:
     events: int = 200_000  # events `streamrec generate/produce --synthetic` makes by default
     seed: int = 7  # generator seed: the same seed gives the same stream
-    label_noise: float = 1.0  # scale of the logistic noise in the hidden model
+    label_noise: float = 1.0  # temperature of the hidden logistic model: > 1 gives noisier labels, lower Bayes AUC
     base_rate: float = 0.25  # approximate click rate
     start_ts_ms: int = 1_700_000_000_000  # event time of the first generated event
     events_per_s: float = 1000.0  # simulated time between events
@@ -323,6 +323,13 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("delta", "must be in (0, 1)")
         if obj.half_life_s <= 0:
             bad("half_life_s", "must be > 0")
+    elif isinstance(obj, GeneratorConfig):
+        if obj.label_noise <= 0:
+            bad("label_noise", "must be > 0")
+        if not 0 < obj.base_rate < 1:
+            bad("base_rate", "must be in (0, 1)")
+        if obj.events_per_s <= 0:
+            bad("events_per_s", "must be > 0")
     elif isinstance(obj, TrainerConfig):
         if obj.batch_size < 1:
             bad("batch_size", "must be >= 1")

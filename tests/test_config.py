@@ -42,3 +42,13 @@ def test_bad_env_names_variable():
         load_config(None, env={"STREAMREC_TRAINER__BATCH_SIZE": "x"})
     with pytest.raises(ConfigError, match="unknown section 'bogus'"):
         load_config(None, env={"STREAMREC_BOGUS__X": "1"})
+
+
+def test_generator_label_noise_lowers_bayes_auc():
+    from ingest import SyntheticStream
+
+    clean = SyntheticStream(load_config(None, {"generator.label_noise": 1.0}, env={})).bayes_auc(20_000)
+    noisy = SyntheticStream(load_config(None, {"generator.label_noise": 2.0}, env={})).bayes_auc(20_000)
+    assert noisy < clean - 0.05
+    with pytest.raises(ConfigError, match="generator.label_noise: must be > 0"):
+        load_config(None, {"generator.label_noise": 0}, env={})
