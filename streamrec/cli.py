@@ -100,6 +100,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except _user_errors() as e:  # a clear message, not a traceback, for what the user can fix
+        logging.getLogger("streamrec").debug("error", exc_info=True)
+        print(f"streamrec {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that describe bad input or an unreachable dependency, one per part."""
+    errors: list[type[BaseException]] = [FileNotFoundError, PermissionError]
+    for mod, name in (("ingest", "EventError"), ("ingest", "BrokerError"), ("ingest", "DatasetError"),
+                      ("embedding_store", "StoreError"), ("serving", "SnapshotError")):
+        try:
+            errors.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
 
 
 if __name__ == "__main__":
