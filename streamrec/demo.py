@@ -33,7 +33,8 @@ log = logging.getLogger("streamrec.demo")
 
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("demo", parents=[common], help="run the whole pipeline on one machine and score through gRPC")
-    p.add_argument("--events", type=int, default=300_000, help="events to stream and train on (default 300000)")
+    p.add_argument("--events", type=int, default=None,
+                   help="events to stream and train on (default 300000; with --data: the whole file)")
     p.add_argument("--rate", type=float, default=5000.0,
                    help="events/s the producer sends, a live stream (default 5000; 0 = as fast as it can)")
     p.add_argument("--data", metavar="FILE",
@@ -122,7 +123,13 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     cfg.trainer.checkpoint_dir = str(run_dir / "checkpoints")
     cfg.trainer.snapshot_dir = str(run_dir / "snapshots")
     cfg.trainer.log_path = str(run_dir / "metrics.jsonl")
-    cfg.trainer.max_events = args.events
+    if args.data:
+        # a file ends: the trainer stops once the stream has been quiet for a while
+        cfg.trainer.max_events = args.events or 0
+        cfg.trainer.idle_exit_s = cfg.trainer.idle_exit_s or 15.0
+    else:
+        args.events = args.events or 300_000
+        cfg.trainer.max_events = args.events
     # generated events carry the current time, so the served model's freshness means something
     cfg.generator.start_ts_ms = int(time.time() * 1000)
     cfg.generator.events_per_s = args.rate if args.rate > 0 else 20_000.0
@@ -139,7 +146,7 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
         cfg.serving.torch_threads = cfg.serving.torch_threads or 1
     # short intervals so a two-minute demo shows several hot sets, checkpoints and snapshots
     cfg.sketch.publish_interval_s = min(cfg.sketch.publish_interval_s, 3.0)
-    cfg.trainer.checkpoint_every_events = min(cfg.trainer.checkpoint_every_events, max(10_000, args.events // 6))
+    cfg.trainer.checkpoint_every_events = min(cfg.trainer.checkpoint_every_events, max(10_000, (args.events or 60_000) // 6))
     cfg.trainer.checkpoint_every_s = min(cfg.trainer.checkpoint_every_s, 10.0)
     return cfg
 
@@ -160,9 +167,15 @@ def _event_source(cfg: Config, args):
         from ingest.datasets import read_file
 
         def replay():
+            left = args.events or float("inf")
             for b in read_file(args.data, cfg, layout=args.layout):
+                if len(b) > left:
+                    b = b.take(np.arange(int(left)))
+                left -= len(b)
                 held[:] = [b.take(np.arange(max(0, len(b) - k), len(b)))]
                 yield b
+                if left <= 0:
+                    break
 
         return replay(), held
 
@@ -335,8 +348,9 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
             st = client.status()
             if st.get("serving"):
                 view.served_version = int(st.get("version", 0))
-                view.freshness_s = float(st.get("freshness_s", 0.0))
-                if view.produced < args.events or not freshness:  # while the stream is live
+                if int(st.get("newest_event_ms", 0)) > 0:  # files without event times have no freshness
+                    view.freshness_s = float(st.get("freshness_s", 0.0))
+                if view.freshness_s is not None and (producer.is_alive() or not freshness):  # stream live
                     freshness.append(view.freshness_s)
         except Exception:
             pass

@@ -81,3 +81,24 @@ def test_demo_stops_everything_when_a_child_dies(bootstrap, tmp_path, victim):
     assert f"'{victim}'" in err and "exited" in err, err[-3000:]
     pids = _pids(run_dir)
     assert not [n for n, p in pids.items() if pid_alive(p)], "demo left processes running"
+
+
+def test_demo_replays_a_file(bootstrap, tmp_path):
+    """`--data FILE`: the file's events are streamed, trained on, and the served model scores its tail."""
+    from ingest import SyntheticStream, write_events
+    from streamrec.config import load_config
+
+    data = tmp_path / "events.jsonl"
+    cfg = load_config(None, env={})
+    write_events(data, SyntheticStream(cfg).batches(12_000), cfg)
+    run_dir = tmp_path / "run3"
+    cmd = _demo_cmd(run_dir, bootstrap, 0)
+    i = cmd.index("--events")
+    cmd[i:i + 2] = ["--data", str(data), "--set", "trainer.idle_exit_s=4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"demo failed:\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-5000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["events_trained"] == 12_000
+    assert result["served_version"] >= 1
+    assert len(result["scores"]) == 5 and all(math.isfinite(s) for s in result["scores"])
+    assert not [n for n, p in _pids(run_dir).items() if pid_alive(p)]
