@@ -209,9 +209,7 @@ class ColdTier:
             return out, found
         cids = ids[cand]
         keys = encode_keys(tag, cids)
-        sh = shard_of(salt, cids, self.shards)
-        order = np.argsort(sh, kind="stable")
-        bounds = np.searchsorted(sh[order], np.arange(self.shards + 1))
+        order, bounds = self._by_shard(salt, cids)
         for i in range(self.shards):
             sel = order[bounds[i]:bounds[i + 1]]
             if len(sel) == 0:
@@ -243,9 +241,7 @@ class ColdTier:
         vals = pack_records(new) if new is not None else None
         old_vals = old.view(f"S{old.dtype.itemsize}")
         rsz = old.dtype.itemsize
-        sh = shard_of(salt, ids, self.shards)
-        order = np.argsort(sh, kind="stable")
-        bounds = np.searchsorted(sh[order], np.arange(self.shards + 1))
+        order, bounds = self._by_shard(salt, ids)
         members = np.zeros(self.shards, dtype=np.uint8)
         members[(bounds[1:] - bounds[:-1]) > 0] = 1
         with self._lock:
@@ -274,6 +270,12 @@ class ColdTier:
                 if self._after_shard_write is not None:
                     self._after_shard_write(i)
 
+    def _by_shard(self, salt: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of ``ids`` grouped by shard: shard i owns ``order[bounds[i]:bounds[i + 1]]``."""
+        sh = shard_of(salt, ids, self.shards)
+        order = np.argsort(sh, kind="stable")
+        return order, np.searchsorted(sh[order], np.arange(self.shards + 1))
+
     def put(self, tag: int, salt: int, ids: np.ndarray, new: np.ndarray) -> None:
         """Set rows ``ids`` to records ``new`` with no undo record: the host cache's write-back.
 
@@ -289,9 +291,7 @@ class ColdTier:
             return
         keys = encode_keys(tag, ids)
         vals = pack_records(new)
-        sh = shard_of(salt, ids, self.shards)
-        order = np.argsort(sh, kind="stable")
-        bounds = np.searchsorted(sh[order], np.arange(self.shards + 1))
+        order, bounds = self._by_shard(salt, ids)
         with self._lock:
             self.stored.add(tag, ids)  # before the write: the filter stays a superset
             for i in range(self.shards):

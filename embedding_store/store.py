@@ -468,15 +468,7 @@ class EmbeddingStore:
             # demote: write rows leaving the hot tier back to RocksDB
             dem_slots = np.flatnonzero(~stay)
             if len(dem_slots):
-                dids = cur[dem_slots]
-                old, found = self.cold.get(t.tag, t.salt, dids, t.dtype)
-                rec = np.zeros(len(dids), dtype=t.dtype)
-                st = torch.from_numpy(dem_slots).to(self.device)
-                rec["w"] = h.w[st].cpu().numpy()
-                rec["acc"] = h.acc[st].cpu().numpy()
-                rec["ts"] = h.ts[dem_slots]
-                rec["ep"] = h.ep[dem_slots]
-                self.cold.write(t.tag, t.salt, dids, rec, old, found)
+                self._spill_hot(t, cur[dem_slots], dem_slots)
             # promote: read rows entering the hot tier
             prom = new_ids[~np.isin(new_ids, cur)]
             recs, found = self.cold.get(t.tag, t.salt, prom, t.dtype)
@@ -501,6 +493,18 @@ class EmbeddingStore:
         stats["seconds"] = time.perf_counter() - t0
         return stats
 
+    def _spill_hot(self, t, ids: np.ndarray, slots: np.ndarray) -> None:
+        """Write hot ``slots`` (holding ``ids``) to RocksDB with their Adagrad state and times."""
+        h = t.hot
+        old, found = self.cold.get(t.tag, t.salt, ids, t.dtype)
+        rec = np.zeros(len(ids), dtype=t.dtype)
+        st = torch.from_numpy(slots).to(self.device)
+        rec["w"] = h.w[st].cpu().numpy()
+        rec["acc"] = h.acc[st].cpu().numpy()
+        rec["ts"] = h.ts[slots]
+        rec["ep"] = h.ep[slots]
+        self.cold.write(t.tag, t.salt, ids, rec, old, found)
+
     def _write_back_hot(self) -> int:
         """Refresh RocksDB's backup copy of hot rows changed since the last write-back."""
         n = 0
@@ -512,15 +516,7 @@ class EmbeddingStore:
             sid = h.slot_ids()
             for lo in range(0, len(dirty), SPILL_CHUNK):  # chunks bound the transient memory
                 d = dirty[lo:lo + SPILL_CHUNK]
-                ids = sid[d]
-                old, found = self.cold.get(t.tag, t.salt, ids, t.dtype)
-                rec = np.zeros(len(ids), dtype=t.dtype)
-                st = torch.from_numpy(d).to(self.device)
-                rec["w"] = h.w[st].cpu().numpy()
-                rec["acc"] = h.acc[st].cpu().numpy()
-                rec["ts"] = h.ts[d]
-                rec["ep"] = h.ep[d]
-                self.cold.write(t.tag, t.salt, ids, rec, old, found)
+                self._spill_hot(t, sid[d], d)
                 h.dirty[d] = False
             n += len(dirty)
         return n
