@@ -167,8 +167,12 @@ def test_sigterm_drains_with_final_checkpoint_and_serves_prometheus(topics, tmp_
     while sum(r.get("events", 0) for r in _read_jsonl(trace) if "ranges" in r) < 8_192:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:] if proc.poll() else "slow"
         time.sleep(0.05)
-    time.sleep(0.6)  # one metrics interval
-    body = urllib.request.urlopen(f"http://127.0.0.1:{cfg.trainer.metrics_port}/metrics", timeout=5).read().decode()
+    deadline = time.monotonic() + 20  # the next metrics interval publishes the count (slower under load)
+    while True:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{cfg.trainer.metrics_port}/metrics", timeout=5).read().decode()
+        if "streamrec_trainer_events 8192.0" in body or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert "streamrec_trainer_events 8192.0" in body
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
