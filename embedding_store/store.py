@@ -600,6 +600,15 @@ class EmbeddingStore:
                 sel = np.flatnonzero(cstored & (crecs["ep"].astype(np.int64) > floor))
                 if len(sel):
                     yield _batch(t.name, cids[sel], crecs["w"][sel])
+        for t, ids, recs in self._scan_cold():
+            keep = (recs["ep"].astype(np.int64) > floor) & ~t.hot.mask(ids)
+            if t.cache is not None:
+                keep &= t.cache.find(ids) < 0
+            if keep.any():
+                yield _batch(t.name, ids[keep], recs["w"][keep])
+
+    def _scan_cold(self):
+        """Every row stored in RocksDB, as ``(table, ids, records)`` chunks (a full scan)."""
         for _, keys, vals in self.cold.scan():
             tags, ids = decode_keys(keys)
             for tag in np.unique(tags):
@@ -607,12 +616,7 @@ class EmbeddingStore:
                 if t is None:
                     continue
                 sel = np.flatnonzero(tags == tag)
-                recs = unpack_records([vals[i] for i in sel.tolist()], t.dtype)
-                keep = (recs["ep"].astype(np.int64) > floor) & ~t.hot.mask(ids[sel])
-                if t.cache is not None:
-                    keep &= t.cache.find(ids[sel]) < 0
-                if keep.any():
-                    yield _batch(t.name, ids[sel][keep], recs["w"][keep])
+                yield t, ids[sel], unpack_records([vals[i] for i in sel.tolist()], t.dtype)
 
     def expire(self, older_than_s: float) -> int:
         """Delete cold rows untouched for ``older_than_s`` seconds; returns how many."""
@@ -623,18 +627,11 @@ class EmbeddingStore:
                 t.cache.clear()
         cutoff = time.time() - float(older_than_s)
         n = 0
-        for _, keys, vals in self.cold.scan():
-            tags, ids = decode_keys(keys)
-            for tag in np.unique(tags):
-                t = self._by_tag.get(int(tag))
-                if t is None:
-                    continue
-                sel = np.flatnonzero(tags == tag)
-                recs = unpack_records([vals[i] for i in sel.tolist()], t.dtype)
-                old = (recs["ts"] < cutoff) & ~t.hot.mask(ids[sel])
-                if old.any():
-                    self.cold.write(t.tag, t.salt, ids[sel][old], None, recs[old], np.ones(int(old.sum()), bool))
-                    n += int(old.sum())
+        for t, ids, recs in self._scan_cold():
+            old = (recs["ts"] < cutoff) & ~t.hot.mask(ids)
+            if old.any():
+                self.cold.write(t.tag, t.salt, ids[old], None, recs[old], np.ones(int(old.sum()), bool))
+                n += int(old.sum())
         return n
 
     def stats(self) -> dict:
