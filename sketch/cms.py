@@ -1,4 +1,4 @@
-"""Count-min sketch over uint64 keys, vectorised, with conservative update.
+"""Count-min sketch over uint64 keys with conservative update; per-key loops compiled (``kernels.py``).
 
 Width ``ceil(e / epsilon)`` (rounded up to a power of two so a row index is a
 mask) and depth ``ceil(ln(1 / delta))`` give the classic guarantee: an estimate
@@ -16,63 +16,13 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
 
 import numpy as np
 
+from .kernels import Accumulator, cms_apply, cms_estimate, warm
 from .keys import splitmix64
 
 _MAGIC = b"SRCM1"
-
-
-@dataclass
-class Aggregated:
-    """A batch of keys with duplicates summed: what every vectorised update needs first."""
-
-    keys: np.ndarray  # uint64 [U], sorted, unique
-    weights: np.ndarray  # float64 [U]
-    first: np.ndarray  # int64 [U]: position of one occurrence in the input (to carry ids along)
-
-
-def aggregate(keys: np.ndarray, weights: np.ndarray | None = None) -> Aggregated:
-    """Sum the weights of equal keys (one sort; no Python loop).
-
-    Fast path: sort ``(key with its low bits replaced by the position)`` as plain
-    uint64 -- a value sort is several times faster than ``argsort`` -- then read
-    the positions back. Equal keys land next to each other; two different keys
-    that share every high bit could interleave, which is detected and redone
-    with ``argsort`` (exact either way).
-    """
-    keys = np.asarray(keys, dtype=np.uint64)
-    n = len(keys)
-    if n == 0:
-        return Aggregated(np.zeros(0, np.uint64), np.zeros(0, np.float64), np.zeros(0, np.int64))
-    bits = max(1, (n - 1).bit_length())
-    if bits <= 24:
-        low = np.uint64((1 << bits) - 1)
-        packed = np.sort((keys & ~low) | np.arange(n, dtype=np.uint64))
-        order = (packed & low).astype(np.intp)
-        sk = keys[order]
-        flag = np.empty(n, dtype=bool)
-        flag[0] = True
-        np.not_equal(sk[1:], sk[:-1], out=flag[1:])
-        hi = packed & ~low
-        if np.any(flag[1:] & (hi[1:] == hi[:-1])):  # high bits shared by different keys: be exact
-            order = np.argsort(keys)
-            sk = keys[order]
-            np.not_equal(sk[1:], sk[:-1], out=flag[1:])
-    else:
-        order = np.argsort(keys)
-        sk = keys[order]
-        flag = np.empty(n, dtype=bool)
-        flag[0] = True
-        np.not_equal(sk[1:], sk[:-1], out=flag[1:])
-    starts = np.flatnonzero(flag)
-    if weights is None:
-        w = np.diff(np.append(starts, n)).astype(np.float64)
-    else:
-        w = np.add.reduceat(np.asarray(weights, dtype=np.float64)[order], starts)
-    return Aggregated(sk[starts], w, order[starts])
 
 
 class CountMinSketch:
@@ -89,10 +39,8 @@ class CountMinSketch:
         self.conservative = bool(conservative)
         self.counts = np.zeros((self.depth, self.width), dtype=np.float64)
         self.total = 0.0  # sum of every weight added (the N of the error bound)
-        self._mask = np.uint64(self.width - 1)
         self._salt = splitmix64(np.array([self.seed], dtype=np.uint64))[0]
-        self._row_base = (np.arange(self.depth, dtype=np.uint64) * np.uint64(self.width))[:, None]
-        self._row_mul = np.arange(self.depth, dtype=np.uint64)[:, None]
+        warm()
 
     @classmethod
     def from_error(cls, epsilon: float, delta: float, seed: int = 0, conservative: bool = True) -> "CountMinSketch":
@@ -111,39 +59,34 @@ class CountMinSketch:
     def delta(self) -> float:
         return math.exp(-self.depth)
 
-    def _cells(self, keys: np.ndarray) -> np.ndarray:
-        """Flat indices [depth, n] of each key's cell in every row."""
-        with np.errstate(over="ignore"):
-            h1 = splitmix64(keys ^ self._salt)
-            h2 = splitmix64(h1) | np.uint64(1)
-            return (((h1[None, :] + self._row_mul * h2[None, :]) & self._mask) + self._row_base).astype(np.intp)
-
     def estimate(self, keys: np.ndarray) -> np.ndarray:
-        keys = np.asarray(keys, dtype=np.uint64)
-        if len(keys) == 0:
-            return np.zeros(0, np.float64)
-        return self.counts.reshape(-1)[self._cells(keys)].min(axis=0)
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        out = np.empty(len(keys), np.float64)
+        if len(keys):
+            cms_estimate(self.counts, self._salt, keys, out)
+        return out
 
-    def add_unique(self, keys: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """Add weights for *distinct* keys; returns their estimates after the update."""
-        if len(keys) == 0:
-            return np.zeros(0, np.float64)
-        flat = self.counts.reshape(-1)
-        cells = self._cells(keys)
-        self.total += float(weights.sum())
-        if self.conservative:
-            new = flat[cells].min(axis=0) + weights
-            # distinct keys may share a cell: the largest target wins, as a sequential update would
-            np.maximum.at(flat, cells.reshape(-1), np.broadcast_to(new, cells.shape).reshape(-1))
-            return new
-        np.add.at(flat, cells.reshape(-1), np.broadcast_to(weights, cells.shape).reshape(-1))
-        return flat[cells].min(axis=0)
+    def apply(self, acc: Accumulator) -> np.ndarray:
+        """Add the accumulator's distinct keys with their summed weights (emptying it); their estimates after."""
+        est, total = cms_apply(self.counts, self._salt, self.conservative, acc)
+        self.total += total
+        return est
 
-    def add(self, keys: np.ndarray, weights: np.ndarray | None = None) -> Aggregated:
+    def add(self, keys: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Add keys (duplicates allowed; each counts ``weights[i]`` or 1)."""
-        agg = aggregate(keys, weights)
-        self.add_unique(agg.keys, agg.weights)
-        return agg
+        keys = np.ascontiguousarray(keys, dtype=np.uint64).view(np.int64)
+        n = len(keys)
+        w = np.ones(n, np.float64) if weights is None else np.ascontiguousarray(weights, dtype=np.float64)
+        if len(w) != n:
+            raise ValueError(f"{n} keys but {len(w)} weights")
+        if n and not np.all(w >= 0):  # also rejects NaN
+            raise ValueError("count-min weights must be >= 0 (and not NaN)")
+        offsets = np.arange(n + 1, dtype=np.int64)
+        acc = Accumulator(min(max(n, 16), 1 << 16))
+        at = 0
+        while at < n:
+            at = acc.add(0, np.uint64(0), False, keys, offsets, w, at)
+            self.apply(acc)
 
     def scale(self, factor: float) -> None:
         self.counts *= factor

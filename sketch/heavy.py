@@ -1,10 +1,11 @@
 """Heavy hitters: the top candidates by sketch estimate, kept in flat numpy arrays.
 
-A "min-heap fed by the sketch", done in bulk: after each batch the batch's
-distinct keys (with their fresh count-min estimates) are merged with the kept
-candidates, and only the ``capacity`` largest survive (one argpartition). Keys
-are carried with their table index and raw id so the hot set can be read back
-without inverting the key mix.
+A "min-heap fed by the sketch", done in bulk: after each flush the flushed
+distinct keys that beat the current floor (with their fresh count-min
+estimates) are merged with the kept candidates, and only the ``capacity``
+largest survive (``kernels.hh_offer``: a hash index and one partition, no
+sort). Keys are carried with their table index and raw id so the hot set can
+be read back without inverting the key mix. Arrays are in no particular order.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import io
 
 import numpy as np
+
+from .kernels import hh_offer
 
 
 class HeavyHitters:
@@ -35,51 +38,30 @@ class HeavyHitters:
         return float(self.est.min()) if len(self.keys) >= self.capacity else 0.0
 
     def offer(self, keys: np.ndarray, tables: np.ndarray, ids: np.ndarray, est: np.ndarray) -> None:
-        """Offer distinct keys with their current estimates (newer than any kept value).
-
-        The kept arrays stay sorted by key, so membership is a binary search and
-        newcomers are merged in linearly: no sort of the whole candidate set per batch.
-        """
+        """Offer distinct keys with their current estimates (newer than any kept value)."""
         if len(keys) == 0:
             return
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        tables = np.ascontiguousarray(tables, dtype=np.int16)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        est = np.ascontiguousarray(est, dtype=np.float64)
         floor = self.floor
         if floor > 0:
-            keep = est > floor
-            keys, tables, ids, est = keys[keep], tables[keep], ids[keep], est[keep]
+            keep = np.flatnonzero(est > floor)
+            if len(keep) < len(keys):
+                keys, tables, ids, est = keys[keep], tables[keep], ids[keep], est[keep]
             if len(keys) == 0:
                 return
-        order = np.argsort(keys)
-        keys, tables, ids, est = keys[order], tables[order], ids[order], est[order]
-        n = len(self.keys)
-        pos = np.searchsorted(self.keys, keys)
-        found = np.zeros(len(keys), dtype=bool)
-        if n:
-            found = self.keys[np.minimum(pos, n - 1)] == keys
-            self.est[pos[found]] = est[found]
-        new = ~found
-        if new.any():
-            at = pos[new]
-            self.keys = np.insert(self.keys, at, keys[new])
-            self.tables = np.insert(self.tables, at, tables[new].astype(np.int16, copy=False))
-            self.ids = np.insert(self.ids, at, ids[new])
-            self.est = np.insert(self.est, at, est[new])
-        self._trim()
-
-    def _trim(self) -> None:
-        n = len(self.keys)
-        if n > self.capacity:
-            keep = np.zeros(n, dtype=bool)
-            keep[np.argpartition(-self.est, self.capacity - 1)[: self.capacity]] = True
-            self.keys, self.tables, self.ids, self.est = (
-                self.keys[keep], self.tables[keep], self.ids[keep], self.est[keep])
+        self.keys, self.tables, self.ids, self.est = hh_offer(
+            self.keys, self.tables, self.ids, self.est, keys, tables, ids, est, self.capacity)
 
     def _set(self, keys, tables, ids, est) -> None:
-        order = np.argsort(np.asarray(keys, dtype=np.uint64), kind="stable")
-        self.keys = np.ascontiguousarray(np.asarray(keys, dtype=np.uint64)[order])
-        self.tables = np.ascontiguousarray(np.asarray(tables, dtype=np.int16)[order])
-        self.ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64)[order])
-        self.est = np.ascontiguousarray(np.asarray(est, dtype=np.float64)[order])
-        self._trim()
+        """Take distinct keys outright, keeping the ``capacity`` largest."""
+        e = np.zeros(0)
+        self.keys, self.tables, self.ids, self.est = hh_offer(
+            np.ascontiguousarray(keys, dtype=np.uint64), np.ascontiguousarray(tables, dtype=np.int16),
+            np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(est, dtype=np.float64),
+            e.astype(np.uint64), e.astype(np.int16), e.astype(np.int64), e, self.capacity)
 
     def top(self, k: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(keys, tables, ids, estimates) of the ``k`` largest, largest first."""

@@ -7,13 +7,14 @@ Only when the scale factor grows large are all cells renormalised (one
 multiply over the arrays). Time is *event* time (``ts`` of the events), so a
 replayed stream decays the same way as a live one.
 
-Updates are micro-batched: ids are copied into a per-field buffer and counted
-when it holds ``buffer_ids`` ids (or would span more than 65 s of event time),
-and before any read (estimates, top, merge, bytes): every public answer
-includes every id given so far. One flush groups equal ids with two value sorts
-(``groupby.py``) and then touches the count-min sketch and the heavy hitters
-once per *distinct* id, so the fixed numpy cost per call and the per-distinct
-work are paid once per ~262k ids rather than per Kafka record.
+Updates are pre-aggregated: each id's event weight is summed into a small
+hash table of distinct ``(table, id)`` keys (``kernels.Accumulator``, compiled)
+as it arrives; the table is flushed into the count-min sketch and the heavy
+hitters when it fills, after ``buffer_ids`` ids, and before any read
+(estimates, top, merge, bytes), so every public answer includes every id
+given so far. A flush touches the count-min cells and the heavy-hitter
+candidates once per *distinct* key, and offers the heavy hitters only keys
+whose estimate beats the current floor.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ import numpy as np
 from ingest import EventBatch
 
 from .cms import CountMinSketch
-from .groupby import MAX_SPAN_MS, group_ids
 from .heavy import HeavyHitters
-from .keys import make_keys
+from .kernels import Accumulator
+from .keys import make_keys, table_salt
 
 _MAGIC = b"SRPS1"
 RENORM_HALF_LIVES = 64.0  # renormalise once increments reach 2**64 (float64 has room to spare)
+ACC_DISTINCT = 1 << 16  # distinct keys pre-aggregated between flushes (2^17 slots, ~3.5 MB)
 
 
 class PopularitySketch:
@@ -64,9 +66,9 @@ class PopularitySketch:
 
     def _init_buffer(self, buffer_ids: int) -> None:
         self.buffer_ids = max(0, int(buffer_ids))
-        self._buf: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # field index -> [(ids, ts per id)]
-        self._buf_n = 0
-        self._buf_lo = self._buf_hi = 0
+        self._acc = Accumulator(min(ACC_DISTINCT, max(self.buffer_ids, 1 << 10)))
+        self._salts = [table_salt(f) for f in self.fields]
+        self._buf_n = 0  # ids given since the last flush
 
     @property
     def cms(self) -> CountMinSketch:
@@ -79,23 +81,29 @@ class PopularitySketch:
         return self._hh
 
     def _advance(self, lo: int, hi: int) -> None:
-        """Track event time; flush first when the new times need a renormalisation or widen the buffer too far."""
+        """Track event time; renormalise (after a flush) when the new times would make weights too large."""
         if self.t0_ms is None:
             self.t0_ms = hi
         if (hi - self.t0_ms) / self.half_life_ms > RENORM_HALF_LIVES:
             self.renormalise(hi)  # flushes
-        elif self._buf_n and max(hi, self._buf_hi) - min(lo, self._buf_lo) > MAX_SPAN_MS:
-            self.flush()
-        if self._buf_n == 0:
-            self._buf_lo, self._buf_hi = lo, hi
-        else:
-            self._buf_lo, self._buf_hi = min(lo, self._buf_lo), max(hi, self._buf_hi)
         self.now_ms = hi if self.now_ms is None else max(self.now_ms, hi)
         self.first_ms = lo if self.first_ms is None else min(self.first_ms, lo)
 
-    def _push(self, table: int, ids: np.ndarray, ts: np.ndarray) -> None:
-        self._buf.setdefault(table, []).append((ids, ts))
-        self._buf_n += len(ids)
+    def _weights(self, ts: np.ndarray) -> np.ndarray:
+        """Scaled decay weight of each time: ``2 ** ((ts - t0) / half_life)``."""
+        return np.exp2((ts - self.t0_ms) / self.half_life_ms)
+
+    def _count(self, table: int, values: np.ndarray, offsets: np.ndarray, weights: np.ndarray) -> None:
+        """Sum ``weights[e]`` into every id of row ``e`` of one table (flushing whenever the accumulator fills)."""
+        values = np.ascontiguousarray(values, dtype=np.int64)
+        offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        rows, at = len(offsets) - 1, 0
+        while True:
+            at = self._acc.add(table, self._salts[table], True, values, offsets, weights, at)
+            if at >= rows:
+                break
+            self.flush()
+        self._buf_n += len(values)
 
     def renormalise(self, t0_ms: int) -> None:
         """Move the reference time to ``t0_ms`` (rescales every count)."""
@@ -114,12 +122,22 @@ class PopularitySketch:
         if n == 0:
             return
         tables = np.asarray(tables, dtype=np.int16)
-        ids = np.array(ids, dtype=np.int64)  # a copy: the buffer must not alias the caller's arrays
-        ts = np.array(ts_ms, dtype=np.int64)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        ts = np.asarray(ts_ms, dtype=np.int64)
+        if len(tables) != n or len(ts) != n:
+            raise ValueError(f"tables, ids and ts_ms differ in length: {len(tables)}, {n}, {len(ts)}")
+        lo, hi = int(tables.min()), int(tables.max())
+        if lo < 0 or hi >= len(self.fields):
+            raise ValueError(f"table index out of range 0..{len(self.fields) - 1}: {lo if lo < 0 else hi}")
         self._advance(int(ts.min()), int(ts.max()))
-        for t in np.unique(tables):  # one vectorised pass per table, not per id
-            m = tables == t
-            self._push(int(t), ids[m], ts[m])
+        w = self._weights(ts)
+        if lo == hi:
+            self._count(lo, ids, np.arange(n + 1, dtype=np.int64), w)
+        else:
+            for t in np.unique(tables):  # one compiled pass per table, not per id
+                m = tables == t
+                k = int(m.sum())
+                self._count(int(t), ids[m], np.arange(k + 1, dtype=np.int64), w[m])
         self.ids += n
         if self._buf_n >= self.buffer_ids:
             self.flush()
@@ -129,43 +147,34 @@ class PopularitySketch:
         n = len(batch)
         if n == 0:
             return
-        ts = np.array(batch.ts, dtype=np.int64)
+        ts = np.asarray(batch.ts, dtype=np.int64)
         self._advance(int(ts.min()), int(ts.max()))
+        w = self._weights(ts)  # one weight per event, shared by all of its ids
         for f, j in batch.sparse.items():
             ti = self._field_index.get(f)
             if ti is None or len(j.values) == 0:
                 continue
-            per_id = ts if len(j.values) == n and j.offsets[-1] == n and np.all(j.lengths == 1) \
-                else np.repeat(ts, j.lengths)
-            self._push(ti, np.array(j.values, dtype=np.int64), per_id)
+            if len(j.offsets) != n + 1:
+                raise ValueError(f"field {f!r} has {len(j.offsets) - 1} rows, the batch {n} events")
+            self._count(ti, j.values, j.offsets, w)
             self.ids += len(j.values)
         self.events += n
         if self._buf_n >= self.buffer_ids:
             self.flush()
 
     def flush(self) -> None:
-        """Count the buffered ids: group per field, then one sketch update and one heavy-hitter offer."""
-        if not self._buf_n:
+        """Count the pre-aggregated keys: one count-min update per distinct key, then offer the heavy hitters."""
+        self._buf_n = 0
+        acc = self._acc
+        if not acc.n:
             return
-        buf, self._buf, self._buf_n = self._buf, {}, 0
-        keys, tables, ids, weights = [], [], [], []
-        for ti, parts in sorted(buf.items()):
-            v = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts])
-            ts = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
-            g = group_ids(v, ts, self.half_life_ms)
-            if g is None:  # too wide a time span, or a 48-bit mix collision: exact argsort grouping
-                u, inv = np.unique(v, return_inverse=True)
-                w = np.bincount(inv.reshape(-1), weights=np.exp2((ts - self.t0_ms) / self.half_life_ms))
-            else:
-                u, w, lo = g
-                w *= float(np.exp2((lo - self.t0_ms) / self.half_life_ms))
-            keys.append(make_keys(self.fields[ti], u))
-            tables.append(np.full(len(u), ti, dtype=np.int16))
-            ids.append(u)
-            weights.append(w)
-        k = np.concatenate(keys)
-        est = self._cms.add_unique(k, np.concatenate(weights))
-        self._hh.offer(k, np.concatenate(tables), np.concatenate(ids), est)
+        slots = acc.order[:acc.n]
+        est = self._cms.apply(acc)  # empties acc; its key, table and id arrays stay readable until the next add
+        floor = self._hh.floor
+        if floor > 0:  # only a key that beats the current floor can become a candidate
+            sel = np.flatnonzero(est > floor)
+            slots, est = slots[sel], est[sel]
+        self._hh.offer(acc.kw[slots, 0], acc.tables[slots], acc.ids[slots], est)
 
     # -- queries ---------------------------------------------------------
 

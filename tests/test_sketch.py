@@ -9,8 +9,8 @@ import pytest
 
 from ingest import EventSchema, SyntheticStream, encode_arrow, encode_json
 from ingest.synthetic import rank_to_id, zipf_ranks
-from sketch import (CountMinSketch, EventSample, HeavyHitters, HotSet, PopularitySketch, SketchState, aggregate,
-                    choose_hot_set, make_keys)
+from sketch import (Accumulator, CountMinSketch, EventSample, HeavyHitters, HotSet, PopularitySketch, SketchState,
+                    choose_hot_set, make_keys, table_salt)
 
 T0 = 1_700_000_000_000
 
@@ -19,17 +19,27 @@ def zipf_ids(n, card=100_000, s=1.1, seed=1):
     return rank_to_id("item", zipf_ranks(np.random.default_rng(seed), n, card, s))
 
 
-def test_aggregate_sums_duplicates_exactly():
+def test_accumulator_sums_row_weights_per_key_exactly():
     rng = np.random.default_rng(0)
-    keys = rng.integers(0, 50, 10_000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    w = rng.random(10_000)
-    agg = aggregate(keys, w)
+    values = np.concatenate([rng.integers(0, 50, 10_000), np.array([-1, 2**62])]).astype(np.int64)
+    offsets = np.concatenate([[0], np.sort(rng.integers(0, len(values), 999)), [len(values)]]).astype(np.int64)
+    w = rng.random(len(offsets) - 1)
+    acc = Accumulator(128)  # a row is taken only when all of its ids would fit as new keys
+    assert acc.add(2, table_salt("item"), True, values, offsets, w) == len(w)
     want = collections.defaultdict(float)
-    for k, x in zip(keys.tolist(), w.tolist()):
-        want[k] += x
-    assert sorted(agg.keys.tolist()) == sorted(want)
-    assert np.allclose([want[k] for k in agg.keys.tolist()], agg.weights)
-    assert np.array_equal(keys[agg.first], agg.keys)
+    for e in range(len(w)):
+        for v in values[offsets[e]:offsets[e + 1]].tolist():
+            want[v] += w[e]
+    keys, tables, ids, got = acc.taken()
+    assert sorted(ids.tolist()) == sorted(want) and np.all(tables == 2)
+    assert np.array_equal(keys, make_keys("item", ids))  # the sketch key of each (table, id)
+    assert np.allclose([want[i] for i in ids.tolist()], got, rtol=1e-12)
+    # a full table hands back the row to resume from; bad offsets never read out of bounds
+    small = Accumulator(16)
+    stop = small.add(0, np.uint64(1), True, np.arange(40, dtype=np.int64), np.arange(41, dtype=np.int64), np.ones(40))
+    assert stop == 16 and small.n == 16
+    with pytest.raises(ValueError, match="bad offsets"):
+        Accumulator(16).add(0, np.uint64(1), True, np.arange(3, dtype=np.int64), np.array([0, 2, 9]), np.ones(2))
 
 
 def test_count_min_zipf_accuracy_bound_and_never_below_truth():
@@ -233,21 +243,26 @@ def test_malformed_records_never_reach_the_sketch(tmp_path):
     assert st2.merged().events == 100
 
 
-@pytest.mark.parametrize("span_ms", [0, 5_000, 65_535])
-def test_group_ids_sums_decay_weights_exactly(span_ms):
-    from sketch.groupby import group_ids
+def test_decay_weights_of_a_batch_are_exact():
+    """Per-id decayed counts after update_batch equal an exact numpy sum (any event-time span)."""
+    from ingest import EventBatch, JaggedIds
 
-    rng = np.random.default_rng(span_ms)
-    ids = np.concatenate([zipf_ids(30_000), np.arange(50, dtype=np.int64)])  # scrambled and small ids
-    ts = T0 + rng.integers(0, span_ms + 1, len(ids))
-    ts[0] = T0 + span_ms
-    u, w, lo = group_ids(ids, ts, 60_000.0)
-    uu, inv = np.unique(ids, return_inverse=True)
-    truth = np.bincount(inv, weights=np.exp2((ts - lo) / 60_000.0))
-    o = np.argsort(u)
-    assert np.array_equal(u[o], uu)
-    assert np.allclose(w[o], truth, rtol=1e-12)
-    assert group_ids(ids, np.append(ts[1:], T0 + 70_000), 60_000.0) is None  # too wide a span: caller's exact path
+    rng = np.random.default_rng(5)
+    n = 20_000
+    ts = np.sort(T0 + rng.integers(0, 200_000, n))  # 200 s: wider than any one-chunk shortcut
+    lists = [rng.integers(0, 300, rng.integers(0, 4)).tolist() for _ in range(n)]
+    jag = JaggedIds.from_lists(lists)
+    batch = EventBatch(ts=ts, labels=np.zeros(n, np.float32), dense=np.zeros((n, 1), np.float32),
+                       sparse={"tags": jag})
+    ps = PopularitySketch(["tags"], epsilon=1e-4, delta=1e-3, half_life_s=60.0, top_k=10, conservative=False)
+    ps.update_batch(batch)
+    per_id_ts = np.repeat(ts, jag.lengths)
+    uu, inv = np.unique(jag.values, return_inverse=True)
+    truth = np.bincount(inv, weights=np.exp2((per_id_ts - ps.now_ms) / 60_000.0))
+    est = ps.estimate("tags", uu)
+    assert np.all(est >= truth * (1 - 1e-12))
+    assert np.allclose(est, truth, rtol=1e-9)  # 300 ids in 7 rows of 32768 cells: some row free of collisions
+    assert ps.total == pytest.approx(truth.sum(), rel=1e-12)
 
 
 def test_buffered_updates_equal_unbuffered():
