@@ -9,9 +9,8 @@ batch" into "one read per miss + one write per evicted dirty row", batched.
 Vectorised throughout (no Python per id):
 - slots are one structured array of packed records (the RocksDB value layout, so a
   write-back is a zero-copy view) plus per-slot id, LRU stamp, dirty and stored bits;
-- the id -> slot index is a sorted id array searched with ``np.searchsorted``; new
-  ids are merged in with ``np.insert`` (one O(capacity) memmove per batch, far
-  cheaper than hashing in Python);
+- the id -> slot index is a vectorised hash table (``slotmap.py``): O(batch) per
+  batch, where a sorted array merged with ``np.insert`` cost O(capacity);
 - eviction is bulk: when slots run out, the least recently used ``evict_fraction``
   of the cache (``np.argpartition`` on stamps) leaves at once and its dirty rows go
   back in one ``spill`` call (one WriteBatch per shard).
@@ -22,6 +21,8 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+
+from .slotmap import SlotMap
 
 SPILL_CHUNK = 16384  # rows per write-back call
 Spill = Callable[[np.ndarray, np.ndarray], None]  # (ids, records) of dirty rows leaving the cache
@@ -38,11 +39,11 @@ class HostCache:
         self.dirty = np.zeros(self.capacity, dtype=bool)         # newer than RocksDB's copy
         self.stored = np.zeros(self.capacity, dtype=bool)        # the row exists (in RocksDB or dirty here)
         self.stamp = np.zeros(self.capacity, dtype=np.int64)     # LRU clock of the last use
-        self.keys = np.empty(0, dtype=np.int64)                  # sorted cached ids ...
-        self.kslot = np.empty(0, dtype=np.int64)                 # ... and their slots
+        self.index = SlotMap(self.capacity)                      # cached id -> slot
         self._free = np.arange(self.capacity - 1, -1, -1, dtype=np.int64)  # stack of free slots
         self._nfree = self.capacity
         self.clock = 0
+        self.gen = 0  # bumped whenever an id gains or loses a slot (validates remembered slots)
         self.evict_batch = max(1, int(self.capacity * evict_fraction))
         self.spill = spill
         self.hits = 0
@@ -51,32 +52,23 @@ class HostCache:
         self.spilled = 0
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.index)
 
     # -- index ---------------------------------------------------------------------
     def find(self, ids: np.ndarray) -> np.ndarray:
         """Slot per id, -1 where not cached (no LRU effect)."""
-        n = len(self.keys)
-        if n == 0 or len(ids) == 0:
-            return np.full(len(ids), -1, dtype=np.int64)
-        if len(ids) > 512 and not bool(np.all(ids[1:] >= ids[:-1])):
-            order = np.argsort(ids)
-            k = np.empty(len(ids), dtype=np.int64)
-            k[order] = np.searchsorted(self.keys, ids[order])
-        else:
-            k = np.searchsorted(self.keys, ids)
-        k[k == n] = 0
-        return np.where(self.keys[k] == ids, self.kslot[k], -1)
+        return self.index.get(ids)
 
-    def lookup(self, ids: np.ndarray) -> np.ndarray:
-        """``find`` + mark the hits as just used; counts hits and misses."""
+    def lookup(self, ids: np.ndarray, count: bool = True) -> np.ndarray:
+        """``find`` + mark the hits as just used; ``count``: add to the hit/miss counters."""
         slots = self.find(ids)
         hit = slots >= 0
         self.clock += 1
         self.stamp[slots[hit]] = self.clock
-        nh = int(hit.sum())
-        self.hits += nh
-        self.misses += len(ids) - nh
+        if count:
+            nh = int(hit.sum())
+            self.hits += nh
+            self.misses += len(ids) - nh
         return slots
 
     # -- updates ---------------------------------------------------------------------
@@ -86,15 +78,19 @@ class HostCache:
         self.dirty[slots] = True
         self.stored[slots] = True
 
-    def insert(self, ids: np.ndarray, recs: np.ndarray, stored: np.ndarray, dirty: bool) -> None:
-        """Add rows not cached yet (unique ``ids``), evicting the least recently used if full.
+    def insert(self, ids: np.ndarray, recs: np.ndarray, stored: np.ndarray, dirty: bool) -> np.ndarray:
+        """Add rows not cached yet (unique ``ids``), evicting the least recently used if full;
+        returns each row's slot.
 
         Rows that cannot fit even in an empty cache (a batch larger than the capacity)
-        are spilled at once when dirty, so nothing is ever dropped.
+        are spilled at once when dirty (slot -1), so nothing is ever dropped.
         """
         k = len(ids)
+        out = np.full(k, -1, dtype=np.int64)
         if k == 0:
-            return
+            return out
+        self.gen += 1
+        cut = 0
         if k > self.capacity:  # keep the last `capacity` rows, spill the rest
             cut = k - self.capacity
             if dirty:
@@ -111,12 +107,9 @@ class HostCache:
         self.dirty[slots] = dirty
         self.stored[slots] = stored | dirty
         self.stamp[slots] = self.clock
-        if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):
-            order = np.argsort(ids, kind="stable")
-            ids, slots = ids[order], slots[order]
-        pos = np.searchsorted(self.keys, ids)
-        self.keys = np.insert(self.keys, pos, ids)
-        self.kslot = np.insert(self.kslot, pos, slots)
+        self.index.insert(ids, slots)
+        out[cut:] = slots
+        return out
 
     def evict(self, n: int) -> int:
         """Drop the ``n`` least recently used rows, spilling the dirty ones first."""
@@ -151,12 +144,8 @@ class HostCache:
         self._release(victims)
 
     def _release(self, slots: np.ndarray) -> None:
-        gone = np.sort(self.sid[slots])
-        pos = np.searchsorted(self.keys, gone)
-        keep = np.ones(len(self.keys), dtype=bool)
-        keep[pos] = False
-        self.keys = self.keys[keep]
-        self.kslot = self.kslot[keep]
+        self.gen += 1
+        self.index.remove(self.sid[slots])
         self.used[slots] = False
         self.dirty[slots] = False
         self._free[self._nfree:self._nfree + len(slots)] = slots
@@ -197,4 +186,4 @@ class HostCache:
 
     def nbytes(self) -> int:
         per_slot = self.rec.dtype.itemsize + 8 + 8 + 8 + 3  # record, id, stamp, free stack, bits
-        return self.capacity * per_slot + self.keys.nbytes + self.kslot.nbytes
+        return self.capacity * per_slot + self.index.nbytes()

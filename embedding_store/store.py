@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from .adagrad import adagrad_rows, adagrad_rows_np
@@ -143,6 +142,7 @@ class EmbeddingStore:
         self.hot_hits = 0
         self.cold_hits = 0
         self.created = 0
+        self._memo = None  # (table, ids, hot slots, cache slots, cache gen) of the last lookup
         self._closed = False
 
     @classmethod
@@ -215,16 +215,17 @@ class EmbeddingStore:
             found[rest] = f
         return recs, found
 
-    def _cold_rows(self, t: _Table, ids: np.ndarray, touch: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _cold_rows(self, t: _Table, ids: np.ndarray, touch: bool,
+                   count: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Current ``(records, stored, cache slots)`` of unique cold ``ids``: host cache, then
         buffers, then RocksDB. A row never stored reads as its init record (acc 0, ts 0,
-        epoch 0). ``touch`` marks cache hits as just used."""
+        epoch 0). ``touch`` marks cache hits as just used; ``count`` counts them as lookups."""
         c = t.cache
         if c is None:
             recs, found = self._fetch(t, ids)
             slots = np.full(len(ids), -1, dtype=np.int64)
         else:
-            slots = c.lookup(ids) if touch else c.find(ids)
+            slots = c.lookup(ids, count) if touch else c.find(ids)
             hit = slots >= 0
             if hit.all():
                 return c.rec[slots], c.stored[slots], slots
@@ -319,6 +320,7 @@ class EmbeddingStore:
         nh = int(is_hot.sum())
         self.hot_hits += nh
         self.cold_hits += n - nh
+        self._memo = None
         if nh == n:
             return t.hot.w[torch.from_numpy(slots).to(self.device)]
         cold_pos = np.flatnonzero(~is_hot)
@@ -329,10 +331,17 @@ class EmbeddingStore:
             uniq, inv = np.unique(cids, return_inverse=True)
         recs, found, slots_c = self._cold_rows(t, uniq, touch=remember)
         if remember:
-            if t.cache is not None:
+            c = t.cache
+            if c is not None:
                 miss = slots_c < 0
                 if miss.any():
-                    t.cache.insert(uniq[miss], recs[miss], found[miss], dirty=False)
+                    slots_c = slots_c.copy()
+                    slots_c[miss] = c.insert(uniq[miss], recs[miss], found[miss], dirty=False)
+                    hp = np.flatnonzero(~miss)  # an eviction (tiny cache) may have taken a row just hit
+                    hs = slots_c[hp]
+                    slots_c[hp[~c.used[hs] | (c.sid[hs] != uniq[hp])]] = -1
+                if uniq is cids:  # the usual call: remember where this batch's rows are for apply_gradients
+                    self._memo = (t.name, ids, slots, slots_c, c.gen)
             else:
                 self._remember(t, uniq, recs, found)
         cold_rows = torch.from_numpy(np.ascontiguousarray(recs["w"][inv.reshape(-1)]))
@@ -363,7 +372,13 @@ class EmbeddingStore:
             raise StoreError(f"{table}: grads contain NaN or inf; nothing was applied")
         grads = grads.detach()
         now = time.time()
-        slots = t.hot.find(ids)
+        memo, self._memo = self._memo, None
+        cslots = None
+        if (memo is not None and memo[0] == table and t.cache is not None and memo[4] == t.cache.gen
+                and (memo[1] is ids or np.array_equal(memo[1], ids))):
+            slots, cslots = memo[2], memo[3]  # where lookup(ids) just found or put these rows
+        else:
+            slots = t.hot.find(ids)
         is_hot = slots >= 0
         if is_hot.any():
             hp = np.flatnonzero(is_hot)
@@ -385,7 +400,10 @@ class EmbeddingStore:
         if not is_hot.all():
             cp = np.flatnonzero(~is_hot)
             cids = ids[cp]
-            old, found, cslots = self._cold_rows(t, cids, touch=True)
+            if cslots is not None and bool((cslots >= 0).all()):
+                old, found = t.cache.rec[cslots], t.cache.stored[cslots]
+            else:
+                old, found, cslots = self._cold_rows(t, cids, touch=True, count=False)
             self.created += int((~found).sum())
             g = grads[torch.from_numpy(cp).to(grads.device)].cpu().numpy()
             new = old.copy()
@@ -458,6 +476,7 @@ class EmbeddingStore:
         if total > self.hot_capacity_rows:
             raise StoreError(f"hot set of {total} rows exceeds hot_capacity_rows={self.hot_capacity_rows}")
         self._drain()
+        self._memo = None
         stats = {"promoted": 0, "demoted": 0, "kept": 0, "created": 0, "hot_rows": total}
         t0 = time.perf_counter()
         for name, t in self.tables.items():
@@ -686,7 +705,9 @@ class EmbeddingStore:
         self.close()
 
 
-def _batch(table: str, ids: np.ndarray, w: np.ndarray) -> pa.RecordBatch:
+def _batch(table: str, ids: np.ndarray, w: np.ndarray) -> "pa.RecordBatch":
+    import pyarrow as pa  # here, not at module level: ~25 MB resident that only export needs
+
     dim = w.shape[1]
     vec = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(w, dtype=np.float32).reshape(-1)), dim)
     return pa.RecordBatch.from_arrays(

@@ -54,6 +54,8 @@ op = st.one_of(
     st.tuples(st.just("lookup"), st.sampled_from(sorted(TABLES)), st.lists(ID, max_size=12)),
     st.tuples(st.just("apply"), st.sampled_from(sorted(TABLES)), st.lists(ID, max_size=12, unique=True),
               st.integers(0, 2**31)),
+    st.tuples(st.just("step"), st.sampled_from(sorted(TABLES)), st.lists(ID, max_size=12, unique=True),
+              st.integers(0, 2**31)),  # the trainer's pattern: lookup then apply on the same sorted ids
     st.tuples(st.just("hot"), st.lists(ID, max_size=8, unique=True), st.lists(ID, max_size=4, unique=True)),
     st.tuples(st.just("prefetch"), st.sampled_from(sorted(TABLES)), st.lists(ID, max_size=12)),
     st.tuples(st.just("upsert"), st.sampled_from(sorted(TABLES)), st.lists(ID, max_size=6, unique=True),
@@ -107,6 +109,14 @@ def test_store_matches_reference(cache_rows, ops):
                 g = np.random.default_rng(seed).normal(0, 1, (len(ids), TABLES[table])).astype(np.float32)
                 store.apply_gradients(table, np.array(ids, dtype=np.int64), torch.from_numpy(g))
                 for k, i in enumerate(ids):
+                    ref.apply(table, i, g[k])
+            elif kind == "step":
+                _, table, ids, seed = o
+                a = np.array(sorted(ids), dtype=np.int64)
+                _check(store, ref, table, a.tolist())
+                g = np.random.default_rng(seed).normal(0, 1, (len(a), TABLES[table])).astype(np.float32)
+                store.apply_gradients(table, a, torch.from_numpy(g))
+                for k, i in enumerate(a.tolist()):
                     ref.apply(table, i, g[k])
             elif kind == "hot":
                 store.set_hot({"a": np.array(o[1], dtype=np.int64), "b": np.array(o[2], dtype=np.int64)})
