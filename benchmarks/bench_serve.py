@@ -6,7 +6,11 @@ not share a GIL. Baseline, same run: the bare DLRM forward pass in-process on th
 same batches with embeddings already pooled; also shown: ``inproc_predict`` (lookups
 from the store + forward, the trainer's own scoring path), ``serving path in-process``
 (the served version's own lookup + forward, no gRPC) and the gRPC floor (round trips
-of an empty Health check), so the ratio's gap can be split into transport and work.
+of an empty Health check; ``floor_<sync|aio>_qps_c<N>``: a health-only sync and grpc.aio
+server with 1/4/16 client threads, see ``grpc_floor.py``), so the ratio's gap can be split
+into transport and work. Each cell also reports the CPU time the server process and the
+client process spend per request (``server_cpu_us``, ``client_cpu_us``): on a shared
+2-core box, throughput is bounded by their sum, not by latency.
 ``grpc_vs_inproc_b512`` = served events/s over bare-forward events/s at batch 512.
 
 Freshness here is serving's part: an update is stamped with "now" as its event
@@ -35,6 +39,11 @@ def _pct(xs, q):
     return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
 
 
+def _cpu(p) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
 def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0):
     from embedding_store import EmbeddingStore
     from trainer import DLRM
@@ -54,6 +63,7 @@ def main(argv: list[str]) -> int:
 
     import grpc
 
+    from benchmarks import grpc_floor
     from ingest import SyntheticStream
     from serving import ServingClient, SnapshotPusher, events_to_request, rows_batch, write_snapshot
     from streamrec.config import load_config
@@ -159,7 +169,22 @@ def main(argv: list[str]) -> int:
             floor_qps = n / (time.perf_counter() - t0)
         say(f"gRPC floor (empty Health check, 1 client): {floor_qps:.1f} req/s, {1000 / floor_qps:.2f} ms round trip")
 
-        # Predict latency / throughput
+        # the floor per server kind: a health-only sync (thread pool) and grpc.aio server, 1/4/16 client threads
+        floors = {}
+        for kind in ("sync", "aio"):
+            fproc, ftarget = grpc_floor.start(kind)
+            try:
+                for c in clients:
+                    floors[(kind, c)] = grpc_floor.measure(grpc_floor.health_call(ftarget), c, cell_s / 2)
+            finally:
+                grpc_floor.stop(fproc)
+            say(f"gRPC floor, {kind:4s} server, empty Health check: " + "  ".join(
+                f"{c} clients {floors[(kind, c)]:7.1f} req/s" for c in clients))
+
+        # Predict latency / throughput, with the CPU time server and clients spend per request
+        import psutil
+
+        server_ps, me_ps = psutil.Process(proc.pid), psutil.Process()
         requests = {b: events_to_request(ev_batch.take(np.arange(b)).to_events()) for b in batches}
         res = {}
         for b in batches:
@@ -188,18 +213,24 @@ def main(argv: list[str]) -> int:
                 for x in lat:
                     x.clear()
                 t0 = time.perf_counter()
+                cpu0 = _cpu(server_ps), _cpu(me_ps)
                 time.sleep(cell_s)
                 counts = [len(x) for x in lat]
                 el = time.perf_counter() - t0
+                cpu1 = _cpu(server_ps), _cpu(me_ps)
                 stop.set()
                 for t in ths:
                     t.join(30)
                 all_lat = [v * 1000 for x in lat for v in x]
                 qps = sum(counts) / el
-                res[(b, c)] = {"p50": _pct(all_lat, 50), "p99": _pct(all_lat, 99), "qps": qps, "errors": len(errors)}
+                done_n = max(1, sum(counts))
+                res[(b, c)] = {"p50": _pct(all_lat, 50), "p99": _pct(all_lat, 99), "qps": qps, "errors": len(errors),
+                               "server_cpu_us": (cpu1[0] - cpu0[0]) / done_n * 1e6,
+                               "client_cpu_us": (cpu1[1] - cpu0[1]) / done_n * 1e6}
                 say(f"gRPC b{b:<4} clients {c:<3} p50 {res[(b, c)]['p50']:7.2f} ms  p99 {res[(b, c)]['p99']:7.2f} ms  "
                     f"{qps:8.1f} req/s ({qps * b:9.0f} ev/s)  vs bare forward {qps / base[b]['forward_qps']:.3f}x  "
-                    f"vs lookup+forward {qps / base[b]['predict_qps']:.2f}x  errors {len(errors)}")
+                    f"vs lookup+forward {qps / base[b]['predict_qps']:.2f}x  errors {len(errors)}  "
+                    f"CPU/req server {res[(b, c)]['server_cpu_us']:.0f} us client {res[(b, c)]['client_cpu_us']:.0f} us")
 
         # delta snapshot (1% of rows changed + dense) and freshness
         def delta(version, parent, newest_ms):
@@ -269,9 +300,14 @@ def main(argv: list[str]) -> int:
         "serving_path_inproc_qps_b512": round(base[512]["serving_path_qps"], 2),
         "grpc_floor_qps": round(floor_qps, 2),
         "grpc_vs_inproc_predict_b512": round(best512 / base[512]["predict_qps"], 4),
+        **{f"floor_{kind}_qps_c{c}": round(q, 2) for (kind, c), q in floors.items()},
+        "floor_best_qps": round(max(floors.values()), 2),
         "errors": sum(v["errors"] for v in res.values()),
         "cells": {f"b{b}_c{c}": {k: round(x, 3) for k, x in v.items()} for (b, c), v in res.items()},
     }
+    say(f"best empty-call floor {out['floor_best_qps']:.0f} req/s vs best Predict b512 {best512:.0f} req/s and "
+        f"the bare forward b512 {base[512]['forward_qps']:.0f} req/s: the floor alone is "
+        f"{out['floor_best_qps'] / base[512]['forward_qps']:.2f}x the forward")
     say(f"p99 at batch 64 (1 client): {out['p99_ms_b64']} ms (goal <= 10); served/in-process forward at b512: "
         f"{out['grpc_vs_inproc_b512']}x (goal >= 0.5); vs lookup+forward {out['grpc_vs_inproc_predict_b512']}x")
     if args.json:
