@@ -135,20 +135,20 @@ def _cms_apply(counts, salt, conservative, kw, kwf, order, n, est):
     depth, width = counts.shape
     mask = np.uint64(width - 1)
     total = 0.0
+    hs = np.empty(n, np.uint64)  # each key's first row hash, read in order by the second pass
     for i in range(n):
         s = order[i]
         x = kwf[s, 1]
         kwf[s, 1] = -1.0
         total += x
         h1 = _mix(kw[s, 0] ^ salt)
+        hs[i] = h1
         h2 = _mix(h1) | np.uint64(1)
         h = h1
         if conservative:  # target: min + weight against the cells as they were before this flush
             m = np.inf
             for r in range(depth):
-                c = counts[r, np.intp(h & mask)]
-                if c < m:
-                    m = c
+                m = min(m, counts[r, np.intp(h & mask)])  # branch-free: keeps the loads overlapping
                 h += h2
             est[i] = m + x
         else:
@@ -156,22 +156,19 @@ def _cms_apply(counts, salt, conservative, kw, kwf, order, n, est):
                 counts[r, np.intp(h & mask)] += x
                 h += h2
     for i in range(n):  # second pass, once every key of the flush is in
-        h1 = _mix(kw[order[i], 0] ^ salt)
+        h1 = hs[i]
         h2 = _mix(h1) | np.uint64(1)
         h = h1
         if conservative:  # raise each cell to its key's target; keys sharing a cell: the largest target wins
             new = est[i]
             for r in range(depth):
                 ci = np.intp(h & mask)
-                if counts[r, ci] < new:
-                    counts[r, ci] = new
+                counts[r, ci] = max(counts[r, ci], new)
                 h += h2
         else:  # the estimate, with the whole flush counted
             m = np.inf
             for r in range(depth):
-                c = counts[r, np.intp(h & mask)]
-                if c < m:
-                    m = c
+                m = min(m, counts[r, np.intp(h & mask)])
                 h += h2
             est[i] = m
     return total
@@ -196,9 +193,7 @@ def cms_estimate(counts, salt, keys, out):
         m = np.inf
         h = h1
         for r in range(depth):
-            c = counts[r, np.intp(h & mask)]
-            if c < m:
-                m = c
+            m = min(m, counts[r, np.intp(h & mask)])
             h += h2
         out[i] = m
 

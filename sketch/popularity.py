@@ -43,7 +43,7 @@ class PopularitySketch:
 
     def __init__(self, fields: Sequence[str], epsilon: float = 1e-4, delta: float = 1e-3,
                  half_life_s: float = 600.0, top_k: int = 20_000, seed: int = 0, conservative: bool = True,
-                 candidates: int | None = None, buffer_ids: int = 1 << 18):
+                 candidates: int | None = None, buffer_ids: int = 1 << 22):
         if not fields:
             raise ValueError("at least one field is needed")
         if half_life_s <= 0:
@@ -291,7 +291,7 @@ class PopularitySketch:
         p.half_life_ms = float(head["half_life_ms"])
         p.top_k = int(head["top_k"])
         p._cms, p._hh = cms, hh
-        p._init_buffer(int(head.get("buffer_ids", 1 << 18)))
+        p._init_buffer(int(head.get("buffer_ids", 1 << 22)))
         p.t0_ms, p.now_ms, p.first_ms = head["t0_ms"], head["now_ms"], head["first_ms"]
         p.events, p.ids = int(head["events"]), int(head["ids"])
         return p, dict(head.get("meta") or {})
