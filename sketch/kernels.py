@@ -4,8 +4,8 @@ Grouping equal ids in numpy costs two sorts per flush and the conservative
 update a gather, a ``min`` and a ``maximum.at`` over ``depth x distinct`` cells;
 together they capped the update at ~18 M ids/s. Here one pass per field hashes
 each ``(table, id)`` into its sketch key and sums its event's decay weight
-into a small open-addressing table (:class:`Accumulator`, sized to stay in
-cache), and a flush walks that table's distinct keys once, doing the
+into an open-addressing table (:class:`Accumulator`; a slot is prefetched a
+few ids ahead, since rare ids miss cache), and a flush walks that table's distinct keys once, doing the
 count-min update of each key's ``depth`` cells in place. Hashes are exactly
 those of ``keys.make_keys`` and ``CountMinSketch`` (serialised sketches are
 unchanged), and so is the conservative update of a flush (see ``_cms_apply``).
@@ -19,7 +19,10 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -34,6 +37,27 @@ def _mix(x):
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))
+
+
+@intrinsic
+def _prefetch(typingctx, arr, idx):
+    """Hint the CPU to load ``arr[idx]`` into cache (no fault, no effect on results)."""
+    sig = types.void(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])  # read, high locality, data
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_AHEAD = 16  # ids between a slot's prefetch and its use: the table misses cache for the Zipf tail
 
 
 class Accumulator:
@@ -91,6 +115,7 @@ def _accumulate(kw, kwf, ids, tables, order, n, shift, table, salt, mix, values,
     mask = len(kw) - 1
     cap = len(order)
     rows = len(offsets) - 1
+    nv = len(values)
     for e in range(start, rows):
         a, b = offsets[e], offsets[e + 1]
         if a < 0 or b < a or b > len(values):  # malformed offsets: never read outside ``values``
@@ -99,6 +124,11 @@ def _accumulate(kw, kwf, ids, tables, order, n, shift, table, salt, mix, values,
             return e, n
         we = weights[e]
         for j in range(a, b):
+            if j + _AHEAD < nv:  # the slot of a later id: its cache miss overlaps this work
+                kp = np.uint64(values[j + _AHEAD])
+                if mix:
+                    kp = _mix(kp ^ salt)
+                _prefetch(kwf, np.intp((kp * _FIB) >> shift))
             v = values[j]
             k = np.uint64(v)
             if mix:
@@ -121,54 +151,73 @@ def _accumulate(kw, kwf, ids, tables, order, n, shift, table, salt, mix, values,
     return rows, n
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_cells(flat, h1, depth, width, mask):
+    h2 = _mix(h1) | np.uint64(1)
+    h = h1
+    for r in range(depth):
+        _prefetch(flat, r * width + np.intp(h & mask))
+        h += h2
+
+
 @njit(cache=True, nogil=True)
-def _cms_apply(counts, salt, conservative, kw, kwf, order, n, est):
+def _cms_apply(flat, depth, width, salt, conservative, kw, kwf, order, n, est):
     """Count-min update of each held key's cells; its estimate after the update goes to ``est``.
 
-    Conservative: every key's target ``min + weight`` is taken from the cells as
-    they were before the flush, then each cell is raised to the largest target
-    among its keys. A key's cells all end >= its own target >= its true count
-    (the guarantee), and keys of one flush do not stack on each other, which a
-    one-key-at-a-time update over a pre-aggregated batch would do.
-    Empties the accumulator's slots as it goes; returns the total weight added.
+    ``flat`` is the ``depth x width`` counts, flattened (a view). Conservative:
+    every key's target ``min + weight`` is taken from the cells as they were
+    before the flush, then each cell is raised to the largest target among its
+    keys. A key's cells all end >= its own target >= its true count (the
+    guarantee), and keys of one flush do not stack on each other, which a
+    one-key-at-a-time update over a pre-aggregated batch would do. Cells are
+    prefetched a few keys ahead (the counts are bigger than L2). Empties the
+    accumulator's slots; returns the total weight added.
     """
-    depth, width = counts.shape
     mask = np.uint64(width - 1)
     total = 0.0
-    hs = np.empty(n, np.uint64)  # each key's first row hash, read in order by the second pass
-    for i in range(n):
+    hs = np.empty(n, np.uint64)  # each key's first row hash, in order
+    ws = np.empty(n, np.float64)
+    for i in range(n):  # gather the held keys (random slots) into sequential arrays
+        if i + _AHEAD < n:
+            _prefetch(kwf, order[i + _AHEAD])
         s = order[i]
         x = kwf[s, 1]
         kwf[s, 1] = -1.0
         total += x
-        h1 = _mix(kw[s, 0] ^ salt)
-        hs[i] = h1
-        h2 = _mix(h1) | np.uint64(1)
-        h = h1
+        ws[i] = x
+        hs[i] = _mix(kw[s, 0] ^ salt)
+    ahead = _AHEAD // 2
+    for i in range(n):
+        if i + ahead < n:
+            _prefetch_cells(flat, hs[i + ahead], depth, width, mask)
+        h = hs[i]
+        h2 = _mix(h) | np.uint64(1)
         if conservative:  # target: min + weight against the cells as they were before this flush
             m = np.inf
             for r in range(depth):
-                m = min(m, counts[r, np.intp(h & mask)])  # branch-free: keeps the loads overlapping
+                m = min(m, flat[r * width + np.intp(h & mask)])  # branch-free: keeps the loads overlapping
                 h += h2
-            est[i] = m + x
+            est[i] = m + ws[i]
         else:
+            x = ws[i]
             for r in range(depth):
-                counts[r, np.intp(h & mask)] += x
+                flat[r * width + np.intp(h & mask)] += x
                 h += h2
     for i in range(n):  # second pass, once every key of the flush is in
-        h1 = hs[i]
-        h2 = _mix(h1) | np.uint64(1)
-        h = h1
+        if i + ahead < n:
+            _prefetch_cells(flat, hs[i + ahead], depth, width, mask)
+        h = hs[i]
+        h2 = _mix(h) | np.uint64(1)
         if conservative:  # raise each cell to its key's target; keys sharing a cell: the largest target wins
             new = est[i]
             for r in range(depth):
-                ci = np.intp(h & mask)
-                counts[r, ci] = max(counts[r, ci], new)
+                ci = r * width + np.intp(h & mask)
+                flat[ci] = max(flat[ci], new)
                 h += h2
         else:  # the estimate, with the whole flush counted
             m = np.inf
             for r in range(depth):
-                m = min(m, counts[r, np.intp(h & mask)])
+                m = min(m, flat[r * width + np.intp(h & mask)])
                 h += h2
             est[i] = m
     return total
@@ -176,8 +225,12 @@ def _cms_apply(counts, salt, conservative, kw, kwf, order, n, est):
 
 def cms_apply(counts: np.ndarray, salt: np.uint64, conservative: bool, acc: Accumulator) -> tuple[np.ndarray, float]:
     """Flush ``acc`` into ``counts``: (estimates in ``acc.order`` order, total weight). Empties ``acc``."""
+    depth, width = counts.shape
+    flat = counts.reshape(-1)
+    if not np.shares_memory(flat, counts):
+        raise ValueError("count-min counts must be one C-contiguous array")
     est = np.empty(acc.n, np.float64)
-    total = _cms_apply(counts, np.uint64(salt), conservative, acc.kw, acc.kwf, acc.order, acc.n, est)
+    total = _cms_apply(flat, depth, width, np.uint64(salt), conservative, acc.kw, acc.kwf, acc.order, acc.n, est)
     acc.n = 0
     return est, total
 
