@@ -15,6 +15,8 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from .rows import gather, scatter
+
 
 class RowBuffer:
     def __init__(self, ids: np.ndarray, future: Future | None = None,
@@ -23,7 +25,7 @@ class RowBuffer:
         self.ids = ids[order]
         self._order = order
         self.future = future
-        self.recs = None if recs is None else recs[order]
+        self.recs = None if recs is None else gather(recs, order)
         self.found = None if found is None else found[order]
         self._overlays: list[tuple[np.ndarray, np.ndarray | None]] = []
         self._lock = threading.Lock()
@@ -34,7 +36,7 @@ class RowBuffer:
             return
         recs, found = self.future.result()
         with self._lock:
-            self.recs, self.found = recs[self._order], found[self._order]
+            self.recs, self.found = gather(recs, self._order), found[self._order]
             self.future = None
             for ids, recs_new in self._overlays:
                 self._apply(ids, recs_new)
@@ -50,7 +52,7 @@ class RowBuffer:
             self.found[k[hit]] = False
             self.recs[k[hit]] = 0
         else:
-            self.recs[k[hit]] = recs_new[hit]
+            scatter(self.recs, k[hit], gather(recs_new, hit))
             self.found[k[hit]] = True
 
     def on_write(self, ids: np.ndarray, recs_new: np.ndarray | None) -> None:
@@ -73,6 +75,6 @@ class RowBuffer:
         if not hit.any():
             return
         self._settle()
-        recs[hit] = self.recs[k[hit]]
+        scatter(recs, hit, gather(self.recs, k[hit]))
         found[hit] = self.found[k[hit]]
         have |= hit

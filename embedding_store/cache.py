@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from .rows import gather, scatter
 from .slotmap import SlotMap
 
 SPILL_CHUNK = 16384  # rows per write-back call
@@ -74,7 +75,7 @@ class HostCache:
     # -- updates ---------------------------------------------------------------------
     def update(self, slots: np.ndarray, recs: np.ndarray) -> None:
         """New records for cached rows (they become dirty and stored)."""
-        self.rec[slots] = recs
+        scatter(self.rec, slots, recs)
         self.dirty[slots] = True
         self.stored[slots] = True
 
@@ -101,7 +102,7 @@ class HostCache:
         slots = self._free[self._nfree - k:self._nfree].copy()
         self._nfree -= k
         self.clock += 1
-        self.rec[slots] = recs
+        scatter(self.rec, slots, recs)
         self.sid[slots] = ids
         self.used[slots] = True
         self.dirty[slots] = dirty
@@ -130,7 +131,7 @@ class HostCache:
         slots = self.find(ids)
         hit = slots >= 0
         s = slots[hit]
-        out = (hit, self.rec[s].copy(), self.stored[s].copy(), self.dirty[s].copy())
+        out = (hit, gather(self.rec, s), self.stored[s].copy(), self.dirty[s].copy())
         if len(s):
             self._release(s)
         return out
@@ -138,7 +139,7 @@ class HostCache:
     def _drop(self, victims: np.ndarray) -> None:
         d = victims[self.dirty[victims]]
         if len(d):
-            self._spill(self.sid[d], self.rec[d])
+            self._spill(self.sid[d], gather(self.rec, d))
             self.dirty[d] = False
         self.evicted += len(victims)
         self._release(victims)
@@ -165,7 +166,7 @@ class HostCache:
         d = d[np.argsort(self.sid[d])]
         for lo in range(0, len(d), SPILL_CHUNK):
             c = d[lo:lo + SPILL_CHUNK]
-            self._spill(self.sid[c], self.rec[c])
+            self._spill(self.sid[c], gather(self.rec, c))
         self.dirty[d] = False
         return len(d)
 
@@ -179,7 +180,7 @@ class HostCache:
     def items(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids, records, stored) of every cached row."""
         s = np.flatnonzero(self.used)
-        return self.sid[s], self.rec[s], self.stored[s]
+        return self.sid[s], gather(self.rec, s), self.stored[s]
 
     def dirty_count(self) -> int:
         return int((self.dirty & self.used).sum())

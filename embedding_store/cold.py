@@ -48,7 +48,7 @@ import rocksdict as rd
 
 from .errors import StoreMismatchError
 from .keyset import StoredKeys
-from .rows import KEY_BYTES, decode_keys, encode_keys, pack_records, shard_of, unpack_records
+from .rows import KEY_BYTES, decode_keys, encode_keys, pack_records, scatter, shard_of, unpack_records
 
 MANIFEST = "manifest.json"
 UNDO_KEY = b"~undo"  # meta keys are not 13 bytes long, so they never collide with rows
@@ -219,7 +219,7 @@ class ColdTier:
             hit = np.fromiter((v is not None for v in vals), dtype=bool, count=len(vals))
             if hit.any():
                 got = pos[hit]
-                out[got] = unpack_records([v for v in vals if v is not None], dtype)
+                scatter(out, got, unpack_records([v for v in vals if v is not None], dtype))
                 found[got] = True
         return out, found
 

@@ -68,6 +68,24 @@ def record_dtype(dim: int) -> np.dtype:
     return np.dtype([("w", "<f4", (dim,)), ("acc", "<f4"), ("ts", "<f8"), ("ep", "<u4"), ("end", "u1")])
 
 
+def raw(rec: np.ndarray) -> np.ndarray:
+    """The same records as opaque fixed-size blobs (a view). numpy moves those with one
+    memcpy each; structured records go field by field, measured 7x slower to gather and
+    18x slower to scatter (800 of 300k rows: 34 vs 5 us, 82 vs 5 us) — per batch, on
+    every tier boundary."""
+    return rec.view(np.dtype((np.void, rec.dtype.itemsize)))
+
+
+def gather(rec: np.ndarray, idx) -> np.ndarray:
+    """``rec[idx]`` (records) at memcpy speed."""
+    return raw(rec)[idx].view(rec.dtype)
+
+
+def scatter(dst: np.ndarray, idx, src: np.ndarray) -> None:
+    """``dst[idx] = src`` (records) at memcpy speed."""
+    raw(dst)[idx] = raw(src)
+
+
 def pack_records(rec: np.ndarray) -> list[bytes]:
     rec["end"] = 1
     return rec.view(f"S{rec.dtype.itemsize}").tolist()

@@ -72,12 +72,15 @@ class SlotMap:
         m = int(self.mask)
         q, s, pos = ids, slots.astype(np.int32), self._home(ids)
         while len(q):
-            free = self.vals[pos] < 0
-            fi = np.flatnonzero(free)
-            # several ids may probe the same free cell this round: the first one takes it
-            _, first = np.unique(pos[fi], return_index=True)
-            win = fi[first]
-            self.deleted -= int((self.vals[pos[win]] == _DELETED).sum())
+            v = self.vals[pos]
+            fi = np.flatnonzero(v < 0)
+            # several ids may probe the same free cell this round: each writes its mark
+            # (-3 - k) there and the one whose mark stays takes the cell (no sort needed)
+            marks = -3 - np.arange(len(fi), dtype=np.int32)
+            self.vals[pos[fi]] = marks
+            won = self.vals[pos[fi]] == marks
+            win = fi[won]
+            self.deleted -= int((v[win] == _DELETED).sum())
             self.keys[pos[win]] = q[win]
             self.vals[pos[win]] = s[win]
             lose = np.ones(len(q), dtype=bool)

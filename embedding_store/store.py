@@ -47,7 +47,7 @@ from .cache import SPILL_CHUNK, HostCache
 from .cold import FORMAT, ColdTier, check_manifest, read_manifest, write_manifest
 from .errors import StoreError
 from .hot import HotTable
-from .rows import decode_keys, init_rows, record_dtype, table_salt, table_tag, unpack_records
+from .rows import decode_keys, gather, init_rows, record_dtype, scatter, table_salt, table_tag, unpack_records
 
 _MAX_BUFFERS = 3  # per table: the last read batch + up to two prefetched batches
 
@@ -211,7 +211,7 @@ class EmbeddingStore:
         if not have.all():
             rest = ~have
             r, f = self.cold.get(t.tag, t.salt, ids[rest], t.dtype)
-            recs[rest] = r
+            scatter(recs, rest, r)
             found[rest] = f
         return recs, found
 
@@ -228,14 +228,16 @@ class EmbeddingStore:
             slots = c.lookup(ids, count) if touch else c.find(ids)
             hit = slots >= 0
             if hit.all():
-                return c.rec[slots], c.stored[slots], slots
+                return gather(c.rec, slots), c.stored[slots], slots
             recs = np.empty(len(ids), dtype=t.dtype)
             found = np.empty(len(ids), dtype=bool)
             if hit.any():
-                recs[hit] = c.rec[slots[hit]]
+                scatter(recs, hit, gather(c.rec, slots[hit]))
                 found[hit] = c.stored[slots[hit]]
             miss = ~hit
-            recs[miss], found[miss] = self._fetch(t, ids[miss])
+            r, f = self._fetch(t, ids[miss])
+            scatter(recs, miss, r)
+            found[miss] = f
         if not found.all():
             recs["w"][~found] = init_rows(t.salt, self.seed, ids[~found], t.dim, self.init_scale)
         return recs, found, slots
@@ -249,10 +251,10 @@ class EmbeddingStore:
             return
         hit = slots >= 0
         if hit.any():
-            c.update(slots[hit], new[hit])
+            c.update(slots[hit], gather(new, hit))
         if not hit.all():
             miss = ~hit
-            c.insert(ids[miss], new[miss], np.ones(int(miss.sum()), dtype=bool), dirty=True)
+            c.insert(ids[miss], gather(new, miss), np.ones(int(miss.sum()), dtype=bool), dirty=True)
 
     def _spiller(self, t: _Table):
         def spill(ids: np.ndarray, recs: np.ndarray) -> None:
@@ -336,7 +338,7 @@ class EmbeddingStore:
                 miss = slots_c < 0
                 if miss.any():
                     slots_c = slots_c.copy()
-                    slots_c[miss] = c.insert(uniq[miss], recs[miss], found[miss], dirty=False)
+                    slots_c[miss] = c.insert(uniq[miss], gather(recs, miss), found[miss], dirty=False)
                     hp = np.flatnonzero(~miss)  # an eviction (tiny cache) may have taken a row just hit
                     hs = slots_c[hp]
                     slots_c[hp[~c.used[hs] | (c.sid[hs] != uniq[hp])]] = -1
@@ -368,9 +370,10 @@ class EmbeddingStore:
             raise StoreError(f"{table}: grads must have shape ({len(ids)}, {t.dim}), got {tuple(grads.shape)}")
         if len(ids) == 0:
             return
-        if not bool(torch.isfinite(grads).all()):
-            raise StoreError(f"{table}: grads contain NaN or inf; nothing was applied")
         grads = grads.detach()
+        gnp = grads.numpy() if grads.device.type == "cpu" else None  # host grads: numpy, no torch dispatch
+        if not bool(np.isfinite(gnp).all() if gnp is not None else torch.isfinite(grads).all()):
+            raise StoreError(f"{table}: grads contain NaN or inf; nothing was applied")
         now = time.time()
         memo, self._memo = self._memo, None
         cslots = None
@@ -385,7 +388,7 @@ class EmbeddingStore:
             s = slots[hp]
             if self.device.type == "cpu":  # numpy: same IEEE ops, no per-op dispatch cost
                 hw, ha = t.hot.w.numpy(), t.hot.acc.numpy()
-                g = grads.cpu().numpy()
+                g = gnp if gnp is not None else grads.cpu().numpy()
                 g = g if len(hp) == len(ids) else g[hp]
                 hw[s], ha[s] = adagrad_rows_np(hw[s], ha[s], g, self.lr, self.eps)
             else:
@@ -401,11 +404,11 @@ class EmbeddingStore:
             cp = np.flatnonzero(~is_hot)
             cids = ids[cp]
             if cslots is not None and bool((cslots >= 0).all()):
-                old, found = t.cache.rec[cslots], t.cache.stored[cslots]
+                old, found = gather(t.cache.rec, cslots), t.cache.stored[cslots]
             else:
                 old, found, cslots = self._cold_rows(t, cids, touch=True, count=False)
             self.created += int((~found).sum())
-            g = grads[torch.from_numpy(cp).to(grads.device)].cpu().numpy()
+            g = gnp[cp] if gnp is not None else grads[torch.from_numpy(cp).to(grads.device)].cpu().numpy()
             new = old.copy()
             new["w"], new["acc"] = adagrad_rows_np(old["w"], old["acc"], g, self.lr, self.eps)
             new["ts"] = now
