@@ -40,24 +40,8 @@ ZIPF = 1.05
 _A = 2_654_435_761  # odd multiplier: rank -> row is a bijection on [0, N) scattering hot rows
 
 
-def _zipf_ranks():
-    """``ingest.synthetic.zipf_ranks`` without running ``ingest/__init__``, which imports the
-    Kafka clients and pyarrow: ~40 MB resident that belongs to neither the store nor the
-    ceiling but would count in every set-up's peak RSS. Workers are fresh subprocesses,
-    so the bare package stub never meets the real package."""
-    if "ingest" not in sys.modules:
-        import types
-
-        pkg = types.ModuleType("ingest")
-        pkg.__path__ = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ingest")]
-        sys.modules["ingest"] = pkg
-    from ingest.synthetic import zipf_ranks
-
-    return zipf_ranks
-
-
 def _id_stream(n_ids: int, batches: int, seed: int = 1):
-    zipf_ranks = _zipf_ranks()
+    from ingest.synthetic import zipf_ranks  # ingest's package imports are lazy: no Kafka or pyarrow here
 
     rng = np.random.default_rng(seed)
     for _ in range(batches):

@@ -12,15 +12,39 @@ Public surface::
     serve(cfg) -> ServingServer (.port, .target, .stop())
 """
 
-from .client import PushError, PushResult, ServingClient, SnapshotPusher, snapshot_chunks
-from .convert import RequestError, batch_to_request, events_to_request
-from .server import ServingServer, StreamRecService, pick_device, serve
-from .snapshot import Manifest, SnapshotError, iter_rows, read_dense, read_manifest, rows_batch, rows_schema, verify_snapshot, write_snapshot
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "PushError", "PushResult", "ServingClient", "SnapshotPusher", "snapshot_chunks",
-    "RequestError", "batch_to_request", "events_to_request",
-    "ServingServer", "StreamRecService", "pick_device", "serve",
-    "Manifest", "SnapshotError", "iter_rows", "read_dense", "read_manifest", "rows_batch", "rows_schema",
-    "verify_snapshot", "write_snapshot",
-]
+from streamrec.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
+    from .client import PushError, PushResult, ServingClient, SnapshotPusher, snapshot_chunks
+    from .convert import RequestError, batch_to_request, events_to_request
+    from .server import ServingServer, StreamRecService, pick_device, serve
+    from .snapshot import Manifest, SnapshotError, iter_rows, read_dense, read_manifest, rows_batch, rows_schema, verify_snapshot, write_snapshot
+
+_EXPORTS = {
+    'PushError': '.client',
+    'PushResult': '.client',
+    'ServingClient': '.client',
+    'SnapshotPusher': '.client',
+    'snapshot_chunks': '.client',
+    'RequestError': '.convert',
+    'batch_to_request': '.convert',
+    'events_to_request': '.convert',
+    'ServingServer': '.server',
+    'StreamRecService': '.server',
+    'pick_device': '.server',
+    'serve': '.server',
+    'Manifest': '.snapshot',
+    'SnapshotError': '.snapshot',
+    'iter_rows': '.snapshot',
+    'read_dense': '.snapshot',
+    'read_manifest': '.snapshot',
+    'rows_batch': '.snapshot',
+    'rows_schema': '.snapshot',
+    'verify_snapshot': '.snapshot',
+    'write_snapshot': '.snapshot',
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = list(_EXPORTS)
