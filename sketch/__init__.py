@@ -1,16 +1,36 @@
 """Running id popularity (decayed count-min sketch + heavy hitters), the FAE hot-set
 policy, the faust worker that publishes hot sets, and the reader the trainer uses."""
 
-from .cms import CountMinSketch
-from .follower import HotSetFollower, latest_hotset
-from .heavy import HeavyHitters
-from .kernels import Accumulator
-from .hotset import EventSample, HotChoice, HotSet, choose_hot_set
-from .keys import make_keys, table_salt
-from .popularity import PopularitySketch
-from .state import SketchState
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "CountMinSketch", "Accumulator", "HeavyHitters", "PopularitySketch", "make_keys", "table_salt",
-    "HotSet", "HotChoice", "EventSample", "choose_hot_set", "HotSetFollower", "latest_hotset", "SketchState",
-]
+from streamrec.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
+    from .cms import CountMinSketch
+    from .follower import HotSetFollower, latest_hotset
+    from .heavy import HeavyHitters
+    from .hotset import EventSample, HotChoice, HotSet, choose_hot_set
+    from .kernels import Accumulator
+    from .keys import make_keys, table_salt
+    from .popularity import PopularitySketch
+    from .state import SketchState
+
+# lazy: the trainer follows hot sets through HotSetFollower and must not load numba (the kernels)
+_EXPORTS = {
+    "CountMinSketch": ".cms",
+    "HotSetFollower": ".follower",
+    "latest_hotset": ".follower",
+    "HeavyHitters": ".heavy",
+    "EventSample": ".hotset",
+    "HotChoice": ".hotset",
+    "HotSet": ".hotset",
+    "choose_hot_set": ".hotset",
+    "Accumulator": ".kernels",
+    "make_keys": ".keys",
+    "table_salt": ".keys",
+    "PopularitySketch": ".popularity",
+    "SketchState": ".state",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = list(_EXPORTS)
