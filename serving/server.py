@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from streamrec.config import Config
 
 from .convert import RequestError, request_to_batch_ids
+from .merge import RequestMerger
 from .pb import SERVICE, pb, pb_grpc
 from .receiver import PushError, receive_snapshot
 from .version import LoadError, ServedVersion, load_version, restore_newest
@@ -64,6 +65,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.requests_served = 0
         self.events_served = 0
         self.max_snapshot_bytes = 64 * 1024**3
+        self.merger = RequestMerger(lambda v, b: v.predict(b), lambda v: v.fields, lambda v: v.dense_dim,
+                                    cfg.serving.merge_max_events)
         restored = restore_newest(self.versions, cfg, device)  # a restart serves what it served before
         if restored is not None:
             self._swap(restored)
@@ -127,7 +130,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                 batch, rids = request_to_batch_ids(request, v.fields, v.dense_dim, self.cfg.serving.max_batch)
             except RequestError as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            scores = v.predict(batch)
+            scores = self.merger.score(v, batch)  # with requests that queued meanwhile, on the same version
             version = v.version
         finally:
             v.release()

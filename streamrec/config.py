@@ -146,6 +146,7 @@ class ServingConfig:
     tls_ca: str = ""  # clients verify the server against this CA
     max_message_mb: int = 64  # gRPC message size limit (MiB), both directions; bigger -> RESOURCE_EXHAUSTED from gRPC
     max_batch: int = 4096  # events per Predict request; more -> INVALID_ARGUMENT naming the field
+    merge_max_events: int = 4096  # Predict requests queued while another is scored are scored together, up to this many events (0 = never merge)
     hot_rows: int = 100_000  # rows serving keeps in memory
     workers: int = 8  # gRPC server threads
     torch_threads: int = 0  # CPU threads for torch ops (0 = torch's default: all cores)
@@ -348,6 +349,8 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("port", "must be in 0..65535")
         if bool(obj.tls_cert) != bool(obj.tls_key):
             bad("tls_cert", "tls_cert and tls_key must be given together")
+        if obj.merge_max_events < 0:
+            bad("merge_max_events", "must be >= 0 (0 = never merge)")
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
