@@ -343,7 +343,7 @@ class EmbeddingStore:
                     hs = slots_c[hp]
                     slots_c[hp[~c.used[hs] | (c.sid[hs] != uniq[hp])]] = -1
                 if uniq is cids:  # the usual call: remember where this batch's rows are for apply_gradients
-                    self._memo = (t.name, ids, slots, slots_c, c.gen)
+                    self._memo = (t.name, ids.copy(), slots, slots_c, c.gen)  # a copy: the caller may refill its array
             else:
                 self._remember(t, uniq, recs, found)
         cold_rows = torch.from_numpy(np.ascontiguousarray(recs["w"][inv.reshape(-1)]))
@@ -378,7 +378,7 @@ class EmbeddingStore:
         memo, self._memo = self._memo, None
         cslots = None
         if (memo is not None and memo[0] == table and t.cache is not None and memo[4] == t.cache.gen
-                and (memo[1] is ids or np.array_equal(memo[1], ids))):
+                and np.array_equal(memo[1], ids)):
             slots, cslots = memo[2], memo[3]  # where lookup(ids) just found or put these rows
         else:
             slots = t.hot.find(ids)
