@@ -97,6 +97,8 @@ class PopularitySketch:
         """Sum ``weights[e]`` into every id of row ``e`` of one table (flushing whenever the accumulator fills)."""
         values = np.ascontiguousarray(values, dtype=np.int64)
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        if len(offsets) > 1 and int(np.diff(offsets).max()) > self._acc.capacity:
+            offsets, weights = _split_rows(offsets, weights, self._acc.capacity)
         rows, at = len(offsets) - 1, 0
         while True:
             at = self._acc.add(table, self._salts[table], True, values, offsets, weights, at)
@@ -295,3 +297,17 @@ class PopularitySketch:
         p.t0_ms, p.now_ms, p.first_ms = head["t0_ms"], head["now_ms"], head["first_ms"]
         p.events, p.ids = int(head["events"]), int(head["ids"])
         return p, dict(head.get("meta") or {})
+
+
+def _split_rows(offsets: np.ndarray, weights: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of more than ``cap`` ids cut into pieces of at most ``cap``, each with its row's weight.
+
+    Every id still gets its event's weight once, so counts are unchanged; the accumulator
+    then never meets a row bigger than itself (one event with a huge multi-valued field
+    must be counted, not crash the worker on every restart)."""
+    lengths = np.diff(offsets)
+    pieces = np.maximum(1, -(-lengths // cap))
+    row = np.repeat(np.arange(len(lengths)), pieces)
+    k = np.arange(len(row)) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece number within its row
+    starts = offsets[:-1][row] + k * cap
+    return np.append(starts, offsets[-1]).astype(np.int64), np.ascontiguousarray(weights[:len(lengths)][row], np.float64)

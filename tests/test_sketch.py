@@ -279,3 +279,25 @@ def test_buffered_updates_equal_unbuffered():
     assert a._buf_n > 0  # something still buffered: reads must flush it
     assert np.allclose(a.cms.counts, b.cms.counts, rtol=1e-9, atol=1e-12)
     assert a.top(50)[1].tolist() == b.top(50)[1].tolist()
+
+
+def test_an_event_with_more_ids_than_the_accumulator_holds_is_counted():
+    """One event whose field has more ids than the pre-aggregation table holds: counted exactly (not an error)."""
+    from ingest import EventBatch, JaggedIds
+
+    big = np.arange(1, 5_001, dtype=np.int64)  # one event, 5,000 ids in one field; accumulator of 1,024
+    lists = [[7, 8], big.tolist(), [], [7]]
+    jag = JaggedIds.from_lists(lists)
+    n = len(lists)
+    batch = EventBatch(ts=np.full(n, T0, np.int64), labels=np.zeros(n, np.float32),
+                       dense=np.zeros((n, 1), np.float32), sparse={"tags": jag})
+    ps = PopularitySketch(["tags"], epsilon=1e-5, delta=1e-3, half_life_s=60.0, top_k=10, conservative=False,
+                          buffer_ids=1_024)
+    assert ps._acc.capacity < len(big)
+    ps.update_batch(batch)
+    assert ps.events == n and ps.ids == len(jag.values)
+    assert ps.total == pytest.approx(len(jag.values), rel=1e-12)
+    est = ps.estimate("tags", np.array([7, 8, 1, 2500, 5000]))
+    truth = np.array([3, 2, 1, 1, 1])  # 7 and 8 are also among the big event's ids
+    assert np.all(est >= truth * (1 - 1e-12))
+    assert np.allclose(est, truth, atol=0.05)  # width 2^19: collisions among 5,002 ids are rare
