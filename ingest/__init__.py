@@ -18,44 +18,14 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     )
     from .synthetic import SyntheticStream, roc_auc
 
-_EXPORTS = {
-    'BrokerError': '.broker',
-    'EmbeddedBroker': '.broker',
-    'TopicSpec': '.broker',
-    'ensure_topics': '.broker',
-    'free_port': '.broker',
-    'pipeline_topics': '.broker',
-    'wait_for_broker': '.broker',
-    'Decoder': '.codec',
-    'encode_arrow': '.codec',
-    'encode_json': '.codec',
-    'encode_messages': '.codec',
-    'DatasetError': '.datasets',
-    'avazu_config': '.datasets',
-    'criteo_config': '.datasets',
-    'detect_format': '.datasets',
-    'layout_config': '.datasets',
-    'layout_toml': '.datasets',
-    'read_events': '.datasets',
-    'read_file': '.datasets',
-    'write_events': '.datasets',
-    'EventBatch': '.events',
-    'EventError': '.events',
-    'EventSchema': '.events',
-    'JaggedIds': '.events',
-    'hash_id': '.events',
-    'hash_ids': '.events',
-    'REASON_HEADER': '.kafka_io',
-    'SOURCE_HEADER': '.kafka_io',
-    'ConsumerStats': '.kafka_io',
-    'EventConsumer': '.kafka_io',
-    'EventProducer': '.kafka_io',
-    'ProduceError': '.kafka_io',
-    'make_producer': '.kafka_io',
-    'read_topic': '.kafka_io',
-    'SyntheticStream': '.synthetic',
-    'roc_auc': '.synthetic',
+_EXPORTS = {  # submodule: the public names it defines
+    ".broker": "BrokerError EmbeddedBroker TopicSpec ensure_topics free_port pipeline_topics wait_for_broker",
+    ".codec": "Decoder encode_arrow encode_json encode_messages",
+    ".datasets": "DatasetError avazu_config criteo_config detect_format layout_config layout_toml read_events read_file write_events",
+    ".events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
+    ".kafka_io": "REASON_HEADER SOURCE_HEADER ConsumerStats EventConsumer EventProducer ProduceError make_producer read_topic",
+    ".synthetic": "SyntheticStream roc_auc",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = list(_EXPORTS)
+__all__ = [name for names in _EXPORTS.values() for name in names.split()]

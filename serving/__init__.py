@@ -22,29 +22,12 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .server import ServingServer, StreamRecService, pick_device, serve
     from .snapshot import Manifest, SnapshotError, iter_rows, read_dense, read_manifest, rows_batch, rows_schema, verify_snapshot, write_snapshot
 
-_EXPORTS = {
-    'PushError': '.client',
-    'PushResult': '.client',
-    'ServingClient': '.client',
-    'SnapshotPusher': '.client',
-    'snapshot_chunks': '.client',
-    'RequestError': '.convert',
-    'batch_to_request': '.convert',
-    'events_to_request': '.convert',
-    'ServingServer': '.server',
-    'StreamRecService': '.server',
-    'pick_device': '.server',
-    'serve': '.server',
-    'Manifest': '.snapshot',
-    'SnapshotError': '.snapshot',
-    'iter_rows': '.snapshot',
-    'read_dense': '.snapshot',
-    'read_manifest': '.snapshot',
-    'rows_batch': '.snapshot',
-    'rows_schema': '.snapshot',
-    'verify_snapshot': '.snapshot',
-    'write_snapshot': '.snapshot',
+_EXPORTS = {  # submodule: the public names it defines
+    ".client": "PushError PushResult ServingClient SnapshotPusher snapshot_chunks",
+    ".convert": "RequestError batch_to_request events_to_request",
+    ".server": "ServingServer StreamRecService pick_device serve",
+    ".snapshot": "Manifest SnapshotError iter_rows read_dense read_manifest rows_batch rows_schema verify_snapshot write_snapshot",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = list(_EXPORTS)
+__all__ = [name for names in _EXPORTS.values() for name in names.split()]

@@ -16,21 +16,16 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .state import SketchState
 
 # lazy: the trainer follows hot sets through HotSetFollower and must not load numba (the kernels)
-_EXPORTS = {
-    "CountMinSketch": ".cms",
-    "HotSetFollower": ".follower",
-    "latest_hotset": ".follower",
-    "HeavyHitters": ".heavy",
-    "EventSample": ".hotset",
-    "HotChoice": ".hotset",
-    "HotSet": ".hotset",
-    "choose_hot_set": ".hotset",
-    "Accumulator": ".kernels",
-    "make_keys": ".keys",
-    "table_salt": ".keys",
-    "PopularitySketch": ".popularity",
-    "SketchState": ".state",
+_EXPORTS = {  # submodule: the public names it defines
+    ".cms": "CountMinSketch",
+    ".follower": "HotSetFollower latest_hotset",
+    ".heavy": "HeavyHitters",
+    ".hotset": "EventSample HotChoice HotSet choose_hot_set",
+    ".kernels": "Accumulator",
+    ".keys": "make_keys table_salt",
+    ".popularity": "PopularitySketch",
+    ".state": "SketchState",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = list(_EXPORTS)
+__all__ = [name for names in _EXPORTS.values() for name in names.split()]

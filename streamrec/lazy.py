@@ -14,9 +14,11 @@ import importlib
 from typing import Any, Callable, Mapping
 
 
-def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package`` where ``exports`` maps a public name to
-    its submodule (``".codec"``). Submodules themselves (``package.synthetic``) resolve too."""
+def lazy_exports(package: str, modules: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``(__getattr__, __dir__)`` for ``package`` where ``modules`` maps a submodule
+    (``".codec"``) to the public names it defines, space-separated. Submodules
+    themselves (``package.synthetic``) resolve too."""
+    exports = {name: mod for mod, names in modules.items() for name in names.split()}
 
     def __getattr__(name: str) -> Any:
         mod = exports.get(name)
