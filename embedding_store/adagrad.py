@@ -37,13 +37,16 @@ def adagrad_rows_np(w: np.ndarray, acc: np.ndarray, g: np.ndarray, lr: float, ep
     order (so bit-identical to the torch version on any device), without torch's per-op
     dispatch cost, which dominates for the few thousand rows of one batch."""
     n, dim = g.shape
-    gt = np.ascontiguousarray(g.T)  # column j contiguous: the left-to-right sum reads rows
-    sq = gt * gt
-    s = sq[0].copy()
+    gt = np.array(g.T, dtype=np.float32, order="C")  # our own copy, column j contiguous: the sum reads rows
+    sq = np.multiply(gt, gt, out=gt)  # in place (ufuncs with out=: same ops, fewer temporaries)
+    s = sq[0]
     for j in range(1, dim):
         s += sq[j]
-    acc_new = acc + s / np.float32(dim)
+    acc_new = np.divide(s, np.float32(dim), out=s)
+    acc_new = np.add(acc, acc_new, out=acc_new)  # acc + s/dim: same ops, no temporaries
     root = np.sqrt(acc_new.astype(np.float64)).astype(np.float32)
-    denom = root + np.float32(eps)
-    w_new = w - (np.float32(lr) * g) / denom[:, None]
+    denom = np.add(root, np.float32(eps), out=root)
+    step = np.multiply(g, np.float32(lr))
+    np.divide(step, denom[:, None], out=step)
+    w_new = np.subtract(w, step, out=step)
     return w_new, acc_new

@@ -60,9 +60,11 @@ class HostCache:
         """Slot per id, -1 where not cached (no LRU effect)."""
         return self.index.get(ids)
 
-    def lookup(self, ids: np.ndarray, count: bool = True) -> np.ndarray:
-        """``find`` + mark the hits as just used; ``count``: add to the hit/miss counters."""
-        slots = self.find(ids)
+    def lookup(self, ids: np.ndarray, count: bool = True, slots: np.ndarray | None = None) -> np.ndarray:
+        """``find`` + mark the hits as just used; ``count``: add to the hit/miss counters.
+        ``slots``: ``find(ids)`` already made under the current ``gen`` (skips the probe)."""
+        if slots is None:
+            slots = self.find(ids)
         hit = slots >= 0
         self.clock += 1
         self.stamp[slots[hit]] = self.clock

@@ -23,6 +23,7 @@ class HotTable:
         self.dirty = np.zeros(0, dtype=bool)         # changed since last write-back to the cold tier
         self.ep = np.zeros(0, dtype=np.int64)        # epoch of last change, per slot
         self.ts = np.zeros(0, dtype=np.float64)      # last-touched time, per slot
+        self.gen = 0                                 # bumped by rebuild (validates remembered slots)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -56,6 +57,7 @@ class HotTable:
                 ts: np.ndarray, dirty: np.ndarray) -> None:
         """Replace the hot set with rows ``ids`` (unique), slot k = k-th given row."""
         order = np.argsort(ids, kind="stable")
+        self.gen += 1
         self.ids = ids[order]
         self.slot = order.astype(np.int64)
         self.w = w.to(self.device).contiguous()

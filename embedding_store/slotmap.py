@@ -37,7 +37,9 @@ class SlotMap:
         return self.live
 
     def _home(self, ids: np.ndarray) -> np.ndarray:
-        return (splitmix64(ids) & self.mask).astype(np.int64)
+        h = splitmix64(ids)
+        h &= self.mask  # in place; < 2**63, so the int64 view is the same number
+        return h.view(np.int64)
 
     def _positions(self, ids: np.ndarray) -> np.ndarray:
         """Cell of each id, -1 where absent."""

@@ -47,7 +47,7 @@ from .cache import SPILL_CHUNK, HostCache
 from .cold import FORMAT, ColdTier, check_manifest, read_manifest, write_manifest
 from .errors import StoreError
 from .hot import HotTable
-from .rows import decode_keys, gather, init_rows, record_dtype, scatter, table_salt, table_tag, unpack_records
+from .rows import decode_keys, gather, unique_sorted, init_rows, record_dtype, scatter, table_salt, table_tag, unpack_records
 
 _MAX_BUFFERS = 3  # per table: the last read batch + up to two prefetched batches
 
@@ -143,6 +143,7 @@ class EmbeddingStore:
         self.cold_hits = 0
         self.created = 0
         self._memo = None  # (table, ids, hot slots, cache slots, cache gen) of the last lookup
+        self._pre = None  # (table, unique ids, hot slots, cold cache slots, hot gen, cache gen) of the last prefetch
         self._closed = False
 
     @classmethod
@@ -215,8 +216,8 @@ class EmbeddingStore:
             found[rest] = f
         return recs, found
 
-    def _cold_rows(self, t: _Table, ids: np.ndarray, touch: bool,
-                   count: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _cold_rows(self, t: _Table, ids: np.ndarray, touch: bool, count: bool = True,
+                   known: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Current ``(records, stored, cache slots)`` of unique cold ``ids``: host cache, then
         buffers, then RocksDB. A row never stored reads as its init record (acc 0, ts 0,
         epoch 0). ``touch`` marks cache hits as just used; ``count`` counts them as lookups."""
@@ -225,7 +226,7 @@ class EmbeddingStore:
             recs, found = self._fetch(t, ids)
             slots = np.full(len(ids), -1, dtype=np.int64)
         else:
-            slots = c.lookup(ids, count) if touch else c.find(ids)
+            slots = c.lookup(ids, count, known) if touch else c.find(ids) if known is None else known
             hit = slots >= 0
             if hit.all():
                 return gather(c.rec, slots), c.stored[slots], slots
@@ -317,7 +318,13 @@ class EmbeddingStore:
         t = self._table(table)
         ids = self._ids(t, ids)
         n = len(ids)
-        slots = t.hot.find(ids)
+        pre, self._pre = self._pre, None
+        known = None
+        if (pre is not None and pre[0] == table and pre[4] == t.hot.gen and t.cache is not None
+                and pre[5] == t.cache.gen and np.array_equal(pre[1], ids)):
+            slots, known = pre[2], pre[3]  # prefetch(ids) already probed both indexes for these ids
+        else:
+            slots = t.hot.find(ids)
         is_hot = slots >= 0
         nh = int(is_hot.sum())
         self.hot_hits += nh
@@ -331,7 +338,7 @@ class EmbeddingStore:
             uniq, inv = cids, np.arange(len(cids))                  # usual call): skip np.unique
         else:
             uniq, inv = np.unique(cids, return_inverse=True)
-        recs, found, slots_c = self._cold_rows(t, uniq, touch=remember)
+        recs, found, slots_c = self._cold_rows(t, uniq, touch=remember, known=known)
         if remember:
             c = t.cache
             if c is not None:
@@ -403,17 +410,24 @@ class EmbeddingStore:
         if not is_hot.all():
             cp = np.flatnonzero(~is_hot)
             cids = ids[cp]
-            if cslots is not None and bool((cslots >= 0).all()):
+            cached = cslots is not None and bool((cslots >= 0).all())
+            if cached:
                 old, found = gather(t.cache.rec, cslots), t.cache.stored[cslots]
             else:
                 old, found, cslots = self._cold_rows(t, cids, touch=True, count=False)
-            self.created += int((~found).sum())
-            g = gnp[cp] if gnp is not None else grads[torch.from_numpy(cp).to(grads.device)].cpu().numpy()
-            new = old.copy()
+            self.created += len(found) - int(np.count_nonzero(found))
+            if gnp is not None:
+                g = gnp if len(cp) == len(ids) else gnp[cp]
+            else:
+                g = grads[torch.from_numpy(cp).to(grads.device)].cpu().numpy()
+            new = old if cached else old.copy()  # a cached row's old record is not needed again
             new["w"], new["acc"] = adagrad_rows_np(old["w"], old["acc"], g, self.lr, self.eps)
             new["ts"] = now
             new["ep"] = self._epoch + 1
-            self._store_cold(t, cids, new, old, found, cslots)
+            if cached:  # every row already has its cache slot (lookup put it there): update in place
+                t.cache.update(cslots, new)
+            else:
+                self._store_cold(t, cids, new, old, found, cslots)
 
     def upsert_rows(self, table: str, ids: np.ndarray, vectors: np.ndarray) -> None:
         """Overwrite the vectors of rows ``ids`` (unique); optimizer state kept (zero if new)."""
@@ -451,10 +465,15 @@ class EmbeddingStore:
         """Start reading the cold rows of ``ids`` in the background for a later lookup/apply."""
         t = self._table(table)
         ids = self._ids(t, ids)
-        cold = np.unique(ids)  # sorted first: the index searches below are fastest on sorted ids
-        cold = cold[~t.hot.mask(cold)]
+        uniq = unique_sorted(ids)  # sorted first: the index searches below are fastest on sorted ids
+        hslots = t.hot.find(uniq)
+        cold = uniq[hslots < 0]
         if t.cache is not None and len(cold):
-            cold = cold[t.cache.find(cold) < 0]  # cached rows need no read
+            cslots = t.cache.find(cold)
+            # the usual next call is lookup(these unique ids): it reuses both probes while
+            # neither index has changed (the gens say so)
+            self._pre = (table, uniq, hslots, cslots, t.hot.gen, t.cache.gen)
+            cold = cold[cslots < 0]  # cached rows need no read
         if len(cold) == 0:
             return
         fut = self._pool.submit(self.cold.get, t.tag, t.salt, cold, t.dtype)
