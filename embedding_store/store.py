@@ -36,7 +36,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -47,7 +47,8 @@ from .cache import SPILL_CHUNK, HostCache
 from .cold import FORMAT, ColdTier, check_manifest, read_manifest, write_manifest
 from .errors import StoreError
 from .hot import HotTable
-from .rows import decode_keys, gather, unique_sorted, init_rows, record_dtype, scatter, table_salt, table_tag, unpack_records
+from .rows import (decode_keys, gather, init_rows, record_dtype, scatter, table_salt, table_tag, unique_sorted,
+                   unpack_records)
 
 _MAX_BUFFERS = 3  # per table: the last read batch + up to two prefetched batches
 
@@ -69,6 +70,24 @@ class _Table:
         self.buffers: list[RowBuffer] = []
         self.max_id = max_id
         self.cache: HostCache | None = None
+
+
+class _Probe(NamedTuple):
+    """Where the rows of ``ids`` of one table sit: the hot slot of each id and the cache
+    slot of each cold one (-1: absent). Remembered so the next call on the same ids
+    (prefetch -> lookup -> apply_gradients) skips both index probes; valid only while
+    neither index has changed, which their generation counters tell."""
+
+    table: str
+    ids: np.ndarray  # owned (a copy where the caller's array could be refilled)
+    hot: np.ndarray
+    cache: np.ndarray
+    hot_gen: int
+    cache_gen: int
+
+    def valid_for(self, t: "_Table", ids: np.ndarray) -> bool:
+        return (self.table == t.name and t.cache is not None and self.hot_gen == t.hot.gen
+                and self.cache_gen == t.cache.gen and np.array_equal(self.ids, ids))
 
 
 class EmbeddingStore:
@@ -142,8 +161,8 @@ class EmbeddingStore:
         self.hot_hits = 0
         self.cold_hits = 0
         self.created = 0
-        self._memo = None  # (table, ids, hot slots, cache slots, cache gen) of the last lookup
-        self._pre = None  # (table, unique ids, hot slots, cold cache slots, hot gen, cache gen) of the last prefetch
+        self._memo: _Probe | None = None  # the last lookup's probe, for apply_gradients
+        self._pre: _Probe | None = None  # the last prefetch's probe, for lookup
         self._closed = False
 
     @classmethod
@@ -320,9 +339,8 @@ class EmbeddingStore:
         n = len(ids)
         pre, self._pre = self._pre, None
         known = None
-        if (pre is not None and pre[0] == table and pre[4] == t.hot.gen and t.cache is not None
-                and pre[5] == t.cache.gen and np.array_equal(pre[1], ids)):
-            slots, known = pre[2], pre[3]  # prefetch(ids) already probed both indexes for these ids
+        if pre is not None and pre.valid_for(t, ids):
+            slots, known = pre.hot, pre.cache  # prefetch(ids) already probed both indexes for these ids
         else:
             slots = t.hot.find(ids)
         is_hot = slots >= 0
@@ -350,7 +368,7 @@ class EmbeddingStore:
                     hs = slots_c[hp]
                     slots_c[hp[~c.used[hs] | (c.sid[hs] != uniq[hp])]] = -1
                 if uniq is cids:  # the usual call: remember where this batch's rows are for apply_gradients
-                    self._memo = (t.name, ids.copy(), slots, slots_c, c.gen)  # a copy: the caller may refill its array
+                    self._memo = _Probe(t.name, ids.copy(), slots, slots_c, t.hot.gen, c.gen)  # a copy: the caller may refill its array
             else:
                 self._remember(t, uniq, recs, found)
         cold_rows = torch.from_numpy(np.ascontiguousarray(recs["w"][inv.reshape(-1)]))
@@ -384,9 +402,8 @@ class EmbeddingStore:
         now = time.time()
         memo, self._memo = self._memo, None
         cslots = None
-        if (memo is not None and memo[0] == table and t.cache is not None and memo[4] == t.cache.gen
-                and np.array_equal(memo[1], ids)):
-            slots, cslots = memo[2], memo[3]  # where lookup(ids) just found or put these rows
+        if memo is not None and memo.valid_for(t, ids):
+            slots, cslots = memo.hot, memo.cache  # where lookup(ids) just found or put these rows
         else:
             slots = t.hot.find(ids)
         is_hot = slots >= 0
@@ -470,9 +487,8 @@ class EmbeddingStore:
         cold = uniq[hslots < 0]
         if t.cache is not None and len(cold):
             cslots = t.cache.find(cold)
-            # the usual next call is lookup(these unique ids): it reuses both probes while
-            # neither index has changed (the gens say so)
-            self._pre = (table, uniq, hslots, cslots, t.hot.gen, t.cache.gen)
+            # the usual next call is lookup(these unique ids): it reuses both probes
+            self._pre = _Probe(table, uniq, hslots, cslots, t.hot.gen, t.cache.gen)
             cold = cold[cslots < 0]  # cached rows need no read
         if len(cold) == 0:
             return
