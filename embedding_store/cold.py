@@ -241,10 +241,7 @@ class ColdTier:
         already); they form the undo record that makes a torn multi-shard write
         roll back on reopen.
         """
-        if self.read_only:
-            raise PermissionError(f"store {self.path} is open read-only")
-        n = len(ids)
-        if n == 0:
+        if not self._writable(ids):
             return
         keys = encode_keys(tag, ids)
         vals = pack_records(new) if new is not None else None
@@ -274,10 +271,20 @@ class ColdTier:
                 else:
                     for k in kk:
                         wb.delete(k)
-                self.bytes_written += wb.size_in_bytes()
-                self.dbs[i].write(wb, self._wopt)
-                if self._after_shard_write is not None:
-                    self._after_shard_write(i)
+                self._commit(i, wb)
+
+    def _writable(self, ids: np.ndarray) -> bool:
+        """False when there is nothing to write; raises on a read-only store."""
+        if self.read_only:
+            raise PermissionError(f"store {self.path} is open read-only")
+        return len(ids) > 0
+
+    def _commit(self, shard: int, wb: "rd.WriteBatch") -> None:
+        """Write one shard's batch (one atomic RocksDB write), counting its bytes."""
+        self.bytes_written += wb.size_in_bytes()
+        self.dbs[shard].write(wb, self._wopt)
+        if self._after_shard_write is not None:
+            self._after_shard_write(shard)
 
     def _by_shard(self, salt: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions of ``ids`` grouped by shard: shard i owns ``order[bounds[i]:bounds[i + 1]]``."""
@@ -293,10 +300,7 @@ class ColdTier:
         the undo record saves reading every row's old bytes first. Each shard's part is
         still one WriteBatch, so no row is ever torn.
         """
-        if self.read_only:
-            raise PermissionError(f"store {self.path} is open read-only")
-        n = len(ids)
-        if n == 0:
+        if not self._writable(ids):
             return
         keys = encode_keys(tag, ids)
         vals = pack_records(new)
@@ -310,10 +314,7 @@ class ColdTier:
                 wb = rd.WriteBatch(raw_mode=True)
                 for p in pl:
                     wb.put(keys[p], vals[p])
-                self.bytes_written += wb.size_in_bytes()
-                self.dbs[i].write(wb, self._wopt)
-                if self._after_shard_write is not None:
-                    self._after_shard_write(i)
+                self._commit(i, wb)
 
     # -- scans, maintenance -----------------------------------------------------------
     def scan(self) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
