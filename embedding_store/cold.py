@@ -44,6 +44,7 @@ Python (keys, values, one ``WriteBatch.put`` per row) and ~0.5 is RocksDB's writ
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -117,6 +118,20 @@ def check_manifest(path, have: dict, tables: dict[str, int], shards: int, seed: 
         raise StoreMismatchError(f"store directory {path} was created with another layout: " + "; ".join(problems))
 
 
+def _timed(counter: str):
+    """Add the wall time of each call to ``self.<counter>`` (the store's I/O split, see ``stats``)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def timed(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                setattr(self, counter, getattr(self, counter) + time.perf_counter() - t0)
+        return timed
+    return wrap
+
+
 class ColdTier:
     """Sharded RocksDB rows of every table; batched, shard-atomic-as-a-whole writes."""
 
@@ -138,6 +153,9 @@ class ColdTier:
         self.seq = 0
         self.bytes_written = 0
         self.reads = 0
+        self.rows_written = 0
+        self.read_s = 0.0  # wall time inside get / write+put: where a batch's RocksDB time goes (bench store)
+        self.write_s = 0.0
         self._after_shard_write = None  # test hook: called with the shard index after each shard write
         self._recover()
         self.stored = StoredKeys()  # which keys may exist: never-stored ids skip RocksDB (keyset.py)
@@ -204,6 +222,7 @@ class ColdTier:
             self.dbs[i].write(wb, self._wopt)
 
     # -- reads ------------------------------------------------------------------------
+    @_timed("read_s")
     def get(self, tag: int, salt: int, ids: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Records of ``ids`` (unique) and a bool ``found`` mask; missing rows are zero records."""
         n = len(ids)
@@ -233,6 +252,7 @@ class ColdTier:
         return out, found
 
     # -- writes -----------------------------------------------------------------------
+    @_timed("write_s")
     def write(self, tag: int, salt: int, ids: np.ndarray, new: np.ndarray | None,
               old: np.ndarray, old_found: np.ndarray) -> None:
         """Atomically (across shards) set rows ``ids`` to records ``new`` (None = delete).
@@ -272,6 +292,7 @@ class ColdTier:
                     for k in kk:
                         wb.delete(k)
                 self._commit(i, wb)
+            self.rows_written += len(ids)
 
     def _writable(self, ids: np.ndarray) -> bool:
         """False when there is nothing to write; raises on a read-only store."""
@@ -292,6 +313,7 @@ class ColdTier:
         order = np.argsort(sh, kind="stable")
         return order, np.searchsorted(sh[order], np.arange(self.shards + 1))
 
+    @_timed("write_s")
     def put(self, tag: int, salt: int, ids: np.ndarray, new: np.ndarray) -> None:
         """Set rows ``ids`` to records ``new`` with no undo record: the host cache's write-back.
 
@@ -315,6 +337,7 @@ class ColdTier:
                 for p in pl:
                     wb.put(keys[p], vals[p])
                 self._commit(i, wb)
+            self.rows_written += len(ids)
 
     # -- scans, maintenance -----------------------------------------------------------
     def scan(self) -> Iterator[tuple[int, list[bytes], list[bytes]]]:

@@ -711,6 +711,9 @@ class EmbeddingStore:
             "created": self.created,
             "cold_reads": self.cold.reads,
             "cold_reads_skipped": self.cold.skipped,  # never-stored ids answered by the key filter
+            "cold_rows_written": self.cold.rows_written,
+            "cold_read_s": self.cold.read_s,  # wall time inside RocksDB reads / writes (any thread)
+            "cold_write_s": self.cold.write_s,
             "bytes_written": self.cold.bytes_written,
             "hot_bytes": sum(t.hot.nbytes() for t in self.tables.values()),
             "epoch": self._epoch,

@@ -75,3 +75,22 @@ def test_expire_sees_cached_rows(tmp_path):
         assert s.expire(0.03) == 18
         assert torch.equal(s.lookup("a", np.array([10, 11])), fresh)
         assert torch.equal(s.lookup("a", np.array([3])), torch.from_numpy(s.init_rows("a", np.array([3]))))
+
+
+def test_stats_split_rocksdb_rows_and_time(tmp_path):
+    """The I/O counters ``bench store`` reports: rows read (not answered by the key filter),
+    rows written by write-through and by cache write-back, and time inside each."""
+    with EmbeddingStore(str(tmp_path / "s"), {"a": 4}, shards=2) as s:  # write-through, no cache
+        s.apply_gradients("a", np.arange(10), torch.ones(10, 4))  # 10 new rows: filter answers, 10 written
+        st = s.stats()
+        assert st["cold_rows_written"] == 10 and st["cold_reads"] - st["cold_reads_skipped"] == 0
+        s.apply_gradients("a", np.arange(5, 15), torch.ones(10, 4))  # 5 stored rows really read, 10 written
+        st = s.stats()
+        assert st["cold_rows_written"] == 20 and st["cold_reads"] - st["cold_reads_skipped"] == 5
+        assert st["cold_read_s"] > 0 and st["cold_write_s"] > 0
+    with EmbeddingStore(str(tmp_path / "c"), {"a": 4}, shards=2, host_cache_rows=8) as s:
+        s.apply_gradients("a", np.arange(8), torch.ones(8, 4))  # all held by the cache: nothing written
+        assert s.stats()["cold_rows_written"] == 0
+        s.apply_gradients("a", np.arange(8, 16), torch.ones(8, 4))  # evictions are written back
+        st = s.stats()
+        assert st["cold_rows_written"] == st["cache_written_back"] > 0
