@@ -66,6 +66,7 @@ def main(argv: list[str]) -> int:
     from benchmarks import grpc_floor
     from ingest import SyntheticStream
     from serving import ServingClient, SnapshotPusher, events_to_request, rows_batch, write_snapshot
+    from serving.pb import pb
     from streamrec.config import load_config
     from trainer import embed_batch, predict_batch
 
@@ -144,7 +145,8 @@ def main(argv: list[str]) -> int:
     served.retire()
 
     env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving"), STREAMREC_SERVING__PUSH_TOKEN="bench",
-               STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")
+               STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")  # a handler thread per client at 16 clients
+    # (best measured, 2026-11-22: 16 workers 647 req/s at b512 x 16 clients against 540-592 with 2, 4 or 8)
     proc = subprocess.Popen([sys.executable, "-m", "streamrec.cli", "serve", "--port", "0", "--device", "cpu",
                              "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)
@@ -186,6 +188,23 @@ def main(argv: list[str]) -> int:
 
         server_ps, me_ps = psutil.Process(proc.pid), psutil.Process()
         requests = {b: events_to_request(ev_batch.take(np.arange(b)).to_events()) for b in batches}
+
+        # the payload floor: a batch-512 Predict's request and reply bytes over the same kind of
+        # server, raw bytes both ways, no decoding and no work; with its CPU per call
+        req512 = requests[512].SerializeToString()
+        reply512 = pb.PredictResponse(scores=[0.5] * 512, model_version=1).SerializeToString()
+        payload, payload_cpu = {}, {}
+        fproc, ftarget = grpc_floor.start("payload", str(len(reply512)))
+        try:
+            for c in clients:
+                cpu = [psutil.Process(fproc.pid)]
+                payload[c] = grpc_floor.measure(grpc_floor.payload_call(ftarget, req512), c, cell_s / 2, cpu=cpu)
+                payload_cpu[c] = {"client_cpu_us": cpu[0] * 1e6, "server_cpu_us": cpu[1] * 1e6}
+        finally:
+            grpc_floor.stop(fproc)
+        say(f"gRPC payload floor, b512 bytes ({len(req512):,} B in, {len(reply512):,} B out), no work: " + "  ".join(
+            f"{c} clients {payload[c]:7.1f} req/s (CPU/call server {payload_cpu[c]['server_cpu_us']:.0f} us "
+            f"client {payload_cpu[c]['client_cpu_us']:.0f} us)" for c in clients))
         res = {}
         for b in batches:
             for c in clients:
@@ -287,6 +306,8 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     best512 = max(res[(512, c)]["qps"] for c in clients)
+    per_call_s = min((d["server_cpu_us"] + d["client_cpu_us"]) / 1e6 for d in payload_cpu.values())
+    bound512 = (os.cpu_count() or 1) / (per_call_s + 1.0 / base[512]["serving_path_qps"])
     out = {
         "p50_ms_b64": round(res[(64, 1)]["p50"], 3),
         "p99_ms_b64": round(res[(64, 1)]["p99"], 3),
@@ -302,12 +323,20 @@ def main(argv: list[str]) -> int:
         "grpc_vs_inproc_predict_b512": round(best512 / base[512]["predict_qps"], 4),
         **{f"floor_{kind}_qps_c{c}": round(q, 2) for (kind, c), q in floors.items()},
         "floor_best_qps": round(max(floors.values()), 2),
+        **{f"floor_payload_qps_b512_c{c}": round(q, 2) for c, q in payload.items()},
+        **{f"floor_payload_{k}_b512_c{c}": round(v, 1) for c, d in payload_cpu.items() for k, v in d.items()},
+        # the best a server could do here: every core busy, each request costing only the payload
+        # floor's CPU per call (least over client counts) plus the served path's own work in-process
+        "bound_qps_b512": round(bound512, 2),
+        "bound_vs_inproc_b512": round(bound512 / base[512]["forward_qps"], 4),
         "errors": sum(v["errors"] for v in res.values()),
         "cells": {f"b{b}_c{c}": {k: round(x, 3) for k, x in v.items()} for (b, c), v in res.items()},
     }
     say(f"best empty-call floor {out['floor_best_qps']:.0f} req/s vs best Predict b512 {best512:.0f} req/s and "
         f"the bare forward b512 {base[512]['forward_qps']:.0f} req/s: the floor alone is "
         f"{out['floor_best_qps'] / base[512]['forward_qps']:.2f}x the forward")
+    say(f"bound at b512: {os.cpu_count()} cores / (payload floor CPU per call + served path in-process) = "
+        f"{bound512:.0f} req/s = {out['bound_vs_inproc_b512']:.2f}x the bare forward")
     say(f"p99 at batch 64 (1 client): {out['p99_ms_b64']} ms (goal <= 10); served/in-process forward at b512: "
         f"{out['grpc_vs_inproc_b512']}x (goal >= 0.5); vs lookup+forward {out['grpc_vs_inproc_predict_b512']}x")
     if args.json:

@@ -5,8 +5,13 @@ checks against it from N client threads.
 Why: it splits ``bench serve``'s gap into what any unary call costs on this machine
 (server + client, same cores) and what Predict's own work adds.
 
-Server: ``python -m benchmarks.grpc_floor sync|aio`` prints ``host:port`` and serves
-until killed (stdin closed or SIGTERM).
+``payload`` is the same sync server answering a raw-bytes method with a fixed reply of
+``N`` bytes (``python -m benchmarks.grpc_floor payload N``), called with pre-serialized
+request bytes: the transport of a real Predict's bytes both ways, with no protobuf
+decoding and no work on either side.
+
+Server: ``python -m benchmarks.grpc_floor sync|aio|payload [N]`` prints ``host:port`` and
+serves until killed (stdin closed or SIGTERM).
 """
 
 from __future__ import annotations
@@ -32,6 +37,26 @@ def _serve_sync() -> None:
     server.stop(0)
 
 
+PAYLOAD_METHOD = "/streamrec.floor.Payload/Call"
+
+
+def _serve_payload(reply_bytes: str) -> None:
+    from concurrent import futures
+
+    import grpc
+
+    reply = bytes(int(reply_bytes))
+    handler = grpc.method_handlers_generic_handler(
+        "streamrec.floor.Payload", {"Call": grpc.unary_unary_rpc_method_handler(lambda req, ctx: reply)})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=[handler],
+                         options=[("grpc.max_receive_message_length", 64 << 20)])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(f"127.0.0.1:{port}", flush=True)
+    sys.stdin.read()
+    server.stop(0)
+
+
 def _serve_aio() -> None:
     import asyncio
 
@@ -50,9 +75,9 @@ def _serve_aio() -> None:
     asyncio.run(run())
 
 
-def start(kind: str) -> tuple[subprocess.Popen, str]:
-    """A floor server of ``kind`` (sync | aio) in its own process, and its target."""
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.grpc_floor", kind], stdin=subprocess.PIPE,
+def start(kind: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """A floor server of ``kind`` (sync | aio | payload N) in its own process, and its target."""
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.grpc_floor", kind, *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     target = proc.stdout.readline().strip()
     if not target:
@@ -70,8 +95,11 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(5)
 
 
-def measure(call_factory, clients: int, seconds: float) -> float:
-    """Calls/s of ``clients`` threads, each looping on its own ``call_factory()`` for ``seconds``."""
+def measure(call_factory, clients: int, seconds: float, cpu=None) -> float:
+    """Calls/s of ``clients`` threads, each looping on its own ``call_factory()`` for ``seconds``.
+
+    ``cpu``: an optional list; it gets the CPU seconds per call of this process and of each
+    ``psutil.Process`` given in it (replaced in place by the figures)."""
     counts = [0] * clients
     stop_ev = threading.Event()
     started = threading.Barrier(clients + 1)
@@ -90,11 +118,22 @@ def measure(call_factory, clients: int, seconds: float) -> float:
     for t in ths:
         t.start()
     started.wait(60)
+    procs = None
+    if cpu is not None:
+        import psutil
+
+        procs = [psutil.Process(), *cpu]
+        cpu0 = [sum(p.cpu_times()[:2]) for p in procs]
     t0 = time.perf_counter()
     time.sleep(seconds)
+    if procs is not None:
+        cpu1 = [sum(p.cpu_times()[:2]) for p in procs]
     stop_ev.set()
     for t in ths:
         t.join(30)
+    calls = max(1, sum(counts))
+    if procs is not None:
+        cpu[:] = [(b - a) / calls for a, b in zip(cpu0, cpu1)]
     return sum(counts) / (time.perf_counter() - t0)
 
 
@@ -111,5 +150,17 @@ def health_call(target: str):
     return factory
 
 
+def payload_call(target: str, request: bytes):
+    """A factory of raw-bytes calls to the payload server, sending ``request`` as it is."""
+    import grpc
+
+    def factory():
+        call = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20)]).unary_unary(
+            PAYLOAD_METHOD)
+        return lambda: call(request, timeout=30)
+
+    return factory
+
+
 if __name__ == "__main__":
-    {"sync": _serve_sync, "aio": _serve_aio}[sys.argv[1]]()
+    {"sync": _serve_sync, "aio": _serve_aio, "payload": _serve_payload}[sys.argv[1]](*sys.argv[2:])
