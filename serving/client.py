@@ -150,9 +150,11 @@ class SnapshotPusher:
         self.stub = pb_grpc.StreamRecStub(self.channel)
 
     @classmethod
-    def from_config(cls, cfg, **kw) -> "SnapshotPusher":
+    def from_config(cls, cfg, target: str | None = None, **kw) -> "SnapshotPusher":
+        """A pusher with the config's token, CA and message limit, to ``target`` (default: ``serving_target()``)."""
         s = cfg.serving
-        return cls(cfg.serving_target(), token=s.push_token, tls_ca=s.tls_ca, max_message_mb=s.max_message_mb, **kw)
+        return cls(target or cfg.serving_target(), token=s.push_token, tls_ca=s.tls_ca, max_message_mb=s.max_message_mb,
+                   **kw)
 
     def push(self, snapshot_dir) -> PushResult:
         t0 = time.perf_counter()

@@ -138,6 +138,7 @@ class ServingConfig:
     host: str = "127.0.0.1"  # address the gRPC server binds (0.0.0.0 in containers)
     port: int = 50051  # gRPC port (0 = any free port)
     target: str = ""  # where clients and the trainer push: host:port ("" = host:port above)
+    push_targets: str = ""  # every replica the trainer pushes snapshots to, comma-separated host:port ("" = target)
     data_dir: str = "data/serving"  # serving's staging area and its own RocksDB copy of the rows
     push_token: str = ""  # required bearer token for PushSnapshot ("" = none)
     predict_token: str = ""  # required bearer token for Predict ("" = none)
@@ -183,6 +184,11 @@ class Config:
 
     def serving_target(self) -> str:
         return self.serving.target or f"{self.serving.host}:{self.serving.port}"
+
+    def push_targets(self) -> list[str]:
+        """Where the trainer pushes snapshots: ``serving.push_targets`` (deduplicated), else ``serving_target()``."""
+        targets = [t.strip() for t in self.serving.push_targets.split(",") if t.strip()]
+        return list(dict.fromkeys(targets)) or [self.serving_target()]
 
 
 ENV_PREFIX = "STREAMREC_"
@@ -351,6 +357,10 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("tls_cert", "tls_cert and tls_key must be given together")
         if obj.merge_max_events < 0:
             bad("merge_max_events", "must be >= 0 (0 = never merge)")
+        for t in (t.strip() for t in obj.push_targets.split(",")):
+            host, _, port = t.rpartition(":")
+            if t and not (host and port.isdigit() and 0 < int(port) <= 65535):
+                bad("push_targets", f"{t!r} is not host:port (comma-separate several replicas)")
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:

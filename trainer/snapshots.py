@@ -5,6 +5,12 @@ Deltas are always taken relative to the last version serving *accepted*, and no
 new snapshot is built while a push is still being retried, so a delta's parent is
 always what serving holds. A failed push is retried with exponential backoff and
 never blocks or stops training.
+
+Several serving replicas (``serving.push_targets``) are pushed to as a group: a
+snapshot counts as accepted once every replica has it (a retry goes only to the
+ones still missing it), so the group's accepted version is held by all of them
+and the next delta applies everywhere. A replica that refuses a delta (it lost or
+never had the parent) makes the next snapshot full for all.
 """
 
 from __future__ import annotations
@@ -52,7 +58,9 @@ class SnapshotPublisher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pusher = None
+        self.targets = cfg.push_targets()
+        self._remaining: list[str] = []  # targets that have not accepted the pending snapshot yet
+        self._pushers: dict = {}  # target -> serving.SnapshotPusher
 
     # -- state carried in checkpoints --------------------------------------
     def state(self) -> dict[str, Any]:
@@ -118,6 +126,7 @@ class SnapshotPublisher:
             self.st.history.append((version, "full" if full else "delta"))
             if self.push_enabled:
                 self._pending = (version, epoch, out)
+                self._remaining = list(self.targets)
         self._prune()
         if self.push_enabled:
             self._ensure_thread()
@@ -138,12 +147,13 @@ class SnapshotPublisher:
             self._thread = threading.Thread(target=self._run, name="snapshot-push", daemon=True)
             self._thread.start()
 
-    def _client(self):
-        if self._pusher is None:
+    def _client(self, target: str):
+        if target not in self._pushers:
             from serving import SnapshotPusher
 
-            self._pusher = SnapshotPusher(self.cfg.serving_target(), self.cfg.serving.push_token)
-        return self._pusher
+            # one attempt per call: this loop retries, with its own backoff, only the replicas still missing it
+            self._pushers[target] = SnapshotPusher.from_config(self.cfg, target=target, attempts=1)
+        return self._pushers[target]
 
     def _run(self) -> None:
         delay = self.backoff_s
@@ -151,46 +161,50 @@ class SnapshotPublisher:
             self._wake.wait(1.0)
             self._wake.clear()
             with self._lock:
-                job = self._pending
+                job, targets = self._pending, list(self._remaining)
             if job is None:
                 continue
             version, epoch, path = job
-            ok, reason = self._push_once(path)
+            accepted, errors = self._push_to(targets, path)
             with self._lock:
-                if ok:
+                self._remaining = [t for t in self._remaining if t not in accepted]
+                if not self._remaining:
                     self.st.accepted_version, self.st.accepted_epoch = version, epoch
                     self.st.need_full = False
                     self.st.pushed += 1
                     self._pending = None
-                elif any(code in reason for code in NEEDS_FULL):
-                    # serving cannot apply this delta: drop it, the next snapshot is full
-                    self.st.need_full = True
-                    self.st.failures += 1
-                    self.st.last_error = reason
-                    self._pending = None
                 else:
                     self.st.failures += 1
-                    self.st.last_error = reason
-            if ok or self._pending is None:
+                    self.st.last_error = "; ".join(errors)
+                    if any(code in e for e in errors for code in NEEDS_FULL):
+                        # a replica cannot apply this delta: drop it, the next snapshot is full for all
+                        self.st.need_full = True
+                        self._pending = None
+                        self._remaining = []
+            if self._pending is None:
                 delay = self.backoff_s
                 continue
-            log.warning("snapshot v%d push failed (%s); retrying in %.1fs", version, reason, delay)
+            log.warning("snapshot v%d push failed (%s); retrying in %.1fs", version, "; ".join(errors), delay)
             if self._stop.wait(delay):
                 return
             delay = min(self.max_backoff_s, delay * 2)
             self._wake.set()
 
-    def _push_once(self, path: Path) -> tuple[bool, str]:
-        try:
-            res = self._client().push(path)
-        except Exception as e:  # network, serving down, ...: retry later
-            self._pusher = None
-            return False, f"{type(e).__name__}: {e}"
-        ok = getattr(res, "ok", None)
-        if ok is None:
-            ok = bool(getattr(res, "accepted", False)) or (isinstance(res, dict) and bool(res.get("accepted")))
-        reason = str(getattr(res, "reason", "") or getattr(res, "code", "") or (res.get("reason", "") if isinstance(res, dict) else ""))
-        return bool(ok), reason
+    def _push_to(self, targets: list[str], path: Path) -> tuple[set[str], list[str]]:
+        """Push ``path`` to each target: (targets that accepted it, "target: CODE: reason" of the others)."""
+        accepted, errors = set(), []
+        for target in targets:
+            try:
+                res = self._client(target).push(path)
+            except Exception as e:  # network, serving down, ...: retry later with a new channel
+                self._pushers.pop(target, None)
+                errors.append(f"{target}: {type(e).__name__}: {e}")
+                continue
+            if res.ok:
+                accepted.add(target)
+            else:
+                errors.append(f"{target}: {res.code}: {res.reason}")
+        return accepted, errors
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no push is pending (used on shutdown); True when idle."""
@@ -206,3 +220,6 @@ class SnapshotPublisher:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(5)
+        for pusher in self._pushers.values():
+            pusher.close()
+        self._pushers.clear()
