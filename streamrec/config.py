@@ -129,7 +129,8 @@ class TrainerConfig:
     hot_refresh_events: int = 0  # hot_source=sample: re-count every N events (0 = choose once)
     log_every_s: float = 2.0  # seconds between metrics-log records / progress updates
     snapshot_dir: str = "data/snapshots"  # where serving snapshots are built before the push
-    push_snapshots: bool = True  # push snapshots to serving.target (false: only build them)
+    push_snapshots: bool = True  # push snapshots to serving.push_targets / serving.target (false: only build them)
+    push_give_up_s: float = 120.0  # a replica still missing a snapshot after this long is left behind (others move on; it gets a full one when back)
     trace_path: str = ""  # JSON-lines debug file of trained Kafka offset ranges ("" = none)
 
 
@@ -340,6 +341,8 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, TrainerConfig):
         if obj.batch_size < 1:
             bad("batch_size", "must be >= 1")
+        if obj.push_give_up_s <= 0:
+            bad("push_give_up_s", "must be > 0")
         if obj.dense_optimizer not in ("adam", "adagrad"):
             bad("dense_optimizer", f"must be 'adam' or 'adagrad', got {obj.dense_optimizer!r}")
         if obj.hot_source not in ("topic", "sample", "none"):

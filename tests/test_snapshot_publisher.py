@@ -43,6 +43,7 @@ def group(cfg, tmp_path):
 
     def served(i: int):
         with ServingClient(servers[i].target, timeout=10) as c:
+            c.wait_ready(10)  # a restarted replica: the channel may start in gRPC's reconnect backoff
             st = c.status()
             if not int(st.get("version", 0)):
                 return 0, None
@@ -103,3 +104,25 @@ def test_a_replica_that_was_down_gets_what_it_missed(group, tmp_path):
     for i in range(2):
         version, scores = served(i)
         assert version == v2 and np.max(np.abs(scores - want())) <= 1e-6
+
+
+def test_a_replica_down_too_long_is_left_behind_and_catches_up_with_a_full_snapshot(group, tmp_path):
+    servers, start, publish, served, want, pub = group
+    pub.give_up_s = 0.5
+    publish()
+    assert pub.wait_idle(30)
+    servers[1].stop(0.5)
+    for _ in range(2):  # replica 0 keeps getting fresh snapshots while replica 1 is down
+        v = publish()
+        assert pub.wait_idle(30)
+        assert pub.version == v and served(0)[0] == v and pub.left_behind == [pub.targets[1]]
+    servers[1] = start(1, str(tmp_path / "serving-1"))  # back with version 1: the next delta is not for it
+    assert served(1)[0] == 1
+    publish()
+    assert pub.wait_idle(30) and pub.st.need_full and "FAILED_PRECONDITION" in pub.st.last_error
+    v = publish()
+    assert pub.wait_idle(30)
+    assert pub.st.history[-1] == (v, "full") and pub.left_behind == []
+    for i in range(2):
+        version, scores = served(i)
+        assert version == v and np.max(np.abs(scores - want())) <= 1e-6

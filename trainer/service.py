@@ -74,7 +74,8 @@ class TrainerService:
         self.store = open_store(cfg, self.device, ckpt)
         self.core = TrainerCore(cfg, self.store, self.device)
         self.publisher = SnapshotPublisher(cfg, t.snapshot_dir, push=t.push_snapshots,
-                                           full_every=t.full_snapshot_every) if t.snapshot_every > 0 else None
+                                           full_every=t.full_snapshot_every,
+                                           give_up_s=t.push_give_up_s) if t.snapshot_every > 0 else None
         self.seq = 0
         self.offsets: dict[tuple[str, int], int] = {}
         self.resumed_from: str | None = None
@@ -263,6 +264,7 @@ class TrainerService:
             "hot_coverage": self.hot_coverage, "hit_rate": self._hit_rate(), "hot_version": self.core.hot_version,
             "hot_rows": self.core.hot_rows, "dead_letters": self.consumer.stats.dead_letters,
             "snapshot_version": self.publisher.version if self.publisher else 0,
+            "replicas_behind": len(self.publisher.left_behind) if self.publisher else 0,
             "checkpoint": self.seq, "lag": self.consumer.lag(), "rows_expired": self.rows_expired,
         }
         self.last_record = rec

@@ -10,7 +10,10 @@ Several serving replicas (``serving.push_targets``) are pushed to as a group: a
 snapshot counts as accepted once every replica has it (a retry goes only to the
 ones still missing it), so the group's accepted version is held by all of them
 and the next delta applies everywhere. A replica that refuses a delta (it lost or
-never had the parent) makes the next snapshot full for all.
+never had the parent) makes the next snapshot full for all. A replica still missing
+a snapshot ``give_up_s`` after it was built, while others have it, is left behind so
+the rest keep getting fresh snapshots; when it is back it refuses the next delta
+(its parent is old), and that makes the following snapshot full for all.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class SnapshotPublisher:
     """Builds snapshot directories and pushes them with a background retry loop."""
 
     def __init__(self, cfg, out_dir: str | Path, push: bool = True, full_every: int = 10,
-                 keep: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0):
+                 keep: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0, give_up_s: float = 120.0):
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.push_enabled = push
@@ -59,7 +62,10 @@ class SnapshotPublisher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.targets = cfg.push_targets()
+        self.give_up_s = give_up_s
         self._remaining: list[str] = []  # targets that have not accepted the pending snapshot yet
+        self._pending_since = 0.0  # monotonic time the pending snapshot was queued
+        self.left_behind: list[str] = []  # replicas the newest accepted snapshot did not reach
         self._pushers: dict = {}  # target -> serving.SnapshotPusher
 
     # -- state carried in checkpoints --------------------------------------
@@ -127,6 +133,7 @@ class SnapshotPublisher:
             if self.push_enabled:
                 self._pending = (version, epoch, out)
                 self._remaining = list(self.targets)
+                self._pending_since = time.monotonic()
         self._prune()
         if self.push_enabled:
             self._ensure_thread()
@@ -168,19 +175,25 @@ class SnapshotPublisher:
             accepted, errors = self._push_to(targets, path)
             with self._lock:
                 self._remaining = [t for t in self._remaining if t not in accepted]
-                if not self._remaining:
+                overdue = time.monotonic() - self._pending_since > self.give_up_s
+                if self._remaining:
+                    self.st.failures += 1
+                    self.st.last_error = "; ".join(errors)
+                if self._remaining and any(code in e for e in errors for code in NEEDS_FULL):
+                    # a replica cannot apply this delta: drop it, the next snapshot is full for all
+                    self.st.need_full = True
+                    self._pending = None
+                    self._remaining = []
+                elif not self._remaining or (overdue and len(self._remaining) < len(self.targets)):
+                    if self._remaining:  # some replicas have it: they move on, the rest catch up later
+                        log.warning("snapshot v%d: leaving %s behind after %.0fs; they get a full snapshot when back",
+                                    version, ", ".join(self._remaining), self.give_up_s)
+                    self.left_behind = list(self._remaining)
                     self.st.accepted_version, self.st.accepted_epoch = version, epoch
                     self.st.need_full = False
                     self.st.pushed += 1
                     self._pending = None
-                else:
-                    self.st.failures += 1
-                    self.st.last_error = "; ".join(errors)
-                    if any(code in e for e in errors for code in NEEDS_FULL):
-                        # a replica cannot apply this delta: drop it, the next snapshot is full for all
-                        self.st.need_full = True
-                        self._pending = None
-                        self._remaining = []
+                    self._remaining = []
             if self._pending is None:
                 delay = self.backoff_s
                 continue
@@ -197,13 +210,17 @@ class SnapshotPublisher:
             try:
                 res = self._client(target).push(path)
             except Exception as e:  # network, serving down, ...: retry later with a new channel
-                self._pushers.pop(target, None)
+                dead = self._pushers.pop(target, None)
+                if dead is not None:
+                    dead.close()
                 errors.append(f"{target}: {type(e).__name__}: {e}")
                 continue
             if res.ok:
                 accepted.add(target)
-            else:
-                errors.append(f"{target}: {res.code}: {res.reason}")
+                continue
+            errors.append(f"{target}: {res.code}: {res.reason}")
+            if res.code == "UNAVAILABLE":  # a new channel next time: the old one may sit in gRPC's reconnect backoff
+                self._pushers.pop(target).close()
         return accepted, errors
 
     def wait_idle(self, timeout: float) -> bool:
