@@ -195,8 +195,8 @@ class EventSchema:
             extra = sorted(set(ev) - _ALLOWED_KEYS)
             raise EventError(f"unknown key {extra[0]!r}; allowed: {', '.join(sorted(_ALLOWED_KEYS))}")
         ts = ev.get("ts", 0)
-        if type(ts) is not int:
-            raise EventError(f"ts must be an integer (ms since epoch), got {ts!r}")
+        if type(ts) is not int or not INT64_MIN <= ts <= INT64_MAX:  # beyond int64 the batch build overflowed
+            raise EventError(f"ts must be an integer (ms since epoch) within int64, got {ts!r}")
         label = ev.get("label")
         if label is None:
             if self.require_label:
