@@ -255,6 +255,9 @@ class Decoder:
             if width != s.dense_dim:
                 raise EventError(f"dense has {width} values, the model expects {s.dense_dim}")
             dense = np.asarray(flat, dtype=np.float32).reshape(n, s.dense_dim)
+            if not np.isfinite(dense).all():  # NaN/inf (null values read as NaN) would poison training
+                row = int(np.argwhere(~np.isfinite(dense))[0][0])
+                raise EventError(f"dense values must be finite float32 numbers (row {row})")
         else:
             if "dense" in names:  # tolerated when every row is empty
                 dc = col("dense")

@@ -343,6 +343,9 @@ def _read_csv(path: Path, schema: EventSchema, delimiter: str, block_size: int) 
             ts = np.zeros(n, np.int64)
         if dense_cols:
             dense = np.stack([pc.fill_null(cols[c], 0.0).to_numpy(zero_copy_only=False) for c in dense_cols], axis=1)
+            if not np.isfinite(dense).all():  # "nan"/"inf" cells parse as floats; the consumer would refuse them
+                r, c = np.argwhere(~np.isfinite(dense))[0]
+                raise DatasetError(f"{path}: {dense_cols[c]} = {dense[r, c]} in a data row; dense values must be finite")
         else:
             dense = np.zeros((n, 0), np.float32)
         empty = JaggedIds(np.zeros(0, np.int64), np.zeros(n + 1, np.int64))

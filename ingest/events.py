@@ -20,6 +20,7 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 _ALLOWED_KEYS = frozenset({"ts", "label", "dense", "sparse", "user", "item", "request_id"})
 UINT64_MAX = 2**64 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class EventError(ValueError):
@@ -223,6 +224,8 @@ class EventSchema:
             tx = type(x)
             if tx is not float and tx is not int:
                 raise EventError("dense must be a list of numbers")
+            if not -FLOAT32_MAX <= x <= FLOAT32_MAX:  # NaN, inf or beyond float32 would poison training
+                raise EventError(f"dense values must be finite float32 numbers, got {x!r}")
         sparse = ev.get("sparse")
         if sparse is None:
             sparse = {}

@@ -21,6 +21,7 @@ def _good(ts=1):
 # records that used to raise out of Decoder.decode_many (stopping the consumer) instead of becoming dead letters
 CRASHERS = {
     "ts beyond int64": json.dumps({**_good(), "ts": 2**63}).encode(),
+    "dense int beyond float": b'{"label": 1, "dense": [1' + b"0" * 400 + b', 0, 0]}',
 }
 
 
@@ -34,6 +35,36 @@ def test_records_that_crashed_the_decoder_are_dead_lettered(cfg):
     assert [int(t) for t in batch.ts] == list(range(0, len(values), 2))
     reasons = dict(zip(CRASHERS, (r for _, r in errors)))
     assert "ts must be an integer" in reasons["ts beyond int64"] and "int64" in reasons["ts beyond int64"]
+    assert "finite" in reasons["dense int beyond float"]
+
+
+def _arrow(cols):
+    import pyarrow as pa
+
+    t = pa.table(cols)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()
+
+
+def test_non_finite_dense_values_are_refused(cfg):
+    """NaN/inf dense features (or ones float32 cannot hold) used to be accepted and poison training."""
+    import pyarrow as pa
+
+    dec = Decoder(EventSchema.from_config(cfg))
+    dense3 = pa.list_(pa.float32(), 3)
+    bad = [
+        b'{"label": 1, "dense": [NaN, 0, 0]}',  # Python's json accepts these non-standard literals
+        b'{"label": 1, "dense": [0, -Infinity, 0]}',
+        b'{"label": 1, "dense": [0, 0, 1e39]}',  # inf as float32
+        _arrow({"label": pa.array([1.0], pa.float32()), "dense": pa.array([[0.0, float("nan"), 1.0]], dense3)}),
+        _arrow({"label": pa.array([1.0], pa.float32()), "dense": pa.array([[0.0, None, 1.0]], dense3)}),
+    ]
+    batch, errors = dec.decode_many([json.dumps(_good()).encode(), *bad])
+    assert len(batch) == 1
+    assert [i for i, _ in errors] == list(range(1, len(bad) + 1))
+    assert all("finite" in r for _, r in errors), errors
 
 
 @pytest.mark.broker
@@ -61,3 +92,12 @@ def test_crashing_records_reach_the_dlq_through_the_broker(topics, bootstrap):
     for i, raw in enumerate(CRASHERS.values()):
         assert dlq[i].value == raw
         assert dict(dlq[i].headers)[REASON_HEADER]
+
+
+def test_csv_with_non_finite_dense_is_refused(tmp_path, cfg):
+    from ingest import DatasetError, read_events
+
+    path = tmp_path / "ev.csv"
+    path.write_text("label,dense_0,dense_1,dense_2,user\n1,0.5,0,1,7\n0,nan,0,1,8\n")
+    with pytest.raises(DatasetError, match="finite"):
+        list(read_events(path, cfg))
