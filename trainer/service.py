@@ -23,7 +23,7 @@ import torch
 from .checkpoint import (STORE, latest_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint,
                          write_checkpoint)
 from .core import TrainerCore
-from .hotset import HotUpdate, make_hot_source
+from .hotset import HotUpdate, budget_rows, make_hot_source
 from .snapshots import SnapshotPublisher
 from .step import resolve_device
 from .telemetry import MetricsLog, ProgressLine, PrometheusExporter, Rate
@@ -32,14 +32,18 @@ log = logging.getLogger(__name__)
 
 
 def open_store(cfg, device, restore_from: Path | None):
-    """Open the tiered store; after a crash roll it back to the checkpoint's copy first."""
+    """Open the tiered store; after a crash roll it back to the checkpoint's copy first.
+
+    The hot tier's size comes from the config (``hot.budget_*``), not the checkpoint's
+    manifest: after a raised budget, the hot source's bigger sets must fit the store.
+    """
     from embedding_store import EmbeddingStore
 
     if restore_from is not None and (restore_from / STORE).exists():
         s = cfg.store
         return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, lr=s.adagrad_lr,
                                       eps=s.adagrad_eps, init_scale=s.init_scale, block_cache_mb=s.block_cache_mb,
-                                      host_cache_rows=s.host_cache_rows)
+                                      host_cache_rows=s.host_cache_rows, hot_capacity_rows=budget_rows(cfg))
     return EmbeddingStore.from_config(cfg, device)
 
 
