@@ -74,6 +74,8 @@ def _loads_json(value: bytes) -> Any:
         return json.loads(value)
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise EventError(f"bad JSON: {e}") from None
+    except RecursionError:  # deeply nested arrays/objects: one record must not stop the consumer
+        raise EventError("bad JSON: nested too deeply") from None
 
 
 def encode_json(event: dict[str, Any]) -> bytes:

@@ -22,6 +22,7 @@ def _good(ts=1):
 CRASHERS = {
     "ts beyond int64": json.dumps({**_good(), "ts": 2**63}).encode(),
     "dense int beyond float": b'{"label": 1, "dense": [1' + b"0" * 400 + b', 0, 0]}',
+    "deeply nested JSON": b'{"label": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
 }
 
 
@@ -36,6 +37,7 @@ def test_records_that_crashed_the_decoder_are_dead_lettered(cfg):
     reasons = dict(zip(CRASHERS, (r for _, r in errors)))
     assert "ts must be an integer" in reasons["ts beyond int64"] and "int64" in reasons["ts beyond int64"]
     assert "finite" in reasons["dense int beyond float"]
+    assert "bad JSON" in reasons["deeply nested JSON"]
 
 
 def _arrow(cols):
