@@ -225,7 +225,7 @@ class Decoder:
                 raise EventError(f"label must be numeric, got {lc.type}")
             labels = lc.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
             labels = np.nan_to_num(labels, nan=0.0) if lc.null_count else labels
-            if n and (labels.min() < 0 or labels.max() > 1):
+            if n and not (labels.min() >= 0 and labels.max() <= 1):  # written so that NaN fails too
                 raise EventError("label must be in [0, 1]")
         if "ts" in names:
             tc = col("ts")
@@ -240,6 +240,10 @@ class Decoder:
             dc = col("dense")
             if dc.null_count:
                 raise EventError("dense has null rows")
+            vt = getattr(dc.type, "value_type", None)
+            if vt is not None and not (pa.types.is_floating(vt) or pa.types.is_integer(vt)):
+                # strings/structs made the float32 conversion below raise ValueError/TypeError
+                raise EventError(f"dense must be a list of numbers, got {dc.type}")
             if pa.types.is_fixed_size_list(dc.type):
                 width = dc.type.list_size
                 flat = dc.values.to_numpy(zero_copy_only=False)

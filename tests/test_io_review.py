@@ -26,6 +26,25 @@ CRASHERS = {
 }
 
 
+def _arrow(cols):
+    import pyarrow as pa
+
+    t = pa.table(cols)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()
+
+
+def _arrow_string_dense():
+    import pyarrow as pa
+
+    return _arrow({"label": pa.array([1.0], pa.float32()), "dense": pa.array([["a", "b", "c"]], pa.list_(pa.string(), 3))})
+
+
+CRASHERS["Arrow dense of strings"] = _arrow_string_dense()
+
+
 def test_records_that_crashed_the_decoder_are_dead_lettered(cfg):
     dec = Decoder(EventSchema.from_config(cfg))
     values = [json.dumps(_good(0)).encode()]
@@ -38,16 +57,18 @@ def test_records_that_crashed_the_decoder_are_dead_lettered(cfg):
     assert "ts must be an integer" in reasons["ts beyond int64"] and "int64" in reasons["ts beyond int64"]
     assert "finite" in reasons["dense int beyond float"]
     assert "bad JSON" in reasons["deeply nested JSON"]
+    assert "dense must be a list of numbers" in reasons["Arrow dense of strings"]
 
 
-def _arrow(cols):
+def test_arrow_nan_label_is_refused_like_json(cfg):
     import pyarrow as pa
 
-    t = pa.table(cols)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema) as w:
-        w.write_table(t)
-    return sink.getvalue().to_pybytes()
+    dec = Decoder(EventSchema.from_config(cfg))
+    nan_label = _arrow({"label": pa.array([float("nan")], pa.float32()),
+                        "dense": pa.array([[0.0, 1.0, 2.0]], pa.list_(pa.float32(), 3))})
+    batch, errors = dec.decode_many([nan_label, b'{"label": NaN, "dense": [0, 1, 2]}'])
+    assert batch is None
+    assert [i for i, _ in errors] == [0, 1] and all("label" in r for _, r in errors), errors
 
 
 def test_non_finite_dense_values_are_refused(cfg):
