@@ -408,11 +408,14 @@ def _read_avazu(path: Path, schema: EventSchema, block_size: int) -> Iterator[Ev
 def _read_jsonl(path: Path, schema: EventSchema, chunk: int) -> Iterator[EventBatch]:
     rows: list = []
     with _open(path) as raw:
-        for lineno, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", newline="\n"), 1):
+        # surrogateescape: a line that is not UTF-8 gets back its own bytes and a "bad JSON" error naming
+        # the line, instead of a UnicodeDecodeError out of the loop
+        for lineno, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape",
+                                                       newline="\n"), 1):
             if not line.strip():
                 continue
             try:
-                rows.append(schema.validate(_loads_json(line.encode("utf-8"))))
+                rows.append(schema.validate(_loads_json(line.encode("utf-8", "surrogateescape"))))
             except EventError as e:
                 raise DatasetError(f"{path}:{lineno}: {e}") from None
             if len(rows) >= chunk:

@@ -124,3 +124,14 @@ def test_csv_with_non_finite_dense_is_refused(tmp_path, cfg):
     path.write_text("label,dense_0,dense_1,dense_2,user\n1,0.5,0,1,7\n0,nan,0,1,8\n")
     with pytest.raises(DatasetError, match="finite"):
         list(read_events(path, cfg))
+
+
+def test_jsonl_with_invalid_utf8_names_the_line(tmp_path, cfg):
+    """A stray Latin-1 byte raised UnicodeDecodeError (a traceback from `streamrec produce`)."""
+    from ingest import DatasetError, read_events
+
+    path = tmp_path / "ev.jsonl"
+    good = json.dumps(_good()).encode()
+    path.write_bytes(good + b"\n" + good.replace(b'"a"', b'"caf\xe9"') + b"\n")
+    with pytest.raises(DatasetError, match=r"ev.jsonl:2: bad JSON"):
+        list(read_events(path, cfg))
