@@ -6,10 +6,28 @@ import numpy as np
 import torch
 
 from embedding_store import EmbeddingStore
-from ingest import SyntheticStream
+from ingest import EventProducer, SyntheticStream, make_producer
 from tests.conftest import small_config
 from trainer.core import TrainerCore
-from trainer.service import open_store
+from trainer.service import TrainerService, open_store
+
+
+def _stream_cfg(cfg, tmp_path):
+    t = cfg.trainer
+    t.batch_size, t.window_batches, t.device = 256, 4, "cpu"
+    t.checkpoint_every_events, t.checkpoint_every_s = 10**9, 600.0  # only the final checkpoint
+    t.hot_source, t.snapshot_every, t.idle_exit_s, t.log_every_s = "none", 0, 1.5, 600.0
+    cfg.kafka.consumer_mode, cfg.kafka.events_per_message = "assign", 256
+    return cfg
+
+
+def _produce(cfg, bootstrap, n, bad=0):
+    prod = EventProducer(bootstrap, cfg)
+    for b in SyntheticStream(cfg).batches(n):
+        prod.send_batch(b)
+    for _ in range(bad):
+        prod.send_raw(b"\x00not an event")
+    prod.close()
 
 
 def test_resume_uses_the_configured_hot_budget_not_the_checkpoints(tmp_path):
@@ -29,3 +47,25 @@ def test_resume_uses_the_configured_hot_budget_not_the_checkpoints(tmp_path):
         assert store.stats()["hot_rows"] == 50 and core.hot_rows == 50
     finally:
         store.close()
+
+
+def test_a_hot_set_bigger_than_the_budget_is_cut_to_fit_instead_of_crashing(topics, tmp_path, bootstrap):
+    """A hot-set message over the trainer's budget (the sketch ran with a bigger one, or the budget was
+    lowered and the compacted topic still holds the old set) raised StoreError out of the loop, and
+    again at every restart, since the follower re-reads the same message."""
+    from sketch import HotSet
+
+    cfg = _stream_cfg(topics, tmp_path)
+    cfg.trainer.hot_source, cfg.hot.budget_rows = "topic", 40
+    hs = HotSet(version=3, tables={"user": np.arange(60), "item": np.arange(40), "unknown": np.arange(9)},
+                coverage=0.5, hit_rate=0.5)
+    p = make_producer(bootstrap)
+    p.send(cfg.kafka.hotset_topic, hs.to_bytes(), key=b"hot-set")
+    p.flush(30)
+    p.close()
+    _produce(cfg, bootstrap, 2048)
+    svc = TrainerService(cfg, bootstrap, progress=False)
+    assert svc.hot.follower.wait_for(3, timeout=20) is not None
+    summary = svc.run()
+    assert summary["events"] == 2048
+    assert svc.core.hot_version == 3 and svc.core.hot_rows == 40 and svc.last_record["hot_rows"] == 40

@@ -50,8 +50,17 @@ class TrainerCore:
 
     # -- hot set ---------------------------------------------------------------
     def apply_hot_set(self, version: int, tables: Mapping[str, np.ndarray]) -> Any:
-        """Migrate to a new hot set (between batches; the store moves rows with their optimizer state)."""
-        tables = {t: np.asarray(ids, dtype=np.int64) for t, ids in tables.items() if t in self.fields}
+        """Migrate to a new hot set (between batches; the store moves rows with their optimizer state).
+
+        A set over the store's hot capacity (the sketch ran with a bigger budget, or the budget was
+        lowered while the compacted topic still holds the old set) is cut to fit, each table in
+        proportion, instead of raising: the follower would hand the same set over after every restart.
+        """
+        tables = {t: np.unique(np.asarray(ids, dtype=np.int64)) for t, ids in tables.items() if t in self.fields}
+        total, cap = sum(len(v) for v in tables.values()), int(self.store.hot_capacity_rows)
+        if total > cap:
+            log.warning("hot set v%d has %d rows, over the hot tier's %d: cut to fit", version, total, cap)
+            tables = {t: ids[: len(ids) * cap // total] for t, ids in tables.items()}
         stats = self.store.set_hot(tables)
         self.hot_version = int(version)
         self.hot_rows = int(sum(len(v) for v in tables.values()))
