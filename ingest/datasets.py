@@ -143,7 +143,8 @@ def _open(path: Path):
 
 def _first_line(path: Path) -> bytes:
     with _open(path) as f:
-        return f.read(1 << 16).split(b"\n", 1)[0].rstrip(b"\r")
+        # without a UTF-8 BOM (spreadsheet exports): the CSV reader skips it, so must the header check
+        return f.read(1 << 16).removeprefix(b"\xef\xbb\xbf").split(b"\n", 1)[0].rstrip(b"\r")
 
 
 def detect_format(path: str | os.PathLike) -> str:

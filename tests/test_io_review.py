@@ -135,3 +135,16 @@ def test_jsonl_with_invalid_utf8_names_the_line(tmp_path, cfg):
     path.write_bytes(good + b"\n" + good.replace(b'"a"', b'"caf\xe9"') + b"\n")
     with pytest.raises(DatasetError, match=r"ev.jsonl:2: bad JSON"):
         list(read_events(path, cfg))
+
+
+def test_csv_with_utf8_bom_reads_like_without(tmp_path, cfg):
+    """Spreadsheet "CSV UTF-8" exports start with a BOM; the header check saw a column '\\ufefflabel'."""
+    from ingest import read_events
+
+    text = "label,dense_0,dense_1,dense_2,user\n1,0.5,0,1,7\n"
+    plain, bom = tmp_path / "plain.csv", tmp_path / "bom.csv"
+    plain.write_text(text, encoding="utf-8")
+    bom.write_text(text, encoding="utf-8-sig")
+    want = [ev for b in read_events(plain, cfg) for ev in b.to_events()]
+    assert len(want) == 1
+    assert [ev for b in read_events(bom, cfg) for ev in b.to_events()] == want
