@@ -69,3 +69,20 @@ def test_a_hot_set_bigger_than_the_budget_is_cut_to_fit_instead_of_crashing(topi
     summary = svc.run()
     assert summary["events"] == 2048
     assert svc.core.hot_version == 3 and svc.core.hot_rows == 40 and svc.last_record["hot_rows"] == 40
+
+
+def test_dead_letter_and_expired_row_counts_survive_a_resume(topics, tmp_path, bootstrap):
+    """Both went into the metrics log as totals but restarted from 0 after every resume (dead_letters
+    was even written into the checkpoint, never read back)."""
+    cfg = _stream_cfg(topics, tmp_path)
+    cfg.store.expire_after_s = 0.001  # the final checkpoint's sweep expires the untouched cold rows
+    _produce(cfg, bootstrap, 1024, bad=3)
+    first = TrainerService(cfg, bootstrap, progress=False)
+    summary = first.run()
+    assert summary["dead_letters"] == 3 and first.rows_expired > 0
+    second = TrainerService(cfg, bootstrap, progress=False)
+    try:
+        rec = second.emit()
+        assert second.resumed_from and rec["dead_letters"] == 3 and rec["rows_expired"] == first.rows_expired
+    finally:
+        second.close()

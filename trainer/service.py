@@ -83,6 +83,7 @@ class TrainerService:
         self.seq = 0
         self.offsets: dict[tuple[str, int], int] = {}
         self.resumed_from: str | None = None
+        state: dict[str, Any] = {}
         if ckpt is not None:
             state, dense = read_checkpoint(ckpt, map_location=str(self.device))
             self.core.load_dense_state(dense)
@@ -99,7 +100,7 @@ class TrainerService:
         self.hot = make_hot_source(cfg, bootstrap)
         self.hot_coverage = float("nan")
         self.hit_rate = float("nan")
-        self.rows_expired = 0
+        self.rows_expired = int(state.get("rows_expired", 0))  # totals carry over a resume, like the events
         self._last_sweep = time.monotonic()
         self.metrics_log = MetricsLog(t.log_path)
         self.prom = PrometheusExporter(t.metrics_port) if t.metrics_port else None
@@ -108,6 +109,7 @@ class TrainerService:
         from ingest import EventConsumer
 
         self.consumer = EventConsumer(bootstrap, cfg, group_id=cfg.kafka.trainer_group, mode=cfg.kafka.consumer_mode)
+        self.consumer.stats.dead_letters = int(state.get("dead_letters", 0))
         self.pos = self._position_consumer()
         self.trace.write({"start": True, "pid": os.getpid(), "seq": self.seq,
                           "positions": offsets_to_json(self.pos)})
@@ -234,6 +236,7 @@ class TrainerService:
             "offsets": offsets_to_json(self.offsets),
             "ts": time.time(),
             "dead_letters": self.consumer.stats.dead_letters,
+            "rows_expired": self.rows_expired,
             "snapshot": self.publisher.state() if self.publisher else {},
             **self.core.counters(),
         }
