@@ -20,28 +20,54 @@ class RequestError(ValueError):
     """A request field is bad; the message starts with the field's path."""
 
 
-def event_to_proto(ev: Mapping[str, Any]) -> "pb.Event":
-    """A plain event dict (the JSON contract) as a proto Event; labels are dropped."""
+def _event_parts(ev: Any, where: str) -> tuple[int, list, dict]:
+    """An event dict's ts, dense list and sparse mapping, their JSON shapes checked (a wrong shape
+    raised TypeError/ValueError out of the conversion, a traceback for `streamrec predict`)."""
     if not isinstance(ev, Mapping):
-        raise RequestError(f"event must be an object, got {type(ev).__name__}")
-    msg = pb.Event(ts=int(ev.get("ts", 0) or 0), request_id=str(ev.get("request_id") or ""))
+        raise RequestError(f"{where}: must be an object, got {type(ev).__name__}")
+    ts = ev.get("ts", 0) or 0
+    if type(ts) is not int or not -(2**63) <= ts < 2**63:
+        raise RequestError(f"{where}.ts: must be an integer (ms since epoch), got {ts!r}")
     dense = ev.get("dense") or []
     if not isinstance(dense, list):
-        raise RequestError("dense must be a list of numbers")
-    msg.dense.extend(float(x) for x in dense)
-    sparse = dict(ev.get("sparse") or {})
+        raise RequestError(f"{where}.dense: must be a list of numbers")
+    sparse = ev.get("sparse") or {}
+    if not isinstance(sparse, Mapping):
+        raise RequestError(f"{where}.sparse: must be an object mapping field name to id or list of ids")
+    sparse = dict(sparse)
     for opt in ("user", "item"):
         if opt in ev and opt not in sparse:
             sparse[opt] = ev[opt]
+    return ts, dense, sparse
+
+
+def _dense_f32(values: list, where: str) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype="<f4")
+    except (TypeError, ValueError, OverflowError):
+        arr = None
+    if arr is None or arr.ndim != 1:  # nested lists made a 2-D array that went out flattened
+        raise RequestError(f"{where}: values must be numbers")
+    return arr
+
+
+def event_to_proto(ev: Mapping[str, Any], where: str = "event") -> "pb.Event":
+    """A plain event dict (the JSON contract) as a proto Event; labels are dropped."""
+    ts, dense, sparse = _event_parts(ev, where)
+    msg = pb.Event(ts=ts, request_id=str(ev.get("request_id") or ""))
+    msg.dense.extend(_dense_f32(dense, f"{where}.dense").tolist())
     for name, v in sparse.items():
         ids = msg.sparse[name]
         for x in v if isinstance(v, list) else [v]:
             if isinstance(x, str):
                 ids.keys.append(x)
             elif isinstance(x, int) and not isinstance(x, bool):
-                ids.ids.append(hash_id(x))
+                try:
+                    ids.ids.append(hash_id(x))
+                except ValueError as e:
+                    raise RequestError(f"{where}.sparse.{name}: {e}") from None
             else:
-                raise RequestError(f"sparse.{name}: id {x!r} is not an integer or string")
+                raise RequestError(f"{where}.sparse.{name}: id {x!r} is not an integer or string")
     return msg
 
 
@@ -50,7 +76,7 @@ def events_to_request(events: Iterable[Mapping[str, Any]], columns: bool = True)
     events = list(events)
     req = pb.PredictRequest()
     if not columns:
-        req.events.extend(event_to_proto(e) for e in events)
+        req.events.extend(event_to_proto(e, f"events[{i}]") for i, e in enumerate(events))
         return req
     c = req.columns
     c.size = len(events)
@@ -58,17 +84,11 @@ def events_to_request(events: Iterable[Mapping[str, Any]], columns: bool = True)
     rids: list[str] = []
     cols: dict[str, tuple[list[int], list[int]]] = {}
     for i, ev in enumerate(events):
-        if not isinstance(ev, Mapping):
-            raise RequestError(f"events[{i}]: must be an object, got {type(ev).__name__}")
-        d = ev.get("dense") or []
-        if not isinstance(d, list):
-            raise RequestError(f"events[{i}].dense: must be a list of numbers")
+        _, d, sparse = _event_parts(ev, f"events[{i}]")
+        if len(d) != len(events[0].get("dense") or []):  # else values shift into the next event unnoticed
+            raise RequestError(f"events[{i}].dense: {len(d)} values, events[0] has {len(events[0].get('dense') or [])}")
         dense.extend(d)
         rids.append(str(ev.get("request_id") or ""))
-        sparse = dict(ev.get("sparse") or {})
-        for opt in ("user", "item"):
-            if opt in ev and opt not in sparse:
-                sparse[opt] = ev[opt]
         for name, v in sparse.items():
             vals, lens = cols.setdefault(name, ([], [0] * len(events)))
             vs = v if isinstance(v, list) else [v]
@@ -78,10 +98,11 @@ def events_to_request(events: Iterable[Mapping[str, Any]], columns: bool = True)
                 raise RequestError(f"events[{i}].sparse.{name}: {e}") from None
             lens[i] = len(vs)
     try:
-        dense_arr = np.asarray(dense, dtype="<f4")
-    except (TypeError, ValueError):
-        raise RequestError("dense: values must be numbers") from None
-    c.dense_f32 = dense_arr.tobytes()
+        c.dense_f32 = _dense_f32(dense, "dense").tobytes()
+    except RequestError:  # find the event (the fast path converts all events at once)
+        for i, ev in enumerate(events):
+            _dense_f32(ev.get("dense") or [], f"events[{i}].dense")
+        raise
     if any(rids):
         c.request_ids.extend(rids)
     for name, (vals, lens) in cols.items():

@@ -148,3 +148,23 @@ def test_csv_with_utf8_bom_reads_like_without(tmp_path, cfg):
     want = [ev for b in read_events(plain, cfg) for ev in b.to_events()]
     assert len(want) == 1
     assert [ev for b in read_events(bom, cfg) for ev in b.to_events()] == want
+
+
+@pytest.mark.parametrize("columns", [True, False])
+def test_predict_request_shape_errors_name_the_event(columns):
+    """Bad JSON shapes raised TypeError/ValueError/OverflowError (a traceback from `streamrec predict`),
+    and dense lists of different lengths were concatenated, shifting values into the next event."""
+    from serving import RequestError, events_to_request
+
+    cases = [
+        ([{"dense": [1, 2, 3]}, {"dense": [4]}], r"events\[1\]\.dense"),  # 4 values = 2 x dense_dim 2
+        ([{"dense": [1]}, {"sparse": [1, 2]}], r"events\[1\]\.sparse"),
+        ([{"dense": [1]}, {"dense": [1], "sparse": "user"}], r"events\[1\]\.sparse"),
+        ([{"dense": [1]}, {"dense": [10**400]}], r"events\[1\]\.dense"),
+        ([{"dense": [1]}, {"dense": [[1]]}], r"events\[1\]\.dense"),
+        ([{"dense": [1]}, {"dense": ["x"]}], r"events\[1\]\.dense"),
+        ([{"dense": [1]}, {"dense": [1], "ts": "noon"}], r"events\[1\]\.ts"),
+    ]
+    for events, where in cases[0 if columns else 1:]:  # one message per event has its own dense length
+        with pytest.raises(RequestError, match=where):
+            events_to_request(events, columns=columns)
