@@ -58,6 +58,7 @@ def cmd_serve(args) -> int:
 def read_events(path: str) -> list:
     """A JSON array, or JSON lines (one event per line); blank lines are skipped."""
     text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    text = text.removeprefix("\ufeff")  # a UTF-8 BOM (Windows editors) is not part of the JSON
     s = text.strip()
     if not s:
         return []

@@ -168,3 +168,15 @@ def test_predict_request_shape_errors_name_the_event(columns):
     for events, where in cases[0 if columns else 1:]:  # one message per event has its own dense length
         with pytest.raises(RequestError, match=where):
             events_to_request(events, columns=columns)
+
+
+def test_predict_reads_input_with_a_utf8_bom(tmp_path):
+    """Windows editors/PowerShell write a BOM; `streamrec predict` refused such a file ("Unexpected UTF-8 BOM")."""
+    from serving.cli import read_events
+
+    events = [{"dense": [1, 2, 3], "user": 1}, {"dense": [0, 0, 0], "item": "x"}]
+    arr, lines = tmp_path / "a.json", tmp_path / "l.jsonl"
+    arr.write_text(json.dumps(events), encoding="utf-8-sig")
+    lines.write_text("\n".join(map(json.dumps, events)) + "\n", encoding="utf-8-sig")
+    assert read_events(str(arr)) == events
+    assert read_events(str(lines)) == events
