@@ -85,6 +85,9 @@ def cmd_predict(args) -> int:
     from . import RequestError, ServingClient
 
     cfg = config_from_args(args)
+    if args.batch < 1:  # 0 sent empty requests; a negative one sliced events[i:i-1] and skipped events
+        print("streamrec predict: --batch must be >= 1", file=sys.stderr)
+        return 2
     try:
         events = read_events(args.input)
     except (OSError, ValueError) as e:
@@ -94,7 +97,7 @@ def cmd_predict(args) -> int:
     client = ServingClient(args.target or cfg.serving_target(), token=token, tls_ca=cfg.serving.tls_ca,
                            timeout=args.timeout, max_message_mb=cfg.serving.max_message_mb)
     try:
-        for i in range(0, len(events), max(1, args.batch)):
+        for i in range(0, len(events), args.batch):
             chunk = events[i:i + args.batch]
             scores, version = client.predict(chunk)
             for ev, s in zip(chunk, scores):

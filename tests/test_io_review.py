@@ -180,3 +180,14 @@ def test_predict_reads_input_with_a_utf8_bom(tmp_path):
     lines.write_text("\n".join(map(json.dumps, events)) + "\n", encoding="utf-8-sig")
     assert read_events(str(arr)) == events
     assert read_events(str(lines)) == events
+
+
+@pytest.mark.parametrize("batch", ["0", "-1"])
+def test_predict_refuses_a_batch_size_below_one(tmp_path, capsys, batch):
+    """--batch 0 sent empty requests; --batch -1 sliced events[0:-1] and silently skipped events."""
+    from streamrec.cli import main
+
+    path = tmp_path / "ev.jsonl"
+    path.write_text('{"dense": [1, 2, 3]}\n{"dense": [1, 2, 3]}\n')
+    assert main(["predict", str(path), "--batch", batch, "--target", "127.0.0.1:1", "--timeout", "2"]) == 2
+    assert "--batch must be >= 1" in capsys.readouterr().err
