@@ -256,11 +256,17 @@ class EventConsumer:
 
     # -- offsets ------------------------------------------------------------
 
-    def mark_durable(self, offsets: dict[tuple[str, int], int]) -> None:
-        """Commit offsets whose effect is durable. Dead letters are flushed first."""
+    def flush_dead_letters(self) -> None:
+        """Wait until every dead letter so far is in the DLQ topic (raises if the broker did not take them).
+
+        A caller that records offsets durably on its own (a checkpoint) calls this before it does."""
         if self._dlq is not None and self._dlq_pending:
             self._dlq.flush(60)
             self._dlq_pending = 0
+
+    def mark_durable(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Commit offsets whose effect is durable. Dead letters are flushed first."""
+        self.flush_dead_letters()
         if not offsets:
             return
         commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}

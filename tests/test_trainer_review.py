@@ -86,3 +86,42 @@ def test_dead_letter_and_expired_row_counts_survive_a_resume(topics, tmp_path, b
         assert second.resumed_from and rec["dead_letters"] == 3 and rec["rows_expired"] == first.rows_expired
     finally:
         second.close()
+
+
+def test_dead_letters_reach_the_dlq_before_a_checkpoint_moves_past_them(topics, tmp_path, bootstrap):
+    """The dead-letter producer was flushed only when offsets were committed, after the checkpoint was
+    written: a trainer dying in between resumed past records whose dead letters were still in its buffer."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import tomli_w
+
+    from ingest import read_topic
+    from trainer.checkpoint import latest_checkpoint, read_checkpoint
+
+    cfg = _stream_cfg(topics, tmp_path)
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
+    _produce(cfg, bootstrap, 512, bad=3)
+    # the trainer dies right after its checkpoint is renamed into place (before the offsets commit);
+    # a long linger keeps the dead letters in the producer's buffer until somebody flushes it
+    script = (
+        "import os, sys\n"
+        "from ingest import make_producer\n"
+        "from streamrec.config import load_config\n"
+        "from trainer.service import TrainerService\n"
+        "svc = TrainerService(load_config(sys.argv[1], env={}), sys.argv[2], progress=False)\n"
+        "svc.consumer._dlq.close()\n"
+        "svc.consumer._dlq = make_producer(sys.argv[2], linger_ms=600_000, delivery_timeout_ms=700_000)\n"
+        "svc.consumer.mark_durable = lambda offsets: os._exit(9)\n"
+        "svc.run()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", script, str(cfg_path), bootstrap], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    state, _ = read_checkpoint(latest_checkpoint(cfg.trainer.checkpoint_dir))
+    assert state["dead_letters"] == 3  # the checkpoint is past the bad records: a resume never reads them again
+    assert len(read_topic(bootstrap, cfg.kafka.dlq_topic, expected=3, timeout=5)) == 3

@@ -1,6 +1,6 @@
 """The continuous trainer process: Kafka in, checkpoints, offsets, snapshots, metrics.
 
-Durability order, per interval: train windows -> write checkpoint (store, dense
+Durability order, per interval: train windows -> flush dead letters -> write checkpoint (store, dense
 weights + optimizer, hot-set version, offsets, metrics) atomically -> only then
 commit the offsets to Kafka -> build/push a snapshot in the background. On start
 the newest complete checkpoint is restored and the consumer is positioned at its
@@ -224,6 +224,8 @@ class TrainerService:
 
     def checkpoint(self) -> int:
         self._maybe_expire()  # before the store checkpoint, so the checkpoint holds the sweep
+        # the checkpoint's offsets are where a resume starts: the dead letters before them must be out first
+        self.consumer.flush_dead_letters()
         self.seq += 1
         seq = self.seq
         epoch_box: dict[str, int] = {}
