@@ -191,3 +191,18 @@ def test_predict_refuses_a_batch_size_below_one(tmp_path, capsys, batch):
     path.write_text('{"dense": [1, 2, 3]}\n{"dense": [1, 2, 3]}\n')
     assert main(["predict", str(path), "--batch", batch, "--target", "127.0.0.1:1", "--timeout", "2"]) == 2
     assert "--batch must be >= 1" in capsys.readouterr().err
+
+
+def test_config_refuses_nan(tmp_path):
+    """NaN passed every range check written as `x <= 0` (e.g. trainer.push_give_up_s) and was used as is."""
+    from streamrec.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"trainer\.dense_lr: expected a number, got 'nan'"):
+        load_config(None, {"trainer.dense_lr": "nan"}, env={})
+    with pytest.raises(ConfigError, match=r"trainer\.push_give_up_s"):
+        load_config(None, env={"STREAMREC_TRAINER__PUSH_GIVE_UP_S": "NaN"})
+    f = tmp_path / "c.toml"
+    f.write_text("[generator]\nlabel_noise = nan\n")
+    with pytest.raises(ConfigError, match=r"generator\.label_noise"):
+        load_config(f, env={})
+    assert load_config(None, {"trainer.dense_lr": "0.5"}, env={}).trainer.dense_lr == 0.5
