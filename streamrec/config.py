@@ -395,9 +395,13 @@ def load_config(
         if not p.exists():
             raise ConfigError(f"config file {p} does not exist")
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p}: {e}") from e
+        except UnicodeDecodeError as e:  # these two were tracebacks from every command
+            raise ConfigError(f"config file {p}: not UTF-8 text (TOML must be UTF-8): {e}") from None
+        except OSError as e:
+            raise ConfigError(f"config file {p}: cannot be read: {e.strerror or e}") from None
     env = os.environ if env is None else env
     for name, value in sorted(env.items()):
         if not name.startswith(ENV_PREFIX) or "__" not in name:

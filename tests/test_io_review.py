@@ -206,3 +206,15 @@ def test_config_refuses_nan(tmp_path):
     with pytest.raises(ConfigError, match=r"generator\.label_noise"):
         load_config(f, env={})
     assert load_config(None, {"trainer.dense_lr": "0.5"}, env={}).trainer.dense_lr == 0.5
+
+
+def test_unreadable_config_file_is_a_config_error(tmp_path):
+    """A Latin-1 config raised UnicodeDecodeError, a directory IsADirectoryError: tracebacks from every command."""
+    from streamrec.config import ConfigError, load_config
+
+    latin = tmp_path / "c.toml"
+    latin.write_bytes(b"[trainer]\ndevice = 'caf\xe9'\n")
+    with pytest.raises(ConfigError, match=r"c\.toml.*UTF-8"):
+        load_config(latin, env={})
+    with pytest.raises(ConfigError, match="config file"):
+        load_config(tmp_path, env={})
