@@ -257,7 +257,7 @@ class EventConsumer:
     # -- offsets ------------------------------------------------------------
 
     def flush_dead_letters(self) -> None:
-        """Wait until every dead letter so far is in the DLQ topic (raises if the broker did not take them).
+        """Wait until the DLQ producer has sent every dead letter so far (flush: the broker answered each).
 
         A caller that records offsets durably on its own (a checkpoint) calls this before it does."""
         if self._dlq is not None and self._dlq_pending:
