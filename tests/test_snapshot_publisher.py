@@ -126,3 +126,22 @@ def test_a_replica_down_too_long_is_left_behind_and_catches_up_with_a_full_snaps
     for i in range(2):
         version, scores = served(i)
         assert version == v and np.max(np.abs(scores - want())) <= 1e-6
+
+
+def test_a_replica_left_behind_does_not_hold_back_every_later_snapshot(group):
+    """Once left behind, a replica still down made each later snapshot wait give_up_s again, so the
+    healthy replicas got one every give_up_s (2 min by default) instead of one per checkpoint."""
+    import time
+
+    servers, _start, publish, served, _want, pub = group
+    pub.give_up_s = 2.0
+    publish()
+    assert pub.wait_idle(30)
+    servers[1].stop(0.5)
+    publish()
+    assert pub.wait_idle(30) and pub.left_behind == [pub.targets[1]]
+    t0 = time.monotonic()
+    v = publish()
+    assert pub.wait_idle(30)
+    assert time.monotonic() - t0 < 1.0, "the healthy replica waited give_up_s again for the one left behind"
+    assert pub.version == v and served(0)[0] == v and pub.left_behind == [pub.targets[1]]

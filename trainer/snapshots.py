@@ -12,8 +12,9 @@ ones still missing it), so the group's accepted version is held by all of them
 and the next delta applies everywhere. A replica that refuses a delta (it lost or
 never had the parent) makes the next snapshot full for all. A replica still missing
 a snapshot ``give_up_s`` after it was built, while others have it, is left behind so
-the rest keep getting fresh snapshots; when it is back it refuses the next delta
-(its parent is old), and that makes the following snapshot full for all.
+the rest keep getting fresh snapshots (each later one is tried on it once, without
+waiting for it again); when it is back it refuses the next delta (its parent is
+old), and that makes the following snapshot full for all.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ class SnapshotPublisher:
             with self._lock:
                 self._remaining = [t for t in self._remaining if t not in accepted]
                 overdue = time.monotonic() - self._pending_since > self.give_up_s
+                # a replica already left behind does not hold the others back again for give_up_s
+                overdue = overdue or set(self._remaining) <= set(self.left_behind)
                 if self._remaining:
                     self.st.failures += 1
                     self.st.last_error = "; ".join(errors)
@@ -185,7 +188,7 @@ class SnapshotPublisher:
                     self._pending = None
                     self._remaining = []
                 elif not self._remaining or (overdue and len(self._remaining) < len(self.targets)):
-                    if self._remaining:  # some replicas have it: they move on, the rest catch up later
+                    if set(self._remaining) - set(self.left_behind):  # others have it: they move on
                         log.warning("snapshot v%d: leaving %s behind after %.0fs; they get a full snapshot when back",
                                     version, ", ".join(self._remaining), self.give_up_s)
                     self.left_behind = list(self._remaining)
