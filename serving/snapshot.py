@@ -82,8 +82,26 @@ class Manifest:
         def bad(key: str, msg: str) -> None:
             raise SnapshotError(f"manifest.{key}: {msg}")
 
-        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
-            bad("version", f"must be a positive integer, got {self.version!r}")
+        def int64(v: Any) -> bool:
+            return type(v) is int and -(2**63) <= v < 2**63
+
+        # every value is type-checked: a wrong type was either an UNKNOWN error (which pushers retry)
+        # or got installed and then broke every Status call (protobuf refused it there)
+        if not int64(self.version) or self.version < 1:
+            bad("version", f"must be a positive int64, got {self.version!r}")
+        if self.parent_version is not None and not int64(self.parent_version):
+            bad("parent_version", f"must be an int64 or null, got {self.parent_version!r}")
+        for key in ("created_ms", "newest_event_ms", "rows"):
+            if not int64(getattr(self, key)):
+                bad(key, f"must be an int64, got {getattr(self, key)!r}")
+        if not isinstance(self.config_hash, str):
+            bad("config_hash", f"must be a string, got {self.config_hash!r}")
+        for key in ("files", "kafka_offsets", "metrics", "store_config"):
+            if not isinstance(getattr(self, key), dict):
+                bad(key, f"must be an object, got {type(getattr(self, key)).__name__}")
+        for k, x in self.metrics.items():
+            if type(x) not in (int, float):
+                bad(f"metrics.{k}", f"must be a number, got {x!r}")
         if self.kind not in KINDS:
             bad("kind", f"must be 'full' or 'delta', got {self.kind!r}")
         if self.kind == "delta":
@@ -96,7 +114,7 @@ class Manifest:
         for name, info in self.files.items():
             if name != os.path.basename(name) or name.startswith(".") or name == MANIFEST:
                 bad("files", f"bad file name {name!r}")
-            if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not isinstance(info.get("bytes"), int):
+            if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not int64(info.get("bytes")):
                 bad("files", f"{name!r} needs sha256 (string) and bytes (integer)")
             if info["bytes"] < 0:
                 bad("files", f"{name!r} has a negative size")

@@ -218,3 +218,51 @@ def test_unreadable_config_file_is_a_config_error(tmp_path):
         load_config(latin, env={})
     with pytest.raises(ConfigError, match="config file"):
         load_config(tmp_path, env={})
+
+
+def test_manifest_with_wrong_value_types_is_refused_and_v1_keeps_serving(cfg, tmp_path):
+    """A manifest whose `files` was a list failed with UNKNOWN (which the pusher retries); one with
+    created_ms "soon" or version 2**70 was installed and then every Status call failed."""
+    import shutil
+    from pathlib import Path
+
+    import grpc
+
+    from serving import ServingClient, SnapshotPusher, serve, snapshot_chunks
+    from serving.pb import pb, pb_grpc
+    from serving_helpers import FakeTrainer, Touched
+
+    trainer = FakeTrainer(cfg, tmp_path)
+    touched = Touched()
+    touched.add(trainer.step())
+    v1 = trainer.snapshot("full", [], touched.rows())
+    v2 = trainer.snapshot("full", [], touched.rows())
+    srv = serve(cfg, device="cpu")
+    try:
+        with SnapshotPusher(srv.target, attempts=2, backoff_s=0.01) as p, ServingClient(srv.target) as client, \
+                grpc.insecure_channel(srv.target) as ch:
+            assert p.push(v1).ok
+            for i, patch in enumerate([{"files": ["dense.safetensors"]}, {"created_ms": "soon"},
+                                       {"version": 2**70}, {"metrics": {"auc": "high"}}]):
+                m = json.loads((v2 / "manifest.json").read_text())
+                m.update(patch)
+                # the server refuses it (a raw stream, as a client other than ours may send) ...
+                chunks = list(snapshot_chunks(v2))
+                chunks[0] = pb.SnapshotChunk(manifest_json=json.dumps(m).encode())
+                with pytest.raises(grpc.RpcError) as e:
+                    pb_grpc.StreamRecStub(ch).PushSnapshot(iter(chunks), timeout=20)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (patch, e.value.details())
+                assert "manifest" in e.value.details()
+                assert client.status()["version"] == "1"
+                # ... and our pusher says so at once instead of retrying an UNKNOWN
+                bad = tmp_path / f"bad-{i}"
+                shutil.copytree(v2, bad)
+                (bad / "manifest.json").write_text(json.dumps(m))
+                r = p.push(bad)
+                assert not r.ok and r.code == "INVALID_ARGUMENT" and r.attempts == 1, (patch, r)
+                assert "manifest" in r.reason, r.reason
+            assert list((Path(cfg.serving.data_dir) / "staging").iterdir()) == []
+            assert p.push(v2).ok and client.status()["version"] == "2"
+    finally:
+        srv.stop(0.5)
+        trainer.close()
