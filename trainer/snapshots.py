@@ -240,6 +240,7 @@ class SnapshotPublisher:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(5)
-        for pusher in self._pushers.values():
+        # a push thread still inside a long push (past the join) may touch the dict: close a copy
+        for pusher in list(self._pushers.values()):
             pusher.close()
         self._pushers.clear()
