@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import tomllib
 import types
 import typing
@@ -324,6 +325,10 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("consumer_mode", f"must be 'group' or 'assign', got {obj.consumer_mode!r}")
         if obj.events_per_message < 1:
             bad("events_per_message", "must be >= 1")
+        for key in ("events_topic", "dlq_topic", "hotset_topic"):  # Kafka's own rule, checked here, not at
+            name = getattr(obj, key)  # the first dead letter or hot set, long after start-up
+            if not (0 < len(name) <= 249 and name not in (".", "..") and re.fullmatch(r"[A-Za-z0-9._-]+", name)):
+                bad(key, f"{name!r} is not a legal Kafka topic name (1-249 of ASCII letters, digits, '.', '_', '-')")
     elif isinstance(obj, StoreConfig):
         if not 1 <= obj.shards <= 256:
             bad("shards", "must be in 1..256")
@@ -346,6 +351,10 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("batch_size", "must be >= 1")
         if obj.push_give_up_s <= 0:
             bad("push_give_up_s", "must be > 0")
+        if obj.max_events < 0:
+            bad("max_events", "must be >= 0 (0 = run forever)")
+        if obj.idle_exit_s < 0:
+            bad("idle_exit_s", "must be >= 0 (0 = never)")
         if obj.dense_optimizer not in ("adam", "adagrad"):
             bad("dense_optimizer", f"must be 'adam' or 'adagrad', got {obj.dense_optimizer!r}")
         if obj.hot_source not in ("topic", "sample", "none"):
@@ -363,9 +372,13 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("tls_cert", "tls_cert and tls_key must be given together")
         if obj.merge_max_events < 0:
             bad("merge_max_events", "must be >= 0 (0 = never merge)")
+        if obj.max_batch < 1:
+            bad("max_batch", "must be >= 1")
+        if obj.max_message_mb < 1:
+            bad("max_message_mb", "must be >= 1")
         for t in (t.strip() for t in obj.push_targets.split(",")):
             host, _, port = t.rpartition(":")
-            if t and not (host and port.isdigit() and 0 < int(port) <= 65535):
+            if t and not (host and port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
                 bad("push_targets", f"{t!r} is not host:port (comma-separate several replicas)")
 
 

@@ -27,6 +27,13 @@ def test_file_env_and_override_precedence(tmp_path):
         ("[model]\nembedding_dim = 8\nbottom_mlp = [4, 4]\n", "model.bottom_mlp: last layer must equal"),
         ("[[model.fields]]\ncardinality = 3\n", "model.fields[0].name: missing required key"),
         ("[model\n", "config file"),
+        ("[kafka]\ndlq_topic = 'bad topic!'\n", "kafka.dlq_topic: 'bad topic!' is not a legal Kafka topic name"),
+        ("[kafka]\nevents_topic = ''\n", "kafka.events_topic: '' is not a legal Kafka topic name"),
+        ("[trainer]\nmax_events = -1\n", "trainer.max_events: must be >= 0"),
+        ("[trainer]\nidle_exit_s = -2.0\n", "trainer.idle_exit_s: must be >= 0"),
+        ("[serving]\nmax_batch = 0\n", "serving.max_batch: must be >= 1"),
+        ("[serving]\nmax_message_mb = -1\n", "serving.max_message_mb: must be >= 1"),
+        ("[serving]\npush_targets = 'h:\u00b2'\n", "serving.push_targets: 'h:\u00b2' is not host:port"),
     ],
 )
 def test_bad_config_names_key(tmp_path, text, needle):
