@@ -14,7 +14,8 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     )
     from .events import EventBatch, EventError, EventSchema, JaggedIds, hash_id, hash_ids
     from .kafka_io import (
-        REASON_HEADER, SOURCE_HEADER, ConsumerStats, EventConsumer, EventProducer, ProduceError, make_producer, read_topic,
+        REASON_HEADER, SOURCE_HEADER, ConsumerStats, DeadLetterError, EventConsumer, EventProducer, ProduceError,
+        make_producer, read_topic,
     )
     from .synthetic import SyntheticStream, roc_auc
 
@@ -23,7 +24,8 @@ _EXPORTS = {  # submodule: the public names it defines
     ".codec": "Decoder encode_arrow encode_json encode_messages",
     ".datasets": "DatasetError avazu_config criteo_config detect_format layout_config layout_toml read_events read_file write_events",
     ".events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
-    ".kafka_io": "REASON_HEADER SOURCE_HEADER ConsumerStats EventConsumer EventProducer ProduceError make_producer read_topic",
+    ".kafka_io": "REASON_HEADER SOURCE_HEADER ConsumerStats DeadLetterError EventConsumer EventProducer ProduceError "
+                 "make_producer read_topic",
     ".synthetic": "SyntheticStream roc_auc",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -105,6 +105,10 @@ class EventProducer:
             self.producer.close(timeout)
 
 
+class DeadLetterError(RuntimeError):
+    """The dead-letter topic did not take a bad record: a caller must not record progress past it."""
+
+
 @dataclass
 class ConsumerStats:
     records: int = 0
@@ -171,7 +175,7 @@ class EventConsumer:
                     time.sleep(0.2)
             self.consumer.assign([TopicPartition(self.topic, p) for p in sorted(parts)])
         self._dlq = make_producer(bootstrap) if dlq else None
-        self._dlq_pending = 0
+        self._dlq_sent: list = []  # (send future or the error send raised, "topic:partition:offset") since the last flush
         self._per_record = 1.0  # events per record seen last time: how many records make max_events
         self._pending: collections.deque = collections.deque()  # polled, not yet decoded
         self._lock = threading.Lock()
@@ -251,18 +255,32 @@ class EventConsumer:
             (REASON_HEADER, reason.encode("utf-8")),
             (SOURCE_HEADER, f"{rec.topic}:{rec.partition}:{rec.offset}".encode()),
         ] + [(k, v) for k, v in (rec.headers or []) if k not in (REASON_HEADER, SOURCE_HEADER)]
-        self._dlq.send(self.dlq_topic, rec.value if rec.value is not None else b"", key=rec.key, headers=headers)
-        self._dlq_pending += 1
+        source = f"{rec.topic}:{rec.partition}:{rec.offset}"
+        try:
+            sent = self._dlq.send(self.dlq_topic, rec.value if rec.value is not None else b"", key=rec.key,
+                                  headers=headers)
+        except Exception as e:  # e.g. bigger than the producer's max_request_size: reported at the next flush
+            sent = e
+        self._dlq_sent.append((sent, source))
 
     # -- offsets ------------------------------------------------------------
 
     def flush_dead_letters(self) -> None:
         """Wait until the DLQ producer has sent every dead letter so far (flush: the broker answered each).
 
-        A caller that records offsets durably on its own (a checkpoint) calls this before it does."""
-        if self._dlq is not None and self._dlq_pending:
-            self._dlq.flush(60)
-            self._dlq_pending = 0
+        A caller that records offsets durably on its own (a checkpoint) calls this before it does.
+        Raises ``DeadLetterError`` when a dead letter was not acknowledged: the bad record then
+        exists only in the source topic, so progress past it must not be recorded."""
+        if self._dlq is None or not self._dlq_sent:
+            return
+        self._dlq.flush(60)
+        sent, self._dlq_sent = self._dlq_sent, []
+        failed = [(src, s if isinstance(s, Exception) else s.exception or "not acknowledged within 60 s")
+                  for s, src in sent if isinstance(s, Exception) or not s.succeeded()]
+        if failed:
+            src, why = failed[0]
+            raise DeadLetterError(f"dead-letter topic {self.dlq_topic!r} did not take {len(failed)} bad record(s), "
+                                  f"the first {src}: {why}; not recording progress past them")
 
     def mark_durable(self, offsets: dict[tuple[str, int], int]) -> None:
         """Commit offsets whose effect is durable. Dead letters are flushed first."""

@@ -110,7 +110,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that describe bad input or an unreachable dependency, one per part."""
     errors: list[type[BaseException]] = [FileNotFoundError, PermissionError]
     for mod, name in (("ingest", "EventError"), ("ingest", "BrokerError"), ("ingest", "DatasetError"),
-                      ("embedding_store", "StoreError"), ("serving", "SnapshotError")):
+                      ("ingest", "DeadLetterError"), ("embedding_store", "StoreError"), ("serving", "SnapshotError")):
         try:
             errors.append(getattr(importlib.import_module(mod), name))
         except (ImportError, AttributeError):

@@ -168,6 +168,34 @@ def test_every_bad_record_goes_to_the_dlq(topics, bootstrap):
     assert reasons["empty"] == "empty message"
 
 
+def test_a_dead_letter_the_dlq_refuses_stops_progress_with_a_clear_error(topics, bootstrap):
+    """A bad record whose dead letter is not acknowledged exists only in the source topic:
+    the consumer says so at the next flush (before a checkpoint or commit) instead of
+    crashing in poll or losing it silently."""
+    from ingest import DeadLetterError, make_producer
+
+    cfg = topics
+    good = {"ts": 1, "label": 1, "dense": [0, 0, 0], "sparse": {"user": 1}}
+    p = EventProducer(bootstrap, cfg)
+    p.send_raw(json.dumps(good).encode())
+    p.send_raw(b"x" * 500)  # bad, and too big for the DLQ producer below
+    p.close()
+    c = EventConsumer(bootstrap, cfg, f"g-{uuid.uuid4().hex[:6]}", mode="assign")
+    try:
+        c._dlq.close()
+        c._dlq = make_producer(bootstrap, max_request_size=256)  # a real producer the record cannot pass
+        got, deadline = 0, time.monotonic() + 20
+        while c.stats.dead_letters < 1 and time.monotonic() < deadline:
+            b = c.poll_batch(4096, timeout=0.5)
+            got += len(b) if b is not None else 0
+        assert got == 1 and c.stats.dead_letters == 1  # the good event still arrived
+        with pytest.raises(DeadLetterError, match=rf"{cfg.kafka.events_topic}:\d+:\d+: .*MessageSizeTooLarge"):
+            c.mark_durable({})
+    finally:
+        c._dlq_sent.clear()
+        c.close()
+
+
 def _send_synthetic(bootstrap, cfg, n):
     p = EventProducer(bootstrap, cfg, codec="json")
     for b in SyntheticStream(cfg).batches(n):
