@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .events import EventBatch, EventError, EventSchema, JaggedIds
+from .events import INT64_MAX, EventBatch, EventError, EventSchema, JaggedIds
 
 try:  # orjson parses ~3x faster than the standard library; optional
     import orjson as _orjson
@@ -231,6 +231,9 @@ class Decoder:
             tc = col("ts")
             if not pa.types.is_integer(tc.type) or tc.null_count:
                 raise EventError(f"ts must be non-null int64, got {tc.type}")
+            if pa.types.is_uint64(tc.type) and n and pc.max(tc).as_py() > INT64_MAX:
+                # astype(int64) wrapped these to negative times; JSON refuses ts beyond int64 too
+                raise EventError(f"ts must be an integer (ms since epoch) within int64, got {pc.max(tc).as_py()}")
             ts = tc.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         else:
             ts = np.zeros(n, np.int64)
@@ -285,6 +288,9 @@ class Decoder:
             rc = col("request_id")
             if rc.null_count < n:
                 rids = rc.to_pylist()
+                if not (pa.types.is_string(rc.type) or pa.types.is_large_string(rc.type)):
+                    # non-string ids (ints...) became str in JSON but stayed ints here: convert the same way
+                    rids = [None if r is None else str(r) for r in rids]
         return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids)
 
 

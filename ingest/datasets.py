@@ -313,12 +313,18 @@ def _labels(col: pa.Array, where: str) -> np.ndarray:
 
 def _check_csv(path: Path, schema: EventSchema, delimiter: str) -> tuple[list[str], list[str]]:
     header = _csv_header(path, delimiter)
+    if header == [""]:  # an empty first line read as one column named '' ("unknown column ''")
+        kind = "TSV" if delimiter == "\t" else "CSV"
+        raise DatasetError(f"{path}: the file is empty or its first line is blank; a {kind} file needs a header row "
+                           "naming its columns")
     dense_cols = [f"dense_{i}" for i in range(schema.dense_dim)]
     known = {"label", "ts", "request_id", *dense_cols, *schema.fields}
     unknown = [c for c in header if c not in known]
     if unknown:
+        # no dense columns when dense_dim is 0 (the range read "dense_0..dense_-1")
+        dense = {0: "", 1: "dense_0, "}.get(schema.dense_dim, f"dense_0..dense_{schema.dense_dim - 1}, ")
         raise DatasetError(
-            f"{path}: unknown column {unknown[0]!r}; expected label, ts, dense_0..dense_{schema.dense_dim - 1}, "
+            f"{path}: unknown column {unknown[0]!r}; expected label, ts, {dense}"
             f"request_id and the model fields {', '.join(schema.fields)}"
         )
     if "label" not in header and schema.require_label:
