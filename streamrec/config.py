@@ -390,6 +390,10 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> Non
     sections = {f.name for f in dataclasses.fields(Config)}
     if section not in sections:
         raise ConfigError(f"{source}: unknown section {section!r}; known: {', '.join(sorted(sections))}")
+    # checked here, not only in _build, so that the error names the variable or --set it came from
+    keys = {f.name for f in dataclasses.fields(typing.get_type_hints(Config)[section])}
+    if key not in keys:
+        raise ConfigError(f"{source}: unknown key {key!r} in [{section}]; known keys: {', '.join(sorted(keys))}")
     data.setdefault(section, {})[key] = value
 
 

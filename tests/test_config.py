@@ -59,3 +59,12 @@ def test_generator_label_noise_lowers_bayes_auc():
     assert noisy < clean - 0.05
     with pytest.raises(ConfigError, match="generator.label_noise: must be > 0"):
         load_config(None, {"generator.label_noise": 0}, env={})
+
+
+def test_unknown_key_from_env_or_set_names_its_source():
+    """An unknown key from an environment variable said only "unknown key 'batchsize' in [trainer]"."""
+    with pytest.raises(ConfigError, match="environment variable STREAMREC_TRAINER__BATCHSIZE") as e:
+        load_config(None, env={"STREAMREC_TRAINER__BATCHSIZE": "3"})
+    assert "unknown key 'batchsize'" in str(e.value)
+    with pytest.raises(ConfigError, match="override trainer.batchsize: unknown key 'batchsize'"):
+        load_config(None, {"trainer.batchsize": "3"}, env={})
