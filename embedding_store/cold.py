@@ -197,7 +197,13 @@ class ColdTier:
         self.seq = top
         if top == 0:
             return
-        members = next(u[3] for u in undos if u and u[0] == top)
+        # the write's shard set from every shard that holds it: a shard already rolled back by an
+        # interrupted earlier recovery keeps `top` with an empty set, and trusting that one alone
+        # left the other shards' half of the write applied for good
+        members = np.zeros(self.shards, dtype=np.uint8)
+        for u in undos:
+            if u and u[0] == top:
+                members |= u[3]
         torn = any(members[j] and seqs[j] < top for j in range(self.shards))
         if not torn:
             return

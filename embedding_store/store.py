@@ -137,6 +137,12 @@ class EmbeddingStore:
             check_manifest(self.path, manifest, dict(tables), shards, self.seed)
             all_tables = {**manifest["tables"], **{k: int(v) for k, v in tables.items()}}
             self._epoch = int(manifest.get("epoch", 0))
+            # a manifest is written only once every shard exists (below), so a missing shard is lost
+            # data: RocksDB would silently re-create it empty and its rows would read as init vectors
+            missing = [f"shard-{i:03d}" for i in range(shards) if not (self.path / f"shard-{i:03d}" / "CURRENT").exists()]
+            if missing:
+                raise StoreError(f"store {self.path} is incomplete: {', '.join(missing)} missing (removed or "
+                                 "half-copied); restore it from a checkpoint")
         else:
             if read_only:
                 raise StoreError(f"no store at {self.path} (no {self.path / 'manifest.json'}); cannot open read-only")
@@ -146,11 +152,16 @@ class EmbeddingStore:
             self.path.mkdir(parents=True, exist_ok=True)
             self._manifest = {"format": FORMAT, "tables": all_tables, "shards": shards, "seed": self.seed,
                               "epoch": self._epoch}
-            write_manifest(self.path, self._manifest)
         else:
             self._manifest = manifest
         self.cold = ColdTier(str(self.path), shards, block_cache_mb, read_only=read_only, sync=sync,
                              memtable_mb=memtable_mb)
+        if not read_only:  # after the shards exist (see the check above)
+            try:
+                write_manifest(self.path, self._manifest)
+            except BaseException:
+                self.cold.close()
+                raise
         self.tables = {n: _Table(n, int(d), self.device, (max_id or {}).get(n)) for n, d in tables.items()}
         self._by_tag = {t.tag: t for t in self.tables.values()}
         if self.host_cache_rows:
