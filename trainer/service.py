@@ -23,7 +23,7 @@ import torch
 from .checkpoint import (STORE, latest_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint,
                          write_checkpoint)
 from .core import TrainerCore
-from .hotset import HotUpdate, budget_rows, make_hot_source
+from .hotset import HotUpdate, SampleHotSource, budget_rows, make_hot_source
 from .snapshots import SnapshotPublisher
 from .step import resolve_device
 from .telemetry import MetricsLog, ProgressLine, PrometheusExporter, Rate
@@ -98,6 +98,10 @@ class TrainerService:
             self.resumed_from = str(ckpt)
             log.info("resumed from %s: %d events, offsets %s", ckpt, self.core.events, self.offsets)
         self.hot = make_hot_source(cfg, bootstrap)
+        if isinstance(self.hot, SampleHotSource):
+            # continue from the checkpoint's set: restarting at 0 made hot_version go backwards and
+            # re-counted and re-migrated a set the restored store already holds
+            self.hot.version = self.core.hot_version
         self.hot_coverage = float("nan")
         self.hit_rate = float("nan")
         self.rows_expired = int(state.get("rows_expired", 0))  # totals carry over a resume, like the events
@@ -126,7 +130,9 @@ class TrainerService:
         kc = self.consumer.consumer
         deadline = time.monotonic() + max(60.0, self.cfg.kafka.max_poll_interval_ms / 1000 * 3)
         while not kc.assignment():
-            if time.monotonic() > deadline or self.stop.is_set():
+            if self.stop.is_set():  # stopped (SIGTERM) before the group assigned anything: run() exits as "stopped"
+                return {}
+            if time.monotonic() > deadline:
                 raise RuntimeError(f"no partitions of {self.cfg.kafka.events_topic!r} assigned to the trainer")
             kc.poll(timeout_ms=200, max_records=1)  # joins the group; anything fetched is re-read after the seek
         tps = sorted(kc.assignment(), key=lambda tp: (tp.topic, tp.partition))
@@ -288,6 +294,8 @@ class TrainerService:
             st = self.store.stats()
         except Exception:
             return self.hit_rate
+        if isinstance(st, dict) and st.get("hot_hits", 0) + st.get("cold_hits", 0) == 0:
+            return self.hit_rate  # no lookup yet: the store's 0.0 would read as "every lookup missed"
         for k in ("hot_hit_rate", "hit_rate"):
             v = st.get(k) if isinstance(st, dict) else getattr(st, k, None)
             if isinstance(v, (int, float)):
