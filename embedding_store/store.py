@@ -606,7 +606,7 @@ class EmbeddingStore:
         epoch = self._epoch + 1
         self.cold.checkpoint(dest)
         hot = {name: t.hot.slot_ids() for name, t in self.tables.items()}
-        np.savez(dest / "hot.npz", **hot)
+        _save_npz(dest / "hot.npz", hot)  # not np.savez(**hot): tables may be named "file"
         write_manifest(dest, {**self._manifest, "epoch": epoch, "hot_capacity_rows": self.hot_capacity_rows})
         self._epoch = epoch
         self._manifest["epoch"] = epoch
@@ -755,6 +755,17 @@ class EmbeddingStore:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _save_npz(path, arrays: dict) -> None:
+    """``np.savez(path, **arrays)`` for any key: savez took a key named ``file`` as its path
+    argument (TypeError) and ``allow_pickle`` as a flag (not saved). Same archive layout."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, a in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
 
 
 def _batch(table: str, ids: np.ndarray, w: np.ndarray) -> "pa.RecordBatch":

@@ -99,3 +99,47 @@ def test_store_with_a_missing_shard_is_refused(tmp_path):
     shutil.rmtree(tmp_path / "ck" / "shard-001")
     with pytest.raises(StoreError, match="shard-001"):
         EmbeddingStore.restore(str(tmp_path / "ck"), path=str(tmp_path / "r"))
+
+
+def test_checkpoint_keeps_the_hot_set_of_tables_named_like_savez_arguments(tmp_path):
+    # np.savez(path, **per_table) took a table named "file" as its path argument (TypeError: every
+    # checkpoint failed) and one named "allow_pickle" as a flag (its hot set silently not saved)
+    names = {"file": DIM, "allow_pickle": DIM}
+    with EmbeddingStore(str(tmp_path / "s"), names, shards=2, hot_capacity_rows=10) as s:
+        s.set_hot({"file": np.arange(3), "allow_pickle": np.arange(4)})
+        s.checkpoint(str(tmp_path / "ck"))
+    with EmbeddingStore.restore(str(tmp_path / "ck"), path=str(tmp_path / "r")) as r:
+        assert r.hot_mask("file", np.arange(5)).tolist() == [True] * 3 + [False] * 2
+        assert r.hot_mask("allow_pickle", np.arange(5)).tolist() == [True] * 4 + [False]
+
+
+def test_served_version_of_a_model_with_a_field_named_file_persists_and_restores(tmp_path):
+    # the version's memory-row ids were saved with np.savez(path, **per_field): a field named
+    # "file" failed every push (UNKNOWN, retried), "allow_pickle" lost its memory rows on restart
+    from conftest import small_config
+    from serving import ServingServer, verify_snapshot
+    from serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
+
+    cfg = small_config(tmp_path, **{"model.fields": [{"name": "file", "cardinality": 500},
+                                                     {"name": "allow_pickle", "cardinality": 500}],
+                                    "serving.hot_rows": 50})
+    trainer = FakeTrainer(cfg, tmp_path)
+    touched = Touched()
+    touched.add(trainer.step(n_rows=40, id_range=500))
+    snap = trainer.snapshot("full", [], touched.rows())
+    events = make_events(cfg, 16, id_range=500)
+    want = trainer.scores(events_to_batch(cfg, events))
+    srv = ServingServer(cfg, device="cpu", port=0)
+    try:
+        v = srv.service.install(snap, verify_snapshot(snap))
+        assert v.memory.rows == 50
+    finally:
+        srv.stop(0.1)
+    srv = ServingServer(cfg, device="cpu", port=0)
+    try:
+        v = srv.service.current
+        assert v is not None and v.version == 1 and v.memory.rows == 50
+        assert np.max(np.abs(v.predict(events_to_batch(cfg, events)) - want)) <= 1e-6
+    finally:
+        srv.stop(0.1)
+        trainer.close()
