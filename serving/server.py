@@ -59,6 +59,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.staging.mkdir(parents=True, exist_ok=True)
         self.versions.mkdir(parents=True, exist_ok=True)
         self._current: ServedVersion | None = None
+        self._closed = False
         self._swap_lock = threading.Lock()
         self._push_lock = threading.Lock()
         self._count_lock = threading.Lock()
@@ -85,7 +86,12 @@ class StreamRecService(pb_grpc.StreamRecServicer):
 
     def _swap(self, new: ServedVersion) -> None:
         with self._swap_lock:
-            old, self._current = self._current, new
+            closed = self._closed
+            if not closed:
+                old, self._current = self._current, new
+        if closed:  # an install that outlived close(): never current; its complete directory is kept for the next start
+            new.retire(keep_dir=True)
+            raise PushError("UNAVAILABLE", f"server is shutting down; version {new.version} is kept for the next start")
         if self.health is not None:
             self.health.set("", health_pb2.HealthCheckResponse.SERVING)
             self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
@@ -95,8 +101,17 @@ class StreamRecService(pb_grpc.StreamRecServicer):
     def install(self, staged: Path, manifest) -> ServedVersion:
         """Load a verified snapshot directory and swap it in (used by PushSnapshot and tests)."""
         with self._push_lock:
+            if self._closed:
+                raise PushError("UNAVAILABLE", "server is shutting down")
             self._precheck(manifest)
-            v = load_version(staged, manifest, self._current, self.versions, self.cfg, self.device)
+            # a reference on the parent while loading: close() may retire it meanwhile, and a delta
+            # copies its store (it was closed under the load, or the load failed)
+            parent = self._acquire()
+            try:
+                v = load_version(staged, manifest, parent, self.versions, self.cfg, self.device)
+            finally:
+                if parent is not None:
+                    parent.release()
             self._swap(v)
             log.info("serving version %d (%s, parent %s, %d rows)", v.version, manifest.kind,
                      manifest.parent_version, v.rows_held)
@@ -114,6 +129,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
     def close(self) -> None:
         """Stop serving; the current version's directory stays for the next start to restore."""
         with self._swap_lock:
+            self._closed = True  # a push still loading is not swapped in after this (see _swap)
             old, self._current = self._current, None
         if old is not None:
             old.retire(keep_dir=True)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -140,6 +141,62 @@ def test_served_version_of_a_model_with_a_field_named_file_persists_and_restores
         v = srv.service.current
         assert v is not None and v.version == 1 and v.memory.rows == 50
         assert np.max(np.abs(v.predict(events_to_batch(cfg, events)) - want)) <= 1e-6
+    finally:
+        srv.stop(0.1)
+        trainer.close()
+
+
+def test_close_during_a_delta_install_neither_breaks_the_parent_nor_leaks_the_new_version(cfg, tmp_path):
+    # close() (ServingServer.stop after its grace) retired and closed the served version while a
+    # delta was being built from its store, and the install then made its version current on the
+    # closed service: never closed (RocksDB LOCK held), or refused because the parent was gone
+    import threading
+
+    from serving import ServingServer, verify_snapshot
+    from serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
+
+    trainer = FakeTrainer(cfg, tmp_path)
+    touched = Touched()
+    touched.add(trainer.step(n_rows=60))
+    full = trainer.snapshot("full", [], touched.rows())
+    changed = trainer.step(n_rows=60)
+    delta = trainer.snapshot("delta", changed)
+    events = make_events(cfg, 16)
+    want = trainer.scores(events_to_batch(cfg, events))
+    srv = ServingServer(cfg, device="cpu", port=0)
+    svc = srv.service
+    v1 = svc.install(full, verify_snapshot(full))
+    result = {}
+
+    def install():
+        try:
+            result["v"] = svc.install(delta, verify_snapshot(delta))
+        except Exception as e:  # noqa: BLE001 - recorded and asserted on below
+            result["err"] = e
+
+    with v1._store_lock:  # the delta's install waits here to copy the parent's store
+        t_install = threading.Thread(target=install)
+        t_install.start()
+        vdir = tmp_path / "serving" / "versions" / "v000000000002"
+        for _ in range(200):  # past its checks: loading (it then blocks on the lock held here)
+            if vdir.exists() or not t_install.is_alive():
+                break
+            time.sleep(0.05)
+        assert vdir.exists(), result
+        t_close = threading.Thread(target=svc.close)
+        t_close.start()
+        t_close.join(2.0)
+    t_install.join(30)
+    t_close.join(30)
+    assert not t_install.is_alive() and not t_close.is_alive()
+    assert svc.current is None, "a version was made current after close()"
+    srv.stop(0.1)
+    srv = ServingServer(cfg, device="cpu", port=0)  # the next start serves the newest complete version
+    try:
+        cur = srv.service.current  # the delta was loaded whole: the next start serves it
+        assert cur is not None and cur.version == 2, result
+        assert np.max(np.abs(cur.predict(events_to_batch(cfg, events)) - want)) <= 1e-6
+        assert "shutting down" in str(result.get("err")), result  # not made current on the closed service
     finally:
         srv.stop(0.1)
         trainer.close()
