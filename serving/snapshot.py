@@ -265,6 +265,15 @@ def iter_rows(snapshot_dir, manifest: Manifest | None = None) -> Iterator[tuple[
     for name in m.row_files:
         try:
             pf = pq.ParquetFile(str(d / name))
+            # the checksums prove only that these are the writer's bytes: a file not in the row schema
+            # raised KeyError/AttributeError below, an UNKNOWN error that pushers retry
+            sch = pf.schema_arrow
+            vt = sch.field("vector").type if "vector" in sch.names else None
+            if ("table" not in sch.names or not pa.types.is_string(sch.field("table").type)
+                    or "id" not in sch.names or sch.field("id").type != pa.int64()
+                    or vt is None or not pa.types.is_fixed_size_list(vt) or vt.value_type != pa.float32()):
+                raise SnapshotError(f"{name}: not in the row schema (table: string, id: int64, "
+                                    f"vector: fixed_size_list<float32>), got {sch}")
             for b in pf.iter_batches(batch_size=65_536):
                 tables = b.column("table").to_numpy(zero_copy_only=False)
                 ids = b.column("id").to_numpy()

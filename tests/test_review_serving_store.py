@@ -200,3 +200,40 @@ def test_close_during_a_delta_install_neither_breaks_the_parent_nor_leaks_the_ne
     finally:
         srv.stop(0.1)
         trainer.close()
+
+
+def test_row_file_with_a_wrong_schema_is_refused_not_unknown(cfg, tmp_path):
+    # a row file whose checksums match but whose columns are not the row schema (no 'vector', or a
+    # variable-size list) raised KeyError/AttributeError out of iter_rows: PushSnapshot answered
+    # UNKNOWN, which pushers retry, instead of refusing the snapshot
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from serving import ServingServer, SnapshotPusher
+    from serving.snapshot import sha256_file
+    from serving_helpers import FakeTrainer, Touched
+
+    trainer = FakeTrainer(cfg, tmp_path)
+    touched = Touched()
+    touched.add(trainer.step(n_rows=20))
+    good = trainer.snapshot("full", [], touched.rows())
+    bad_tables = {
+        "novector": pa.table({"table": ["user"], "id": pa.array([1], pa.int64())}),
+        "varlist": pa.table({"table": ["user"], "id": pa.array([1], pa.int64()),
+                             "vector": pa.array([[0.0] * 8], pa.list_(pa.float32()))}),
+    }
+    with ServingServer(cfg, device="cpu", port=0).start() as srv, SnapshotPusher(srv.target) as p:
+        for name, table in bad_tables.items():
+            d = tmp_path / name
+            shutil.copytree(good, d)
+            rows = sorted(d.glob("rows-*.parquet"))[0]
+            pq.write_table(table, rows)
+            m = json.loads((d / "manifest.json").read_text())
+            m["files"][rows.name] = {"sha256": sha256_file(rows), "bytes": rows.stat().st_size}
+            (d / "manifest.json").write_text(json.dumps(m))
+            r = p.push(d)
+            assert not r.ok and r.code == "DATA_LOSS" and rows.name in r.reason, (name, r)  # as unreadable row files
+        assert p.push(good).ok  # and the server takes the next push
+    trainer.close()
