@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import config_from_args, kafka_bootstrap
-from .config import Config, save_config
+from .config import Config, ConfigError, save_config
 from .procs import Supervisor
 
 log = logging.getLogger("streamrec.demo")
@@ -112,6 +112,8 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     """Point every path of the config into the run directory and fill ports and the token."""
     from ingest import free_port
 
+    if args.events is not None and args.events < 0:  # else every child failed on trainer.max_events
+        raise ConfigError(f"--events must be >= 0, got {args.events}")
     if args.data:
         from ingest.datasets import detect_format, layout_config
 
@@ -372,6 +374,9 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
                 time.sleep(0.5)
             _check_children(sup, errors)
             refresh()
+            if not view.metrics.get("events"):  # no snapshot ever comes: waiting for one ran into --timeout
+                raise DemoFailure(f"the trainer exited with no events trained (produced {view.produced:,}; "
+                                  f"an empty file, or every record dead-lettered to {cfg.kafka.dlq_topic!r}?)")
             view.phase = "waiting for the final snapshot to be served"
             final_version = view.metrics.get("snapshot_version")
             while True:

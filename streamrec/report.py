@@ -32,9 +32,11 @@ def _read_jsonl(path: Path) -> list[dict]:
         return out
     for line in path.read_text(errors="replace").splitlines():
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(rec, dict):  # a stray non-object line made every r.get(...) below raise
+            out.append(rec)
     return out
 
 
@@ -59,12 +61,13 @@ def write_report(run_dir: Path) -> tuple[Path, Path]:
     if not metrics:
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: nothing to report")
     view = _read_jsonl(run_dir / "view.jsonl")
-    t0 = min(r.get("ts", 0) for r in metrics if isinstance(r.get("ts"), (int, float))) if metrics else 0
+    t0 = min((r["ts"] for r in metrics if isinstance(r.get("ts"), (int, float))), default=0)  # none: ValueError
     for r in metrics:
         if isinstance(r.get("ts"), (int, float)):
             r["elapsed_s"] = r["ts"] - t0
     for r in view:
-        r["elapsed_s"] = r.get("t", t0) - t0
+        if isinstance(r.get("t"), (int, float)):  # "t": null raised TypeError
+            r["elapsed_s"] = r["t"] - t0
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ax = axes[0][0]
