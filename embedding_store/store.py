@@ -41,6 +41,8 @@ from typing import Iterator, NamedTuple
 import numpy as np
 import torch
 
+from streamrec.npz import save_npz
+
 from .adagrad import adagrad_rows, adagrad_rows_np
 from .buffers import RowBuffer
 from .cache import SPILL_CHUNK, HostCache
@@ -606,7 +608,7 @@ class EmbeddingStore:
         epoch = self._epoch + 1
         self.cold.checkpoint(dest)
         hot = {name: t.hot.slot_ids() for name, t in self.tables.items()}
-        _save_npz(dest / "hot.npz", hot)  # not np.savez(**hot): tables may be named "file"
+        save_npz(dest / "hot.npz", hot)  # not np.savez(**hot): tables may be named "file"
         write_manifest(dest, {**self._manifest, "epoch": epoch, "hot_capacity_rows": self.hot_capacity_rows})
         self._epoch = epoch
         self._manifest["epoch"] = epoch
@@ -755,17 +757,6 @@ class EmbeddingStore:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _save_npz(path, arrays: dict) -> None:
-    """``np.savez(path, **arrays)`` for any key: savez took a key named ``file`` as its path
-    argument (TypeError) and ``allow_pickle`` as a flag (not saved). Same archive layout."""
-    import zipfile
-
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, a in arrays.items():
-            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
 
 
 def _batch(table: str, ids: np.ndarray, w: np.ndarray) -> "pa.RecordBatch":

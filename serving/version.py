@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from streamrec.config import Config, ConfigError, ModelConfig, load_config
+from streamrec.npz import save_npz
 from trainer import DLRM, predict_batch
 
 from .rows import MemoryRows
@@ -186,24 +187,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _save_npz(path, arrays: dict) -> None:
-    """``np.savez(path, **arrays)`` for any key: savez took a key named ``file`` as its path
-    argument (TypeError) and ``allow_pickle`` as a flag (not saved). Same archive layout."""
-    import zipfile
-
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, a in arrays.items():
-            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
-
-
 def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, rows_held: int) -> None:
     """What a restart needs to serve this version again; ``served.json`` last."""
     from safetensors.torch import save_file
 
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(vdir / DENSE))
     (vdir / MANIFEST).write_bytes(manifest.to_json())
-    _save_npz(vdir / MEMORY_IDS, {f: memory.ids[f] for f in memory.fields})  # not np.savez(**): a field may be named "file"
+    save_npz(vdir / MEMORY_IDS, {f: memory.ids[f] for f in memory.fields})  # not np.savez(**): a field may be named "file"
     info = {"format": 1, "version": manifest.version, "rows_held": int(rows_held),
             "files": {n: _sha256(vdir / n) for n in (DENSE, MANIFEST, MEMORY_IDS)}}
     tmp = vdir / (SERVED + ".tmp")
