@@ -34,7 +34,7 @@ log = logging.getLogger("streamrec.demo")
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("demo", parents=[common], help="run the whole pipeline on one machine and score through gRPC")
     p.add_argument("--events", type=int, default=None,
-                   help="events to stream and train on (default 300000; with --data: the whole file)")
+                   help="events to stream and train on (default 300000; with --data: 0 or none = the whole file)")
     p.add_argument("--rate", type=float, default=5000.0,
                    help="events/s the producer sends, a live stream (default 5000; 0 = as fast as it can)")
     p.add_argument("--data", metavar="FILE",
@@ -114,6 +114,8 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
 
     if args.events is not None and args.events < 0:  # else every child failed on trainer.max_events
         raise ConfigError(f"--events must be >= 0, got {args.events}")
+    if args.events == 0 and not args.data:  # 0 means "the whole file" only when there is a file
+        raise ConfigError("--events 0: generated data needs a positive number of events (leave it out for 300000)")
     if args.data:
         from ingest.datasets import detect_format, layout_config
 

@@ -7,14 +7,18 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from streamrec.cli import main
 from tests.test_demo import _demo_cmd
 
 
-def test_demo_refuses_negative_events(tmp_path, capsys):
+@pytest.mark.parametrize("events", ["-3", "0"])
+def test_demo_refuses_negative_events(tmp_path, capsys, events):
     """--events -3 started the broker and every process, then failed with the sketch's
-    'trainer.max_events: must be >= 0', a key the user never set."""
-    code = main(["demo", "--events", "-3", "--run-dir", str(tmp_path / "run"), "--no-live"])
+    'trainer.max_events: must be >= 0', a key the user never set; --events 0 without
+    --data silently ran the default 300,000 events."""
+    code = main(["demo", "--events", events, "--run-dir", str(tmp_path / "run"), "--no-live"])
     assert code == 2
     assert "--events" in capsys.readouterr().err
 
