@@ -14,12 +14,20 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ingest import Decoder, EventError, EventSchema
 
 from .hotset import EventSample, HotSet, choose_hot_set
 from .popularity import PopularitySketch
 
 log = logging.getLogger(__name__)
+
+# Event times outside [0, wall clock + this] are not counted. One such event used to poison a
+# partition's sketch for good (kept in its snapshots): a time far ahead (e.g. microseconds sent as
+# milliseconds) moved the decay reference there, so every count was scaled to 0 and every later event
+# weighed 0; int64's minimum overflowed ``ts - t0`` to a weight of inf.
+MAX_FUTURE_MS = 24 * 3600 * 1000
 
 
 @dataclass
@@ -28,6 +36,7 @@ class WorkerStats:
     events: int = 0  # events counted
     bad_records: int = 0  # malformed records skipped
     skipped: int = 0  # records already in a snapshot (redelivered after a restart)
+    bad_times: int = 0  # events not counted because their time is before 1970 or too far ahead (MAX_FUTURE_MS)
 
 
 class SketchState:
@@ -97,6 +106,16 @@ class SketchState:
             self.stats.bad_records += 1
             log.warning("skipping malformed record p%d@%d (the dead-letter path owns it): %s", partition, offset, e)
             return False
+        ts = np.asarray(batch.ts, dtype=np.int64)
+        ok = (ts >= 0) & (ts <= int(time.time() * 1000) + MAX_FUTURE_MS)
+        if not ok.all():
+            self.stats.bad_times += int(len(ok) - ok.sum())
+            log.warning("p%d@%d: %d of %d events have an event time out of range (e.g. %d ms) and are not counted",
+                        partition, offset, len(ok) - ok.sum(), len(ok), int(ts[~ok][0]))
+            if not ok.any():
+                self.stats.bad_records += 1
+                return False
+            batch = batch.take(np.flatnonzero(ok))
         self.sketches[partition].update_batch(batch)
         self.sample.offer(batch)
         self.stats.records += 1
