@@ -89,16 +89,27 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None):
         for e in evs:
             e.ack()
 
+    def restore(p: int, why: str) -> None:
+        blob = table.get(b"p%d" % p)
+        log.info("partition %d: %s, snapshot %s", p, why, f"{len(blob)} bytes" if blob else "none")
+        state.restore(p, blob)
+        last_ckpt[p] = time.monotonic()
+
+    @app.on_rebalance_complete.connect
+    async def on_rebalance_complete(sender, **kwargs):
+        # take every assigned partition's snapshot now (the table is recovered by then), not only when its
+        # next record arrives: a restarted worker published hot sets chosen from the partitions that had
+        # new records only, and nothing at all while the stream was quiet
+        for tp in app.consumer.assignment():
+            if tp.topic == cfg.kafka.events_topic and not state.has(tp.partition):
+                restore(tp.partition, "assigned")
+
     @app.agent(events, name="sketch-count")
     async def count(stream):
         async for ev in stream.noack().events():
             p = ev.message.partition
             if not state.has(p):
-                blob = table.get(b"p%d" % p)
-                log.info("partition %d: first record at offset %d, snapshot %s", p, ev.message.offset,
-                         f"{len(blob)} bytes" if blob else "none")
-                state.restore(p, blob)
-                last_ckpt[p] = time.monotonic()
+                restore(p, f"first record at offset {ev.message.offset}")
             state.apply(p, ev.message.offset, ev.value)
             pending.setdefault(p, []).append(ev)
             if time.monotonic() - last_ckpt[p] >= interval:

@@ -49,3 +49,51 @@ def test_an_arrow_record_keeps_its_good_events_when_one_time_is_off(tmp_path):
     assert st.apply(0, 0, encode_arrow(batch, EventSchema.from_config(cfg))) is True
     assert st.stats.events == 99 and st.stats.bad_times == 1 and st.stats.bad_records == 0
     assert st.merged().events == 99 and st.merged().now_ms == int(np.delete(batch.ts, 3).max())
+
+
+def test_a_restarted_worker_publishes_every_partitions_restored_counts(topics, bootstrap, tmp_path):
+    """Snapshots were restored only when a partition's next record arrived: after a restart the published
+    hot set was chosen from the partitions that had new records only (none at all: nothing published)."""
+    import signal
+
+    from ingest import encode_json, make_producer
+    from sketch import HotSetFollower
+    from tests.test_sketch_e2e import produce, start_worker, stop, write_config
+
+    cfg = topics
+    cfg.sketch.publish_interval_s = 1.0
+    cfg.sketch.checkpoint_interval_s = 0.5
+    cfg.sketch.half_life_s = 1e7
+    cfg.generator.events_per_s = 100_000.0
+    config = write_config(cfg, tmp_path / "sketch.toml")
+    log = tmp_path / "worker.log"
+    n1 = 8_000
+    produce(cfg, bootstrap, 0, n1)
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
+    proc = start_worker(config, bootstrap, log)
+    try:
+        hs1 = follower.wait_for(1, timeout=60, predicate=lambda h: h.events == n1)
+        assert hs1 is not None, f"no hot set covering {n1} events; worker log:\n{log.read_text()[-3000:]}"
+        time.sleep(6 * cfg.sketch.checkpoint_interval_s)  # every partition's snapshot is in the table
+        proc.kill()
+        proc.wait(10)
+        time.sleep(1.0)
+        before = follower.latest().version  # the last set the killed worker published
+        # after the restart only partition 0 gets new records
+        p = make_producer(bootstrap)
+        for i in range(5):
+            p.send(cfg.kafka.events_topic, encode_json({"ts": 1_700_000_000_000 + i, "label": 1, "dense": [0, 0, 0],
+                                                        "sparse": {"user": 1, "item": 1, "tags": [1]}}), partition=0)
+        p.flush()
+        p.close()
+        proc = start_worker(config, bootstrap, log)
+        hs2 = follower.wait_for(before + 1, timeout=60)
+        assert hs2 is not None, f"no hot set after the restart; worker log:\n{log.read_text()[-3000:]}"
+        assert hs2.events >= n1, f"hot set v{hs2.version} after the restart counts {hs2.events} events, not {n1}+"
+        hs3 = follower.wait_for(1, timeout=30, predicate=lambda h: h.events == n1 + 5)
+        assert hs3 is not None, f"latest {follower.latest().events} events; log:\n{log.read_text()[-3000:]}"
+        assert log.read_text().count("resumed") == cfg.kafka.partitions
+    finally:
+        exited = stop(proc, signal.SIGTERM)
+        follower.close()
+    assert exited, "worker ignored SIGTERM"
