@@ -75,7 +75,9 @@ class HotSet:
                           hit_rate=float(head["hit_rate"]), window_start_ms=int(head["window_start_ms"]),
                           window_end_ms=int(head["window_end_ms"]), created_ms=int(head["created_ms"]),
                           threshold=float(head.get("threshold", 0.0)), events=int(head.get("events", 0)))
-        except (struct.error, json.JSONDecodeError, KeyError, TypeError) as e:
+        # OverflowError: 1e999 in the JSON head is inf and int(inf) overflows; escaping from here it killed
+        # HotSetFollower's thread (the trainer kept its hot set for good) and raised out of latest_hotset
+        except (struct.error, json.JSONDecodeError, KeyError, TypeError, OverflowError) as e:
             raise ValueError(f"corrupt HotSet bytes: {e}") from None
 
     def keys(self) -> np.ndarray:

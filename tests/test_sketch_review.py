@@ -97,3 +97,29 @@ def test_a_restarted_worker_publishes_every_partitions_restored_counts(topics, b
         exited = stop(proc, signal.SIGTERM)
         follower.close()
     assert exited, "worker ignored SIGTERM"
+
+
+def test_follower_survives_a_hot_set_record_with_an_out_of_range_number(topics, bootstrap):
+    """HotSet.from_bytes let OverflowError out (JSON 1e999 is inf, int(inf) overflows): the follower's thread
+    died on such a record (the trainer kept its hot set for good) and latest_hotset raised."""
+    import struct
+
+    from ingest import make_producer
+    from sketch import HotSet, HotSetFollower, latest_hotset
+
+    topic = topics.kafka.hotset_topic
+    head = b'{"version": 1e999, "coverage": 0, "hit_rate": 0, "window_start_ms": 0, "window_end_ms": 0, ' \
+           b'"created_ms": 0, "tables": []}'
+    bad = b"SRHS1" + struct.pack("<I", len(head)) + head
+    good = HotSet(version=1, tables={"user": np.array([5])}, coverage=0.5, hit_rate=0.5).to_bytes()
+    p = make_producer(bootstrap)
+    p.send(topic, bad, key=b"hot-set")
+    p.flush()
+    assert latest_hotset(bootstrap, topic, timeout=5) is None
+    with HotSetFollower(bootstrap, topic) as f:
+        p.send(topic, good, key=b"hot-set")
+        p.flush()
+        hs = f.wait_for(1, timeout=15)
+        assert hs is not None and hs.tables["user"].tolist() == [5]
+        assert f.bad_records == 1
+    p.close()
