@@ -339,6 +339,17 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("delta", "must be in (0, 1)")
         if obj.half_life_s <= 0:
             bad("half_life_s", "must be > 0")
+        if obj.top_k < 1:
+            bad("top_k", "must be >= 1")
+        for key in ("publish_interval_s", "checkpoint_interval_s"):  # 0 would publish/snapshot on every record
+            if getattr(obj, key) <= 0:
+                bad(key, "must be > 0")
+        if not 0 < obj.change_fraction <= 1:
+            bad("change_fraction", "must be in (0, 1]")
+        if obj.sample_events < 0:
+            bad("sample_events", "must be >= 0")
+        if not 0 <= obj.sample_rate <= 1:
+            bad("sample_rate", "must be in [0, 1]")
     elif isinstance(obj, GeneratorConfig):
         if obj.label_noise <= 0:
             bad("label_noise", "must be > 0")
