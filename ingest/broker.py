@@ -91,7 +91,11 @@ def ensure_topics(bootstrap: str, topics: Iterable[TopicSpec], timeout: float = 
         for t in topics:
             if t.name in existing:
                 continue
-            configs = {"cleanup.policy": "compact"} if t.compacted else {}
+            # compacted (the hot-set topic): roll segments every 10 min so compaction can drop old
+            # versions; with the 1 GB default segment every version stays, and a starting trainer
+            # or sketch worker reads them all
+            configs = {"cleanup.policy": "compact", "segment.ms": "600000",
+                       "min.cleanable.dirty.ratio": "0.1"} if t.compacted else {}
             new.append(NewTopic(t.name, num_partitions=t.partitions, replication_factor=1, topic_configs=configs))
         if new:
             try:
