@@ -251,11 +251,11 @@ class EventConsumer:
         log.warning("dead letter %s:%d@%d: %s", rec.topic, rec.partition, rec.offset, reason)
         if self._dlq is None:
             return
+        source = f"{rec.topic}:{rec.partition}:{rec.offset}"
         headers = [
             (REASON_HEADER, reason.encode("utf-8")),
-            (SOURCE_HEADER, f"{rec.topic}:{rec.partition}:{rec.offset}".encode()),
+            (SOURCE_HEADER, source.encode()),
         ] + [(k, v) for k, v in (rec.headers or []) if k not in (REASON_HEADER, SOURCE_HEADER)]
-        source = f"{rec.topic}:{rec.partition}:{rec.offset}"
         try:
             sent = self._dlq.send(self.dlq_topic, rec.value if rec.value is not None else b"", key=rec.key,
                                   headers=headers)

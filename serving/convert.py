@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ingest import EventBatch, JaggedIds, hash_id
+from ingest.events import INT64_MAX, INT64_MIN
 
 from .pb import pb
 
@@ -26,7 +27,7 @@ def _event_parts(ev: Any, where: str) -> tuple[int, list, dict]:
     if not isinstance(ev, Mapping):
         raise RequestError(f"{where}: must be an object, got {type(ev).__name__}")
     ts = ev.get("ts", 0) or 0
-    if type(ts) is not int or not -(2**63) <= ts < 2**63:
+    if type(ts) is not int or not INT64_MIN <= ts <= INT64_MAX:
         raise RequestError(f"{where}.ts: must be an integer (ms since epoch), got {ts!r}")
     dense = ev.get("dense") or []
     if not isinstance(dense, list):
@@ -83,10 +84,13 @@ def events_to_request(events: Iterable[Mapping[str, Any]], columns: bool = True)
     dense: list[float] = []
     rids: list[str] = []
     cols: dict[str, tuple[list[int], list[int]]] = {}
+    width = 0
     for i, ev in enumerate(events):
         _, d, sparse = _event_parts(ev, f"events[{i}]")
-        if len(d) != len(events[0].get("dense") or []):  # else values shift into the next event unnoticed
-            raise RequestError(f"events[{i}].dense: {len(d)} values, events[0] has {len(events[0].get('dense') or [])}")
+        if i == 0:
+            width = len(d)
+        elif len(d) != width:  # else values shift into the next event unnoticed
+            raise RequestError(f"events[{i}].dense: {len(d)} values, events[0] has {width}")
         dense.extend(d)
         rids.append(str(ev.get("request_id") or ""))
         for name, v in sparse.items():

@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from ingest.events import INT64_MAX, INT64_MIN
+
 FORMAT = 1
 MANIFEST = "manifest.json"
 DENSE = "dense.safetensors"
@@ -83,7 +85,7 @@ class Manifest:
             raise SnapshotError(f"manifest.{key}: {msg}")
 
         def int64(v: Any) -> bool:
-            return type(v) is int and -(2**63) <= v < 2**63
+            return type(v) is int and INT64_MIN <= v <= INT64_MAX
 
         # every value is type-checked: a wrong type was either an UNKNOWN error (which pushers retry)
         # or got installed and then broke every Status call (protobuf refused it there)

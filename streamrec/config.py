@@ -189,8 +189,12 @@ class Config:
 
     def push_targets(self) -> list[str]:
         """Where the trainer pushes snapshots: ``serving.push_targets`` (deduplicated), else ``serving_target()``."""
-        targets = [t.strip() for t in self.serving.push_targets.split(",") if t.strip()]
-        return list(dict.fromkeys(targets)) or [self.serving_target()]
+        return list(dict.fromkeys(_split_targets(self.serving.push_targets))) or [self.serving_target()]
+
+
+def _split_targets(value: str) -> list[str]:
+    """The non-empty entries of a comma-separated ``host:port`` list."""
+    return [t for t in (t.strip() for t in value.split(",")) if t]
 
 
 ENV_PREFIX = "STREAMREC_"
@@ -387,9 +391,9 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("max_batch", "must be >= 1")
         if obj.max_message_mb < 1:
             bad("max_message_mb", "must be >= 1")
-        for t in (t.strip() for t in obj.push_targets.split(",")):
+        for t in _split_targets(obj.push_targets):
             host, _, port = t.rpartition(":")
-            if t and not (host and port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
+            if not (host and port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
                 bad("push_targets", f"{t!r} is not host:port (comma-separate several replicas)")
 
 
