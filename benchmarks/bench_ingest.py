@@ -2,7 +2,7 @@
 
 For each codec the same synthetic events are encoded and produced into a fresh
 topic on an embedded broker (timed: the produce rate), then consumed by
-:class:`ingest.EventConsumer` into decoded, validated mini-batches (timed: the
+:class:`streamrec.ingest.EventConsumer` into decoded, validated mini-batches (timed: the
 codec's events/s). The baseline, measured in the same run on the same topic, is
 a consumer with the same fetch settings that only pulls the record bytes
 (``raw_events_per_s``: events those bytes hold per second). Also printed: the
@@ -18,11 +18,10 @@ import sys
 import time
 import uuid
 
-import numpy as np
 
 
 def _consume_decoded(bootstrap, cfg, topic, n_events, timeout):
-    from ingest import EventConsumer
+    from streamrec.ingest import EventConsumer
 
     c = EventConsumer(bootstrap, cfg, f"bench-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
     try:
@@ -42,7 +41,7 @@ def _consume_decoded(bootstrap, cfg, topic, n_events, timeout):
 
 
 def _consume_raw(bootstrap, cfg, topic, n_records, timeout):
-    from ingest import EventConsumer
+    from streamrec.ingest import EventConsumer
 
     c = EventConsumer(bootstrap, cfg, f"bench-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
     try:
@@ -62,9 +61,9 @@ def _consume_raw(bootstrap, cfg, topic, n_records, timeout):
 
 
 def _run_codec(bootstrap, cfg, codec, batches, repeats, timeout):
-    from ingest import Decoder, EventProducer, EventSchema, ensure_topics
-    from ingest.broker import TopicSpec
-    from ingest.codec import encode_messages
+    from streamrec.ingest import Decoder, EventProducer, EventSchema, ensure_topics
+    from streamrec.ingest.broker import TopicSpec
+    from streamrec.ingest.codec import encode_messages
 
     schema = EventSchema.from_config(cfg)
     n = sum(len(b) for b in batches)
@@ -115,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bootstrap", help="use this Kafka cluster instead of an embedded broker")
     args = ap.parse_args(argv)
 
-    from ingest import EmbeddedBroker, SyntheticStream
-    from streamrec.config import load_config
+    from streamrec.ingest import EmbeddedBroker, SyntheticStream
+    from streamrec.foundation import load_config
 
     n_arrow = args.arrow_events or (400_000 if args.quick else 2_000_000)
     n_json = args.json_events or (40_000 if args.quick else 200_000)

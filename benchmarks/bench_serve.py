@@ -45,8 +45,8 @@ def _cpu(p) -> float:
 
 
 def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0):
-    from embedding_store import EmbeddingStore
-    from trainer import DLRM
+    from streamrec.embedding_store import EmbeddingStore
+    from streamrec.model import DLRM
 
     model = DLRM.from_config(cfg.model).eval()
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / "trainer-store"))
@@ -63,12 +63,13 @@ def main(argv: list[str]) -> int:
 
     import grpc
 
-    from benchmarks import grpc_floor
-    from ingest import SyntheticStream
-    from serving import ServingClient, SnapshotPusher, events_to_request, rows_batch, write_snapshot
-    from serving.pb import pb
-    from streamrec.config import load_config
-    from trainer import embed_batch, predict_batch
+    from streamrec.benchmarks import grpc_floor
+    from streamrec.ingest import SyntheticStream
+    from streamrec.snapshot import rows_batch, write_snapshot
+    from streamrec.serving import ServingClient, SnapshotPusher, events_to_request
+    from streamrec.serving.pb import pb
+    from streamrec.foundation import load_config
+    from streamrec.model import embed_batch, predict_batch
 
     quick = args.quick
     cell_s = args.seconds or (1.2 if quick else 4.0)
@@ -129,8 +130,8 @@ def main(argv: list[str]) -> int:
     size_mb = sum(p.stat().st_size for p in snap1.iterdir()) / 1e6
 
     # the serving path in-process: the served version's lookup + forward, no gRPC
-    from serving import verify_snapshot
-    from serving.version import load_version
+    from streamrec.snapshot import verify_snapshot
+    from streamrec.serving.version import load_version
 
     served = load_version(snap1, verify_snapshot(snap1), None, tmp / "inproc-versions", cfg, dev)
     for b in batches:
@@ -147,7 +148,7 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving"), STREAMREC_SERVING__PUSH_TOKEN="bench",
                STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")  # a handler thread per client at 16 clients
     # (best measured, 2026-11-22: 16 workers 647 req/s at b512 x 16 clients against 540-592 with 2, 4 or 8)
-    proc = subprocess.Popen([sys.executable, "-m", "streamrec.cli", "serve", "--port", "0", "--device", "cpu",
+    proc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", "cpu",
                              "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)
     try:

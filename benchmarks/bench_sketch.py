@@ -38,7 +38,7 @@ import numpy as np
 
 
 def _batches(cfg, n_events: int):
-    from ingest import SyntheticStream
+    from streamrec.ingest import SyntheticStream
 
     s = SyntheticStream(cfg)
     s.chunk = 8192
@@ -86,8 +86,8 @@ def _per_event_rate(batches, max_events: int) -> float:
 
 
 def run(n_events: int, cfg) -> dict:
-    from sketch import PopularitySketch
-    from sketch.kernels import warm as warm_kernels
+    from streamrec.sketch import PopularitySketch
+    from streamrec.sketch.kernels import warm as warm_kernels
 
     jit_warm_s = warm_kernels()  # compile / cache load, once per process: not throughput
     batches = _batches(cfg, n_events)
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=0, help="events to count (overrides --quick)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args(argv or [])
-    from streamrec.config import load_config
+    from streamrec.foundation import load_config
 
     cfg = load_config(None, {}, env={})
     n = args.events or (300_000 if args.quick else 2_000_000)

@@ -41,7 +41,7 @@ _A = 2_654_435_761  # odd multiplier: rank -> row is a bijection on [0, N) scatt
 
 
 def _id_stream(n_ids: int, batches: int, seed: int = 1):
-    from ingest.synthetic import zipf_ranks  # ingest's package imports are lazy: no Kafka or pyarrow here
+    from streamrec.ingest.synthetic import zipf_ranks  # ingest's package imports are lazy: no Kafka or pyarrow here
 
     rng = np.random.default_rng(seed)
     for _ in range(batches):
@@ -105,7 +105,7 @@ def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str, cache_
             opt.step()
         store = None
     else:
-        from embedding_store import EmbeddingStore
+        from streamrec.embedding_store import EmbeddingStore
 
         hot = n_ids // 100 if setup == "tiered" else 0
         cache = int(n_ids * cache_pct / 100) if setup == "tiered" else 0

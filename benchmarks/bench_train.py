@@ -42,13 +42,13 @@ CRITEO = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 835
 
 
 def bench_config(root: str, ids: int, batch: int, setup: str, extra: dict | None = None):
-    from streamrec.config import load_config
+    from streamrec.foundation import load_config
 
     scale = ids / sum(CRITEO)
     fields = [{"name": f"c{i:02d}", "cardinality": max(2, round(c * scale)), "zipf": 1.2}
               for i, c in enumerate(CRITEO)]
     over = {
-        "model.fields": fields, "model.dense_dim": 13, "model.embedding_dim": 16,
+        "model.fields": [{"name": f["name"]} for f in fields], "generator.fields": fields, "model.dense_dim": 13, "model.embedding_dim": 16,
         "model.bottom_mlp": [512, 256, 64, 16], "model.top_mlp": [512, 256],
         "store.path": os.path.join(root, "store"), "store.shards": 4,
         "trainer.batch_size": batch, "trainer.window_batches": 4, "trainer.device": "cpu",
@@ -71,10 +71,10 @@ class LazyVocab:
     set-up does not hold all fields' id lists at once."""
 
     def __init__(self, cfg):
-        self.card = {f.name: f.cardinality for f in cfg.model.fields}
+        self.card = {f.name: cfg.generator.field(f.name).cardinality for f in cfg.model.fields}
 
     def __getitem__(self, field: str):
-        from ingest.synthetic import rank_to_id
+        from streamrec.ingest.synthetic import rank_to_id
 
         return rank_to_id(field, np.arange(self.card[field]))
 
@@ -82,7 +82,7 @@ class LazyVocab:
 def windows_of(stream, events: int, window: int, dense_dim: int, fields):
     """Consecutive windows of ``window`` events, generated on demand (the benchmark holds one
     window at a time, like the trainer polling Kafka, so RSS is the training path's)."""
-    from ingest import EventBatch
+    from streamrec.ingest import EventBatch
 
     buf, n = [], 0
     for b in stream.batches(events):
@@ -101,7 +101,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
             profile: str | None = None, sets: dict | None = None) -> dict:
     import torch
 
-    from ingest import SyntheticStream
+    from streamrec.ingest import SyntheticStream
 
     torch.set_num_threads(threads)
     root = tempfile.mkdtemp(prefix=f"bench-train-{setup}-")
@@ -117,8 +117,8 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
     t0 = time.perf_counter()
     extra = {}
     if setup == "memory":
-        from trainer.metrics import StreamingMetrics
-        from trainer.reference import MemoryDLRM
+        from streamrec.trainer.metrics import StreamingMetrics
+        from streamrec.trainer.reference import MemoryDLRM
 
         model = MemoryDLRM(cfg, LazyVocab(cfg))
         metrics = StreamingMetrics(cfg.trainer.metrics_window)
@@ -131,9 +131,10 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
                 metrics.update(mb.labels, model.train_batch(mb))
         predict = model.predict
     else:
-        from embedding_store import EmbeddingStore
-        from trainer.core import TrainerCore
-        from trainer.hotset import SampleHotSource, budget_rows
+        from streamrec.embedding_store import EmbeddingStore
+        from streamrec.trainer.core import TrainerCore
+        from streamrec.foundation import hot_budget_rows
+        from streamrec.trainer.hotset import SampleHotSource
 
         store = EmbeddingStore.from_config(cfg, "cpu")
         core = TrainerCore(cfg, store, torch.device("cpu"))
@@ -141,7 +142,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
         extra["host_cache_rows"] = cfg.store.host_cache_rows
         if setup == "fae":
             # FAE: hot rows from a sample of the stream (the first `sample` events), not a full pass
-            src = SampleHotSource(fields, budget_rows(cfg), sample_events=sample)
+            src = SampleHotSource(fields, hot_budget_rows(cfg), sample_events=sample)
             for w in first:
                 src.observe(w)
             upd = src.poll()
@@ -188,7 +189,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
         timed += len(w)
     if prof is not None:
         prof.dump_stats(profile)
-    from ingest import EventBatch, roc_auc
+    from streamrec.foundation import EventBatch, roc_auc
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # training's peak, before evaluation
     hb = EventBatch.concat(held, cfg.model.dense_dim, fields)
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     res = {}
     for setup in args.setups.split(","):
-        cmd = [sys.executable, "-m", "benchmarks.bench_train", "--run-one", setup, "--events", str(events),
+        cmd = [sys.executable, "-m", "streamrec.benchmarks.bench_train", "--run-one", setup, "--events", str(events),
                "--ids", str(ids), "--batch", str(args.batch), "--threads", str(args.threads)]
         cmd += [a for kv in args.set for a in ("--set", kv)]
         proc = subprocess.run(cmd, capture_output=True, text=True)

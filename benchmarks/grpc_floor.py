@@ -6,11 +6,11 @@ Why: it splits ``bench serve``'s gap into what any unary call costs on this mach
 (server + client, same cores) and what Predict's own work adds.
 
 ``payload`` is the same sync server answering a raw-bytes method with a fixed reply of
-``N`` bytes (``python -m benchmarks.grpc_floor payload N``), called with pre-serialized
+``N`` bytes (``python -m streamrec.benchmarks.grpc_floor payload N``), called with pre-serialized
 request bytes: the transport of a real Predict's bytes both ways, with no protobuf
 decoding and no work on either side.
 
-Server: ``python -m benchmarks.grpc_floor sync|aio|payload [N]`` prints ``host:port`` and
+Server: ``python -m streamrec.benchmarks.grpc_floor sync|aio|payload [N]`` prints ``host:port`` and
 serves until killed (stdin closed or SIGTERM).
 """
 
@@ -77,7 +77,7 @@ def _serve_aio() -> None:
 
 def start(kind: str, *args: str) -> tuple[subprocess.Popen, str]:
     """A floor server of ``kind`` (sync | aio | payload N) in its own process, and its target."""
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.grpc_floor", kind, *args], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "streamrec.benchmarks.grpc_floor", kind, *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     target = proc.stdout.readline().strip()
     if not target:

@@ -5,7 +5,7 @@ about one core however many handler threads it has. This measures what running
 several replicas on one host buys (clients split evenly across them, as a gRPC load
 balancer would), against the bare in-process forward measured in the same run.
 
-    .venv/bin/python -m benchmarks.serve_replicas [--replicas 2] [--clients 16] [--seconds 5] [--rounds 2]
+    .venv/bin/python -m streamrec.benchmarks.serve_replicas [--replicas 2] [--clients 16] [--seconds 5] [--rounds 2]
 
 Each replica gets its own data directory and its own push of the same full snapshot.
 """
@@ -25,17 +25,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.bench_serve import build_state
+from streamrec.benchmarks.bench_serve import build_state
 
 BATCH = 512
 
 
 def _start(tmp: Path, i: int, snap: Path) -> tuple[subprocess.Popen, str]:
-    from serving import SnapshotPusher
+    from streamrec.serving import SnapshotPusher
 
     env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(tmp / f"serving-{i}"), STREAMREC_SERVING__PUSH_TOKEN="bench",
                STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "streamrec.cli", "serve", "--port", "0", "--device", "cpu",
+    proc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", "cpu",
                              "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)
     target = proc.stdout.readline().strip()
@@ -51,7 +51,7 @@ def _start(tmp: Path, i: int, snap: Path) -> tuple[subprocess.Popen, str]:
 
 def _load(targets: list[str], request, clients: int, seconds: float) -> float:
     """Predict calls/s of ``clients`` threads, client i on ``targets[i % len(targets)]``."""
-    from serving import ServingClient
+    from streamrec.serving import ServingClient
 
     counts = [0] * clients
     stop = threading.Event()
@@ -77,17 +77,18 @@ def _load(targets: list[str], request, clients: int, seconds: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.serve_replicas", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m streamrec.benchmarks.serve_replicas", description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2, help="alternate one / several replicas this many times")
     args = ap.parse_args(argv)
 
-    from ingest import SyntheticStream
-    from serving import events_to_request, write_snapshot
-    from streamrec.config import load_config
-    from trainer import embed_batch
+    from streamrec.ingest import SyntheticStream
+    from streamrec.snapshot import write_snapshot
+    from streamrec.serving import events_to_request
+    from streamrec.foundation import load_config
+    from streamrec.model import embed_batch
 
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="bench-replicas-"))

@@ -1,6 +1,6 @@
 """Host cache: a bounded, write-back cache of recently used cold rows of one table.
 
-Sits between the device hot tier and RocksDB (DESIGN.md, Tiers). While a row is in
+Sits between the device hot tier and RocksDB (one owner tier per row at a time). While a row is in
 the cache the cache *owns* it: updates change the cached record and mark it dirty;
 RocksDB sees the row again only when it is evicted or flushed (``checkpoint``,
 ``flush``, ``close``). That turns "one RocksDB read + one write per cold row per

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rows import splitmix64
+from streamrec.foundation import splitmix64
 
 _TAG_MIX = np.uint64(0xD6E8FEB86659FD93)
 _EMPTY = np.empty(0, dtype=np.uint32)

@@ -8,30 +8,16 @@ path must not run Python per id.
 from __future__ import annotations
 
 import numpy as np
-import xxhash
 
-_GOLD = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+from streamrec.foundation import salted_mix, splitmix64, table_salt
+
+__all__ = ["splitmix64", "table_salt"]  # re-exported for the store's own modules
+
+_GOLD = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment: init_rows' counter step per element
 
 _INIT_CHUNK = 8192  # rows per init_rows pass: a big promotion would otherwise peak at ~500 B/row
 KEY_BYTES = 13  # 4-byte table tag + 8-byte id (big-endian) + 0x01 terminator
 _KEY_DTYPE = np.dtype([("tag", ">u4"), ("id", ">i8"), ("end", "u1")])
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """Vectorised splitmix64 finaliser: a bijective scramble of uint64 (counter-based RNG)."""
-    x = np.asarray(x)
-    # int64 -> uint64 keeps the bits: a view, no copy (the sum below makes the one copy)
-    x = x.view(np.uint64) if x.dtype == np.int64 else x.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        z = x + _GOLD
-        z ^= z >> np.uint64(30)  # in place: one temporary per line instead of three
-        z *= _M1
-        z ^= z >> np.uint64(27)
-        z *= _M2
-        z ^= z >> np.uint64(31)
-        return z
 
 
 def unique_sorted(a: np.ndarray) -> np.ndarray:
@@ -45,11 +31,6 @@ def unique_sorted(a: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
-
-
-def table_salt(name: str) -> int:
-    """Stable 64-bit salt of a table name (same in every process and run)."""
-    return xxhash.xxh64_intdigest(name.encode())
 
 
 def table_tag(name: str) -> int:
@@ -78,7 +59,7 @@ def decode_keys(keys: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 
 def shard_of(salt: int, ids: np.ndarray, shards: int) -> np.ndarray:
     """Shard index per id: a stable hash of (table, id) — no per-id Python."""
-    return (splitmix64(ids.astype(np.uint64) ^ np.uint64(salt)) % np.uint64(shards)).astype(np.int64)
+    return (salted_mix(salt, ids) % np.uint64(shards)).astype(np.int64)
 
 
 def record_dtype(dim: int) -> np.dtype:

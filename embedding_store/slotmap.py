@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rows import splitmix64
+from streamrec.foundation import splitmix64
 
 _EMPTY, _DELETED = -1, -2
 

@@ -19,7 +19,7 @@ back (a clean reopen of the live directory loses no update, only the hot set);
   last checkpoint that were still dirty in the cache are lost, and the live directory
   holds each row at some acknowledged value no older than that checkpoint (write-backs
   are per-row atomic but not a prefix); resume with ``restore(last checkpoint)`` and
-  replay from its Kafka offsets — DESIGN.md's offsets-and-durability contract. This is
+  replay from its Kafka offsets (the trainer's checkpoint contract, ARCHITECTURE.md). This is
   the price of writing a cold row to RocksDB once per eviction instead of once per batch;
 - host cache off (``host_cache_rows=0``, serving's stores): every write goes straight
   to RocksDB, so the live directory reopens at a prefix of acknowledged writes (WAL +
@@ -30,9 +30,7 @@ Not thread-safe: call it from one thread (the prefetcher is internal).
 
 from __future__ import annotations
 
-import os
 import shutil
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,7 +39,7 @@ from typing import Iterator, NamedTuple
 import numpy as np
 import torch
 
-from streamrec.npz import save_npz
+from streamrec.foundation import hot_budget_rows, resolve_device, save_npz
 
 from .adagrad import adagrad_rows, adagrad_rows_np
 from .buffers import RowBuffer
@@ -53,12 +51,6 @@ from .rows import (decode_keys, gather, init_rows, record_dtype, scatter, table_
                    unpack_records)
 
 _MAX_BUFFERS = 3  # per table: the last read batch + up to two prefetched batches
-
-
-def resolve_device(device) -> torch.device:
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 class _Table:
@@ -182,9 +174,7 @@ class EmbeddingStore:
     def from_config(cls, cfg, device, path: str | None = None, read_only: bool = False) -> "EmbeddingStore":
         dim = cfg.model.embedding_dim
         tables = {f.name: dim for f in cfg.model.fields}
-        cap = cfg.hot.budget_rows
-        if cfg.hot.budget_bytes > 0:
-            cap = cfg.hot.budget_bytes // (4 * (dim + 1))
+        cap = hot_budget_rows(cfg)
         s = cfg.store
         return cls(path or s.path, tables, shards=s.shards, seed=cfg.model.seed, device=device,
                    hot_capacity_rows=cap, lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=s.init_scale,

@@ -1,9 +1,11 @@
-"""Event ingest: the event contract, wire codecs, Kafka I/O with dead letters,
-the embedded broker, dataset replay and the synthetic stream."""
+"""Event ingest: wire codecs, Kafka I/O with dead letters, the embedded broker,
+dataset replay and the synthetic stream. The event contract itself
+(``EventBatch``, ``EventSchema``, ...) lives in :mod:`streamrec.foundation`; it is
+re-exported here because every producer of events needs it."""
 
 from typing import TYPE_CHECKING
 
-from streamrec.lazy import lazy_exports
+from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .broker import BrokerError, EmbeddedBroker, TopicSpec, ensure_topics, free_port, pipeline_topics, wait_for_broker
@@ -12,21 +14,21 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
         DatasetError, avazu_config, criteo_config, detect_format, layout_config, layout_toml, read_events, read_file,
         write_events,
     )
-    from .events import EventBatch, EventError, EventSchema, JaggedIds, hash_id, hash_ids
+    from streamrec.foundation import EventBatch, EventError, EventSchema, JaggedIds, hash_id, hash_ids
     from .kafka_io import (
         REASON_HEADER, SOURCE_HEADER, ConsumerStats, DeadLetterError, EventConsumer, EventProducer, ProduceError,
         make_producer, read_topic,
     )
-    from .synthetic import SyntheticStream, roc_auc
+    from .synthetic import SyntheticStream
 
 _EXPORTS = {  # submodule: the public names it defines
     ".broker": "BrokerError EmbeddedBroker TopicSpec ensure_topics free_port pipeline_topics wait_for_broker",
     ".codec": "Decoder encode_arrow encode_json encode_messages",
     ".datasets": "DatasetError avazu_config criteo_config detect_format layout_config layout_toml read_events read_file write_events",
-    ".events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
+    "streamrec.foundation.events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
     ".kafka_io": "REASON_HEADER SOURCE_HEADER ConsumerStats DeadLetterError EventConsumer EventProducer ProduceError "
                  "make_producer read_topic",
-    ".synthetic": "SyntheticStream roc_auc",
+    ".synthetic": "SyntheticStream",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

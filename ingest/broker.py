@@ -20,10 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
+from streamrec.foundation import StreamrecError
+
 log = logging.getLogger(__name__)
 
 
-class BrokerError(RuntimeError):
+class BrokerError(StreamrecError, RuntimeError):
     """The broker could not be started, reached, or configured."""
 
 

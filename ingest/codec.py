@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .events import INT64_MAX, EventBatch, EventError, EventSchema, JaggedIds
+from streamrec.foundation import INT64_MAX, EventBatch, EventError, EventSchema, JaggedIds
 
 try:  # orjson parses ~3x faster than the standard library; optional
     import orjson as _orjson

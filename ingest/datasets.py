@@ -48,8 +48,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from streamrec.foundation import StreamrecError
 from .codec import Decoder, _loads_json, batch_to_arrow
-from .events import INT64_MAX, INT64_MIN, EventBatch, EventError, EventSchema, JaggedIds, hash_id
+from streamrec.foundation import INT64_MIN, EventBatch, EventError, EventSchema, JaggedIds, hash_id
 
 FORMATS = ("csv", "tsv", "jsonl", "parquet", "criteo", "avazu")
 LAYOUTS = ("criteo", "avazu")
@@ -70,7 +71,7 @@ _BY_EXT = {".csv": "csv", ".tsv": "tsv", ".txt": "tsv", ".jsonl": "jsonl", ".ndj
            ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 
 
-class DatasetError(ValueError):
+class DatasetError(StreamrecError, ValueError):
     """A file cannot be read as events; the message names the file and the problem."""
 
 
@@ -88,7 +89,7 @@ def layout_model(layout: str) -> tuple[list[str], int]:
 
 def layout_config(layout: str, cfg=None):
     """A copy of ``cfg`` (default: built-in defaults) whose model fields and dense width fit ``layout``."""
-    from streamrec.config import Config, FieldSpec
+    from streamrec.foundation import Config, FieldSpec
 
     cfg = copy.deepcopy(cfg) if cfg is not None else Config()
     names, dense = layout_model(layout)

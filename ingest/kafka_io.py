@@ -19,8 +19,9 @@ from typing import Iterator, Sequence
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from streamrec.foundation import StreamrecError
 from .codec import CODEC_HEADER, Decoder, encode_messages
-from .events import EventBatch, EventError, EventSchema
+from streamrec.foundation import EventBatch, EventSchema
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def make_producer(bootstrap: str, **overrides) -> KafkaProducer:
     return KafkaProducer(**opts)
 
 
-class ProduceError(RuntimeError):
+class ProduceError(StreamrecError, RuntimeError):
     """The broker did not acknowledge some messages."""
 
 
@@ -105,7 +106,7 @@ class EventProducer:
             self.producer.close(timeout)
 
 
-class DeadLetterError(RuntimeError):
+class DeadLetterError(StreamrecError, RuntimeError):
     """The dead-letter topic did not take a bad record: a caller must not record progress past it."""
 
 

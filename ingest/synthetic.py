@@ -15,27 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .events import EventBatch, JaggedIds
-
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLD = np.uint64(0x9E3779B97F4A7C15)
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """Vectorised splitmix64 finaliser: a bijective scramble of uint64."""
-    with np.errstate(over="ignore"):
-        z = x.astype(np.uint64) + _GOLD
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
-
-
-def _field_salt(name: str) -> np.uint64:
-    import xxhash
-
-    return np.uint64(xxhash.xxh64_intdigest(name.encode()))
-
+from streamrec.foundation import EventBatch, JaggedIds, roc_auc, splitmix64, table_salt
 
 def zipf_ranks(rng: np.random.Generator, n: int, cardinality: int, s: float) -> np.ndarray:
     """Ranks in [0, cardinality) with P(rank r) ~ (r+1)^-s (continuous inverse-CDF approximation)."""
@@ -51,7 +31,7 @@ def zipf_ranks(rng: np.random.Generator, n: int, cardinality: int, s: float) -> 
 
 def rank_to_id(field: str, ranks: np.ndarray) -> np.ndarray:
     """Scramble ranks into 63-bit non-negative ids, stably per field."""
-    h = splitmix64(ranks.astype(np.uint64) ^ _field_salt(field))
+    h = splitmix64(ranks.astype(np.uint64) ^ np.uint64(table_salt(field)))
     return (h >> np.uint64(1)).astype(np.int64)
 
 
@@ -63,7 +43,7 @@ def _unit_normal(h: np.ndarray) -> np.ndarray:
 
 
 def id_weight(field: str, ids: np.ndarray, salt: int) -> np.ndarray:
-    return _unit_normal(splitmix64(ids.astype(np.uint64) ^ _field_salt(field) ^ np.uint64(salt)))
+    return _unit_normal(splitmix64(ids.astype(np.uint64) ^ np.uint64(table_salt(field)) ^ np.uint64(salt)))
 
 
 @dataclass
@@ -77,7 +57,7 @@ class SyntheticStream:
         g = self.cfg.generator
         m = self.cfg.model
         self.seed = g.seed
-        self.fields = m.fields
+        self.fields = [g.field(f.name) for f in m.fields]  # how each model field is drawn
         rng = np.random.default_rng([g.seed, 12345])
         self.dense_beta = rng.normal(0, 0.5, size=m.dense_dim)
         self.field_scale = {f.name: 0.9 / np.sqrt(len(m.fields)) * (1.6 if f.name in ("user", "item") else 1.0)
@@ -135,21 +115,3 @@ class SyntheticStream:
             labels.append(b.labels)
             probs.append(p)
         return roc_auc(np.concatenate(labels), np.concatenate(probs))
-
-
-def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Exact ROC AUC with ties averaged (Mann-Whitney U)."""
-    labels = np.asarray(labels) > 0.5
-    scores = np.asarray(scores, dtype=np.float64)
-    n_pos = int(labels.sum())
-    n_neg = len(labels) - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    s = scores[order]
-    ranks = np.empty(len(s), dtype=np.float64)
-    # average ranks over ties
-    _, starts, counts = np.unique(s, return_index=True, return_counts=True)
-    avg = starts + (counts + 1) / 2.0
-    ranks[order] = np.repeat(avg, counts)
-    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))

@@ -1,11 +1,9 @@
 """Serving: the gRPC endpoint (Predict, PushSnapshot, Status, health, reflection),
-the snapshot format the trainer writes, and the Python clients.
+its snapshot loader and version swap, and the Python clients. The API's single
+source is ``streamrec.proto``; the snapshot format is :mod:`streamrec.snapshot`.
 
 Public surface::
 
-    write_snapshot(out_dir, *, version, parent_version, kind, dense_state, rows, ...)  -> Path
-    rows_batch(table, ids, vectors) -> pyarrow.RecordBatch   # rows in the snapshot schema
-    verify_snapshot(dir) -> Manifest ; read_manifest ; read_dense ; iter_rows
     SnapshotPusher(target, token=..., tls_ca=...).push(dir) -> PushResult
     ServingClient(target, token=..., tls_ca=...).predict(events) -> (scores, version)
     events_to_request(events) / batch_to_request(EventBatch) -> PredictRequest (column-wise, bytes columns)
@@ -14,19 +12,17 @@ Public surface::
 
 from typing import TYPE_CHECKING
 
-from streamrec.lazy import lazy_exports
+from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
-    from .client import PushError, PushResult, ServingClient, SnapshotPusher, snapshot_chunks
+    from .client import ServingClient, SnapshotPusher, snapshot_chunks
     from .convert import RequestError, batch_to_request, events_to_request
-    from .server import ServingServer, StreamRecService, pick_device, serve
-    from .snapshot import Manifest, SnapshotError, iter_rows, read_dense, read_manifest, rows_batch, rows_schema, verify_snapshot, write_snapshot
+    from .server import ServingServer, StreamRecService, serve
 
 _EXPORTS = {  # submodule: the public names it defines
-    ".client": "PushError PushResult ServingClient SnapshotPusher snapshot_chunks",
+    ".client": "ServingClient SnapshotPusher snapshot_chunks",
     ".convert": "RequestError batch_to_request events_to_request",
-    ".server": "ServingServer StreamRecService pick_device serve",
-    ".snapshot": "Manifest SnapshotError iter_rows read_dense read_manifest rows_batch rows_schema verify_snapshot write_snapshot",
+    ".server": "ServingServer StreamRecService serve",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -4,11 +4,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -19,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .convert import events_to_request
 from .pb import pb, pb_grpc
-from .snapshot import MANIFEST, SnapshotError, read_manifest
+from streamrec.snapshot import MANIFEST, PushError, PushResult, SnapshotError, is_retryable, read_manifest
 
 log = logging.getLogger("streamrec.serving")
 
@@ -86,30 +84,6 @@ class ServingClient:
         self.close()
 
 
-@dataclass
-class PushResult:
-    ok: bool
-    version: int = 0  # the version the server serves after an accepted push
-    code: str = "OK"  # gRPC status name when refused (FAILED_PRECONDITION -> send a full snapshot)
-    reason: str = ""
-    seconds: float = 0.0  # wall time of the push, including retries
-    attempts: int = 0
-
-    @property
-    def needs_full(self) -> bool:
-        return self.code == "FAILED_PRECONDITION"
-
-
-class PushError(RuntimeError):
-    def __init__(self, result: PushResult):
-        super().__init__(f"push refused: {result.code}: {result.reason}")
-        self.result = result
-
-
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-             grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
-
-
 def snapshot_chunks(snapshot_dir, chunk_bytes: int = 1 << 20) -> Iterator:
     """The PushSnapshot stream for a directory: manifest first, then each file in order."""
     d = Path(snapshot_dir)
@@ -156,6 +130,13 @@ class SnapshotPusher:
         return cls(target or cfg.serving_target(), token=s.push_token, tls_ca=s.tls_ca, max_message_mb=s.max_message_mb,
                    **kw)
 
+    @classmethod
+    def factory(cls, cfg, **kw):
+        """``target -> SnapshotPusher`` with the config's settings: the trainer's ``pusher_factory``.
+        One attempt per push by default: the trainer's publisher retries with its own backoff."""
+        kw.setdefault("attempts", 1)
+        return lambda target: cls.from_config(cfg, target=target, **kw)
+
     def push(self, snapshot_dir) -> PushResult:
         t0 = time.perf_counter()
         result = PushResult(ok=False)
@@ -175,7 +156,7 @@ class SnapshotPusher:
             except grpc.RpcError as e:
                 code = e.code()
                 result = PushResult(False, 0, code.name, e.details() or "", 0.0, attempt)
-                if code not in RETRYABLE or attempt == self.attempts:
+                if not is_retryable(code.name) or attempt == self.attempts:
                     break
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random())
                 log.warning("push of %s failed (%s: %s); retry %d in %.2fs", snapshot_dir, code.name,

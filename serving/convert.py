@@ -1,6 +1,6 @@
-"""Events <-> protobuf, and a Predict request -> ``ingest.EventBatch``.
+"""Events <-> protobuf, and a Predict request -> ``streamrec.ingest.EventBatch``.
 
-Validation reuses ``ingest.EventSchema`` rules (dense width, known fields, id
+Validation reuses ``streamrec.ingest.EventSchema`` rules (dense width, known fields, id
 hashing) so serving accepts exactly what the trainer accepts; every error names
 the offending field, e.g. ``events[3].dense``.
 """
@@ -11,13 +11,12 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ingest import EventBatch, JaggedIds, hash_id
-from ingest.events import INT64_MAX, INT64_MIN
+from streamrec.foundation import INT64_MAX, INT64_MIN, EventBatch, JaggedIds, StreamrecError, hash_id
 
 from .pb import pb
 
 
-class RequestError(ValueError):
+class RequestError(StreamrecError, ValueError):
     """A request field is bad; the message starts with the field's path."""
 
 
@@ -117,7 +116,7 @@ def events_to_request(events: Iterable[Mapping[str, Any]], columns: bool = True)
 
 
 def batch_to_request(batch, request_ids=None) -> "pb.PredictRequest":
-    """A column-wise Predict request straight from an ``ingest.EventBatch`` (no per-event Python)."""
+    """A column-wise Predict request straight from an ``streamrec.ingest.EventBatch`` (no per-event Python)."""
     req = pb.PredictRequest()
     c = req.columns
     n = len(batch.ts)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ingest import EventBatch
+from streamrec.foundation import EventBatch
 
 Score = Callable[[Any, EventBatch], np.ndarray]  # (served version, batch) -> one score per event
 

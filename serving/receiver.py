@@ -13,15 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .snapshot import MANIFEST, Manifest, SnapshotError
-
-
-class PushError(Exception):
-    """The push is refused; ``code`` is the gRPC status name to answer with."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
+from streamrec.snapshot import MANIFEST, Manifest, SnapshotError
 
 
 def receive_snapshot(chunks: Iterable, staging_root: Path, max_bytes: int,
@@ -34,14 +26,14 @@ def receive_snapshot(chunks: Iterable, staging_root: Path, max_bytes: int,
     it = iter(chunks)
     first = next(it, None)
     if first is None or first.WhichOneof("part") != "manifest_json":
-        raise PushError("INVALID_ARGUMENT", "manifest_json: the first message of PushSnapshot must carry the manifest")
+        raise SnapshotError("manifest_json: the first message of PushSnapshot must carry the manifest", code="INVALID_ARGUMENT")
     try:
         manifest = Manifest.from_json(first.manifest_json)
     except SnapshotError as e:
-        raise PushError("INVALID_ARGUMENT", f"manifest_json: {e}") from None
+        raise SnapshotError(f"manifest_json: {e}", code="INVALID_ARGUMENT") from None
     total = sum(f["bytes"] for f in manifest.files.values())
     if total > max_bytes:
-        raise PushError("INVALID_ARGUMENT", f"manifest_json: snapshot of {total} bytes exceeds the limit of {max_bytes}")
+        raise SnapshotError(f"manifest_json: snapshot of {total} bytes exceeds the limit of {max_bytes}", code="INVALID_ARGUMENT")
     if precheck is not None:
         precheck(manifest)
     stage = Path(staging_root) / f"{manifest.version}-{uuid.uuid4().hex[:8]}"
@@ -53,14 +45,14 @@ def receive_snapshot(chunks: Iterable, staging_root: Path, max_bytes: int,
         got = {n: 0 for n in manifest.files}
         for msg in it:
             if msg.WhichOneof("part") != "chunk":
-                raise PushError("INVALID_ARGUMENT", "manifest_json: sent twice; only the first message carries it")
+                raise SnapshotError("manifest_json: sent twice; only the first message carries it", code="INVALID_ARGUMENT")
             c = msg.chunk
             if c.name not in manifest.files:
-                raise PushError("INVALID_ARGUMENT", f"chunk.name: {c.name!r} is not a file of the manifest")
+                raise SnapshotError(f"chunk.name: {c.name!r} is not a file of the manifest", code="INVALID_ARGUMENT")
             if c.offset != got[c.name]:
-                raise PushError("DATA_LOSS", f"chunk.offset: {c.name} at {c.offset}, expected {got[c.name]} (lost or reordered chunk)")
+                raise SnapshotError(f"chunk.offset: {c.name} at {c.offset}, expected {got[c.name]} (lost or reordered chunk)", code="DATA_LOSS")
             if got[c.name] + len(c.data) > manifest.files[c.name]["bytes"]:
-                raise PushError("DATA_LOSS", f"{c.name}: more bytes than the manifest's {manifest.files[c.name]['bytes']}")
+                raise SnapshotError(f"{c.name}: more bytes than the manifest's {manifest.files[c.name]['bytes']}", code="DATA_LOSS")
             f = handles.get(c.name)
             if f is None:
                 f = handles[c.name] = open(stage / c.name, "wb")
@@ -72,9 +64,9 @@ def receive_snapshot(chunks: Iterable, staging_root: Path, max_bytes: int,
         handles.clear()
         for name, info in manifest.files.items():
             if got[name] != info["bytes"]:
-                raise PushError("DATA_LOSS", f"{name}: received {got[name]} of {info['bytes']} bytes (truncated stream)")
+                raise SnapshotError(f"{name}: received {got[name]} of {info['bytes']} bytes (truncated stream)", code="DATA_LOSS")
             if hashes[name].hexdigest() != info["sha256"]:
-                raise PushError("DATA_LOSS", f"{name}: sha256 does not match the manifest (corrupt)")
+                raise SnapshotError(f"{name}: sha256 does not match the manifest (corrupt)", code="DATA_LOSS")
             if info["bytes"] == 0:
                 (stage / name).touch()
         (stage / MANIFEST).write_bytes(first.manifest_json)

@@ -10,7 +10,7 @@ read per field (``cold_lookup``), which also gives unseen ids their deterministi
 init. A ``MemoryRows`` never changes once built (a delta builds a new one from
 its parent's), so any number of requests read it without a lock.
 
-Sums run over the same rows in the same order as ``trainer.pool_sum``, so scores
+Sums run over the same rows in the same order as ``streamrec.trainer.pool_sum``, so scores
 equal the trainer's.
 """
 
@@ -78,7 +78,7 @@ class MemoryRows:
         return rows >= 0
 
     def pooled(self, batch, cold_lookup: Callable[[str, np.ndarray], torch.Tensor]) -> torch.Tensor:
-        """Sum-pooled embeddings ``[batch, fields, dim]`` of an ``ingest.EventBatch``.
+        """Sum-pooled embeddings ``[batch, fields, dim]`` of an ``streamrec.ingest.EventBatch``.
 
         ``cold_lookup(field, unique_ids)`` gives the rows of ids not held in memory."""
         n_ev = len(batch.ts)

@@ -20,21 +20,16 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from streamrec.config import Config
+from streamrec.foundation import Config, resolve_device
+from streamrec.snapshot import SnapshotError
 
 from .convert import RequestError, request_to_batch_ids
 from .merge import RequestMerger
 from .pb import SERVICE, pb, pb_grpc
-from .receiver import PushError, receive_snapshot
-from .version import LoadError, ServedVersion, load_version, restore_newest
+from .receiver import receive_snapshot
+from .version import ServedVersion, load_version, restore_newest
 
 log = logging.getLogger("streamrec.serving")
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _authorized(context, token: str) -> bool:
@@ -91,7 +86,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                 old, self._current = self._current, new
         if closed:  # an install that outlived close(): never current; its complete directory is kept for the next start
             new.retire(keep_dir=True)
-            raise PushError("UNAVAILABLE", f"server is shutting down; version {new.version} is kept for the next start")
+            raise SnapshotError(f"server is shutting down; version {new.version} is kept for the next start", code="UNAVAILABLE")
         if self.health is not None:
             self.health.set("", health_pb2.HealthCheckResponse.SERVING)
             self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
@@ -102,7 +97,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         """Load a verified snapshot directory and swap it in (used by PushSnapshot and tests)."""
         with self._push_lock:
             if self._closed:
-                raise PushError("UNAVAILABLE", "server is shutting down")
+                raise SnapshotError("server is shutting down", code="UNAVAILABLE")
             self._precheck(manifest)
             # a reference on the parent while loading: close() may retire it meanwhile, and a delta
             # copies its store (it was closed under the load, or the load failed)
@@ -120,11 +115,10 @@ class StreamRecService(pb_grpc.StreamRecServicer):
     def _precheck(self, manifest) -> None:
         cur = self._current
         if cur is not None and manifest.version <= cur.version:
-            raise PushError("FAILED_PRECONDITION", f"version {manifest.version} is not newer than the served {cur.version}")
+            raise SnapshotError(f"version {manifest.version} is not newer than the served {cur.version}", code="FAILED_PRECONDITION")
         if manifest.kind == "delta" and (cur is None or cur.version != manifest.parent_version):
             have = "none" if cur is None else cur.version
-            raise PushError("FAILED_PRECONDITION",
-                            f"parent_version: delta needs parent {manifest.parent_version}, serving {have}; send a full snapshot")
+            raise SnapshotError(f"parent_version: delta needs parent {manifest.parent_version}, serving {have}; send a full snapshot", code="FAILED_PRECONDITION")
 
     def close(self) -> None:
         """Stop serving; the current version's directory stays for the next start to restore."""
@@ -170,7 +164,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
             return pb.PushResponse(accepted=True, version=v.version, load_seconds=time.perf_counter() - t0)
-        except (PushError, LoadError) as e:
+        except SnapshotError as e:
             cur = self._current
             log.warning("refused snapshot: %s %s (still serving %s)", e.code, e, cur.version if cur else None)
             context.abort(getattr(grpc.StatusCode, e.code), str(e))
@@ -211,7 +205,7 @@ class ServingServer:
     def __init__(self, cfg: Config, device: torch.device | str | None = None, port: int | None = None):
         self.cfg = cfg
         s = cfg.serving
-        self.device = pick_device(device or getattr(getattr(cfg, "trainer", None), "device", "auto")) \
+        self.device = resolve_device(device or getattr(getattr(cfg, "trainer", None), "device", "auto")) \
             if not isinstance(device, torch.device) else device
         limit = int(s.max_message_mb) * 1024 * 1024
         self.health = health.HealthServicer()

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from serving import streamrec_pb2 as serving_dot_streamrec__pb2
+from streamrec.serving import streamrec_pb2 as streamrec_dot_serving_dot_streamrec__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in serving/streamrec_pb2_grpc.py depends on'
+        + ' but the generated code in streamrec/serving/streamrec_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class StreamRecStub:
         """
         self.Predict = channel.unary_unary(
                 '/streamrec.v1.StreamRec/Predict',
-                request_serializer=serving_dot_streamrec__pb2.PredictRequest.SerializeToString,
-                response_deserializer=serving_dot_streamrec__pb2.PredictResponse.FromString,
+                request_serializer=streamrec_dot_serving_dot_streamrec__pb2.PredictRequest.SerializeToString,
+                response_deserializer=streamrec_dot_serving_dot_streamrec__pb2.PredictResponse.FromString,
                 _registered_method=True)
         self.PushSnapshot = channel.stream_unary(
                 '/streamrec.v1.StreamRec/PushSnapshot',
-                request_serializer=serving_dot_streamrec__pb2.SnapshotChunk.SerializeToString,
-                response_deserializer=serving_dot_streamrec__pb2.PushResponse.FromString,
+                request_serializer=streamrec_dot_serving_dot_streamrec__pb2.SnapshotChunk.SerializeToString,
+                response_deserializer=streamrec_dot_serving_dot_streamrec__pb2.PushResponse.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/streamrec.v1.StreamRec/Status',
-                request_serializer=serving_dot_streamrec__pb2.StatusRequest.SerializeToString,
-                response_deserializer=serving_dot_streamrec__pb2.StatusResponse.FromString,
+                request_serializer=streamrec_dot_serving_dot_streamrec__pb2.StatusRequest.SerializeToString,
+                response_deserializer=streamrec_dot_serving_dot_streamrec__pb2.StatusResponse.FromString,
                 _registered_method=True)
 
 
@@ -81,18 +81,18 @@ def add_StreamRecServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Predict': grpc.unary_unary_rpc_method_handler(
                     servicer.Predict,
-                    request_deserializer=serving_dot_streamrec__pb2.PredictRequest.FromString,
-                    response_serializer=serving_dot_streamrec__pb2.PredictResponse.SerializeToString,
+                    request_deserializer=streamrec_dot_serving_dot_streamrec__pb2.PredictRequest.FromString,
+                    response_serializer=streamrec_dot_serving_dot_streamrec__pb2.PredictResponse.SerializeToString,
             ),
             'PushSnapshot': grpc.stream_unary_rpc_method_handler(
                     servicer.PushSnapshot,
-                    request_deserializer=serving_dot_streamrec__pb2.SnapshotChunk.FromString,
-                    response_serializer=serving_dot_streamrec__pb2.PushResponse.SerializeToString,
+                    request_deserializer=streamrec_dot_serving_dot_streamrec__pb2.SnapshotChunk.FromString,
+                    response_serializer=streamrec_dot_serving_dot_streamrec__pb2.PushResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
-                    request_deserializer=serving_dot_streamrec__pb2.StatusRequest.FromString,
-                    response_serializer=serving_dot_streamrec__pb2.StatusResponse.SerializeToString,
+                    request_deserializer=streamrec_dot_serving_dot_streamrec__pb2.StatusRequest.FromString,
+                    response_serializer=streamrec_dot_serving_dot_streamrec__pb2.StatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -120,8 +120,8 @@ class StreamRec:
             request,
             target,
             '/streamrec.v1.StreamRec/Predict',
-            serving_dot_streamrec__pb2.PredictRequest.SerializeToString,
-            serving_dot_streamrec__pb2.PredictResponse.FromString,
+            streamrec_dot_serving_dot_streamrec__pb2.PredictRequest.SerializeToString,
+            streamrec_dot_serving_dot_streamrec__pb2.PredictResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -147,8 +147,8 @@ class StreamRec:
             request_iterator,
             target,
             '/streamrec.v1.StreamRec/PushSnapshot',
-            serving_dot_streamrec__pb2.SnapshotChunk.SerializeToString,
-            serving_dot_streamrec__pb2.PushResponse.FromString,
+            streamrec_dot_serving_dot_streamrec__pb2.SnapshotChunk.SerializeToString,
+            streamrec_dot_serving_dot_streamrec__pb2.PushResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -174,8 +174,8 @@ class StreamRec:
             request,
             target,
             '/streamrec.v1.StreamRec/Status',
-            serving_dot_streamrec__pb2.StatusRequest.SerializeToString,
-            serving_dot_streamrec__pb2.StatusResponse.FromString,
+            streamrec_dot_serving_dot_streamrec__pb2.StatusRequest.SerializeToString,
+            streamrec_dot_serving_dot_streamrec__pb2.StatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

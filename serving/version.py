@@ -21,7 +21,6 @@ half-written or fails its checks.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -34,12 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrec.config import Config, ConfigError, ModelConfig, load_config
-from streamrec.npz import save_npz
-from trainer import DLRM, predict_batch
+from streamrec.foundation import Config, ConfigError, ModelConfig, load_config, save_npz, sha256_file
+from streamrec.model import DLRM, predict_batch
+from streamrec.snapshot import DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, read_dense
 
 from .rows import MemoryRows
-from .snapshot import DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, read_dense
 
 log = logging.getLogger("streamrec.serving")
 
@@ -47,19 +45,11 @@ SERVED = "served.json"  # written last: its presence marks a complete version di
 MEMORY_IDS = "memory-ids.npz"
 
 
-class LoadError(Exception):
-    """A verified snapshot cannot become a served version; ``code`` is the gRPC status name."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-
-
 def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
     try:
         return load_config(None, {f"model.{k}": v for k, v in d.items()}, env={}).model
     except ConfigError as e:
-        raise LoadError("INVALID_ARGUMENT", f"manifest.model_config: {e}") from None
+        raise SnapshotError(f"manifest.model_config: {e}", code="INVALID_ARGUMENT") from None
 
 
 class ServedVersion:
@@ -163,7 +153,7 @@ def _store_kwargs(cfg: Config, manifest: Manifest, device: torch.device) -> dict
 
 
 def _new_store(model_cfg: ModelConfig, cfg: Config, manifest: Manifest, device: torch.device, path: Path):
-    from embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore
 
     tables = {f.name: model_cfg.embedding_dim for f in model_cfg.fields}
     return EmbeddingStore(str(path), tables, shards=cfg.store.shards, seed=model_cfg.seed,
@@ -172,19 +162,11 @@ def _new_store(model_cfg: ModelConfig, cfg: Config, manifest: Manifest, device: 
 
 def _store_from_parent(parent: "ServedVersion", cfg: Config, manifest: Manifest, device: torch.device, path: Path):
     """A RocksDB checkpoint of the parent's store (hard links), opened as this version's own store."""
-    from embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore
 
     with parent._store_lock:
         parent.store.checkpoint(str(path))
     return EmbeddingStore.restore(str(path), **_store_kwargs(cfg, manifest, device))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, rows_held: int) -> None:
@@ -195,7 +177,7 @@ def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, ro
     (vdir / MANIFEST).write_bytes(manifest.to_json())
     save_npz(vdir / MEMORY_IDS, {f: memory.ids[f] for f in memory.fields})  # not np.savez(**): a field may be named "file"
     info = {"format": 1, "version": manifest.version, "rows_held": int(rows_held),
-            "files": {n: _sha256(vdir / n) for n in (DENSE, MANIFEST, MEMORY_IDS)}}
+            "files": {n: sha256_file(vdir / n) for n in (DENSE, MANIFEST, MEMORY_IDS)}}
     tmp = vdir / (SERVED + ".tmp")
     with open(tmp, "w") as f:
         json.dump(info, f)
@@ -211,10 +193,9 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
     if manifest.kind == "delta":
         if parent is None or parent.version != manifest.parent_version:
             have = "none" if parent is None else parent.version
-            raise LoadError("FAILED_PRECONDITION",
-                            f"delta {manifest.version} needs parent {manifest.parent_version}, serving {have}; send a full snapshot")
+            raise SnapshotError(f"delta {manifest.version} needs parent {manifest.parent_version}, serving {have}; send a full snapshot", code="FAILED_PRECONDITION")
         if parent.model_cfg != model_cfg:
-            raise LoadError("FAILED_PRECONDITION", "delta's model_config differs from its parent's; send a full snapshot")
+            raise SnapshotError("delta's model_config differs from its parent's; send a full snapshot", code="FAILED_PRECONDITION")
     vdir = versions_root / f"v{manifest.version:012d}"
     if vdir.exists():
         shutil.rmtree(vdir)
@@ -230,7 +211,7 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:
-            raise LoadError("INVALID_ARGUMENT", f"dense.safetensors does not fit the model: {str(e)[:300]}") from None
+            raise SnapshotError(f"dense.safetensors does not fit the model: {str(e)[:300]}", code="INVALID_ARGUMENT") from None
         model.to(device).eval()
         fields = list(model_cfg.field_names)
         dim = model_cfg.embedding_dim
@@ -248,9 +229,9 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
         tables = set(fields)
         for table, ids, vectors in iter_rows(staged, manifest):
             if table not in tables:
-                raise LoadError("INVALID_ARGUMENT", f"rows: table {table!r} is not a model field")
+                raise SnapshotError(f"rows: table {table!r} is not a model field", code="INVALID_ARGUMENT")
             if vectors.shape[1] != dim:
-                raise LoadError("INVALID_ARGUMENT", f"rows: table {table!r} has width {vectors.shape[1]}, model has {dim}")
+                raise SnapshotError(f"rows: table {table!r} has width {vectors.shape[1]}, model has {dim}", code="INVALID_ARGUMENT")
             vectors = np.ascontiguousarray(vectors, dtype=np.float32)
             if old_memory is None:
                 rows_held += len(ids)
@@ -282,11 +263,11 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
                 pass
         shutil.rmtree(vdir, ignore_errors=True)
         if isinstance(e, SnapshotError):
-            raise LoadError("DATA_LOSS", str(e)) from None
-        from embedding_store import StoreError
+            raise SnapshotError(str(e), code="DATA_LOSS") from None
+        from streamrec.embedding_store import StoreError
 
         if isinstance(e, StoreError):
-            raise LoadError("INVALID_ARGUMENT", f"rows: {e}") from None
+            raise SnapshotError(f"rows: {e}", code="INVALID_ARGUMENT") from None
         raise
 
 
@@ -294,18 +275,18 @@ def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVers
     """Open a complete version directory a previous server process left; raises on anything amiss."""
     from safetensors.torch import load_file
 
-    from embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore
 
     marker = vdir / SERVED
     if not marker.exists():
-        raise LoadError("DATA_LOSS", f"no {SERVED} (half-written)")
+        raise SnapshotError(f"no {SERVED} (half-written)", code="DATA_LOSS")
     info = json.loads(marker.read_text())
     for name, digest in info["files"].items():
-        if _sha256(vdir / name) != digest:
-            raise LoadError("DATA_LOSS", f"{name}: sha256 does not match {SERVED} (corrupt)")
+        if sha256_file(vdir / name) != digest:
+            raise SnapshotError(f"{name}: sha256 does not match {SERVED} (corrupt)", code="DATA_LOSS")
     manifest = Manifest.from_json((vdir / MANIFEST).read_bytes())
     if manifest.version != info["version"]:
-        raise LoadError("DATA_LOSS", f"{MANIFEST} is version {manifest.version}, {SERVED} says {info['version']}")
+        raise SnapshotError(f"{MANIFEST} is version {manifest.version}, {SERVED} says {info['version']}", code="DATA_LOSS")
     model_cfg = model_config_from_dict(manifest.model_config)
     state = load_file(str(vdir / DENSE))
     model = DLRM.from_config(model_cfg)

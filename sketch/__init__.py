@@ -3,7 +3,7 @@ policy, the faust worker that publishes hot sets, and the reader the trainer use
 
 from typing import TYPE_CHECKING
 
-from streamrec.lazy import lazy_exports
+from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .cms import CountMinSketch
@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .heavy import HeavyHitters
     from .hotset import EventSample, HotChoice, HotSet, choose_hot_set
     from .kernels import Accumulator
-    from .keys import make_keys, table_salt
+    from .keys import make_keys
     from .popularity import PopularitySketch
     from .state import SketchState
 
@@ -22,7 +22,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".heavy": "HeavyHitters",
     ".hotset": "EventSample HotChoice HotSet choose_hot_set",
     ".kernels": "Accumulator",
-    ".keys": "make_keys table_salt",
+    ".keys": "make_keys",
     ".popularity": "PopularitySketch",
     ".state": "SketchState",
 }

@@ -25,7 +25,6 @@ import time
 import weakref
 
 from .follower import latest_hotset
-from .hotset import HotSet
 from .state import SketchState
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import struct
 import numpy as np
 
 from .kernels import Accumulator, cms_apply, cms_estimate, warm
-from .keys import splitmix64
+from streamrec.foundation import splitmix64
 
 _MAGIC = b"SRCM1"
 

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ingest import EventBatch
+from streamrec.foundation import EventBatch
 
 from .keys import make_keys
 

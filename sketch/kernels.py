@@ -32,7 +32,7 @@ _FIB = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of a key to its accumu
 
 @njit(cache=True, nogil=True, inline="always")
 def _mix(x):
-    """splitmix64 finaliser (same constants as ``ingest.synthetic.splitmix64``)."""
+    """splitmix64 finaliser (compiled twin of ``streamrec.foundation.splitmix64``)."""
     z = x + _GOLD
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2

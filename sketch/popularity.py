@@ -26,14 +26,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ingest import EventBatch
+from streamrec.foundation import EventBatch
 
 from .cms import CountMinSketch
 from .heavy import HeavyHitters
 from .kernels import Accumulator
-from .keys import make_keys, table_salt
+from .keys import key_salt, make_keys
 
-_MAGIC = b"SRPS1"
+_MAGIC = b"SRPS2"  # 2: keys salted with foundation.table_salt
+_MAGIC_V1 = b"SRPS1"  # 1: keys salted with a sketch-only salt; readable for its meta (next offset) only
 RENORM_HALF_LIVES = 64.0  # renormalise once increments reach 2**64 (float64 has room to spare)
 ACC_DISTINCT = 1 << 16  # distinct keys pre-aggregated between flushes (2^17 slots, ~3.5 MB)
 
@@ -67,7 +68,7 @@ class PopularitySketch:
     def _init_buffer(self, buffer_ids: int) -> None:
         self.buffer_ids = max(0, int(buffer_ids))
         self._acc = Accumulator(min(ACC_DISTINCT, max(self.buffer_ids, 1 << 10)))
-        self._salts = [table_salt(f) for f in self.fields]
+        self._salts = [key_salt(f) for f in self.fields]
         self._buf_n = 0  # ids given since the last flush
 
     @property
@@ -277,7 +278,7 @@ class PopularitySketch:
 
     @classmethod
     def from_bytes_with_meta(cls, b: bytes) -> tuple["PopularitySketch", dict]:
-        if not b or bytes(b[:5]) != _MAGIC:
+        if not b or bytes(b[:5]) not in (_MAGIC, _MAGIC_V1):
             raise ValueError("not a serialised PopularitySketch (bad magic)")
         try:
             body = zlib.decompress(b[5:])
@@ -296,7 +297,10 @@ class PopularitySketch:
         p._init_buffer(int(head.get("buffer_ids", 1 << 22)))
         p.t0_ms, p.now_ms, p.first_ms = head["t0_ms"], head["now_ms"], head["first_ms"]
         p.events, p.ids = int(head["events"]), int(head["ids"])
-        return p, dict(head.get("meta") or {})
+        meta = dict(head.get("meta") or {})
+        if bytes(b[:5]) == _MAGIC_V1:
+            meta["stale_keys"] = True  # its counts are under keys this version never looks up
+        return p, meta
 
 
 def _split_rows(offsets: np.ndarray, weights: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:

@@ -16,17 +16,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ingest import Decoder, EventError, EventSchema
+from streamrec.foundation import EventError, EventSchema, hot_budget_rows
+from streamrec.ingest import Decoder
 
 from .hotset import EventSample, HotSet, choose_hot_set
 from .popularity import PopularitySketch
 
 log = logging.getLogger(__name__)
 
-# Event times outside [0, wall clock + this] are not counted. One such event used to poison a
-# partition's sketch for good (kept in its snapshots): a time far ahead (e.g. microseconds sent as
-# milliseconds) moved the decay reference there, so every count was scaled to 0 and every later event
-# weighed 0; int64's minimum overflowed ``ts - t0`` to a weight of inf.
+# Event times outside [0, wall clock + this] are not counted: one such event would poison a
+# partition's sketch for good (kept in its snapshots). A time far ahead (e.g. microseconds sent as
+# milliseconds) moves the decay reference there, scaling every count to 0 and weighing every later
+# event 0; int64's minimum overflows ``ts - t0`` to a weight of inf.
 MAX_FUTURE_MS = 24 * 3600 * 1000
 
 
@@ -68,6 +69,10 @@ class SketchState:
     def _restore(self, partition: int, blob: bytes | None) -> None:
         if blob:
             sk, meta = PopularitySketch.from_bytes_with_meta(blob)
+            if meta.get("stale_keys"):  # written before the sketch shared the store's table salt
+                log.warning("partition %d: the snapshot's counts are keyed by an older streamrec; counting afresh "
+                            "from offset %s (the hot set re-forms as events arrive)", partition, meta.get("next_offset"))
+                sk = self.new_sketch()
             if sk.fields != self.fields:
                 raise ValueError(f"snapshot of partition {partition} is over fields {sk.fields}, "
                                  f"the model has {self.fields}: clear {self.cfg.sketch.state_dir}")
@@ -137,9 +142,6 @@ class SketchState:
             out.merge(s)
         return out
 
-    def row_bytes(self) -> int:
-        return self.cfg.hot.row_bytes or self.cfg.model.embedding_dim * 4 * 2
-
     def choose(self, version: int) -> HotSet | None:
         """The hot set the current counts give (None before any event)."""
         with self.lock:
@@ -148,9 +150,8 @@ class SketchState:
         if m is None:
             return None
         tables, ids, counts = m.candidates()
-        h = self.cfg.hot
-        c = choose_hot_set(self.fields, tables, ids, counts, budget_rows=h.budget_rows,
-                           budget_bytes=h.budget_bytes, row_bytes=self.row_bytes(), sample=sample)
+        # the device tier's own size (hot.budget_bytes over the store's row cost), so the set fills it exactly
+        c = choose_hot_set(self.fields, tables, ids, counts, budget_rows=hot_budget_rows(self.cfg), sample=sample)
         hs = HotSet(version=version, tables=c.tables, coverage=c.coverage, hit_rate=c.hit_rate,
                     window_start_ms=int(m.first_ms or 0), window_end_ms=int(m.now_ms or 0),
                     created_ms=int(time.time() * 1000), threshold=c.threshold, events=m.events)

@@ -6,13 +6,12 @@ unique topic names per test (``topics`` fixture) instead of restarting it.
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
 
-from ingest import EmbeddedBroker, ensure_topics, pipeline_topics
-from streamrec.config import Config, FieldSpec, load_config
+from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics
+from streamrec.foundation import Config, load_config
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +28,8 @@ def bootstrap(broker) -> str:
 def small_config(tmp_path, **overrides) -> Config:
     """A small model config rooted in ``tmp_path``; ``overrides`` are 'section.key' -> value."""
     base = {
-        "model.fields": [
+        "model.fields": [{"name": "user"}, {"name": "item"}, {"name": "tags"}],
+        "generator.fields": [
             {"name": "user", "cardinality": 5000, "zipf": 1.1},
             {"name": "item", "cardinality": 2000, "zipf": 1.2},
             {"name": "tags", "cardinality": 500, "zipf": 1.1, "multi": 2},

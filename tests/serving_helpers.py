@@ -6,16 +6,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ingest import SyntheticStream
-from serving import rows_batch, write_snapshot
-from trainer import DLRM, predict_batch
+from streamrec.snapshot import rows_batch, write_snapshot
+from streamrec.model import DLRM, predict_batch
 
 
 class FakeTrainer:
     """Not a mock: real model, real RocksDB-backed store, real snapshot files."""
 
     def __init__(self, cfg, tmp_path, seed: int = 0):
-        from embedding_store import EmbeddingStore
+        from streamrec.embedding_store import EmbeddingStore
 
         self.cfg = cfg
         self.tmp = tmp_path
@@ -81,7 +80,8 @@ def make_events(cfg, n: int = 64, seed: int = 3, id_range: int = 4000) -> list[d
     for i in range(n):
         sparse = {}
         for j, f in enumerate(cfg.model.fields):
-            k = int(rng.integers(0, f.multi + 1)) if i % 7 == 0 else f.multi
+            multi = cfg.generator.field(f.name).multi
+            k = int(rng.integers(0, multi + 1)) if i % 7 == 0 else multi
             ids = [int(x) for x in rng.integers(0, id_range, k)]
             if i % 5 == 1 and ids:
                 ids[0] = int(rng.integers(2**40, 2**62))
@@ -95,7 +95,7 @@ def make_events(cfg, n: int = 64, seed: int = 3, id_range: int = 4000) -> list[d
 
 def events_to_batch(cfg, events):
     """The trainer-side batch of the events: ingest's validation + hashing, jagged ids per field."""
-    from ingest import EventBatch, EventSchema, JaggedIds
+    from streamrec.ingest import EventBatch, EventSchema, JaggedIds
 
     schema = EventSchema.from_config(cfg, require_label=False)
     rows = [schema.validate(e) for e in events]

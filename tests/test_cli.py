@@ -5,7 +5,7 @@ import sys
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "streamrec.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "streamrec", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_bad_snapshot_dir_is_one_clear_line(tmp_path):

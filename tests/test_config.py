@@ -1,6 +1,6 @@
 import pytest
 
-from streamrec.config import ConfigError, load_config
+from streamrec.foundation import ConfigError, load_config
 
 
 def test_defaults_are_valid():
@@ -57,7 +57,7 @@ def test_bad_env_names_variable():
 
 
 def test_generator_label_noise_lowers_bayes_auc():
-    from ingest import SyntheticStream
+    from streamrec.ingest import SyntheticStream
 
     clean = SyntheticStream(load_config(None, {"generator.label_noise": 1.0}, env={})).bayes_auc(20_000)
     noisy = SyntheticStream(load_config(None, {"generator.label_noise": 2.0}, env={})).bayes_auc(20_000)

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from streamrec.procs import pid_alive
+from streamrec.app.procs import pid_alive
 
 DEMO_EVENTS = 40_000
 
 
 def _demo_cmd(run_dir: Path, bootstrap: str, events: int) -> list[str]:
     return [
-        sys.executable, "-m", "streamrec.cli", "demo",
+        sys.executable, "-m", "streamrec", "demo",
         "--bootstrap", bootstrap, "--events", str(events), "--run-dir", str(run_dir), "--no-live",
         "--timeout", "300",
         # unique topics and groups on the shared test broker
@@ -38,8 +38,8 @@ def _pids(run_dir: Path) -> dict[str, int]:
 
 
 def test_demo_end_to_end(bootstrap, tmp_path):
-    from ingest import SyntheticStream
-    from streamrec.config import load_config
+    from streamrec.ingest import SyntheticStream
+    from streamrec.foundation import load_config
 
     run_dir = tmp_path / "run1"
     proc = subprocess.run(_demo_cmd(run_dir, bootstrap, DEMO_EVENTS), capture_output=True, text=True, timeout=420)
@@ -85,8 +85,8 @@ def test_demo_stops_everything_when_a_child_dies(bootstrap, tmp_path, victim):
 
 def test_demo_replays_a_file(bootstrap, tmp_path):
     """`--data FILE`: the file's events are streamed, trained on, and the served model scores its tail."""
-    from ingest import SyntheticStream, write_events
-    from streamrec.config import load_config
+    from streamrec.ingest import SyntheticStream, write_events
+    from streamrec.foundation import load_config
 
     data = tmp_path / "events.jsonl"
     cfg = load_config(None, env={})

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import pytest
 
-from streamrec.cli import main
+from streamrec.app.cli import main
 from tests.test_demo import _demo_cmd
 
 
@@ -43,7 +42,7 @@ def test_demo_over_a_file_without_events_fails_fast_and_says_why(bootstrap, tmp_
 def test_report_skips_records_it_cannot_read(tmp_path):
     """A metrics line that is JSON but not an object, or a log without 'ts', raised AttributeError /
     ValueError out of `streamrec report`; a view record with "t": null raised TypeError."""
-    from streamrec.report import write_report
+    from streamrec.app.report import write_report
 
     (tmp_path / "metrics.jsonl").write_text('[1, 2]\n{"events": 10, "auc": 0.6}\n')
     (tmp_path / "view.jsonl").write_text('{"t": null, "served_version": 1}\n')

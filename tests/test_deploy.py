@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from streamrec.cli import build_parser
-from streamrec.config import ConfigError, load_config, parse_overrides
+from streamrec.app.cli import build_parser
+from streamrec.foundation import ConfigError, load_config, parse_overrides
 
 yaml = pytest.importorskip("yaml")
 
@@ -80,9 +80,9 @@ def test_services_agree_on_ports_tokens_and_the_health_check():
         str(p).split("#")[0].strip() for p in services["trainer"]["ports"]]
     # the health check runs a module that exists, with a check() over the port serving listens on
     test = services["serving"]["healthcheck"]["test"]
-    assert test[:4] == ["CMD", "python", "-m", "streamrec.healthcheck"]
+    assert test[:4] == ["CMD", "python", "-m", "streamrec.app.healthcheck"]
     assert test[4] == f"127.0.0.1:{serving.serving.port}"
-    from streamrec import healthcheck
+    from streamrec.app import healthcheck
 
     assert callable(healthcheck.check)
     assert healthcheck.check(f"127.0.0.1:{_free_port()}", timeout=0.5) is False  # nothing listens: not healthy

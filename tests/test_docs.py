@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from streamrec.config_cli import reference_markdown
+from streamrec.app.commands.config import reference_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -25,7 +25,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_every_cli_command_is_in_the_tour():
-    from streamrec.cli import build_parser
+    from streamrec.app.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     missing = [name for name in sub.choices if f"`streamrec {name}" not in README]

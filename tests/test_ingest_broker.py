@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ingest import EmbeddedBroker
+from streamrec.ingest import EmbeddedBroker
 
 pytestmark = pytest.mark.broker
 
@@ -48,7 +48,7 @@ def test_broker_stops_cleanly():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_broker_dies_with_its_parent():
-    script = ("import time\nfrom ingest import EmbeddedBroker\n"
+    script = ("import time\nfrom streamrec.ingest import EmbeddedBroker\n"
               "b = EmbeddedBroker().start()\nprint(b.proc.pid, b.port, flush=True)\ntime.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

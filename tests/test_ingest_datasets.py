@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from ingest import (
+from streamrec.ingest import (
     DatasetError, Decoder, EventError, EventSchema, SyntheticStream, avazu_config, criteo_config, detect_format,
     encode_arrow, encode_json, hash_id, read_events, read_file, write_events,
 )
-from ingest.codec import encode_json_batch
-from streamrec.cli import main as streamrec_main
+from streamrec.ingest.codec import encode_json_batch
+from streamrec.app.cli import main as streamrec_main
 
 
 def ids(batch, field):
@@ -186,7 +186,7 @@ def test_generate_command_writes_file_and_prints_bayes_auc(tmp_path, capsys):
     assert "wrote 3,000 events" in text
     auc = float(text.rsplit("Bayes-optimal AUC", 1)[1])
     assert 0.6 < auc < 1.0
-    from streamrec.config import load_config
+    from streamrec.foundation import load_config
 
     cfg = load_config(None, {"generator.seed": 3}, env={})
     assert sum(len(b) for b in read_events(out, cfg)) == 3000

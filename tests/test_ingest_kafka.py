@@ -10,14 +10,13 @@ import sys
 import time
 import uuid
 
-import numpy as np
 import pytest
 
-from ingest import (
+from streamrec.ingest import (
     REASON_HEADER, SOURCE_HEADER, EventConsumer, EventProducer, EventSchema, SyntheticStream, encode_arrow,
     ensure_topics, hash_id, pipeline_topics, read_topic, write_events,
 )
-from streamrec.cli import main as streamrec_main
+from streamrec.app.cli import main as streamrec_main
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.broker
@@ -172,7 +171,7 @@ def test_a_dead_letter_the_dlq_refuses_stops_progress_with_a_clear_error(topics,
     """A bad record whose dead letter is not acknowledged exists only in the source topic:
     the consumer says so at the next flush (before a checkpoint or commit) instead of
     crashing in poll or losing it silently."""
-    from ingest import DeadLetterError, make_producer
+    from streamrec.ingest import DeadLetterError, make_producer
 
     cfg = topics
     good = {"ts": 1, "label": 1, "dense": [0, 0, 0], "sparse": {"user": 1}}
@@ -285,7 +284,7 @@ def test_produce_command_replays_a_file(topics, bootstrap, tmp_path, capsys):
 
 def test_produce_ctrl_c_stops_cleanly(topics, bootstrap, tmp_path):
     cfg = topics
-    cmd = [sys.executable, "-m", "streamrec.cli", "produce", "--synthetic", "100000", "--rate", "500", "-q",
+    cmd = [sys.executable, "-m", "streamrec", "produce", "--synthetic", "100000", "--rate", "500", "-q",
            "--bootstrap", bootstrap, "--set", f"kafka.events_topic={cfg.kafka.events_topic}",
            "--set", f"kafka.dlq_topic={cfg.kafka.dlq_topic}", "--set", f"kafka.hotset_topic={cfg.kafka.hotset_topic}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -307,13 +306,13 @@ def test_produce_ctrl_c_stops_cleanly(topics, bootstrap, tmp_path):
     assert 0 < sent < 100000
     records = read_topic(bootstrap, cfg.kafka.events_topic, timeout=15)
     full = load_default_cfg()
-    from ingest import Decoder
+    from streamrec.ingest import Decoder
 
     dec = Decoder(EventSchema.from_config(full))
     assert sum(len(dec.decode(r.value)) for r in records) == sent  # everything reported sent is in the topic
 
 
 def load_default_cfg():
-    from streamrec.config import load_config
+    from streamrec.foundation import load_config
 
     return load_config(None, {}, env={})

@@ -8,7 +8,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from ingest import DatasetError, Decoder, EventSchema, read_events
+from streamrec.ingest import DatasetError, Decoder, EventSchema, read_events
 
 
 def _arrow(cols) -> bytes:

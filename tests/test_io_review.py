@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from ingest import REASON_HEADER, Decoder, EventConsumer, EventProducer, EventSchema, read_topic
+from streamrec.ingest import REASON_HEADER, Decoder, EventConsumer, EventProducer, EventSchema, read_topic
 
 
 def _good(ts=1):
@@ -118,7 +118,7 @@ def test_crashing_records_reach_the_dlq_through_the_broker(topics, bootstrap):
 
 
 def test_csv_with_non_finite_dense_is_refused(tmp_path, cfg):
-    from ingest import DatasetError, read_events
+    from streamrec.ingest import DatasetError, read_events
 
     path = tmp_path / "ev.csv"
     path.write_text("label,dense_0,dense_1,dense_2,user\n1,0.5,0,1,7\n0,nan,0,1,8\n")
@@ -128,7 +128,7 @@ def test_csv_with_non_finite_dense_is_refused(tmp_path, cfg):
 
 def test_jsonl_with_invalid_utf8_names_the_line(tmp_path, cfg):
     """A stray Latin-1 byte raised UnicodeDecodeError (a traceback from `streamrec produce`)."""
-    from ingest import DatasetError, read_events
+    from streamrec.ingest import DatasetError, read_events
 
     path = tmp_path / "ev.jsonl"
     good = json.dumps(_good()).encode()
@@ -139,7 +139,7 @@ def test_jsonl_with_invalid_utf8_names_the_line(tmp_path, cfg):
 
 def test_csv_with_utf8_bom_reads_like_without(tmp_path, cfg):
     """Spreadsheet "CSV UTF-8" exports start with a BOM; the header check saw a column '\\ufefflabel'."""
-    from ingest import read_events
+    from streamrec.ingest import read_events
 
     text = "label,dense_0,dense_1,dense_2,user\n1,0.5,0,1,7\n"
     plain, bom = tmp_path / "plain.csv", tmp_path / "bom.csv"
@@ -154,7 +154,7 @@ def test_csv_with_utf8_bom_reads_like_without(tmp_path, cfg):
 def test_predict_request_shape_errors_name_the_event(columns):
     """Bad JSON shapes raised TypeError/ValueError/OverflowError (a traceback from `streamrec predict`),
     and dense lists of different lengths were concatenated, shifting values into the next event."""
-    from serving import RequestError, events_to_request
+    from streamrec.serving import RequestError, events_to_request
 
     cases = [
         ([{"dense": [1, 2, 3]}, {"dense": [4]}], r"events\[1\]\.dense"),  # 4 values = 2 x dense_dim 2
@@ -172,7 +172,7 @@ def test_predict_request_shape_errors_name_the_event(columns):
 
 def test_predict_reads_input_with_a_utf8_bom(tmp_path):
     """Windows editors/PowerShell write a BOM; `streamrec predict` refused such a file ("Unexpected UTF-8 BOM")."""
-    from serving.cli import read_events
+    from streamrec.app.commands.serve import read_events
 
     events = [{"dense": [1, 2, 3], "user": 1}, {"dense": [0, 0, 0], "item": "x"}]
     arr, lines = tmp_path / "a.json", tmp_path / "l.jsonl"
@@ -185,7 +185,7 @@ def test_predict_reads_input_with_a_utf8_bom(tmp_path):
 @pytest.mark.parametrize("batch", ["0", "-1"])
 def test_predict_refuses_a_batch_size_below_one(tmp_path, capsys, batch):
     """--batch 0 sent empty requests; --batch -1 sliced events[0:-1] and silently skipped events."""
-    from streamrec.cli import main
+    from streamrec.app.cli import main
 
     path = tmp_path / "ev.jsonl"
     path.write_text('{"dense": [1, 2, 3]}\n{"dense": [1, 2, 3]}\n')
@@ -195,7 +195,7 @@ def test_predict_refuses_a_batch_size_below_one(tmp_path, capsys, batch):
 
 def test_config_refuses_nan(tmp_path):
     """NaN passed every range check written as `x <= 0` (e.g. trainer.push_give_up_s) and was used as is."""
-    from streamrec.config import ConfigError, load_config
+    from streamrec.foundation import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"trainer\.dense_lr: expected a number, got 'nan'"):
         load_config(None, {"trainer.dense_lr": "nan"}, env={})
@@ -210,7 +210,7 @@ def test_config_refuses_nan(tmp_path):
 
 def test_unreadable_config_file_is_a_config_error(tmp_path):
     """A Latin-1 config raised UnicodeDecodeError, a directory IsADirectoryError: tracebacks from every command."""
-    from streamrec.config import ConfigError, load_config
+    from streamrec.foundation import ConfigError, load_config
 
     latin = tmp_path / "c.toml"
     latin.write_bytes(b"[trainer]\ndevice = 'caf\xe9'\n")
@@ -228,8 +228,8 @@ def test_manifest_with_wrong_value_types_is_refused_and_v1_keeps_serving(cfg, tm
 
     import grpc
 
-    from serving import ServingClient, SnapshotPusher, serve, snapshot_chunks
-    from serving.pb import pb, pb_grpc
+    from streamrec.serving import ServingClient, SnapshotPusher, serve, snapshot_chunks
+    from streamrec.serving.pb import pb, pb_grpc
     from serving_helpers import FakeTrainer, Touched
 
     trainer = FakeTrainer(cfg, tmp_path)

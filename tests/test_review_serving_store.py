@@ -3,7 +3,6 @@ each test here failed on the code before its fix (see the commit that added it).
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from embedding_store import EmbeddingStore, StoreError
+from streamrec.embedding_store import EmbeddingStore, StoreError
 
 ROWS = np.arange(0, 400, dtype=np.int64)  # spread over every shard
 DIM = 4
@@ -35,8 +34,8 @@ def _batch_of(store) -> int:
 KILL_IN_RECOVERY = textwrap.dedent("""
     import os, signal, types
     import rocksdict
-    import embedding_store.cold as cold
-    from embedding_store import EmbeddingStore
+    import streamrec.embedding_store.cold as cold
+    from streamrec.embedding_store import EmbeddingStore
 
     class DieAfterWrite:
         def __init__(self, *a, **k):
@@ -118,11 +117,13 @@ def test_served_version_of_a_model_with_a_field_named_file_persists_and_restores
     # the version's memory-row ids were saved with np.savez(path, **per_field): a field named
     # "file" failed every push (UNKNOWN, retried), "allow_pickle" lost its memory rows on restart
     from conftest import small_config
-    from serving import ServingServer, verify_snapshot
+    from streamrec.snapshot import verify_snapshot
+    from streamrec.serving import ServingServer
     from serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
 
-    cfg = small_config(tmp_path, **{"model.fields": [{"name": "file", "cardinality": 500},
-                                                     {"name": "allow_pickle", "cardinality": 500}],
+    cfg = small_config(tmp_path, **{"model.fields": [{"name": "file"}, {"name": "allow_pickle"}],
+                                    "generator.fields": [{"name": "file", "cardinality": 500},
+                                                         {"name": "allow_pickle", "cardinality": 500}],
                                     "serving.hot_rows": 50})
     trainer = FakeTrainer(cfg, tmp_path)
     touched = Touched()
@@ -152,7 +153,9 @@ def test_close_during_a_delta_install_neither_breaks_the_parent_nor_leaks_the_ne
     # closed service: never closed (RocksDB LOCK held), or refused because the parent was gone
     import threading
 
-    from serving import ServingServer, verify_snapshot
+    from streamrec.snapshot import verify_snapshot
+
+    from streamrec.serving import ServingServer
     from serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
 
     trainer = FakeTrainer(cfg, tmp_path)
@@ -211,8 +214,8 @@ def test_row_file_with_a_wrong_schema_is_refused_not_unknown(cfg, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from serving import ServingServer, SnapshotPusher
-    from serving.snapshot import sha256_file
+    from streamrec.serving import ServingServer, SnapshotPusher
+    from streamrec.snapshot.format import sha256_file
     from serving_helpers import FakeTrainer, Touched
 
     trainer = FakeTrainer(cfg, tmp_path)

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from serving import ServingClient, SnapshotPusher, serve
+from streamrec.serving import ServingClient, SnapshotPusher, serve
 from serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
 
 TOKEN = "push-secret"
@@ -73,7 +73,7 @@ def test_served_scores_equal_trainer_scores(cfg, server, trainer, tmp_path):
     # the CLI client prints the same scores
     path = tmp_path / "events.jsonl"
     path.write_text("\n".join(json.dumps(e) for e in events[:10]))
-    out = subprocess.run([sys.executable, "-m", "streamrec.cli", "predict", str(path), "--target", server.target],
+    out = subprocess.run([sys.executable, "-m", "streamrec", "predict", str(path), "--target", server.target],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]
@@ -95,10 +95,10 @@ def test_reflection_lists_the_services(server):
 def test_generated_code_is_up_to_date(tmp_path):
     from pathlib import Path
 
-    from serving.protos import generate
+    from streamrec.serving.protos import generate
 
     assert generate(tmp_path) == 0
     here = Path(__file__).resolve().parent.parent / "serving"
     for name in ("streamrec_pb2.py", "streamrec_pb2_grpc.py"):
-        assert (tmp_path / "serving" / name).read_text() == (here / name).read_text(), \
-            f"serving/{name} is stale: run python -m serving.protos"
+        assert (tmp_path / name).read_text() == (here / name).read_text(), \
+            f"serving/{name} is stale: run python -m streamrec.serving.protos"

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from serving.idindex import IdIndex
+from streamrec.serving.idindex import IdIndex
 
 
 def test_index_agrees_with_a_dict_on_hits_and_misses():

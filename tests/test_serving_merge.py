@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from ingest import EventBatch, JaggedIds
-from serving.merge import RequestMerger
+from streamrec.ingest import EventBatch, JaggedIds
+from streamrec.serving.merge import RequestMerger
 
 FIELDS = ["a", "b"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serving import ServingClient, SnapshotPusher, serve
+from streamrec.serving import ServingClient, SnapshotPusher, serve
 from serving_helpers import FakeTrainer, Touched, make_events
 
 NODE_DIR = Path(__file__).resolve().parent / "node"

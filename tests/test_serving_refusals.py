@@ -10,8 +10,8 @@ import grpc
 import numpy as np
 import pytest
 
-from serving import ServingClient, SnapshotPusher, events_to_request, serve, snapshot_chunks
-from serving.pb import pb, pb_grpc
+from streamrec.serving import ServingClient, SnapshotPusher, events_to_request, serve, snapshot_chunks
+from streamrec.serving.pb import pb, pb_grpc
 from serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ingest import EventSchema
+from streamrec.ingest import EventSchema
 
 
 def test_batch_from_parsed_total_equals_events_with_empty_bags(cfg):

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from serving import ServingClient, SnapshotPusher, serve
+from streamrec.serving import ServingClient, SnapshotPusher, serve
 from serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
 
 
@@ -26,7 +26,7 @@ class ServeProcess:
     def __init__(self, data_dir: Path, hot_rows: int):
         env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(data_dir), STREAMREC_SERVING__PUSH_TOKEN="tok",
                    STREAMREC_SERVING__HOT_ROWS=str(hot_rows), OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "streamrec.cli", "serve", "--port", "0", "--device", "cpu"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", "cpu"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
         self.err: list[str] = []
         self._reader = threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True)
@@ -103,7 +103,7 @@ def test_restart_serves_newest_complete_version(cfg, tmp_path):
         srv.stop()  # clean stop: the served version's directory stays
     log = "".join(srv.err)
     assert f"skipping version directory {half}: half-written" in log, log
-    assert f"skipping version directory {corrupt}: LoadError: dense.safetensors: sha256" in log, log
+    assert f"skipping version directory {corrupt}: SnapshotError: dense.safetensors: sha256" in log, log
     assert not half.exists() and not v2.exists()  # half-written and superseded ones are removed
 
     cfg.serving.data_dir = str(data)  # and an in-process server restores it too

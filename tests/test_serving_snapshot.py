@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from serving import SnapshotError, iter_rows, read_dense, rows_batch, verify_snapshot, write_snapshot
-from serving.snapshot import Manifest
-from trainer import DLRM
+from streamrec.snapshot import SnapshotError, iter_rows, read_dense, rows_batch, verify_snapshot, write_snapshot
+from streamrec.snapshot.format import Manifest
+from streamrec.model import DLRM
 
 
 def _write(path, cfg, version=1, parent=None, kind="full", n=50, rows_per_file=1_000_000):

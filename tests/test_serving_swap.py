@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from serving import ServingClient, SnapshotPusher, serve
+from streamrec.serving import ServingClient, SnapshotPusher, serve
 from serving_helpers import FakeTrainer, Touched, events_to_batch, make_events
 
 KINDS = ["full", "delta", "delta", "full", "delta"]

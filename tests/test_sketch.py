@@ -7,10 +7,11 @@ import collections
 import numpy as np
 import pytest
 
-from ingest import EventSchema, SyntheticStream, encode_arrow, encode_json
-from ingest.synthetic import rank_to_id, zipf_ranks
-from sketch import (Accumulator, CountMinSketch, EventSample, HeavyHitters, HotSet, PopularitySketch, SketchState,
-                    choose_hot_set, make_keys, table_salt)
+from streamrec.ingest import EventSchema, SyntheticStream, encode_arrow, encode_json
+from streamrec.ingest.synthetic import rank_to_id, zipf_ranks
+from streamrec.sketch import (Accumulator, CountMinSketch, EventSample, HeavyHitters, HotSet, PopularitySketch, SketchState,
+                    choose_hot_set, make_keys)
+from streamrec.sketch.keys import key_salt
 
 T0 = 1_700_000_000_000
 
@@ -25,7 +26,7 @@ def test_accumulator_sums_row_weights_per_key_exactly():
     offsets = np.concatenate([[0], np.sort(rng.integers(0, len(values), 999)), [len(values)]]).astype(np.int64)
     w = rng.random(len(offsets) - 1)
     acc = Accumulator(128)  # a row is taken only when all of its ids would fit as new keys
-    assert acc.add(2, table_salt("item"), True, values, offsets, w) == len(w)
+    assert acc.add(2, key_salt("item"), True, values, offsets, w) == len(w)
     want = collections.defaultdict(float)
     for e in range(len(w)):
         for v in values[offsets[e]:offsets[e + 1]].tolist():
@@ -245,7 +246,7 @@ def test_malformed_records_never_reach_the_sketch(tmp_path):
 
 def test_decay_weights_of_a_batch_are_exact():
     """Per-id decayed counts after update_batch equal an exact numpy sum (any event-time span)."""
-    from ingest import EventBatch, JaggedIds
+    from streamrec.ingest import EventBatch, JaggedIds
 
     rng = np.random.default_rng(5)
     n = 20_000
@@ -283,7 +284,7 @@ def test_buffered_updates_equal_unbuffered():
 
 def test_an_event_with_more_ids_than_the_accumulator_holds_is_counted():
     """One event whose field has more ids than the pre-aggregation table holds: counted exactly (not an error)."""
-    from ingest import EventBatch, JaggedIds
+    from streamrec.ingest import EventBatch, JaggedIds
 
     big = np.arange(1, 5_001, dtype=np.int64)  # one event, 5,000 ids in one field; accumulator of 1,024
     lists = [[7, 8], big.tolist(), [], [7]]

@@ -8,18 +8,16 @@ it and checks the counts resumed (exactly: nothing reset, nothing counted twice)
 from __future__ import annotations
 
 import collections
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from ingest import EventProducer, SyntheticStream
-from sketch import HotSetFollower
+from streamrec.ingest import EventProducer, SyntheticStream
+from streamrec.sketch import HotSetFollower
 
 pytestmark = pytest.mark.broker
 

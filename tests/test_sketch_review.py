@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from sketch import SketchState
+from streamrec.sketch import SketchState
 from tests.conftest import small_config
 
 
@@ -40,7 +40,7 @@ def test_an_event_time_far_off_does_not_poison_the_counts(tmp_path):
 
 
 def test_an_arrow_record_keeps_its_good_events_when_one_time_is_off(tmp_path):
-    from ingest import EventSchema, SyntheticStream, encode_arrow
+    from streamrec.ingest import EventSchema, SyntheticStream, encode_arrow
 
     cfg = small_config(tmp_path)
     st = SketchState(cfg)
@@ -56,8 +56,8 @@ def test_a_restarted_worker_publishes_every_partitions_restored_counts(topics, b
     hot set was chosen from the partitions that had new records only (none at all: nothing published)."""
     import signal
 
-    from ingest import encode_json, make_producer
-    from sketch import HotSetFollower
+    from streamrec.ingest import encode_json, make_producer
+    from streamrec.sketch import HotSetFollower
     from tests.test_sketch_e2e import produce, start_worker, stop, write_config
 
     cfg = topics
@@ -104,8 +104,8 @@ def test_follower_survives_a_hot_set_record_with_an_out_of_range_number(topics, 
     died on such a record (the trainer kept its hot set for good) and latest_hotset raised."""
     import struct
 
-    from ingest import make_producer
-    from sketch import HotSet, HotSetFollower, latest_hotset
+    from streamrec.ingest import make_producer
+    from streamrec.sketch import HotSet, HotSetFollower, latest_hotset
 
     topic = topics.kafka.hotset_topic
     head = b'{"version": 1e999, "coverage": 0, "hit_rate": 0, "window_start_ms": 0, "window_end_ms": 0, ' \

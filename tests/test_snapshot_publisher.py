@@ -9,10 +9,10 @@ import copy
 import numpy as np
 import pytest
 
-from ingest import free_port
-from serving import ServingClient, serve
+from streamrec.ingest import free_port
+from streamrec.serving import ServingClient, SnapshotPusher, serve
 from serving_helpers import FakeTrainer, events_to_batch, make_events
-from trainer.snapshots import SnapshotPublisher
+from streamrec.trainer.snapshots import SnapshotPublisher
 
 
 @pytest.fixture
@@ -29,7 +29,8 @@ def group(cfg, tmp_path):
 
     servers = [start(i, str(tmp_path / f"serving-{i}")) for i in range(2)]
     trainer = FakeTrainer(cfg, tmp_path)
-    pub = SnapshotPublisher(cfg, tmp_path / "snapshots", push=True, full_every=100, backoff_s=0.05, max_backoff_s=0.2)
+    pub = SnapshotPublisher(cfg, tmp_path / "snapshots", push=True, full_every=100, backoff_s=0.05, max_backoff_s=0.2,
+                            pusher_factory=SnapshotPusher.factory(cfg))
     state = {"version": 0, "events": make_events(cfg, 16)}
 
     def publish():

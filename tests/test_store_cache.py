@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore
 
 
 def _train(store, rng, steps=40, n_ids=300):

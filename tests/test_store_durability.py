@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore
 
 ROWS = np.arange(0, 400, dtype=np.int64)  # spread over every shard
 DIM = 8
@@ -35,7 +35,7 @@ CHILD = textwrap.dedent("""
     import numpy as np
     sys.path.insert(0, {tests!r})
     from test_store_durability import ROWS, DIM, _vectors
-    from embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore
     s = EmbeddingStore({path!r}, {{"t": DIM}}, shards=4, host_cache_rows={cache})
     crash_at = {crash_at}
     if crash_at:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from embedding_store import EmbeddingStore, StoreError, StoreMismatchError
+from streamrec.embedding_store import EmbeddingStore, StoreError, StoreMismatchError
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from embedding_store import EmbeddingStore
-from embedding_store.keyset import StoredKeys
+from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store.keyset import StoredKeys
 
 
 def test_no_false_negatives_through_merges():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore
 
 
 def test_apply_after_caller_reuses_ids_buffer(tmp_path):

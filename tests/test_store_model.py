@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore
 
 TABLES = {"a": 4, "b": 3}
 LR, EPS = 0.05, 1e-8

@@ -3,7 +3,7 @@ removals, tombstone reuse and rebuilds."""
 
 import numpy as np
 
-from embedding_store.slotmap import SlotMap
+from streamrec.embedding_store.slotmap import SlotMap
 
 
 def test_slotmap_matches_a_dict_through_churn():

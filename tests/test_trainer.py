@@ -7,15 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from embedding_store import EmbeddingStore
-from ingest import EventBatch, JaggedIds, SyntheticStream, roc_auc
+from streamrec.embedding_store import EmbeddingStore
+from streamrec.foundation import roc_auc
+from streamrec.ingest import EventBatch, JaggedIds, SyntheticStream
 from tests.conftest import small_config
-from trainer.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint, write_checkpoint
-from trainer.core import TrainerCore
-from trainer.hotset import SampleHotSource, top_rows
-from trainer.metrics import StreamingMetrics
-from trainer.reference import MemoryDLRM
-from trainer.schedule import hot_samples, plan
+from streamrec.trainer.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint, write_checkpoint
+from streamrec.trainer.core import TrainerCore
+from streamrec.trainer.hotset import SampleHotSource, top_rows
+from streamrec.trainer.metrics import StreamingMetrics
+from streamrec.trainer.reference import MemoryDLRM
+from streamrec.trainer.schedule import hot_samples, plan
 
 BS = 256
 WINDOW = BS * 8

@@ -8,7 +8,7 @@ import math
 import threading
 
 from tests.test_trainer_review import _produce, _stream_cfg
-from trainer.service import TrainerService
+from streamrec.trainer.service import TrainerService
 
 
 def test_sampled_hot_set_version_continues_after_a_resume(topics, tmp_path, bootstrap):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from embedding_store import EmbeddingStore
-from ingest import EventProducer, SyntheticStream, make_producer
+from streamrec.embedding_store import EmbeddingStore
+from streamrec.ingest import EventProducer, SyntheticStream, make_producer
 from tests.conftest import small_config
-from trainer.core import TrainerCore
-from trainer.service import TrainerService, open_store
+from streamrec.trainer.core import TrainerCore
+from streamrec.trainer.service import TrainerService, open_store
 
 
 def _stream_cfg(cfg, tmp_path):
@@ -53,7 +53,7 @@ def test_a_hot_set_bigger_than_the_budget_is_cut_to_fit_instead_of_crashing(topi
     """A hot-set message over the trainer's budget (the sketch ran with a bigger one, or the budget was
     lowered and the compacted topic still holds the old set) raised StoreError out of the loop, and
     again at every restart, since the follower re-reads the same message."""
-    from sketch import HotSet
+    from streamrec.sketch import HotSet
 
     cfg = _stream_cfg(topics, tmp_path)
     cfg.trainer.hot_source, cfg.hot.budget_rows = "topic", 40
@@ -98,8 +98,8 @@ def test_dead_letters_reach_the_dlq_before_a_checkpoint_moves_past_them(topics, 
 
     import tomli_w
 
-    from ingest import read_topic
-    from trainer.checkpoint import latest_checkpoint, read_checkpoint
+    from streamrec.ingest import read_topic
+    from streamrec.trainer.checkpoint import latest_checkpoint, read_checkpoint
 
     cfg = _stream_cfg(topics, tmp_path)
     cfg_path = tmp_path / "config.toml"
@@ -109,9 +109,9 @@ def test_dead_letters_reach_the_dlq_before_a_checkpoint_moves_past_them(topics, 
     # a long linger keeps the dead letters in the producer's buffer until somebody flushes it
     script = (
         "import os, sys\n"
-        "from ingest import make_producer\n"
-        "from streamrec.config import load_config\n"
-        "from trainer.service import TrainerService\n"
+        "from streamrec.ingest import make_producer\n"
+        "from streamrec.foundation import load_config\n"
+        "from streamrec.trainer import TrainerService\n"
         "svc = TrainerService(load_config(sys.argv[1], env={}), sys.argv[2], progress=False)\n"
         "svc.consumer._dlq.close()\n"
         "svc.consumer._dlq = make_producer(sys.argv[2], linger_ms=600_000, delivery_timeout_ms=700_000)\n"

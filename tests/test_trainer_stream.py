@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,8 +15,8 @@ from pathlib import Path
 import tomli_w
 from kafka import KafkaConsumer, TopicPartition
 
-from ingest import EventProducer, SyntheticStream, read_topic
-from trainer.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
+from streamrec.ingest import EventProducer, SyntheticStream, read_topic
+from streamrec.trainer.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
 
 EVENTS = 48_000
 PER_MESSAGE = 256
@@ -63,7 +62,7 @@ def test_crash_and_resume_loses_nothing(topics, tmp_path, bootstrap):
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
     _produce(cfg, bootstrap, EVENTS)
-    cmd = [sys.executable, "-m", "streamrec.cli", "train", "--config", str(cfg_path), "--bootstrap", bootstrap,
+    cmd = [sys.executable, "-m", "streamrec", "train", "--config", str(cfg_path), "--bootstrap", bootstrap,
            "--no-progress", "--log-level", "WARNING"]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     trace = tmp_path / "trace.jsonl"
@@ -123,7 +122,7 @@ def test_crash_and_resume_loses_nothing(topics, tmp_path, bootstrap):
 
 
 def test_bad_records_are_dead_lettered_and_training_goes_on(topics, tmp_path, bootstrap):
-    from trainer.service import TrainerService
+    from streamrec.trainer.service import TrainerService
 
     cfg = _trainer_cfg(topics, tmp_path)
     cfg.trainer.snapshot_every = 0
@@ -148,7 +147,7 @@ def test_bad_records_are_dead_lettered_and_training_goes_on(topics, tmp_path, bo
 def test_sigterm_drains_with_final_checkpoint_and_serves_prometheus(topics, tmp_path, bootstrap):
     import urllib.request
 
-    from ingest import free_port
+    from streamrec.ingest import free_port
 
     cfg = _trainer_cfg(topics, tmp_path)
     cfg.trainer.idle_exit_s = 0.0  # would run forever: only the signal stops it
@@ -158,7 +157,7 @@ def test_sigterm_drains_with_final_checkpoint_and_serves_prometheus(topics, tmp_
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
     _produce(cfg, bootstrap, 8_192)
-    cmd = [sys.executable, "-m", "streamrec.cli", "train", "--config", str(cfg_path), "--bootstrap", bootstrap,
+    cmd = [sys.executable, "-m", "streamrec", "train", "--config", str(cfg_path), "--bootstrap", bootstrap,
            "--no-progress", "--log-level", "WARNING"]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,16 +1,41 @@
 """The continuous trainer: DLRM over the tiered embedding store, FAE hot/cold
-mini-batches, progressive validation, checkpoints + offsets, serving snapshots."""
+mini-batches, progressive validation, checkpoints + offsets, serving snapshots.
 
-from .core import TrainerCore, WindowResult
-from .hotset import HotUpdate, SampleHotSource, TopicHotSource, budget_rows, make_hot_source
-from .metrics import StreamingMetrics
-from .model import DLRM, embed_batch, pool_sum, predict_batch
-from .schedule import MiniBatch, hot_samples, plan
-from .step import dense_optimizer, resolve_device, train_step
+Public surface::
 
-__all__ = [
-    "DLRM", "embed_batch", "pool_sum", "predict_batch",
-    "TrainerCore", "WindowResult", "StreamingMetrics", "MiniBatch", "hot_samples", "plan",
-    "HotUpdate", "SampleHotSource", "TopicHotSource", "budget_rows", "make_hot_source",
-    "dense_optimizer", "resolve_device", "train_step",
-]
+    TrainerService(cfg, bootstrap, stop=, progress=, pusher_factory=).run() -> summary
+    TrainerCore(cfg, store, device)            # train one window of events, no Kafka
+    SnapshotPublisher                          # snapshots after checkpoints, pushed in the background
+    StreamingMetrics, MemoryDLRM               # progressive AUC/logloss; the all-in-memory reference
+    make_hot_source(cfg, bootstrap), SampleHotSource, TopicHotSource, HotUpdate
+    plan, hot_samples, MiniBatch               # FAE's hot/cold mini-batch schedule
+    dense_optimizer, train_step
+"""
+
+from typing import TYPE_CHECKING
+
+from streamrec.foundation.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
+    from .core import TrainerCore, WindowResult
+    from .hotset import HotUpdate, SampleHotSource, TopicHotSource, make_hot_source, top_rows
+    from .metrics import StreamingMetrics
+    from .reference import MemoryDLRM
+    from .schedule import MiniBatch, hot_samples, plan
+    from .service import TrainerService
+    from .snapshots import SnapshotPublisher
+    from .step import dense_optimizer, train_step
+
+_EXPORTS = {  # submodule: the public names it defines
+    ".core": "TrainerCore WindowResult",
+    ".hotset": "HotUpdate SampleHotSource TopicHotSource make_hot_source top_rows",
+    ".metrics": "StreamingMetrics",
+    ".reference": "MemoryDLRM",
+    ".schedule": "MiniBatch hot_samples plan",
+    ".service": "TrainerService",
+    ".snapshots": "SnapshotPublisher",
+    ".step": "dense_optimizer train_step",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [name for names in _EXPORTS.values() for name in names.split()]

@@ -3,7 +3,7 @@ store + hot set + metrics. ``train_window`` takes a window of arriving events,
 plans FAE hot/cold mini-batches, prefetches the next cold batch's rows while the
 current one trains, and scores every event before training on it.
 
-Kafka, checkpoints and snapshots are wired around this in ``trainer.service``.
+Kafka, checkpoints and snapshots are wired around this in ``streamrec.trainer.service``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ingest.events import EventBatch
+from streamrec.foundation import EventBatch
 
 from .metrics import StreamingMetrics
-from .model import DLRM, predict_batch, unique_ids
+from streamrec.model import DLRM, predict_batch, unique_ids
 from .schedule import MiniBatch, hot_samples, plan
 from .step import dense_optimizer, train_step
 

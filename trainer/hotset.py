@@ -1,7 +1,7 @@
 """Where the trainer's hot set comes from.
 
 - ``topic``: the popularity-sketch worker's compacted ``hot-set`` topic (the
-  pipeline's normal mode), followed with ``sketch.HotSetFollower``.
+  pipeline's normal mode), followed with ``streamrec.sketch.HotSetFollower``.
 - ``sample``: counted in-process from the first events (FAE finds hot rows from a
   sample, not a full pass), optionally re-counted every N events. For runs
   without the sketch worker: tests, benchmarks, a single-process trainer.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ingest.events import EventBatch
+from streamrec.foundation import EventBatch, hot_budget_rows
 
 
 @dataclass
@@ -23,14 +23,6 @@ class HotUpdate:
     tables: dict[str, np.ndarray]
     coverage: float = float("nan")  # estimated fraction of lookups the set covers
     hit_rate: float = float("nan")
-
-
-def budget_rows(cfg) -> int:
-    """Row budget of the device tier: ``hot.budget_bytes`` when set, else ``hot.budget_rows``."""
-    if cfg.hot.budget_bytes > 0:
-        per_row = cfg.model.embedding_dim * 4 + 4  # vector + Adagrad accumulator
-        return max(0, cfg.hot.budget_bytes // per_row)
-    return max(0, cfg.hot.budget_rows)
 
 
 def top_rows(counts: dict[str, tuple[np.ndarray, np.ndarray]], budget: int) -> tuple[dict[str, np.ndarray], float]:
@@ -95,7 +87,7 @@ class TopicHotSource:
     """Newest hot set published by the sketch worker on the ``hot-set`` topic."""
 
     def __init__(self, bootstrap: str, topic: str):
-        from sketch import HotSetFollower
+        from streamrec.sketch import HotSetFollower
 
         self.follower = HotSetFollower(bootstrap, topic)
         self.version = 0
@@ -129,10 +121,10 @@ class NoHotSource:
 
 def make_hot_source(cfg, bootstrap: str | None):
     kind = cfg.trainer.hot_source
-    if kind == "none" or budget_rows(cfg) == 0:
+    if kind == "none" or hot_budget_rows(cfg) == 0:
         return NoHotSource()
     if kind == "sample":
-        return SampleHotSource(cfg.model.field_names, budget_rows(cfg), cfg.trainer.hot_sample_events,
+        return SampleHotSource(cfg.model.field_names, hot_budget_rows(cfg), cfg.trainer.hot_sample_events,
                                cfg.trainer.hot_refresh_events)
     if kind == "topic":
         if not bootstrap:

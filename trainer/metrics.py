@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ingest.synthetic import roc_auc
+from streamrec.foundation import roc_auc
 
 _EPS = 1e-7
 

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from embedding_store.adagrad import adagrad_rows, adagrad_rows_np
-from embedding_store.rows import init_rows, table_salt
+from streamrec.embedding_store import adagrad_rows, adagrad_rows_np, init_rows
+from streamrec.foundation import table_salt
+from streamrec.model import DLRM, predict_batch
 
-from .model import DLRM, predict_batch
 from .step import dense_optimizer, train_step
 
 

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ingest.events import EventBatch
+from streamrec.foundation import EventBatch
 
 HotMask = Callable[[str, np.ndarray], np.ndarray]
 

@@ -23,9 +23,11 @@ import torch
 from .checkpoint import (STORE, latest_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint,
                          write_checkpoint)
 from .core import TrainerCore
-from .hotset import HotUpdate, SampleHotSource, budget_rows, make_hot_source
+from streamrec.foundation import hot_budget_rows, resolve_device
+from streamrec.snapshot import PusherFactory
+
+from .hotset import HotUpdate, SampleHotSource, make_hot_source
 from .snapshots import SnapshotPublisher
-from .step import resolve_device
 from .telemetry import MetricsLog, ProgressLine, PrometheusExporter, Rate
 
 log = logging.getLogger(__name__)
@@ -37,13 +39,13 @@ def open_store(cfg, device, restore_from: Path | None):
     The hot tier's size comes from the config (``hot.budget_*``), not the checkpoint's
     manifest: after a raised budget, the hot source's bigger sets must fit the store.
     """
-    from embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore
 
     if restore_from is not None and (restore_from / STORE).exists():
         s = cfg.store
         return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, lr=s.adagrad_lr,
                                       eps=s.adagrad_eps, init_scale=s.init_scale, block_cache_mb=s.block_cache_mb,
-                                      host_cache_rows=s.host_cache_rows, hot_capacity_rows=budget_rows(cfg))
+                                      host_cache_rows=s.host_cache_rows, hot_capacity_rows=hot_budget_rows(cfg))
     return EmbeddingStore.from_config(cfg, device)
 
 
@@ -66,7 +68,11 @@ class Trace:
 
 
 class TrainerService:
-    def __init__(self, cfg, bootstrap: str, stop: threading.Event | None = None, progress: bool | None = None):
+    """One trainer process. ``pusher_factory(target)`` delivers its snapshots to serving
+    (needed when ``trainer.push_snapshots`` is on; the CLI passes serving's gRPC pusher)."""
+
+    def __init__(self, cfg, bootstrap: str, stop: threading.Event | None = None, progress: bool | None = None,
+                 pusher_factory: PusherFactory | None = None):
         self.cfg = cfg
         self.bootstrap = bootstrap
         self.stop = stop or threading.Event()
@@ -79,7 +85,8 @@ class TrainerService:
         self.core = TrainerCore(cfg, self.store, self.device)
         self.publisher = SnapshotPublisher(cfg, t.snapshot_dir, push=t.push_snapshots,
                                            full_every=t.full_snapshot_every,
-                                           give_up_s=t.push_give_up_s) if t.snapshot_every > 0 else None
+                                           give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
+                                           ) if t.snapshot_every > 0 else None
         self.seq = 0
         self.offsets: dict[tuple[str, int], int] = {}
         self.resumed_from: str | None = None
@@ -110,7 +117,7 @@ class TrainerService:
         self.prom = PrometheusExporter(t.metrics_port) if t.metrics_port else None
         self.progress = ProgressLine(progress)
         self.trace = Trace(t.trace_path)
-        from ingest import EventConsumer
+        from streamrec.ingest import EventConsumer
 
         self.consumer = EventConsumer(bootstrap, cfg, group_id=cfg.kafka.trainer_group, mode=cfg.kafka.consumer_mode)
         self.consumer.stats.dead_letters = int(state.get("dead_letters", 0))

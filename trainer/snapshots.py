@@ -15,6 +15,11 @@ a snapshot ``give_up_s`` after it was built, while others have it, is left behin
 the rest keep getting fresh snapshots (each later one is tried on it once, without
 waiting for it again); when it is back it refuses the next delta (its parent is
 old), and that makes the following snapshot full for all.
+
+The transport is not the trainer's: it pushes through ``pusher_factory(target)``
+(:class:`streamrec.snapshot.Pusher`; the CLI passes serving's gRPC
+``SnapshotPusher``), and decides what a refusal means with
+:func:`streamrec.snapshot.needs_full`.
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from streamrec.snapshot import PusherFactory, needs_full, write_snapshot
 
-NEEDS_FULL = ("FAILED_PRECONDITION", "DATA_LOSS")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,7 +53,11 @@ class SnapshotPublisher:
     """Builds snapshot directories and pushes them with a background retry loop."""
 
     def __init__(self, cfg, out_dir: str | Path, push: bool = True, full_every: int = 10,
-                 keep: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0, give_up_s: float = 120.0):
+                 keep: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0, give_up_s: float = 120.0,
+                 pusher_factory: PusherFactory | None = None):
+        if push and pusher_factory is None:
+            raise ValueError("pushing snapshots needs a pusher_factory (e.g. streamrec.serving.SnapshotPusher.factory(cfg))")
+        self.pusher_factory = pusher_factory
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.push_enabled = push
@@ -67,7 +76,7 @@ class SnapshotPublisher:
         self._remaining: list[str] = []  # targets that have not accepted the pending snapshot yet
         self._pending_since = 0.0  # monotonic time the pending snapshot was queued
         self.left_behind: list[str] = []  # replicas the newest accepted snapshot did not reach
-        self._pushers: dict = {}  # target -> serving.SnapshotPusher
+        self._pushers: dict = {}  # target -> the Pusher pusher_factory made for it
 
     # -- state carried in checkpoints --------------------------------------
     def state(self) -> dict[str, Any]:
@@ -103,8 +112,6 @@ class SnapshotPublisher:
 
         Returns the snapshot dir, or None when skipped because a push is still pending.
         """
-        from serving import write_snapshot
-
         with self._lock:
             if self._pending is not None:
                 return None
@@ -157,10 +164,7 @@ class SnapshotPublisher:
 
     def _client(self, target: str):
         if target not in self._pushers:
-            from serving import SnapshotPusher
-
-            # one attempt per call: this loop retries, with its own backoff, only the replicas still missing it
-            self._pushers[target] = SnapshotPusher.from_config(self.cfg, target=target, attempts=1)
+            self._pushers[target] = self.pusher_factory(target)
         return self._pushers[target]
 
     def _run(self) -> None:
@@ -173,7 +177,7 @@ class SnapshotPublisher:
             if job is None:
                 continue
             version, epoch, path = job
-            accepted, errors = self._push_to(targets, path)
+            accepted, errors, codes = self._push_to(targets, path)
             with self._lock:
                 self._remaining = [t for t in self._remaining if t not in accepted]
                 overdue = time.monotonic() - self._pending_since > self.give_up_s
@@ -182,7 +186,7 @@ class SnapshotPublisher:
                 if self._remaining:
                     self.st.failures += 1
                     self.st.last_error = "; ".join(errors)
-                if self._remaining and any(code in e for e in errors for code in NEEDS_FULL):
+                if self._remaining and any(needs_full(code) for code in codes):
                     # a replica cannot apply this delta: drop it, the next snapshot is full for all
                     self.st.need_full = True
                     self._pending = None
@@ -206,9 +210,10 @@ class SnapshotPublisher:
             delay = min(self.max_backoff_s, delay * 2)
             self._wake.set()
 
-    def _push_to(self, targets: list[str], path: Path) -> tuple[set[str], list[str]]:
-        """Push ``path`` to each target: (targets that accepted it, "target: CODE: reason" of the others)."""
-        accepted, errors = set(), []
+    def _push_to(self, targets: list[str], path: Path) -> tuple[set[str], list[str], set[str]]:
+        """Push ``path`` to each target: (targets that accepted it, "target: CODE: reason" of the others,
+        the status codes of the refusals)."""
+        accepted, errors, codes = set(), [], set()
         for target in targets:
             try:
                 res = self._client(target).push(path)
@@ -222,9 +227,10 @@ class SnapshotPublisher:
                 accepted.add(target)
                 continue
             errors.append(f"{target}: {res.code}: {res.reason}")
+            codes.add(res.code)
             if res.code == "UNAVAILABLE":  # a new channel next time: the old one may sit in gRPC's reconnect backoff
                 self._pushers.pop(target).close()
-        return accepted, errors
+        return accepted, errors, codes
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no push is pending (used on shutdown); True when idle."""

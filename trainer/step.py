@@ -14,19 +14,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .model import DLRM, embed_batch
+from streamrec.model import DLRM, embed_batch
 
 Lookup = Callable[[str, np.ndarray], torch.Tensor]
 ApplyGrads = Callable[[str, np.ndarray, torch.Tensor], None]
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when present, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"trainer.device={name!r} but CUDA is not available on this machine")
-    return torch.device(name)
 
 
 def dense_optimizer(model: DLRM, kind: str, lr: float) -> torch.optim.Optimizer:

@@ -7,7 +7,7 @@ import dataclasses
 import inspect
 import re
 
-from .config import Config, FieldSpec
+from streamrec.foundation import Config, GeneratedField
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def cmd_config(args) -> int:
         return 0
     import tomli_w
 
-    from .cli import config_from_args
+    from streamrec.app.cli import config_from_args
 
     print(tomli_w.dumps(config_from_args(args).to_dict()), end="")
     return 0
@@ -46,15 +46,19 @@ def reference_markdown() -> str:
         notes = _comments(type(obj))
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if f.name == "fields":
-                shown = "4 fields: user, item, category, tags (multi=3)"
-                note = "sparse fields: list of {name, cardinality, zipf, multi} (cardinality/zipf/multi drive the generator)"
+            if f.name == "fields" and section.name == "model":
+                shown = "4 fields: user, item, category, tags"
+                note = "sparse fields (one embedding table each): list of {name}"
+            elif f.name == "fields":
+                shown = "user, item, category, tags (tags: multi=3)"
+                note = ("how `generate`/`produce --synthetic` draw each model field: list of {name, cardinality, zipf, "
+                        "multi}; a model field without an entry gets the defaults below")
             else:
                 shown = f"`{value!r}`" if value != "" else '`""`'
                 note = notes.get(f.name, "")
             lines.append(f"| `{section.name}.{f.name}` | {shown} | {note.replace('|', '/')} |")
-    fs = _comments(FieldSpec)
-    for f in dataclasses.fields(FieldSpec):
+    fs = _comments(GeneratedField)
+    for f in dataclasses.fields(GeneratedField):
         if f.name != "name":
-            lines.append(f"| `model.fields[].{f.name}` | `{f.default!r}` | {fs.get(f.name, '')} |")
+            lines.append(f"| `generator.fields[].{f.name}` | `{f.default!r}` | {fs.get(f.name, '')} |")
     return "\n".join(lines)

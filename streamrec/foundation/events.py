@@ -14,41 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
-import xxhash
 
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
+from .errors import EventError
+from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids
+
+__all__ = ["EventBatch", "EventError", "EventSchema", "JaggedIds", "hash_id", "hash_ids", "INT64_MAX", "INT64_MIN",
+           "FLOAT32_MAX"]
+
 _ALLOWED_KEYS = frozenset({"ts", "label", "dense", "sparse", "user", "item", "request_id"})
-UINT64_MAX = 2**64 - 1
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-class EventError(ValueError):
-    """An event does not satisfy the contract; the message says why."""
-
-
-def hash_id(value: str | int) -> int:
-    """Map an id to a signed 64-bit integer, stably across machines and runs.
-
-    Integers within int64 stay as they are; integers in the uint64 range wrap to
-    their two's-complement value; strings are hashed with xxh64 (seed 0).
-    """
-    if isinstance(value, bool):
-        raise EventError(f"id {value!r} is a boolean, not an integer or string")
-    if isinstance(value, int):
-        if INT64_MIN <= value < 2**63:
-            return value
-        if 2**63 <= value <= UINT64_MAX:
-            return value - 2**64
-        raise EventError(f"integer id {value} does not fit in 64 bits")
-    if isinstance(value, str):
-        h = xxhash.xxh64_intdigest(value.encode("utf-8"))
-        return h - 2**64 if h >= 2**63 else h
-    raise EventError(f"id {value!r} has type {type(value).__name__}; expected int or str")
-
-
-def hash_ids(values: Sequence[str | int]) -> np.ndarray:
-    return np.fromiter((hash_id(v) for v in values), dtype=np.int64, count=len(values))
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def unique_ids(batch, fields) -> dict:
 
 
 def embed_batch(batch, fields, lookup, device, requires_grad: bool = False, uniques=None):
-    """Look up and sum-pool every sparse field of an ``ingest.EventBatch``.
+    """Look up and sum-pool every sparse field of an ``streamrec.ingest.EventBatch``.
 
     ``lookup(field, unique_ids: np.ndarray[int64]) -> Tensor[n, dim]`` fetches rows
     (from the tiered store in training, from serving's copy in serving). Returns

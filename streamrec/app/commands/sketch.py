@@ -21,9 +21,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 def cmd_sketch(args) -> int:
     import logging
 
-    from streamrec.cli import config_from_args, kafka_bootstrap
+    from streamrec.app.cli import config_from_args, kafka_bootstrap
 
-    from .app import run_worker
+    from streamrec.sketch.app import run_worker
 
     cfg = config_from_args(args)
     with kafka_bootstrap(cfg) as bootstrap:

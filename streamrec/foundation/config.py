@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import tomllib
@@ -20,30 +21,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .errors import StreamrecError
 
-class ConfigError(ValueError):
+
+class ConfigError(StreamrecError, ValueError):
     """A configuration key is unknown, missing or has a bad value."""
 
 
 @dataclass
 class FieldSpec:
-    """One sparse field of the model, and how the synthetic generator draws it."""
+    """One sparse field of the model: one embedding table, one or more ids per event."""
+
+    name: str
+
+
+@dataclass
+class GeneratedField:
+    """How the synthetic generator draws one field's ids. Not part of the model: it
+    never changes ``model_hash``, so a model trained on generated events serves real ones."""
 
     name: str
     cardinality: int = 100_000  # distinct ids the generator draws from
-    zipf: float = 1.1  # generator's Zipf exponent
-    multi: int = 1  # ids per event the generator draws (1 = single-valued)
+    zipf: float = 1.1  # Zipf exponent of the id popularity
+    multi: int = 1  # ids per event (1 = single-valued)
+
+
+GENERATED_FIELD_KEYS = ("cardinality", "zipf", "multi")
 
 
 @dataclass
 class ModelConfig:
     fields: list[FieldSpec] = field(
-        default_factory=lambda: [
-            FieldSpec("user", cardinality=200_000, zipf=1.05),
-            FieldSpec("item", cardinality=100_000, zipf=1.2),
-            FieldSpec("category", cardinality=1_000, zipf=1.1),
-            FieldSpec("tags", cardinality=5_000, zipf=1.1, multi=3),
-        ]
+        default_factory=lambda: [FieldSpec("user"), FieldSpec("item"), FieldSpec("category"), FieldSpec("tags")]
     )
     dense_dim: int = 4  # width of the dense feature vector of every event
     embedding_dim: int = 16  # embedding row width (all tables)
@@ -100,8 +109,7 @@ class SketchConfig:
 @dataclass
 class HotConfig:
     budget_rows: int = 20_000  # rows kept on the device, over all tables
-    budget_bytes: int = 0  # 0 = use budget_rows
-    row_bytes: int = 0  # device bytes per hot row under budget_bytes (0 = embedding_dim * 4 * 2: weights + Adagrad)
+    budget_bytes: int = 0  # device bytes for hot rows, each (embedding_dim + 1) * 4 (weights + Adagrad); 0 = use budget_rows
 
 
 @dataclass
@@ -163,6 +171,21 @@ class GeneratorConfig:
     base_rate: float = 0.25  # approximate click rate
     start_ts_ms: int = 1_700_000_000_000  # event time of the first generated event
     events_per_s: float = 1000.0  # simulated time between events
+    fields: list[GeneratedField] = field(  # per model field: id cardinality, Zipf skew, ids per event
+        default_factory=lambda: [
+            GeneratedField("user", cardinality=200_000, zipf=1.05),
+            GeneratedField("item", cardinality=100_000, zipf=1.2),
+            GeneratedField("category", cardinality=1_000, zipf=1.1),
+            GeneratedField("tags", cardinality=5_000, zipf=1.1, multi=3),
+        ]
+    )
+
+    def field(self, name: str) -> GeneratedField:
+        """How ``name`` is drawn: its ``generator.fields`` entry, else the defaults."""
+        for f in self.fields:
+            if f.name == name:
+                return f
+        return GeneratedField(name)
 
 
 @dataclass
@@ -198,6 +221,14 @@ def _split_targets(value: str) -> list[str]:
 
 
 ENV_PREFIX = "STREAMREC_"
+
+# keys that existed once, with what to do instead (a plain "unknown key" would leave the user guessing)
+_REMOVED: dict[tuple[type, str], str] = {
+    (HotConfig, "row_bytes"): "removed; a hot row costs (model.embedding_dim + 1) * 4 device bytes (weights + "
+                              "Adagrad), the size the store allocates, and hot.budget_bytes is divided by that",
+    **{(FieldSpec, k): "belongs to the synthetic generator: set it in [[generator.fields]] (same name), not on "
+                       "[[model.fields]]" for k in GENERATED_FIELD_KEYS},
+}
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -278,6 +309,8 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
+    if unknown and (cls, unknown[0]) in _REMOVED:
+        raise ConfigError(f"{prefix + '.' if prefix else ''}{unknown[0]}: {_REMOVED[cls, unknown[0]]}")
     if unknown:
         where = f"[{prefix}]" if prefix else "top level"
         raise ConfigError(f"unknown key {unknown[0]!r} in {where}; known keys: {', '.join(sorted(names))}")
@@ -314,6 +347,7 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, FieldSpec):
         if not obj.name or not obj.name.replace("_", "").replace("-", "").isalnum():
             bad("name", f"{obj.name!r} is not a valid field name")
+    elif isinstance(obj, GeneratedField):
         if obj.cardinality < 1 or obj.cardinality > 10**9:
             bad("cardinality", "must be in 1..1e9")
         if obj.zipf <= 0:
@@ -355,6 +389,9 @@ def _validate(obj: Any, prefix: str) -> None:
         if not 0 <= obj.sample_rate <= 1:
             bad("sample_rate", "must be in [0, 1]")
     elif isinstance(obj, GeneratorConfig):
+        names = [f.name for f in obj.fields]
+        if len(set(names)) != len(names):
+            bad("fields", f"duplicate field names in {names}")
         if obj.label_noise <= 0:
             bad("label_noise", "must be > 0")
         if not 0 < obj.base_rate < 1:
@@ -406,7 +443,10 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> Non
     if section not in sections:
         raise ConfigError(f"{source}: unknown section {section!r}; known: {', '.join(sorted(sections))}")
     # checked here, not only in _build, so that the error names the variable or --set it came from
-    keys = {f.name for f in dataclasses.fields(typing.get_type_hints(Config)[section])}
+    section_cls = typing.get_type_hints(Config)[section]
+    keys = {f.name for f in dataclasses.fields(section_cls)}
+    if (section_cls, key) in _REMOVED:
+        raise ConfigError(f"{source}: {section}.{key} {_REMOVED[section_cls, key]}")
     if key not in keys:
         raise ConfigError(f"{source}: unknown key {key!r} in [{section}]; known keys: {', '.join(sorted(keys))}")
     data.setdefault(section, {})[key] = value
@@ -430,7 +470,7 @@ def load_config(
             data = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p}: {e}") from e
-        except UnicodeDecodeError as e:  # these two were tracebacks from every command
+        except UnicodeDecodeError as e:  # a clear ConfigError, not a traceback from every command
             raise ConfigError(f"config file {p}: not UTF-8 text (TOML must be UTF-8): {e}") from None
         except OSError as e:
             raise ConfigError(f"config file {p}: cannot be read: {e.strerror or e}") from None
@@ -442,7 +482,32 @@ def load_config(
         _set_path(data, f"{section}.{key}", value, f"environment variable {name}")
     for dotted, value in (overrides or {}).items():
         _set_path(data, dotted, value, f"override {dotted}")
+    _move_generator_keys(data, str(path) if path else "")
     return _build(Config, data, "")
+
+
+def _move_generator_keys(data: dict[str, Any], source: str) -> None:
+    """Move ``cardinality``/``zipf``/``multi`` written on ``[[model.fields]]`` (where they
+    lived before 0.2) to ``[[generator.fields]]``, with a warning: they describe the
+    synthetic generator, not the model, and must not change ``model_hash``."""
+    fields = data.get("model", {}).get("fields") if isinstance(data.get("model"), dict) else None
+    if not isinstance(fields, list):
+        return
+    moved = []
+    gen = data.setdefault("generator", {}) if isinstance(data.get("generator", {}), dict) else {}
+    gen_fields = gen.get("fields")
+    have = {g.get("name") for g in gen_fields if isinstance(g, dict)} if isinstance(gen_fields, list) else set()
+    for f in fields:
+        if not isinstance(f, dict) or not any(k in f for k in GENERATED_FIELD_KEYS):
+            continue
+        knobs = {k: f.pop(k) for k in GENERATED_FIELD_KEYS if k in f}
+        moved.append(str(f.get("name")))
+        if f.get("name") not in have:
+            gen.setdefault("fields", []).append({"name": f.get("name"), **knobs})
+    if moved:
+        logging.getLogger("streamrec.config").warning(
+            "%s: cardinality/zipf/multi on [[model.fields]] (%s) now belong in [[generator.fields]]; moved there",
+            source or "config", ", ".join(moved))
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""``python -m streamrec.healthcheck HOST:PORT``: exit 0 when the gRPC health service says SERVING.
+"""``python -m streamrec.app.healthcheck HOST:PORT``: exit 0 when the gRPC health service says SERVING.
 
 Used by the compose stack's health check; talks only the standard grpc.health.v1 protocol.
 """

@@ -28,19 +28,17 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args) -> int:
-    from streamrec.cli import config_from_args
-
-    from . import serve, verify_snapshot
+    from streamrec.app.cli import config_from_args
+    from streamrec.serving import serve
+    from streamrec.snapshot import SnapshotError, verify_snapshot
 
     cfg = config_from_args(args)
     server = serve(cfg, device=args.device, port=args.port)
     if args.snapshot:
-        from .receiver import PushError
-
         m = verify_snapshot(args.snapshot)
         try:
             server.service.install(Path(args.snapshot), m)
-        except PushError as e:  # e.g. a restart that already serves this version or a newer one
+        except SnapshotError as e:  # e.g. a restart that already serves this version or a newer one
             print(f"--snapshot not loaded: {e}", file=sys.stderr)
     print(server.target, flush=True)
     print(f"serving on {server.target}; Ctrl-C stops it", file=sys.stderr)
@@ -80,9 +78,9 @@ def read_events(path: str) -> list:
 def cmd_predict(args) -> int:
     import grpc
 
-    from streamrec.cli import config_from_args
+    from streamrec.app.cli import config_from_args
 
-    from . import RequestError, ServingClient
+    from streamrec.serving import RequestError, ServingClient
 
     cfg = config_from_args(args)
     if args.batch < 1:  # 0 sent empty requests; a negative one sliced events[i:i-1] and skipped events

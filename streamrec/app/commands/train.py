@@ -23,9 +23,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args) -> int:
-    from streamrec.cli import config_from_args, kafka_bootstrap
-
-    from .service import TrainerService
+    from streamrec.app.cli import config_from_args, kafka_bootstrap
+    from streamrec.serving import SnapshotPusher
+    from streamrec.trainer import TrainerService
 
     cfg = config_from_args(args)
     if args.max_events is not None:
@@ -42,7 +42,8 @@ def cmd_train(args) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with kafka_bootstrap(cfg) as bootstrap:
-        svc = TrainerService(cfg, bootstrap, stop=stop, progress=False if args.no_progress else None)
+        svc = TrainerService(cfg, bootstrap, stop=stop, progress=False if args.no_progress else None,
+                             pusher_factory=SnapshotPusher.factory(cfg))
         summary = svc.run()
     print(json.dumps({k: (v if v == v else None) for k, v in summary.items()}), flush=True)
     print(f"trainer stopped ({summary['reason']}): {summary['events']:,} events, checkpoint {summary['checkpoint']}",

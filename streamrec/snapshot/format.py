@@ -14,7 +14,6 @@ prove that what arrived over the wire is what the writer wrote.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -27,17 +26,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from ingest.events import INT64_MAX, INT64_MIN
+from streamrec.foundation import INT64_MAX, INT64_MIN, sha256_file
+
+from .errors import SnapshotError
 
 FORMAT = 1
 MANIFEST = "manifest.json"
 DENSE = "dense.safetensors"
 ROWS_PER_FILE = 1_000_000
 KINDS = ("full", "delta")
-
-
-class SnapshotError(ValueError):
-    """A snapshot is malformed, incomplete or corrupt; the message says which file and why."""
 
 
 @dataclass
@@ -126,14 +123,6 @@ class Manifest:
     @property
     def row_files(self) -> list[str]:
         return sorted(n for n in self.files if n.startswith("rows-") and n.endswith(".parquet"))
-
-
-def sha256_file(path: Path, block: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def rows_schema(dim: int) -> pa.Schema:

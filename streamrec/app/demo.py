@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from .cli import config_from_args, kafka_bootstrap
-from .config import Config, ConfigError, save_config
+from streamrec.foundation import Config, ConfigError, save_config
 from .procs import Supervisor
 
-log = logging.getLogger("streamrec.demo")
+log = logging.getLogger("streamrec.app.demo")
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
@@ -110,14 +110,14 @@ def _last_json_line(path: Path) -> dict[str, Any]:
 
 def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     """Point every path of the config into the run directory and fill ports and the token."""
-    from ingest import free_port
+    from streamrec.ingest import free_port
 
     if args.events is not None and args.events < 0:  # else every child failed on trainer.max_events
         raise ConfigError(f"--events must be >= 0, got {args.events}")
     if args.events == 0 and not args.data:  # 0 means "the whole file" only when there is a file
         raise ConfigError("--events 0: generated data needs a positive number of events (leave it out for 300000)")
     if args.data:
-        from ingest.datasets import detect_format, layout_config
+        from streamrec.ingest.datasets import detect_format, layout_config
 
         layout = args.layout if args.layout != "auto" else detect_format(args.data)
         if layout in ("criteo", "avazu"):
@@ -163,12 +163,12 @@ def _event_source(cfg: Config, args):
     """
     import numpy as np
 
-    from ingest import SyntheticStream
+    from streamrec.ingest import SyntheticStream
 
     held: list = []
     k = max(args.predict, 1)
     if args.data:
-        from ingest.datasets import read_file
+        from streamrec.ingest.datasets import read_file
 
         def replay():
             left = args.events or float("inf")
@@ -202,7 +202,7 @@ def _event_source(cfg: Config, args):
 
 
 def _produce(cfg: Config, bootstrap: str, batches, rate: float, view: View, stop: threading.Event, errors: list):
-    from ingest import EventProducer
+    from streamrec.ingest import EventProducer
 
     try:
         producer = EventProducer(bootstrap, cfg)
@@ -222,7 +222,7 @@ def _produce(cfg: Config, bootstrap: str, batches, rate: float, view: View, stop
 
 
 def _held_out_events(cfg: Config, held, k: int) -> list[dict]:
-    from ingest import EventBatch
+    from streamrec.ingest import EventBatch
 
     batch = EventBatch.concat(held, cfg.model.dense_dim, cfg.model.field_names)
     events = batch.to_events()[-k:] if held else []
@@ -306,10 +306,10 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
          stop: threading.Event, err) -> dict[str, Any]:
     import grpc
 
-    from serving import ServingClient
-    from sketch import HotSetFollower
+    from streamrec.serving import ServingClient
+    from streamrec.sketch import HotSetFollower
 
-    base = [sys.executable, "-m", "streamrec.cli"]
+    base = [sys.executable, "-m", "streamrec"]
     common = ["--config", str(cfg_path), "--bootstrap", bootstrap]
     deadline = time.monotonic() + args.timeout
     target = cfg.serving_target()

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from .datasets import FORMATS, LAYOUTS
+from streamrec.ingest.datasets import FORMATS, LAYOUTS
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
@@ -49,9 +49,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_broker(args) -> int:
-    from streamrec.cli import config_from_args
+    from streamrec.app.cli import config_from_args
 
-    from . import EmbeddedBroker, ensure_topics, pipeline_topics
+    from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics
 
     cfg = config_from_args(args)
     stop = threading.Event()
@@ -110,9 +110,9 @@ def _limited(batches, limit: int):
 
 
 def cmd_produce(args) -> int:
-    from streamrec.cli import config_from_args, kafka_bootstrap
+    from streamrec.app.cli import config_from_args, kafka_bootstrap
 
-    from . import DatasetError, EventProducer, SyntheticStream, layout_config, read_events
+    from streamrec.ingest import DatasetError, EventProducer, SyntheticStream, layout_config, read_events
 
     cfg = config_from_args(args)
     if args.layout:
@@ -189,9 +189,10 @@ def cmd_produce(args) -> int:
 def cmd_generate(args) -> int:
     import numpy as np
 
-    from streamrec.cli import config_from_args
+    from streamrec.app.cli import config_from_args
 
-    from . import DatasetError, SyntheticStream, layout_config, roc_auc, write_events
+    from streamrec.foundation import roc_auc
+    from streamrec.ingest import DatasetError, SyntheticStream, layout_config, write_events
 
     cfg = config_from_args(args)
     if args.layout:

@@ -1,8 +1,12 @@
 """The ``streamrec`` command line: one entry point, one subcommand per part.
 
-Each part registers its own subcommands from a ``cli`` module exposing
-``register(subparsers, common)``; this module owns only the shared options
-(``--config``, ``--set``, ``--bootstrap``, ``--log-level``) and the broker choice.
+Each group of subcommands lives in a module exposing ``register(subparsers, common)``
+(``streamrec.app.commands.*``, the demo, the report, the benchmarks); this module owns
+only the shared options (``--config``, ``--set``, ``--bootstrap``, ``--log-level``),
+the broker choice, and how errors reach the user: a :class:`StreamrecError` (bad
+input, bad config, unreachable dependency) is one line on stderr, anything else
+keeps its traceback. A command module that fails to import is an error, never a
+silently missing subcommand.
 """
 
 from __future__ import annotations
@@ -14,17 +18,19 @@ import logging
 import sys
 from typing import Iterator
 
-from .config import Config, ConfigError, load_config, parse_overrides
+import streamrec
+from streamrec.foundation import Config, ConfigError, load_config, parse_overrides
+from streamrec.foundation.errors import StreamrecError
 
 COMMAND_MODULES = [
-    "ingest.cli",
-    "sketch.cli",
-    "trainer.cli",
-    "serving.cli",
-    "streamrec.demo",
-    "streamrec.report",
-    "streamrec.config_cli",
-    "benchmarks.cli",
+    "streamrec.app.commands.ingest",
+    "streamrec.app.commands.sketch",
+    "streamrec.app.commands.train",
+    "streamrec.app.commands.serve",
+    "streamrec.app.demo",
+    "streamrec.app.report",
+    "streamrec.app.commands.config",
+    "streamrec.benchmarks.cli",
 ]
 
 
@@ -50,7 +56,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 @contextlib.contextmanager
 def kafka_bootstrap(cfg: Config, create_topics: bool = True) -> Iterator[str]:
     """Yield a bootstrap address: the configured cluster, or a fresh embedded broker."""
-    from ingest import EmbeddedBroker, ensure_topics, pipeline_topics, wait_for_broker
+    from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics, wait_for_broker
 
     if cfg.kafka.bootstrap:
         wait_for_broker(cfg.kafka.bootstrap)
@@ -71,15 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="streamrec",
         description="Streaming online learning for recommendation models: Kafka in, tiered embeddings, gRPC out.",
     )
+    parser.add_argument("--version", action="version", version=f"streamrec {streamrec.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name and name.startswith(e.name):
-                continue  # that part is not installed in this build
-            raise
-        mod.register(sub, common)
+        importlib.import_module(name).register(sub, common)
     return parser
 
 
@@ -100,22 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except _user_errors() as e:  # a clear message, not a traceback, for what the user can fix
+    except (StreamrecError, FileNotFoundError, PermissionError) as e:  # a clear message for what the user can fix
         logging.getLogger("streamrec").debug("error", exc_info=True)
         print(f"streamrec {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors that describe bad input or an unreachable dependency, one per part."""
-    errors: list[type[BaseException]] = [FileNotFoundError, PermissionError]
-    for mod, name in (("ingest", "EventError"), ("ingest", "BrokerError"), ("ingest", "DatasetError"),
-                      ("ingest", "DeadLetterError"), ("embedding_store", "StoreError"), ("serving", "SnapshotError")):
-        try:
-            errors.append(getattr(importlib.import_module(mod), name))
-        except (ImportError, AttributeError):
-            continue
-    return tuple(errors)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""One module per group of ``streamrec`` subcommands, each with ``register(sub, common)``."""

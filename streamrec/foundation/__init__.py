@@ -1,0 +1,44 @@
+"""The foundation every part stands on: the typed config, the event contract, ids
+and hashing, device choice, the hot-tier budget, file checksums and the error root.
+
+It imports no other part of streamrec. Public surface::
+
+    Config, load_config(path, overrides, env), ConfigError, FieldSpec, GeneratedField
+    EventBatch, JaggedIds, EventSchema, EventError      # the event contract
+    hash_id, hash_ids, table_salt, splitmix64, salted_mix, INT64_MIN, INT64_MAX
+    resolve_device(name)                                # "auto" -> cuda if present, else cpu
+    hot_budget_rows(cfg), hot_row_bytes(dim)            # device-tier size, one rule for all
+    sha256_file(path), save_npz(path, arrays), roc_auc(labels, scores), StreamrecError
+"""
+
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
+    from .budget import hot_budget_rows, hot_row_bytes
+    from .checksum import sha256_file
+    from .config import Config, ConfigError, FieldSpec, GeneratedField, ModelConfig, load_config, parse_overrides, save_config
+    from .device import DeviceError, resolve_device
+    from .errors import EventError, StreamrecError
+    from .events import FLOAT32_MAX, EventBatch, EventSchema, JaggedIds
+    from .metrics import roc_auc
+    from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids, salted_mix, splitmix64, table_salt
+    from .lazy import lazy_exports
+    from .npz import save_npz
+
+# lazy: config readers (the CLI's --help) must not pay for numpy or torch
+_EXPORTS = {  # submodule: the public names it defines
+    ".budget": "hot_budget_rows hot_row_bytes",
+    ".checksum": "sha256_file",
+    ".config": "Config ConfigError FieldSpec GeneratedField ModelConfig load_config parse_overrides save_config",
+    ".device": "DeviceError resolve_device",
+    ".errors": "EventError StreamrecError",
+    ".events": "FLOAT32_MAX EventBatch EventSchema JaggedIds",
+    ".ids": "INT64_MAX INT64_MIN hash_id hash_ids salted_mix splitmix64 table_salt",
+    ".metrics": "roc_auc",
+    ".npz": "save_npz",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [name for names in _EXPORTS.values() for name in names.split()] + ["lazy_exports"]

@@ -1,0 +1,36 @@
+"""The trainer-serving contract: the snapshot format and the push protocol's rules.
+
+A snapshot is a directory (manifest, dense weights, embedding rows as Parquet,
+per-file sha256) that the trainer writes and serving verifies before it swaps.
+Public surface::
+
+    write_snapshot(out_dir, *, version, parent_version, kind, dense_state, rows, ...) -> Path
+    rows_batch(table, ids, vectors) -> pyarrow.RecordBatch   # rows in the snapshot schema
+    verify_snapshot(dir) -> Manifest ; read_manifest ; read_dense ; iter_rows ; Manifest
+    SnapshotError(message, code)        # every failure, with its gRPC status name
+    is_retryable(code), needs_full(code)  # what a pusher does after a refusal
+    PushResult, PushError, Pusher, PusherFactory  # the push side, transport-free
+"""
+
+from typing import TYPE_CHECKING
+
+from streamrec.foundation.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
+    from .errors import NEEDS_FULL, RETRYABLE, SnapshotError, is_retryable, needs_full
+    from .format import (
+        DENSE, KINDS, MANIFEST, Manifest, iter_rows, read_dense, read_manifest, rows_batch, rows_schema, verify_snapshot,
+        write_snapshot,
+    )
+    from .push import Pusher, PusherFactory, PushError, PushResult
+
+# lazy: the error types must not load pyarrow and torch (the format does)
+_EXPORTS = {  # submodule: the public names it defines
+    ".errors": "NEEDS_FULL RETRYABLE SnapshotError is_retryable needs_full",
+    ".format": "DENSE KINDS MANIFEST Manifest iter_rows read_dense read_manifest rows_batch rows_schema verify_snapshot "
+               "write_snapshot",
+    ".push": "Pusher PusherFactory PushError PushResult",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = [name for names in _EXPORTS.values() for name in names.split()]

@@ -1,0 +1,47 @@
+"""The push side of the trainer-serving contract, without the transport.
+
+The trainer publishes through any :class:`Pusher` (serving's gRPC
+``SnapshotPusher`` is the one streamrec ships); it reads only a
+:class:`PushResult`'s ``ok``/``code`` and decides with :mod:`.errors`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from .errors import SnapshotError, needs_full
+
+
+@dataclass
+class PushResult:
+    ok: bool
+    version: int = 0  # the version the server serves after an accepted push
+    code: str = "OK"  # gRPC status name when refused
+    reason: str = ""
+    seconds: float = 0.0  # wall time of the push, including retries
+    attempts: int = 0
+
+    @property
+    def needs_full(self) -> bool:
+        """The receiver cannot apply this delta: send a full snapshot next."""
+        return not self.ok and needs_full(self.code)
+
+
+class PushError(SnapshotError):
+    """A push that did not land (raised only when a pusher is asked to raise)."""
+
+    def __init__(self, result: PushResult):
+        super().__init__(f"push refused: {result.code}: {result.reason}", code=result.code)
+        self.result = result
+
+
+class Pusher(Protocol):
+    """Delivers one snapshot directory to one receiver."""
+
+    def push(self, snapshot_dir) -> PushResult: ...
+
+    def close(self) -> None: ...
+
+
+PusherFactory = Callable[[str], Pusher]  # target ("host:port") -> a pusher to it
