@@ -1,12 +1,19 @@
-"""Shared fixtures: one real embedded broker per test session, small configs, temp dirs.
+"""Shared fixtures (one real embedded broker per test session, small configs) and the marker rules.
 
 Group joins are slow on the embedded broker, so tests share the broker and use
 unique topic names per test (``topics`` fixture) instead of restarting it.
+
+Markers: ``broker``, ``grpc`` and ``subprocess`` say what a test starts; ``e2e`` is
+every test that starts any of them, so ``pytest -m "not e2e"`` is the fast loop.
+``pytest_collection_modifyitems`` below adds ``broker`` to every test that uses the
+broker fixtures and ``e2e`` wherever it belongs; a test that starts a gRPC server or
+a subprocess says so itself (module-level ``pytestmark``).
 """
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +73,19 @@ def topics(bootstrap, cfg, request):
     cfg.kafka.bootstrap = bootstrap
     ensure_topics(bootstrap, pipeline_topics(cfg))
     return cfg
+
+
+BROKER_FIXTURES = frozenset({"broker", "bootstrap", "topics"})
+E2E_MARKERS = ("broker", "grpc", "subprocess")
+E2E_DIR = Path(__file__).resolve().parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects anything
+def pytest_collection_modifyitems(config, items):
+    """``broker`` for every test using a broker fixture (directly or through another fixture);
+    ``e2e`` for every test marked ``broker``, ``grpc`` or ``subprocess`` and for all of tests/e2e/."""
+    for item in items:
+        if BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.broker)
+        if any(item.get_closest_marker(m) for m in E2E_MARKERS) or E2E_DIR in Path(item.path).parents:
+            item.add_marker(pytest.mark.e2e)

@@ -1,0 +1,1 @@
+"""streamrec's test suite, by component; ``tests.helpers`` holds what several test files share."""

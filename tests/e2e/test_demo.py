@@ -1,0 +1,123 @@
+"""The whole pipeline as a new user runs it: `streamrec demo`, real processes end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+
+from streamrec.app.procs import pid_alive
+
+DEMO_EVENTS = 40_000
+
+
+def _demo_cmd(run_dir: Path, bootstrap: str, events: int) -> list[str]:
+    return [
+        sys.executable, "-m", "streamrec", "demo",
+        "--bootstrap", bootstrap, "--events", str(events), "--run-dir", str(run_dir), "--no-live",
+        "--timeout", "300",
+        # unique topics and groups on the shared test broker
+        "--set", f"kafka.events_topic=demo-{run_dir.name}",
+        "--set", f"kafka.dlq_topic=demo-{run_dir.name}.dlq",
+        "--set", f"kafka.hotset_topic=demo-hot-{run_dir.name}",
+        "--set", f"kafka.trainer_group=demo-trainer-{run_dir.name}",
+        "--set", f"kafka.sketch_group=demo-sketch-{run_dir.name}",
+    ]
+
+
+def _pids(run_dir: Path) -> dict[str, int]:
+    p = run_dir / "logs" / "pids.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def test_demo_end_to_end(bootstrap, tmp_path):
+    from streamrec.ingest import SyntheticStream
+    from streamrec.foundation import load_config
+
+    run_dir = tmp_path / "run1"
+    proc = subprocess.run(_demo_cmd(run_dir, bootstrap, DEMO_EVENTS), capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, f"demo failed:\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-5000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["served_version"] >= 1
+    assert result["events_trained"] >= DEMO_EVENTS
+    bayes = SyntheticStream(load_config(run_dir / "config.toml", env={})).bayes_auc(20_000)
+    # progressive AUC since the first event (cold start included) and over the last window,
+    # against floors set from the generator's Bayes-optimal AUC (~0.83 here)
+    assert result["auc"] is not None and result["auc"] > 0.5 + 0.3 * (bayes - 0.5), (result, bayes)
+    assert result["window_auc"] is not None and result["window_auc"] > 0.5 + 0.5 * (bayes - 0.5), (result, bayes)
+    assert result["scores"] and all(math.isfinite(s) and 0.0 <= s <= 1.0 for s in result["scores"])
+    pids = _pids(run_dir)
+    assert set(pids) >= {"serving", "sketch", "trainer"}
+    assert not [n for n, p in pids.items() if pid_alive(p)], "demo left processes running"
+    assert (run_dir / "report.png").exists() and (run_dir / "report.md").exists()
+
+
+@pytest.mark.parametrize("victim", ["sketch"])
+def test_demo_stops_everything_when_a_child_dies(bootstrap, tmp_path, victim):
+    run_dir = tmp_path / "run2"
+    proc = subprocess.Popen(_demo_cmd(run_dir, bootstrap, 5_000_000), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while victim not in _pids(run_dir):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the demo never started its children"
+            time.sleep(0.2)
+        time.sleep(3)
+        os.kill(_pids(run_dir)[victim], signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode not in (0, None)
+    assert f"'{victim}'" in err and "exited" in err, err[-3000:]
+    pids = _pids(run_dir)
+    assert not [n for n, p in pids.items() if pid_alive(p)], "demo left processes running"
+
+
+def test_demo_replays_a_file(bootstrap, tmp_path):
+    """`--data FILE`: the file's events are streamed, trained on, and the served model scores its tail."""
+    from streamrec.ingest import SyntheticStream, write_events
+    from streamrec.foundation import load_config
+
+    data = tmp_path / "events.jsonl"
+    cfg = load_config(None, env={})
+    write_events(data, SyntheticStream(cfg).batches(12_000), cfg)
+    run_dir = tmp_path / "run3"
+    cmd = _demo_cmd(run_dir, bootstrap, 0)
+    i = cmd.index("--events")
+    cmd[i:i + 2] = ["--data", str(data), "--set", "trainer.idle_exit_s=4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"demo failed:\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-5000:]}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["events_trained"] == 12_000
+    assert result["served_version"] >= 1
+    assert len(result["scores"]) == 5 and all(math.isfinite(s) for s in result["scores"])
+    assert not [n for n, p in _pids(run_dir).items() if pid_alive(p)]
+
+
+def test_demo_over_a_file_without_events_fails_fast_and_says_why(bootstrap, tmp_path):
+    """With no event trained there is never a snapshot: the demo fails at once saying there are no events,
+    rather than waiting until --timeout (900 s by default) to say 'served version None never reached 0'."""
+    data = tmp_path / "empty.csv"
+    data.write_text("label,dense_0,dense_1,dense_2,dense_3,user\n")
+    run_dir = tmp_path / "run"
+    cmd = _demo_cmd(run_dir, bootstrap, 0)
+    cmd[cmd.index("--events"):cmd.index("--events") + 2] = ["--data", str(data)]
+    cmd[cmd.index("--timeout") + 1] = "120"
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd + ["--set", "trainer.idle_exit_s=1"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["error"] == "demo failed"
+    assert "no events" in proc.stderr and "never reached" not in proc.stderr, proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 100

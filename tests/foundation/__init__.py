@@ -1,0 +1,1 @@
+"""Configuration (``streamrec.foundation.config``): loading, precedence, and refusing bad values."""

@@ -1,0 +1,43 @@
+"""Shared helpers for the ingest tests: hand-made Arrow IPC records, and reading a topic
+back through EventConsumer."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+
+def arrow_ipc(cols) -> bytes:
+    """One Arrow IPC stream message holding the table of ``cols`` (column name -> pyarrow array)."""
+    import pyarrow as pa
+
+    t = pa.table(cols)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()
+
+
+def consume_all(bootstrap, cfg, expected_events, mode="assign", group=None, timeout=20.0, **opts):
+    """Read until ``expected_events`` arrived (or timeout); returns (batches, consumer stats)."""
+    from streamrec.ingest import EventConsumer
+
+    c = EventConsumer(bootstrap, cfg, group or f"g-{uuid.uuid4().hex[:6]}", mode=mode, **opts)
+    batches = []
+    deadline = time.monotonic() + timeout
+    try:
+        while sum(len(b) for b in batches) < expected_events and time.monotonic() < deadline:
+            b = c.poll_batch(4096, timeout=0.5)
+            if b is not None:
+                batches.append(b)
+        c.mark_durable({})  # flush dead letters
+        return batches, c.stats
+    finally:
+        c.close()
+
+
+def events_of(batches):
+    """Events in a canonical order (partitions interleave), for comparisons."""
+    evs = [ev for b in batches for ev in b.to_events()]
+    return sorted(evs, key=lambda e: json.dumps(e, sort_keys=True))

@@ -1,0 +1,85 @@
+"""The consumer's offsets: they are committed only when the caller marks a position durable (a
+consumer stopped before that re-reads the same events, one started after it reads only what is
+new), and a consumer group's new member starts over when nothing was marked durable."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from streamrec.ingest import EventConsumer, EventProducer, SyntheticStream
+from tests.helpers.ingest import consume_all, events_of
+
+pytestmark = pytest.mark.broker
+
+
+def _send_synthetic(bootstrap, cfg, n):
+    p = EventProducer(bootstrap, cfg, codec="json")
+    for b in SyntheticStream(cfg).batches(n):
+        p.send_batch(b)
+    p.close()
+
+
+def test_offsets_commit_only_when_durable(topics, bootstrap):
+    cfg = topics
+    _send_synthetic(bootstrap, cfg, 300)
+    group = cfg.kafka.trainer_group
+
+    def first_batch():
+        c = EventConsumer(bootstrap, cfg, group, mode="assign")
+        got = []
+        deadline = time.monotonic() + 15
+        while sum(len(b) for b in got) < 300 and time.monotonic() < deadline:
+            b = c.poll_batch(1000, timeout=0.5)
+            if b is not None:
+                got.append(b)
+        return c, got
+
+    c1, got1 = first_batch()
+    assert sum(len(b) for b in got1) == 300
+    c1.close()  # stopped without mark_durable
+    c2, got2 = first_batch()
+    assert events_of(got2) == events_of(got1)  # the same events again
+    offsets = {}
+    for b in got2:
+        for k, v in b.source_offsets.items():
+            offsets[k] = max(offsets.get(k, 0), v)
+    c2.mark_durable(offsets)
+    assert {k: v for k, v in c2.committed().items() if v is not None} == offsets
+    c2.close()
+    c3 = EventConsumer(bootstrap, cfg, group, mode="assign")
+    try:
+        assert c3.poll_batch(1000, timeout=2.0) is None  # nothing new after the durable mark
+        _send_synthetic(bootstrap, cfg, 10)
+        deadline = time.monotonic() + 10
+        fresh = []  # the 10 new events may arrive over several polls
+        while sum(len(b) for b in fresh) < 10 and time.monotonic() < deadline:
+            b = c3.poll_batch(1000, timeout=0.5)
+            if b is not None:
+                fresh.append(b)
+        assert sum(len(b) for b in fresh) == 10
+        for b in fresh:  # read from past the durable mark, not from the start again
+            assert all(o > offsets.get(k, 0) for k, o in b.source_offsets.items())
+    finally:
+        c3.close()
+
+
+def test_group_mode_joins_and_resumes(topics, bootstrap):
+    cfg = topics
+    cfg.kafka.max_poll_interval_ms = 3000  # also the rebalance timeout: keeps the join short
+    _send_synthetic(bootstrap, cfg, 200)
+    batches, _ = consume_all(bootstrap, cfg, 200, mode="group", group=cfg.kafka.trainer_group, timeout=60)
+    assert sum(len(b) for b in batches) == 200
+    c = EventConsumer(bootstrap, cfg, cfg.kafka.trainer_group, mode="group")
+    try:  # nothing was marked durable: a new member of the group starts over
+        got = []
+        deadline = time.monotonic() + 60
+        while sum(len(b) for b in got) < 200 and time.monotonic() < deadline:
+            b = c.poll_batch(1000, timeout=0.5)
+            if b is not None:
+                got.append(b)
+        assert events_of(got) == events_of(batches)
+        assert len(c.consumer.assignment()) == cfg.kafka.partitions
+    finally:
+        c.close()

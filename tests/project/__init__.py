@@ -1,0 +1,1 @@
+"""The project as a whole: package layout and import layers, CLI, docs, deploy files."""

@@ -1,0 +1,1 @@
+"""The popularity sketch, the FAE hot-set choice and the sketch worker."""

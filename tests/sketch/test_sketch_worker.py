@@ -1,0 +1,187 @@
+"""The sketch worker as a process: real embedded broker, `streamrec sketch` as a subprocess (faust +
+RocksDB), its hot sets read back with HotSetFollower.
+
+A skewed stream plus malformed records: the published hot set holds the truly hottest ids. After a
+SIGKILL and a restart the counts resume exactly (nothing reset, nothing counted twice), and every
+partition's restored counts are in the first hot set published, also those with no new records.
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streamrec.ingest import EventProducer, SyntheticStream
+from streamrec.sketch import HotSetFollower
+
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+
+STREAMREC = str(Path(sys.executable).with_name("streamrec"))
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(v)
+
+
+def write_config(cfg, path: Path) -> Path:
+    lines = []
+    for section, values in cfg.to_dict().items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_worker(config: Path, bootstrap: str, log: Path) -> subprocess.Popen:
+    f = open(log, "ab")
+    return subprocess.Popen([STREAMREC, "sketch", "--config", str(config), "--bootstrap", bootstrap],
+                            stdout=f, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen, sig=signal.SIGTERM, wait: float = 15.0) -> bool:
+    """Send ``sig``; escalate to SIGKILL after ``wait`` s. True when it exited on ``sig`` alone."""
+    if proc.poll() is not None:
+        return True
+    proc.send_signal(sig)
+    try:
+        proc.wait(wait)
+        return True
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        return False
+
+
+def produce(cfg, bootstrap, start_chunk: int, n: int, bad: list[bytes] = ()) -> collections.Counter:
+    """Send ``n`` synthetic events from chunk ``start_chunk`` on; returns the true (field, id) counts."""
+    stream = SyntheticStream(cfg)
+    p = EventProducer(bootstrap, cfg)
+    truth: collections.Counter = collections.Counter()
+    done, i = 0, start_chunk
+    while done < n:
+        b, _ = stream._chunk(i, min(stream.chunk, n - done))
+        p.send_batch(b)
+        for f, j in b.sparse.items():
+            truth.update((f, x) for x in j.values.tolist())
+        done += len(b)
+        i += 1
+    for v in bad:
+        p.send_raw(v)
+    p.close()
+    return truth
+
+
+def test_worker_publishes_hottest_ids_and_resumes_after_kill(topics, bootstrap, tmp_path):
+    cfg = topics
+    cfg.sketch.publish_interval_s = 1.0
+    cfg.sketch.checkpoint_interval_s = 0.5
+    cfg.sketch.half_life_s = 1e7  # stationary stream: decay would only blur the comparison with raw counts
+    cfg.sketch.top_k = 1000
+    cfg.hot.budget_rows = 200
+    cfg.generator.events_per_s = 100_000.0
+    config = write_config(cfg, tmp_path / "sketch.toml")
+    log = tmp_path / "worker.log"
+    n1, n2 = 30_000, 20_000
+    bad = [b"not an event", b'{"ts": 1, "label": 9}', b"\xff\xff\xff\xffbroken"]
+    truth = produce(cfg, bootstrap, 0, n1, bad)
+
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
+    proc = start_worker(config, bootstrap, log)
+    try:
+        hs1 = follower.wait_for(1, timeout=90, predicate=lambda h: h.events == n1)
+        assert hs1 is not None, f"no hot set covering {n1} events; worker log:\n{log.read_text()[-3000:]}"
+        assert proc.poll() is None, "worker died"
+        text = log.read_text()
+        assert text.count("skipping malformed record") == len(bad)
+        assert f"{len(bad)} malformed records skipped" in text
+        # the hot set holds the truly hottest ids
+        assert hs1.rows == cfg.hot.budget_rows
+        hot = {(f, int(x)) for f, ids in hs1.tables.items() for x in ids}
+        true_top = [k for k, _ in truth.most_common(cfg.hot.budget_rows)]
+        assert set(true_top[:50]) <= hot
+        assert len(hot & set(true_top)) >= 0.95 * len(true_top)
+        assert 0 < hs1.coverage <= hs1.hit_rate <= 1
+        assert hs1.window_start_ms < hs1.window_end_ms
+
+        # let every partition's snapshot land in the table, then kill -9, produce more, restart
+        time.sleep(6 * cfg.sketch.checkpoint_interval_s)
+        proc.kill()
+        proc.wait(10)
+        produce(cfg, bootstrap, 100, n2)
+        proc = start_worker(config, bootstrap, log)
+        hs2 = follower.wait_for(hs1.version + 1, timeout=90, predicate=lambda h: h.events >= n1 + n2)
+        assert hs2 is not None, f"no hot set after restart; worker log:\n{log.read_text()[-3000:]}"
+        # every partition resumed from its RocksDB snapshot (none was re-read from offset 0)
+        assert log.read_text().count("resumed") == cfg.kafka.partitions
+        time.sleep(2.0)  # let any double counting show up in a later version
+        hs3 = follower.latest()
+        assert hs3.version >= hs2.version > hs1.version  # versions never go backwards across restarts
+        assert hs3.events == n1 + n2, "counts reset or double counted after the restart"
+    finally:
+        exited_cleanly = stop(proc, signal.SIGTERM)
+        follower.close()
+    assert exited_cleanly, "worker ignored SIGTERM for 15 s"
+    assert proc.returncode is not None
+
+
+def test_a_restarted_worker_publishes_every_partitions_restored_counts(topics, bootstrap, tmp_path):
+    """A restarted worker restores every partition's snapshot at once, not when the partition's next record
+    arrives: its first hot set counts the events of all partitions, also those with no new records."""
+    import signal
+
+    from streamrec.ingest import encode_json, make_producer
+    from streamrec.sketch import HotSetFollower
+
+    cfg = topics
+    cfg.sketch.publish_interval_s = 1.0
+    cfg.sketch.checkpoint_interval_s = 0.5
+    cfg.sketch.half_life_s = 1e7
+    cfg.generator.events_per_s = 100_000.0
+    config = write_config(cfg, tmp_path / "sketch.toml")
+    log = tmp_path / "worker.log"
+    n1 = 8_000
+    produce(cfg, bootstrap, 0, n1)
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
+    proc = start_worker(config, bootstrap, log)
+    try:
+        hs1 = follower.wait_for(1, timeout=60, predicate=lambda h: h.events == n1)
+        assert hs1 is not None, f"no hot set covering {n1} events; worker log:\n{log.read_text()[-3000:]}"
+        time.sleep(6 * cfg.sketch.checkpoint_interval_s)  # every partition's snapshot is in the table
+        proc.kill()
+        proc.wait(10)
+        time.sleep(1.0)
+        before = follower.latest().version  # the last set the killed worker published
+        # after the restart only partition 0 gets new records
+        p = make_producer(bootstrap)
+        for i in range(5):
+            p.send(cfg.kafka.events_topic, encode_json({"ts": 1_700_000_000_000 + i, "label": 1, "dense": [0, 0, 0],
+                                                        "sparse": {"user": 1, "item": 1, "tags": [1]}}), partition=0)
+        p.flush()
+        p.close()
+        proc = start_worker(config, bootstrap, log)
+        hs2 = follower.wait_for(before + 1, timeout=60)
+        assert hs2 is not None, f"no hot set after the restart; worker log:\n{log.read_text()[-3000:]}"
+        assert hs2.events >= n1, f"hot set v{hs2.version} after the restart counts {hs2.events} events, not {n1}+"
+        hs3 = follower.wait_for(1, timeout=30, predicate=lambda h: h.events == n1 + 5)
+        assert hs3 is not None, f"latest {follower.latest().events} events; log:\n{log.read_text()[-3000:]}"
+        assert log.read_text().count("resumed") == cfg.kafka.partitions
+    finally:
+        exited = stop(proc, signal.SIGTERM)
+        follower.close()
+    assert exited, "worker ignored SIGTERM"

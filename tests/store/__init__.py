@@ -1,0 +1,1 @@
+"""The embedding store: tiers, write-back cache, checkpoints, crash recovery, refusals."""

@@ -1,0 +1,1 @@
+"""The trainer: learning, FAE scheduling, checkpoints and resume, the process, snapshot publishing."""

@@ -1,0 +1,46 @@
+"""The trainer consuming the events topic in-process: bad records are dead-lettered while training
+goes on, and a stop before any partition is assigned is a clean stop."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from streamrec.ingest import EventProducer, SyntheticStream, read_topic
+from streamrec.trainer.service import TrainerService
+from tests.helpers.trainer import read_jsonl, stream_cfg, trainer_cfg
+
+
+def test_bad_records_are_dead_lettered_and_training_goes_on(topics, tmp_path, bootstrap):
+    from streamrec.trainer.service import TrainerService
+
+    cfg = trainer_cfg(topics, tmp_path)
+    cfg.trainer.snapshot_every = 0
+    cfg.trainer.idle_exit_s = 2.0
+    prod = EventProducer(bootstrap, cfg)
+    good = 0
+    for i, b in enumerate(SyntheticStream(cfg).batches(6_000)):
+        prod.send_batch(b)
+        good += len(b)
+        prod.send_raw(b"\x00not an event")
+        prod.send_raw(json.dumps({"ts": 1, "label": 1, "dense": [1.0], "sparse": {}}).encode())  # wrong width
+    prod.close()
+    svc = TrainerService(cfg, bootstrap, progress=False)
+    summary = svc.run()
+    assert summary["events"] == good
+    assert summary["dead_letters"] >= 2 and summary["dead_letters"] % 2 == 0
+    last = read_jsonl(tmp_path / "metrics.jsonl")[-1]
+    assert last["dead_letters"] == summary["dead_letters"]
+    assert len(read_topic(bootstrap, cfg.kafka.dlq_topic, expected=summary["dead_letters"])) == summary["dead_letters"]
+
+
+def test_stop_while_waiting_for_partitions_exits_as_stopped(topics, tmp_path, bootstrap):
+    """SIGTERM (the stop event) while the group join is still pending is a clean stop (reason "stopped",
+    nothing trained, no checkpoint), not RuntimeError("no partitions ... assigned") and exit 1."""
+    cfg = stream_cfg(topics, tmp_path)
+    cfg.kafka.consumer_mode = "group"
+    stop = threading.Event()
+    stop.set()  # the signal arrived before the group assigned anything
+    svc = TrainerService(cfg, bootstrap, stop=stop, progress=False)
+    summary = svc.run()
+    assert summary["reason"] == "stopped" and summary["events"] == 0 and summary["checkpoint"] == 0
