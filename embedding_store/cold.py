@@ -56,7 +56,7 @@ from typing import Iterator
 import numpy as np
 import rocksdict as rd
 
-from .errors import StoreMismatchError
+from .errors import StoreError, StoreMismatchError
 from .keyset import StoredKeys
 from .rows import KEY_BYTES, decode_keys, encode_keys, pack_records, scatter, shard_of, unpack_records
 
@@ -145,8 +145,13 @@ class ColdTier:
         self.dbs: list[rd.Rdict] = []
         access = rd.AccessType.read_only() if read_only else rd.AccessType.read_write()
         for i in range(shards):
-            self.dbs.append(rd.Rdict(str(self.path / f"shard-{i:03d}"), _options(self._cache, read_only, wb_mb),
-                                     access_type=access))
+            shard = self.path / f"shard-{i:03d}"
+            try:
+                self.dbs.append(rd.Rdict(str(shard), _options(self._cache, read_only, wb_mb), access_type=access))
+            except Exception as e:  # rocksdict's errors name no path: say which shard (disk full, read-only, ...)
+                for db in self.dbs:
+                    db.close()
+                raise StoreError(f"cannot open RocksDB shard {shard}: {e}") from e
         self._wopt = rd.WriteOptions()
         self._wopt.sync = sync
         self._lock = threading.Lock()  # one logical write at a time (undo records assume it)

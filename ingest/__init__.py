@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     )
     from streamrec.foundation import EventBatch, EventError, EventSchema, JaggedIds, hash_id, hash_ids
     from .kafka_io import (
-        REASON_HEADER, SOURCE_HEADER, ConsumerStats, DeadLetterError, EventConsumer, EventProducer, ProduceError,
+        ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER, ConsumerStats, OffsetsLostError,
+        offsets_lost_message, DeadLetterError, EventConsumer, EventProducer, ProduceError,
         make_producer, read_topic,
     )
     from .synthetic import SyntheticStream
@@ -26,8 +27,8 @@ _EXPORTS = {  # submodule: the public names it defines
     ".codec": "Decoder encode_arrow encode_json encode_messages",
     ".datasets": "DatasetError avazu_config criteo_config detect_format layout_config layout_toml read_events read_file write_events",
     "streamrec.foundation.events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
-    ".kafka_io": "REASON_HEADER SOURCE_HEADER ConsumerStats DeadLetterError EventConsumer EventProducer ProduceError "
-                 "make_producer read_topic",
+    ".kafka_io": "ORIGINAL_SHA256_HEADER ORIGINAL_SIZE_HEADER REASON_HEADER SOURCE_HEADER ConsumerStats DeadLetterError "
+                 "EventConsumer EventProducer OffsetsLostError ProduceError make_producer offsets_lost_message read_topic",
     ".synthetic": "SyntheticStream",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -5,18 +5,33 @@ commits offsets only when the caller says a batch is durable. A record that
 fails to decode or validate is written to the dead-letter topic with the reason
 and its original bytes, counted, and skipped; the DLQ producer is flushed before
 any offset past it is committed, so nothing is dropped silently.
+
+The consumer also survives what a live cluster does to it:
+
+- **Slow callers.** It polls the client on every call, pausing its partitions
+  while it still holds unread records (back-pressure), so a slow trainer stays in
+  its group; if it was dropped anyway it rejoins, and every partition assigned to
+  it resumes where this consumer last handed records out (never at an older
+  commit, never past a record not handed out). A commit that fails during a
+  rebalance is retried at the next one, not fatal.
+- **Lost offsets.** A position the log no longer holds (the broker answers out of
+  range) or a topic that was deleted and recreated (its topic id changed) is never
+  skipped silently: ``on_offsets_lost`` says what to do, and the default ``fail``
+  stops with a message saying what was expected, what was found, and how to go on.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import errors as kafka_errors
 from kafka.structs import OffsetAndMetadata
 
 from streamrec.foundation import StreamrecError
@@ -27,6 +42,11 @@ log = logging.getLogger(__name__)
 
 REASON_HEADER = "streamrec-error"
 SOURCE_HEADER = "streamrec-source"
+# a bad record bigger than ingest.dlq_max_bytes is dead-lettered truncated, with these two headers
+ORIGINAL_SIZE_HEADER = "streamrec-original-bytes"
+ORIGINAL_SHA256_HEADER = "streamrec-original-sha256"
+_OWN_HEADERS = (REASON_HEADER, SOURCE_HEADER, ORIGINAL_SIZE_HEADER, ORIGINAL_SHA256_HEADER)
+_MAX_REASON = 2000  # characters of the reason kept in its header
 
 
 def make_producer(bootstrap: str, **overrides) -> KafkaProducer:
@@ -110,6 +130,22 @@ class DeadLetterError(StreamrecError, RuntimeError):
     """The dead-letter topic did not take a bad record: a caller must not record progress past it."""
 
 
+class OffsetsLostError(StreamrecError, RuntimeError):
+    """The log no longer holds the position to resume from (``kafka.on_offsets_lost = fail``)."""
+
+
+OFFSETS_LOST_POLICIES = ("fail", "earliest", "latest")
+
+
+def offsets_lost_message(topic: str, partition: int, expected: int | None, begin: int | None, end: int | None,
+                         why: str) -> str:
+    """One line for the operator: what was expected, what was found, how to go on."""
+    held = f"[{begin}, {end})" if begin is not None else "unknown"
+    return (f"{topic}[{partition}]: expected to resume at offset {expected}, the log now holds offsets {held} "
+            f"({why}); events between may be lost. To go on, set kafka.on_offsets_lost=earliest (re-read the "
+            f"partition from its start) or =latest (skip to its end), e.g. --set kafka.on_offsets_lost=earliest")
+
+
 @dataclass
 class ConsumerStats:
     records: int = 0
@@ -117,6 +153,23 @@ class ConsumerStats:
     bytes: int = 0
     dead_letters: int = 0
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    commit_failures: int = 0  # commits refused (rebalance, coordinator moved); retried at the next one
+    rebalances: int = 0  # partition assignments after the first
+    offsets_reset: int = 0  # partitions moved by kafka.on_offsets_lost (earliest/latest)
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """Notes what a rebalance changed; the consumer acts on it after the poll, on its own thread
+    (kafka-python calls listeners on its network thread, where blocking calls are not allowed)."""
+
+    def __init__(self, owner: "EventConsumer"):
+        self.owner = owner
+
+    def on_partitions_revoked(self, revoked):
+        self.owner._revoked.update(revoked)
+
+    def on_partitions_assigned(self, assigned):
+        self.owner._assigned.update(assigned)
 
 
 class EventConsumer:
@@ -136,6 +189,8 @@ class EventConsumer:
         schema: EventSchema | None = None,
         dlq: bool = True,
         topic: str | None = None,
+        on_offsets_lost: str | None = None,
+        max_pending: int = 20_000,
         **consumer_opts,
     ):
         if mode not in ("group", "assign"):
@@ -147,11 +202,22 @@ class EventConsumer:
         self.decoder = Decoder(self.schema)
         self.stats = ConsumerStats()
         self.mode = mode
+        self.on_offsets_lost = on_offsets_lost or cfg.kafka.on_offsets_lost
+        if self.on_offsets_lost not in OFFSETS_LOST_POLICIES:
+            raise ValueError(f"on_offsets_lost must be one of {OFFSETS_LOST_POLICIES}, got {self.on_offsets_lost!r}")
+        self.max_pending = max_pending  # unread records held before partitions are paused
+        self._pending: collections.deque = collections.deque()  # polled, not yet decoded
+        self._revoked: set = set()  # noted by the rebalance listener, handled after the poll
+        self._assigned: set = set()
+        self._next: dict[tuple[str, int], int] = {}  # the offset after the last record handed out (or sought)
+        self._assigned_once = False
+        self.topic_id = None  # the topic's id (uuid) when first seen: a new id means it was recreated
         opts = dict(
             bootstrap_servers=bootstrap,
             group_id=group_id,
             enable_auto_commit=False,
-            auto_offset_reset="earliest",
+            # never reset a position silently: out of range raises, and _offsets_lost applies the policy
+            auto_offset_reset="none",
             max_poll_records=2000,
             fetch_max_bytes=64 << 20,
             max_partition_fetch_bytes=16 << 20,
@@ -164,7 +230,7 @@ class EventConsumer:
         opts.update(consumer_opts)
         self.consumer = KafkaConsumer(**opts)
         if mode == "group":
-            self.consumer.subscribe([self.topic])
+            self.consumer.subscribe([self.topic], listener=_Rebalance(self))
         else:
             parts = None
             deadline = time.monotonic() + 30
@@ -174,11 +240,13 @@ class EventConsumer:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"topic {self.topic!r} does not exist")
                     time.sleep(0.2)
-            self.consumer.assign([TopicPartition(self.topic, p) for p in sorted(parts)])
+            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            self.consumer.assign(tps)
+            self._on_assigned(tps)
+        self.topic_id = self._current_topic_id()
         self._dlq = make_producer(bootstrap) if dlq else None
         self._dlq_sent: list = []  # (send future or the error send raised, "topic:partition:offset") since the last flush
         self._per_record = 1.0  # events per record seen last time: how many records make max_events
-        self._pending: collections.deque = collections.deque()  # polled, not yet decoded
         self._lock = threading.Lock()
 
     # -- reading ------------------------------------------------------------
@@ -194,17 +262,15 @@ class EventConsumer:
         parts: list[EventBatch] = []
         n = 0
         offsets: dict[tuple[str, int], int] = {}
-        if self._pending and self.mode == "group":  # drop records of partitions a rebalance took away
-            owned = self.consumer.assignment()
-            self._pending = collections.deque(r for r in self._pending
-                                              if TopicPartition(r.topic, r.partition) in owned)
+        self._check_topic()
+        if self._pending:  # still holding records: poll anyway (group liveness, rebalances), fetch nothing new
+            self._poll(0, pause=True)
         while n < max_events:
             if not self._pending:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 and (parts or offsets):
                     break
-                polled = self.consumer.poll(timeout_ms=max(0, int(remaining * 1000)) if not parts else 0,
-                                            max_records=2000)
+                polled = self._poll(max(0, int(remaining * 1000)) if not parts else 0, pause=False)
                 if not polled:
                     if parts or offsets or remaining <= 0:
                         break
@@ -215,6 +281,7 @@ class EventConsumer:
             recs = [self._pending.popleft() for _ in range(min(take, len(self._pending)))]
             for rec in recs:
                 offsets[(rec.topic, rec.partition)] = rec.offset + 1
+                self._next[(rec.topic, rec.partition)] = rec.offset + 1
                 self.stats.bytes += len(rec.value or b"")
             self.stats.records += len(recs)
             b, errors = self.decoder.decode_many([rec.value for rec in recs])
@@ -233,6 +300,142 @@ class EventConsumer:
         batch.source_offsets = offsets
         self.stats.events += len(batch)
         return batch
+
+    # -- the client, rebalances and lost offsets ---------------------------------
+
+    def _poll(self, timeout_ms: int, pause: bool) -> dict:
+        """One client poll. ``pause``: hold every partition (we still have unread records) so the
+        poll keeps the group membership without fetching more; else resume them and fetch."""
+        kc = self.consumer
+        owned = kc.assignment()
+        if pause:
+            if owned:
+                kc.pause(*owned)
+        elif kc.paused():
+            kc.resume(*kc.paused())
+        try:
+            polled = kc.poll(timeout_ms=timeout_ms, max_records=2000)
+        except kafka_errors.OffsetOutOfRangeError as e:
+            lost = e.args[0] if e.args and isinstance(e.args[0], dict) else {}
+            self._offsets_lost(lost, "the broker says the offset is out of range")
+            return {}
+        except kafka_errors.NoOffsetForPartitionError:  # assigned, never committed: position it ourselves
+            self._assigned.update(kc.assignment())
+            polled = {}
+        if self._revoked or self._assigned:
+            revoked, self._revoked = self._revoked, set()
+            assigned, self._assigned = self._assigned, set()
+            self._forget(revoked)
+            if assigned:
+                self._on_assigned(sorted(assigned, key=lambda tp: (tp.topic, tp.partition)))
+            # records fetched from positions we just replaced (the group's older commit) are not ours
+            polled = {tp: recs for tp, recs in polled.items() if tp not in assigned and tp not in revoked}
+        if pause:  # fetched before the pause took effect: keep them, in order, after what we hold
+            self._pending.extend(rec for records in polled.values() for rec in records)
+            return {}
+        if len(self._pending) > self.max_pending and owned:
+            kc.pause(*owned)
+        return polled
+
+    def _forget(self, partitions) -> None:
+        """Drop unread records of partitions this consumer no longer owns (or will re-seek)."""
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        if gone and self._pending:
+            self._pending = collections.deque(r for r in self._pending if (r.topic, r.partition) not in gone)
+
+    def _on_assigned(self, partitions) -> None:
+        """Position newly assigned partitions: where this consumer left off, else the committed offset,
+        else the start of the log."""
+        kc = self.consumer
+        tps = [tp for tp in partitions if tp.topic == self.topic]
+        if self._assigned_once:
+            self.stats.rebalances += 1
+        self._assigned_once = True
+        self._forget(tps)
+        begin = None
+        for tp in tps:
+            key = (tp.topic, tp.partition)
+            off = self._next.get(key)
+            if off is None:
+                try:
+                    off = kc.committed(tp)
+                except kafka_errors.KafkaError as e:
+                    log.warning("committed offset of %s[%d] unavailable (%s); starting at the log start",
+                                tp.topic, tp.partition, e)
+                    off = None
+            if off is None:
+                if begin is None:
+                    begin = kc.beginning_offsets(tps)
+                off = begin[tp]
+            kc.seek(tp, off)
+            self._next[key] = int(off)
+
+    def wait_for_assignment(self, timeout_s: float, stop: threading.Event | None = None) -> list:
+        """Poll (fetching nothing) until the group assigns this consumer partitions; [] when ``stop`` is set.
+        Raises RuntimeError after ``timeout_s`` without an assignment."""
+        deadline = time.monotonic() + timeout_s
+        while not self.consumer.assignment():
+            if stop is not None and stop.is_set():
+                return []
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no partitions of {self.topic!r} assigned within {timeout_s:.0f} s")
+            self._poll(200, pause=True)
+        return sorted(self.consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
+
+    def set_positions(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Resume these partitions at these offsets (a restored checkpoint's), now and after any rebalance."""
+        self._forget([TopicPartition(t, p) for t, p in offsets])
+        owned = self.consumer.assignment()
+        for (t, p), o in offsets.items():
+            self._next[(t, p)] = int(o)
+            tp = TopicPartition(t, p)
+            if tp in owned:
+                self.consumer.seek(tp, int(o))
+
+    def _current_topic_id(self):
+        cluster = getattr(getattr(self.consumer, "_client", None), "cluster", None)  # kafka-python's metadata cache
+        try:
+            return cluster.topic_id(self.topic) if cluster is not None else None
+        except Exception:  # an older client without topic ids: the out-of-range check still holds
+            return None
+
+    def _check_topic(self) -> None:
+        """A topic deleted and recreated gets a new id: every position in it is meaningless now."""
+        now = self._current_topic_id()
+        if now is None:
+            return
+        if self.topic_id is None:
+            self.topic_id = now
+            return
+        if now != self.topic_id:
+            old, self.topic_id = self.topic_id, now
+            owned = [tp for tp in self.consumer.assignment() if tp.topic == self.topic]
+            self._offsets_lost({tp: self._next.get((tp.topic, tp.partition)) for tp in owned},
+                               f"the topic was deleted and recreated: id {old} is now {now}")
+
+    def _offsets_lost(self, lost: dict, why: str) -> None:
+        """Apply ``on_offsets_lost`` to partitions whose position the log no longer holds."""
+        kc = self.consumer
+        tps = [tp for tp in lost if isinstance(tp, TopicPartition)]
+        if not tps:
+            return
+        try:
+            begin, end = kc.beginning_offsets(tps), kc.end_offsets(tps)
+        except kafka_errors.KafkaError:
+            begin, end = {}, {}
+        msgs = [offsets_lost_message(tp.topic, tp.partition, lost[tp], begin.get(tp), end.get(tp), why) for tp in tps]
+        if self.on_offsets_lost == "fail":
+            raise OffsetsLostError("; ".join(msgs))
+        self._forget(tps)
+        for tp, msg in zip(tps, msgs):
+            if self.on_offsets_lost == "earliest":
+                kc.seek_to_beginning(tp)
+            else:
+                kc.seek_to_end(tp)
+            self._next[(tp.topic, tp.partition)] = int(kc.position(tp))
+            self.stats.offsets_reset += 1
+            log.warning("%s -> resuming at offset %d (kafka.on_offsets_lost=%s)", msg,
+                        self._next[(tp.topic, tp.partition)], self.on_offsets_lost)
 
     def batches(self, max_events: int, timeout: float = 1.0, idle_exit_s: float = 0.0) -> Iterator[EventBatch]:
         """Yield batches forever, or until nothing arrived for ``idle_exit_s`` seconds (if > 0)."""
@@ -253,16 +456,35 @@ class EventConsumer:
         if self._dlq is None:
             return
         source = f"{rec.topic}:{rec.partition}:{rec.offset}"
+        value = rec.value if rec.value is not None else b""
         headers = [
-            (REASON_HEADER, reason.encode("utf-8")),
+            # backslashreplace: a reason quoting a lone surrogate must not fail the dead letter itself
+            (REASON_HEADER, reason[:_MAX_REASON].encode("utf-8", "backslashreplace")),
             (SOURCE_HEADER, source.encode()),
-        ] + [(k, v) for k, v in (rec.headers or []) if k not in (REASON_HEADER, SOURCE_HEADER)]
+        ]
+        limit = self.cfg.ingest.dlq_max_bytes
+        if len(value) > limit:  # the DLQ topic would refuse it: keep a prefix, and say what the whole was
+            headers += [(ORIGINAL_SIZE_HEADER, str(len(value)).encode()),
+                        (ORIGINAL_SHA256_HEADER, hashlib.sha256(value).hexdigest().encode())]
+            value = value[:limit]
+        headers += [(k, v) for k, v in (rec.headers or []) if k not in _OWN_HEADERS]
         try:
-            sent = self._dlq.send(self.dlq_topic, rec.value if rec.value is not None else b"", key=rec.key,
-                                  headers=headers)
+            sent = self._dlq.send(self.dlq_topic, value, key=rec.key, headers=headers)
         except Exception as e:  # e.g. bigger than the producer's max_request_size: reported at the next flush
             sent = e
         self._dlq_sent.append((sent, source))
+
+    def dead_letter_events(self, batch: EventBatch, reason: str, source: str) -> None:
+        """Dead-letter decoded events a later stage refused (e.g. a non-finite training step), one JSON
+        event per message: they are no longer the bytes they arrived as, but nothing is dropped silently."""
+        from types import SimpleNamespace
+
+        from .codec import encode_json
+
+        for ev in batch.to_events():
+            rec = SimpleNamespace(topic=source, partition=-1, offset=-1, key=None, headers=None,
+                                  value=encode_json(ev))
+            self._dead_letter(rec, reason)
 
     # -- offsets ------------------------------------------------------------
 
@@ -289,7 +511,12 @@ class EventConsumer:
         if not offsets:
             return
         commit = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
-        self.consumer.commit(commit)
+        try:
+            self.consumer.commit(commit)
+        except kafka_errors.KafkaError as e:  # a rebalance, a moved coordinator: the next commit carries them
+            self.stats.commit_failures += 1
+            log.warning("offset commit failed (%s: %s); the checkpoint holds these offsets and the next commit "
+                        "retries", type(e).__name__, e)
 
     def committed(self) -> dict[tuple[str, int], int | None]:
         parts = self.consumer.partitions_for_topic(self.topic) or set()
@@ -297,12 +524,7 @@ class EventConsumer:
 
     def seek(self, offsets: dict[tuple[str, int], int]) -> None:
         """Move the read position (after restoring a checkpoint that is newer than the commits)."""
-        moved = set(offsets)
-        self._pending = collections.deque(r for r in self._pending if (r.topic, r.partition) not in moved)
-        for (t, p), o in offsets.items():
-            tp = TopicPartition(t, p)
-            if tp in self.consumer.assignment():
-                self.consumer.seek(tp, o)
+        self.set_positions(offsets)
 
     def lag(self) -> int:
         """Records not yet handed out: up to the topic head, over assigned partitions."""

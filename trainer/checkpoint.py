@@ -1,15 +1,23 @@
-"""Atomic checkpoint directories.
+"""Atomic, checksummed checkpoint directories.
 
 A checkpoint is built in a hidden temporary directory (store checkpoint, dense
 weights + optimizer state, ``state.json`` with Kafka offsets, hot-set version and
-metrics), fsynced, then renamed to ``ckpt-<seq>``: a directory with that name is
-complete by construction, so after a crash the newest one is always usable.
-Offsets are committed to Kafka only after the rename.
+metrics), its files' sizes and sha256 recorded in ``checksums.json``, fsynced,
+then renamed to ``ckpt-<seq>``: a directory with that name is complete by
+construction. Offsets are committed to Kafka only after the rename.
+
+A complete directory can still rot on disk (a flipped bit in an SST, a truncated
+log): :func:`verify_checkpoint` re-reads every file against ``checksums.json``
+and names the first that differs, and :func:`choose_checkpoint` falls back to the
+newest checkpoint that verifies, setting corrupt ones aside as ``corrupt-ckpt-<seq>``.
+Store SSTs are immutable and hard-linked from one checkpoint to the next, so
+their digests are cached by inode: each checkpoint hashes only its new files.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -18,10 +26,91 @@ from typing import Any, Callable
 
 import torch
 
+from streamrec.foundation import StreamrecError, sha256_file
+
+log = logging.getLogger(__name__)
+
 STATE = "state.json"
 DENSE = "dense.pt"
 STORE = "store"
+CHECKSUMS = "checksums.json"
 _NAME = re.compile(r"^ckpt-(\d{9})$")
+_DIGESTS: dict[tuple[int, int, int, int], str] = {}  # (dev, inode, size, mtime_ns) -> sha256 of an unchanged file
+_DIGESTS_MAX = 200_000
+
+
+class CheckpointError(StreamrecError, RuntimeError):
+    """A checkpoint directory does not match its checksums (or cannot be read); the message names the file."""
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        if len(_DIGESTS) > _DIGESTS_MAX:
+            _DIGESTS.clear()
+        digest = _DIGESTS[key] = sha256_file(path)
+    return st.st_size, digest
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and p.name != CHECKSUMS)
+
+
+def record_checksums(root: Path) -> None:
+    """Write ``checksums.json``: size and sha256 of every file under ``root``."""
+    sums = {str(p.relative_to(root)): list(_digest(p)) for p in _files(root)}
+    with open(root / CHECKSUMS, "w") as f:
+        json.dump(sums, f, indent=0, sort_keys=True)
+
+
+def verify_checkpoint(path: str | os.PathLike) -> bool:
+    """Re-read every file of a checkpoint against its ``checksums.json``. True when verified, False for a
+    checkpoint written before checksums existed; raises :class:`CheckpointError` naming the first bad file."""
+    path = Path(path)
+    try:
+        with open(path / CHECKSUMS) as f:
+            sums = json.load(f)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path / CHECKSUMS}: unreadable ({e})") from None
+    for rel, (size, digest) in sorted(sums.items()):
+        p = path / rel
+        try:
+            if p.stat().st_size != size:
+                raise CheckpointError(f"{p}: {p.stat().st_size} bytes, the checkpoint recorded {size} (truncated or "
+                                      f"overwritten)")
+            if sha256_file(p) != digest:  # never the cache: the point is to read the bytes again
+                raise CheckpointError(f"{p}: sha256 does not match the checkpoint's (corrupt on disk)")
+        except OSError as e:
+            raise CheckpointError(f"{p}: cannot be read ({e.strerror or e})") from None
+    return True
+
+
+def choose_checkpoint(root: str | os.PathLike, verify=verify_checkpoint) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies, and one line per newer one set aside as corrupt."""
+    refused = []
+    for seq, p in reversed(list_checkpoints(root)):
+        try:
+            verify(p)
+            return p, refused
+        except CheckpointError as e:
+            refused.append(str(e))
+            set_aside(p, str(e))
+    return None, refused
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename a checkpoint that cannot be used to ``corrupt-ckpt-<seq>`` (kept for inspection, never chosen)."""
+    dest = path.with_name("corrupt-" + path.name)
+    n = 1
+    while dest.exists():
+        dest, n = path.with_name(f"corrupt-{n}-" + path.name), n + 1
+    os.rename(path, dest)
+    log.error("checkpoint %s refused: %s; moved to %s, falling back to the previous one", path.name, why, dest.name)
+    return dest
 
 
 def _fsync_dir(path: Path) -> None:
@@ -74,12 +163,19 @@ def write_checkpoint(root: str | os.PathLike, seq: int, state: dict[str, Any], d
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    store_info = write_store(tmp / STORE)
-    torch.save(dense, tmp / DENSE)
-    state = dict(state, seq=seq, store=store_info)
-    with open(tmp / STATE, "w") as f:
-        json.dump(state, f, indent=1, default=_json_default)
-    _fsync_tree(tmp)
+    try:
+        store_info = write_store(tmp / STORE)
+        torch.save(dense, tmp / DENSE)
+        state = dict(state, seq=seq, store=store_info)
+        with open(tmp / STATE, "w") as f:
+            json.dump(state, f, indent=1, default=_json_default)
+        record_checksums(tmp)
+        _fsync_tree(tmp)
+    except BaseException as e:  # e.g. a full disk: the half-written directory must not keep the space
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, Exception) and not isinstance(e, StreamrecError):  # say where (torch's errors do not)
+            raise CheckpointError(f"writing checkpoint {final} failed: {type(e).__name__}: {e}") from e
+        raise
     if final.exists():  # a leftover from a run that died after rename but before pruning
         shutil.rmtree(final)
     os.rename(tmp, final)

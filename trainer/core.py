@@ -9,7 +9,7 @@ Kafka, checkpoints and snapshots are wired around this in ``streamrec.trainer.se
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -20,7 +20,7 @@ from streamrec.foundation import EventBatch
 from .metrics import StreamingMetrics
 from streamrec.model import DLRM, predict_batch, unique_ids
 from .schedule import MiniBatch, hot_samples, plan
-from .step import dense_optimizer, train_step
+from .step import NonFiniteStep, dense_optimizer, train_step
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,9 @@ class WindowResult:
     events: int
     hot_events: int
     minibatches: int
-    scores: np.ndarray  # progressive scores, in the window's arrival order
+    scores: np.ndarray  # progressive scores, in the window's arrival order (NaN for rejected events)
+    rejected: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows not trained: non-finite
+    reject_reason: str = ""
 
 
 class TrainerCore:
@@ -47,6 +49,8 @@ class TrainerCore:
         self.hot_version = 0
         self.hot_rows = 0
         self.newest_event_ms = 0
+        self.nonfinite_batches = 0  # mini-batches whose loss or gradients were not finite (nothing applied)
+        self.rejected_events = 0  # events of those batches that were not trained (dead-lettered by the service)
 
     # -- hot set ---------------------------------------------------------------
     def apply_hot_set(self, version: int, tables: Mapping[str, np.ndarray]) -> Any:
@@ -97,6 +101,8 @@ class TrainerCore:
         subs = [batch.take(m.rows) for m in mbs]
         uniqs = [None] * len(mbs)
         hot_n = 0
+        rejected: list[np.ndarray] = []
+        reasons: list[str] = []
         for i, (m, sub) in enumerate(zip(mbs, subs)):
             if uniqs[i] is None:
                 uniqs[i] = unique_ids(sub, self.fields)
@@ -104,18 +110,63 @@ class TrainerCore:
             if nxt < len(mbs) and mbs[nxt].kind != "hot":
                 uniqs[nxt] = unique_ids(subs[nxt], self.fields)
                 self._prefetch(uniqs[nxt])  # cold rows load in the background while this batch trains
-            p = train_step(self.model, self.opt, sub, self.fields, self.store.lookup, self.store.apply_gradients,
-                           self.device, uniques=uniqs[i])
+            p, bad, why = self._guarded_step(sub, uniqs[i])
             uniqs[i] = None
             scores[m.rows] = p
+            if len(bad):
+                rejected.append(m.rows[bad])
+                reasons.append(why)
             if m.kind == "hot":
-                hot_n += len(m.rows)
-        self.metrics.update(batch.labels, scores)
-        self.events += len(batch)
+                hot_n += len(m.rows) - len(bad)
+        out = np.sort(np.concatenate(rejected)) if rejected else np.zeros(0, np.int64)
+        keep = np.ones(len(batch), bool)
+        keep[out] = False
+        self.metrics.update(batch.labels[keep], scores[keep])
+        self.events += int(keep.sum())
         self.hot_events += hot_n
+        self.rejected_events += len(out)
         if len(batch):
             self.newest_event_ms = max(self.newest_event_ms, int(batch.ts.max()))
-        return WindowResult(len(batch), hot_n, len(mbs), scores)
+        return WindowResult(len(batch), hot_n, len(mbs), scores, out, "; ".join(dict.fromkeys(reasons)))
+
+    def _guarded_step(self, sub: EventBatch, uniques) -> tuple[np.ndarray, np.ndarray, str]:
+        """Train one mini-batch; ``(scores, rejected rows, reason)``.
+
+        A step that is not finite changed nothing, so its events can be tried again: the
+        events whose own loss is not finite are set aside and the rest retried; when only
+        the gradients are bad, the batch is halved until the culprits are single events.
+        Poisoned batches are rare, so the extra steps cost nothing in the common case."""
+        scores = np.full(len(sub), np.nan, np.float32)
+        bad: list[np.ndarray] = []
+        why: list[str] = []
+        todo = [(np.arange(len(sub)), uniques)]
+        while todo:
+            rows, uniq = todo.pop()
+            part = sub if len(rows) == len(sub) else sub.take(rows)
+            try:
+                scores[rows] = self._step(part, uniq)
+                continue
+            except NonFiniteStep as e:
+                self.nonfinite_batches += 1
+                why.append(f"non-finite training step: {e}")
+                culprits = e.rows
+            if 0 < len(culprits) < len(rows):  # these events' own loss is not finite
+                bad.append(rows[culprits])
+                todo.append((np.delete(rows, culprits), None))
+            elif len(rows) == 1:
+                bad.append(rows)
+            else:
+                half = len(rows) // 2
+                todo += [(rows[:half], None), (rows[half:], None)]
+        out = np.sort(np.concatenate(bad)) if bad else np.zeros(0, np.int64)
+        reason = "; ".join(dict.fromkeys(why))
+        if len(out) or why:
+            log.warning("mini-batch of %d events: %s; %d events not trained (dead-lettered)", len(sub), reason, len(out))
+        return scores, out, reason
+
+    def _step(self, sub: EventBatch, uniques) -> np.ndarray:
+        return train_step(self.model, self.opt, sub, self.fields, self.store.lookup, self.store.apply_gradients,
+                          self.device, uniques=uniques)
 
     def predict(self, batch: EventBatch) -> np.ndarray:
         self.model.eval()
@@ -134,10 +185,13 @@ class TrainerCore:
 
     def counters(self) -> dict[str, Any]:
         return {"events": self.events, "hot_events": self.hot_events, "hot_version": self.hot_version,
-                "newest_event_ms": self.newest_event_ms, "metrics": self.metrics.state()}
+                "newest_event_ms": self.newest_event_ms, "metrics": self.metrics.state(),
+                "nonfinite_batches": self.nonfinite_batches, "rejected_events": self.rejected_events}
 
     def load_counters(self, d: Mapping[str, Any]) -> None:
         self.events = int(d.get("events", 0))
         self.hot_events = int(d.get("hot_events", 0))
         self.newest_event_ms = int(d.get("newest_event_ms", 0))
+        self.nonfinite_batches = int(d.get("nonfinite_batches", 0))
+        self.rejected_events = int(d.get("rejected_events", 0))
         self.metrics.load_state(d.get("metrics", {}))

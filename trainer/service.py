@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import (STORE, latest_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint,
+from .checkpoint import (STORE, choose_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint, set_aside,
                          write_checkpoint)
 from .core import TrainerCore
-from streamrec.foundation import hot_budget_rows, resolve_device
+from streamrec.foundation import StreamrecError, hot_budget_rows, is_resource_error, resolve_device
 from streamrec.snapshot import PusherFactory
 
 from .hotset import HotUpdate, SampleHotSource, make_hot_source
@@ -80,8 +80,8 @@ class TrainerService:
         if t.torch_threads > 0:
             torch.set_num_threads(t.torch_threads)
         self.device = resolve_device(t.device)
-        ckpt = latest_checkpoint(t.checkpoint_dir)
-        self.store = open_store(cfg, self.device, ckpt)
+        ckpt, state, dense = self._restore_point(t.checkpoint_dir)
+        self.fell_back = bool(self.refused_checkpoints)
         self.core = TrainerCore(cfg, self.store, self.device)
         self.publisher = SnapshotPublisher(cfg, t.snapshot_dir, push=t.push_snapshots,
                                            full_every=t.full_snapshot_every,
@@ -89,14 +89,14 @@ class TrainerService:
                                            ) if t.snapshot_every > 0 else None
         self.seq = 0
         self.offsets: dict[tuple[str, int], int] = {}
+        self.topic_ids: dict[str, str] = {}  # topic -> its id when the checkpoint's offsets were read
         self.resumed_from: str | None = None
-        state: dict[str, Any] = {}
         if ckpt is not None:
-            state, dense = read_checkpoint(ckpt, map_location=str(self.device))
             self.core.load_dense_state(dense)
             self.core.load_counters(state)
             self.seq = int(state["seq"])
             self.offsets = offsets_from_json(state.get("offsets", []))
+            self.topic_ids = {str(k): str(v) for k, v in (state.get("topic_ids") or {}).items()}
             if self.publisher is not None:
                 self.publisher.load_state(state.get("snapshot", {}))
                 self.publisher.request_full()  # serving may hold a newer version than this checkpoint knew
@@ -129,31 +129,70 @@ class TrainerService:
         self._hot_at_log = (self.core.events, self.core.hot_events)
         self.last_record: dict[str, Any] = {}
 
+    def _restore_point(self, root: str) -> tuple[Path | None, dict[str, Any], dict[str, Any]]:
+        """Open the store at the newest checkpoint that verifies and loads; ``(dir, state, dense)``.
+
+        A checkpoint whose files do not match their checksums, or that fails to load, is set aside
+        (``corrupt-ckpt-*``) and the previous one is tried: the trainer then re-reads Kafka from that
+        checkpoint's offsets, so nothing is lost."""
+        self.refused_checkpoints: list[str] = []
+        while True:
+            ckpt, refused = choose_checkpoint(root)
+            self.refused_checkpoints += refused
+            if ckpt is None:
+                self.store = open_store(self.cfg, self.device, None)
+                return None, {}, {}
+            try:
+                state, dense = read_checkpoint(ckpt, map_location=str(self.device))
+                self.store = open_store(self.cfg, self.device, ckpt)
+                return ckpt, state, dense
+            except (StreamrecError, OSError, ValueError, RuntimeError, KeyError) as e:  # torch.load, json, RocksDB
+                if is_resource_error(e):  # a full or read-only disk is not a corrupt checkpoint: stop, keep it
+                    raise
+                why = f"cannot be loaded: {type(e).__name__}: {e}"
+                self.refused_checkpoints.append(f"{ckpt}: {why}")
+                set_aside(ckpt, why)
+
     # -- consumer position -------------------------------------------------------
     def _position_consumer(self) -> dict[tuple[str, int], int]:
-        """Seek every assigned partition to the checkpoint offset, else the committed one, else the start."""
+        """Resume every assigned partition at the checkpoint's offset, else the committed one, else the start.
+
+        The checkpoint's offsets mean something only in the topic they were read from: when the
+        topic's id differs from the checkpoint's (deleted and recreated), ``kafka.on_offsets_lost``
+        decides (fail, or start over at the log's start or end)."""
         from kafka import TopicPartition
 
-        kc = self.consumer.consumer
-        deadline = time.monotonic() + max(60.0, self.cfg.kafka.max_poll_interval_ms / 1000 * 3)
-        while not kc.assignment():
-            if self.stop.is_set():  # stopped (SIGTERM) before the group assigned anything: run() exits as "stopped"
-                return {}
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no partitions of {self.cfg.kafka.events_topic!r} assigned to the trainer")
-            kc.poll(timeout_ms=200, max_records=1)  # joins the group; anything fetched is re-read after the seek
-        tps = sorted(kc.assignment(), key=lambda tp: (tp.topic, tp.partition))
-        begin = kc.beginning_offsets(tps)
+        from streamrec.ingest import OffsetsLostError, offsets_lost_message
+
+        c = self.consumer
+        kc = c.consumer
+        tps = c.wait_for_assignment(max(60.0, self.cfg.kafka.max_poll_interval_ms / 1000 * 3), self.stop)
+        if not tps:  # stopped (SIGTERM) before the group assigned anything: run() exits as "stopped"
+            return {}
+        begin, end = kc.beginning_offsets(tps), kc.end_offsets(tps)
+        recreated = (self.topic_ids.get(c.topic) and c.topic_id is not None
+                     and str(c.topic_id) != self.topic_ids[c.topic])
         pos = {}
         for tp in tps:
             key = (tp.topic, tp.partition)
-            if key in self.offsets:
-                off = self.offsets[key]
+            if key in self.offsets and recreated:
+                why = f"the topic was deleted and recreated since the checkpoint: id {self.topic_ids[c.topic]} is now {c.topic_id}"
+                if self.cfg.kafka.on_offsets_lost == "fail":
+                    raise OffsetsLostError(offsets_lost_message(tp.topic, tp.partition, self.offsets[key], begin[tp],
+                                                                end[tp], why))
+                off = begin[tp] if self.cfg.kafka.on_offsets_lost == "earliest" else end[tp]
+                log.warning("%s -> resuming at offset %d (kafka.on_offsets_lost=%s)",
+                            offsets_lost_message(tp.topic, tp.partition, self.offsets[key], begin[tp], end[tp], why),
+                            off, self.cfg.kafka.on_offsets_lost)
+            elif key in self.offsets:
+                off = self.offsets[key]  # beyond the log end, the first fetch says so and on_offsets_lost decides
+            elif self.fell_back:  # commits may come from the refused, newer checkpoint: never skip past them
+                off = begin[tp]
             else:
-                c = kc.committed(TopicPartition(tp.topic, tp.partition))
-                off = c if c is not None else begin[tp]
-            kc.seek(tp, off)
+                committed = kc.committed(TopicPartition(tp.topic, tp.partition))
+                off = committed if committed is not None else begin[tp]
             pos[key] = int(off)
+        c.set_positions(pos)
         return pos
 
     # -- the loop ---------------------------------------------------------------
@@ -183,7 +222,10 @@ class TrainerService:
                     self.hot.observe(batch)
                     for s in range(0, len(batch), window):  # a poll may bring more than one window
                         part = batch if len(batch) <= window else batch.take(np.arange(s, min(len(batch), s + window)))
-                        self.core.train_window(part)
+                        res = self.core.train_window(part)
+                        if len(res.rejected):  # a non-finite step: those events were not trained
+                            self.consumer.dead_letter_events(part.take(res.rejected), res.reject_reason,
+                                                             source="trainer")
                     self._record_trained(batch)
                     dirty = True
                 elif t.idle_exit_s and now - idle_since > t.idle_exit_s:
@@ -247,8 +289,11 @@ class TrainerService:
             epoch_box["epoch"] = int(self.store.checkpoint(d))
             return {"epoch": epoch_box["epoch"]}
 
+        if self.consumer.topic_id is not None:
+            self.topic_ids[self.consumer.topic] = str(self.consumer.topic_id)
         state = {
             "offsets": offsets_to_json(self.offsets),
+            "topic_ids": dict(self.topic_ids),
             "ts": time.time(),
             "dead_letters": self.consumer.stats.dead_letters,
             "rows_expired": self.rows_expired,
@@ -288,6 +333,9 @@ class TrainerService:
             "snapshot_version": self.publisher.version if self.publisher else 0,
             "replicas_behind": len(self.publisher.left_behind) if self.publisher else 0,
             "checkpoint": self.seq, "lag": self.consumer.lag(), "rows_expired": self.rows_expired,
+            "nonfinite_batches": self.core.nonfinite_batches, "rejected_events": self.core.rejected_events,
+            "commit_failures": self.consumer.stats.commit_failures, "rebalances": self.consumer.stats.rebalances,
+            "offsets_reset": self.consumer.stats.offsets_reset,
         }
         self.last_record = rec
         self.metrics_log.write(rec)

@@ -28,17 +28,47 @@ def dense_optimizer(model: DLRM, kind: str, lr: float) -> torch.optim.Optimizer:
     raise ValueError(f"dense optimizer must be 'adam' or 'adagrad', got {kind!r}")
 
 
+# A gradient beyond this squares to ~1e30: Adagrad's and Adam's float32 second moments (sums of g**2)
+# would overflow to inf within a few such steps, and a row or weight with an inf moment never learns again.
+GRAD_ABS_MAX = 1e15
+
+
+class NonFiniteStep(ArithmeticError):
+    """A mini-batch whose loss or gradients are not finite; nothing of it was applied.
+
+    ``rows``: the events (indices into the mini-batch) whose own loss is not finite, or
+    every row when only the gradients are (the culprit cannot be told apart then)."""
+
+    def __init__(self, rows: np.ndarray, why: str):
+        super().__init__(why)
+        self.rows = rows
+
+
 def train_step(model: DLRM, opt: torch.optim.Optimizer, batch, fields: Sequence[str], lookup: Lookup,
                apply_grads: ApplyGrads, device: torch.device, uniques=None) -> np.ndarray:
     """Score (before update) and train on one mini-batch; returns the scores.
-    ``uniques``: the batch's ``model.unique_ids`` when the caller already has them."""
+    ``uniques``: the batch's ``model.unique_ids`` when the caller already has them.
+
+    Raises :class:`NonFiniteStep`, having changed nothing (no optimizer step, no row
+    update), when a loss or a gradient is NaN or infinite: one poisoned batch must not
+    turn the dense weights or a stored row into NaN for good."""
     pooled, touched = embed_batch(batch, fields, lookup, device, requires_grad=True, uniques=uniques)
     dense = torch.from_numpy(batch.dense).to(device)
     labels = torch.from_numpy(batch.labels).to(device)
     logits = model(dense, pooled)
-    loss = F.binary_cross_entropy_with_logits(logits, labels)
+    per_event = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    finite = torch.isfinite(per_event)
+    if not bool(finite.all()):
+        raise NonFiniteStep(np.flatnonzero(~finite.cpu().numpy()), "the loss of some events is not finite")
+    loss = per_event.mean()
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads += [rows.grad for _, uniq, rows in touched if len(uniq) and rows.grad is not None]
+    # |g| <= GRAD_ABS_MAX is False for NaN too: one check for NaN, inf and overflowing magnitudes
+    if grads and not bool(torch.stack([(g.abs() <= GRAD_ABS_MAX).all() for g in grads]).all()):
+        opt.zero_grad(set_to_none=True)
+        raise NonFiniteStep(np.arange(len(per_event)), f"gradients are not finite or beyond +-{GRAD_ABS_MAX:g}")
     opt.step()
     for f, uniq, rows in touched:
         if len(uniq):

@@ -17,7 +17,8 @@ from .metrics import finite
 # keys of one metrics-log record (the report tool reads these)
 RECORD_KEYS = ("ts", "events", "auc", "logloss", "window_auc", "window_logloss", "events_per_s",
                "hot_fraction", "hot_coverage", "hit_rate", "hot_version", "dead_letters",
-               "snapshot_version", "replicas_behind", "checkpoint", "lag")
+               "snapshot_version", "replicas_behind", "checkpoint", "lag", "nonfinite_batches", "rejected_events",
+               "commit_failures", "rebalances", "offsets_reset")
 
 
 class MetricsLog:

@@ -21,6 +21,8 @@ from typing import Iterator
 import streamrec
 from streamrec.foundation import Config, ConfigError, load_config, parse_overrides
 from streamrec.foundation.errors import StreamrecError
+from streamrec.foundation.resources import resource_error_line
+
 
 COMMAND_MODULES = [
     "streamrec.app.commands.ingest",
@@ -101,10 +103,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except (StreamrecError, FileNotFoundError, PermissionError) as e:  # a clear message for what the user can fix
-        logging.getLogger("streamrec").debug("error", exc_info=True)
-        print(f"streamrec {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+    except Exception as e:
+        resource = resource_error_line(e)  # disk full, read-only, out of file handles: one line, not a traceback
+        if resource is not None:
+            logging.getLogger("streamrec").debug("error", exc_info=True)
+            print(f"streamrec {args.command}: {resource}", file=sys.stderr)
+            return 1
+        if isinstance(e, (StreamrecError, FileNotFoundError, PermissionError)):  # what the user can fix
+            logging.getLogger("streamrec").debug("error", exc_info=True)
+            print(f"streamrec {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

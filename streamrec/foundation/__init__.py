@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids, salted_mix, splitmix64, table_salt
     from .lazy import lazy_exports
     from .npz import save_npz
+    from .resources import is_resource_error, resource_error_line
 
 # lazy: config readers (the CLI's --help) must not pay for numpy or torch
 _EXPORTS = {  # submodule: the public names it defines
@@ -38,6 +39,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".ids": "INT64_MAX INT64_MIN hash_id hash_ids salted_mix splitmix64 table_salt",
     ".metrics": "roc_auc",
     ".npz": "save_npz",
+    ".resources": "is_resource_error resource_error_line",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

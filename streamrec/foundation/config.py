@@ -78,6 +78,13 @@ class KafkaConfig:
     events_per_message: int = 512  # Arrow IPC messages hold this many events
     max_poll_interval_ms: int = 15_000  # also the group rebalance timeout; long values slow group joins
     consumer_mode: str = "group"  # group: join the consumer group; assign: take every partition, no join
+    on_offsets_lost: str = "fail"  # a checkpoint's offset beyond the log end (topic deleted/recreated): fail | earliest | latest
+
+
+@dataclass
+class IngestConfig:
+    dense_abs_max: float = 1e9  # dense values beyond +-this are refused (dead-lettered): normalise features before
+    dlq_max_bytes: int = 900_000  # a dead letter keeps at most this many bytes of the bad record (its size and sha256 go in headers)
 
 
 @dataclass
@@ -192,6 +199,7 @@ class GeneratorConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     sketch: SketchConfig = field(default_factory=SketchConfig)
     hot: HotConfig = field(default_factory=HotConfig)
@@ -363,10 +371,17 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("consumer_mode", f"must be 'group' or 'assign', got {obj.consumer_mode!r}")
         if obj.events_per_message < 1:
             bad("events_per_message", "must be >= 1")
+        if obj.on_offsets_lost not in ("fail", "earliest", "latest"):
+            bad("on_offsets_lost", f"must be 'fail', 'earliest' or 'latest', got {obj.on_offsets_lost!r}")
         for key in ("events_topic", "dlq_topic", "hotset_topic"):  # Kafka's own rule, checked here, not at
             name = getattr(obj, key)  # the first dead letter or hot set, long after start-up
             if not (0 < len(name) <= 249 and name not in (".", "..") and re.fullmatch(r"[A-Za-z0-9._-]+", name)):
                 bad(key, f"{name!r} is not a legal Kafka topic name (1-249 of ASCII letters, digits, '.', '_', '-')")
+    elif isinstance(obj, IngestConfig):
+        if not 0 < obj.dense_abs_max <= 3e38:
+            bad("dense_abs_max", "must be in (0, 3e38] (float32's range)")
+        if obj.dlq_max_bytes < 1024:
+            bad("dlq_max_bytes", "must be >= 1024")
     elif isinstance(obj, StoreConfig):
         if not 1 <= obj.shards <= 256:
             bad("shards", "must be in 1..256")

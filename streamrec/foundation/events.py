@@ -151,10 +151,11 @@ class EventSchema:
     fields: tuple[str, ...]
     dense_dim: int
     require_label: bool = True
+    dense_abs_max: float = FLOAT32_MAX  # |dense value| above this is refused (config: ingest.dense_abs_max)
 
     @classmethod
     def from_config(cls, cfg: Any, require_label: bool = True) -> "EventSchema":
-        return cls(tuple(cfg.model.field_names), cfg.model.dense_dim, require_label)
+        return cls(tuple(cfg.model.field_names), cfg.model.dense_dim, require_label, float(cfg.ingest.dense_abs_max))
 
     def validate(self, ev: Any) -> tuple[int, float, list[float], dict[str, list[int]], str | None]:
         """Check one decoded JSON event; return its normalised parts or raise EventError.
@@ -194,12 +195,14 @@ class EventSchema:
             raise EventError("dense must be a list of numbers")
         if len(dense) != self.dense_dim:
             raise EventError(f"dense has {len(dense)} values, the model expects {self.dense_dim}")
+        bound = self.dense_abs_max
         for x in dense:
             tx = type(x)
             if tx is not float and tx is not int:
                 raise EventError("dense must be a list of numbers")
-            if not -FLOAT32_MAX <= x <= FLOAT32_MAX:  # NaN, inf or beyond float32 would poison training
-                raise EventError(f"dense values must be finite float32 numbers, got {x!r}")
+            if not -bound <= x <= bound:  # NaN, inf or huge values would poison training
+                raise EventError(f"dense values must be finite numbers within +-{bound:g} "
+                                 f"(ingest.dense_abs_max), got {x!r}")
         sparse = ev.get("sparse")
         if sparse is None:
             sparse = {}

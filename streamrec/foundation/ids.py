@@ -42,7 +42,11 @@ def hash_id(value: str | int) -> int:
             return value - 2**64
         raise EventError(f"integer id {value} does not fit in 64 bits")
     if isinstance(value, str):
-        h = xxhash.xxh64_intdigest(value.encode("utf-8"))
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800"): not text, and no stable hash
+            raise EventError(f"id {value!r} is not valid Unicode text (lone surrogate)") from None
+        h = xxhash.xxh64_intdigest(raw)
         return h - 2**64 if h >= 2**63 else h
     raise EventError(f"id {value!r} has type {type(value).__name__}; expected int or str")
 

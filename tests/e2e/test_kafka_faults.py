@@ -1,0 +1,136 @@
+"""Kafka faults against real brokers: a broker that comes back empty (topic recreated,
+offsets lost) and a trainer too slow for its group's poll interval. Nothing is
+skipped silently, nothing crashes, nothing is lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from streamrec.ingest import (EmbeddedBroker, EventConsumer, EventProducer, OffsetsLostError, SyntheticStream,
+                              ensure_topics, free_port, pipeline_topics)
+from streamrec.trainer import TrainerService
+
+from tests.conftest import small_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.broker]
+
+
+def _cfg(tmp_path, policy: str):
+    cfg = small_config(tmp_path, **{"kafka.on_offsets_lost": policy})
+    t = cfg.trainer
+    t.batch_size, t.window_batches, t.device = 256, 4, "cpu"
+    t.checkpoint_every_events, t.checkpoint_every_s = 512, 600.0
+    t.hot_source, t.snapshot_every, t.idle_exit_s, t.log_every_s = "none", 0, 1.5, 600.0
+    cfg.kafka.consumer_mode, cfg.kafka.events_per_message, cfg.kafka.partitions = "assign", 64, 2
+    return cfg
+
+
+def _produce(cfg, bootstrap, n, seed):
+    cfg.generator.seed = seed
+    prod = EventProducer(bootstrap, cfg)
+    for b in SyntheticStream(cfg).batches(n):
+        prod.send_batch(b)
+    prod.close()
+
+
+def _first_run_then_restart_the_broker_empty(cfg, port):
+    """Train 2,048 events, then bring the broker back empty with only 384 new events."""
+    with EmbeddedBroker(port=port) as broker:
+        ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+        _produce(cfg, broker.bootstrap, 2048, seed=1)
+        summary = TrainerService(cfg, broker.bootstrap, progress=False).run()
+        assert summary["events"] == 2048
+    broker = EmbeddedBroker(port=port).start()
+    ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+    _produce(cfg, broker.bootstrap, 384, seed=2)
+    return broker
+
+
+def test_a_recreated_topic_stops_the_trainer_with_a_clear_message_by_default(tmp_path):
+    cfg = _cfg(tmp_path, "fail")
+    broker = _first_run_then_restart_the_broker_empty(cfg, free_port())
+    try:
+        with pytest.raises(OffsetsLostError) as e:
+            TrainerService(cfg, broker.bootstrap, progress=False).run()
+        msg = str(e.value)
+        assert f"{cfg.kafka.events_topic}[0]" in msg and "expected to resume at offset" in msg
+        assert "deleted and recreated" in msg and "kafka.on_offsets_lost=earliest" in msg
+    finally:
+        broker.stop()
+
+
+def test_with_earliest_every_event_after_the_restart_is_trained(tmp_path):
+    cfg = _cfg(tmp_path, "earliest")
+    broker = _first_run_then_restart_the_broker_empty(cfg, free_port())
+    try:
+        summary = TrainerService(cfg, broker.bootstrap, progress=False).run()
+        assert summary["events"] == 2048 + 384  # the resumed counters plus every new event, once
+    finally:
+        broker.stop()
+
+
+def test_a_broker_that_comes_back_empty_mid_run_is_caught_up_from_the_start(tmp_path):
+    """The trainer keeps running while its broker restarts empty: with earliest it trains the new
+    log from its first offset (no crash at commit, no silent skip of the first events)."""
+    cfg = _cfg(tmp_path, "earliest")
+    cfg.trainer.idle_exit_s = 0.0
+    port = free_port()
+    broker = EmbeddedBroker(port=port).start()
+    stop = threading.Event()
+    svc = None
+    out: dict = {}
+    try:
+        ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+        _produce(cfg, broker.bootstrap, 1024, seed=1)
+        svc = TrainerService(cfg, broker.bootstrap, stop=stop, progress=False)
+        th = threading.Thread(target=lambda: out.update(svc.run()), daemon=True)
+        th.start()
+        deadline = time.monotonic() + 60
+        while svc.core.events < 1024 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert svc.core.events == 1024
+        broker.stop()
+        broker = EmbeddedBroker(port=port).start()
+        ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+        _produce(cfg, broker.bootstrap, 320, seed=2)  # fewer than before: the old positions are past the end
+        deadline = time.monotonic() + 90
+        while svc.core.events < 1024 + 320 and time.monotonic() < deadline and th.is_alive():
+            time.sleep(0.2)
+        assert th.is_alive(), out
+        assert svc.core.events == 1024 + 320
+        assert svc.consumer.stats.offsets_reset >= 1
+    finally:
+        stop.set()
+        if svc is not None:
+            th.join(30)
+        broker.stop()
+
+
+def test_a_consumer_slower_than_its_poll_interval_rejoins_and_loses_or_repeats_nothing(tmp_path, bootstrap, topics):
+    """Group mode, a poll interval of 6 s and a caller that stalls 9 s between polls: the member is
+    dropped, its commit fails, it rejoins and resumes where it handed records out."""
+    cfg = topics
+    cfg.kafka.events_per_message = 32
+    _produce(cfg, bootstrap, 640, seed=3)
+    c = EventConsumer(bootstrap, cfg, group_id=f"slow-{cfg.kafka.events_topic}", mode="group",
+                      max_poll_interval_ms=6000, session_timeout_ms=6000, heartbeat_interval_ms=1000)
+    try:
+        got = 0
+        deadline = time.monotonic() + 120
+        stalled = False
+        while got < 640 and time.monotonic() < deadline:
+            b = c.poll_batch(96, timeout=1.0)
+            if b is None:
+                continue
+            got += len(b)
+            if not stalled and got >= 192:
+                time.sleep(9)  # longer than max.poll.interval: the group drops this member
+                stalled = True
+                c.mark_durable(dict(b.source_offsets))  # fails (not a member): must not raise
+        assert got == 640  # every event once: nothing lost, nothing handed out twice
+        assert c.stats.commit_failures + c.stats.rebalances >= 1
+    finally:
+        c.close()
