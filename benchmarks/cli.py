@@ -17,9 +17,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 
 def cmd_bench(args) -> int:
     try:
-        mod = importlib.import_module(f"benchmarks.bench_{args.name}")
+        mod = importlib.import_module(f"{__package__}.bench_{args.name}")
     except ModuleNotFoundError as e:
-        if e.name == f"benchmarks.bench_{args.name}":
+        if e.name == f"{__package__}.bench_{args.name}":
             print(f"streamrec: benchmark {args.name!r} is not available in this build")
             return 2
         raise

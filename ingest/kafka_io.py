@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,9 +35,10 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, Topic
 from kafka import errors as kafka_errors
 from kafka.structs import OffsetAndMetadata
 
-from streamrec.foundation import StreamrecError
+from streamrec.foundation import EventBatch, EventSchema, StreamrecError
+
 from .codec import CODEC_HEADER, Decoder, encode_messages
-from streamrec.foundation import EventBatch, EventSchema
+from .inflight import DECODE, TRAIN, InflightMarker, probe_decode, ranges_of
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,11 @@ class OffsetsLostError(StreamrecError, RuntimeError):
 OFFSETS_LOST_POLICIES = ("fail", "earliest", "latest")
 
 
+def _describe(ranges) -> str:
+    return ", ".join(f"{r.topic}[{r.partition}]@{r.first}" + (f"..{r.last}" if r.last != r.first else "")
+                     for r in ranges)
+
+
 def offsets_lost_message(topic: str, partition: int, expected: int | None, begin: int | None, end: int | None,
                          why: str) -> str:
     """One line for the operator: what was expected, what was found, how to go on."""
@@ -153,6 +160,7 @@ class ConsumerStats:
     bytes: int = 0
     dead_letters: int = 0
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    quarantined: int = 0  # records dead-lettered because a process died handling them (crash-loop breaker)
     commit_failures: int = 0  # commits refused (rebalance, coordinator moved); retried at the next one
     rebalances: int = 0  # partition assignments after the first
     offsets_reset: int = 0  # partitions moved by kafka.on_offsets_lost (earliest/latest)
@@ -191,6 +199,7 @@ class EventConsumer:
         topic: str | None = None,
         on_offsets_lost: str | None = None,
         max_pending: int = 20_000,
+        inflight_path: str | os.PathLike | None = None,
         **consumer_opts,
     ):
         if mode not in ("group", "assign"):
@@ -209,6 +218,15 @@ class EventConsumer:
         self._pending: collections.deque = collections.deque()  # polled, not yet decoded
         self._revoked: set = set()  # noted by the rebalance listener, handled after the poll
         self._assigned: set = set()
+        # the crash-loop breaker (ingest/inflight.py): what a dead predecessor was handling
+        self._marker = InflightMarker(inflight_path) if inflight_path else None
+        self._suspect = self._marker.found if self._marker is not None else None
+        if self._suspect is not None:
+            phase, ranges, deaths = self._suspect
+            log.error("the previous consumer process died while %s records %s (deaths so far: %d); they are %s",
+                      "decoding" if phase == DECODE else "training on", _describe(ranges), deaths + 1,
+                      "probed in a child process" if phase == DECODE else
+                      ("quarantined to the DLQ" if deaths >= 1 else "retried once, quarantined if it dies again"))
         self._next: dict[tuple[str, int], int] = {}  # the offset after the last record handed out (or sought)
         self._assigned_once = False
         self.topic_id = None  # the topic's id (uuid) when first seen: a new id means it was recreated
@@ -260,9 +278,11 @@ class EventConsumer:
         """
         deadline = time.monotonic() + timeout
         parts: list[EventBatch] = []
+        handed: list = []  # records decoded for this call (what the caller will be handling)
         n = 0
         offsets: dict[tuple[str, int], int] = {}
         self._check_topic()
+        self._maybe_clear_suspect()
         if self._pending:  # still holding records: poll anyway (group liveness, rebalances), fetch nothing new
             self._poll(0, pause=True)
         while n < max_events:
@@ -284,6 +304,11 @@ class EventConsumer:
                 self._next[(rec.topic, rec.partition)] = rec.offset + 1
                 self.stats.bytes += len(rec.value or b"")
             self.stats.records += len(recs)
+            if self._suspect is not None:
+                recs = self._quarantine_suspects(recs)
+            handed.extend(recs)
+            if self._marker is not None and recs:
+                self._marker.mark(DECODE, ranges_of(recs))
             b, errors = self.decoder.decode_many([rec.value for rec in recs])
             for i, reason in errors:
                 self._dead_letter(recs[i], reason)
@@ -291,6 +316,8 @@ class EventConsumer:
             if b is not None and len(b):
                 parts.append(b)
                 n += len(b)
+        if self._marker is not None and handed:  # the caller handles these now: a death is a "train" death
+            self._marker.mark(TRAIN, ranges_of(handed), self._deaths_of(handed))
         if not parts and not offsets:
             return None
         if len(parts) == 1:
@@ -300,6 +327,44 @@ class EventConsumer:
         batch.source_offsets = offsets
         self.stats.events += len(batch)
         return batch
+
+    # -- the crash-loop breaker ----------------------------------------------------
+
+    def _quarantine_suspects(self, recs: list) -> list:
+        """Dead-letter the records a dead predecessor could not get past; return the others."""
+        phase, ranges, deaths = self._suspect
+        suspects = [r for r in recs if any(x.holds(r.topic, r.partition, r.offset) for x in ranges)]
+        if not suspects:
+            return recs
+        if phase == DECODE:
+            culprits = {id(suspects[i]) for i in probe_decode(self.schema, [r.value or b"" for r in suspects])}
+            why = "crashed the consumer: the process died decoding this record, and so did a probe"
+        elif deaths >= 1:
+            culprits = {id(r) for r in suspects}
+            why = (f"crashed the consumer: {deaths + 1} processes died training batches holding this record "
+                   f"(quarantined with the {len(suspects)} records in flight with it)")
+        else:
+            return recs  # first death in training: retried once (kept in the marker as a suspect)
+        for r in suspects:
+            if id(r) in culprits:
+                self.stats.quarantined += 1
+                self._dead_letter(r, why)
+        return [r for r in recs if id(r) not in culprits]
+
+    def _maybe_clear_suspect(self) -> None:
+        """Back to normal once every suspect record was handled (probed, quarantined or retried)."""
+        if self._suspect is not None and all(self._next.get((x.topic, x.partition), -1) > x.last
+                                             for x in self._suspect[1]):
+            self._suspect = None
+
+    def _deaths_of(self, handed: list) -> int:
+        """Deaths already seen with any of these records in flight (0 when none was a suspect)."""
+        if self._suspect is None:
+            return 0
+        phase, ranges, deaths = self._suspect
+        if phase != TRAIN or not any(x.holds(r.topic, r.partition, r.offset) for r in handed for x in ranges):
+            return 0
+        return deaths + 1
 
     # -- the client, rebalances and lost offsets ---------------------------------
 
@@ -539,6 +604,8 @@ class EventConsumer:
             return -1
 
     def close(self) -> None:
+        if self._marker is not None:
+            self._marker.clear()  # a clean stop: nothing was in flight
         if self._dlq is not None:
             self._dlq.flush(60)
             self._dlq.close()

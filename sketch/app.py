@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 import weakref
 
@@ -55,7 +56,45 @@ def faust_settings(cfg, bootstrap: str) -> dict:
     )
 
 
-def build_app(cfg, bootstrap: str, state: SketchState | None = None):
+def changelog_topic(cfg) -> str:
+    """faust's changelog topic of the sketch table (``<app id>-<table>-changelog``)."""
+    return f"{cfg.kafka.sketch_group}-{TABLE_NAME}-changelog"
+
+
+def check_state(cfg, bootstrap: str) -> tuple[int, str | None]:
+    """Make the worker's state fit the events topic before faust starts; ``(partitions, topic id)``.
+
+    faust refuses to start (PartitionsMismatch, at every restart) when the table's changelog
+    topic has another partition count than the events topic, e.g. after a broker came back
+    empty and auto-created one. The changelog and the local table then describe nothing that
+    still exists: both are dropped (logged) and the counts rebuild from the stream. The
+    table's partition count is the events topic's own, not the config's."""
+    from kafka import KafkaConsumer
+    from kafka.admin import KafkaAdminClient
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    try:
+        events = c.partitions_for_topic(cfg.kafka.events_topic) or set()
+        changelog = c.partitions_for_topic(changelog_topic(cfg)) or set()
+        cluster = getattr(getattr(c, "_client", None), "cluster", None)
+        topic_id = cluster.topic_id(cfg.kafka.events_topic) if cluster is not None else None
+    finally:
+        c.close()
+    n = len(events) or cfg.kafka.partitions
+    if changelog and len(changelog) != n:
+        log.warning("changelog %s has %d partitions, the events topic %s has %d: dropping it and the local state in "
+                    "%s; counts rebuild from the stream", changelog_topic(cfg), len(changelog),
+                    cfg.kafka.events_topic, n, cfg.sketch.state_dir)
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            admin.delete_topics([changelog_topic(cfg)])
+        finally:
+            admin.close()
+        shutil.rmtree(cfg.sketch.state_dir, ignore_errors=True)
+    return n, (str(topic_id) if topic_id is not None else None)
+
+
+def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions: int | None = None):
     """The faust App with its agent, table and publisher timer; returns (app, state)."""
     import faust
     from faust.streams import _current_event
@@ -66,7 +105,7 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None):
                        key_serializer="raw", value_serializer="raw")
     hot_topic = app.topic(cfg.kafka.hotset_topic, key_type=bytes, value_type=bytes,
                           key_serializer="raw", value_serializer="raw")
-    table = app.Table(TABLE_NAME, partitions=cfg.kafka.partitions, key_type=bytes, value_type=bytes,
+    table = app.Table(TABLE_NAME, partitions=partitions or cfg.kafka.partitions, key_type=bytes, value_type=bytes,
                       options={"driver": "rocksdict"})
     pending: dict[int, list] = {}
     last_ckpt: dict[int, float] = {}
@@ -162,7 +201,9 @@ def run_worker(cfg, bootstrap: str, loglevel: str = "warning") -> int:
     """Run the worker until SIGINT/SIGTERM (faust's Worker installs the signal handlers)."""
     from faust.worker import Worker
 
-    app, _ = build_app(cfg, bootstrap)
+    partitions, topic_id = check_state(cfg, bootstrap)
+    state = SketchState(cfg, topic_id=topic_id)
+    app, _ = build_app(cfg, bootstrap, state, partitions)
     worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False, override_logging=False)
     try:
         worker.execute_from_commandline()

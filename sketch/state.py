@@ -41,8 +41,13 @@ class WorkerStats:
 
 
 class SketchState:
-    def __init__(self, cfg):
+    """Per-partition sketches of one worker. ``topic_id``: the events topic's id; a snapshot taken
+    from a topic with another id (deleted and recreated) is not resumed: its offsets would skip
+    the new topic's first events."""
+
+    def __init__(self, cfg, topic_id: str | None = None):
         self.cfg = cfg
+        self.topic_id = topic_id
         self.fields = list(cfg.model.field_names)
         self.decoder = Decoder(EventSchema.from_config(cfg))
         self.sketches: dict[int, PopularitySketch] = {}
@@ -69,6 +74,11 @@ class SketchState:
     def _restore(self, partition: int, blob: bytes | None) -> None:
         if blob:
             sk, meta = PopularitySketch.from_bytes_with_meta(blob)
+            if self.topic_id and meta.get("topic_id") and meta["topic_id"] != self.topic_id:
+                log.warning("partition %d: the snapshot was taken from another %s topic (id %s, now %s: deleted "
+                            "and recreated); counting it afresh from offset 0", partition,
+                            self.cfg.kafka.events_topic, meta["topic_id"], self.topic_id)
+                sk, meta = self.new_sketch(), {"next_offset": 0}
             if meta.get("stale_keys"):  # written before the sketch shared the store's table salt
                 log.warning("partition %d: the snapshot's counts are keyed by an older streamrec; counting afresh "
                             "from offset %s (the hot set re-forms as events arrive)", partition, meta.get("next_offset"))
@@ -129,7 +139,10 @@ class SketchState:
 
     def snapshot(self, partition: int) -> bytes:
         with self.lock:
-            return self.sketches[partition].to_bytes(meta={"next_offset": self.next_offset[partition]})
+            meta = {"next_offset": self.next_offset[partition]}
+            if self.topic_id:
+                meta["topic_id"] = self.topic_id
+            return self.sketches[partition].to_bytes(meta=meta)
 
     # -- the hot set -----------------------------------------------------
 

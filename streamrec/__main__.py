@@ -4,4 +4,5 @@ import sys
 
 from streamrec.app.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned child process re-imports the parent's main module
+    sys.exit(main())

@@ -34,6 +34,7 @@ STATE = "state.json"
 DENSE = "dense.pt"
 STORE = "store"
 CHECKSUMS = "checksums.json"
+INFLIGHT = "inflight.json"  # the consumer's crash-loop marker (streamrec.ingest.inflight), kept beside the checkpoints
 _NAME = re.compile(r"^ckpt-(\d{9})$")
 _DIGESTS: dict[tuple[int, int, int, int], str] = {}  # (dev, inode, size, mtime_ns) -> sha256 of an unchanged file
 _DIGESTS_MAX = 200_000

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import (STORE, choose_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint, set_aside,
+from .checkpoint import (INFLIGHT, STORE, choose_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint, set_aside,
                          write_checkpoint)
 from .core import TrainerCore
 from streamrec.foundation import StreamrecError, hot_budget_rows, is_resource_error, resolve_device
@@ -119,8 +119,11 @@ class TrainerService:
         self.trace = Trace(t.trace_path)
         from streamrec.ingest import EventConsumer
 
-        self.consumer = EventConsumer(bootstrap, cfg, group_id=cfg.kafka.trainer_group, mode=cfg.kafka.consumer_mode)
+        # the crash-loop breaker's marker lives with the checkpoints: it is about this trainer's progress
+        self.consumer = EventConsumer(bootstrap, cfg, group_id=cfg.kafka.trainer_group, mode=cfg.kafka.consumer_mode,
+                                      inflight_path=os.path.join(t.checkpoint_dir, INFLIGHT))
         self.consumer.stats.dead_letters = int(state.get("dead_letters", 0))
+        self.consumer.stats.quarantined = int(state.get("quarantined", 0))
         self.pos = self._position_consumer()
         self.trace.write({"start": True, "pid": os.getpid(), "seq": self.seq,
                           "positions": offsets_to_json(self.pos)})
@@ -296,6 +299,7 @@ class TrainerService:
             "topic_ids": dict(self.topic_ids),
             "ts": time.time(),
             "dead_letters": self.consumer.stats.dead_letters,
+            "quarantined": self.consumer.stats.quarantined,
             "rows_expired": self.rows_expired,
             "snapshot": self.publisher.state() if self.publisher else {},
             **self.core.counters(),
@@ -335,7 +339,7 @@ class TrainerService:
             "checkpoint": self.seq, "lag": self.consumer.lag(), "rows_expired": self.rows_expired,
             "nonfinite_batches": self.core.nonfinite_batches, "rejected_events": self.core.rejected_events,
             "commit_failures": self.consumer.stats.commit_failures, "rebalances": self.consumer.stats.rebalances,
-            "offsets_reset": self.consumer.stats.offsets_reset,
+            "offsets_reset": self.consumer.stats.offsets_reset, "quarantined": self.consumer.stats.quarantined,
         }
         self.last_record = rec
         self.metrics_log.write(rec)

@@ -18,7 +18,7 @@ from .metrics import finite
 RECORD_KEYS = ("ts", "events", "auc", "logloss", "window_auc", "window_logloss", "events_per_s",
                "hot_fraction", "hot_coverage", "hit_rate", "hot_version", "dead_letters",
                "snapshot_version", "replicas_behind", "checkpoint", "lag", "nonfinite_batches", "rejected_events",
-               "commit_failures", "rebalances", "offsets_reset")
+               "commit_failures", "rebalances", "offsets_reset", "quarantined")
 
 
 class MetricsLog:

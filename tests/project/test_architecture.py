@@ -66,6 +66,8 @@ def test_folders_named_like_the_parts_in_the_working_directory_change_nothing(tm
         assert f"    {sub} " in helped.stdout, sub
     train = run(str(exe), "train", "--help")
     assert train.returncode == 0 and "--max-events" in train.stdout, train.stderr
+    bench = run(str(exe), "bench", "store", "--help")  # the benchmarks import as streamrec.benchmarks too
+    assert bench.returncode == 0, bench.stderr
     for runner in ((sys.executable, "-m", "streamrec", "--help"), (sys.executable, "-c", "import streamrec.trainer")):
         assert run(*runner).returncode == 0
     where = run(sys.executable, "-c", "import streamrec.trainer as t; print(t.__file__)")

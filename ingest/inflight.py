@@ -1,0 +1,147 @@
+"""The crash-loop breaker: which records were in flight when a consumer process died.
+
+A record that crashes the process (a native crash in a decoder, an abort, an
+out-of-memory kill on one huge record) is read again by the restarted process,
+which dies again, forever. So before a consumer decodes records it writes their
+position ranges to a small marker file, and before it hands records to its
+caller (the trainer) it writes those ranges again, as the ``train`` phase. A clean
+exit removes the marker. A start that finds one knows the previous process died
+holding exactly those records:
+
+- ``decode``: the records are decoded again, one at a time, in a child process
+  (:func:`probe_decode`); the ones that kill the child are quarantined to the
+  dead-letter topic with reason "crashed the consumer", the rest go on as usual.
+- ``train``: the process died after decoding, while its caller handled the
+  batch. A process can also die there for reasons of its own (an operator's
+  ``kill -9``, a machine out of memory), so the first such death only counts;
+  if the same records are in flight at the next death too, they are quarantined
+  together (a native crash in training cannot be pinned to one record without
+  dying more often).
+
+So a record that kills its decoder never kills a second process, and one that
+kills training kills at most two: forward progress whatever the input. The marker costs one small file
+write per poll, no fsync (a killed process's writes survive in the page cache;
+a machine crash loses only this hint, never data).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+log = logging.getLogger(__name__)
+
+DECODE = "decode"
+TRAIN = "train"
+
+
+@dataclass(frozen=True)
+class InflightRange:
+    topic: str
+    partition: int
+    first: int  # offsets first..last, inclusive
+    last: int
+
+    def holds(self, topic: str, partition: int, offset: int) -> bool:
+        return topic == self.topic and partition == self.partition and self.first <= offset <= self.last
+
+
+def ranges_of(records: Iterable) -> list[InflightRange]:
+    """The offset ranges (per partition) of Kafka records."""
+    span: dict[tuple[str, int], list[int]] = {}
+    for r in records:
+        s = span.setdefault((r.topic, r.partition), [r.offset, r.offset])
+        s[0], s[1] = min(s[0], r.offset), max(s[1], r.offset)
+    return [InflightRange(t, p, lo, hi) for (t, p), (lo, hi) in sorted(span.items())]
+
+
+class InflightMarker:
+    """The marker file of one consumer (``path``); ``found`` is what a dead predecessor left."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.found: tuple[str, list[InflightRange], int] | None = self._read()  # (phase, ranges, deaths before)
+        self._tmp = self.path.with_name(self.path.name + ".tmp")
+
+    def _read(self) -> tuple[str, list[InflightRange], int] | None:
+        try:
+            d = json.loads(self.path.read_text())
+            ranges = [InflightRange(str(t), int(p), int(a), int(b)) for t, p, a, b in d["ranges"]]
+            return str(d["phase"]), ranges, int(d.get("deaths", 0))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:  # a torn marker: nothing reliable to act on
+            log.warning("ignoring unreadable in-flight marker %s: %s", self.path, e)
+            return None
+
+    def mark(self, phase: str, ranges: Sequence[InflightRange], deaths: int = 0) -> None:
+        """Record that these records are being handled (``phase``) from now on; ``deaths``: how many
+        processes already died with (some of) them in flight."""
+        body = json.dumps({"pid": os.getpid(), "phase": phase, "deaths": deaths,
+                           "ranges": [[r.topic, r.partition, r.first, r.last] for r in ranges]})
+        with open(self._tmp, "w") as f:  # write + rename: a reader never sees half a marker
+            f.write(body)
+        os.replace(self._tmp, self.path)
+
+    def clear(self) -> None:
+        """Nothing in flight (a clean stop)."""
+        for p in (self.path, self._tmp):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _decode_each(schema, values: list[bytes], conn) -> None:  # runs in the child process
+    from .codec import Decoder
+
+    decoder = Decoder(schema)
+    for i, v in enumerate(values):
+        conn.send(i)  # "about to decode i": if the child dies now, record i killed it
+        try:
+            decoder.decode(v)
+        except Exception:  # a contract error is the normal dead-letter path's business, not a crash
+            pass
+    conn.send(-1)
+
+
+def probe_decode(schema, values: list[bytes], timeout_s: float = 120.0) -> list[int]:
+    """Indices of ``values`` that kill a process decoding them (decoded one by one in a child process,
+    restarted after each death). Costs one child start (~1-2 s) per culprit plus one."""
+    ctx = multiprocessing.get_context("spawn")
+    culprits: list[int] = []
+    start = 0
+    while start < len(values):
+        recv, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_decode_each, args=(schema, values[start:], send), daemon=True)
+        child.start()
+        send.close()
+        last, done = None, False
+        while recv.poll(timeout_s):
+            try:
+                msg = recv.recv()
+            except EOFError:
+                break
+            if msg == -1:
+                done = True
+                break
+            last = msg
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        if done:
+            break
+        if last is None:  # died before decoding anything (could not start): give up probing, trust nothing
+            log.warning("decode probe child exited with %s before decoding; no record quarantined", child.exitcode)
+            break
+        culprits.append(start + last)
+        log.error("record %d of %d killed a decoding process (exit %s)", start + last, len(values), child.exitcode)
+        start += last + 1
+    return culprits

@@ -1,0 +1,117 @@
+"""The crash-loop breaker: a record that kills the trainer (here a segfault while it is
+decoded) does not kill the restarted trainer. The restart probes the records that were
+in flight in a child process, quarantines the one that kills it to the DLQ with the
+reason, and trains every other event."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tomli_w
+
+from streamrec.ingest import REASON_HEADER, EventProducer, SyntheticStream, read_topic
+
+pytestmark = pytest.mark.subprocess
+
+# Installed into every process of the test (the trainer and the probe it spawns) through PYTHONPATH:
+# decoding a record that holds "crash-me" segfaults, like a native decoder bug would.
+SITECUSTOMIZE = textwrap.dedent('''
+    import json, os, signal
+    _loads = json.loads
+    def loads(s, *a, **k):
+        if (b"crash-me" if isinstance(s, (bytes, bytearray)) else "crash-me") in s:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return _loads(s, *a, **k)
+    json.loads = loads
+''')
+
+
+def test_a_record_that_crashes_the_decoder_is_quarantined_by_the_next_start(topics, tmp_path, bootstrap):
+    cfg = topics
+    t = cfg.trainer
+    t.batch_size, t.window_batches, t.device = 128, 2, "cpu"
+    t.checkpoint_every_events, t.checkpoint_every_s = 256, 600.0
+    t.hot_source, t.snapshot_every, t.log_every_s = "none", 0, 600.0
+    cfg.kafka.consumer_mode, cfg.kafka.codec, cfg.kafka.partitions = "assign", "json", 1
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+
+    prod = EventProducer(bootstrap, cfg)
+    good = 0
+    for i, b in enumerate(SyntheticStream(cfg).batches(1200)):
+        prod.send_batch(b)
+        good += len(b)
+        if i == 0:  # a contract-valid event whose request id kills the decoder
+            ev = b.to_events()[0]
+            ev["request_id"] = "crash-me"
+            prod.send_raw(json.dumps(ev).encode())
+    prod.close()
+
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "hook"))
+    cmd = [sys.executable, "-m", "streamrec", "train", "--config", str(cfg_path), "--bootstrap", bootstrap,
+           "--idle-exit", "2", "--no-progress"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == -signal.SIGSEGV, first.stderr[-2000:]
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "died while decoding records" in second.stderr
+    summary = json.loads(second.stdout.strip().splitlines()[-1])
+    assert summary["events"] == good  # every good event, none lost to the crash
+    dlq = read_topic(bootstrap, cfg.kafka.dlq_topic, expected=1)
+    reasons = [dict(r.headers).get(REASON_HEADER, b"").decode() for r in dlq]
+    assert len(dlq) == 1 and reasons[0].startswith("crashed the consumer"), reasons
+    assert b"crash-me" in dlq[0].value
+
+
+def _consume_all(c, want, timeout=30):
+    import time as _t
+
+    got, deadline = 0, _t.monotonic() + timeout
+    while got < want and _t.monotonic() < deadline:
+        b = c.poll_batch(10_000, timeout=0.5)
+        got += len(b) if b is not None else 0
+    return got
+
+
+@pytest.mark.parametrize("deaths_before", [0, 1])
+def test_records_in_flight_at_two_training_deaths_are_quarantined(topics, tmp_path, bootstrap, deaths_before):
+    """Records handed to the trainer when it died: the first death is retried (it may have been an
+    operator's kill -9), at the second they are quarantined together."""
+    from streamrec.ingest import EventConsumer
+    from streamrec.ingest.inflight import TRAIN, InflightMarker, InflightRange
+
+    cfg = topics
+    cfg.kafka.codec, cfg.kafka.partitions = "json", 1
+    prod = EventProducer(bootstrap, cfg)
+    for b in SyntheticStream(cfg).batches(100):
+        prod.send_batch(b)
+    prod.close()
+    marker = tmp_path / "inflight.json"
+    topic = cfg.kafka.events_topic
+    parts = sorted({r.partition for r in read_topic(bootstrap, topic, expected=100)})
+    InflightMarker(marker).mark(TRAIN, [InflightRange(topic, parts[0], 0, 3)], deaths=deaths_before)
+    c = EventConsumer(bootstrap, cfg, group_id=f"g-{topic}", mode="assign", inflight_path=marker)
+    try:
+        got = _consume_all(c, 100 - (4 if deaths_before else 0))
+        if deaths_before:
+            assert got == 96 and c.stats.quarantined == 4
+            c.flush_dead_letters()
+            dlq = read_topic(bootstrap, cfg.kafka.dlq_topic, expected=4)
+            assert sorted(int(dict(r.headers)["streamrec-source"].decode().rsplit(":", 1)[1]) for r in dlq) == [0, 1, 2, 3]
+            assert all(dict(r.headers)[REASON_HEADER].startswith(b"crashed the consumer") for r in dlq)
+        else:
+            assert got == 100 and c.stats.quarantined == 0
+            # had it died while training them, the next start would see a second death
+            assert json.loads(marker.read_text())["deaths"] == 1
+    finally:
+        c.close()
+    assert not marker.exists()  # a clean stop leaves nothing in flight
