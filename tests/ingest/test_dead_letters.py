@@ -160,3 +160,27 @@ def test_a_dead_letter_the_dlq_refuses_stops_progress_with_a_clear_error(topics,
     finally:
         c._dlq_sent.clear()
         c.close()
+
+
+def test_a_bad_record_bigger_than_the_dlq_takes_is_dead_lettered_truncated_with_its_size_and_hash(topics, bootstrap):
+    """The DLQ topic has its own size limit: the record goes there cut to ingest.dlq_max_bytes, and the
+    headers say how big it was and what its sha256 was, so nothing is silently dropped."""
+    import hashlib
+
+    from streamrec.ingest import ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER
+
+    cfg = topics
+    cfg.ingest.dlq_max_bytes = 4096
+    huge = b'{"label": 1, "ts": 1, "sparse": {"user": "' + b"x" * 50_000  # bad JSON, 50 KB
+    p = EventProducer(bootstrap, cfg)
+    p.send_raw(json.dumps(_good()).encode())
+    p.send_raw(huge)
+    p.close()
+    batches, stats = consume_all(bootstrap, cfg, 1)
+    assert sum(len(b) for b in batches) == 1 and stats.dead_letters == 1
+    (rec,) = read_topic(bootstrap, cfg.kafka.dlq_topic, expected=1)
+    h = dict(rec.headers)
+    assert rec.value == huge[:4096]
+    assert int(h[ORIGINAL_SIZE_HEADER]) == len(huge)
+    assert h[ORIGINAL_SHA256_HEADER].decode() == hashlib.sha256(huge).hexdigest()
+    assert h[REASON_HEADER].startswith(b"bad JSON")
