@@ -11,6 +11,8 @@ holding exactly those records:
 - ``decode``: the records are decoded again, one at a time, in a child process
   (:func:`probe_decode`); the ones that kill the child are quarantined to the
   dead-letter topic with reason "crashed the consumer", the rest go on as usual.
+  (A crash the probe cannot reproduce that strikes again with the same records in
+  flight gets them quarantined together, as below.)
 - ``train``: the process died after decoding, while its caller handled the
   batch. A process can also die there for reasons of its own (an operator's
   ``kill -9``, a machine out of memory), so the first such death only counts;

@@ -306,9 +306,11 @@ class EventConsumer:
             self.stats.records += len(recs)
             if self._suspect is not None:
                 recs = self._quarantine_suspects(recs)
+                if not recs:
+                    continue
             handed.extend(recs)
-            if self._marker is not None and recs:
-                self._marker.mark(DECODE, ranges_of(recs))
+            if self._marker is not None:
+                self._marker.mark(DECODE, ranges_of(recs), self._deaths_of(recs, DECODE))
             b, errors = self.decoder.decode_many([rec.value for rec in recs])
             for i, reason in errors:
                 self._dead_letter(recs[i], reason)
@@ -317,7 +319,7 @@ class EventConsumer:
                 parts.append(b)
                 n += len(b)
         if self._marker is not None and handed:  # the caller handles these now: a death is a "train" death
-            self._marker.mark(TRAIN, ranges_of(handed), self._deaths_of(handed))
+            self._marker.mark(TRAIN, ranges_of(handed), self._deaths_of(handed, TRAIN))
         if not parts and not offsets:
             return None
         if len(parts) == 1:
@@ -336,10 +338,10 @@ class EventConsumer:
         suspects = [r for r in recs if any(x.holds(r.topic, r.partition, r.offset) for x in ranges)]
         if not suspects:
             return recs
-        if phase == DECODE:
+        if phase == DECODE and deaths == 0:
             culprits = {id(suspects[i]) for i in probe_decode(self.schema, [r.value or b"" for r in suspects])}
             why = "crashed the consumer: the process died decoding this record, and so did a probe"
-        elif deaths >= 1:
+        elif deaths >= 1:  # died twice with these in flight (a crash the probe could not reproduce, or training)
             culprits = {id(r) for r in suspects}
             why = (f"crashed the consumer: {deaths + 1} processes died training batches holding this record "
                    f"(quarantined with the {len(suspects)} records in flight with it)")
@@ -357,12 +359,12 @@ class EventConsumer:
                                              for x in self._suspect[1]):
             self._suspect = None
 
-    def _deaths_of(self, handed: list) -> int:
-        """Deaths already seen with any of these records in flight (0 when none was a suspect)."""
-        if self._suspect is None:
+    def _deaths_of(self, records: list, phase: str) -> int:
+        """Deaths already seen with any of these records in flight in ``phase`` (0 when none is a suspect)."""
+        if self._suspect is None or self._suspect[0] != phase:
             return 0
-        phase, ranges, deaths = self._suspect
-        if phase != TRAIN or not any(x.holds(r.topic, r.partition, r.offset) for r in handed for x in ranges):
+        _, ranges, deaths = self._suspect
+        if not any(x.holds(r.topic, r.partition, r.offset) for r in records for x in ranges):
             return 0
         return deaths + 1
 
