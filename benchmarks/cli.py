@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-NAMES = ["ingest", "store", "sketch", "train", "serve"]
+NAMES = ["ingest", "store", "sketch", "train", "serve", "fuzz"]
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:

@@ -4,12 +4,24 @@ The Arrow form is the fast path: a record batch with columns ``ts`` (int64),
 ``label`` (float32), ``dense`` (fixed-size list of float32; absent when the model has no dense features), one ``list<int64>``
 column per sparse field, and an optional ``request_id`` (string). Decoding
 sniffs the form from the first byte, so one topic may carry both.
+
+Whatever the bytes, decoding one record raises nothing but :class:`EventError`
+(the dead-letter path's business): anything else going wrong inside is turned
+into an EventError naming the exception's type, so no record can stop a
+consumer. An Arrow stream is checked before any of its data is touched: its
+column names and types as soon as its schema is read, then every record batch
+in full (``validate(full=True)``: offsets, buffer sizes, UTF-8), as Arrow's
+guidance for untrusted IPC data says; a crafted message cannot make the
+reader, numpy or Python read outside its buffers, and a compressed record
+batch may not decompress to more than 64 times its message (16 MiB at least).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence
+import re
+import struct
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +37,94 @@ except ImportError:  # pragma: no cover - depends on the environment
 CODEC_HEADER = "streamrec-codec"
 ARROW = "arrow"
 JSON = "json"
+
+_ARROW_MAGIC = b"\xff\xff\xff\xff"  # an IPC stream's first message starts with the continuation marker
+_NEITHER = "message is neither a JSON object nor an Arrow IPC stream"
+_MAX_SCHEMAS = 64  # schema messages already checked, remembered by their bytes
+# a compressed (LZ4/ZSTD) record batch may declare at most this much once decompressed: zeros compress
+# ~30,000:1, so a 1 MB message could otherwise make the reader allocate and fill ~30 GB
+_MAX_INFLATE, _MIN_INFLATE_CAP = 64, 16 << 20  # x the message's size, but always 16 MiB
+
+
+def _why(e: BaseException) -> str:
+    """An unexpected exception as a dead-letter reason: its type, then the start of its message."""
+    try:
+        msg = " ".join(str(e).split())
+    except Exception:  # a message that cannot even be printed
+        msg = ""
+    if len(msg) > 200:
+        msg = msg[:200] + "..."
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _contained(what: str, fn: Callable, *args) -> Any:
+    """``fn(*args)``, with any exception but an EventError turned into one naming its type."""
+    try:
+        return fn(*args)
+    except EventError:
+        raise
+    except Exception as e:  # a library's own error, a bug, MemoryError, RecursionError: one record's failure
+        raise EventError(f"{what} failed ({_why(e)})") from None
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+_U16, _U32, _I32, _I64, _BUFFER = (struct.Struct(f) for f in ("<H", "<I", "<i", "<q", "<qq"))
+
+
+def _fb_field(buf, table: int, index: int) -> int | None:
+    """Where field ``index`` of the flatbuffer table at ``table`` is, or None when absent."""
+    vtable = table - _I32.unpack_from(buf, table)[0]
+    slot = 4 + 2 * index
+    if slot + 2 > _U16.unpack_from(buf, vtable)[0]:
+        return None
+    off = _U16.unpack_from(buf, vtable + slot)[0]
+    return table + off if off else None
+
+
+def _inflated_size(m: pa.ipc.Message) -> int | None:
+    """Bytes a record batch message's compressed body declares once decompressed (None: not compressed).
+
+    Read from the message's own metadata (Message.header -> RecordBatch.compression and .buffers, as
+    in Arrow's Message.fbs; Arrow verified the flatbuffer when it read the message) and the int64
+    length before each compressed buffer: pyarrow has no option to bound decompression.
+    """
+    meta = m.metadata
+    header = _fb_field(meta, _U32.unpack_from(meta, 0)[0], 2)  # Message: version, header_type, header
+    if header is None:
+        return None
+    batch = header + _U32.unpack_from(meta, header)[0]
+    if _fb_field(meta, batch, 3) is None:  # RecordBatch: length, nodes, buffers, compression
+        return None
+    buffers = _fb_field(meta, batch, 2)
+    if buffers is None:
+        return None
+    vec = buffers + _U32.unpack_from(meta, buffers)[0]
+    body = m.body
+    total = 0
+    for k in range(_U32.unpack_from(meta, vec)[0]):
+        offset, length = _BUFFER.unpack_from(meta, vec + 4 + 16 * k)
+        if length > 0:  # an int64 uncompressed length first (-1: this buffer is stored as it is)
+            total += max(0, _I64.unpack_from(body, offset)[0], length - 8)
+    return total
+
+
+def _show_type(t: pa.DataType) -> str:
+    """An Arrow type for an error message (a nested field's name may not be valid UTF-8)."""
+    try:
+        return str(t)
+    except Exception:
+        return f"<a {type(t).__name__} type that cannot be printed>"
 
 
 def arrow_schema(schema: EventSchema) -> pa.Schema:
@@ -76,6 +176,8 @@ def _loads_json(value: bytes) -> Any:
         raise EventError(f"bad JSON: {e}") from None
     except RecursionError:  # deeply nested arrays/objects: one record must not stop the consumer
         raise EventError("bad JSON: nested too deeply") from None
+    except Exception as e:  # MemoryError, a parser's own error type...: still only this record's failure
+        raise EventError(f"bad JSON ({_why(e)})") from None
 
 
 def encode_json(event: dict[str, Any]) -> bytes:
@@ -89,84 +191,110 @@ def encode_json_batch(batch: EventBatch) -> list[bytes]:
 def _list_column(col: pa.Array, name: str) -> JaggedIds:
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    if pa.types.is_large_list(col.type) or pa.types.is_list(col.type):
-        pass
-    else:
+    if not _is_list(col.type):
         raise EventError(f"column {name!r} must be a list of int64 ids, got {col.type}")
     if col.null_count:
         raise EventError(f"column {name!r} has null id lists")
     if not pa.types.is_integer(col.type.value_type):
         raise EventError(f"column {name!r} must hold integer ids, got {col.type.value_type}")
+    if col.values.null_count:  # before the conversion: nulls would come back as NaN, cast to garbage ids
+        raise EventError(f"column {name!r} has null ids")
     offsets = col.offsets.to_numpy().astype(np.int64)
     values = col.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     values = values[offsets[0] : offsets[-1]]
     if offsets[0]:
         offsets = offsets - offsets[0]
-    if col.values.null_count:
-        raise EventError(f"column {name!r} has null ids")
     return JaggedIds(values, offsets)
 
 
+_Stream = tuple  # (pa.Schema, list[pa.RecordBatch]): one Arrow record, read and checked
+
+
+def _as_table(stream: _Stream) -> pa.RecordBatch | pa.Table:
+    schema, batches = stream
+    return batches[0] if len(batches) == 1 else pa.Table.from_batches(batches, schema)
+
+
 class Decoder:
-    """Turns Kafka record values into validated columnar batches or raises EventError."""
+    """Turns Kafka record values into validated columnar batches or raises EventError.
+
+    Nothing else ever comes out of :meth:`decode`, :meth:`decode_json`,
+    :meth:`decode_arrow` or :meth:`batch_from_table` for a bad record, and
+    :meth:`decode_many` reports each bad record by its index and reason.
+    """
 
     def __init__(self, schema: EventSchema):
         self.schema = schema
+        self._columns = frozenset({"ts", "label", "dense", "request_id", *schema.fields})
+        self._schemas_ok: dict[bytes, pa.Schema] = {}  # schema messages whose columns passed _check_columns
 
     def decode(self, value: bytes | None) -> EventBatch:
+        return _contained("decoding", self._decode, value)
+
+    def _decode(self, value: bytes | None) -> EventBatch:
         if not value:
             raise EventError("empty message")
-        first = value.lstrip()[:1]
-        if first == b"{":
-            return self.decode_json(value)
-        if value[:4] == b"\xff\xff\xff\xff":
-            return self.decode_arrow(value)
-        raise EventError("message is neither a JSON object nor an Arrow IPC stream")
+        if value.lstrip()[:1] == b"{":
+            return self._decode_json(value)
+        if value[:4] == _ARROW_MAGIC:
+            return self._decode_arrow(value)
+        raise EventError(_NEITHER)
 
     def decode_json(self, value: bytes) -> EventBatch:
+        return _contained("decoding JSON", self._decode_json, value)
+
+    def _decode_json(self, value: bytes) -> EventBatch:
         return self.schema.batch_from_parsed([self.schema.validate(_loads_json(value))])
+
+    def decode_arrow(self, value: bytes) -> EventBatch:
+        return _contained("decoding Arrow", self._decode_arrow, value)
+
+    def _decode_arrow(self, value: bytes) -> EventBatch:
+        return self._batch_from_table(_as_table(self._read_arrow(value)))
 
     def decode_many(self, values: Sequence[bytes | None]) -> tuple[EventBatch | None, list[tuple[int, str]]]:
         """Decode many record values into one batch, in order; bad ones come back as ``(index, reason)``.
 
         JSON records are validated one by one but built into columns together
         (one numpy call per column instead of a 1-row batch per record), so the
-        JSON path costs little more than the JSON parse itself.
+        JSON path costs little more than the JSON parse itself. Consecutive Arrow
+        records are read and checked one by one, then decoded as one table. When
+        such a batched step fails, its records are done again one by one, so the
+        bad record alone is reported, with its own reason. Never raises for a
+        record.
         """
         segments: list[EventBatch] = []
         rows: list = []
+        row_at: list[int] = []  # the index of each of rows
         errors: list[tuple[int, str]] = []
-        tables: list[tuple[int, pa.Table]] = []  # consecutive Arrow records, decoded together
+        tables: list[tuple[int, _Stream]] = []  # consecutive Arrow records, decoded together
         validate = self.schema.validate
         for i, v in enumerate(values):
-            if not v:
-                errors.append((i, "empty message"))
-                continue
-            first = v[:1]
-            if first == b"{" or (first in b" \t\r\n" and v.lstrip()[:1] == b"{"):
-                if tables:  # keep arrival order: Arrow records before this one first
-                    self._flush_tables(tables, segments, errors)
-                try:
-                    rows.append(validate(_loads_json(v)))
-                except EventError as e:
-                    errors.append((i, str(e)))
-            elif v[:4] == b"\xff\xff\xff\xff":
-                try:
-                    t = self._read_arrow(v)
-                except EventError as e:
-                    errors.append((i, str(e)))
+            try:
+                if not v:
+                    errors.append((i, "empty message"))
                     continue
-                if rows:
-                    segments.append(self.schema.batch_from_parsed(rows))
-                    rows = []
-                tables.append((i, t))
-                continue
-            else:
-                errors.append((i, "message is neither a JSON object nor an Arrow IPC stream"))
+                first = v[:1]
+                if first == b"{" or (first in b" \t\r\n" and v.lstrip()[:1] == b"{"):
+                    if tables:  # keep arrival order: Arrow records before this one first
+                        self._flush_tables(tables, segments, errors)
+                    rows.append(validate(_loads_json(v)))
+                    row_at.append(i)
+                elif v[:4] == _ARROW_MAGIC:
+                    t = self._read_arrow(v)
+                    if rows:
+                        self._flush_rows(rows, row_at, segments, errors)
+                    tables.append((i, t))
+                else:
+                    errors.append((i, _NEITHER))
+            except EventError as e:
+                errors.append((i, str(e)))
+            except Exception as e:  # the flushes above never raise: this is record i's own failure
+                errors.append((i, f"decoding failed ({_why(e)})"))
         if tables:
             self._flush_tables(tables, segments, errors)
         if rows:
-            segments.append(self.schema.batch_from_parsed(rows))
+            self._flush_rows(rows, row_at, segments, errors)
         errors.sort()
         if not segments:
             return None, errors
@@ -174,39 +302,153 @@ class Decoder:
             return segments[0], errors
         return EventBatch.concat(segments, self.schema.dense_dim, self.schema.fields), errors
 
-    def _read_arrow(self, value: bytes) -> pa.Table:
+    def _flush_rows(self, rows: list, row_at: list[int], segments: list, errors: list) -> None:
+        """Build validated JSON rows into one batch; if that fails, row by row (each bad row named)."""
+        build = self.schema.batch_from_parsed
         try:
-            return pa.ipc.open_stream(pa.py_buffer(value)).read_all()
-        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-            raise EventError(f"bad Arrow IPC stream: {e}") from None
-
-    def decode_arrow(self, value: bytes) -> EventBatch:
-        return self.batch_from_table(self._read_arrow(value))
+            segments.append(build(rows))
+        except Exception:
+            for i, r in zip(row_at, rows):
+                try:
+                    segments.append(build([r]))
+                except Exception as e:
+                    errors.append((i, str(e) if isinstance(e, EventError) else f"decoding failed ({_why(e)})"))
+        rows.clear()
+        row_at.clear()
 
     def _flush_tables(self, tables: list, segments: list, errors: list) -> None:
         """Decode consecutive Arrow records as one table (one numpy pass per column);
         if that fails, decode them one by one so each bad record gets its own reason."""
         if len(tables) > 1:
-            try:
-                segments.append(self.batch_from_table(pa.concat_tables([t for _, t in tables])))
+            try:  # one table of every record batch: refused unless all schemas are the same
+                joined = pa.Table.from_batches([b for _, (_, batches) in tables for b in batches], tables[0][1][0])
+                segments.append(self._batch_from_table(joined))
                 tables.clear()
                 return
-            except (EventError, pa.ArrowInvalid, pa.ArrowTypeError):
+            except Exception:  # schemas that differ, one bad record among them, ...: one by one
                 pass
         for i, t in tables:
             try:
-                segments.append(self.batch_from_table(t))
+                segments.append(self._batch_from_table(_as_table(t)))
             except EventError as e:
                 errors.append((i, str(e)))
+            except Exception as e:
+                errors.append((i, f"decoding Arrow failed ({_why(e)})"))
         tables.clear()
 
-    def batch_from_table(self, table: pa.Table | pa.RecordBatch) -> EventBatch:
+    # -- Arrow --------------------------------------------------------------
+
+    def _read_arrow(self, value: bytes) -> _Stream:
+        """Read one IPC stream, checking it before any of its data is used: the columns (names, types)
+        when the schema is read, then every record batch in full, right after it is read. Returns the
+        schema and the record batches; raises EventError only.
+
+        Message by message (what ``pa.ipc.open_stream`` does inside): so a schema already checked,
+        remembered by its message's bytes, is neither parsed nor checked again (one per producer,
+        usually), which pays for the full validation.
+        """
+        buf = pa.py_buffer(value)
+        end = 8 + int.from_bytes(value[4:8], "little", signed=True)  # the schema message (no body)
+        key = value[:end]
+        schema = self._schemas_ok.get(key)
+        try:
+            if schema is None:
+                messages = pa.ipc.MessageReader.open_stream(buf)
+                first = messages.read_next_message()
+                if first.type != "schema":
+                    raise EventError(f"bad Arrow IPC stream: starts with a {first.type} message, not a schema")
+                schema = pa.ipc.read_schema(first)
+                self._check_columns(schema)
+                if (first.body is None or first.body.size == 0) and end > 8:
+                    if len(self._schemas_ok) >= _MAX_SCHEMAS:
+                        self._schemas_ok.clear()
+                    self._schemas_ok[key] = schema
+            else:
+                messages = pa.ipc.MessageReader.open_stream(buf.slice(end))
+            batches = []
+            room = len(value)  # bytes the data may take: the message, or what its compressed batches declare
+            for m in messages:
+                if m.type != "record batch":  # no dictionaries (refused columns), no second schema, tensors
+                    raise EventError(f"bad Arrow IPC stream: unexpected {m.type} message")
+                inflated = _inflated_size(m)
+                if inflated is not None and inflated > max(_MAX_INFLATE * len(value), _MIN_INFLATE_CAP):
+                    raise EventError(f"bad Arrow IPC stream: a compressed record batch would decompress to "
+                                     f"{inflated} bytes, from a {len(value)}-byte message")
+                room += inflated or 0
+                b = pa.ipc.read_record_batch(m, schema)
+                b.validate(full=True)  # offsets within bounds, buffers as large as claimed, valid UTF-8
+                batches.append(b)
+        except EventError:
+            raise
+        except Exception as e:
+            raise EventError(f"bad Arrow IPC stream: {self._invalid(e, schema)}") from None
+        rows = batches[0].num_rows if len(batches) == 1 else sum(b.num_rows for b in batches)
+        if rows > room:  # no column holds the rows' data (only all-null ones, say)
+            raise EventError(f"bad Arrow IPC stream: {rows} rows claimed in a {len(value)}-byte message")
+        return schema, batches
+
+    @staticmethod
+    def _invalid(e: Exception, schema: pa.Schema | None) -> str:
+        """Why a stream failed to read or validate, naming the column when Arrow gives its index."""
+        why = _why(e)
+        m = re.search(r"(?:In c|C)olumn (\d+): (?:In chunk \d+: )?(.*)", why)
+        if m is None or schema is None or not int(m.group(1)) < len(schema):
+            return why
+        name, detail = schema.names[int(m.group(1))], m.group(2)
+        if "UTF8" in detail or "UTF-8" in detail:
+            return f"column {name!r} holds invalid UTF-8 string data ({detail})"
+        return f"column {name!r}: {detail}"
+
+    def _check_columns(self, schema: pa.Schema) -> None:
+        """Names and types of an Arrow table's columns, before any of its buffers is read."""
         s = self.schema
-        names = set(table.schema.names)
-        allowed = {"ts", "label", "dense", "request_id", *s.fields}
-        extra = names - allowed
+        try:
+            names = schema.names
+        except UnicodeDecodeError:
+            raise EventError("a column name is not valid UTF-8") from None
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise EventError(f"duplicate column {dup!r}")
+        extra = [n for n in names if n not in self._columns]
         if extra:
             raise EventError(f"unknown column {sorted(extra)[0]!r}; model fields: {', '.join(s.fields)}")
+        for name, f in zip(names, schema):
+            t = f.type
+            if name == "ts":
+                if not pa.types.is_integer(t):
+                    raise EventError(f"ts must be non-null int64, got {_show_type(t)}")
+            elif name == "label":
+                if not _is_number(t):
+                    raise EventError(f"label must be numeric, got {_show_type(t)}")
+            elif name == "dense":
+                if not (_is_list(t) or pa.types.is_fixed_size_list(t)):
+                    raise EventError(f"dense must be a list of float32, got {_show_type(t)}")
+                if not _is_number(t.value_type):  # strings, structs, dictionaries...
+                    raise EventError(f"dense must be a list of numbers, got {_show_type(t)}")
+            elif name == "request_id":
+                if not (_is_text(t) or pa.types.is_integer(t) or pa.types.is_null(t)):
+                    raise EventError(f"request_id must be a string column, got {_show_type(t)}")
+            elif not _is_list(t):
+                raise EventError(f"column {name!r} must be a list of int64 ids, got {_show_type(t)}")
+            elif not pa.types.is_integer(t.value_type):
+                raise EventError(f"column {name!r} must hold integer ids, got {_show_type(t.value_type)}")
+
+    def batch_from_table(self, table: pa.Table | pa.RecordBatch) -> EventBatch:
+        """An EventBatch of a table or record batch (Parquet's, say); raises EventError only."""
+        return _contained("decoding Arrow", self._checked_batch, table)
+
+    def _checked_batch(self, table: pa.Table | pa.RecordBatch) -> EventBatch:
+        self._check_columns(table.schema)
+        try:
+            table.validate(full=True)
+        except Exception as e:
+            raise EventError(f"invalid Arrow data: {self._invalid(e, table.schema)}") from None
+        return self._batch_from_table(table)
+
+    def _batch_from_table(self, table: pa.Table | pa.RecordBatch) -> EventBatch:
+        """The columns' values; ``table`` passed :meth:`_check_columns` and full validation."""
+        s = self.schema
+        names = set(table.schema.names)
         n = table.num_rows
 
         def col(name: str) -> pa.Array:
@@ -221,15 +463,13 @@ class Decoder:
             lc = col("label")
             if lc.null_count and s.require_label:
                 raise EventError("missing label (null) in label column")
-            if not (pa.types.is_floating(lc.type) or pa.types.is_integer(lc.type)):
-                raise EventError(f"label must be numeric, got {lc.type}")
             labels = lc.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
             labels = np.nan_to_num(labels, nan=0.0) if lc.null_count else labels
             if n and not (labels.min() >= 0 and labels.max() <= 1):  # written so that NaN fails too
                 raise EventError("label must be in [0, 1]")
         if "ts" in names:
             tc = col("ts")
-            if not pa.types.is_integer(tc.type) or tc.null_count:
+            if tc.null_count:
                 raise EventError(f"ts must be non-null int64, got {tc.type}")
             if pa.types.is_uint64(tc.type) and n and pc.max(tc).as_py() > INT64_MAX:
                 # astype(int64) wrapped these to negative times; JSON refuses ts beyond int64 too
@@ -243,39 +483,34 @@ class Decoder:
             dc = col("dense")
             if dc.null_count:
                 raise EventError("dense has null rows")
-            vt = getattr(dc.type, "value_type", None)
-            if vt is not None and not (pa.types.is_floating(vt) or pa.types.is_integer(vt)):
-                # strings/structs made the float32 conversion below raise ValueError/TypeError
-                raise EventError(f"dense must be a list of numbers, got {dc.type}")
             if pa.types.is_fixed_size_list(dc.type):
                 width = dc.type.list_size
+                if width != s.dense_dim:
+                    raise EventError(f"dense has {width} values, the model expects {s.dense_dim}")
                 flat = dc.values.to_numpy(zero_copy_only=False)
                 flat = flat[dc.offset * width : (dc.offset + n) * width]
-            elif pa.types.is_list(dc.type) or pa.types.is_large_list(dc.type):
-                lens = np.diff(dc.offsets.to_numpy())
+            else:  # list or large list (_check_columns)
+                off = dc.offsets.to_numpy()
+                lens = np.diff(off)
                 if n and not np.all(lens == s.dense_dim):
                     bad = int(lens[lens != s.dense_dim][0])
                     raise EventError(f"dense has {bad} values, the model expects {s.dense_dim}")
-                width = s.dense_dim
-                off = dc.offsets.to_numpy()
                 flat = dc.values.to_numpy(zero_copy_only=False)[off[0] : off[-1]]
-            else:
-                raise EventError(f"dense must be a list of float32, got {dc.type}")
-            if width != s.dense_dim:
-                raise EventError(f"dense has {width} values, the model expects {s.dense_dim}")
             dense = np.asarray(flat, dtype=np.float32).reshape(n, s.dense_dim)
-            if not np.isfinite(dense).all():  # NaN/inf (null values read as NaN) would poison training
-                row = int(np.argwhere(~np.isfinite(dense))[0][0])
-                raise EventError(f"dense values must be finite float32 numbers (row {row})")
+            bound = s.dense_abs_max
+            if not (n == 0 or (dense.min() >= -bound and dense.max() <= bound)):  # NaN fails too
+                # NaN/inf (null values read as NaN) or huge values would poison training
+                bad_at = np.argwhere(~(np.abs(dense) <= bound))[0]
+                row, x = int(bad_at[0]), float(dense[bad_at[0], bad_at[1]])
+                raise EventError(f"dense values must be finite numbers within +-{bound:g} "
+                                 f"(ingest.dense_abs_max), got {x!r} (row {row})")
         else:
             if "dense" in names:  # tolerated when every row is empty
                 dc = col("dense")
                 if pa.types.is_fixed_size_list(dc.type):
                     width = dc.type.list_size if n else 0
-                elif pa.types.is_list(dc.type) or pa.types.is_large_list(dc.type):
-                    width = int(pc.max(pc.list_value_length(dc)).as_py() or 0) if n else 0
                 else:
-                    raise EventError(f"dense must be a list of float32, got {dc.type}")
+                    width = int(pc.max(pc.list_value_length(dc)).as_py() or 0) if n else 0
                 if width:
                     raise EventError(f"dense has {width} values, the model expects 0")
             dense = np.zeros((n, 0), np.float32)
@@ -287,8 +522,8 @@ class Decoder:
         if "request_id" in names:
             rc = col("request_id")
             if rc.null_count < n:
-                rids = rc.to_pylist()
-                if not (pa.types.is_string(rc.type) or pa.types.is_large_string(rc.type)):
+                rids = rc.to_pylist()  # valid UTF-8 (validated), so valid text
+                if not _is_text(rc.type):
                     # non-string ids (ints...) became str in JSON but stayed ints here: convert the same way
                     rids = [None if r is None else str(r) for r in rids]
         return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids)

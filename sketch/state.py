@@ -117,22 +117,28 @@ class SketchState:
         self.next_offset[partition] = offset + 1
         try:
             batch = self.decoder.decode(value)
-        except EventError as e:
+        except Exception as e:  # EventError only (the decoder contains the rest); anything else: skipped the same
             self.stats.bad_records += 1
-            log.warning("skipping malformed record p%d@%d (the dead-letter path owns it): %s", partition, offset, e)
+            log.warning("skipping malformed record p%d@%d (the dead-letter path owns it): %s", partition, offset,
+                        e if isinstance(e, EventError) else f"{type(e).__name__}: {e}")
             return False
-        ts = np.asarray(batch.ts, dtype=np.int64)
-        ok = (ts >= 0) & (ts <= int(time.time() * 1000) + MAX_FUTURE_MS)
-        if not ok.all():
-            self.stats.bad_times += int(len(ok) - ok.sum())
-            log.warning("p%d@%d: %d of %d events have an event time out of range (e.g. %d ms) and are not counted",
-                        partition, offset, len(ok) - ok.sum(), len(ok), int(ts[~ok][0]))
-            if not ok.any():
-                self.stats.bad_records += 1
-                return False
-            batch = batch.take(np.flatnonzero(ok))
-        self.sketches[partition].update_batch(batch)
-        self.sample.offer(batch)
+        try:
+            ts = np.asarray(batch.ts, dtype=np.int64)
+            ok = (ts >= 0) & (ts <= int(time.time() * 1000) + MAX_FUTURE_MS)
+            if not ok.all():
+                self.stats.bad_times += int(len(ok) - ok.sum())
+                log.warning("p%d@%d: %d of %d events have an event time out of range (e.g. %d ms) and are not "
+                            "counted", partition, offset, len(ok) - ok.sum(), len(ok), int(ts[~ok][0]))
+                if not ok.any():
+                    self.stats.bad_records += 1
+                    return False
+                batch = batch.take(np.flatnonzero(ok))
+            self.sketches[partition].update_batch(batch)
+            self.sample.offer(batch)
+        except Exception:  # a decoded record the sketch cannot count: a bug, but one record must not stop the worker
+            self.stats.bad_records += 1
+            log.exception("skipping record p%d@%d: counting it failed", partition, offset)
+            return False
         self.stats.records += 1
         self.stats.events += len(batch)
         return True

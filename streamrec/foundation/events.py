@@ -10,6 +10,7 @@ and timestamps, and the Kafka offsets they came from.
 from __future__ import annotations
 
 import itertools
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -23,6 +24,32 @@ __all__ = ["EventBatch", "EventError", "EventSchema", "JaggedIds", "hash_id", "h
 
 _ALLOWED_KEYS = frozenset({"ts", "label", "dense", "sparse", "user", "item", "request_id"})
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+_SHORT = reprlib.Repr()  # a bad value in an error message: bounded in length and depth
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 2, 60, 60, 60
+
+
+def _show(x: Any) -> str:
+    """``repr(x)`` for an error message, short whatever ``x`` is (deep nesting, huge strings or ints)."""
+    try:
+        return _SHORT.repr(x)
+    except Exception:  # an int too long to print, a repr that raises...
+        return f"<{type(x).__name__}>"
+
+
+def _check_text(s: str, what: str) -> str:
+    """``s`` if it is valid Unicode text (encodable as UTF-8), else EventError naming ``what``.
+
+    Python strings may hold lone surrogates (the standard json module makes them of
+    ``"\\ud800"`` escapes and of UTF-8-encoded surrogates, bytes ED A0 80): no stable
+    bytes, and every later encode (logs, Kafka headers, gRPC) would fail on them.
+    """
+    if s.isascii():
+        return s
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise EventError(f"{what} is not valid Unicode text (lone surrogate {s[e.start]!r} at {e.start})") from None
+    return s
 
 
 @dataclass(frozen=True)
@@ -172,7 +199,7 @@ class EventSchema:
             raise EventError(f"unknown key {extra[0]!r}; allowed: {', '.join(sorted(_ALLOWED_KEYS))}")
         ts = ev.get("ts", 0)
         if type(ts) is not int or not INT64_MIN <= ts <= INT64_MAX:  # beyond int64 the batch build overflowed
-            raise EventError(f"ts must be an integer (ms since epoch) within int64, got {ts!r}")
+            raise EventError(f"ts must be an integer (ms since epoch) within int64, got {_show(ts)}")
         label = ev.get("label")
         if label is None:
             if self.require_label:
@@ -184,9 +211,9 @@ class EventSchema:
                 if tl is bool:
                     label = float(label)
                 else:
-                    raise EventError(f"label must be a number in [0, 1], got {label!r}")
+                    raise EventError(f"label must be a number in [0, 1], got {_show(label)}")
             if not 0.0 <= label <= 1.0:  # also rejects NaN
-                raise EventError(f"label must be a number in [0, 1], got {label!r}")
+                raise EventError(f"label must be a number in [0, 1], got {_show(label)}")
             label = float(label)
         dense = ev.get("dense")
         if dense is None:
@@ -202,7 +229,7 @@ class EventSchema:
                 raise EventError("dense must be a list of numbers")
             if not -bound <= x <= bound:  # NaN, inf or huge values would poison training
                 raise EventError(f"dense values must be finite numbers within +-{bound:g} "
-                                 f"(ingest.dense_abs_max), got {x!r}")
+                                 f"(ingest.dense_abs_max), got {_show(x)}")
         sparse = ev.get("sparse")
         if sparse is None:
             sparse = {}
@@ -228,6 +255,9 @@ class EventSchema:
             for x in vs:
                 if type(x) is int and INT64_MIN <= x <= INT64_MAX:
                     out.append(x)
+                elif isinstance(x, (list, dict, tuple)):  # said here: hash_id would print all of it
+                    raise EventError(f"sparse field {f!r}: an id must be an int or a string, "
+                                     f"got a {type(x).__name__}")
                 else:
                     try:
                         out.append(hash_id(x))
@@ -235,8 +265,13 @@ class EventSchema:
                         raise EventError(f"sparse field {f!r}: {e}") from None
             ids[f] = out
         rid = ev.get("request_id")
-        if rid is not None and type(rid) is not str:
-            rid = str(rid)
+        if rid is not None:
+            if isinstance(rid, str):
+                _check_text(rid, "request_id")
+            elif isinstance(rid, (int, float)):  # a number: its text, as ever
+                rid = str(rid)
+            else:
+                raise EventError(f"request_id must be a string or a number, got {type(rid).__name__}")
         return ts, label, dense, ids, rid
 
     @property
