@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
         offsets_lost_message, DeadLetterError, EventConsumer, EventProducer, ProduceError,
         make_producer, read_topic,
     )
+    from .inflight import InflightMarker, RecordMarker
     from .synthetic import SyntheticStream
 
 _EXPORTS = {  # submodule: the public names it defines
@@ -29,6 +30,7 @@ _EXPORTS = {  # submodule: the public names it defines
     "streamrec.foundation.events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
     ".kafka_io": "ORIGINAL_SHA256_HEADER ORIGINAL_SIZE_HEADER REASON_HEADER SOURCE_HEADER ConsumerStats DeadLetterError "
                  "EventConsumer EventProducer OffsetsLostError ProduceError make_producer offsets_lost_message read_topic",
+    ".inflight": "InflightMarker RecordMarker",
     ".synthetic": "SyntheticStream",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -24,6 +24,9 @@ import logging
 import shutil
 import time
 import weakref
+from pathlib import Path
+
+from streamrec.ingest import RecordMarker
 
 from .follower import latest_hotset
 from .state import SketchState
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 
 HOTSET_KEY = b"hot-set"
 TABLE_NAME = "sketch-state"
+INFLIGHT = "inflight.bin"  # the record being counted (streamrec.ingest.inflight.RecordMarker), in the state dir
 
 
 def faust_settings(cfg, bootstrap: str) -> dict:
@@ -100,6 +104,10 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
     from faust.streams import _current_event
 
     state = state or SketchState(cfg)
+    marker = RecordMarker(Path(cfg.sketch.state_dir) / INFLIGHT)
+    if marker.found is not None:
+        log.error("the previous worker process died handling p%d@%d; that record is skipped", *marker.found)
+        state.quarantine.add(marker.found)
     app = faust.App(cfg.kafka.sketch_group, **faust_settings(cfg, bootstrap))
     events = app.topic(cfg.kafka.events_topic, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
@@ -148,7 +156,9 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
             p = ev.message.partition
             if not state.has(p):
                 restore(p, f"first record at offset {ev.message.offset}")
+            marker.begin(p, ev.message.offset)  # a native crash in here is skipped by the next start
             state.apply(p, ev.message.offset, ev.value)
+            marker.end()
             pending.setdefault(p, []).append(ev)
             if time.monotonic() - last_ckpt[p] >= interval:
                 checkpoint(p)

@@ -38,6 +38,7 @@ class WorkerStats:
     bad_records: int = 0  # malformed records skipped
     skipped: int = 0  # records already in a snapshot (redelivered after a restart)
     bad_times: int = 0  # events not counted because their time is before 1970 or too far ahead (MAX_FUTURE_MS)
+    quarantined: int = 0  # records skipped because a worker process died handling them
 
 
 class SketchState:
@@ -48,6 +49,7 @@ class SketchState:
     def __init__(self, cfg, topic_id: str | None = None):
         self.cfg = cfg
         self.topic_id = topic_id
+        self.quarantine: set[tuple[int, int]] = set()  # (partition, offset) of records that killed a worker
         self.fields = list(cfg.model.field_names)
         self.decoder = Decoder(EventSchema.from_config(cfg))
         self.sketches: dict[int, PopularitySketch] = {}
@@ -115,6 +117,11 @@ class SketchState:
             self.stats.skipped += 1
             return False
         self.next_offset[partition] = offset + 1
+        if (partition, offset) in self.quarantine:
+            self.stats.quarantined += 1
+            log.error("p%d@%d: skipping the record that killed the previous worker process (the trainer's "
+                      "dead-letter path handles it)", partition, offset)
+            return False
         try:
             batch = self.decoder.decode(value)
         except Exception as e:  # EventError only (the decoder contains the rest); anything else: skipped the same

@@ -185,3 +185,55 @@ def test_a_restarted_worker_publishes_every_partitions_restored_counts(topics, b
         exited = stop(proc, signal.SIGTERM)
         follower.close()
     assert exited, "worker ignored SIGTERM"
+
+
+def test_a_record_that_kills_the_worker_is_skipped_by_the_next_start(topics, bootstrap, tmp_path):
+    """A record that segfaults the worker while it is counted (a sitecustomize hook stands in for a
+    native decoder bug) is skipped by the restarted worker instead of killing it again."""
+    import json
+    import os
+    import textwrap
+
+    cfg = topics
+    cfg.kafka.codec = "json"
+    cfg.sketch.publish_interval_s = 1.0
+    cfg.sketch.checkpoint_interval_s = 0.5
+    cfg.generator.events_per_s = 100_000.0
+    config = write_config(cfg, tmp_path / "sketch.toml")
+    log = tmp_path / "worker.log"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent('''
+        import json, os, signal
+        _loads = json.loads
+        def loads(s, *a, **k):
+            if (b"crash-me" if isinstance(s, (bytes, bytearray)) else "crash-me") in s:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            return _loads(s, *a, **k)
+        json.loads = loads
+    '''))
+    n = 3000
+    poison = json.dumps({"ts": 1, "label": 1, "dense": [0.0] * cfg.model.dense_dim, "request_id": "crash-me"})
+    produce(cfg, bootstrap, 0, n, [poison.encode()])
+    env = dict(os.environ, PYTHONPATH=str(hook))
+
+    def start():
+        f = open(log, "ab")
+        return subprocess.Popen([STREAMREC, "sketch", "--config", str(config), "--bootstrap", bootstrap],
+                                stdout=f, stderr=subprocess.STDOUT, env=env)
+
+    proc = start()
+    try:
+        assert proc.wait(120) == -signal.SIGSEGV, log.read_text()[-3000:]
+    finally:
+        stop(proc, signal.SIGKILL)
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
+    proc = start()
+    try:
+        hs = follower.wait_for(1, timeout=120, predicate=lambda h: h.events == n)
+        assert hs is not None, f"no hot set covering {n} events; worker log:\n{log.read_text()[-3000:]}"
+        assert proc.poll() is None, "the restarted worker died again"
+        assert "skipping the record that killed the previous worker process" in log.read_text()
+    finally:
+        stop(proc, signal.SIGTERM)
+        follower.close()
