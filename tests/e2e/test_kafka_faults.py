@@ -134,3 +134,30 @@ def test_a_consumer_slower_than_its_poll_interval_rejoins_and_loses_or_repeats_n
         assert c.stats.commit_failures + c.stats.rebalances >= 1
     finally:
         c.close()
+
+
+def test_a_trainer_slower_than_its_poll_interval_stays_correct(topics, tmp_path, bootstrap, monkeypatch):
+    """Group mode, max.poll.interval 6 s, and one window that takes 9 s to train: the trainer is dropped
+    from its group and its commit fails, but it neither crashes nor loses, skips or repeats an event."""
+    from streamrec.trainer import TrainerCore
+
+    cfg = _cfg(tmp_path, "fail")
+    cfg.kafka = topics.kafka
+    cfg.kafka.consumer_mode, cfg.kafka.max_poll_interval_ms = "group", 6000
+    cfg.kafka.events_per_message = 64
+    cfg.trainer.checkpoint_every_events, cfg.trainer.idle_exit_s = 256, 4.0
+    _produce(cfg, bootstrap, 2048, seed=4)
+    real = TrainerCore.train_window
+    calls = {"n": 0}
+
+    def slow_window(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            time.sleep(9)  # longer than max.poll.interval: the group drops this member
+        return real(self, batch)
+
+    monkeypatch.setattr(TrainerCore, "train_window", slow_window)
+    svc = TrainerService(cfg, bootstrap, progress=False)
+    summary = svc.run()
+    assert summary["events"] == 2048  # every event exactly once
+    assert svc.consumer.stats.commit_failures + svc.consumer.stats.rebalances >= 1
