@@ -107,3 +107,37 @@ def test_unreadable_config_file_is_a_config_error(tmp_path):
         load_config(latin, env={})
     with pytest.raises(ConfigError, match="config file"):
         load_config(tmp_path, env={})
+
+
+def test_generator_knobs_live_outside_the_model_and_do_not_change_its_hash(tmp_path):
+    from streamrec.foundation import load_config
+
+    base = load_config(None, {}, env={})
+    other = load_config(None, {"generator.fields": [{"name": "user", "cardinality": 7, "zipf": 2.0, "multi": 4}]},
+                        env={})
+    assert other.generator.field("user").cardinality == 7
+    assert other.model_hash() == base.model_hash()
+    assert base.generator.field("not-listed").cardinality == 100_000  # defaults for a field without an entry
+
+
+def test_a_config_from_before_0_2_has_its_generator_knobs_moved_with_a_warning(tmp_path, caplog):
+    from streamrec.foundation import load_config
+
+    p = tmp_path / "old.toml"
+    p.write_text('[model]\nfields = [{ name = "user", cardinality = 42, zipf = 1.5 }, { name = "item" }]\n')
+    with caplog.at_level("WARNING", logger="streamrec.config"):
+        cfg = load_config(p, env={})
+    assert cfg.model.field_names == ["user", "item"]
+    assert cfg.generator.field("user").cardinality == 42 and cfg.generator.field("user").zipf == 1.5
+    assert "now belong in [[generator.fields]]" in caplog.text
+
+
+def test_removed_keys_say_what_to_do_instead(tmp_path):
+    import pytest
+
+    from streamrec.foundation import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"hot\.row_bytes removed; a hot row costs \(model.embedding_dim \+ 1\) \* 4"):
+        load_config(None, {"hot.row_bytes": 64}, env={})
+    with pytest.raises(ConfigError, match=r"generator: set it in \[\[generator.fields\]\]"):
+        load_config(None, {"model.fields": '[{"name": "user", "multi": 2}]'}, env={})
