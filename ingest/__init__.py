@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from streamrec.foundation import EventBatch, EventError, EventSchema, JaggedIds, hash_id, hash_ids
     from .kafka_io import (
         ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER, ConsumerStats, OffsetsLostError,
-        offsets_lost_message, DeadLetterError, EventConsumer, EventProducer, ProduceError,
+        offsets_lost_message, topic_id, DeadLetterError, EventConsumer, EventProducer, ProduceError,
         make_producer, read_topic,
     )
     from .inflight import InflightMarker, RecordMarker
@@ -29,7 +29,8 @@ _EXPORTS = {  # submodule: the public names it defines
     ".datasets": "DatasetError avazu_config criteo_config detect_format layout_config layout_toml read_events read_file write_events",
     "streamrec.foundation.events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
     ".kafka_io": "ORIGINAL_SHA256_HEADER ORIGINAL_SIZE_HEADER REASON_HEADER SOURCE_HEADER ConsumerStats DeadLetterError "
-                 "EventConsumer EventProducer OffsetsLostError ProduceError make_producer offsets_lost_message read_topic",
+                 "EventConsumer EventProducer OffsetsLostError ProduceError make_producer offsets_lost_message read_topic "
+                 "topic_id",
     ".inflight": "InflightMarker RecordMarker",
     ".synthetic": "SyntheticStream",
 }

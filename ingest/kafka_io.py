@@ -139,6 +139,16 @@ class OffsetsLostError(StreamrecError, RuntimeError):
 OFFSETS_LOST_POLICIES = ("fail", "earliest", "latest")
 
 
+def topic_id(consumer: KafkaConsumer, topic: str):
+    """The topic's id (uuid) in the client's metadata cache, or None (not seen yet, or a client or broker
+    without topic ids). A topic deleted and recreated under the same name gets a new id."""
+    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)  # kafka-python's metadata cache
+    try:
+        return cluster.topic_id(topic) if cluster is not None else None
+    except Exception:  # an older client without topic ids: the out-of-range check still holds
+        return None
+
+
 def _describe(ranges) -> str:
     return ", ".join(f"{r.topic}[{r.partition}]@{r.first}" + (f"..{r.last}" if r.last != r.first else "")
                      for r in ranges)
@@ -460,11 +470,7 @@ class EventConsumer:
                 self.consumer.seek(tp, int(o))
 
     def _current_topic_id(self):
-        cluster = getattr(getattr(self.consumer, "_client", None), "cluster", None)  # kafka-python's metadata cache
-        try:
-            return cluster.topic_id(self.topic) if cluster is not None else None
-        except Exception:  # an older client without topic ids: the out-of-range check still holds
-            return None
+        return topic_id(self.consumer, self.topic)
 
     def _check_topic(self) -> None:
         """A topic deleted and recreated gets a new id: every position in it is meaningless now."""
@@ -481,28 +487,37 @@ class EventConsumer:
                                f"the topic was deleted and recreated: id {old} is now {now}")
 
     def _offsets_lost(self, lost: dict, why: str) -> None:
-        """Apply ``on_offsets_lost`` to partitions whose position the log no longer holds."""
+        self.apply_offsets_lost(lost, why)
+
+    def apply_offsets_lost(self, lost: dict, why: str, begin: dict | None = None,
+                           end: dict | None = None) -> dict:
+        """Apply ``on_offsets_lost`` to partitions whose position the log no longer holds (``lost``:
+        TopicPartition -> the offset expected there). ``fail`` raises :class:`OffsetsLostError` naming
+        them all; else each is moved to the log's start or end: ``{TopicPartition: offset}``."""
         kc = self.consumer
         tps = [tp for tp in lost if isinstance(tp, TopicPartition)]
         if not tps:
-            return
-        try:
-            begin, end = kc.beginning_offsets(tps), kc.end_offsets(tps)
-        except kafka_errors.KafkaError:
-            begin, end = {}, {}
+            return {}
+        if begin is None or end is None:
+            try:
+                begin, end = kc.beginning_offsets(tps), kc.end_offsets(tps)
+            except kafka_errors.KafkaError:
+                begin, end = {}, {}
         msgs = [offsets_lost_message(tp.topic, tp.partition, lost[tp], begin.get(tp), end.get(tp), why) for tp in tps]
         if self.on_offsets_lost == "fail":
             raise OffsetsLostError("; ".join(msgs))
         self._forget(tps)
+        moved = {}
         for tp, msg in zip(tps, msgs):
             if self.on_offsets_lost == "earliest":
                 kc.seek_to_beginning(tp)
             else:
                 kc.seek_to_end(tp)
-            self._next[(tp.topic, tp.partition)] = int(kc.position(tp))
+            moved[tp] = self._next[(tp.topic, tp.partition)] = int(kc.position(tp))
             self.stats.offsets_reset += 1
-            log.warning("%s -> resuming at offset %d (kafka.on_offsets_lost=%s)", msg,
-                        self._next[(tp.topic, tp.partition)], self.on_offsets_lost)
+            log.warning("%s -> resuming at offset %d (kafka.on_offsets_lost=%s)", msg, moved[tp],
+                        self.on_offsets_lost)
+        return moved
 
     def batches(self, max_events: int, timeout: float = 1.0, idle_exit_s: float = 0.0) -> Iterator[EventBatch]:
         """Yield batches forever, or until nothing arrived for ``idle_exit_s`` seconds (if > 0)."""

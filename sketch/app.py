@@ -76,12 +76,13 @@ def check_state(cfg, bootstrap: str) -> tuple[int, str | None]:
     from kafka import KafkaConsumer
     from kafka.admin import KafkaAdminClient
 
+    from streamrec.ingest import topic_id
+
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
     try:
         events = c.partitions_for_topic(cfg.kafka.events_topic) or set()
         changelog = c.partitions_for_topic(changelog_topic(cfg)) or set()
-        cluster = getattr(getattr(c, "_client", None), "cluster", None)
-        topic_id = cluster.topic_id(cfg.kafka.events_topic) if cluster is not None else None
+        events_id = topic_id(c, cfg.kafka.events_topic)
     finally:
         c.close()
     n = len(events) or cfg.kafka.partitions
@@ -95,7 +96,7 @@ def check_state(cfg, bootstrap: str) -> tuple[int, str | None]:
         finally:
             admin.close()
         shutil.rmtree(cfg.sketch.state_dir, ignore_errors=True)
-    return n, (str(topic_id) if topic_id is not None else None)
+    return n, (str(events_id) if events_id is not None else None)
 
 
 def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions: int | None = None):

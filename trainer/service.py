@@ -165,8 +165,6 @@ class TrainerService:
         decides (fail, or start over at the log's start or end)."""
         from kafka import TopicPartition
 
-        from streamrec.ingest import OffsetsLostError, offsets_lost_message
-
         c = self.consumer
         kc = c.consumer
         tps = c.wait_for_assignment(max(60.0, self.cfg.kafka.max_poll_interval_ms / 1000 * 3), self.stop)
@@ -175,18 +173,17 @@ class TrainerService:
         begin, end = kc.beginning_offsets(tps), kc.end_offsets(tps)
         recreated = (self.topic_ids.get(c.topic) and c.topic_id is not None
                      and str(c.topic_id) != self.topic_ids[c.topic])
+        moved = {}
+        if recreated:  # the checkpoint's offsets are of another topic: kafka.on_offsets_lost decides
+            lost = {tp: self.offsets[(tp.topic, tp.partition)] for tp in tps if (tp.topic, tp.partition) in self.offsets}
+            why = f"the topic was deleted and recreated since the checkpoint: id {self.topic_ids[c.topic]} is now " \
+                  f"{c.topic_id}"
+            moved = c.apply_offsets_lost(lost, why, begin, end)
         pos = {}
         for tp in tps:
             key = (tp.topic, tp.partition)
-            if key in self.offsets and recreated:
-                why = f"the topic was deleted and recreated since the checkpoint: id {self.topic_ids[c.topic]} is now {c.topic_id}"
-                if self.cfg.kafka.on_offsets_lost == "fail":
-                    raise OffsetsLostError(offsets_lost_message(tp.topic, tp.partition, self.offsets[key], begin[tp],
-                                                                end[tp], why))
-                off = begin[tp] if self.cfg.kafka.on_offsets_lost == "earliest" else end[tp]
-                log.warning("%s -> resuming at offset %d (kafka.on_offsets_lost=%s)",
-                            offsets_lost_message(tp.topic, tp.partition, self.offsets[key], begin[tp], end[tp], why),
-                            off, self.cfg.kafka.on_offsets_lost)
+            if tp in moved:
+                off = moved[tp]
             elif key in self.offsets:
                 off = self.offsets[key]  # beyond the log end, the first fetch says so and on_offsets_lost decides
             elif self.fell_back:  # commits may come from the refused, newer checkpoint: never skip past them

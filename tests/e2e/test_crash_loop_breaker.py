@@ -9,27 +9,15 @@ import json
 import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import tomli_w
 
 from streamrec.ingest import REASON_HEADER, EventProducer, SyntheticStream, read_topic
+from tests.helpers.crash import CRASH_MARK, install_crash_hook
+from tests.helpers.ingest import poll_events
 
 pytestmark = pytest.mark.subprocess
-
-# Installed into every process of the test (the trainer and the probe it spawns) through PYTHONPATH:
-# decoding a record that holds "crash-me" segfaults, like a native decoder bug would.
-SITECUSTOMIZE = textwrap.dedent('''
-    import json, os, signal
-    _loads = json.loads
-    def loads(s, *a, **k):
-        if (b"crash-me" if isinstance(s, (bytes, bytearray)) else "crash-me") in s:
-            os.kill(os.getpid(), signal.SIGSEGV)
-        return _loads(s, *a, **k)
-    json.loads = loads
-''')
-
 
 def test_a_record_that_crashes_the_decoder_is_quarantined_by_the_next_start(topics, tmp_path, bootstrap):
     cfg = topics
@@ -40,8 +28,7 @@ def test_a_record_that_crashes_the_decoder_is_quarantined_by_the_next_start(topi
     cfg.kafka.consumer_mode, cfg.kafka.codec, cfg.kafka.partitions = "assign", "json", 1
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
-    (tmp_path / "hook").mkdir()
-    (tmp_path / "hook" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = install_crash_hook(tmp_path / "hook")
 
     prod = EventProducer(bootstrap, cfg)
     good = 0
@@ -50,13 +37,10 @@ def test_a_record_that_crashes_the_decoder_is_quarantined_by_the_next_start(topi
         good += len(b)
         if i == 0:  # a contract-valid event whose request id kills the decoder
             ev = b.to_events()[0]
-            ev["request_id"] = "crash-me"
+            ev["request_id"] = CRASH_MARK
             prod.send_raw(json.dumps(ev).encode())
     prod.close()
 
-    import os
-
-    env = dict(os.environ, PYTHONPATH=str(tmp_path / "hook"))
     cmd = [sys.executable, "-m", "streamrec", "train", "--config", str(cfg_path), "--bootstrap", bootstrap,
            "--idle-exit", "2", "--no-progress"]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -70,16 +54,6 @@ def test_a_record_that_crashes_the_decoder_is_quarantined_by_the_next_start(topi
     reasons = [dict(r.headers).get(REASON_HEADER, b"").decode() for r in dlq]
     assert len(dlq) == 1 and reasons[0].startswith("crashed the consumer"), reasons
     assert b"crash-me" in dlq[0].value
-
-
-def _consume_all(c, want, timeout=30):
-    import time as _t
-
-    got, deadline = 0, _t.monotonic() + timeout
-    while got < want and _t.monotonic() < deadline:
-        b = c.poll_batch(10_000, timeout=0.5)
-        got += len(b) if b is not None else 0
-    return got
 
 
 @pytest.mark.parametrize("deaths_before", [0, 1])
@@ -101,7 +75,7 @@ def test_records_in_flight_at_two_training_deaths_are_quarantined(topics, tmp_pa
     InflightMarker(marker).mark(TRAIN, [InflightRange(topic, parts[0], 0, 3)], deaths=deaths_before)
     c = EventConsumer(bootstrap, cfg, group_id=f"g-{topic}", mode="assign", inflight_path=marker)
     try:
-        got = _consume_all(c, 100 - (4 if deaths_before else 0))
+        got = sum(len(b) for b in poll_events(c, 100 - (4 if deaths_before else 0), timeout=30, max_events=10_000))
         if deaths_before:
             assert got == 96 and c.stats.quarantined == 4
             c.flush_dead_letters()

@@ -19,18 +19,24 @@ def arrow_ipc(cols) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def poll_events(consumer, expected_events, timeout=20.0, max_events=4096) -> list:
+    """Poll ``consumer`` until ``expected_events`` arrived (or ``timeout``); returns the batches."""
+    batches = []
+    deadline = time.monotonic() + timeout
+    while sum(len(b) for b in batches) < expected_events and time.monotonic() < deadline:
+        b = consumer.poll_batch(max_events, timeout=0.5)
+        if b is not None:
+            batches.append(b)
+    return batches
+
+
 def consume_all(bootstrap, cfg, expected_events, mode="assign", group=None, timeout=20.0, **opts):
     """Read until ``expected_events`` arrived (or timeout); returns (batches, consumer stats)."""
     from streamrec.ingest import EventConsumer
 
     c = EventConsumer(bootstrap, cfg, group or f"g-{uuid.uuid4().hex[:6]}", mode=mode, **opts)
-    batches = []
-    deadline = time.monotonic() + timeout
     try:
-        while sum(len(b) for b in batches) < expected_events and time.monotonic() < deadline:
-            b = c.poll_batch(4096, timeout=0.5)
-            if b is not None:
-                batches.append(b)
+        batches = poll_events(c, expected_events, timeout)
         c.mark_durable({})  # flush dead letters
         return batches, c.stats
     finally:

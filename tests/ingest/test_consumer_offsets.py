@@ -9,7 +9,7 @@ import time
 import pytest
 
 from streamrec.ingest import EventConsumer, EventProducer, SyntheticStream
-from tests.helpers.ingest import consume_all, events_of
+from tests.helpers.ingest import consume_all, events_of, poll_events
 
 pytestmark = pytest.mark.broker
 
@@ -28,13 +28,7 @@ def test_offsets_commit_only_when_durable(topics, bootstrap):
 
     def first_batch():
         c = EventConsumer(bootstrap, cfg, group, mode="assign")
-        got = []
-        deadline = time.monotonic() + 15
-        while sum(len(b) for b in got) < 300 and time.monotonic() < deadline:
-            b = c.poll_batch(1000, timeout=0.5)
-            if b is not None:
-                got.append(b)
-        return c, got
+        return c, poll_events(c, 300, timeout=15, max_events=1000)
 
     c1, got1 = first_batch()
     assert sum(len(b) for b in got1) == 300
@@ -73,12 +67,7 @@ def test_group_mode_joins_and_resumes(topics, bootstrap):
     assert sum(len(b) for b in batches) == 200
     c = EventConsumer(bootstrap, cfg, cfg.kafka.trainer_group, mode="group")
     try:  # nothing was marked durable: a new member of the group starts over
-        got = []
-        deadline = time.monotonic() + 60
-        while sum(len(b) for b in got) < 200 and time.monotonic() < deadline:
-            b = c.poll_batch(1000, timeout=0.5)
-            if b is not None:
-                got.append(b)
+        got = poll_events(c, 200, timeout=60, max_events=1000)
         assert events_of(got) == events_of(batches)
         assert len(c.consumer.assignment()) == cfg.kafka.partitions
     finally:

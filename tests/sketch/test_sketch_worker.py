@@ -48,10 +48,10 @@ def write_config(cfg, path: Path) -> Path:
     return path
 
 
-def start_worker(config: Path, bootstrap: str, log: Path) -> subprocess.Popen:
+def start_worker(config: Path, bootstrap: str, log: Path, env: dict | None = None) -> subprocess.Popen:
     f = open(log, "ab")
     return subprocess.Popen([STREAMREC, "sketch", "--config", str(config), "--bootstrap", bootstrap],
-                            stdout=f, stderr=subprocess.STDOUT)
+                            stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
 def stop(proc: subprocess.Popen, sig=signal.SIGTERM, wait: float = 15.0) -> bool:
@@ -191,8 +191,8 @@ def test_a_record_that_kills_the_worker_is_skipped_by_the_next_start(topics, boo
     """A record that segfaults the worker while it is counted (a sitecustomize hook stands in for a
     native decoder bug) is skipped by the restarted worker instead of killing it again."""
     import json
-    import os
-    import textwrap
+
+    from tests.helpers.crash import CRASH_MARK, install_crash_hook
 
     cfg = topics
     cfg.kafka.codec = "json"
@@ -201,34 +201,17 @@ def test_a_record_that_kills_the_worker_is_skipped_by_the_next_start(topics, boo
     cfg.generator.events_per_s = 100_000.0
     config = write_config(cfg, tmp_path / "sketch.toml")
     log = tmp_path / "worker.log"
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(textwrap.dedent('''
-        import json, os, signal
-        _loads = json.loads
-        def loads(s, *a, **k):
-            if (b"crash-me" if isinstance(s, (bytes, bytearray)) else "crash-me") in s:
-                os.kill(os.getpid(), signal.SIGSEGV)
-            return _loads(s, *a, **k)
-        json.loads = loads
-    '''))
     n = 3000
-    poison = json.dumps({"ts": 1, "label": 1, "dense": [0.0] * cfg.model.dense_dim, "request_id": "crash-me"})
+    poison = json.dumps({"ts": 1, "label": 1, "dense": [0.0] * cfg.model.dense_dim, "request_id": CRASH_MARK})
     produce(cfg, bootstrap, 0, n, [poison.encode()])
-    env = dict(os.environ, PYTHONPATH=str(hook))
-
-    def start():
-        f = open(log, "ab")
-        return subprocess.Popen([STREAMREC, "sketch", "--config", str(config), "--bootstrap", bootstrap],
-                                stdout=f, stderr=subprocess.STDOUT, env=env)
-
-    proc = start()
+    env = install_crash_hook(tmp_path / "hook")
+    proc = start_worker(config, bootstrap, log, env)
     try:
         assert proc.wait(120) == -signal.SIGSEGV, log.read_text()[-3000:]
     finally:
         stop(proc, signal.SIGKILL)
     follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
-    proc = start()
+    proc = start_worker(config, bootstrap, log, env)
     try:
         hs = follower.wait_for(1, timeout=120, predicate=lambda h: h.events == n)
         assert hs is not None, f"no hot set covering {n} events; worker log:\n{log.read_text()[-3000:]}"
