@@ -1,0 +1,71 @@
+"""Run a trainer group's ranks as spawned processes (gloo on 127.0.0.1), for tests of the sharded core."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+
+from streamrec.foundation import EventBatch
+from streamrec.ingest import SyntheticStream
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def synthetic(cfg, n: int) -> EventBatch:
+    return EventBatch.concat(list(SyntheticStream(cfg).batches(n)), cfg.model.dense_dim, cfg.model.field_names)
+
+
+def split(batch: EventBatch, rank: int, world: int) -> EventBatch:
+    """Rank ``rank``'s share such that the ranks' k-th mini-batches of ``batch_size // world`` events together
+    are exactly one trainer's k-th mini-batch of ``batch_size`` (events i with i % world == rank)."""
+    idx = np.arange(len(batch))
+    return batch.take(idx[idx % world == rank])
+
+
+def _rank(rank, world, port, make_cfg, tmp, fn, q):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        q.put((rank, fn(rank, world, make_cfg(Path(tmp)), Path(tmp))))
+    except BaseException as e:  # report, do not hang the parent
+        q.put((rank, e))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_group(world: int, make_cfg, tmp, fn, timeout: float = 240.0) -> list:
+    """``fn(rank, world, cfg, tmp)`` in ``world`` spawned ranks; their results by rank (plain values only)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    ps = [ctx.Process(target=_rank, args=(r, world, port, make_cfg, str(tmp), fn, q)) for r in range(world)]
+    for p in ps:
+        p.start()
+    out = {}
+    try:
+        for _ in ps:
+            r, v = q.get(timeout=timeout)
+            if isinstance(v, BaseException):
+                raise RuntimeError(f"rank {r} failed: {v!r}") from v
+            out[r] = v
+    finally:
+        for p in ps:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return [out[r] for r in range(world)]

@@ -1,0 +1,243 @@
+"""One rank of a trainer group: :class:`TrainerCore` with row-wise sharded embeddings.
+
+Every rank trains the same dense network (synchronous: gradients are summed over
+the group with one ``all_reduce`` per step, so every rank takes the same optimizer
+step) on its own events, and owns the embedding rows :func:`owner_of` gives it, in
+its own store (hot rows on its device, cold rows in its RocksDB shard). A step
+fetches rows from their owners and returns the gradients to them
+(:class:`RowExchange`); the loss is the group's mean, so N ranks whose batches
+together make one trainer's batch apply the update that trainer would.
+
+Steps are collectives: every rank runs the same number per window (the largest
+plan of any rank); a rank with fewer mini-batches, or none, joins with empty ones.
+The numerical guard is collective too: a step whose loss or gradients are not
+finite anywhere in the group is applied nowhere, and every rank retries the same
+way (without its own non-finite events, or in halves), so the group never
+diverges and a poisoned event costs at most a few extra steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from streamrec.foundation import EventBatch
+from streamrec.model import pool_sum, unique_ids
+
+from .core import TrainerCore, WindowResult
+from .schedule import hot_samples, plan
+from .sharding import RowExchange, owned_part
+from .step import GRAD_ABS_MAX
+
+log = logging.getLogger(__name__)
+
+_OK, _BAD_LOSS, _BAD_GRAD = 0, 1, 2
+
+
+class ShardedTrainerCore(TrainerCore):
+    """``TrainerCore`` for rank ``rank`` of ``world``; ``torch.distributed`` must be initialised.
+
+    ``trainer.batch_size`` stays the group's batch: each rank plans mini-batches of
+    ``batch_size // world`` events, so a step trains on about ``batch_size`` events
+    in all and the learning rate means what it means for one trainer."""
+
+    def __init__(self, cfg, store, device: torch.device, rank: int, world: int, group=None,
+                 comm_device: torch.device | str = "cpu"):
+        super().__init__(cfg, store, device)
+        self.rank, self.world, self.group = int(rank), int(world), group
+        self.comm = torch.device(comm_device)
+        self.local_batch = max(1, cfg.trainer.batch_size // self.world)
+        self.exchange = RowExchange(self.fields, cfg.model.embedding_dim, store.lookup, store.apply_gradients,
+                                    self.rank, self.world, group, comm_device=self.comm)
+        self._hot_all: dict[str, np.ndarray] = {}  # the whole group's hot set (plans need it; rows live with owners)
+        self.steps = 0
+        self.dense_bytes_sent = 0
+        self._params = [p for p in self.model.parameters()]
+        with torch.no_grad():  # one starting point for every rank, whatever their seeds did
+            for p in self._params:
+                buf = p.data.to(self.comm)
+                dist.broadcast(buf, 0, group=group)
+                p.data.copy_(buf.to(p.device))
+
+    # -- hot set ---------------------------------------------------------------
+    def apply_hot_set(self, version: int, tables: Mapping[str, np.ndarray]):
+        """The group's hot set: this rank's store takes the rows it owns; plans use the whole set."""
+        tables = {t: np.unique(np.asarray(ids, dtype=np.int64)) for t, ids in tables.items() if t in self.fields}
+        mine = owned_part(tables, self.rank, self.world)
+        total, cap = sum(len(v) for v in mine.values()), int(self.store.hot_capacity_rows)
+        if total > cap:
+            log.warning("hot set v%d gives rank %d %d rows, over its hot tier's %d: cut to fit", version, self.rank,
+                        total, cap)
+            mine = {t: ids[: len(ids) * cap // total] for t, ids in mine.items()}
+        stats = self.store.set_hot(mine)
+        self._hot_all = tables
+        self.hot_version = int(version)
+        self.hot_rows = int(sum(len(v) for v in tables.values()))
+        log.info("hot set v%d applied: %d rows in the group, %d owned here (%s)", version, self.hot_rows,
+                 sum(len(v) for v in mine.values()), stats)
+        return stats
+
+    def hot_mask(self, field: str, ids: np.ndarray) -> np.ndarray:
+        hot = self._hot_all.get(field)
+        if hot is None or not len(hot):
+            return np.zeros(len(ids), bool)
+        at = np.minimum(np.searchsorted(hot, ids), len(hot) - 1)
+        return hot[at] == ids
+
+    # -- training ------------------------------------------------------------
+    def plan(self, batch: EventBatch):
+        t = self.cfg.trainer
+        hot_on = t.schedule == "fae" and self.hot_rows
+        hot = hot_samples(batch, self.fields, self.hot_mask) if hot_on else np.zeros(len(batch), dtype=bool)
+        return plan(hot, self.local_batch, t.schedule if self.hot_rows else "arrival", t.hot_per_cold)
+
+    def _max(self, n: int) -> int:
+        x = torch.tensor([n], dtype=torch.int64, device=self.comm)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
+        return int(x.item())
+
+    def train_window(self, batch: EventBatch | None) -> WindowResult:
+        """Train this rank's window (``None`` or empty: an idle rank) in lockstep with the group."""
+        if batch is None:
+            batch = EventBatch.empty(self.cfg.model.dense_dim, self.fields)
+        self.model.train()
+        scores = np.zeros(len(batch), np.float32)
+        mbs = self.plan(batch)
+        steps = self._max(len(mbs))
+        empty = np.zeros(0, np.int64)
+        hot_n, rejected, reasons = 0, [], []
+        for i in range(steps):
+            rows = mbs[i].rows if i < len(mbs) else empty
+            p, bad, why = self._guarded_step(batch.take(rows), None)
+            scores[rows] = p
+            if len(bad):
+                rejected.append(rows[bad])
+            if why:
+                reasons.append(why)
+            if i < len(mbs) and mbs[i].kind == "hot":
+                hot_n += len(rows) - len(bad)
+        out = np.sort(np.concatenate(rejected)) if rejected else empty
+        keep = np.ones(len(batch), bool)
+        keep[out] = False
+        self.metrics.update(batch.labels[keep], scores[keep])
+        self.events += int(keep.sum())
+        self.hot_events += hot_n
+        self.rejected_events += len(out)
+        if len(batch):
+            self.newest_event_ms = max(self.newest_event_ms, int(batch.ts.max()))
+        return WindowResult(len(batch), hot_n, steps, scores, out, "; ".join(dict.fromkeys(reasons)))
+
+    def _guarded_step(self, sub: EventBatch, uniques) -> tuple[np.ndarray, np.ndarray, str]:
+        """The collective form of ``TrainerCore._guarded_step``: every decision is taken on
+        group-wide figures, so every rank runs the same number of retries."""
+        scores = np.full(len(sub), np.nan, np.float32)
+        bad: list[np.ndarray] = []
+        why: list[str] = []
+        todo = [np.arange(len(sub))]
+        while todo:
+            rows = todo.pop()
+            part = sub if len(rows) == len(sub) else sub.take(rows)
+            status, p, culprits, sizes, flagged = self._step_group(part)
+            if status == _OK:
+                scores[rows] = p
+                continue
+            self.nonfinite_batches += 1
+            if status == _BAD_LOSS:  # some rank has events whose own loss is not finite: drop those, retry
+                why.append("non-finite training step: the loss of some events is not finite")
+                bad.append(rows[culprits])
+                todo.append(np.delete(rows, culprits))
+                continue
+            why.append(f"non-finite training step: gradients are not finite or beyond +-{GRAD_ABS_MAX:g}")
+            suspects = flagged if flagged.any() else sizes > 0  # no rank saw it alone: only the sum overflowed
+            empty = rows[:0]
+            if not suspects[self.rank]:  # this rank's events are fine: train them again beside the search
+                todo += [rows] if int(sizes[suspects].max()) <= 1 else [empty, rows]
+            elif int(sizes[suspects].max()) <= 1:  # down to single events: these are the culprits
+                bad.append(rows)
+                todo.append(empty)
+            else:
+                half = len(rows) // 2
+                todo += [rows[:half], rows[half:]]
+        out = np.sort(np.concatenate(bad)) if bad else np.zeros(0, np.int64)
+        reason = "; ".join(dict.fromkeys(why))
+        if len(out) or why:
+            log.warning("rank %d mini-batch of %d events: %s; %d events here not trained (dead-lettered)", self.rank,
+                        len(sub), reason, len(out))
+        return scores, out, reason
+
+    def _step_group(self, sub: EventBatch):
+        """One synchronous step of the group: ``(status, scores, local culprits, every rank's batch size,
+        which ranks saw non-finite gradients of their own)``."""
+        uniq = unique_ids(sub, self.fields)
+        rows, sizes = self.exchange.fetch({f: uniq[f][0] for f in self.fields}, len(sub))
+        total = int(sizes.sum())
+        no_flags = np.zeros(self.world, bool)
+        if total == 0:
+            return _OK, np.zeros(0, np.float32), np.zeros(0, np.int64), sizes, no_flags
+        dev = self.device
+        pooled, leaves = [], {}
+        for f in self.fields:
+            r = rows[f].to(dev).detach().requires_grad_(True)
+            leaves[f] = r
+            j = sub.sparse[f]
+            index = torch.from_numpy(uniq[f][1].astype(np.int64, copy=False)).to(dev)
+            pooled.append(pool_sum(r, index, torch.from_numpy(j.offsets).to(dev)))
+        pooled_t = torch.stack(pooled, dim=1) if pooled else torch.zeros((len(sub), 0, self.cfg.model.embedding_dim))
+        logits = self.model(torch.from_numpy(sub.dense).to(dev), pooled_t)
+        per_event = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(sub.labels).to(dev), reduction="none")
+        finite = torch.isfinite(per_event)
+        culprits = np.flatnonzero(~finite.cpu().numpy())
+        self.opt.zero_grad(set_to_none=True)
+        grad_bad = 0
+        if not len(culprits):
+            (per_event.sum() / total).backward()  # the group's mean loss: ranks' gradients sum to one trainer's
+            local = [r.grad for r in leaves.values() if r.grad is not None and len(r.grad)]
+            local += [p.grad for p in self._params if p.grad is not None]
+            grad_bad = int(bool(local) and not bool(torch.stack([(g.abs() <= GRAD_ABS_MAX).all() for g in local]).all()))
+        flags = torch.zeros(self.world + 1, device=self.comm)  # [events with a non-finite loss, rank r's grads bad]
+        flags[0], flags[1 + self.rank] = float(len(culprits)), float(grad_bad)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.comm)
+                          for p in self._params] + [flags])
+        dist.all_reduce(flat, group=self.group)
+        self.dense_bytes_sent += flat.numel() * flat.element_size()
+        self.steps += 1
+        flags = flat[-(self.world + 1):].cpu().numpy()
+        grads = flat[:-(self.world + 1)]
+        if flags[0] > 0:
+            self.opt.zero_grad(set_to_none=True)
+            return _BAD_LOSS, np.zeros(0, np.float32), culprits, sizes, no_flags
+        if flags[1:].any() or not bool((grads.abs() <= GRAD_ABS_MAX).all()):
+            self.opt.zero_grad(set_to_none=True)
+            return _BAD_GRAD, np.zeros(0, np.float32), culprits, sizes, flags[1:] > 0
+        at = 0
+        for p in self._params:
+            n = p.numel()
+            p.grad = grads[at:at + n].view_as(p).to(p.device)
+            at += n
+        self.opt.step()
+        self.exchange.give_back({f: leaves[f].grad for f in self.fields})
+        return _OK, torch.sigmoid(logits.detach()).float().cpu().numpy(), culprits, sizes, no_flags
+
+    def predict(self, batch: EventBatch) -> np.ndarray:
+        raise NotImplementedError("a rank of a group scores inside its training steps; serving predicts")
+
+    # -- group-wide figures ------------------------------------------------------
+    def group_metrics(self):
+        """The group's since-start AUC/logloss (histograms and totals summed over ranks): a collective.
+        The sliding window stays this rank's own."""
+        from .metrics import StreamingMetrics
+
+        m = self.metrics
+        vec = torch.from_numpy(np.concatenate([m.pos, m.neg, [m.loss_total, float(m.count)]])).to(self.comm)
+        dist.all_reduce(vec, group=self.group)
+        v = vec.cpu().numpy()
+        b = m.bins
+        g = StreamingMetrics(self.cfg.trainer.metrics_window, bins=b)
+        g.load_state({"pos": v[:b], "neg": v[b:2 * b], "loss_total": float(v[2 * b]), "count": int(v[2 * b + 1])})
+        g._wy, g._wp, g._wn, g._wi = m._wy, m._wp, m._wn, m._wi
+        return g
