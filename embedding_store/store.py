@@ -667,6 +667,27 @@ class EmbeddingStore:
             if keep.any():
                 yield _batch(t.name, ids[keep], recs["w"][keep])
 
+    def export_records(self) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+        """Every stored row with its optimizer state, as ``(table, ids, records)`` chunks: what a
+        resharding moves. Open a checkpoint read-only for this (a checkpoint holds the hot rows in
+        RocksDB too); on a live store, call :meth:`flush` after a checkpoint first."""
+        for t, ids, recs in self._scan_cold():
+            yield t.name, ids, recs
+
+    def import_records(self, table: str, ids: np.ndarray, records: np.ndarray) -> None:
+        """Store rows exactly as exported (vector, Adagrad state, timestamps); ``ids`` unique."""
+        self._writable()
+        t = self._table(table)
+        ids = self._unique_ids(t, ids)
+        if records.dtype != t.dtype or len(records) != len(ids):
+            raise StoreError(f"{table}: {len(records)} records of {records.dtype} for {len(ids)} ids of {t.dtype}")
+        if len(ids) == 0:
+            return
+        if t.hot.mask(ids).any():
+            raise StoreError(f"{table}: import_records into hot rows (import before the hot set is applied)")
+        old, found, cslots = self._cold_rows(t, ids, touch=False)
+        self._store_cold(t, ids, records, old, found, cslots)
+
     def _scan_cold(self):
         """Every row stored in RocksDB, as ``(table, ids, records)`` chunks (a full scan)."""
         for _, keys, vals in self.cold.scan():

@@ -118,7 +118,8 @@ def pipeline_topics(cfg) -> list[TopicSpec]:
     """The topics the pipeline uses, from the config."""
     k = cfg.kafka
     return [
-        TopicSpec(k.events_topic, k.partitions),
+        # a trainer group's ranks each read their own partitions: at least one per rank
+        TopicSpec(k.events_topic, max(k.partitions, cfg.trainer.ranks)),
         TopicSpec(k.dlq_topic, 1),
         TopicSpec(k.hotset_topic, 1, compacted=True),
     ]

@@ -195,7 +195,9 @@ class EventConsumer:
 
     ``mode="group"`` joins the consumer group (partitions shared among trainers);
     ``mode="assign"`` takes every partition and still commits under the group id
-    (one consumer, no group join: a quick start on brokers with slow joins).
+    (one consumer, no group join: a quick start on brokers with slow joins);
+    ``partitions`` narrows that to a fixed subset (a rank of a trainer group reads
+    the partitions the static assignment gives it: the group never moves them).
     """
 
     def __init__(
@@ -210,6 +212,7 @@ class EventConsumer:
         on_offsets_lost: str | None = None,
         max_pending: int = 20_000,
         inflight_path: str | os.PathLike | None = None,
+        partitions: Sequence[int] | None = None,
         **consumer_opts,
     ):
         if mode not in ("group", "assign"):
@@ -268,6 +271,12 @@ class EventConsumer:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"topic {self.topic!r} does not exist")
                     time.sleep(0.2)
+            if partitions is not None:
+                missing = sorted(set(partitions) - set(parts))
+                if missing:
+                    raise StreamrecError(f"topic {self.topic!r} has partitions {sorted(parts)}; partitions "
+                                         f"{missing} asked for do not exist")
+                parts = set(partitions)
             tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
             self.consumer.assign(tps)
             self._on_assigned(tps)

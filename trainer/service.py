@@ -82,7 +82,7 @@ class TrainerService:
         self.device = resolve_device(t.device)
         ckpt, state, dense = self._restore_point(t.checkpoint_dir)
         self.fell_back = bool(self.refused_checkpoints)
-        self.core = TrainerCore(cfg, self.store, self.device)
+        self.core = self._make_core()
         self.publisher = SnapshotPublisher(cfg, t.snapshot_dir, push=t.push_snapshots,
                                            full_every=t.full_snapshot_every,
                                            give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
@@ -104,7 +104,7 @@ class TrainerService:
             self.core.hot_rows = int(self.store.stats()["hot_rows"])
             self.resumed_from = str(ckpt)
             log.info("resumed from %s: %d events, offsets %s", ckpt, self.core.events, self.offsets)
-        self.hot = make_hot_source(cfg, bootstrap)
+        self.hot = self._make_hot_source()
         if isinstance(self.hot, SampleHotSource):
             # continue from the checkpoint's set: restarting at 0 made hot_version go backwards and
             # re-counted and re-migrated a set the restored store already holds
@@ -117,11 +117,7 @@ class TrainerService:
         self.prom = PrometheusExporter(t.metrics_port) if t.metrics_port else None
         self.progress = ProgressLine(progress)
         self.trace = Trace(t.trace_path)
-        from streamrec.ingest import EventConsumer
-
-        # the crash-loop breaker's marker lives with the checkpoints: it is about this trainer's progress
-        self.consumer = EventConsumer(bootstrap, cfg, group_id=cfg.kafka.trainer_group, mode=cfg.kafka.consumer_mode,
-                                      inflight_path=os.path.join(t.checkpoint_dir, INFLIGHT))
+        self.consumer = self._make_consumer()
         self.consumer.stats.dead_letters = int(state.get("dead_letters", 0))
         self.consumer.stats.quarantined = int(state.get("quarantined", 0))
         self.pos = self._position_consumer()
@@ -131,6 +127,21 @@ class TrainerService:
         self._rate.n = self.core.events
         self._hot_at_log = (self.core.events, self.core.hot_events)
         self.last_record: dict[str, Any] = {}
+
+    # -- the parts a trainer group's rank replaces (streamrec.trainer.group) -------------
+    def _make_core(self) -> TrainerCore:
+        return TrainerCore(self.cfg, self.store, self.device)
+
+    def _make_hot_source(self):
+        return make_hot_source(self.cfg, self.bootstrap)
+
+    def _make_consumer(self):
+        from streamrec.ingest import EventConsumer
+
+        # the crash-loop breaker's marker lives with the checkpoints: it is about this trainer's progress
+        return EventConsumer(self.bootstrap, self.cfg, group_id=self.cfg.kafka.trainer_group,
+                             mode=self.cfg.kafka.consumer_mode,
+                             inflight_path=os.path.join(self.cfg.trainer.checkpoint_dir, INFLIGHT))
 
     def _restore_point(self, root: str) -> tuple[Path | None, dict[str, Any], dict[str, Any]]:
         """Open the store at the newest checkpoint that verifies and loads; ``(dir, state, dense)``.
@@ -147,14 +158,18 @@ class TrainerService:
                 return None, {}, {}
             try:
                 state, dense = read_checkpoint(ckpt, map_location=str(self.device))
-                self.store = open_store(self.cfg, self.device, ckpt)
-                return ckpt, state, dense
+                if "world" not in state:  # a group's manifest holds no store: its shards are per rank
+                    self.store = open_store(self.cfg, self.device, ckpt)
+                    return ckpt, state, dense
             except (StreamrecError, OSError, ValueError, RuntimeError, KeyError) as e:  # torch.load, json, RocksDB
                 if is_resource_error(e):  # a full or read-only disk is not a corrupt checkpoint: stop, keep it
                     raise
                 why = f"cannot be loaded: {type(e).__name__}: {e}"
                 self.refused_checkpoints.append(f"{ckpt}: {why}")
                 set_aside(ckpt, why)
+                continue
+            raise StreamrecError(f"{ckpt} was written by a trainer group of {state['world']} ranks: resume it with "
+                                 "`streamrec train --nproc N` (any N; its rows are resharded when N differs)")
 
     # -- consumer position -------------------------------------------------------
     def _position_consumer(self) -> dict[tuple[str, int], int]:

@@ -106,18 +106,31 @@ class SnapshotPublisher:
             self.st.need_full = True
 
     # -- building ------------------------------------------------------------
-    def publish(self, version: int, epoch: int, store, model, kafka_offsets: dict, metrics: dict,
-                newest_event_ms: int) -> Path | None:
-        """Build snapshot ``version`` (store state as of ``epoch``) and queue it for pushing.
-
-        Returns the snapshot dir, or None when skipped because a push is still pending.
-        """
+    def plan_next(self) -> tuple[bool, int | None, int] | None:
+        """What the next snapshot will be, ``(full, parent version, rows changed after epoch)``, or None
+        while a push is still pending (no snapshot is built then). A trainer group decides this once, on
+        rank 0, and every rank contributes its rows changed after that epoch."""
         with self._lock:
             if self._pending is not None:
                 return None
             full = self.st.need_full or self.st.accepted_version == 0 or (self.st.built % self.full_every == 0)
-            parent = None if full else self.st.accepted_version
-            since = 0 if full else self.st.accepted_epoch
+            return full, (None if full else self.st.accepted_version), (0 if full else self.st.accepted_epoch)
+
+    def publish(self, version: int, epoch: int, store, model, kafka_offsets: dict, metrics: dict,
+                newest_event_ms: int, plan: tuple[bool, int | None, int] | None = None, rows=None) -> Path | None:
+        """Build snapshot ``version`` (store state as of ``epoch``) and queue it for pushing.
+
+        Returns the snapshot dir, or None when skipped because a push is still pending.
+        ``plan`` and ``rows``: a :meth:`plan_next` taken earlier and the rows it asked for
+        (a group's rows gathered from every rank); by default, decided here and read from ``store``.
+        """
+        if plan is None:
+            plan = self.plan_next()
+            if plan is None:
+                return None
+        full, parent, since = plan
+        if rows is None:
+            rows = store.changed_rows(since)
         import dataclasses
 
         out = self.out_dir / f"v{version:09d}"
@@ -127,7 +140,7 @@ class SnapshotPublisher:
         dense_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         write_snapshot(
             out, version=version, parent_version=parent, kind="full" if full else "delta",
-            dense_state=dense_state, rows=store.changed_rows(since),
+            dense_state=dense_state, rows=rows,
             kafka_offsets={f"{t}:{p}": o for (t, p), o in kafka_offsets.items()},
             metrics={k: float(v) for k, v in metrics.items()
                      if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")},

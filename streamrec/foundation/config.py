@@ -139,6 +139,8 @@ class TrainerConfig:
     log_path: str = ""  # JSON-lines metrics log ("" = none)
     max_events: int = 0  # stop after this many events (0 = run forever)
     idle_exit_s: float = 0.0  # stop after this long without events (0 = never)
+    ranks: int = 1  # trainer ranks that train one model together (streamrec train --nproc N on one host)
+    max_restarts: int = 1000  # times a group restarts from its last checkpoint after a rank dies (torchrun)
     window_batches: int = 8  # mini-batches per polled window (the unit FAE splits into hot/cold)
     hot_source: str = "topic"  # topic: follow the sketch's hot-set topic | sample: count in-process | none
     hot_sample_events: int = 50_000  # hot_source=sample: events counted before choosing the hot set
@@ -418,6 +420,10 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("batch_size", "must be >= 1")
         if obj.push_give_up_s <= 0:
             bad("push_give_up_s", "must be > 0")
+        if not 1 <= obj.ranks <= 4096:
+            bad("ranks", "must be in 1..4096")
+        if obj.max_restarts < 0:
+            bad("max_restarts", "must be >= 0")
         if obj.max_events < 0:
             bad("max_events", "must be >= 0 (0 = run forever)")
         if obj.idle_exit_s < 0:

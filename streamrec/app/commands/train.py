@@ -1,16 +1,30 @@
 """``streamrec train``: the continuous trainer against the embedded broker or ``--bootstrap``.
 
-SIGINT/SIGTERM make it finish the window in hand, write a final checkpoint,
-commit its offsets and exit 0.
+One process by default. ``--nproc N`` starts a group of N ranks that train one
+model (``torch.distributed.run``: c10d rendezvous on loopback, the group restarted
+from its last checkpoint when a rank dies, up to ``trainer.max_restarts`` times).
+Across hosts, torchrun starts the same command on each host, which then runs as
+one rank of the group (it sees torchrun's ``RANK``/``WORLD_SIZE``)::
+
+    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST0:29400 \\
+        -m streamrec train --config model.toml --bootstrap kafka:9092
+
+SIGINT/SIGTERM make it (every rank) finish the window in hand, write a final
+checkpoint, commit its offsets and exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import logging
+import os
 import signal
 import sys
 import threading
+
+log = logging.getLogger("streamrec.train")
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
@@ -19,19 +33,51 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max-events", type=int, help="stop after this many events (trainer.max_events)")
     p.add_argument("--idle-exit", type=float, metavar="S", help="stop after S seconds without events (trainer.idle_exit_s)")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="train with a group of N ranks on this host (trainer.ranks; default 1: one process)")
+    p.add_argument("--max-restarts", type=int, metavar="K",
+                   help="restart the group from its last checkpoint up to K times when a rank dies "
+                        "(trainer.max_restarts)")
     p.set_defaults(func=cmd_train)
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
 def cmd_train(args) -> int:
     from streamrec.app.cli import config_from_args, kafka_bootstrap
-    from streamrec.serving import SnapshotPusher
-    from streamrec.trainer import TrainerService
+    from streamrec.trainer.group import is_group_checkpoint
 
     cfg = config_from_args(args)
     if args.max_events is not None:
         cfg.trainer.max_events = args.max_events
     if args.idle_exit is not None:
         cfg.trainer.idle_exit_s = args.idle_exit
+    if args.nproc is not None:
+        if args.nproc < 1:
+            print("streamrec train: --nproc must be >= 1", file=sys.stderr)
+            return 2
+        cfg.trainer.ranks = args.nproc
+    if args.max_restarts is not None:
+        cfg.trainer.max_restarts = args.max_restarts
+    if cfg.trainer.ranks > 1 and not _under_torchrun():
+        return _launch_group(cfg, args)  # torch.distributed.run handles the signals and passes them on
+    stop = _stop_on_signals()
+    if _under_torchrun():
+        return _run_rank(cfg, args, stop)
+    with kafka_bootstrap(cfg) as bootstrap:
+        if is_group_checkpoint(cfg.trainer.checkpoint_dir):  # a group's checkpoint, resumed by one process
+            return _finish(_group_of_one(cfg, bootstrap, stop, args))
+        from streamrec.serving import SnapshotPusher
+        from streamrec.trainer import TrainerService
+
+        svc = TrainerService(cfg, bootstrap, stop=stop, progress=False if args.no_progress else None,
+                             pusher_factory=SnapshotPusher.factory(cfg))
+        return _finish(svc.run())
+
+
+def _stop_on_signals() -> threading.Event:
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -41,11 +87,101 @@ def cmd_train(args) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    with kafka_bootstrap(cfg) as bootstrap:
-        svc = TrainerService(cfg, bootstrap, stop=stop, progress=False if args.no_progress else None,
-                             pusher_factory=SnapshotPusher.factory(cfg))
-        summary = svc.run()
+    return stop
+
+
+def _finish(summary: dict) -> int:
     print(json.dumps({k: (v if v == v else None) for k, v in summary.items()}), flush=True)
     print(f"trainer stopped ({summary['reason']}): {summary['events']:,} events, checkpoint {summary['checkpoint']}",
           file=sys.stderr)
+    return 0
+
+
+def _group_of_one(cfg, bootstrap: str, stop, args) -> dict:
+    """Resume a group's checkpoint with one rank (its rows are resharded into one store)."""
+    import torch.distributed as dist
+
+    from streamrec.serving import SnapshotPusher
+    from streamrec.trainer.group import GroupTrainerService
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        svc = GroupTrainerService(cfg, bootstrap, 0, 1, stop=stop, progress=False if args.no_progress else None,
+                                  pusher_factory=SnapshotPusher.factory(cfg))
+        return svc.run()
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_rank(cfg, args, stop) -> int:
+    """This process is one rank of a group that torchrun started."""
+    import torch
+    import torch.distributed as dist
+
+    from streamrec.foundation import resolve_device
+    from streamrec.serving import SnapshotPusher
+    from streamrec.trainer.group import GroupTrainerService
+
+    if not cfg.kafka.bootstrap:
+        print("streamrec train: a rank of a trainer group needs --bootstrap (or kafka.bootstrap): every rank must "
+              "read the same cluster", file=sys.stderr)
+        return 2
+    device = resolve_device(cfg.trainer.device)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":  # NCCL when every rank has a GPU; one GPU per local rank
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        cfg.trainer.device = f"cuda:{local_rank % torch.cuda.device_count()}"
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=600))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart and rank == 0:
+        log.warning("trainer group restarted (%d so far): a rank died (torchrun's log above names it); resuming from "
+                    "the last complete checkpoint", restart)
+    try:
+        svc = GroupTrainerService(cfg, cfg.kafka.bootstrap, rank, world, stop=stop,
+                                  progress=False if args.no_progress or rank else None,
+                                  pusher_factory=SnapshotPusher.factory(cfg) if rank == 0 else None)
+        summary = svc.run()
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        return _finish(summary)
+    return 0
+
+
+def _launch_group(cfg, args) -> int:
+    """Start ``trainer.ranks`` local ranks with torch.distributed.run (elastic: restarts on a rank's death)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    from streamrec.app.cli import kafka_bootstrap
+    from streamrec.ingest import free_port
+
+    n = cfg.trainer.ranks
+    with kafka_bootstrap(cfg) as bootstrap:  # creates the events topic with >= n partitions
+        rank_args = ["train", "--bootstrap", bootstrap, "--log-level", args.log_level]
+        if args.config:
+            rank_args += ["--config", args.config]
+        for o in args.overrides or []:
+            rank_args += ["--set", o]
+        if cfg.trainer.max_events:
+            rank_args += ["--max-events", str(cfg.trainer.max_events)]
+        if cfg.trainer.idle_exit_s:
+            rank_args += ["--idle-exit", str(cfg.trainer.idle_exit_s)]
+        if args.no_progress:
+            rank_args.append("--no-progress")
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: the group talks over loopback only
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+        launch = get_args_parser().parse_args([
+            "--nnodes", "1", "--nproc-per-node", str(n), "--max-restarts", str(cfg.trainer.max_restarts),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "1",
+            "--module", "streamrec", *rank_args])
+        print(f"streamrec train: starting {n} ranks (torch.distributed.run, up to {cfg.trainer.max_restarts} "
+              f"restarts) against {bootstrap}", file=sys.stderr)
+        try:
+            run(launch)
+        except ChildFailedError as e:
+            print(f"streamrec train: the trainer group failed after its restarts:\n{e.format_msg()}", file=sys.stderr)
+            return 1
     return 0

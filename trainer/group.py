@@ -1,0 +1,454 @@
+"""One rank of a trainer group: N processes, launched by torchrun, train ONE model.
+
+- **Data parallel over Kafka partitions, statically**: rank r reads partitions
+  ``p % N == r`` (assigned, never subscribed), so no rebalance moves a partition
+  in the middle of a step. Fewer partitions than ranks is refused at start.
+- **Row-wise sharded embeddings**: :class:`ShardedTrainerCore`; each rank has its own
+  RocksDB shard (``store.path/rank-NNN``) and the hot rows it owns.
+- **Lockstep**: each loop turn every rank polls its partitions, then one small
+  ``all_reduce`` carries the turn's decisions: stop (any rank's signal), and, from
+  rank 0's clock only, checkpoint / log / idle exit, and whether a new hot set
+  follows (rank 0 follows the hot-set source and broadcasts it, so every rank
+  switches at the same step boundary). Ranks with nothing to read join with an
+  empty batch.
+- **Coordinated checkpoint**: every rank writes its shard (``rank-NNN/ckpt-SEQ``,
+  checksummed, atomic); rank 0 then writes the manifest ``ckpt-SEQ`` (world size,
+  sharding function, every shard's digest, every partition's offset, hot-set
+  version, dense weights and optimizer) and only after that commits the offsets
+  of every partition. A crash anywhere in this leaves the previous manifest and
+  its shards complete; on restart every rank checks its shard against the
+  manifest, and the group falls back together when any shard does not verify.
+- **Resharding**: a manifest of another world size (or a plain trainer's
+  checkpoint) is resharded on start (:mod:`streamrec.trainer.reshard`).
+- **Snapshots**: one version per coordinated checkpoint; every rank sends the rows
+  it owns to rank 0, which builds and pushes one snapshot, so serving sees whole
+  versions only.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from streamrec.foundation import StreamrecError, is_resource_error, sha256_file
+
+from .checkpoint import (CHECKSUMS, INFLIGHT, STATE, CheckpointError, choose_checkpoint, offsets_from_json,
+                         offsets_to_json, read_checkpoint, set_aside, verify_checkpoint, write_checkpoint)
+from .hotset import NoHotSource
+from .reshard import rank_dir, reshard_into, shard_checkpoints
+from .service import TrainerService, open_store
+from .sharded_core import ShardedTrainerCore
+from .sharding import SHARDING
+
+log = logging.getLogger(__name__)
+
+
+class GroupError(StreamrecError, RuntimeError):
+    """A trainer group cannot start as configured (too few partitions, a shard it cannot read)."""
+
+
+def assigned_partitions(n_partitions: int, rank: int, world: int) -> list[int]:
+    """Static assignment: rank r reads partitions p with p % world == r."""
+    return [p for p in range(n_partitions) if p % world == rank]
+
+
+def rank_config(cfg, rank: int, world: int):
+    """The config one rank runs with: its own store directory; logs, metrics port, snapshots and the
+    hot-set source on rank 0 only."""
+    c = copy.deepcopy(cfg)
+    c.store.path = str(Path(cfg.store.path) / f"rank-{rank:03d}")
+    t = c.trainer
+    t.ranks = world
+    if t.trace_path:
+        t.trace_path = f"{t.trace_path}.rank{rank}"
+    if rank != 0:
+        t.log_path, t.metrics_port, t.snapshot_every = "", 0, 0
+    return c
+
+
+def is_group_checkpoint(root: str | os.PathLike) -> int:
+    """World size of the newest checkpoint under ``root`` when a trainer group wrote it, else 0."""
+    from .checkpoint import latest_checkpoint
+
+    import json
+
+    p = latest_checkpoint(root)
+    if p is None:
+        return 0
+    try:
+        with open(p / STATE) as f:
+            return int(json.load(f).get("world", 0))
+    except (OSError, ValueError):
+        return 0
+
+
+def _topic_partitions(bootstrap: str, topic: str, timeout_s: float = 30.0) -> int:
+    from kafka import KafkaConsumer
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, client_id="streamrec-group-check")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            parts = c.partitions_for_topic(topic)
+            if parts:
+                return len(parts)
+            if time.monotonic() > deadline:
+                raise GroupError(f"topic {topic!r} does not exist on {bootstrap}")
+            time.sleep(0.2)
+    finally:
+        c.close()
+
+
+class GroupTrainerService(TrainerService):
+    """Rank ``rank`` of a group of ``world``; ``torch.distributed`` must be initialised (torchrun does it)."""
+
+    def __init__(self, cfg, bootstrap: str, rank: int, world: int, stop=None, progress: bool | None = None,
+                 pusher_factory=None, group=None):
+        self.rank, self.world, self.group = int(rank), int(world), group
+        self.root = Path(cfg.trainer.checkpoint_dir)
+        self.snapshot_every = cfg.trainer.snapshot_every
+        n = _topic_partitions(bootstrap, cfg.kafka.events_topic)
+        if n < world:
+            raise GroupError(f"topic {cfg.kafka.events_topic!r} has {n} partition(s); a group of {world} trainer ranks "
+                             f"needs at least {world} (one per rank): add partitions (kafka-topics.sh --alter "
+                             f"--partitions {world}) or run fewer ranks")
+        self.partitions = assigned_partitions(n, rank, world)
+        if cfg.trainer.batch_size % world:
+            log.warning("trainer.batch_size %d is not a multiple of %d ranks: a step trains %d events, not %d",
+                        cfg.trainer.batch_size, world, cfg.trainer.batch_size // world * world, cfg.trainer.batch_size)
+        self.comm_device = torch.device("cpu") if dist.get_backend(group) == "gloo" else None
+        super().__init__(rank_config(cfg, rank, world), bootstrap, stop=stop,
+                         progress=progress if rank == 0 else False, pusher_factory=pusher_factory if rank == 0 else None)
+        self.core.hot_rows = 0  # the group's set arrives again from rank 0's source (the store keeps its rows)
+        self.bytes_at_log = 0
+        log.info("rank %d of %d: partitions %s of %r, store %s, resumed from %s", rank, world, self.partitions,
+                 cfg.kafka.events_topic, self.cfg.store.path, self.resumed_from or "nothing (fresh start)")
+
+    # -- the parts of TrainerService a rank replaces --------------------------------
+    def _make_core(self):
+        comm = self.comm_device if self.comm_device is not None else self.device
+        return ShardedTrainerCore(self.cfg, self.store, self.device, self.rank, self.world, self.group,
+                                  comm_device=comm)
+
+    def _make_hot_source(self):
+        return super()._make_hot_source() if self.rank == 0 else NoHotSource()
+
+    def _make_consumer(self):
+        from streamrec.ingest import EventConsumer
+
+        d = rank_dir(self.root, self.rank)
+        d.mkdir(parents=True, exist_ok=True)
+        return EventConsumer(self.bootstrap, self.cfg, group_id=self.cfg.kafka.trainer_group, mode="assign",
+                             partitions=self.partitions, inflight_path=d / INFLIGHT)
+
+    def _restore_point(self, root: str):
+        """The newest group checkpoint whose manifest and every shard verify; resharded when its
+        world size differs. ``(manifest dir, state, dense)``; the store is opened in ``self.store``."""
+        self.refused_checkpoints: list[str] = []
+        while True:
+            pick: list[Any] = [None]
+            if self.rank == 0:
+                ckpt, refused = choose_checkpoint(root)
+                self.refused_checkpoints += refused
+                if ckpt is not None:
+                    try:
+                        state, dense = read_checkpoint(ckpt)
+                        pick = [(str(ckpt), state, dense)]
+                    except (OSError, ValueError, RuntimeError, KeyError) as e:
+                        if is_resource_error(e):
+                            raise
+                        set_aside(ckpt, f"cannot be loaded: {type(e).__name__}: {e}")
+                        continue  # rank 0 alone; nothing was broadcast yet
+            dist.broadcast_object_list(pick, src=0, group=self.group)
+            if pick[0] is None:
+                self._fresh_store()
+                return None, {}, {}
+            ckpt, state, dense = Path(pick[0][0]), pick[0][1], pick[0][2]
+            why = ""
+            try:
+                local = self._open_shard(ckpt, state)
+            except (StreamrecError, OSError, ValueError, RuntimeError, KeyError) as e:
+                if is_resource_error(e):
+                    raise
+                why = f"rank {self.rank}: {e}"
+                local = None
+            whys: list[Any] = [None] * self.world
+            dist.all_gather_object(whys, why, group=self.group)
+            bad = [w for w in whys if w]
+            if not bad:
+                return ckpt, self._merge_state(state, local), dense
+            if hasattr(self, "store"):
+                self.store.close()
+            self.refused_checkpoints += bad
+            if self.rank == 0 and ckpt.exists():
+                set_aside(ckpt, "; ".join(bad))
+            dist.barrier(group=self.group)
+
+    def _fresh_store(self) -> None:
+        from streamrec.embedding_store import EmbeddingStore
+
+        self.store = EmbeddingStore.from_config(self.cfg, self.device)
+
+    def _open_shard(self, ckpt: Path, state: dict) -> dict | None:
+        """Open this rank's store at the checkpoint: its own shard, or resharded from all of them."""
+        world_then = int(state.get("world", 1)) if "world" in state else 0
+        if world_then == self.world:
+            shard = rank_dir(self.root, self.rank) / ckpt.name
+            verify_checkpoint(shard)  # CheckpointError names the file
+            want = (state.get("shards") or {}).get(str(self.rank))
+            if want and sha256_file(shard / CHECKSUMS) != want:
+                raise CheckpointError(f"{shard}: not the shard manifest {ckpt.name} recorded (a leftover of a run "
+                                      "that died before its manifest)")
+            self.store = open_store(self.cfg, self.device, shard)
+            with open(shard / STATE) as f:
+                import json
+
+                return json.load(f)
+        # another world size (or a plain trainer's checkpoint): every row to its new owner
+        if Path(self.cfg.store.path).exists():
+            shutil.rmtree(self.cfg.store.path)
+        self._fresh_store()
+        try:
+            reshard_into(self.store, shard_checkpoints(self.root, ckpt, state), self.rank, self.world)
+        except BaseException:
+            self.store.close()
+            del self.store
+            raise
+        log.warning("checkpoint %s was written by %s; resharded to %d ranks (rank %d holds its rows now)", ckpt.name,
+                    f"{world_then} ranks" if world_then else "a single trainer", self.world, self.rank)
+        return None
+
+    def _merge_state(self, manifest: dict, shard: dict | None) -> dict:
+        """What this rank resumes with: the manifest's offsets and versions; its own counters from its shard
+        (after resharding, rank 0 carries the group's totals and the others start at 0)."""
+        st = {k: manifest[k] for k in ("seq", "offsets", "topic_ids", "hot_version", "snapshot") if k in manifest}
+        if shard is not None:
+            for k in ("events", "hot_events", "newest_event_ms", "nonfinite_batches", "rejected_events", "metrics",
+                      "dead_letters", "quarantined", "rows_expired"):
+                if k in shard:
+                    st[k] = shard[k]
+        elif self.rank == 0:
+            for k in ("events", "hot_events", "newest_event_ms", "nonfinite_batches", "rejected_events", "metrics",
+                      "dead_letters", "quarantined", "rows_expired"):
+                if k in manifest:
+                    st[k] = manifest[k]
+        st.setdefault("hot_version", 0)
+        return st
+
+    # -- the loop ---------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        t = self.cfg.trainer
+        window = max(1, t.batch_size * t.window_batches // self.world)
+        last_ckpt_t = last_log_t = idle_since = time.monotonic()
+        events_at_ckpt = self._group_events = self._sum(self.core.events)
+        dirty = False
+        reason = "stopped"
+        first_poll = True
+        try:
+            while True:
+                want = window
+                if first_poll:
+                    want = max(1, want // max(1, self.cfg.kafka.events_per_message))
+                    first_poll = False
+                batch = self.consumer.poll_batch(want, timeout=0.2)
+                now = time.monotonic()
+                upd = self.hot.poll() if self.rank == 0 else None
+                r0 = self.rank == 0
+                ckpt_due = r0 and dirty and (self._group_events - events_at_ckpt >= t.checkpoint_every_events
+                                             or now - last_ckpt_t >= t.checkpoint_every_s)
+                log_due = r0 and now - last_log_t >= t.log_every_s
+                idle_due = r0 and bool(t.idle_exit_s) and now - idle_since > t.idle_exit_s
+                n = len(batch) if batch is not None else 0
+                ctrl = torch.tensor([float(self.stop.is_set()), float(upd is not None), float(ckpt_due),
+                                     float(log_due), float(idle_due), float(n)], dtype=torch.float64)
+                dist.all_reduce(ctrl, group=self.group)
+                stop_any, hot_any, ckpt_any, log_any, idle_any, n_group = (float(x) for x in ctrl)
+                if hot_any:
+                    box = [upd]
+                    dist.broadcast_object_list(box, src=0, group=self.group)
+                    self._apply_hot(box[0])
+                if n_group:
+                    if r0:
+                        idle_since = now
+                    if batch is not None:
+                        self.hot.observe(batch)
+                    res = self.core.train_window(batch)
+                    if len(res.rejected):
+                        self.consumer.dead_letter_events(batch.take(res.rejected), res.reject_reason, source="trainer")
+                    if batch is not None:
+                        self._record_trained(batch)
+                    self._group_events += int(n_group)
+                    dirty = True
+                done = (stop_any and "stopped") or (idle_any and "idle") or (
+                    t.max_events and self._group_events >= t.max_events and "max_events")
+                if ckpt_any or (done and dirty):
+                    self.checkpoint()
+                    events_at_ckpt, last_ckpt_t, dirty = self._group_events, time.monotonic(), False
+                if log_any or done:
+                    self.emit()
+                    last_log_t = now
+                if done:
+                    reason = str(done)
+                    break
+        finally:
+            self.close()
+        return {"reason": reason, "events": self._group_events, "checkpoint": self.seq, "rank": self.rank,
+                "world": self.world, "auc": self.last_record.get("auc", float("nan")),
+                "window_auc": self.last_record.get("window_auc", float("nan")),
+                "dead_letters": self.last_record.get("dead_letters", 0)}
+
+    def _apply_hot(self, upd) -> None:
+        if upd is None:
+            return
+        self.core.apply_hot_set(upd.version, upd.tables)
+        self.hot_coverage = upd.coverage
+        if upd.hit_rate == upd.hit_rate:
+            self.hit_rate = upd.hit_rate
+
+    def _sum(self, *values: float) -> list[float] | float:
+        x = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        dist.all_reduce(x, group=self.group)
+        out = [float(v) for v in x]
+        return out[0] if len(out) == 1 else out
+
+    # -- durability -------------------------------------------------------------
+    def checkpoint(self) -> int:
+        """The coordinated checkpoint: every shard, then rank 0's manifest, then rank 0's commit of every
+        partition, then (every ``snapshot_every``) one snapshot of the whole model. A collective."""
+        self._maybe_expire()
+        self.consumer.flush_dead_letters()
+        group_metrics = self.core.group_metrics()
+        self.seq += 1
+        seq = self.seq
+        own = {k: v for k, v in self.offsets.items() if k[1] in self.partitions}
+        epoch_box: dict[str, int] = {}
+
+        def write_store(d: Path):
+            epoch_box["epoch"] = int(self.store.checkpoint(d))
+            return {"epoch": epoch_box["epoch"]}
+
+        shard_state = {"rank": self.rank, "world": self.world, "offsets": offsets_to_json(own), "ts": time.time(),
+                       "dead_letters": self.consumer.stats.dead_letters, "quarantined": self.consumer.stats.quarantined,
+                       "rows_expired": self.rows_expired, **self.core.counters()}
+        shard = write_checkpoint(rank_dir(self.root, self.rank), seq, shard_state, {}, write_store,
+                                 keep=self.cfg.trainer.keep_checkpoints)
+        mine = {"rank": self.rank, "digest": sha256_file(shard / CHECKSUMS), "offsets": offsets_to_json(own),
+                "events": self.core.events, "hot_events": self.core.hot_events,
+                "newest_event_ms": self.core.newest_event_ms, "nonfinite_batches": self.core.nonfinite_batches,
+                "rejected_events": self.core.rejected_events, "dead_letters": self.consumer.stats.dead_letters,
+                "quarantined": self.consumer.stats.quarantined, "rows_expired": self.rows_expired,
+                "topic_id": str(self.consumer.topic_id) if self.consumer.topic_id is not None else None}
+        shards: list[Any] = [None] * self.world
+        dist.all_gather_object(shards, mine, group=self.group)  # every shard is durable past this point
+        offsets = dict(self.offsets)
+        for s in shards:
+            offsets.update(offsets_from_json(s["offsets"]))
+        self.offsets = offsets
+        if shards[0]["topic_id"]:
+            self.topic_ids[self.consumer.topic] = shards[0]["topic_id"]
+        if self.rank == 0:
+            manifest = {
+                "world": self.world, "sharding": SHARDING, "shards": {str(s["rank"]): s["digest"] for s in shards},
+                "offsets": offsets_to_json(offsets), "topic_ids": dict(self.topic_ids), "ts": time.time(),
+                "hot_version": self.core.hot_version, "metrics": group_metrics.state(),
+                "snapshot": self.publisher.state() if self.publisher else {},
+                **{k: sum(s[k] for s in shards) for k in ("events", "hot_events", "nonfinite_batches",
+                                                           "rejected_events", "dead_letters", "quarantined",
+                                                           "rows_expired")},
+                "newest_event_ms": max(s["newest_event_ms"] for s in shards),
+            }
+            path = write_checkpoint(self.root, seq, manifest, self.core.dense_state(), lambda d: {"group": True},
+                                    keep=self.cfg.trainer.keep_checkpoints)
+            self.consumer.mark_durable(offsets)  # rank 0 commits every partition, after the manifest
+            log.info("checkpoint %d at %d events (%d ranks) -> %s", seq, int(manifest["events"]), self.world, path)
+        self.trace.write({"checkpoint": seq, "offsets": offsets_to_json(own), "events": self.core.events})
+        if self.snapshot_every > 0 and seq % self.snapshot_every == 0:
+            self._snapshot(seq, epoch_box.get("epoch", 0), offsets, group_metrics,
+                           max(s["newest_event_ms"] for s in shards))
+        return seq
+
+    def _snapshot(self, seq: int, epoch: int, offsets, metrics, newest_ms: int) -> None:
+        """One snapshot of the whole model: rank 0 decides full or delta, every rank sends its rows."""
+        plan: list[Any] = [self.publisher.plan_next() if self.publisher is not None else None]
+        dist.broadcast_object_list(plan, src=0, group=self.group)
+        if plan[0] is None:  # a push is still pending (or no publisher): no snapshot this time, on any rank
+            return
+        rows = _ipc(self.store.changed_rows(plan[0][2]))
+        got: list[Any] | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(rows, got, dst=0, group=self.group)
+        if self.rank != 0:
+            return
+        values = {"auc": metrics.auc, "logloss": metrics.logloss, "window_auc": metrics.window_auc(),
+                  "events": float(self._group_events)}
+        try:
+            self.publisher.publish(seq, epoch, None, self.core.model, offsets, values, newest_ms, plan=plan[0],
+                                   rows=(b for payload in got for b in _batches(payload)))
+        except Exception:  # a snapshot failure must never stop training
+            log.exception("building snapshot %d failed", seq)
+
+    # -- telemetry --------------------------------------------------------------
+    def emit(self) -> dict[str, Any]:
+        """The group's figures (a collective); rank 0 logs, exports and shows them."""
+        c, st = self.core, self.consumer.stats
+        lag = self.consumer.lag()
+        (events, hot_events, dead, nonfinite, rejected, lag_sum, commit_f, quarantined, resets, bytes_sent) = self._sum(
+            c.events, c.hot_events, st.dead_letters, c.nonfinite_batches, c.rejected_events, max(lag, 0),
+            st.commit_failures, st.quarantined, st.offsets_reset,
+            c.exchange.bytes_sent + c.dense_bytes_sent)
+        m = c.group_metrics()
+        ev0, hot0 = self._hot_at_log
+        dn = events - ev0
+        self._hot_at_log = (events, hot_events)
+        rec = {
+            "ts": time.time(), "events": int(events), "auc": m.auc, "logloss": m.logloss,
+            "window_auc": m.window_auc(), "window_logloss": m.window_logloss(),
+            "events_per_s": self._rate.tick(int(events)), "hot_fraction": (hot_events - hot0) / dn if dn else float("nan"),
+            "hot_coverage": self.hot_coverage, "hit_rate": self._hit_rate(), "hot_version": c.hot_version,
+            "hot_rows": c.hot_rows, "dead_letters": int(dead),
+            "snapshot_version": self.publisher.version if self.publisher else 0,
+            "replicas_behind": len(self.publisher.left_behind) if self.publisher else 0,
+            "checkpoint": self.seq, "lag": int(lag_sum), "rows_expired": self.rows_expired,
+            "nonfinite_batches": int(nonfinite), "rejected_events": int(rejected),
+            "commit_failures": int(commit_f), "rebalances": 0, "offsets_reset": int(resets),
+            "quarantined": int(quarantined), "ranks": self.world,
+            "collective_bytes_per_event": (bytes_sent - self.bytes_at_log) / dn if dn else float("nan"),
+        }
+        self.bytes_at_log = bytes_sent
+        self.last_record = rec
+        if self.rank == 0:
+            self.metrics_log.write(rec)
+            if self.prom is not None:
+                self.prom.update(rec)
+            self.progress.update(rec)
+        return rec
+
+
+def _ipc(batches) -> bytes:
+    import pyarrow as pa
+
+    sink = io.BytesIO()
+    writer = None
+    for b in batches:
+        if writer is None:
+            writer = pa.ipc.new_stream(sink, b.schema)
+        writer.write_batch(b)
+    if writer is not None:
+        writer.close()
+    return sink.getvalue()
+
+
+def _batches(payload: bytes):
+    import pyarrow as pa
+
+    if not payload:
+        return
+    yield from pa.ipc.open_stream(payload)
