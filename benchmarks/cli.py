@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-NAMES = ["ingest", "store", "sketch", "train", "serve", "fuzz"]
+NAMES = ["ingest", "store", "sketch", "train", "serve", "fuzz", "scale"]
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:

@@ -10,6 +10,9 @@ Public surface::
     make_hot_source(cfg, bootstrap), SampleHotSource, TopicHotSource, HotUpdate
     plan, hot_samples, MiniBatch               # FAE's hot/cold mini-batch schedule
     dense_optimizer, train_step
+    GroupTrainerService(cfg, bootstrap, rank, world, ...).run()  # one rank of a group (torchrun)
+    ShardedTrainerCore(cfg, store, device, rank, world)          # TrainerCore with row-wise sharded rows
+    owner_of, RowExchange, reshard_into                           # who owns a row; the step's traffic; N -> M
 """
 
 from typing import TYPE_CHECKING
@@ -18,21 +21,29 @@ from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .core import TrainerCore, WindowResult
+    from .group import GroupError, GroupTrainerService
     from .hotset import HotUpdate, SampleHotSource, TopicHotSource, make_hot_source, top_rows
     from .metrics import StreamingMetrics
     from .reference import MemoryDLRM
     from .schedule import MiniBatch, hot_samples, plan
+    from .reshard import reshard_into
     from .service import TrainerService
+    from .sharded_core import ShardedTrainerCore
+    from .sharding import RowExchange, owner_of
     from .snapshots import SnapshotPublisher
     from .step import dense_optimizer, train_step
 
 _EXPORTS = {  # submodule: the public names it defines
     ".core": "TrainerCore WindowResult",
+    ".group": "GroupError GroupTrainerService",
     ".hotset": "HotUpdate SampleHotSource TopicHotSource make_hot_source top_rows",
     ".metrics": "StreamingMetrics",
     ".reference": "MemoryDLRM",
     ".schedule": "MiniBatch hot_samples plan",
+    ".reshard": "reshard_into",
     ".service": "TrainerService",
+    ".sharded_core": "ShardedTrainerCore",
+    ".sharding": "RowExchange owner_of",
     ".snapshots": "SnapshotPublisher",
     ".step": "dense_optimizer train_step",
 }

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from streamrec.foundation import StreamrecError, is_resource_error, sha256_file
+from streamrec.foundation.failpoints import hit
 
 from .checkpoint import (CHECKSUMS, INFLIGHT, STATE, CheckpointError, choose_checkpoint, offsets_from_json,
                          offsets_to_json, read_checkpoint, set_aside, verify_checkpoint, write_checkpoint)
@@ -94,7 +95,7 @@ def is_group_checkpoint(root: str | os.PathLike) -> int:
 def _topic_partitions(bootstrap: str, topic: str, timeout_s: float = 30.0) -> int:
     from kafka import KafkaConsumer
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, client_id="streamrec-group-check")
+    c = KafkaConsumer(bootstrap_servers=bootstrap, client_id="streamrec-group-check", enable_auto_commit=False)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -108,6 +109,17 @@ def _topic_partitions(bootstrap: str, topic: str, timeout_s: float = 30.0) -> in
         c.close()
 
 
+def check_partitions(bootstrap: str, topic: str, world: int) -> int:
+    """The events topic's partition count; :class:`GroupError` when a group of ``world`` ranks would leave
+    a rank without a partition."""
+    n = _topic_partitions(bootstrap, topic)
+    if n < world:
+        raise GroupError(f"topic {topic!r} has {n} partition(s); a group of {world} trainer ranks needs at least "
+                         f"{world} (one per rank): add partitions (kafka-topics.sh --alter --topic {topic} "
+                         f"--partitions {world}) or run fewer ranks")
+    return n
+
+
 class GroupTrainerService(TrainerService):
     """Rank ``rank`` of a group of ``world``; ``torch.distributed`` must be initialised (torchrun does it)."""
 
@@ -116,12 +128,7 @@ class GroupTrainerService(TrainerService):
         self.rank, self.world, self.group = int(rank), int(world), group
         self.root = Path(cfg.trainer.checkpoint_dir)
         self.snapshot_every = cfg.trainer.snapshot_every
-        n = _topic_partitions(bootstrap, cfg.kafka.events_topic)
-        if n < world:
-            raise GroupError(f"topic {cfg.kafka.events_topic!r} has {n} partition(s); a group of {world} trainer ranks "
-                             f"needs at least {world} (one per rank): add partitions (kafka-topics.sh --alter "
-                             f"--partitions {world}) or run fewer ranks")
-        self.partitions = assigned_partitions(n, rank, world)
+        self.partitions = assigned_partitions(check_partitions(bootstrap, cfg.kafka.events_topic, world), rank, world)
         if cfg.trainer.batch_size % world:
             log.warning("trainer.batch_size %d is not a multiple of %d ranks: a step trains %d events, not %d",
                         cfg.trainer.batch_size, world, cfg.trainer.batch_size // world * world, cfg.trainer.batch_size)
@@ -249,7 +256,7 @@ class GroupTrainerService(TrainerService):
         t = self.cfg.trainer
         window = max(1, t.batch_size * t.window_batches // self.world)
         last_ckpt_t = last_log_t = idle_since = time.monotonic()
-        events_at_ckpt = self._group_events = self._sum(self.core.events)
+        events_at_ckpt = self._group_events = int(self._sum(self.core.events))
         dirty = False
         reason = "stopped"
         first_poll = True
@@ -282,6 +289,7 @@ class GroupTrainerService(TrainerService):
                     if batch is not None:
                         self.hot.observe(batch)
                     res = self.core.train_window(batch)
+                    hit("group.trained")  # the window is trained, its offsets not recorded
                     if len(res.rejected):
                         self.consumer.dead_letter_events(batch.take(res.rejected), res.reject_reason, source="trainer")
                     if batch is not None:
@@ -334,6 +342,7 @@ class GroupTrainerService(TrainerService):
 
         def write_store(d: Path):
             epoch_box["epoch"] = int(self.store.checkpoint(d))
+            hit("group.mid_shard")  # the store is written, the shard directory is not complete yet
             return {"epoch": epoch_box["epoch"]}
 
         shard_state = {"rank": self.rank, "world": self.world, "offsets": offsets_to_json(own), "ts": time.time(),
@@ -347,6 +356,7 @@ class GroupTrainerService(TrainerService):
                 "rejected_events": self.core.rejected_events, "dead_letters": self.consumer.stats.dead_letters,
                 "quarantined": self.consumer.stats.quarantined, "rows_expired": self.rows_expired,
                 "topic_id": str(self.consumer.topic_id) if self.consumer.topic_id is not None else None}
+        hit("group.shard_written")  # this shard is complete, the others maybe not, no manifest yet
         shards: list[Any] = [None] * self.world
         dist.all_gather_object(shards, mine, group=self.group)  # every shard is durable past this point
         offsets = dict(self.offsets)
@@ -366,9 +376,12 @@ class GroupTrainerService(TrainerService):
                                                            "rows_expired")},
                 "newest_event_ms": max(s["newest_event_ms"] for s in shards),
             }
+            hit("group.before_manifest")
             path = write_checkpoint(self.root, seq, manifest, self.core.dense_state(), lambda d: {"group": True},
                                     keep=self.cfg.trainer.keep_checkpoints)
+            hit("group.manifest_written")  # durable, offsets not committed yet
             self.consumer.mark_durable(offsets)  # rank 0 commits every partition, after the manifest
+            hit("group.committed")
             log.info("checkpoint %d at %d events (%d ranks) -> %s", seq, int(manifest["events"]), self.world, path)
         self.trace.write({"checkpoint": seq, "offsets": offsets_to_json(own), "events": self.core.events})
         if self.snapshot_every > 0 and seq % self.snapshot_every == 0:
@@ -383,6 +396,7 @@ class GroupTrainerService(TrainerService):
         if plan[0] is None:  # a push is still pending (or no publisher): no snapshot this time, on any rank
             return
         rows = _ipc(self.store.changed_rows(plan[0][2]))
+        hit("group.snapshot_rows")  # mid-snapshot: the rows are read, rank 0 has not got them
         got: list[Any] | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(rows, got, dst=0, group=self.group)
         if self.rank != 0:
@@ -390,6 +404,7 @@ class GroupTrainerService(TrainerService):
         values = {"auc": metrics.auc, "logloss": metrics.logloss, "window_auc": metrics.window_auc(),
                   "events": float(self._group_events)}
         try:
+            hit("group.snapshot_build")
             self.publisher.publish(seq, epoch, None, self.core.model, offsets, values, newest_ms, plan=plan[0],
                                    rows=(b for payload in got for b in _batches(payload)))
         except Exception:  # a snapshot failure must never stop training

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from streamrec.foundation import EventBatch
+from streamrec.foundation.failpoints import hit
 from streamrec.model import pool_sum, unique_ids
 
 from .core import TrainerCore, WindowResult
@@ -175,6 +176,7 @@ class ShardedTrainerCore(TrainerCore):
         which ranks saw non-finite gradients of their own)``."""
         uniq = unique_ids(sub, self.fields)
         rows, sizes = self.exchange.fetch({f: uniq[f][0] for f in self.fields}, len(sub))
+        hit("group.mid_step")  # rows fetched from their owners, gradients not returned
         total = int(sizes.sum())
         no_flags = np.zeros(self.world, bool)
         if total == 0:

@@ -45,6 +45,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--predict", type=int, default=5, help="held-out events to score through gRPC at the end")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
+    p.add_argument("--trainers", type=int, default=None, metavar="N",
+                   help="train with a group of N trainer ranks (torch.distributed) instead of one process")
     p.set_defaults(func=cmd_demo)
 
 
@@ -122,6 +124,10 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
         layout = args.layout if args.layout != "auto" else detect_format(args.data)
         if layout in ("criteo", "avazu"):
             cfg = layout_config(layout, cfg)  # every process reads this config, so all agree on the fields
+    if args.trainers is not None:
+        if args.trainers < 1:
+            raise ConfigError(f"--trainers must be >= 1, got {args.trainers}")
+        cfg.trainer.ranks = args.trainers  # `streamrec train` starts the group; topics get >= N partitions
     cfg.store.path = str(run_dir / "trainer-store")
     cfg.sketch.state_dir = str(run_dir / "sketch")
     cfg.trainer.checkpoint_dir = str(run_dir / "checkpoints")

@@ -132,9 +132,16 @@ def _run_rank(cfg, args, stop) -> int:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         cfg.trainer.device = f"cuda:{local_rank % torch.cuda.device_count()}"
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=600))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    timeout = datetime.timedelta(seconds=600)
+    # the rendezvous store outlives a restart: keys of the attempt that died (its ranks' gloo addresses) would
+    # be read by the next one and its connections refused, so each attempt gets its own key prefix
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent_store and rank == 0, timeout=timeout, multi_tenant=True)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"streamrec/attempt-{restart}", store), rank=rank,
+                            world_size=world, timeout=timeout)
     if restart and rank == 0:
         log.warning("trainer group restarted (%d so far): a rank died (torchrun's log above names it); resuming from "
                     "the last complete checkpoint", restart)
@@ -157,9 +164,15 @@ def _launch_group(cfg, args) -> int:
 
     from streamrec.app.cli import kafka_bootstrap
     from streamrec.ingest import free_port
+    from streamrec.trainer.group import GroupError, check_partitions
 
     n = cfg.trainer.ranks
     with kafka_bootstrap(cfg) as bootstrap:  # creates the events topic with >= n partitions
+        try:  # refused here, once: in the ranks it would be retried at every restart
+            check_partitions(bootstrap, cfg.kafka.events_topic, n)
+        except GroupError as e:
+            print(f"streamrec train: {e}", file=sys.stderr)
+            return 2
         rank_args = ["train", "--bootstrap", bootstrap, "--log-level", args.log_level]
         if args.config:
             rank_args += ["--config", args.config]

@@ -1,0 +1,170 @@
+"""A trainer group (`streamrec train --nproc N`, torch.distributed.run, gloo on loopback) against the
+real embedded broker: killed with SIGKILL at ten points in turn (mid-step, mid-shard, between shard and
+manifest, between manifest and commit, mid-snapshot, ...) it restarts from its last complete checkpoint
+each time and in the end has trained every event, re-trained at most one interval per restart, and
+committed every partition's offset; restarted with 3 ranks it reshards and goes on; fewer partitions
+than ranks is refused before any rank starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import tomli_w
+from kafka import KafkaConsumer, TopicPartition
+
+from streamrec.ingest import EventProducer, SyntheticStream, ensure_topics, pipeline_topics, read_topic
+from streamrec.trainer.checkpoint import latest_checkpoint, read_checkpoint
+from tests.helpers.trainer import BS, PER_MESSAGE, read_jsonl, trainer_cfg
+
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+
+CKPT_EVERY = 2048
+KILLS = [  # (failpoint, rank): one per launch, in turn
+    ("group.trained#3", 1),
+    ("group.mid_shard#1", 0),
+    ("group.shard_written#1", 1),
+    ("group.before_manifest#1", 0),
+    ("group.manifest_written#1", 0),
+    ("group.committed#1", 0),
+    ("group.snapshot_rows#1", 1),
+    ("group.snapshot_build#1", 0),
+    ("group.mid_step#25", 1),
+    ("group.mid_shard#2", 1),
+]
+
+
+def _failpoints() -> str:
+    out = []
+    for restart, (point, rank) in enumerate(KILLS):
+        name, _, nth = point.partition("#")
+        out.append(f"{name}@{rank}#{nth}/{restart}")
+    return ",".join(out)
+
+
+def _ends(bootstrap, topic, messages: int) -> dict[int, int]:
+    """Each partition's log end, from the records themselves (the embedded broker's high watermark can
+    trail the log end for a while)."""
+    recs = read_topic(bootstrap, topic, expected=messages, timeout=30)
+    assert len(recs) == messages
+    return {p: 1 + max(r.offset for r in recs if r.partition == p) for p in {r.partition for r in recs}}
+
+
+def _committed(bootstrap, cfg, parts) -> dict[int, int | None]:
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=cfg.kafka.trainer_group, enable_auto_commit=False)
+    out = {p: c.committed(TopicPartition(cfg.kafka.events_topic, p)) for p in parts}
+    c.close()
+    return out
+
+
+def _trained(tmp_path, ranks) -> tuple[Counter, int]:
+    """(times each (partition, offset) was trained, launches) over every rank's trace."""
+    trained: Counter = Counter()
+    starts = 0
+    for r in range(ranks):
+        for rec in read_jsonl(tmp_path / f"trace.jsonl.rank{r}"):
+            starts += bool(rec.get("start")) and r == 0
+            for _t, p, a, b in rec.get("ranges", []):
+                for o in range(a, b):
+                    trained[(p, o)] += 1
+    return trained, starts
+
+
+def _group_cfg(topics, tmp_path):
+    cfg = trainer_cfg(topics, tmp_path)
+    cfg.trainer.checkpoint_every_events = CKPT_EVERY
+    cfg.trainer.idle_exit_s = 5.0
+    return cfg
+
+
+def _train(cfg, tmp_path, bootstrap, nproc, env_extra=None, timeout=400):
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), **(env_extra or {}))
+    cmd = [sys.executable, "-m", "streamrec", "train", "--nproc", str(nproc), "--config", str(cfg_path),
+           "--bootstrap", bootstrap, "--no-progress", "--log-level", "WARNING"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _produce_slowly(cfg, bootstrap, n, per_s, done: threading.Event, sent: list):
+    import numpy as np
+
+    prod = EventProducer(bootstrap, cfg)
+    step = PER_MESSAGE * 2
+    for chunk in SyntheticStream(cfg).batches(n):
+        for s in range(0, len(chunk), step):
+            prod.send_batch(chunk.take(np.arange(s, min(len(chunk), s + step))))
+            prod.flush()
+            time.sleep(step / per_s)
+    prod.close()
+    sent.append(prod.sent_messages)
+    done.set()
+
+
+def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstrap):
+    cfg = _group_cfg(topics, tmp_path)
+    n_events = 60_000
+    done, sent = threading.Event(), []
+    producer = threading.Thread(target=_produce_slowly, args=(cfg, bootstrap, n_events, 1500, done, sent), daemon=True)
+    producer.start()
+    res = _train(cfg, tmp_path, bootstrap, 2, {"STREAMREC_FAILPOINTS": _failpoints()})
+    producer.join(60)
+    assert done.is_set()
+    assert res.returncode == 0, res.stderr[-6000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["reason"] == "idle" and summary["world"] == 2
+
+    trained, launches = _trained(tmp_path, 2)
+    assert launches == len(KILLS) + 1, f"{launches} launches: not every failpoint was reached"
+    assert "exitcode: -9" in res.stderr  # torchrun names the rank that died, and how
+    ends = _ends(bootstrap, cfg.kafka.events_topic, sent[0])
+    for p, end in ends.items():  # every record of every partition trained at least once
+        missing = [o for o in range(end) if trained[(p, o)] == 0]
+        assert not missing, f"partition {p}: offsets {missing[:5]} never trained"
+    dup_events = sum(c - 1 for c in trained.values() if c > 1) * PER_MESSAGE
+    # each restart re-trains at most what followed the last manifest: one interval, plus the window in hand
+    per_restart = CKPT_EVERY + 2 * BS * cfg.trainer.window_batches + PER_MESSAGE * len(ends)
+    assert dup_events <= len(KILLS) * per_restart, (dup_events, per_restart)
+
+    state, _ = read_checkpoint(latest_checkpoint(cfg.trainer.checkpoint_dir))
+    assert state["world"] == 2 and {p: o for _t, p, o in state["offsets"]} == ends
+    assert _committed(bootstrap, cfg, ends) == ends  # rank 0 committed every partition after the manifest
+    assert state["events"] >= n_events
+    log = read_jsonl(tmp_path / "metrics.jsonl")
+    assert log[-1]["auc"] > 0.6
+    snaps = sorted(Path(cfg.trainer.snapshot_dir).glob("v*/manifest.json"))
+    assert snaps, "no snapshot was built"
+
+    # the same checkpoint, resumed by 3 ranks: resharded, and training goes on from the same offsets
+    prod = EventProducer(bootstrap, cfg)
+    for b in SyntheticStream(cfg).batches(8192):
+        prod.send_batch(b)
+    prod.close()
+    more = prod.sent_messages
+    cfg.kafka.partitions = 4
+    res3 = _train(cfg, tmp_path, bootstrap, 3)
+    assert res3.returncode == 0, res3.stderr[-6000:]
+    state3, _ = read_checkpoint(latest_checkpoint(cfg.trainer.checkpoint_dir))
+    ends3 = _ends(bootstrap, cfg.kafka.events_topic, sent[0] + more)
+    assert state3["world"] == 3 and {p: o for _t, p, o in state3["offsets"]} == ends3
+    assert state3["events"] == state["events"] + 8192  # the new events, once each: nothing re-read
+
+
+def test_fewer_partitions_than_ranks_is_refused_before_start(bootstrap, tmp_path, cfg):
+    import uuid
+
+    cfg.kafka.events_topic = f"narrow-{uuid.uuid4().hex[:8]}"
+    cfg.kafka.partitions = 1
+    ensure_topics(bootstrap, pipeline_topics(cfg))
+    cfg.trainer.idle_exit_s = 1.0
+    res = _train(cfg, tmp_path, bootstrap, 3, timeout=120)
+    assert res.returncode == 2
+    assert "has 1 partition(s); a group of 3 trainer ranks needs at least 3" in res.stderr
+    assert "starting 3 ranks" not in res.stderr
