@@ -67,8 +67,11 @@ def scale_config(root: str, ids: int, bottom: list[int], top: list[int], world: 
 def local_stream(batch, world: int, rank: int, mode: str):
     """Rank ``rank``'s events of the whole stream ``batch``, in the order it trains them."""
     idx = np.arange(len(batch))
-    if mode in ("plain", "sharded1"):
+    if mode.startswith("plain") or mode == "sharded1":
         return batch
+    if mode == "control":  # independent plain trainers side by side: a contiguous 1/world of the stream each
+        n = len(batch) // world
+        return batch.take(idx[rank * n:(rank + 1) * n])
     if mode == "exact":  # the ranks' k-th mini-batches together are one trainer's k-th mini-batch
         return batch.take(idx[idx % world == rank])
     if mode == "online":  # messages round-robin over partitions; a rank reads partitions p % world == rank
@@ -124,9 +127,12 @@ def _train(rank: int, world: int, mode: str, data, spec: dict) -> dict:
     from streamrec.trainer import TrainerCore
 
     root = os.path.join(spec["root"], f"{mode}-n{world}-r{rank}")
-    cfg = scale_config(root, spec["ids"], spec["bottom"], spec["top"], world)
+    sharded = not (mode.startswith("plain") or mode == "control")
+    cfg = scale_config(root, spec["ids"], spec["bottom"], spec["top"], world if sharded else 1)
+    local_batch = max(1, BATCH // world) if sharded else BATCH
+    if mode.startswith("plain@"):  # the plain trainer at a group rank's mini-batch size: the split's floor
+        local_batch = cfg.trainer.batch_size = int(mode.partition("@")[2])
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=os.path.join(root, "store"))
-    sharded = mode != "plain"
     if sharded:
         from streamrec.trainer.sharded_core import ShardedTrainerCore
 
@@ -136,13 +142,11 @@ def _train(rank: int, world: int, mode: str, data, spec: dict) -> dict:
         core = TrainerCore(cfg, store, torch.device("cpu"))
     params = sum(p.numel() for p in core.model.parameters())
     local = local_stream(data, world, rank, mode)
-    local_batch = max(1, BATCH // world)
     wins = windows_of(local, local_batch * WINDOW_BATCHES)  # cut before timing: data is not the loop's work
     core.train_window(wins[0])  # warm-up: allocations, first RocksDB files; trained and scored, not timed
-    if sharded:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        dist.barrier()
+    dist.barrier()  # every rank (or side-by-side trainer) starts its timed loop together
     cpu, timed = 0.0, 0
     t0 = time.perf_counter()
     for w in wins[1:]:
@@ -222,8 +226,8 @@ def group_figures(ranks: list[dict]) -> dict:
     out = {"auc": ranks[0]["auc"], "logloss": ranks[0]["logloss"], "events": ev, "timed_events": timed,
            "cpu_s": sum(r["cpu_s"] for r in ranks), "wall_s": max(r["wall_s"] for r in ranks),
            "rejected": sum(r["rejected"] for r in ranks)}
-    out["cpu_per_event_us"] = 1e6 * out["cpu_s"] / timed
-    out["events_per_s"] = timed / out["wall_s"]
+    out["cpu_per_event_us"] = 1e6 * out["cpu_s"] / timed if timed else float("nan")
+    out["events_per_s"] = timed / out["wall_s"] if timed else float("nan")
     if steps:
         tot = {k: sum(r[k] for r in ranks) for k in ("exchange_bytes", "dense_bytes", "ids_bytes", "rows_bytes",
                                                      "grads_bytes", "counts_bytes", "remote_ids", "local_uniques")}
@@ -253,10 +257,7 @@ def uniques_profile(batch, fields, worlds) -> dict[int, dict]:
             for r in range(w):
                 rows = g[r::w][:lb]  # the exact split: ranks' mini-batches together are the global one
                 for f in fields:
-                    j = batch.sparse[f]
-                    starts, ends = j.offsets[rows], j.offsets[rows + 1]
-                    vals = np.concatenate([j.values[a:b] for a, b in zip(starts, ends)]) if len(rows) else j.values[:0]
-                    u = np.unique(vals)
+                    u = np.unique(batch.sparse[f].take(rows).values)
                     uniq += len(u)
                     remote += int((owner_of(f, u, w) != r).sum())
         out[w] = {"uniques_per_step": uniq / steps, "remote_per_step": remote / steps}
@@ -300,21 +301,32 @@ def main(argv: list[str] | None = None) -> int:
               f"global batch {BATCH}, {WINDOW_BATCHES} mini-batches per window (generated in {gen_s:.1f}s)", flush=True)
 
         t0 = time.perf_counter()
-        n1, s1 = run_group(1, {**spec, "modes": ["plain", "sharded1"]}, timeout)[0]
+        small = [f"plain@{BATCH // w}" for w in worlds]
+        n1, s1, *n1_small = run_group(1, {**spec, "modes": ["plain", "sharded1", *small]}, timeout)[0]
         base = group_figures([n1])
         sh1 = group_figures([s1])
+        small_cpu = {w: group_figures([r])["cpu_per_event_us"] for w, r in zip(worlds, n1_small)}
         print(f"n1 plain TrainerCore: auc {base['auc']:.4f}  {base['events_per_s']:,.0f} events/s  "
               f"{base['cpu_per_event_us']:.1f} us CPU/event; sharded core of world 1: auc {sh1['auc']:.4f}, "
               f"{sh1['cpu_per_event_us']:.1f} us CPU/event ({sh1['cpu_per_event_us'] / base['cpu_per_event_us']:.2f}x)"
               f"  [{time.perf_counter() - t0:.0f}s]", flush=True)
+        print("n1 plain TrainerCore at a rank's mini-batch (no traffic, the split's own cost): " + ", ".join(
+            f"batch {BATCH // w}: {small_cpu[w]:.1f} us CPU/event ({small_cpu[w] / base['cpu_per_event_us']:.2f}x)"
+            for w in worlds), flush=True)
         runs: dict[str, dict] = {}
         for w in worlds:
             t0 = time.perf_counter()
-            modes = ["exact", "online"] if w == 2 else ["online"]
+            modes = ["control", "exact", "online"] if w == 2 else ["control", "online"]
             per_rank = run_group(w, {**spec, "modes": modes}, timeout)
             for i, mode in enumerate(modes):
                 g = group_figures([r[i] for r in per_rank])
                 runs[f"{mode}_n{w}"] = g
+                if mode == "control":
+                    print(f"n{w} control: {w} independent plain trainers side by side (a 1/{w} of the stream each): "
+                          f"{g['cpu_per_event_us']:.1f} us CPU/event ({g['cpu_per_event_us'] / base['cpu_per_event_us']:.2f}x "
+                          f"n1 alone: what sharing the machine costs)  {g['events_per_s']:,.0f} events/s together",
+                          flush=True)
+                    continue
                 print(f"n{w} {mode:>6}: auc {g['auc']:.4f} (n1 {base['auc']:.4f}, diff {g['auc'] - base['auc']:+.5f})  "
                       f"{g['bytes_per_event']:,.0f} B/event (dense all-reduce {g['dense_bytes_per_event']:,.0f}, "
                       f"sparse {g['sparse_bytes_per_event']:,.0f}: ids {g['ids_bytes'] / g['events']:.0f}, rows "
@@ -376,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
                             f"grads_bytes_per_event_n{w}": g["grads_bytes"] / g["events"],
                             f"remote_ids_per_step_n{w}": g["remote_ids_per_step"],
                             f"cpu_inflation_n{w}": g["cpu_per_event_us"] / base["cpu_per_event_us"],
+                            f"cpu_per_event_us_n{w}": g["cpu_per_event_us"],
+                            f"cpu_small_batch_n{w}": small_cpu[w] / base["cpu_per_event_us"],
+                            f"cpu_contention_n{w}": runs[f"control_n{w}"]["cpu_per_event_us"] / base["cpu_per_event_us"],
+                            f"cpu_inflation_vs_control_n{w}": g["cpu_per_event_us"] / runs[f"control_n{w}"]["cpu_per_event_us"],
+                            f"control_events_per_s_n{w}": runs[f"control_n{w}"]["events_per_s"],
                             f"events_per_s_n{w}": g["events_per_s"], f"steps_n{w}": g["steps"]})
         summary["projection"] = proj
         goals = []
@@ -386,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         for w, g_b, g_c in ((2, 200, 1.35), (4, 300, 1.6)):
             if f"bytes_per_event_n{w}" in summary:
                 goals.append(f"n{w} {summary[f'bytes_per_event_n{w}']:,.0f} B/event (goal <= {g_b}), CPU "
-                             f"{summary[f'cpu_inflation_n{w}']:.2f}x (goal <= {g_c})")
+                             f"{summary[f'cpu_inflation_n{w}']:.2f}x (goal <= {g_c}; "
+                             f"{summary[f'cpu_inflation_vs_control_n{w}']:.2f}x {w} side-by-side plain trainers)")
         if o4:
             goals.append(f"online dAUC n4 {summary['online_dauc_n4']:+.5f}")
         print("ratios: " + "; ".join(goals))

@@ -15,6 +15,10 @@
   publishes it to the compacted ``hot-set`` topic under one constant key every
   ``sketch.publish_interval_s``, or sooner when the set changed by more than
   ``sketch.change_fraction``. Versions continue from the last one on the topic.
+* Several workers of one app split the partitions (faust's consumer group). The
+  worker that owns partition 0 publishes the group's hot set: its own partitions
+  live plus the newest snapshot of every other partition, read from the table's
+  changelog (``sketch/peers.py``); the others publish nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 from streamrec.ingest import RecordMarker
 
 from .follower import latest_hotset
+from .peers import PeerSnapshots
 from .state import SketchState
 
 log = logging.getLogger(__name__)
@@ -182,18 +187,35 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
 
     pub = {"version": None, "last": None, "at": 0.0, "events": -1}
     tick = max(0.5, min(1.0, cfg.sketch.publish_interval_s / 4))
+    n_partitions = partitions or cfg.kafka.partitions
+    peers_box: dict[str, PeerSnapshots] = {}
 
     @app.timer(interval=tick, name="sketch-publish")
     async def publish():
+        owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == cfg.kafka.events_topic}
+        peers = None
+        if len(owned) < n_partitions:  # several workers split the stream: one publishes the group's set
+            if 0 not in owned:
+                pub["version"] = None  # if partition 0 comes here later, continue from the topic's version
+                return
+            if "view" not in peers_box:
+                peers_box["view"] = PeerSnapshots(bootstrap, changelog_topic(cfg))
+            peers = peers_box["view"].snapshots(exclude=owned)
+            missing = set(range(n_partitions)) - owned - set(peers)
+            pub.setdefault("split_at", time.monotonic())
+            if missing and time.monotonic() - pub["split_at"] < 3 * cfg.sketch.publish_interval_s:
+                return  # give the other workers' first snapshots a moment (a partition may have none: then go on)
+        else:
+            pub.pop("split_at", None)
         if pub["version"] is None:
             prev = latest_hotset(bootstrap, cfg.kafka.hotset_topic, timeout=5.0)
             pub["version"] = prev.version if prev else 0
         now = time.monotonic()
         due = now - pub["at"] >= cfg.sketch.publish_interval_s
-        if not due and state.stats.events == pub["events"]:
+        if not due and state.stats.events == pub["events"] and peers is None:
             return
         # off the event loop: choosing takes ~0.1 s and the agent must keep counting meanwhile
-        hs = await asyncio.get_running_loop().run_in_executor(None, state.choose, pub["version"] + 1)
+        hs = await asyncio.get_running_loop().run_in_executor(None, state.choose, pub["version"] + 1, peers)
         if hs is None:
             return
         changed = hs.changed_fraction(pub["last"])
@@ -202,8 +224,10 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
         await hot_topic.send(key=HOTSET_KEY, value=hs.to_bytes())
         pub.update(version=hs.version, last=hs, at=now, events=state.stats.events)
         log.info("published hot set v%d: %d rows, coverage %.3f, hit rate %.3f, %d events counted "
-                 "(%d malformed records skipped, changed %.2f)", hs.version, hs.rows, hs.coverage,
-                 hs.hit_rate, hs.events, state.stats.bad_records, changed)
+                 "(%d malformed records skipped, changed %.2f; %s)", hs.version, hs.rows, hs.coverage,
+                 hs.hit_rate, hs.events, state.stats.bad_records, changed,
+                 "this worker's partitions only" if peers is None else
+                 f"partitions {sorted(owned)} live + {len(peers)} from other workers' snapshots")
 
     return app, state
 

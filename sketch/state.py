@@ -159,8 +159,22 @@ class SketchState:
 
     # -- the hot set -----------------------------------------------------
 
-    def merged(self) -> PopularitySketch | None:
+    def merged(self, peers: dict[int, bytes] | None = None) -> PopularitySketch | None:
+        """This worker's partition sketches merged, with ``peers``: the newest snapshots of partitions
+        other workers own (:class:`streamrec.sketch.peers.PeerSnapshots`), for the group's global counts."""
         parts = [s for s in self.sketches.values() if s.t0_ms is not None]
+        for p, blob in sorted((peers or {}).items()):
+            if p in self.sketches:
+                continue  # ours is newer than any snapshot of it
+            try:
+                sk, meta = PopularitySketch.from_bytes_with_meta(blob)
+            except Exception as e:  # a peer's snapshot we cannot read: its partition is left out, not fatal
+                log.warning("partition %d: the other worker's snapshot cannot be read (%s); left out", p, e)
+                continue
+            if (self.topic_id and meta.get("topic_id") and meta["topic_id"] != self.topic_id) or meta.get("stale_keys") \
+                    or sk.fields != self.fields or sk.t0_ms is None:
+                continue  # of a recreated topic, an older key scheme, another model, or empty
+            parts.append(sk)
         if not parts:
             return None
         out = parts[0].copy()
@@ -168,10 +182,11 @@ class SketchState:
             out.merge(s)
         return out
 
-    def choose(self, version: int) -> HotSet | None:
-        """The hot set the current counts give (None before any event)."""
+    def choose(self, version: int, peers: dict[int, bytes] | None = None) -> HotSet | None:
+        """The hot set the current counts give (None before any event); with ``peers`` (other workers'
+        partition snapshots), the group's."""
         with self.lock:
-            m = self.merged()
+            m = self.merged(peers)
             sample = self.sample.frozen()
         if m is None:
             return None

@@ -46,7 +46,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--trainers", type=int, default=None, metavar="N",
-                   help="train with a group of N trainer ranks (torch.distributed) instead of one process")
+                   help="train with a group of N trainer ranks (torch.distributed) and run N sketch workers")
     p.set_defaults(func=cmd_demo)
 
 
@@ -323,6 +323,8 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
     view.phase = "starting serving, sketch and trainer"
     sup.start("serving", base + ["serve", *common])
     sup.start("sketch", base + ["sketch", *common])
+    for i in range(2, cfg.trainer.ranks + 1):  # with a trainer group, as many sketch workers (one app)
+        sup.start(f"sketch-{i}", base + ["sketch", *common, "--set", f"sketch.state_dir={cfg.sketch.state_dir}-{i}"])
     trainer = sup.start("trainer", base + ["train", *common], expected_exit=True)
     client = ServingClient(target, token=cfg.serving.predict_token)
     while True:

@@ -220,3 +220,52 @@ def test_a_record_that_kills_the_worker_is_skipped_by_the_next_start(topics, boo
     finally:
         stop(proc, signal.SIGTERM)
         follower.close()
+
+
+def test_two_workers_publish_the_global_hot_set(topics, bootstrap, tmp_path):
+    """Two workers of one app split the partitions; the one holding partition 0 publishes the hot set of all
+    of them (its own partitions live, the other's from the table's changelog): its top ids match what one
+    worker reading everything chooses (recall >= 0.99), and it counts every event."""
+    from streamrec.ingest import read_topic
+    from streamrec.sketch import SketchState
+
+    cfg = topics
+    cfg.sketch.publish_interval_s = 1.0
+    cfg.sketch.checkpoint_interval_s = 0.5
+    cfg.sketch.half_life_s = 1e7
+    cfg.sketch.top_k = 1000
+    cfg.hot.budget_rows = 200
+    cfg.generator.events_per_s = 100_000.0
+    logs = [tmp_path / "worker-a.log", tmp_path / "worker-b.log"]
+    configs = []
+    for name in ("a", "b"):  # one app (group), each worker its own state dir
+        cfg.sketch.state_dir = str(tmp_path / f"state-{name}")
+        configs.append(write_config(cfg, tmp_path / f"sketch-{name}.toml"))
+    n = 30_000
+    produce(cfg, bootstrap, 0, n)
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
+    procs = [start_worker(c, bootstrap, log) for c, log in zip(configs, logs)]
+    try:
+        deadline = time.monotonic() + 150
+        while "from other workers' snapshots" not in "".join(log.read_text() for log in logs):
+            assert time.monotonic() < deadline, "".join(log.read_text()[-3000:] for log in logs)
+            assert all(p.poll() is None for p in procs), "a worker died"
+            time.sleep(0.5)
+        # a set published once the group has split the partitions (the first worker alone owned all of them)
+        hs = follower.wait_for(follower.latest().version + 1, timeout=60, predicate=lambda h: h.events == n)
+        text = "".join(log.read_text() for log in logs)
+        assert hs is not None, f"no hot set covering all {n} events; logs:\n{text[-4000:]}"
+        assert all(p.poll() is None for p in procs), "a worker died"
+        assert text.count("published hot set") >= 1
+        # one worker reading everything: the same records through the same state
+        single = SketchState(cfg)
+        for r in read_topic(bootstrap, cfg.kafka.events_topic, expected=None, timeout=10):
+            single.apply(r.partition, r.offset, r.value)
+        want = single.choose(1)
+        keys = lambda h: {(t, int(x)) for t, ids in h.tables.items() for x in ids}  # noqa: E731
+        recall = len(keys(hs) & keys(want)) / len(keys(want))
+        assert recall >= 0.99, recall
+    finally:
+        for p in procs:
+            stop(p, signal.SIGTERM)
+        follower.close()
