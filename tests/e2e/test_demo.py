@@ -39,12 +39,15 @@ def _pids(run_dir: Path) -> dict[str, int]:
     return json.loads(p.read_text()) if p.exists() else {}
 
 
-def test_demo_end_to_end(bootstrap, tmp_path):
+@pytest.mark.parametrize("trainers", [1, 2])
+def test_demo_end_to_end(bootstrap, tmp_path, trainers):
+    """One trainer, and a group of two trainer ranks (torchrun) with two sketch workers."""
     from streamrec.ingest import SyntheticStream
     from streamrec.foundation import load_config
 
-    run_dir = tmp_path / "run1"
-    proc = subprocess.run(_demo_cmd(run_dir, bootstrap, DEMO_EVENTS), capture_output=True, text=True, timeout=420)
+    run_dir = tmp_path / f"run{trainers}"
+    cmd = _demo_cmd(run_dir, bootstrap, DEMO_EVENTS) + (["--trainers", str(trainers)] if trainers > 1 else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, f"demo failed:\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-5000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["served_version"] >= 1
@@ -56,7 +59,7 @@ def test_demo_end_to_end(bootstrap, tmp_path):
     assert result["window_auc"] is not None and result["window_auc"] > 0.5 + 0.5 * (bayes - 0.5), (result, bayes)
     assert result["scores"] and all(math.isfinite(s) and 0.0 <= s <= 1.0 for s in result["scores"])
     pids = _pids(run_dir)
-    assert set(pids) >= {"serving", "sketch", "trainer"}
+    assert set(pids) >= {"serving", "sketch", "trainer"} | ({"sketch-2"} if trainers > 1 else set())
     assert not [n for n, p in pids.items() if pid_alive(p)], "demo left processes running"
     assert (run_dir / "report.png").exists() and (run_dir / "report.md").exists()
 
