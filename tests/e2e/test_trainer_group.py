@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tomli_w
 from kafka import KafkaConsumer, TopicPartition
@@ -85,6 +86,7 @@ def _group_cfg(topics, tmp_path):
 
 
 def _train(cfg, tmp_path, bootstrap, nproc, env_extra=None, timeout=400):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), **(env_extra or {}))
@@ -108,8 +110,28 @@ def _produce_slowly(cfg, bootstrap, n, per_s, done: threading.Event, sent: list)
     done.set()
 
 
+def _start_serving(cfg, tmp_path):
+    from streamrec.ingest import free_port
+    from streamrec.serving import ServingClient
+
+    cfg.serving.host, cfg.serving.port, cfg.serving.target = "127.0.0.1", free_port(), ""
+    cfg.serving.push_token = "group-push-token"
+    cfg.trainer.push_snapshots = True
+    path = tmp_path / "serving.toml"
+    path.write_text(tomli_w.dumps(cfg.to_dict()))
+    log = open(tmp_path / "serving.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--config", str(path)], stdout=log,
+                            stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
+    client = ServingClient(cfg.serving_target())
+    client.wait_ready(timeout=60)
+    return proc, client
+
+
 def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstrap):
+    """Also pushes its snapshots to a real serving endpoint: kills mid-snapshot (rank 1 while its rows are on
+    the way to rank 0; rank 0 while it builds) never leave serving with part of a version."""
     cfg = _group_cfg(topics, tmp_path)
+    serving, client = _start_serving(cfg, tmp_path)
     n_events = 60_000
     done, sent = threading.Event(), []
     producer = threading.Thread(target=_produce_slowly, args=(cfg, bootstrap, n_events, 1500, done, sent), daemon=True)
@@ -141,6 +163,53 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     assert log[-1]["auc"] > 0.6
     snaps = sorted(Path(cfg.trainer.snapshot_dir).glob("v*/manifest.json"))
     assert snaps, "no snapshot was built"
+    # serving holds the group's newest snapshot, and it is the whole model: rows of both ranks' shards
+    import pyarrow.parquet as pq
+
+    from streamrec.trainer.sharding import owner_of
+
+    status = client.status()
+    newest = json.loads(snaps[-1].read_text())
+    assert int(status["version"]) == newest["version"], (status, newest["version"])
+    stored = 0  # every row the group's shards hold at the final checkpoint
+    from streamrec.embedding_store import EmbeddingStore
+    from streamrec.trainer.reshard import rank_dir
+
+    for r in range(2):
+        shard = rank_dir(cfg.trainer.checkpoint_dir, r) / latest_checkpoint(cfg.trainer.checkpoint_dir).name / "store"
+        ro = EmbeddingStore(str(shard), tables={f: cfg.model.embedding_dim for f in cfg.model.field_names},
+                            shards=cfg.store.shards, read_only=True)
+        stored += sum(len(ids) for _t, ids, _r in ro.export_records())
+        ro.close()
+    assert int(status["rows_held"]) == stored, (status["rows_held"], stored)
+    owners = set()
+    for rows_file in snaps[-1].parent.glob("rows-*.parquet"):
+        t = pq.read_table(rows_file)
+        for table in set(t.column("table").to_pylist()):
+            ids = np.asarray([i for tb, i in zip(t.column("table").to_pylist(), t.column("id").to_pylist()) if tb == table])
+            owners |= set(np.unique(owner_of(table, ids, 2)).tolist())
+    assert owners == {0, 1}
+    events = SyntheticStream(cfg).batches(16)
+    scores, version = client.predict(next(events).to_events())
+    assert version == newest["version"] and np.isfinite(scores).all()
+    client.close()
+    serving.terminate()
+    serving.wait(30)
+
+    # a group never killed, on the same records, ends in the same place (within online-learning noise)
+    import copy
+
+    clean = copy.deepcopy(cfg)
+    clean.kafka.trainer_group += "-clean"
+    clean.trainer.checkpoint_dir, clean.store.path = str(tmp_path / "clean-ckpt"), str(tmp_path / "clean-store")
+    clean.trainer.log_path, clean.trainer.trace_path = str(tmp_path / "clean.jsonl"), ""
+    clean.trainer.push_snapshots, clean.trainer.snapshot_every = False, 0
+    res_clean = _train(clean, tmp_path / "clean", bootstrap, 2)
+    assert res_clean.returncode == 0, res_clean.stderr[-4000:]
+    clean_state, _ = read_checkpoint(latest_checkpoint(clean.trainer.checkpoint_dir))
+    assert clean_state["events"] == state["events"]
+    clean_auc = read_jsonl(tmp_path / "clean.jsonl")[-1]["auc"]
+    assert abs(clean_auc - log[-1]["auc"]) <= 0.01, (clean_auc, log[-1]["auc"])
 
     # the same checkpoint, resumed by 3 ranks: resharded, and training goes on from the same offsets
     prod = EventProducer(bootstrap, cfg)
