@@ -237,3 +237,35 @@ def test_fewer_partitions_than_ranks_is_refused_before_start(bootstrap, tmp_path
     assert res.returncode == 2
     assert "has 1 partition(s); a group of 3 trainer ranks needs at least 3" in res.stderr
     assert "starting 3 ranks" not in res.stderr
+
+
+def test_sigterm_drains_the_group_with_a_final_checkpoint(topics, tmp_path, bootstrap):
+    import signal
+
+    from tests.helpers.trainer import produce
+
+    cfg = _group_cfg(topics, tmp_path)
+    cfg.trainer.idle_exit_s = 0.0  # runs until told to stop
+    cfg.trainer.checkpoint_every_events = 10**9
+    produce(cfg, bootstrap, 16_000)
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen([sys.executable, "-m", "streamrec", "train", "--nproc", "2", "--config", str(cfg_path),
+                             "--bootstrap", bootstrap, "--no-progress"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while sum(r.get("events", 0) for r in read_jsonl(tmp_path / "trace.jsonl.rank0") if "ranges" in r) \
+            + sum(r.get("events", 0) for r in read_jsonl(tmp_path / "trace.jsonl.rank1") if "ranges" in r) < 16_000:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the group did not train the backlog"
+        time.sleep(0.2)
+    assert latest_checkpoint(cfg.trainer.checkpoint_dir) is None  # nothing written yet: the drain writes it
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-4000:]
+    assert "stopped by signal 15" in err
+    state, _ = read_checkpoint(latest_checkpoint(cfg.trainer.checkpoint_dir))
+    assert state["events"] == 16_000 and state["world"] == 2
+    ends = {p: o for _t, p, o in state["offsets"]}
+    assert _committed(bootstrap, cfg, ends) == ends

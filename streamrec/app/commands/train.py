@@ -159,6 +159,7 @@ def _run_rank(cfg, args, stop) -> int:
 
 def _launch_group(cfg, args) -> int:
     """Start ``trainer.ranks`` local ranks with torch.distributed.run (elastic: restarts on a rank's death)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -197,4 +198,8 @@ def _launch_group(cfg, args) -> int:
         except ChildFailedError as e:
             print(f"streamrec train: the trainer group failed after its restarts:\n{e.format_msg()}", file=sys.stderr)
             return 1
+        except SignalException as e:  # torchrun passed the signal on and waited for the ranks' final checkpoint
+            print(f"streamrec train: stopped by signal {e.sigval}; the ranks wrote their final checkpoint",
+                  file=sys.stderr)
+            return 0
     return 0
