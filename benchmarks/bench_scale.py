@@ -3,29 +3,34 @@
 
 The model is Criteo-like (26 sparse fields in Criteo's cardinality proportions, zipf 1.2,
 ``--ids`` ids in all, dim 16, 13 dense features, DLRM 13-64-16 / 367-64-32-1 by default),
-global batch 512, mini-batches of ``512 // N`` events per rank, 8 mini-batches per
-``train_window`` call, no hot tier (arrival order), torch 1 thread per process. Every
-store gets ``1/N`` of the host cache and block cache, so a group holds the memory one
-trainer does. Events are generated once in the parent and handed to the ranks as a file.
+global batch 512, mini-batches of ``512 // N`` events per rank, 8 steps per ``train_window``
+call, no hot tier (arrival order), torch 1 thread per process. Every rank's store gets
+``1/N`` of the host cache and block cache, so a group holds the memory one trainer does.
+Events are generated once in the parent and handed to the ranks as a file.
 
-Runs, all in one invocation, each in its own spawned processes:
+Set-ups, each a core with its own store; the set-ups of one process set run interleaved
+window by window (window i of each, back to back, each starting on all ranks together), so
+a burst of load from elsewhere on a shared machine hits all of them alike:
 
-  n1:        the plain ``TrainerCore`` over the whole stream in stream order (the baseline);
-             then, in the same process, a ``ShardedTrainerCore`` of world 1 (the sharded code
-             path with no one to talk to: its own overhead, without any traffic)
-  n2 exact:  rank r trains the events i with i % 2 == r, so the ranks' k-th mini-batches
-             together are the single trainer's k-th mini-batch (the group must match it)
-  n2, n4 online: a 4-partition topic simulated in memory (messages of 256 events assigned
-             round-robin to partitions 0..3), rank r reads the partitions p with p % N == r
-             in stream order, as a group consumer would
+  n1 (one process): ``plain``, the plain trainer over the whole stream in stream order (the
+        baseline for AUC); ``sharded1``, a ``ShardedTrainerCore`` of world 1 (the sharded
+        code path with no one to talk to); ``plain@256``/``plain@128``, the plain trainer at a
+        rank's mini-batch size (what splitting the batch costs with no traffic at all)
+  nN (N processes): ``ref``, the plain trainer over the whole stream on rank 0 alone while
+        the other ranks wait in a barrier (the 1-rank CPU baseline, measured in the same
+        minutes as the group); ``control``, N independent plain trainers side by side (what
+        sharing the 2 cores costs); ``exact`` (N=2; N=4 too without ``--quick``): rank r
+        trains events i with i % N == r, so the ranks' k-th mini-batches together are the
+        single trainer's k-th; ``online``: a 4-partition topic in memory (messages of 256
+        events round-robin to partitions 0..3), rank r reads partitions p % N == r in stream order
 
 Figures: |AUC_2 - AUC_1| (exact; progressive AUC, the group's via ``group_metrics``),
 AUC_N - AUC_1 (online), collective bytes per trained event (all ranks' all_to_all payload
-plus the all_reduce buffer, per event), CPU-seconds per event of the group's training loops
-(sum over ranks of ``time.process_time`` around ``train_window``, after one warm-up window)
-over the plain trainer's, and the training loop's wall-clock events/s. The machine has 2
-cores: N ranks share them, so wall-clock events/s is not a speed-up measure; CPU per event
-is the work the group adds. A projection to 8-64 ranks is computed from the measured
+plus their all_reduce buffers, over all events), CPU-seconds per event of the group's
+training loops (sum over ranks of ``time.process_time`` around ``train_window``, after one
+warm-up window) over ``ref``'s, and the training loop's wall-clock events/s. The machine
+has 2 cores: N ranks share them, so wall-clock events/s is not a speed-up; CPU per event is
+the work the group adds. A projection to 8-64 ranks is computed from the measured
 per-unique-id and per-step costs and the stream's unique ids per local mini-batch.
 """
 
@@ -120,54 +125,87 @@ class _Traffic:
         exchange._a2a, exchange.give_back = counted_a2a, counted_give_back
 
 
-def _train(rank: int, world: int, mode: str, data, spec: dict) -> dict:
-    import torch
+class _Runner:
+    """One set-up in a rank process: its core, its store and its windows (cut before any timing)."""
 
-    from streamrec.embedding_store import EmbeddingStore
-    from streamrec.trainer import TrainerCore
+    def __init__(self, rank: int, world: int, mode: str, data, spec: dict):
+        import torch
 
-    root = os.path.join(spec["root"], f"{mode}-n{world}-r{rank}")
-    sharded = not (mode.startswith("plain") or mode == "control")
-    cfg = scale_config(root, spec["ids"], spec["bottom"], spec["top"], world if sharded else 1)
-    local_batch = max(1, BATCH // world) if sharded else BATCH
-    if mode.startswith("plain@"):  # the plain trainer at a group rank's mini-batch size: the split's floor
-        local_batch = cfg.trainer.batch_size = int(mode.partition("@")[2])
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=os.path.join(root, "store"))
-    if sharded:
-        from streamrec.trainer.sharded_core import ShardedTrainerCore
+        from streamrec.embedding_store import EmbeddingStore
+        from streamrec.trainer import TrainerCore
 
-        core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
-        traffic = _Traffic(core.exchange)
-    else:
-        core = TrainerCore(cfg, store, torch.device("cpu"))
-    params = sum(p.numel() for p in core.model.parameters())
-    local = local_stream(data, world, rank, mode)
-    wins = windows_of(local, local_batch * WINDOW_BATCHES)  # cut before timing: data is not the loop's work
-    core.train_window(wins[0])  # warm-up: allocations, first RocksDB files; trained and scored, not timed
+        self.mode, self.rank = mode, rank
+        mode = "plain" if mode == "ref" else mode
+        self.sharded = mode in ("exact", "online", "sharded1")
+        self.root = os.path.join(spec["root"], f"{mode}-n{world}-r{rank}")
+        cfg = scale_config(self.root, spec["ids"], spec["bottom"], spec["top"], world if self.sharded else 1)
+        if mode.startswith("plain@"):  # the plain trainer at a group rank's mini-batch size: the split's floor
+            cfg.trainer.batch_size = int(mode.partition("@")[2])
+        self.store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=os.path.join(self.root, "store"))
+        if self.sharded:
+            from streamrec.trainer.sharded_core import ShardedTrainerCore
+
+            self.core = ShardedTrainerCore(cfg, self.store, torch.device("cpu"), rank, world)
+            self.traffic = _Traffic(self.core.exchange)
+        else:
+            self.core = TrainerCore(cfg, self.store, torch.device("cpu"))
+        # every set-up cuts the stream into the same number of windows (one window = 4096 events of the
+        # group, 8 of its steps), so window i of every set-up covers the same stretch of the stream
+        w = world if mode in ("exact", "online", "control") else 1
+        size = BATCH * WINDOW_BATCHES // w
+        self.windows = windows_of(local_stream(data, w, rank, mode), size)
+        if self.sharded:  # train_window is a collective: a rank with fewer windows joins as an idle rank
+            most = max(-(-len(local_stream(data, w, r, mode)) // size) for r in range(w))
+            self.windows += [None] * (most - len(self.windows))
+        self.cpu_w: list[float] = []  # per timed window: CPU seconds, wall seconds, events
+        self.wall_w: list[float] = []
+        self.ev_w: list[int] = []
+
+    def train(self, i: int, timed: bool) -> None:
+        if i >= len(self.windows):
+            return
+        w = self.windows[i]
+        c0, t0 = time.process_time(), time.perf_counter()
+        self.core.train_window(w)
+        if timed:
+            self.cpu_w.append(time.process_time() - c0)
+            self.wall_w.append(time.perf_counter() - t0)
+            self.ev_w.append(len(w) if w is not None else 0)
+
+    def result(self) -> dict:
+        core = self.core
+        m = core.group_metrics() if self.sharded else core.metrics
+        out = {"mode": self.mode, "rank": self.rank, "events": core.events, "timed_events": sum(self.ev_w),
+               "cpu_s": sum(self.cpu_w), "wall_s": sum(self.wall_w), "cpu_windows": self.cpu_w,
+               "event_windows": self.ev_w, "auc": m.auc, "logloss": m.logloss, "rejected": core.rejected_events,
+               "params": sum(p.numel() for p in core.model.parameters())}
+        if self.sharded:
+            ex, t = core.exchange, self.traffic
+            out.update(steps=core.steps, exchange_bytes=ex.bytes_sent, dense_bytes=core.dense_bytes_sent,
+                       ids_bytes=t.ids, rows_bytes=t.rows, grads_bytes=t.grads,
+                       counts_bytes=ex.bytes_sent - t.ids - t.rows - t.grads,
+                       remote_ids=t.remote_ids, local_uniques=t.local_uniques)
+        self.store.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+        return out
+
+
+def _train(rank: int, world: int, data, spec: dict) -> list[dict]:
+    """Every set-up of ``spec['modes']`` in this rank, interleaved window by window: window i of each
+    set-up runs back to back, so a burst of load from elsewhere on the machine hits all of them alike.
+    ``ref`` (the plain trainer over the whole stream) runs on rank 0 alone while the other ranks wait
+    (blocked in a barrier, which costs no CPU): the 1-rank baseline, measured in the same minutes."""
     import torch.distributed as dist
 
-    dist.barrier()  # every rank (or side-by-side trainer) starts its timed loop together
-    cpu, timed = 0.0, 0
-    t0 = time.perf_counter()
-    for w in wins[1:]:
-        c0 = time.process_time()
-        core.train_window(w)
-        cpu += time.process_time() - c0
-        timed += len(w)
-    wall = time.perf_counter() - t0
-    m = core.group_metrics() if sharded else core.metrics
-    out = {"mode": mode, "rank": rank, "world": world, "events": core.events, "timed_events": timed,
-           "cpu_s": cpu, "wall_s": wall, "auc": m.auc, "logloss": m.logloss, "params": params,
-           "rejected": core.rejected_events}
-    if sharded:
-        ex = core.exchange
-        out.update(steps=core.steps, exchange_bytes=ex.bytes_sent, dense_bytes=core.dense_bytes_sent,
-                   ids_bytes=traffic.ids, rows_bytes=traffic.rows, grads_bytes=traffic.grads,
-                   counts_bytes=ex.bytes_sent - traffic.ids - traffic.rows - traffic.grads,
-                   remote_ids=traffic.remote_ids, local_uniques=traffic.local_uniques)
-    store.close()
-    shutil.rmtree(root, ignore_errors=True)
-    return out
+    runners = [None if m == "ref" and rank != 0 else _Runner(rank, world, m, data, spec) for m in spec["modes"]]
+    n = max(len(r.windows) for r in runners if r is not None)
+    for i in range(n):  # window 0 is the warm-up: allocations, first RocksDB files; trained and scored, not timed
+        for r in runners:
+            if world > 1:
+                dist.barrier()  # a set-up's window starts on every rank together, after the last one ended
+            if r is not None:
+                r.train(i, timed=i > 0)
+    return [r.result() if r is not None else None for r in runners]
 
 
 def _rank_main(rank: int, world: int, port: int, spec: dict, q) -> None:
@@ -180,7 +218,7 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, q) -> None:
     try:
         with open(spec["data"], "rb") as f:
             data = pickle.load(f)
-        q.put((rank, [_train(rank, world, mode, data, spec) for mode in spec["modes"]]))
+        q.put((rank, _train(rank, world, data, spec)))
     except BaseException:  # report, do not hang the parent
         q.put((rank, traceback.format_exc()))
         raise
@@ -227,6 +265,11 @@ def group_figures(ranks: list[dict]) -> dict:
            "cpu_s": sum(r["cpu_s"] for r in ranks), "wall_s": max(r["wall_s"] for r in ranks),
            "rejected": sum(r["rejected"] for r in ranks)}
     out["cpu_per_event_us"] = 1e6 * out["cpu_s"] / timed if timed else float("nan")
+    # robust to bursts of load from elsewhere on a shared machine: the median window (all ranks' CPU for it)
+    k = min(len(r["cpu_windows"]) for r in ranks)
+    per_w = [sum(r["cpu_windows"][i] for r in ranks) / max(1, sum(r["event_windows"][i] for r in ranks))
+             for i in range(k) if sum(r["event_windows"][i] for r in ranks)]
+    out["cpu_per_event_us_median"] = 1e6 * float(np.median(per_w)) if per_w else float("nan")
     out["events_per_s"] = timed / out["wall_s"] if timed else float("nan")
     if steps:
         tot = {k: sum(r[k] for r in ranks) for k in ("exchange_bytes", "dense_bytes", "ids_bytes", "rows_bytes",
@@ -244,22 +287,26 @@ def group_figures(ranks: list[dict]) -> dict:
 
 def uniques_profile(batch, fields, worlds) -> dict[int, dict]:
     """Per world size: the mean over global steps of the ranks' summed unique ids per local mini-batch
-    (each rank's, all fields) and how many of them another rank owns (``owner_of``)."""
+    (each rank's, all fields) and how many of them another rank owns (``owner_of``), on the exact split."""
     from streamrec.trainer.sharding import owner_of
 
-    out = {}
     steps = min(64, len(batch) // BATCH)
+    n = steps * BATCH
+    out = {}
     for w in worlds:
-        lb = max(1, BATCH // w)
         uniq = remote = 0
-        for k in range(steps):
-            g = np.arange(k * BATCH, (k + 1) * BATCH)
-            for r in range(w):
-                rows = g[r::w][:lb]  # the exact split: ranks' mini-batches together are the global one
-                for f in fields:
-                    u = np.unique(batch.sparse[f].take(rows).values)
-                    uniq += len(u)
-                    remote += int((owner_of(f, u, w) != r).sum())
+        for f in fields:
+            j = batch.sparse[f]
+            vals = j.values[:j.offsets[n]]
+            event = np.repeat(np.arange(n), np.diff(j.offsets[:n + 1]))
+            rank = (event % BATCH) % w  # the exact split: event i of a step goes to rank i % w
+            group = (event // BATCH) * w + rank  # one (step, rank) mini-batch
+            order = np.lexsort((vals, group))
+            g, v = group[order], vals[order]
+            first = np.ones(len(v), bool)
+            first[1:] = (g[1:] != g[:-1]) | (v[1:] != v[:-1])
+            uniq += int(first.sum())
+            remote += int((owner_of(f, v[first], w) != g[first] % w).sum())
         out[w] = {"uniques_per_step": uniq / steps, "remote_per_step": remote / steps}
     return out
 
@@ -278,11 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     from streamrec.ingest import SyntheticStream
 
     win = BATCH * WINDOW_BATCHES
-    events = args.events or (49_152 if args.quick else 196_608)
+    events = args.events or (40_960 if args.quick else 196_608)
     events = -(-events // win) * win
     bottom = [int(x) for x in args.bottom.split(",")]
     top = [int(x) for x in args.top.split(",")]
     worlds = [int(x) for x in args.worlds.split(",")]
+    load0 = os.getloadavg()[0]  # another job on the box shows up here (and in every CPU figure)
     root = tempfile.mkdtemp(prefix="bench-scale-")
     try:
         cfg = scale_config(root, args.ids, bottom, top)
@@ -303,39 +351,41 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         small = [f"plain@{BATCH // w}" for w in worlds]
         n1, s1, *n1_small = run_group(1, {**spec, "modes": ["plain", "sharded1", *small]}, timeout)[0]
-        base = group_figures([n1])
-        sh1 = group_figures([s1])
+        base, sh1 = group_figures([n1]), group_figures([s1])
         small_cpu = {w: group_figures([r])["cpu_per_event_us"] for w, r in zip(worlds, n1_small)}
-        print(f"n1 plain TrainerCore: auc {base['auc']:.4f}  {base['events_per_s']:,.0f} events/s  "
-              f"{base['cpu_per_event_us']:.1f} us CPU/event; sharded core of world 1: auc {sh1['auc']:.4f}, "
-              f"{sh1['cpu_per_event_us']:.1f} us CPU/event ({sh1['cpu_per_event_us'] / base['cpu_per_event_us']:.2f}x)"
+        us = base["cpu_per_event_us"]
+        print(f"n1 plain TrainerCore: auc {base['auc']:.4f}  {base['events_per_s']:,.0f} events/s  {us:.1f} us CPU/event"
               f"  [{time.perf_counter() - t0:.0f}s]", flush=True)
-        print("n1 plain TrainerCore at a rank's mini-batch (no traffic, the split's own cost): " + ", ".join(
-            f"batch {BATCH // w}: {small_cpu[w]:.1f} us CPU/event ({small_cpu[w] / base['cpu_per_event_us']:.2f}x)"
-            for w in worlds), flush=True)
+        print(f"   same process, interleaved window by window: sharded core of world 1 (its code path, no traffic) "
+              f"{sh1['cpu_per_event_us']:.1f} us/event ({sh1['cpu_per_event_us'] / us:.2f}x, auc {sh1['auc']:.4f}); "
+              + ", ".join(f"plain at a rank's mini-batch {BATCH // w}: {small_cpu[w]:.1f} us/event "
+                          f"({small_cpu[w] / us:.2f}x)" for w in worlds), flush=True)
         runs: dict[str, dict] = {}
         for w in worlds:
             t0 = time.perf_counter()
-            modes = ["control", "exact", "online"] if w == 2 else ["control", "online"]
+            modes = ["ref", "control", "exact", "online"] if w == 2 or not args.quick else ["ref", "control", "online"]
             per_rank = run_group(w, {**spec, "modes": modes}, timeout)
             for i, mode in enumerate(modes):
-                g = group_figures([r[i] for r in per_rank])
-                runs[f"{mode}_n{w}"] = g
-                if mode == "control":
-                    print(f"n{w} control: {w} independent plain trainers side by side (a 1/{w} of the stream each): "
-                          f"{g['cpu_per_event_us']:.1f} us CPU/event ({g['cpu_per_event_us'] / base['cpu_per_event_us']:.2f}x "
-                          f"n1 alone: what sharing the machine costs)  {g['events_per_s']:,.0f} events/s together",
-                          flush=True)
-                    continue
-                print(f"n{w} {mode:>6}: auc {g['auc']:.4f} (n1 {base['auc']:.4f}, diff {g['auc'] - base['auc']:+.5f})  "
-                      f"{g['bytes_per_event']:,.0f} B/event (dense all-reduce {g['dense_bytes_per_event']:,.0f}, "
-                      f"sparse {g['sparse_bytes_per_event']:,.0f}: ids {g['ids_bytes'] / g['events']:.0f}, rows "
-                      f"{g['rows_bytes'] / g['events']:.0f}, grads {g['grads_bytes'] / g['events']:.0f}, counts "
-                      f"{g['counts_bytes'] / g['events']:.1f})  {g['bytes_per_step'] / 1024:,.1f} KiB/step, "
-                      f"{g['remote_ids_per_step']:,.0f} remote ids/step  CPU {g['cpu_per_event_us']:.1f} us/event "
-                      f"({g['cpu_per_event_us'] / base['cpu_per_event_us']:.2f}x n1)  {g['events_per_s']:,.0f} "
-                      f"events/s", flush=True)
-            print(f"  [{time.perf_counter() - t0:.0f}s for n{w}]", flush=True)
+                runs[f"{mode}_n{w}"] = group_figures([r[i] for r in per_rank if r[i] is not None])
+            ref, ctl = runs[f"ref_n{w}"], runs[f"control_n{w}"]
+            print(f"n{w} (ranks as processes on the 2 cores; each set-up's window i back to back):", flush=True)
+            print(f"   ref: the plain trainer on rank 0 alone, the others waiting: {ref['cpu_per_event_us']:.1f} us "
+                  f"CPU/event ({ref['cpu_per_event_us'] / us:.2f}x the n1 run's); control: {w} independent plain "
+                  f"trainers side by side, 1/{w} of the stream each: {ctl['cpu_per_event_us']:.1f} us/event "
+                  f"({ctl['cpu_per_event_us'] / ref['cpu_per_event_us']:.2f}x ref: what sharing the cores costs), "
+                  f"{ctl['events_per_s']:,.0f} events/s together", flush=True)
+            for mode in modes[2:]:
+                g = runs[f"{mode}_n{w}"]
+                ev = g["events"]
+                print(f"   {mode:>6}: auc {g['auc']:.4f} (diff {g['auc'] - base['auc']:+.5f})  {g['bytes_per_event']:,.0f} "
+                      f"B/event = dense all-reduce {g['dense_bytes_per_event']:,.0f} + sparse "
+                      f"{g['sparse_bytes_per_event']:,.0f} (ids {g['ids_bytes'] / ev:.0f}, rows {g['rows_bytes'] / ev:.0f}, "
+                      f"grads {g['grads_bytes'] / ev:.0f}, counts {g['counts_bytes'] / ev:.1f}); "
+                      f"{g['bytes_per_step'] / 1024:,.1f} KiB/step, {g['remote_ids_per_step']:,.0f} remote ids/step; "
+                      f"CPU {g['cpu_per_event_us']:.1f} us/event = {g['cpu_per_event_us'] / ref['cpu_per_event_us']:.2f}x "
+                      f"ref (median window {g['cpu_per_event_us_median'] / ref['cpu_per_event_us_median']:.2f}x; "
+                      f"{g['cpu_per_event_us'] / us:.2f}x the n1 run's); {g['events_per_s']:,.0f} events/s", flush=True)
+            print(f"   [{time.perf_counter() - t0:.0f}s for n{w}]", flush=True)
 
         params = n1["params"]
         dim = cfg.model.embedding_dim
@@ -351,63 +401,75 @@ def main(argv: list[str] | None = None) -> int:
                    "uniques_per_step": prof[w]["uniques_per_step"],
                    "bytes_per_event": (dense + sparse) / BATCH, "sparse_bytes_per_event": sparse / BATCH,
                    "dense_bytes_per_event": dense / BATCH, "ring_bytes_per_event": (ring + sparse) / BATCH}
-            # each rank sends 1/w of the group's bytes: a rank's NIC caps the GROUP at nic / (bytes/event / w)
+            # a rank sends 1/w of the group's bytes and trains 1/w of its events: it sends ring_bytes_per_event
+            # per event it trains, so its NIC caps it at nic / ring_bytes_per_event events/s (the group at w x that)
             for nic in NICS_GBIT:
-                row[f"group_events_per_s_{nic}g"] = (nic * 1e9 / 8) * w / row["ring_bytes_per_event"] if w > 1 else None
+                row[f"rank_events_per_s_{nic}g"] = (nic * 1e9 / 8) / row["ring_bytes_per_event"] if w > 1 else None
             proj.append(row)
         print(f"dense parameters {params:,} ({params * 4 / 1024:,.1f} KiB all-reduced per step on every rank); "
               f"{per_remote_id} B per remote unique id (id 8 + row {4 * dim} + gradient {4 * dim})")
         print("projection at global batch 512 (measured unique ids per local mini-batch of this stream):")
         print(f"  {'N':>3} {'ev/rank/step':>12} {'remote ids/step':>15} {'B/event':>9} {'dense':>8} {'sparse':>7} "
-              f"{'ring B/event':>12}  group events/s a rank's NIC allows at " + " / ".join(f"{n} Gbit" for n in NICS_GBIT))
+              f"{'ring B/event':>12}  events/s a rank can train before its NIC is full at "
+              + " / ".join(f"{n} Gbit" for n in NICS_GBIT))
         for r in proj:
-            nic = " / ".join(f"{r[f'group_events_per_s_{n}g']:,.0f}" for n in NICS_GBIT) if r["world"] > 1 else "-"
+            nic = " / ".join(f"{r[f'rank_events_per_s_{n}g']:,.0f}" for n in NICS_GBIT) if r["world"] > 1 else "-"
             print(f"  {r['world']:>3} {r['events_per_rank_step']:>12.0f} {r['remote_ids_per_step']:>15,.0f} "
                   f"{r['bytes_per_event']:>9,.0f} {r['dense_bytes_per_event']:>8,.0f} {r['sparse_bytes_per_event']:>7,.0f} "
                   f"{r['ring_bytes_per_event']:>12,.0f}  {nic}")
 
-        e2, o2 = runs.get("exact_n2"), runs.get("online_n2")
-        o4 = runs.get("online_n4")
         summary = {"events": events, "world_sizes": [1] + worlds, "ids": args.ids, "batch": BATCH,
                    "window_batches": WINDOW_BATCHES, "dense_params": params,
                    "auc_n1": base["auc"], "logloss_n1": base["logloss"],
-                   "events_per_s_n1": base["events_per_s"], "cpu_per_event_us_n1": base["cpu_per_event_us"],
-                   "cpu_sharded_n1_vs_plain": sh1["cpu_per_event_us"] / base["cpu_per_event_us"],
-                   "auc_sharded_n1": sh1["auc"]}
-        if e2:
-            summary.update(exact_dauc=abs(e2["auc"] - base["auc"]), auc_exact_n2=e2["auc"],
-                           exact_dlogloss=abs(e2["logloss"] - base["logloss"]))
+                   "events_per_s_n1": base["events_per_s"], "cpu_per_event_us_n1": us,
+                   "cpu_sharded_n1_vs_plain": sh1["cpu_per_event_us"] / us, "auc_sharded_n1": sh1["auc"]}
         for w in worlds:
-            g = runs[f"online_n{w}"]
-            summary.update({f"auc_online_n{w}": g["auc"], f"online_dauc_n{w}": g["auc"] - base["auc"],
-                            f"bytes_per_event_n{w}": g["bytes_per_event"], f"bytes_per_step_n{w}": g["bytes_per_step"],
-                            f"dense_bytes_per_event_n{w}": g["dense_bytes_per_event"],
-                            f"sparse_bytes_per_event_n{w}": g["sparse_bytes_per_event"],
-                            f"ids_bytes_per_event_n{w}": g["ids_bytes"] / g["events"],
-                            f"rows_bytes_per_event_n{w}": g["rows_bytes"] / g["events"],
-                            f"grads_bytes_per_event_n{w}": g["grads_bytes"] / g["events"],
-                            f"remote_ids_per_step_n{w}": g["remote_ids_per_step"],
-                            f"cpu_inflation_n{w}": g["cpu_per_event_us"] / base["cpu_per_event_us"],
-                            f"cpu_per_event_us_n{w}": g["cpu_per_event_us"],
-                            f"cpu_small_batch_n{w}": small_cpu[w] / base["cpu_per_event_us"],
-                            f"cpu_contention_n{w}": runs[f"control_n{w}"]["cpu_per_event_us"] / base["cpu_per_event_us"],
-                            f"cpu_inflation_vs_control_n{w}": g["cpu_per_event_us"] / runs[f"control_n{w}"]["cpu_per_event_us"],
-                            f"control_events_per_s_n{w}": runs[f"control_n{w}"]["events_per_s"],
-                            f"events_per_s_n{w}": g["events_per_s"], f"steps_n{w}": g["steps"]})
-        summary["projection"] = proj
+            ref = runs[f"ref_n{w}"]
+            r_us, r_med = ref["cpu_per_event_us"], ref["cpu_per_event_us_median"]
+            summary[f"cpu_small_batch_n{w}"] = small_cpu[w] / us
+            summary[f"cpu_contention_n{w}"] = runs[f"control_n{w}"]["cpu_per_event_us"] / r_us
+            summary[f"control_events_per_s_n{w}"] = runs[f"control_n{w}"]["events_per_s"]
+            summary[f"ref_cpu_per_event_us_n{w}"] = r_us
+            for mode in ("exact", "online"):
+                g = runs.get(f"{mode}_n{w}")
+                if g is None:
+                    continue
+                tag = f"n{w}" if mode == "online" else f"exact_n{w}"
+                summary.update({f"auc_{mode}_n{w}": g["auc"], f"cpu_inflation_{tag}": g["cpu_per_event_us"] / r_us,
+                                f"cpu_inflation_median_{tag}": g["cpu_per_event_us_median"] / r_med,
+                                f"cpu_inflation_vs_n1_run_{tag}": g["cpu_per_event_us"] / us,
+                                f"cpu_per_event_us_{tag}": g["cpu_per_event_us"]})
+                if mode == "exact":
+                    summary[f"exact_dauc_n{w}"] = abs(g["auc"] - base["auc"])
+                    summary[f"exact_dlogloss_n{w}"] = abs(g["logloss"] - base["logloss"])
+                    continue
+                ev = g["events"]
+                summary.update({f"online_dauc_n{w}": g["auc"] - base["auc"],
+                                f"bytes_per_event_n{w}": g["bytes_per_event"], f"bytes_per_step_n{w}": g["bytes_per_step"],
+                                f"dense_bytes_per_event_n{w}": g["dense_bytes_per_event"],
+                                f"sparse_bytes_per_event_n{w}": g["sparse_bytes_per_event"],
+                                f"ids_bytes_per_event_n{w}": g["ids_bytes"] / ev,
+                                f"rows_bytes_per_event_n{w}": g["rows_bytes"] / ev,
+                                f"grads_bytes_per_event_n{w}": g["grads_bytes"] / ev,
+                                f"remote_ids_per_step_n{w}": g["remote_ids_per_step"],
+                                f"events_per_s_n{w}": g["events_per_s"], f"steps_n{w}": g["steps"]})
+        if "exact_dauc_n2" in summary:
+            summary["exact_dauc"] = summary["exact_dauc_n2"]
         goals = []
-        if e2:
-            goals.append(f"exact |dAUC| {summary['exact_dauc']:.5f} (goal <= 0.001)")
-        if o2:
+        if "exact_dauc" in summary:
+            goals.append(f"exact |dAUC| n2 {summary['exact_dauc']:.5f} (goal <= 0.001)")
+        if "online_dauc_n2" in summary:
             goals.append(f"online dAUC n2 {summary['online_dauc_n2']:+.5f} (goal >= -0.002)")
         for w, g_b, g_c in ((2, 200, 1.35), (4, 300, 1.6)):
             if f"bytes_per_event_n{w}" in summary:
                 goals.append(f"n{w} {summary[f'bytes_per_event_n{w}']:,.0f} B/event (goal <= {g_b}), CPU "
-                             f"{summary[f'cpu_inflation_n{w}']:.2f}x (goal <= {g_c}; "
-                             f"{summary[f'cpu_inflation_vs_control_n{w}']:.2f}x {w} side-by-side plain trainers)")
-        if o4:
+                             f"{summary[f'cpu_inflation_n{w}']:.2f}x (goal <= {g_c}; small-batch floor "
+                             f"{summary[f'cpu_small_batch_n{w}']:.2f}x)")
+        if "online_dauc_n4" in summary:
             goals.append(f"online dAUC n4 {summary['online_dauc_n4']:+.5f}")
         print("ratios: " + "; ".join(goals))
+        summary["projection"] = proj
+        summary["loadavg_1m_start_end"] = [load0, os.getloadavg()[0]]
         if args.json:
             print(json.dumps(summary))
     finally:

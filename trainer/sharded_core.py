@@ -57,7 +57,8 @@ class ShardedTrainerCore(TrainerCore):
                                     self.rank, self.world, group, comm_device=self.comm)
         self._hot_all: dict[str, np.ndarray] = {}  # the whole group's hot set (plans need it; rows live with owners)
         self.steps = 0
-        self.dense_bytes_sent = 0
+        self.windows = 0
+        self.dense_bytes_sent = 0  # what a ring all-reduce puts on the wire per rank: 2 (N-1)/N of the buffer
         self._params = [p for p in self.model.parameters()]
         with torch.no_grad():  # one starting point for every rank, whatever their seeds did
             for p in self._params:
@@ -97,10 +98,17 @@ class ShardedTrainerCore(TrainerCore):
         hot = hot_samples(batch, self.fields, self.hot_mask) if hot_on else np.zeros(len(batch), dtype=bool)
         return plan(hot, self.local_batch, t.schedule if self.hot_rows else "arrival", t.hot_per_cold)
 
-    def _max(self, n: int) -> int:
-        x = torch.tensor([n], dtype=torch.int64, device=self.comm)
+    def _steps_for(self, n: int) -> int:
+        """The group's step count for this window (the largest plan); checks that every rank is at the same
+        window, so a caller that calls ``train_window`` unevenly gets this error, not a gloo size mismatch."""
+        self.windows += 1
+        x = torch.tensor([n, self.windows, -self.windows], dtype=torch.int64, device=self.comm)
         dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
-        return int(x.item())
+        most, newest, oldest = (int(v) for v in x.cpu())
+        if newest != -oldest:
+            raise RuntimeError(f"rank {self.rank} is at window {self.windows} while others are at {-oldest}..{newest}: "
+                               "every rank must call train_window once per window (None when idle)")
+        return most
 
     def train_window(self, batch: EventBatch | None) -> WindowResult:
         """Train this rank's window (``None`` or empty: an idle rank) in lockstep with the group."""
@@ -109,7 +117,7 @@ class ShardedTrainerCore(TrainerCore):
         self.model.train()
         scores = np.zeros(len(batch), np.float32)
         mbs = self.plan(batch)
-        steps = self._max(len(mbs))
+        steps = self._steps_for(len(mbs))
         empty = np.zeros(0, np.int64)
         hot_n, rejected, reasons = 0, [], []
         for i in range(steps):
@@ -206,7 +214,7 @@ class ShardedTrainerCore(TrainerCore):
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.comm)
                           for p in self._params] + [flags])
         dist.all_reduce(flat, group=self.group)
-        self.dense_bytes_sent += flat.numel() * flat.element_size()
+        self.dense_bytes_sent += 2 * (self.world - 1) * flat.numel() * flat.element_size() // self.world
         self.steps += 1
         flags = flat[-(self.world + 1):].cpu().numpy()
         grads = flat[:-(self.world + 1)]

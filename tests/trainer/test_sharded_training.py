@@ -122,3 +122,26 @@ def test_owners_are_stable_and_spread():
     np.testing.assert_array_equal(own, owner_of("item", ids, 3))  # a pure function of (table, id, world)
     assert not np.array_equal(own, owner_of("user", ids, 3))  # tables spread independently
     assert np.all(owner_of("item", ids, 1) == 0)
+
+
+def _out_of_step_rank(rank, world, cfg, tmp):
+    from streamrec.trainer.sharded_core import ShardedTrainerCore
+
+    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
+    core.train_window(None)
+    if rank == 1:
+        core.windows += 1  # as if this rank had trained a window the other did not
+    try:
+        core.train_window(None)
+        return "no error"
+    except RuntimeError as e:
+        return str(e)
+    finally:
+        store.close()
+
+
+@pytest.mark.subprocess
+def test_ranks_out_of_step_get_a_clear_error(tmp_path):
+    ranks = run_group(2, _cfg, tmp_path, _out_of_step_rank)
+    assert all("every rank must call train_window once per window" in r for r in ranks), ranks
