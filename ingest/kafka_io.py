@@ -174,6 +174,7 @@ class ConsumerStats:
     commit_failures: int = 0  # commits refused (rebalance, coordinator moved); retried at the next one
     rebalances: int = 0  # partition assignments after the first
     offsets_reset: int = 0  # partitions moved by kafka.on_offsets_lost (earliest/latest)
+    partitions_added: int = 0  # partitions the topic gained while this consumer ran (assign mode reads them too)
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -242,6 +243,9 @@ class EventConsumer:
                       ("quarantined to the DLQ" if deaths >= 1 else "retried once, quarantined if it dies again"))
         self._next: dict[tuple[str, int], int] = {}  # the offset after the last record handed out (or sought)
         self._assigned_once = False
+        self._fixed: set[int] | None = None  # mode "assign" with explicit partitions: a group rank's static share
+        self._known_partitions: set[int] = set()
+        self.partitions_changed: tuple[int, int] | None = None  # (had, has) when a fixed share no longer fits
         self.topic_id = None  # the topic's id (uuid) when first seen: a new id means it was recreated
         opts = dict(
             bootstrap_servers=bootstrap,
@@ -271,6 +275,7 @@ class EventConsumer:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"topic {self.topic!r} does not exist")
                     time.sleep(0.2)
+            self._fixed = set(partitions) if partitions is not None else None
             if partitions is not None:
                 missing = sorted(set(partitions) - set(parts))
                 if missing:
@@ -281,6 +286,7 @@ class EventConsumer:
             self.consumer.assign(tps)
             self._on_assigned(tps)
         self.topic_id = self._current_topic_id()
+        self._known_partitions = set(self.consumer.partitions_for_topic(self.topic) or ())
         self._dlq = make_producer(bootstrap) if dlq else None
         self._dlq_sent: list = []  # (send future or the error send raised, "topic:partition:offset") since the last flush
         self._per_record = 1.0  # events per record seen last time: how many records make max_events
@@ -482,7 +488,10 @@ class EventConsumer:
         return topic_id(self.consumer, self.topic)
 
     def _check_topic(self) -> None:
-        """A topic deleted and recreated gets a new id: every position in it is meaningless now."""
+        """A topic deleted and recreated gets a new id: every position in it is meaningless now. A topic that
+        gained partitions (added, or auto-created anew with the broker's default count) has records nobody
+        reads unless they are assigned: in assign mode they are taken too (from their start)."""
+        self._check_partitions()
         now = self._current_topic_id()
         if now is None:
             return
@@ -494,6 +503,29 @@ class EventConsumer:
             owned = [tp for tp in self.consumer.assignment() if tp.topic == self.topic]
             self._offsets_lost({tp: self._next.get((tp.topic, tp.partition)) for tp in owned},
                                f"the topic was deleted and recreated: id {old} is now {now}")
+
+    def _check_partitions(self) -> None:
+        if self.mode != "assign":
+            return  # the consumer group assigns new partitions itself
+        parts = set(self.consumer.partitions_for_topic(self.topic) or ())  # the client's metadata cache
+        added = parts - self._known_partitions
+        if not parts or not added:
+            return
+        had = len(self._known_partitions)
+        self._known_partitions = parts
+        if self._fixed is not None:  # a group rank's static share: the group must re-plan (it restarts)
+            self.partitions_changed = (had, len(parts))
+            log.warning("topic %s now has %d partitions (had %d): this rank's static share no longer covers them",
+                        self.topic, len(parts), had)
+            return
+        tps = [TopicPartition(self.topic, p) for p in sorted(added)]
+        self.consumer.assign(sorted(self.consumer.assignment() | set(tps), key=lambda tp: (tp.topic, tp.partition)))
+        self.consumer.seek_to_beginning(*tps)
+        for tp in tps:
+            self._next[(tp.topic, tp.partition)] = int(self.consumer.position(tp))
+        self.stats.partitions_added += len(tps)
+        log.warning("topic %s gained partitions %s (now %d): reading them from their start", self.topic,
+                    sorted(added), len(parts))
 
     def _offsets_lost(self, lost: dict, why: str) -> None:
         self.apply_offsets_lost(lost, why)

@@ -275,10 +275,11 @@ class GroupTrainerService(TrainerService):
                 log_due = r0 and now - last_log_t >= t.log_every_s
                 idle_due = r0 and bool(t.idle_exit_s) and now - idle_since > t.idle_exit_s
                 n = len(batch) if batch is not None else 0
+                moved = self.consumer.partitions_changed is not None  # the topic gained partitions
                 ctrl = torch.tensor([float(self.stop.is_set()), float(upd is not None), float(ckpt_due),
-                                     float(log_due), float(idle_due), float(n)], dtype=torch.float64)
+                                     float(log_due), float(idle_due), float(n), float(moved)], dtype=torch.float64)
                 dist.all_reduce(ctrl, group=self.group)
-                stop_any, hot_any, ckpt_any, log_any, idle_any, n_group = (float(x) for x in ctrl)
+                stop_any, hot_any, ckpt_any, log_any, idle_any, n_group, moved_any = (float(x) for x in ctrl)
                 if hot_any:
                     box = [upd]
                     dist.broadcast_object_list(box, src=0, group=self.group)
@@ -296,7 +297,7 @@ class GroupTrainerService(TrainerService):
                         self._record_trained(batch)
                     self._group_events += int(n_group)
                     dirty = True
-                done = (stop_any and "stopped") or (idle_any and "idle") or (
+                done = (stop_any and "stopped") or (moved_any and "repartition") or (idle_any and "idle") or (
                     t.max_events and self._group_events >= t.max_events and "max_events")
                 if ckpt_any or (done and dirty):
                     self.checkpoint()
@@ -309,6 +310,9 @@ class GroupTrainerService(TrainerService):
                     break
         finally:
             self.close()
+        if reason == "repartition":  # a non-zero exit: torchrun restarts the group, which re-plans the partitions
+            raise GroupError(f"the topic {self.consumer.topic!r} gained partitions; checkpoint {self.seq} is written "
+                             "and the group restarts to assign every partition")
         return {"reason": reason, "events": self._group_events, "checkpoint": self.seq, "rank": self.rank,
                 "world": self.world, "auc": self.last_record.get("auc", float("nan")),
                 "window_auc": self.last_record.get("window_auc", float("nan")),

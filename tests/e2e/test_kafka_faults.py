@@ -168,3 +168,43 @@ def test_a_trainer_slower_than_its_poll_interval_stays_correct(topics, tmp_path,
     summary = svc.run()
     assert summary["events"] == 2048  # every event exactly once
     assert svc.consumer.stats.commit_failures + svc.consumer.stats.rebalances >= 1
+
+
+def test_a_topic_recreated_with_more_partitions_is_read_in_full(tmp_path):
+    """The broker comes back empty and the topic reappears with more partitions than before (recreated by
+    hand, or auto-created by a client with the broker's default count): a trainer reading every partition
+    (assign mode) takes the new ones too, so no event in them is skipped."""
+    import copy
+
+    cfg = _cfg(tmp_path, "earliest")
+    cfg.trainer.idle_exit_s = 0.0
+    port = free_port()
+    broker = EmbeddedBroker(port=port).start()
+    stop = threading.Event()
+    svc, th, out = None, None, {}
+    try:
+        ensure_topics(broker.bootstrap, pipeline_topics(cfg))  # 2 partitions
+        _produce(cfg, broker.bootstrap, 512, seed=1)
+        svc = TrainerService(cfg, broker.bootstrap, stop=stop, progress=False)
+        th = threading.Thread(target=lambda: out.update(svc.run()), daemon=True)
+        th.start()
+        deadline = time.monotonic() + 60
+        while svc.core.events < 512 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        broker.stop()
+        broker = EmbeddedBroker(port=port).start()
+        wider = copy.deepcopy(cfg)
+        wider.kafka.partitions = 4
+        ensure_topics(broker.bootstrap, pipeline_topics(wider))
+        _produce(wider, broker.bootstrap, 512, seed=2)  # 8 messages over 4 partitions
+        deadline = time.monotonic() + 60
+        while svc.core.events < 1024 and time.monotonic() < deadline and th.is_alive():
+            time.sleep(0.2)
+        assert th.is_alive(), out
+        assert svc.core.events == 1024, (svc.core.events, svc.consumer._next)
+        assert svc.consumer.stats.partitions_added == 2
+    finally:
+        stop.set()
+        if th is not None:
+            th.join(30)
+        broker.stop()
