@@ -238,8 +238,9 @@ class ShardedTrainerCore(TrainerCore):
 
     # -- group-wide figures ------------------------------------------------------
     def group_metrics(self):
-        """The group's since-start AUC/logloss (histograms and totals summed over ranks): a collective.
-        The sliding window stays this rank's own."""
+        """The group's figures (a collective): since-start AUC/logloss from the histograms and totals summed
+        over ranks; the sliding window from every rank's newest ``window / N`` events (one rank's own window
+        alone reaches N times further back in the stream)."""
         from .metrics import StreamingMetrics
 
         m = self.metrics
@@ -249,5 +250,19 @@ class ShardedTrainerCore(TrainerCore):
         b = m.bins
         g = StreamingMetrics(self.cfg.trainer.metrics_window, bins=b)
         g.load_state({"pos": v[:b], "neg": v[b:2 * b], "loss_total": float(v[2 * b]), "count": int(v[2 * b + 1])})
-        g._wy, g._wp, g._wn, g._wi = m._wy, m._wp, m._wn, m._wi
+        share = max(1, m.window // self.world)
+        n = min(share, m._wn)
+        newest = (m._wi - np.arange(n, 0, -1)) % m.window  # ring positions of this rank's newest n, oldest first
+        mine = np.zeros((2, share + 1), np.float32)
+        mine[0, :n], mine[1, :n], mine[0, share] = m._wy[newest], m._wp[newest], n
+        got = [torch.empty((2, share + 1), dtype=torch.float32, device=self.comm) for _ in range(self.world)]
+        dist.all_gather(got, torch.from_numpy(mine).to(self.comm), group=self.group)
+        ys, ps = [], []
+        for t in got:
+            a = t.cpu().numpy()
+            k = int(a[0, share])
+            ys.append(a[0, :k])
+            ps.append(a[1, :k])
+        g.update(np.concatenate(ys), np.concatenate(ps))  # only the window matters: the totals were set above
+        g.load_state({"pos": v[:b], "neg": v[b:2 * b], "loss_total": float(v[2 * b]), "count": int(v[2 * b + 1])})
         return g

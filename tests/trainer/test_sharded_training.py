@@ -38,7 +38,7 @@ def _train_rank(rank, world, cfg, tmp):
         mine = ids[owner_of(f, ids, world) == rank]
         owned[f] = (mine, store.peek(f, mine).numpy())
     g = core.group_metrics()
-    out = {"auc": g.auc, "logloss": g.logloss, "events": core.events, "steps": core.steps, "owned": owned,
+    out = {"auc": g.auc, "logloss": g.logloss, "window_auc": g.window_auc(), "events": core.events, "steps": core.steps, "owned": owned,
            "dense": {k: v.detach().numpy().copy() for k, v in core.model.state_dict().items()}}
     store.close()
     return out
@@ -60,6 +60,7 @@ def test_two_ranks_train_the_model_one_trainer_would(tmp_path):
     for r in ranks:
         assert abs(r["auc"] - core.metrics.auc) <= 0.001, (r["auc"], core.metrics.auc)
         assert abs(r["logloss"] - core.metrics.logloss) <= 1e-3
+        assert abs(r["window_auc"] - core.metrics.window_auc()) <= 0.001  # the group's window, not one rank's
         assert r["steps"] == N_EVENTS // BATCH
         for k, v in core.model.state_dict().items():
             np.testing.assert_allclose(r["dense"][k], v.numpy(), atol=1e-4, err_msg=k)
