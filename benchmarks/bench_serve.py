@@ -1,5 +1,5 @@
 """``streamrec bench serve``: Predict latency/throughput over gRPC vs the bare model in-process,
-snapshot push-to-serving time, and serving-side freshness.
+snapshot push-to-serving time, serving-side freshness, and isolation from an abusive client.
 
 The server runs in its own process (``streamrec serve``) so clients and server do
 not share a GIL. Baseline, same run: the bare DLRM forward pass in-process on the
@@ -12,6 +12,12 @@ into transport and work. Each cell also reports the CPU time the server process 
 client process spend per request (``server_cpu_us``, ``client_cpu_us``): on a shared
 2-core box, throughput is bounded by their sum, not by latency.
 ``grpc_vs_inproc_b512`` = served events/s over bare-forward events/s at batch 512.
+
+Isolation (``p99_ratio_under_abuse``): a well-behaved client (batch 64, one thread) measures its
+p99 alone, then while an abusive client (``benchmarks/abuse.py``, its own process, 4 threads) sends
+what the server must refuse: events of 2,000,000 ids, over-limit ids, malformed bytes, dense 3e38
+(goal <= 3). ``p99_ratio_under_heavy`` is the same with an abuser sending the heaviest requests the
+default limits accept, which the server must score.
 
 Freshness here is serving's part: an update is stamped with "now" as its event
 time, written as a delta snapshot, pushed, and clients poll Predict until the
@@ -44,6 +50,63 @@ def _cpu(p) -> float:
     return t.user + t.system
 
 
+ABUSERS = {  # name -> what the abusive client sends (benchmarks/abuse.py), one kind after another
+    "abuse": "huge,ids,malformed,dense",  # the issue's hostile client: 2,000,000 ids, over-limit ids, garbage, 3e38
+    "heavy": "heavy",  # the heaviest requests the default limits accept (max_ids_per_request unseen ids)
+}
+
+
+def isolation(target: str, request, seconds: float, env: dict, threads: int = 4, token: str = "",
+              abusers: dict[str, str] = ABUSERS) -> dict:
+    """A well-behaved client's latency (one thread, ``request`` back to back) alone, then with each abusive
+    client (``benchmarks/abuse.py`` in its own process, ``threads`` threads) running, then alone again.
+    ``p99_ratio_under_<name>`` = its p99 with that abuser running / its p99 alone before (same run, same server)."""
+    import grpc
+
+    from streamrec.serving import ServingClient
+
+    def measure(secs: float) -> tuple[list[float], int]:
+        lat, errors = [], 0
+        with ServingClient(target, timeout=30, token=token) as cl:
+            cl.predict_request(request)
+            t_end = time.perf_counter() + secs
+            while time.perf_counter() < t_end:
+                t = time.perf_counter()
+                try:
+                    cl.predict_request(request)
+                except grpc.RpcError:
+                    errors += 1
+                    continue
+                lat.append((time.perf_counter() - t) * 1000)
+        return lat, errors
+
+    alone, errors = measure(seconds)
+    out = {"p99_ms_alone": _pct(alone, 99), "p50_ms_alone": _pct(alone, 50), "qps_alone": len(alone) / seconds}
+    for name, kinds in abusers.items():
+        abuser = subprocess.Popen([sys.executable, "-m", "streamrec.benchmarks.abuse", target, "--threads", str(threads),
+                                   "--kinds", kinds] + (["--token", token] if token else []),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                                  text=True)
+        try:
+            if abuser.stdout.readline().strip() != "ready":
+                raise RuntimeError("the abusive client did not start")
+            time.sleep(0.5)  # its threads connected and sending
+            lat, err = measure(seconds)
+            abuser.stdin.close()
+            counts = json.loads(abuser.stdout.readline() or "{}")
+            abuser.wait(60)
+        finally:
+            if abuser.poll() is None:
+                abuser.kill()
+        errors += err
+        out.update({f"p99_ms_under_{name}": _pct(lat, 99), f"p50_ms_under_{name}": _pct(lat, 50),
+                    f"qps_under_{name}": len(lat) / seconds, f"p99_ratio_under_{name}": _pct(lat, 99) / out["p99_ms_alone"],
+                    f"qps_ratio_under_{name}": len(lat) / seconds / out["qps_alone"], f"abuser_{name}": counts})
+    after, err = measure(seconds)
+    out.update({"p99_ms_after": _pct(after, 99), "errors": errors + err})
+    return out
+
+
 def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0):
     from streamrec.embedding_store import EmbeddingStore
     from streamrec.model import DLRM
@@ -73,6 +136,7 @@ def main(argv: list[str]) -> int:
 
     quick = args.quick
     cell_s = args.seconds or (1.2 if quick else 4.0)
+    abuse_s = 2.0 if quick else 5.0  # per phase of the isolation measure (alone, each abuser, alone again)
     rows_per_table = 20_000 if quick else 200_000
     batches = [1, 64, 512]
     clients = [1, 4, 16]
@@ -252,6 +316,15 @@ def main(argv: list[str]) -> int:
                     f"vs lookup+forward {qps / base[b]['predict_qps']:.2f}x  errors {len(errors)}  "
                     f"CPU/req server {res[(b, c)]['server_cpu_us']:.0f} us client {res[(b, c)]['client_cpu_us']:.0f} us")
 
+        # isolation: a well-behaved client (batch 64, one thread) alone and with an abusive client running
+        iso = isolation(target, requests[64], abuse_s, env)
+        say(f"isolation, well-behaved client b64: alone p99 {iso['p99_ms_alone']:.2f} ms ({iso['qps_alone']:.0f} req/s); "
+            + "; ".join(f"with the {n} client p99 {iso[f'p99_ms_under_{n}']:.2f} ms ({iso[f'qps_under_{n}']:.0f} req/s), "
+                        f"p99 ratio {iso[f'p99_ratio_under_{n}']:.2f}" for n in ABUSERS)
+            + f"; alone again p99 {iso['p99_ms_after']:.2f} ms; errors {iso['errors']}")
+        for n in ABUSERS:
+            say(f"  the {n} client's calls: {iso[f'abuser_{n}']}")
+
         # delta snapshot (1% of rows changed + dense) and freshness
         def delta(version, parent, newest_ms):
             with torch.no_grad():
@@ -330,6 +403,13 @@ def main(argv: list[str]) -> int:
         # floor's CPU per call (least over client counts) plus the served path's own work in-process
         "bound_qps_b512": round(bound512, 2),
         "bound_vs_inproc_b512": round(bound512 / base[512]["forward_qps"], 4),
+        "p99_ratio_under_abuse": round(iso["p99_ratio_under_abuse"], 3),
+        "p99_ms_alone_b64": round(iso["p99_ms_alone"], 3),
+        "p99_ms_under_abuse_b64": round(iso["p99_ms_under_abuse"], 3),
+        "qps_ratio_under_abuse": round(iso["qps_ratio_under_abuse"], 3),
+        "p99_ratio_under_heavy": round(iso["p99_ratio_under_heavy"], 3),
+        "qps_ratio_under_heavy": round(iso["qps_ratio_under_heavy"], 3),
+        "abuser_calls": {n: iso[f"abuser_{n}"] for n in ABUSERS},
         "errors": sum(v["errors"] for v in res.values()),
         "cells": {f"b{b}_c{c}": {k: round(x, 3) for k, x in v.items()} for (b, c), v in res.items()},
     }
@@ -338,6 +418,8 @@ def main(argv: list[str]) -> int:
         f"{out['floor_best_qps'] / base[512]['forward_qps']:.2f}x the forward")
     say(f"bound at b512: {os.cpu_count()} cores / (payload floor CPU per call + served path in-process) = "
         f"{bound512:.0f} req/s = {out['bound_vs_inproc_b512']:.2f}x the bare forward")
+    say(f"p99_ratio_under_abuse: {out['p99_ratio_under_abuse']} (goal <= 3); under the heaviest legal requests: "
+        f"{out['p99_ratio_under_heavy']}")
     say(f"p99 at batch 64 (1 client): {out['p99_ms_b64']} ms (goal <= 10); served/in-process forward at b512: "
         f"{out['grpc_vs_inproc_b512']}x (goal >= 0.5); vs lookup+forward {out['grpc_vs_inproc_predict_b512']}x")
     if args.json:

@@ -64,7 +64,7 @@ class ServingClient:
         return np.asarray(resp.scores, dtype=np.float32), int(resp.model_version)
 
     def status(self) -> dict[str, Any]:
-        resp = self.stub.Status(pb.StatusRequest(), timeout=self.timeout)
+        resp = self.stub.Status(pb.StatusRequest(), timeout=self.timeout, metadata=_metadata(self.token))
         return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
     def health(self, service: str = "") -> str:

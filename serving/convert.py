@@ -7,6 +7,7 @@ the offending field, e.g. ``events[3].dense``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -18,6 +19,36 @@ from .pb import pb
 
 class RequestError(StreamrecError, ValueError):
     """A request field is bad; the message starts with the field's path."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one Predict request may hold (``serving.*`` and ``ingest.dense_abs_max``); each is checked
+    before the work it bounds (ids are counted before they are copied, hashed or looked up)."""
+
+    max_batch: int = 4096
+    max_ids_per_event: int = 1 << 62
+    max_ids_per_request: int = 1 << 62
+    dense_abs_max: float = 3.4e38
+
+    @classmethod
+    def from_config(cls, cfg) -> "Limits":
+        s = cfg.serving
+        return cls(s.max_batch, s.max_ids_per_event, s.max_ids_per_request, float(cfg.ingest.dense_abs_max))
+
+
+def _limits(limits: "Limits | int") -> "Limits":
+    return limits if isinstance(limits, Limits) else Limits(max_batch=int(limits))
+
+
+def _check_dense(dense: np.ndarray, lim: Limits, where) -> None:
+    """Finite and within +-``ingest.dense_abs_max`` (the ingest contract); ``where(event, value)`` names it."""
+    ok = np.isfinite(dense) & (np.abs(dense) <= lim.dense_abs_max)
+    if not ok.all():
+        i, j = (int(x) for x in np.argwhere(~ok)[0])
+        x = float(dense[i, j])
+        why = "not finite" if not np.isfinite(x) else f"beyond +-ingest.dense_abs_max ({lim.dense_abs_max:g})"
+        raise RequestError(f"{where(i, j)}: {x:g} is {why}")
 
 
 def _event_parts(ev: Any, where: str) -> tuple[int, list, dict]:
@@ -150,24 +181,34 @@ def _column(msg, packed: str, raw: str, dtype: str, path: str) -> np.ndarray:
     return _from_repeated(rep, np.dtype(dtype).newbyteorder("="))
 
 
-def columns_to_batch(c, fields: list[str], dense_dim: int, max_batch: int) -> tuple[EventBatch, list[str]]:
+def _count(msg, packed: str, raw: str, size: int) -> int:
+    """How many values a column holds, without decoding it."""
+    blob = getattr(msg, raw)
+    return len(blob) // size if blob else len(getattr(msg, packed))
+
+
+def columns_to_batch(c, fields: list[str], dense_dim: int, limits: "Limits | int") -> tuple[EventBatch, list[str]]:
+    lim = _limits(limits)
     n = int(c.size)
     if n == 0:
         raise RequestError("columns.size: 0; send at least one event")
-    if n > max_batch:
-        raise RequestError(f"columns.size: {n} events, the limit is {max_batch} per request")
+    if n > lim.max_batch:
+        raise RequestError(f"columns.size: {n} events, serving.max_batch allows {lim.max_batch} per request")
+    known = set(fields)
+    for name in c.sparse:
+        if name not in known:
+            raise RequestError(f"columns.sparse: unknown field {name!r}; model fields: {', '.join(fields)}")
+    total = sum(_count(c.sparse[f], "values", "values_i64", 8) for f in c.sparse)
+    if total > lim.max_ids_per_request:
+        raise RequestError(f"columns.sparse: {total} ids, serving.max_ids_per_request allows {lim.max_ids_per_request}")
     flat = _column(c, "dense", "dense_f32", "<f4", "columns")
     if len(flat) != n * dense_dim:
         name = "dense_f32" if c.dense_f32 else "dense"
         raise RequestError(f"columns.{name}: {len(flat)} values, expected size*dense_dim = {n * dense_dim}")
     dense = flat.astype(np.float32).reshape(n, dense_dim)  # a writable native copy
-    if not np.all(np.isfinite(dense)):
-        raise RequestError(f"columns.dense: values must be finite (event {int(np.argwhere(~np.isfinite(dense))[0][0])})")
-    known = set(fields)
-    for name in c.sparse:
-        if name not in known:
-            raise RequestError(f"columns.sparse: unknown field {name!r}; model fields: {', '.join(fields)}")
+    _check_dense(dense, lim, lambda i, j: f"columns.dense: event {i}, value {j}")
     sparse = {}
+    per_event = np.zeros(n, dtype=np.int64)
     for f in fields:
         if f in c.sparse:
             col = c.sparse[f]
@@ -175,6 +216,7 @@ def columns_to_batch(c, fields: list[str], dense_dim: int, max_batch: int) -> tu
             lengths = _column(col, "lengths", "lengths_u32", "<u4", path)
             if len(lengths) != n:
                 raise RequestError(f"{path}.lengths: {len(lengths)} entries, expected {n}")
+            per_event += lengths
             values = _column(col, "values", "values_i64", "<i8", path).astype(np.int64, copy=False)
             offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
@@ -183,6 +225,10 @@ def columns_to_batch(c, fields: list[str], dense_dim: int, max_batch: int) -> tu
             sparse[f] = JaggedIds(values, offsets)
         else:
             sparse[f] = JaggedIds(np.zeros(0, np.int64), np.zeros(n + 1, np.int64))
+    if n and int(per_event.max()) > lim.max_ids_per_event:
+        i = int(np.argmax(per_event))
+        raise RequestError(f"columns.sparse: event {i} has {int(per_event[i])} ids, serving.max_ids_per_event "
+                           f"allows {lim.max_ids_per_event}")
     if len(c.request_ids) not in (0, n):
         raise RequestError(f"columns.request_ids: {len(c.request_ids)} entries, expected 0 or {n}")
     if len(c.ts) not in (0, n):
@@ -192,43 +238,86 @@ def columns_to_batch(c, fields: list[str], dense_dim: int, max_batch: int) -> tu
     return EventBatch(ts=ts, labels=np.zeros(n, np.float32), dense=dense, sparse=sparse), rids
 
 
-def request_to_batch_ids(req, fields: list[str], dense_dim: int, max_batch: int) -> tuple[EventBatch, list[str]]:
-    """The batch of a Predict request (either form) and the request ids to echo ([] when none was given)."""
+def request_cost(req, fields: list[str], limits: "Limits | int") -> int:
+    """Events + ids of a Predict request, counted without copying, hashing or looking up an id; raises
+    RequestError for a request over a count limit. Cheap: what a server decides before the real work."""
+    lim = _limits(limits)
+    if req.HasField("columns"):
+        c = req.columns
+        n = int(c.size)
+        if n > lim.max_batch:
+            raise RequestError(f"columns.size: {n} events, serving.max_batch allows {lim.max_batch} per request")
+        total = sum(_count(c.sparse[f], "values", "values_i64", 8) for f in c.sparse)
+        if total > lim.max_ids_per_request:
+            raise RequestError(f"columns.sparse: {total} ids, serving.max_ids_per_request allows {lim.max_ids_per_request}")
+        return n + total
+    n = len(req.events)
+    if n > lim.max_batch:
+        raise RequestError(f"events: {n} events, serving.max_batch allows {lim.max_batch} per request")
+    total = 0
+    for i, ev in enumerate(req.events):
+        in_event = 0
+        for ids in ev.sparse.values():
+            in_event += len(ids.ids) + len(ids.keys)
+        if in_event > lim.max_ids_per_event:
+            raise RequestError(f"events[{i}].sparse: more than {lim.max_ids_per_event} ids in one event "
+                               f"(serving.max_ids_per_event)")
+        total += in_event
+        if total > lim.max_ids_per_request:
+            raise RequestError(f"events: more than {lim.max_ids_per_request} ids by events[{i}] "
+                               f"(serving.max_ids_per_request)")
+    return n + total
+
+
+def request_to_batch_ids(req, fields: list[str], dense_dim: int,
+                         limits: "Limits | int") -> tuple[EventBatch, list[str]]:
+    """The batch of a Predict request (either form) and the request ids to echo ([] when none was given).
+
+    ``limits``: a :class:`Limits` (or just ``max_batch``, the other limits off)."""
     has_cols = req.HasField("columns")
     if has_cols and len(req.events):
         raise RequestError("events: send either events or columns, not both")
     if has_cols:
-        return columns_to_batch(req.columns, fields, dense_dim, max_batch)
-    batch = request_to_batch(req, fields, dense_dim, max_batch)
+        return columns_to_batch(req.columns, fields, dense_dim, limits)
+    batch = request_to_batch(req, fields, dense_dim, limits)
     rids = [e.request_id for e in req.events]
     return batch, rids if any(rids) else []
 
 
-def request_to_batch(req: "pb.PredictRequest", fields: list[str], dense_dim: int, max_batch: int) -> EventBatch:
+def request_to_batch(req: "pb.PredictRequest", fields: list[str], dense_dim: int, limits: "Limits | int") -> EventBatch:
     """Validate a Predict request against the served model and build its batch."""
+    lim = _limits(limits)
     n = len(req.events)
     if n == 0:
         raise RequestError("events: empty; send at least one event")
-    if n > max_batch:
-        raise RequestError(f"events: {n} events, the limit is {max_batch} per request")
+    if n > lim.max_batch:
+        raise RequestError(f"events: {n} events, serving.max_batch allows {lim.max_batch} per request")
     known = set(fields)
     dense = np.empty((n, dense_dim), dtype=np.float32)
     ts = np.empty(n, dtype=np.int64)
     lists: dict[str, list] = {f: [None] * n for f in fields}
+    total = 0
     for i, ev in enumerate(req.events):
         if len(ev.dense) != dense_dim:
             raise RequestError(f"events[{i}].dense: {len(ev.dense)} values, the model expects {dense_dim}")
         dense[i] = ev.dense
         ts[i] = ev.ts
+        in_event = 0
         for name, ids in ev.sparse.items():
             if name not in known:
                 raise RequestError(f"events[{i}].sparse: unknown field {name!r}; model fields: {', '.join(fields)}")
+            in_event += len(ids.ids) + len(ids.keys)  # counted before they are copied or hashed
+            if in_event > lim.max_ids_per_event:
+                raise RequestError(f"events[{i}].sparse: more than {lim.max_ids_per_event} ids in one event "
+                                   f"(serving.max_ids_per_event)")
+            if total + in_event > lim.max_ids_per_request:
+                raise RequestError(f"events: more than {lim.max_ids_per_request} ids by events[{i}] "
+                                   f"(serving.max_ids_per_request)")
             vals = list(ids.ids)
             if ids.keys:
                 vals.extend(hash_id(k) for k in ids.keys)
             lists[name][i] = vals
-    if not np.all(np.isfinite(dense)):
-        bad = int(np.argwhere(~np.isfinite(dense))[0][0])
-        raise RequestError(f"events[{bad}].dense: values must be finite")
+        total += in_event
+    _check_dense(dense, lim, lambda i, j: f"events[{i}].dense[{j}]")
     sparse = {f: JaggedIds.from_lists([x if x is not None else () for x in lists[f]]) for f in fields}
     return EventBatch(ts=ts, labels=np.zeros(n, np.float32), dense=dense, sparse=sparse)

@@ -11,9 +11,25 @@ import hashlib
 import shutil
 import uuid
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from streamrec.snapshot import MANIFEST, Manifest, SnapshotError
+
+
+OPEN_FILES = 16  # files of one push open at once: a stream that interleaves many files reopens them (append)
+
+
+def parse_chunks(raw: Iterable[bytes]) -> Iterator:
+    """``SnapshotChunk`` messages from the raw bytes of a PushSnapshot stream: bytes that are not one
+    are refused as INVALID_ARGUMENT naming the message (gRPC's own decoding answered INTERNAL)."""
+    from .pb import pb
+
+    for i, blob in enumerate(raw):
+        try:
+            yield pb.SnapshotChunk.FromString(blob)
+        except Exception:  # DecodeError, or whatever the protobuf runtime raises on garbage
+            raise SnapshotError(f"message {i} of the stream is not a SnapshotChunk (malformed protobuf)",
+                                code="INVALID_ARGUMENT") from None
 
 
 def receive_snapshot(chunks: Iterable, staging_root: Path, max_bytes: int,
@@ -33,7 +49,8 @@ def receive_snapshot(chunks: Iterable, staging_root: Path, max_bytes: int,
         raise SnapshotError(f"manifest_json: {e}", code="INVALID_ARGUMENT") from None
     total = sum(f["bytes"] for f in manifest.files.values())
     if total > max_bytes:
-        raise SnapshotError(f"manifest_json: snapshot of {total} bytes exceeds the limit of {max_bytes}", code="INVALID_ARGUMENT")
+        raise SnapshotError(f"manifest_json: snapshot of {total} bytes exceeds serving.max_snapshot_mb "
+                            f"({max_bytes} bytes)", code="INVALID_ARGUMENT")
     if precheck is not None:
         precheck(manifest)
     stage = Path(staging_root) / f"{manifest.version}-{uuid.uuid4().hex[:8]}"
@@ -53,9 +70,12 @@ def receive_snapshot(chunks: Iterable, staging_root: Path, max_bytes: int,
                 raise SnapshotError(f"chunk.offset: {c.name} at {c.offset}, expected {got[c.name]} (lost or reordered chunk)", code="DATA_LOSS")
             if got[c.name] + len(c.data) > manifest.files[c.name]["bytes"]:
                 raise SnapshotError(f"{c.name}: more bytes than the manifest's {manifest.files[c.name]['bytes']}", code="DATA_LOSS")
-            f = handles.get(c.name)
+            f = handles.pop(c.name, None)  # re-inserted last: the dict's order is least recently used first
             if f is None:
-                f = handles[c.name] = open(stage / c.name, "wb")
+                if len(handles) >= OPEN_FILES:
+                    handles.pop(next(iter(handles))).close()
+                f = open(stage / c.name, "ab")  # a new file, or one closed above: its bytes so far stay
+            handles[c.name] = f
             f.write(c.data)
             hashes[c.name].update(c.data)
             got[c.name] += len(c.data)

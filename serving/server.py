@@ -1,13 +1,38 @@
 """The gRPC server: Predict, PushSnapshot (verified, then one-step swap), Status,
-plus the standard ``grpc.health.v1`` service and server reflection.
+plus the standard ``grpc.health.v1`` service and server reflection (v1 and v1alpha).
 
 Pushes are serialised; Predict never waits for a push: it takes a reference to
 the current version (see ``version.py``) and scores with it to the end.
+
+Hostile and careless clients (every limit is a ``serving.*`` key, named in the refusal):
+
+- Every call runs in a lane with its own threads and a cap on calls held at once
+  (``admission.py``): Predict (``workers`` threads, ``max_concurrent_requests``), pushes,
+  long-lived streams (health Watch, reflection), and Status/health checks. A full lane refuses
+  at once with RESOURCE_EXHAUSTED; a flood of one kind never takes another's threads.
+- Predict and PushSnapshot take their request bytes raw: size (``max_request_kb``) is checked
+  before parsing, and bytes that are not the message are INVALID_ARGUMENT (gRPC's own decoding
+  answered INTERNAL). Events, ids per event and per request are counted before ids are copied,
+  hashed or looked up; dense values must be finite and within ``ingest.dense_abs_max``.
+- A heavy request (more ids + events than ``heavy_request_cost``) is scored apart from the
+  merged rounds of ordinary requests (it would hold back every request merged with it), one at
+  a time (``max_concurrent_heavy`` admitted), and while ordinary requests are in progress the
+  heavy lane rests as long as its last request ran (``HEAVY_REST``): at most about half the time.
+- A client address refused more often than ``TARPIT_AFTER`` times a second (past a burst of as
+  many) gets its further refusals ``refusal_delay_ms`` late: a flood of bad calls slows to the
+  pace of the delay.
+- A score is never NaN: a request whose scores are not finite is refused, naming the event.
+- Pushes: the manifest's shape, names, sizes and model dimensions are checked before a byte
+  of the snapshot is stored or a tensor allocated; every tensor must be finite; a version must
+  be newer than the served one and at most ``max_version_jump`` ahead.
+- Start-up refuses an empty push token on a non-loopback address (``push_exposure``) unless
+  the operator asks for it (``streamrec serve --insecure-push``), and then warns on every start.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import shutil
 import threading
@@ -16,20 +41,51 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+import numpy as np
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from streamrec.foundation import Config, resolve_device
+from streamrec.foundation import Config, ConfigError, resolve_device, resource_error_line
 from streamrec.snapshot import SnapshotError
+from streamrec.snapshot.format import MAX_VERSION
 
-from .convert import RequestError, request_to_batch_ids
+from .admission import Lanes
+from .convert import Limits, RequestError, request_cost, request_to_batch_ids
 from .merge import RequestMerger
 from .pb import SERVICE, pb, pb_grpc
-from .receiver import receive_snapshot
-from .version import ServedVersion, load_version, restore_newest
+from .receiver import parse_chunks, receive_snapshot
+from .reflection import V1_SERVICE, V1ALPHA_SERVICE, enable_reflection
+from .version import ServedVersion, check_model_config, load_version, restore_newest
 
 log = logging.getLogger("streamrec.serving")
+
+# lanes besides Predict's: (threads, calls held at once); their refusals name these numbers
+PUSH_LANE = (2, 4)  # pushes are installed one at a time anyway
+STREAM_LANE = (4, 4)  # health Watch and reflection streams: long-lived, need no token
+CONTROL_LANE = (2, 64)  # Status, health Check: quick
+TARPIT_AFTER = 10  # refusals per second one client address may have (and a burst of as many) before they are delayed
+TARPIT_ADDRESSES = 10_000  # addresses remembered (the table is cleared of drained ones when it grows past this)
+HEAVY_REST = 1.0  # while ordinary requests are in progress, the heavy lane rests as long as its last request ran
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    h = host.strip().strip("[]").lower()
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False  # a host name or an interface name: reachable from elsewhere, as far as we know
+
+
+def push_exposure(cfg: Config) -> str | None:
+    """Why the configured server would let anyone on the network replace the model, or None."""
+    s = cfg.serving
+    if s.push_token or is_loopback(s.host):
+        return None
+    return (f"serving.push_token is empty and serving.host is {s.host!r} (not loopback): anyone who can reach "
+            f"port {s.port} could replace the served model")
 
 
 def _authorized(context, token: str) -> bool:
@@ -43,10 +99,22 @@ def _authorized(context, token: str) -> bool:
 
 
 class StreamRecService(pb_grpc.StreamRecServicer):
+    """The three RPCs. Predict, PushSnapshot and Status take their request bytes raw (see ``handler``)."""
+
     def __init__(self, cfg: Config, device: torch.device, health_servicer=None):
         self.cfg = cfg
         self.device = device
         self.health = health_servicer
+        s = cfg.serving
+        self.limits = Limits.from_config(cfg)
+        self._heavy_slots = threading.BoundedSemaphore(s.max_concurrent_heavy)
+        self._heavy_lock = threading.Lock()
+        self._heavy_free_at = 0.0  # monotonic time the heavy lane may run again
+        self._light_active = 0  # ordinary Predict calls being decoded or scored
+        self.refused: dict[str, int] = {}  # refusals by status code name (Predict), for tests and benchmarks
+        self._recent: dict[str, tuple] = {}  # client address -> (refusals in its bucket, when last refused)
+        self._tarpit = threading.BoundedSemaphore(max(1, s.workers // 2))  # delayed refusals at once
+        self.delayed = 0  # refusals answered late
         root = Path(cfg.serving.data_dir)
         self.staging = root / "staging"
         self.versions = root / "versions"
@@ -60,7 +128,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self._count_lock = threading.Lock()
         self.requests_served = 0
         self.events_served = 0
-        self.max_snapshot_bytes = 64 * 1024**3
+        self.max_snapshot_bytes = int(s.max_snapshot_mb) * 1024**2
         self.merger = RequestMerger(lambda v, b: v.predict(b), lambda v: v.fields, lambda v: v.dense_dim,
                                     cfg.serving.merge_max_events)
         restored = restore_newest(self.versions, cfg, device)  # a restart serves what it served before
@@ -113,9 +181,17 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             return v
 
     def _precheck(self, manifest) -> None:
+        """What can be decided from the manifest alone, before a byte of the snapshot is stored."""
         cur = self._current
         if cur is not None and manifest.version <= cur.version:
             raise SnapshotError(f"version {manifest.version} is not newer than the served {cur.version}", code="FAILED_PRECONDITION")
+        jump = self.cfg.serving.max_version_jump
+        if cur is not None and manifest.version > cur.version + jump:
+            raise SnapshotError(f"version {manifest.version} is more than serving.max_version_jump ({jump}) ahead of "
+                                f"the served {cur.version}", code="INVALID_ARGUMENT")
+        if manifest.version > MAX_VERSION:  # Manifest.check refuses it too; here for manifests built in-process
+            raise SnapshotError(f"version {manifest.version} is above 2^62", code="INVALID_ARGUMENT")
+        check_model_config(manifest.model_config, self.cfg.serving)
         if manifest.kind == "delta" and (cur is None or cur.version != manifest.parent_version):
             have = "none" if cur is None else cur.version
             raise SnapshotError(f"parent_version: delta needs parent {manifest.parent_version}, serving {have}; send a full snapshot", code="FAILED_PRECONDITION")
@@ -129,21 +205,122 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             old.retire(keep_dir=True)
 
     # -- RPCs -----------------------------------------------------------
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The service with raw request bytes: each RPC parses (and bounds) its own request."""
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            "Predict": grpc.unary_unary_rpc_method_handler(
+                self.Predict, response_serializer=pb.PredictResponse.SerializeToString),
+            "PushSnapshot": grpc.stream_unary_rpc_method_handler(
+                self.PushSnapshot, response_serializer=pb.PushResponse.SerializeToString),
+            "Status": grpc.unary_unary_rpc_method_handler(
+                self.Status, response_serializer=pb.StatusResponse.SerializeToString),
+        })
+
+    def _refuse(self, context, code: grpc.StatusCode, details: str):
+        """Refuse a Predict. A client address refused more often than ``TARPIT_AFTER`` times a second (past a
+        burst of as many) gets the refusal ``serving.refusal_delay_ms`` later: a flood of bad calls (or token
+        guesses) slows to the pace of the delay instead of taking the server's CPU. Only refusals wait, never
+        a good call; at most half the Predict threads wait at once (beyond that, refusals are answered at once)."""
+        address = (context.peer() or "").rpartition(":")[0]  # "ipv4:10.0.0.5:40112" -> "ipv4:10.0.0.5"
+        now = time.monotonic()
+        with self._count_lock:
+            self.refused[code.name] = self.refused.get(code.name, 0) + 1
+            if len(self._recent) > TARPIT_ADDRESSES:  # forget addresses whose bucket has drained
+                self._recent = {a: b for a, b in self._recent.items() if b[0] - (now - b[1]) * TARPIT_AFTER > 0}
+            # a leaky bucket per address: drains TARPIT_AFTER refusals a second, holds a burst of TARPIT_AFTER
+            level, last = self._recent.get(address, (0.0, now))
+            level = max(0.0, level - (now - last) * TARPIT_AFTER) + 1
+            self._recent[address] = (level, now)
+            late = level > TARPIT_AFTER
+        delay = self.cfg.serving.refusal_delay_ms / 1000
+        if late and delay > 0 and self._tarpit.acquire(blocking=False):
+            try:
+                with self._count_lock:
+                    self.delayed += 1
+                time.sleep(delay)
+            finally:
+                self._tarpit.release()
+        context.abort(code, details)
+
+    def _parse_predict(self, request, context):
+        if not isinstance(request, (bytes, bytearray, memoryview)):
+            return request  # already a message (called in-process)
+        limit = int(self.cfg.serving.max_request_kb) * 1024
+        if len(request) > limit:
+            self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"request: {len(request)} bytes, serving.max_request_kb allows {limit} "
+                         f"({self.cfg.serving.max_request_kb} KiB); send fewer events per request")
+        try:
+            return pb.PredictRequest.FromString(bytes(request))
+        except Exception:  # DecodeError, or whatever the protobuf runtime raises on garbage
+            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         "request: the bytes are not a streamrec.v1.PredictRequest (malformed protobuf)")
+
+    def _decode(self, request, v: ServedVersion, context):
+        try:
+            return request_to_batch_ids(request, v.fields, v.dense_dim, self.limits)
+        except RequestError as e:
+            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
     def Predict(self, request, context):
-        if not _authorized(context, self.cfg.serving.predict_token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "Predict needs metadata 'authorization: Bearer <token>'")
+        s = self.cfg.serving
+        if not _authorized(context, s.predict_token):
+            self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "Predict needs metadata 'authorization: Bearer <token>'")
+        size = len(request) if isinstance(request, (bytes, bytearray, memoryview)) else None
+        request = self._parse_predict(request, context)
         v = self._acquire()
         if v is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "no model loaded yet; push a snapshot first")
         try:
-            try:
-                batch, rids = request_to_batch_ids(request, v.fields, v.dense_dim, self.cfg.serving.max_batch)
-            except RequestError as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            scores = self.merger.score(v, batch)  # with requests that queued meanwhile, on the same version
+            cost = 0
+            # every id takes at least a byte on the wire: a request of few bytes cannot be heavy (and the
+            # decoding enforces every count limit before it copies ids); others are counted first
+            n = request.columns.size if request.HasField("columns") else len(request.events)
+            if s.heavy_request_cost and (size is None or n + size > s.heavy_request_cost):
+                try:
+                    cost = request_cost(request, v.fields, self.limits)  # counts only: before any real work
+                except RequestError as e:
+                    self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            if s.heavy_request_cost and cost > s.heavy_request_cost:
+                # decoded and scored apart from the merged rounds (it would hold back every request merged
+                # with it), one at a time
+                if not self._heavy_slots.acquire(blocking=False):
+                    self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"request: {cost} ids + events is heavy (serving.heavy_request_cost "
+                                 f"{s.heavy_request_cost}) and serving.max_concurrent_heavy ({s.max_concurrent_heavy}) "
+                                 "heavy requests are in progress; retry later or send smaller requests")
+                try:
+                    batch, rids = self._decode(request, v, context)
+                    with self._heavy_lock:
+                        wait = self._heavy_free_at - time.monotonic()
+                        if wait > 0 and self._light_active:  # others want the cores: at most half for this lane
+                            time.sleep(wait)
+                        t0 = time.monotonic()
+                        try:
+                            scores = v.predict(batch)
+                        finally:
+                            self._heavy_free_at = time.monotonic() + HEAVY_REST * (time.monotonic() - t0)
+                finally:
+                    self._heavy_slots.release()
+            else:
+                with self._count_lock:
+                    self._light_active += 1
+                try:
+                    batch, rids = self._decode(request, v, context)
+                    scores = self.merger.score(v, batch)  # with requests that queued meanwhile, on the same version
+                finally:
+                    with self._count_lock:
+                        self._light_active -= 1
             version = v.version
         finally:
             v.release()
+        finite = np.isfinite(scores)
+        if not finite.all():  # the weights are finite (checked on push): extreme features overflowed the model
+            i = int(np.argmin(finite))
+            log.warning("Predict: score of event %d is not finite (version %d); refused", i, version)
+            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         f"events[{i}]: the served model's score for this event is not a number (its features "
+                         "overflow the model); normalise the dense features")
         with self._count_lock:
             self.requests_served += 1
             self.events_served += len(scores)
@@ -157,7 +334,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         if not _authorized(context, self.cfg.serving.push_token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "PushSnapshot needs metadata 'authorization: Bearer <token>'")
         try:
-            staged, manifest = receive_snapshot(request_iterator, self.staging, self.max_snapshot_bytes, self._precheck)
+            chunks = parse_chunks(request_iterator)
+            staged, manifest = receive_snapshot(chunks, self.staging, self.max_snapshot_bytes, self._precheck)
             t0 = time.perf_counter()
             try:
                 v = self.install(staged, manifest)
@@ -168,8 +346,25 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             cur = self._current
             log.warning("refused snapshot: %s %s (still serving %s)", e.code, e, cur.version if cur else None)
             context.abort(getattr(grpc.StatusCode, e.code), str(e))
+        except OSError as e:  # this machine, not the snapshot: disk full, no file handles (may pass on retry)
+            line = resource_error_line(e)
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED if line else grpc.StatusCode.INTERNAL
+            log.error("push failed on the server: %s", line or e)
+            context.abort(code, f"server: {line or e}")
+        except Exception as e:  # a server fault, not a verdict on the snapshot: INTERNAL (pushers may retry it)
+            log.exception("push failed on the server")
+            context.abort(grpc.StatusCode.INTERNAL, f"server fault: {type(e).__name__}: {str(e)[:300]}")
 
     def Status(self, request, context):
+        s = self.cfg.serving
+        if s.status_needs_token and not _authorized(context, s.predict_token):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "Status needs metadata 'authorization: Bearer <token>' "
+                                                           "(serving.status_needs_token)")
+        if isinstance(request, (bytes, bytearray, memoryview)):
+            try:
+                pb.StatusRequest.FromString(bytes(request))
+            except Exception:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: the bytes are not a streamrec.v1.StatusRequest")
         v = self._current
         resp = pb.StatusResponse(requests_served=self.requests_served, events_served=self.events_served)
         if v is not None:
@@ -194,17 +389,33 @@ class ServingServer:
     """A running server: ``.port``, ``.service`` (current version, counters), ``.stop()``.
 
     Limits, set explicitly: ``serving.max_message_mb`` caps every gRPC message in
-    both directions (``grpc.max_receive/send_message_length``); a bigger request is
+    both directions (``grpc.max_receive/send_message_length``); a bigger message is
     refused by gRPC itself with ``RESOURCE_EXHAUSTED`` before it reaches Python.
-    ``serving.max_batch`` caps events per Predict (``INVALID_ARGUMENT`` naming
-    ``events`` / ``columns.size``). Snapshots stream in chunks, so their size is bounded
-    by ``max_snapshot_bytes`` rather than the message limit. On start it serves the
-    newest complete version left in ``serving.data_dir`` (see ``version.restore_newest``).
+    A Predict request is bounded by ``max_request_kb`` (bytes, before parsing),
+    ``max_batch`` (events), ``max_ids_per_event`` and ``max_ids_per_request``;
+    calls held at once by the lanes (``admission.py``). Snapshots stream in chunks,
+    so their size is bounded by ``serving.max_snapshot_mb`` rather than the message
+    limit. On start it serves the newest complete version left in ``serving.data_dir``
+    (see ``version.restore_newest``).
+
+    ``insecure_push``: start even when :func:`push_exposure` finds the push endpoint open
+    to the network (``streamrec serve --insecure-push``); it is logged as a warning.
     """
 
-    def __init__(self, cfg: Config, device: torch.device | str | None = None, port: int | None = None):
+    def __init__(self, cfg: Config, device: torch.device | str | None = None, port: int | None = None,
+                 insecure_push: bool = False):
         self.cfg = cfg
         s = cfg.serving
+        exposure = push_exposure(cfg)
+        if exposure and not insecure_push:
+            raise ConfigError(f"{exposure}. Set serving.push_token (STREAMREC_SERVING__PUSH_TOKEN), bind "
+                              "serving.host to 127.0.0.1, or start with --insecure-push to accept this")
+        self.warnings = []
+        if exposure:
+            self.warnings.append(f"INSECURE: {exposure} (--insecure-push)")
+        if not s.tls_cert and not is_loopback(s.host) and (s.push_token or s.predict_token):
+            self.warnings.append(f"serving.host is {s.host!r} without TLS: bearer tokens cross the network in "
+                                 "plaintext (set serving.tls_cert and serving.tls_key)")
         self.device = resolve_device(device or getattr(getattr(cfg, "trainer", None), "device", "auto")) \
             if not isinstance(device, torch.device) else device
         limit = int(s.max_message_mb) * 1024 * 1024
@@ -212,16 +423,36 @@ class ServingServer:
         self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.service = StreamRecService(cfg, self.device, self.health)
+        reflection_names = (V1_SERVICE, V1ALPHA_SERVICE)
+        lanes = {
+            "predict": (s.workers, s.max_concurrent_requests,
+                        f"serving.max_concurrent_requests ({s.max_concurrent_requests}) Predict calls are in "
+                        "progress; retry later"),
+            "push": (*PUSH_LANE, f"{PUSH_LANE[1]} PushSnapshot calls are in progress; retry later"),
+            "streams": (*STREAM_LANE, f"{STREAM_LANE[1]} health Watch / reflection streams are open; retry later"),
+            "control": (*CONTROL_LANE, f"{CONTROL_LANE[1]} Status / health Check calls are in progress; retry later"),
+        }
+
+        def route(method: str) -> str:
+            svc, _, name = method.strip("/").partition("/")
+            if svc == SERVICE:
+                return {"Predict": "predict", "PushSnapshot": "push"}.get(name, "control")
+            if svc in reflection_names or (svc == health.SERVICE_NAME and name == "Watch"):
+                return "streams"
+            return "control"
+
+        self.lanes = Lanes(lanes, route)
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max(2, s.workers), thread_name_prefix="serving"),
+            futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="serving"),  # every method has its lane
+            interceptors=(self.lanes,),
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                      ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=2 * self.lanes.capacity,  # a backstop: the lanes refuse long before
         )
-        pb_grpc.add_StreamRecServicer_to_server(self.service, self.server)
+        self.server.add_generic_rpc_handlers((self.service.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (pb.DESCRIPTOR.services_by_name["StreamRec"].full_name, health.SERVICE_NAME, reflection.SERVICE_NAME),
-            self.server)
+        if s.reflection:
+            enable_reflection((pb.DESCRIPTOR.services_by_name["StreamRec"].full_name, health.SERVICE_NAME), self.server)
         addr = f"{s.host}:{s.port if port is None else port}"
         if s.tls_cert:
             creds = grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())])
@@ -239,12 +470,16 @@ class ServingServer:
 
     def start(self) -> "ServingServer":
         self.server.start()
+        for w in self.warnings:
+            log.warning("%s", w)
         log.info("serving on %s (%s, device %s)", self.target, "TLS" if self.tls else "plaintext", self.device)
         return self
 
     def stop(self, grace: float = 1.0) -> None:
+        self.health.enter_graceful_shutdown()  # health checks say NOT_SERVING from here on
         self.server.stop(grace).wait(grace + 5)
         self.service.close()
+        self.lanes.shutdown()
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.server.wait_for_termination(timeout)
@@ -256,8 +491,13 @@ class ServingServer:
         self.stop(0.5)
 
 
-def serve(cfg: Config, device: torch.device | str | None = None, port: int | None = None) -> ServingServer:
-    """Start a server for ``cfg.serving`` and return its handle (already listening)."""
+def serve(cfg: Config, device: torch.device | str | None = None, port: int | None = None,
+          insecure_push: bool = False) -> ServingServer:
+    """Start a server for ``cfg.serving`` and return its handle (already listening).
+
+    Raises ``ConfigError`` when the push endpoint would be open to the network (see
+    :func:`push_exposure`) unless ``insecure_push``."""
+    server = ServingServer(cfg, device, port, insecure_push=insecure_push)
     if cfg.serving.torch_threads > 0:
         torch.set_num_threads(cfg.serving.torch_threads)
-    return ServingServer(cfg, device, port).start()
+    return server.start()

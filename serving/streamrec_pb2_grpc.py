@@ -56,6 +56,9 @@ class StreamRecServicer:
 
     def Predict(self, request, context):
         """Scores a batch of events (labels are not needed) with the version being served.
+        Requires "authorization: Bearer <token>" metadata when the server has a predict token.
+        Bounded (serving.max_request_kb, max_batch, max_ids_per_event, max_ids_per_request,
+        max_concurrent_requests): over a limit -> INVALID_ARGUMENT or RESOURCE_EXHAUSTED naming it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +73,8 @@ class StreamRecServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """What is being served and how fresh it is.
+        """What is being served and how fresh it is. Needs the predict token only with
+        serving.status_needs_token; grpc.health.v1 and reflection never need a token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

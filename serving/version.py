@@ -45,11 +45,65 @@ SERVED = "served.json"  # written last: its presence marks a complete version di
 MEMORY_IDS = "memory-ids.npz"
 
 
+class Refused(SnapshotError):
+    """A snapshot refused for what it holds (non-finite weights, a model too big): ``load_version`` answers it
+    with its own code instead of DATA_LOSS (a full snapshot of the same model would be refused the same way)."""
+
+
 def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
     try:
         return load_config(None, {f"model.{k}": v for k, v in d.items()}, env={}).model
     except ConfigError as e:
         raise SnapshotError(f"manifest.model_config: {e}", code="INVALID_ARGUMENT") from None
+
+
+def dlrm_params(mc: ModelConfig) -> int:
+    """Dense parameters ``DLRM.from_config(mc)`` would allocate, counted without allocating."""
+    def mlp(sizes):
+        return sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
+
+    n = len(mc.fields) + (1 if mc.dense_dim else 0)
+    top_in = n * (n - 1) // 2 + (mc.embedding_dim if mc.dense_dim else 0)
+    return (mlp([mc.dense_dim, *mc.bottom_mlp]) if mc.dense_dim else 0) + mlp([top_in, *mc.top_mlp, 1])
+
+
+def check_model_config(d: Any, limits) -> ModelConfig:
+    """A pushed manifest's ``model_config`` within the serving limits (``serving.max_model_fields``,
+    ``max_embedding_dim``, ``max_model_params``), checked before anything is allocated for it."""
+    def bad(msg: str):
+        raise SnapshotError(f"manifest.model_config: {msg}", code="INVALID_ARGUMENT")
+
+    if not isinstance(d, dict):
+        bad("must be an object")
+    fields = d.get("fields")
+    if isinstance(fields, list) and len(fields) > limits.max_model_fields:
+        bad(f"{len(fields)} fields, serving.max_model_fields allows {limits.max_model_fields}")
+    mc = model_config_from_dict(d)
+    for f in mc.fields:
+        if len(f.name) > 128:
+            bad(f"field name {f.name[:40]!r}... is longer than 128 characters")
+    if mc.embedding_dim > limits.max_embedding_dim:
+        bad(f"embedding_dim {mc.embedding_dim}, serving.max_embedding_dim allows {limits.max_embedding_dim}")
+    for key in ("bottom_mlp", "top_mlp"):
+        if any(x < 1 for x in getattr(mc, key)):
+            bad(f"{key}: every layer needs at least 1 unit, got {getattr(mc, key)}")
+    if mc.dense_dim and not mc.bottom_mlp and mc.dense_dim != mc.embedding_dim:
+        bad(f"dense_dim {mc.dense_dim} without a bottom MLP must equal embedding_dim {mc.embedding_dim}")
+    if not 0 <= mc.seed < 2**63:
+        bad(f"seed must be in 0..2^63-1, got {mc.seed}")
+    params = dlrm_params(mc)
+    if params > limits.max_model_params:
+        bad(f"the model has {params} dense parameters, serving.max_model_params allows {limits.max_model_params}")
+    return mc
+
+
+def check_dense_state(state: dict) -> None:
+    """Every dense tensor floating point and finite: a NaN or inf weight would be served as NaN scores."""
+    for k, t in state.items():
+        if not t.is_floating_point():
+            raise Refused(f"{DENSE}: tensor {k!r} is {t.dtype}, expected floating point", code="INVALID_ARGUMENT")
+        if not bool(torch.isfinite(t).all()):
+            raise Refused(f"{DENSE}: tensor {k!r} holds non-finite values (NaN or inf)", code="INVALID_ARGUMENT")
 
 
 class ServedVersion:
@@ -85,10 +139,18 @@ class ServedVersion:
         self._lock = threading.Lock()
         self._store_lock = threading.Lock()  # the store's read path is not promised to be thread-safe
 
+    LOOKUP_CHUNK = 4096  # ids read under one hold of the store lock: a big request does not hold up small ones
+
     def lookup(self, field: str, ids: np.ndarray) -> torch.Tensor:
         """Rows of ``ids`` from the store (every row this version holds; init for unseen ids)."""
-        with self._store_lock:
-            return self.store.peek(field, ids)
+        if len(ids) <= self.LOOKUP_CHUNK:
+            with self._store_lock:
+                return self.store.peek(field, ids)
+        parts = []
+        for i in range(0, len(ids), self.LOOKUP_CHUNK):
+            with self._store_lock:
+                parts.append(self.store.peek(field, ids[i:i + self.LOOKUP_CHUNK]))
+        return torch.cat(parts)
 
     @torch.inference_mode()
     def predict(self, batch) -> np.ndarray:
@@ -189,7 +251,7 @@ def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, ro
 def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None, versions_root: Path,
                  cfg: Config, device: torch.device) -> ServedVersion:
     """Build a served version from a verified snapshot directory (and its parent for a delta)."""
-    model_cfg = model_config_from_dict(manifest.model_config)
+    model_cfg = check_model_config(manifest.model_config, cfg.serving)
     if manifest.kind == "delta":
         if parent is None or parent.version != manifest.parent_version:
             have = "none" if parent is None else parent.version
@@ -203,6 +265,7 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
     store = None
     try:
         state = read_dense(staged)
+        check_dense_state(state)
         if manifest.kind == "delta":
             merged = dict(parent.dense_state)
             merged.update(state)
@@ -227,12 +290,16 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             old_memory = None
         room = int(cfg.serving.hot_rows) - sum(len(p[0]) for ps in parts.values() for p in ps)
         tables = set(fields)
-        for table, ids, vectors in iter_rows(staged, manifest):
+        for table, ids, vectors in iter_rows(staged, manifest, dim=dim):
             if table not in tables:
                 raise SnapshotError(f"rows: table {table!r} is not a model field", code="INVALID_ARGUMENT")
             if vectors.shape[1] != dim:
                 raise SnapshotError(f"rows: table {table!r} has width {vectors.shape[1]}, model has {dim}", code="INVALID_ARGUMENT")
             vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+            finite = np.isfinite(vectors).all(axis=1)
+            if not finite.all():
+                raise Refused(f"rows: table {table!r} id {int(ids[np.argmin(finite)])} has non-finite values "
+                              "(NaN or inf)", code="INVALID_ARGUMENT")
             if old_memory is None:
                 rows_held += len(ids)
                 in_memory = np.zeros(len(ids), dtype=bool)
@@ -262,6 +329,8 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             except Exception:
                 pass
         shutil.rmtree(vdir, ignore_errors=True)
+        if isinstance(e, Refused):
+            raise
         if isinstance(e, SnapshotError):
             raise SnapshotError(str(e), code="DATA_LOSS") from None
         from streamrec.embedding_store import StoreError

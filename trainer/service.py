@@ -114,7 +114,7 @@ class TrainerService:
         self.rows_expired = int(state.get("rows_expired", 0))  # totals carry over a resume, like the events
         self._last_sweep = time.monotonic()
         self.metrics_log = MetricsLog(t.log_path)
-        self.prom = PrometheusExporter(t.metrics_port) if t.metrics_port else None
+        self.prom = PrometheusExporter(t.metrics_port, t.metrics_host) if t.metrics_port else None
         self.progress = ProgressLine(progress)
         self.trace = Trace(t.trace_path)
         self.consumer = self._make_consumer()

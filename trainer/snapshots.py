@@ -16,10 +16,16 @@ the rest keep getting fresh snapshots (each later one is tried on it once, witho
 waiting for it again); when it is back it refuses the next delta (its parent is
 old), and that makes the following snapshot full for all.
 
+A refusal that no retry can change (``INVALID_ARGUMENT``, ``UNAUTHENTICATED``, ...: neither
+:func:`~streamrec.snapshot.is_retryable` nor :func:`~streamrec.snapshot.needs_full`) is final for
+that snapshot on that replica: it is not pushed there again. When no replica took it, it is
+dropped (logged) and the next snapshot is built on the last accepted version, so it carries
+the dropped one's rows too; when others took it, the refusing replica is left behind.
+
 The transport is not the trainer's: it pushes through ``pusher_factory(target)``
 (:class:`streamrec.snapshot.Pusher`; the CLI passes serving's gRPC
 ``SnapshotPusher``), and decides what a refusal means with
-:func:`streamrec.snapshot.needs_full`.
+:func:`streamrec.snapshot.needs_full` and :func:`streamrec.snapshot.is_retryable`.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamrec.snapshot import PusherFactory, needs_full, write_snapshot
+from streamrec.snapshot import PusherFactory, is_retryable, needs_full, write_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,7 @@ class SnapshotPublisher:
         self.targets = cfg.push_targets()
         self.give_up_s = give_up_s
         self._remaining: list[str] = []  # targets that have not accepted the pending snapshot yet
+        self._refused: list[str] = []  # targets that refused the pending snapshot for good (not retried)
         self._pending_since = 0.0  # monotonic time the pending snapshot was queued
         self.left_behind: list[str] = []  # replicas the newest accepted snapshot did not reach
         self._pushers: dict = {}  # target -> the Pusher pusher_factory made for it
@@ -154,6 +161,7 @@ class SnapshotPublisher:
             if self.push_enabled:
                 self._pending = (version, epoch, out)
                 self._remaining = list(self.targets)
+                self._refused = []
                 self._pending_since = time.monotonic()
         self._prune()
         if self.push_enabled:
@@ -190,13 +198,22 @@ class SnapshotPublisher:
             if job is None:
                 continue
             version, epoch, path = job
-            accepted, errors, codes = self._push_to(targets, path)
+            accepted, errors, refusals = self._push_to(targets, path)
+            codes = set(refusals.values())
             with self._lock:
                 self._remaining = [t for t in self._remaining if t not in accepted]
+                # a refusal no retry can change: that replica does not get this snapshot
+                final = [t for t in self._remaining if t in refusals and not is_retryable(refusals[t])
+                         and not needs_full(refusals[t])]
+                if final:
+                    log.error("snapshot v%d refused for good by %s; not pushed there again", version,
+                              "; ".join(e for e in errors if e.split(": ", 1)[0] in final))
+                    self._refused += final
+                    self._remaining = [t for t in self._remaining if t not in final]
                 overdue = time.monotonic() - self._pending_since > self.give_up_s
                 # a replica already left behind does not hold the others back again for give_up_s
                 overdue = overdue or set(self._remaining) <= set(self.left_behind)
-                if self._remaining:
+                if self._remaining or final:
                     self.st.failures += 1
                     self.st.last_error = "; ".join(errors)
                 if self._remaining and any(needs_full(code) for code in codes):
@@ -204,16 +221,24 @@ class SnapshotPublisher:
                     self.st.need_full = True
                     self._pending = None
                     self._remaining = []
-                elif not self._remaining or (overdue and len(self._remaining) < len(self.targets)):
-                    if set(self._remaining) - set(self.left_behind):  # others have it: they move on
+                elif not self._remaining and len(self._refused) == len(self.targets):
+                    # nobody took it: drop it; the next snapshot builds on the last accepted version
+                    log.error("snapshot v%d dropped: every replica refused it for good; the next one is built "
+                              "on v%d", version, self.st.accepted_version)
+                    self._pending = None
+                    self._refused = []
+                elif not self._remaining or (overdue and len(self._remaining) + len(self._refused) < len(self.targets)):
+                    behind = self._remaining + self._refused
+                    if set(behind) - set(self.left_behind):  # others have it: they move on
                         log.warning("snapshot v%d: leaving %s behind after %.0fs; they get a full snapshot when back",
-                                    version, ", ".join(self._remaining), self.give_up_s)
-                    self.left_behind = list(self._remaining)
+                                    version, ", ".join(behind), self.give_up_s)
+                    self.left_behind = behind
                     self.st.accepted_version, self.st.accepted_epoch = version, epoch
                     self.st.need_full = False
                     self.st.pushed += 1
                     self._pending = None
                     self._remaining = []
+                    self._refused = []
             if self._pending is None:
                 delay = self.backoff_s
                 continue
@@ -223,10 +248,10 @@ class SnapshotPublisher:
             delay = min(self.max_backoff_s, delay * 2)
             self._wake.set()
 
-    def _push_to(self, targets: list[str], path: Path) -> tuple[set[str], list[str], set[str]]:
+    def _push_to(self, targets: list[str], path: Path) -> tuple[set[str], list[str], dict[str, str]]:
         """Push ``path`` to each target: (targets that accepted it, "target: CODE: reason" of the others,
-        the status codes of the refusals)."""
-        accepted, errors, codes = set(), [], set()
+        target -> status code of each refusal)."""
+        accepted, errors, codes = set(), [], {}
         for target in targets:
             try:
                 res = self._client(target).push(path)
@@ -240,7 +265,7 @@ class SnapshotPublisher:
                 accepted.add(target)
                 continue
             errors.append(f"{target}: {res.code}: {res.reason}")
-            codes.add(res.code)
+            codes[target] = res.code
             if res.code == "UNAVAILABLE":  # a new channel next time: the old one may sit in gRPC's reconnect backoff
                 self._pushers.pop(target).close()
         return accepted, errors, codes

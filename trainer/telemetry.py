@@ -44,9 +44,12 @@ class MetricsLog:
 
 
 class PrometheusExporter:
-    """Gauges on ``/metrics``; a private registry so several trainers (tests) can coexist."""
+    """Gauges on ``/metrics``; a private registry so several trainers (tests) can coexist.
 
-    def __init__(self, port: int, addr: str = "0.0.0.0"):
+    Binds ``addr`` (``trainer.metrics_host``): loopback by default, so the endpoint is not on
+    the network unless the operator says so (a container publishing the port binds 0.0.0.0)."""
+
+    def __init__(self, port: int, addr: str = "127.0.0.1"):
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         self.registry = CollectorRegistry()

@@ -136,6 +136,7 @@ class TrainerConfig:
     full_snapshot_every: int = 10  # every N-th snapshot is full, the rest deltas
     metrics_window: int = 20_000  # events in the sliding AUC/logloss window
     metrics_port: int = 0  # Prometheus HTTP port, 0 = off
+    metrics_host: str = "127.0.0.1"  # address the Prometheus endpoint binds (0.0.0.0 to publish it, as in containers)
     log_path: str = ""  # JSON-lines metrics log ("" = none)
     max_events: int = 0  # stop after this many events (0 = run forever)
     idle_exit_s: float = 0.0  # stop after this long without events (0 = never)
@@ -159,17 +160,31 @@ class ServingConfig:
     target: str = ""  # where clients and the trainer push: host:port ("" = host:port above)
     push_targets: str = ""  # every replica the trainer pushes snapshots to, comma-separated host:port ("" = target)
     data_dir: str = "data/serving"  # serving's staging area and its own RocksDB copy of the rows
-    push_token: str = ""  # required bearer token for PushSnapshot ("" = none)
-    predict_token: str = ""  # required bearer token for Predict ("" = none)
+    push_token: str = ""  # bearer token PushSnapshot requires; "" = none, refused on a non-loopback host unless `serve --insecure-push`
+    predict_token: str = ""  # bearer token Predict requires ("" = none); health and reflection never need it
+    status_needs_token: bool = False  # Status requires predict_token too (when one is set)
+    reflection: bool = True  # offer gRPC server reflection (grpc.reflection.v1 and v1alpha)
     tls_cert: str = ""  # server certificate (PEM) to serve TLS; with tls_key
     tls_key: str = ""  # server private key (PEM)
     tls_ca: str = ""  # clients verify the server against this CA
-    max_message_mb: int = 64  # gRPC message size limit (MiB), both directions; bigger -> RESOURCE_EXHAUSTED from gRPC
+    max_message_mb: int = 8  # gRPC message size limit (MiB) of every RPC, both directions; bigger -> RESOURCE_EXHAUSTED from gRPC itself
+    max_request_kb: int = 4096  # bytes of one Predict request (KiB), checked before it is parsed; more -> RESOURCE_EXHAUSTED
     max_batch: int = 4096  # events per Predict request; more -> INVALID_ARGUMENT naming the field
+    max_ids_per_event: int = 1024  # ids in one event, all fields together; more -> INVALID_ARGUMENT naming the event
+    max_ids_per_request: int = 131_072  # ids in one Predict request, all events and fields; more -> INVALID_ARGUMENT
+    max_concurrent_requests: int = 64  # Predict calls admitted at once (running or waiting for a worker); more -> RESOURCE_EXHAUSTED at once
+    heavy_request_cost: int = 8192  # a Predict with more ids + events than this is heavy: scored apart, one at a time (0 = no heavy lane)
+    max_concurrent_heavy: int = 2  # heavy Predict calls admitted at once (one scoring, the rest waiting); more -> RESOURCE_EXHAUSTED
+    refusal_delay_ms: int = 100  # a client address refused more than 10 times a second (past a burst of 10) gets its refusals this much later (slows floods; 0 = off)
     merge_max_events: int = 4096  # Predict requests queued while another is scored are scored together, up to this many events (0 = never merge)
     hot_rows: int = 100_000  # rows serving keeps in memory
-    workers: int = 8  # gRPC server threads
+    workers: int = 8  # gRPC threads that run Predict (health, Status, pushes and refusals have their own few)
     torch_threads: int = 0  # CPU threads for torch ops (0 = torch's default: all cores)
+    max_snapshot_mb: int = 65_536  # a pushed snapshot's files together (MiB), from its manifest, before any byte is stored
+    max_model_fields: int = 1024  # sparse fields a pushed model may have
+    max_embedding_dim: int = 1024  # embedding_dim a pushed model may have
+    max_model_params: int = 100_000_000  # dense parameters a pushed model may have (counted from its config before any allocation)
+    max_version_jump: int = 1_000_000  # a push may be at most this many versions ahead of the served one
 
 
 @dataclass
@@ -438,6 +453,10 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("schedule", f"must be 'fae' or 'arrival', got {obj.schedule!r}")
         if obj.device != "auto" and not (obj.device == "cpu" or obj.device.startswith("cuda")):
             bad("device", f"must be auto, cpu or cuda[:N], got {obj.device!r}")
+        if not 0 <= obj.metrics_port <= 65535:
+            bad("metrics_port", "must be in 0..65535 (0 = off)")
+        if not obj.metrics_host.strip():
+            bad("metrics_host", "must be an address (127.0.0.1 keeps the endpoint on this machine)")
     elif isinstance(obj, ServingConfig):
         if not 0 <= obj.port <= 65535:
             bad("port", "must be in 0..65535")
@@ -445,10 +464,15 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("tls_cert", "tls_cert and tls_key must be given together")
         if obj.merge_max_events < 0:
             bad("merge_max_events", "must be >= 0 (0 = never merge)")
-        if obj.max_batch < 1:
-            bad("max_batch", "must be >= 1")
-        if obj.max_message_mb < 1:
-            bad("max_message_mb", "must be >= 1")
+        for key in ("max_batch", "max_message_mb", "max_request_kb", "max_ids_per_event", "max_ids_per_request",
+                    "max_concurrent_requests", "max_concurrent_heavy", "workers", "max_snapshot_mb",
+                    "max_model_fields", "max_embedding_dim", "max_model_params", "max_version_jump"):
+            if getattr(obj, key) < 1:
+                bad(key, "must be >= 1")
+        if not 0 <= obj.refusal_delay_ms <= 10_000:
+            bad("refusal_delay_ms", "must be in 0..10000 (0 = off)")
+        if obj.heavy_request_cost < 0:
+            bad("heavy_request_cost", "must be >= 0 (0 = no heavy lane)")
         for t in _split_targets(obj.push_targets):
             host, _, port = t.rpartition(":")
             if not (host and port.isascii() and port.isdigit() and 0 < int(port) <= 65535):

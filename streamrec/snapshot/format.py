@@ -15,7 +15,9 @@ prove that what arrived over the wire is what the writer wrote.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +37,39 @@ MANIFEST = "manifest.json"
 DENSE = "dense.safetensors"
 ROWS_PER_FILE = 1_000_000
 KINDS = ("full", "delta")
+
+# Bounds on a manifest's shape, checked before and right after parsing: a manifest comes from the network
+# (PushSnapshot), so it is as hostile as any request. Far above what a real snapshot needs: a manifest of
+# 10,000 row files (10 billion rows) and 10,000 Kafka partitions is ~2 MiB, at depth 5.
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_DEPTH = 10  # objects/arrays inside each other (a real manifest: 5)
+MAX_FILES = 10_000
+MAX_ENTRIES = 65_536  # entries of kafka_offsets, metrics, store_config each
+MAX_KEY_CHARS = 256  # metric names, offset keys
+MAX_VERSION = 1 << 62  # leaves room above any accepted version: a push can never make later ones impossible
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # no path, no leading dot, no control chars, <= 128
+
+
+def _no_constant(name: str):
+    raise SnapshotError(f"manifest holds {name}: every number must be finite")
+
+
+def _shape(v: Any, where: str, depth: int = 1) -> None:
+    """Depth and string checks over a parsed manifest (strings go into protobuf replies: valid UTF-8 only)."""
+    if depth > MAX_DEPTH:
+        raise SnapshotError(f"manifest: {where} is nested deeper than {MAX_DEPTH} levels")
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SnapshotError(f"manifest: {where} is not valid UTF-8 text") from None
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _shape(k, f"{where} key", depth)
+            _shape(x, f"{where}.{k}"[:200], depth + 1)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _shape(x, f"{where}[{i}]", depth + 1)
 
 
 @dataclass
@@ -58,10 +93,17 @@ class Manifest:
 
     @classmethod
     def from_json(cls, blob: bytes | str) -> "Manifest":
+        if len(blob) > MAX_MANIFEST_BYTES:
+            raise SnapshotError(f"manifest is {len(blob)} bytes, the limit is {MAX_MANIFEST_BYTES}")
         try:
-            d = json.loads(blob)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SnapshotError(f"manifest is not valid JSON: {e}") from None
+            d = json.loads(blob, parse_constant=_no_constant)
+        except SnapshotError:
+            raise
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
+            raise SnapshotError(f"manifest is not valid JSON: {str(e)[:200]}") from None
+        except RecursionError:
+            raise SnapshotError(f"manifest is nested deeper than {MAX_DEPTH} levels") from None
+        _shape(d, "manifest")
         if not isinstance(d, dict):
             raise SnapshotError("manifest must be a JSON object")
         if d.get("format") != FORMAT:
@@ -86,8 +128,8 @@ class Manifest:
 
         # every value is type-checked: a wrong type was either an UNKNOWN error (which pushers retry)
         # or got installed and then broke every Status call (protobuf refused it there)
-        if not int64(self.version) or self.version < 1:
-            bad("version", f"must be a positive int64, got {self.version!r}")
+        if not int64(self.version) or not 1 <= self.version <= MAX_VERSION:
+            bad("version", f"must be an integer in 1..2^62, got {self.version!r}")
         if self.parent_version is not None and not int64(self.parent_version):
             bad("parent_version", f"must be an int64 or null, got {self.parent_version!r}")
         for key in ("created_ms", "newest_event_ms", "rows"):
@@ -98,9 +140,21 @@ class Manifest:
         for key in ("files", "kafka_offsets", "metrics", "store_config"):
             if not isinstance(getattr(self, key), dict):
                 bad(key, f"must be an object, got {type(getattr(self, key)).__name__}")
+        if not len(self.config_hash) <= MAX_KEY_CHARS:
+            bad("config_hash", f"longer than {MAX_KEY_CHARS} characters")
+        for key in ("kafka_offsets", "metrics", "store_config"):
+            d = getattr(self, key)
+            if len(d) > MAX_ENTRIES:
+                bad(key, f"{len(d)} entries, the limit is {MAX_ENTRIES}")
+            long = next((k for k in d if len(k) > MAX_KEY_CHARS), None)
+            if long is not None:
+                bad(key, f"key {long[:40]!r}... is longer than {MAX_KEY_CHARS} characters")
         for k, x in self.metrics.items():
-            if type(x) not in (int, float):
-                bad(f"metrics.{k}", f"must be a number, got {x!r}")
+            if type(x) not in (int, float) or not math.isfinite(x):
+                bad(f"metrics.{k}", f"must be a finite number, got {x!r}")
+        scale = self.store_config.get("init_scale", 0.05)
+        if type(scale) not in (int, float) or not 0 < scale <= 1e3:
+            bad("store_config.init_scale", f"must be a number in (0, 1000], got {scale!r}")
         if self.kind not in KINDS:
             bad("kind", f"must be 'full' or 'delta', got {self.kind!r}")
         if self.kind == "delta":
@@ -110,9 +164,12 @@ class Manifest:
                 bad("parent_version", f"{self.parent_version} is not older than version {self.version}")
         if DENSE not in self.files:
             bad("files", f"{DENSE} is missing")
+        if len(self.files) > MAX_FILES:
+            bad("files", f"{len(self.files)} files, the limit is {MAX_FILES}")
         for name, info in self.files.items():
-            if name != os.path.basename(name) or name.startswith(".") or name == MANIFEST:
-                bad("files", f"bad file name {name!r}")
+            if not FILE_NAME.fullmatch(name) or name == MANIFEST:
+                bad("files", f"bad file name {name[:80]!r}: 1-128 of letters, digits, '.', '_', '-', not starting "
+                             f"with '.', '_' or '-'")
             if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not int64(info.get("bytes")):
                 bad("files", f"{name!r} needs sha256 (string) and bytes (integer)")
             if info["bytes"] < 0:
@@ -249,8 +306,14 @@ def read_dense(snapshot_dir) -> dict[str, torch.Tensor]:
         raise SnapshotError(f"{DENSE}: cannot be read: {e}") from None
 
 
-def iter_rows(snapshot_dir, manifest: Manifest | None = None) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-    """Yield ``(table, ids int64[n], vectors float32[n, dim])`` groups from the row files."""
+MAX_EXPANSION = 64  # a row file may decode to at most this many times its size (+ 64 MiB): no zip bombs
+
+
+def iter_rows(snapshot_dir, manifest: Manifest | None = None,
+              dim: int | None = None) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """Yield ``(table, ids int64[n], vectors float32[n, dim])`` groups from the row files.
+
+    ``dim``: the width every vector must have, checked from each file's schema before any row is read."""
     d = Path(snapshot_dir)
     m = manifest or read_manifest(d)
     for name in m.row_files:
@@ -265,6 +328,12 @@ def iter_rows(snapshot_dir, manifest: Manifest | None = None) -> Iterator[tuple[
                     or vt is None or not pa.types.is_fixed_size_list(vt) or vt.value_type != pa.float32()):
                 raise SnapshotError(f"{name}: not in the row schema (table: string, id: int64, "
                                     f"vector: fixed_size_list<float32>), got {sch}")
+            if dim is not None and vt.list_size != dim:
+                raise SnapshotError(f"{name}: vectors of width {vt.list_size}, the model's embedding_dim is {dim}")
+            decoded = pf.metadata.num_rows * (vt.list_size * 4 + 8)
+            if decoded > MAX_EXPANSION * (d / name).stat().st_size + (64 << 20):
+                raise SnapshotError(f"{name}: {pf.metadata.num_rows} rows of width {vt.list_size} from "
+                                    f"{(d / name).stat().st_size} bytes (more than {MAX_EXPANSION}x: refused)")
             for b in pf.iter_batches(batch_size=65_536):
                 tables = b.column("table").to_numpy(zero_copy_only=False)
                 ids = b.column("id").to_numpy()

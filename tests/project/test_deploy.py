@@ -26,8 +26,10 @@ IMAGE_CONFIG = "/etc/streamrec/streamrec.toml"
 
 
 def _interpolate(value: str) -> str:
-    """Compose's ``${VAR:-default}`` / ``${VAR}`` with nothing set in the environment."""
-    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", str(value))
+    """Compose's ``${VAR:-default}`` / ``${VAR}`` with nothing set in the environment; a required
+    ``${VAR:?message}`` (compose refuses to start without it) as the stand-in ``<VAR>``."""
+    value = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*):?\?[^}]*\}", lambda m: f"<{m.group(1)}>", str(value))
+    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
 
 
 def _streamrec_services() -> dict[str, dict]:
@@ -91,8 +93,17 @@ def test_services_agree_on_ports_tokens_and_the_health_check():
     assert f"{serving.serving.port}:{serving.serving.port}" in services["serving"]["ports"]
     assert trainer.push_targets() == [f"serving:{serving.serving.port}"]
     assert trainer.serving.push_token == serving.serving.push_token != ""
+    # no default secret: compose refuses to start without STREAMREC_PUSH_TOKEN; and serving would refuse an
+    # empty one on 0.0.0.0 (without --insecure-push, which the stack never passes)
+    assert serving.serving.push_token == "<STREAMREC_PUSH_TOKEN>"
+    from streamrec.serving.server import push_exposure
+
+    assert push_exposure(serving) is None and "--insecure-push" not in services["serving"]["command"]
+    serving.serving.push_token = ""
+    assert push_exposure(serving) is not None
     assert trainer.trainer.metrics_port and f"{trainer.trainer.metrics_port}:{trainer.trainer.metrics_port}" in [
         str(p).split("#")[0].strip() for p in services["trainer"]["ports"]]
+    assert trainer.trainer.metrics_host == "0.0.0.0"  # the published port must be reachable from outside the container
     # the health check runs a module that exists, with a check() over the port serving listens on
     test = services["serving"]["healthcheck"]["test"]
     assert test[:4] == ["CMD", "python", "-m", "streamrec.app.healthcheck"]

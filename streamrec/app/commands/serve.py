@@ -15,6 +15,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=None, help="override serving.port (0 = a free one, printed)")
     p.add_argument("--device", default=None, help="cpu | cuda[:N] (default: trainer.device, auto)")
     p.add_argument("--snapshot", metavar="DIR", help="load this snapshot directory before serving")
+    p.add_argument("--insecure-push", action="store_true",
+                   help="start even with an empty serving.push_token on a non-loopback serving.host, i.e. let "
+                        "anyone who reaches the port replace the model (warned on every start)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("predict", parents=[common], help="score JSON events (file or stdin) with a running server")
@@ -33,7 +36,9 @@ def cmd_serve(args) -> int:
     from streamrec.snapshot import SnapshotError, verify_snapshot
 
     cfg = config_from_args(args)
-    server = serve(cfg, device=args.device, port=args.port)
+    server = serve(cfg, device=args.device, port=args.port, insecure_push=args.insecure_push)
+    for w in server.warnings:  # also logged; printed so that no log setting hides them
+        print(f"streamrec serve: WARNING: {w}", file=sys.stderr, flush=True)
     if args.snapshot:
         m = verify_snapshot(args.snapshot)
         try:
