@@ -118,6 +118,11 @@ class TrainerCore:
                 reasons.append(why)
             if m.kind == "hot":
                 hot_n += len(m.rows) - len(bad)
+        return self._finish_window(batch, scores, rejected, reasons, hot_n, len(mbs))
+
+    def _finish_window(self, batch: EventBatch, scores: np.ndarray, rejected: list[np.ndarray], reasons: list[str],
+                       hot_n: int, minibatches: int) -> WindowResult:
+        """Count a trained window: metrics and totals over the events that were trained (not ``rejected``)."""
         out = np.sort(np.concatenate(rejected)) if rejected else np.zeros(0, np.int64)
         keep = np.ones(len(batch), bool)
         keep[out] = False
@@ -127,7 +132,7 @@ class TrainerCore:
         self.rejected_events += len(out)
         if len(batch):
             self.newest_event_ms = max(self.newest_event_ms, int(batch.ts.max()))
-        return WindowResult(len(batch), hot_n, len(mbs), scores, out, "; ".join(dict.fromkeys(reasons)))
+        return WindowResult(len(batch), hot_n, minibatches, scores, out, "; ".join(dict.fromkeys(reasons)))
 
     def _guarded_step(self, sub: EventBatch, uniques) -> tuple[np.ndarray, np.ndarray, str]:
         """Train one mini-batch; ``(scores, rejected rows, reason)``.

@@ -53,6 +53,11 @@ from .sharding import SHARDING
 log = logging.getLogger(__name__)
 
 
+# per-rank totals: each shard holds its rank's, the manifest their sum (all a resharded rank 0 takes over)
+_RANK_COUNTERS = ("events", "hot_events", "nonfinite_batches", "rejected_events", "dead_letters", "quarantined",
+                  "rows_expired")
+
+
 class GroupError(StreamrecError, RuntimeError):
     """A trainer group cannot start as configured (too few partitions, a shard it cannot read)."""
 
@@ -238,16 +243,8 @@ class GroupTrainerService(TrainerService):
         """What this rank resumes with: the manifest's offsets and versions; its own counters from its shard
         (after resharding, rank 0 carries the group's totals and the others start at 0)."""
         st = {k: manifest[k] for k in ("seq", "offsets", "topic_ids", "hot_version", "snapshot") if k in manifest}
-        if shard is not None:
-            for k in ("events", "hot_events", "newest_event_ms", "nonfinite_batches", "rejected_events", "metrics",
-                      "dead_letters", "quarantined", "rows_expired"):
-                if k in shard:
-                    st[k] = shard[k]
-        elif self.rank == 0:
-            for k in ("events", "hot_events", "newest_event_ms", "nonfinite_batches", "rejected_events", "metrics",
-                      "dead_letters", "quarantined", "rows_expired"):
-                if k in manifest:
-                    st[k] = manifest[k]
+        counters = shard if shard is not None else manifest if self.rank == 0 else {}
+        st.update({k: counters[k] for k in _RANK_COUNTERS + ("newest_event_ms", "metrics") if k in counters})
         st.setdefault("hot_version", 0)
         return st
 
@@ -375,9 +372,7 @@ class GroupTrainerService(TrainerService):
                 "offsets": offsets_to_json(offsets), "topic_ids": dict(self.topic_ids), "ts": time.time(),
                 "hot_version": self.core.hot_version, "metrics": group_metrics.state(),
                 "snapshot": self.publisher.state() if self.publisher else {},
-                **{k: sum(s[k] for s in shards) for k in ("events", "hot_events", "nonfinite_batches",
-                                                           "rejected_events", "dead_letters", "quarantined",
-                                                           "rows_expired")},
+                **{k: sum(s[k] for s in shards) for k in _RANK_COUNTERS},
                 "newest_event_ms": max(s["newest_event_ms"] for s in shards),
             }
             hit("group.before_manifest")
@@ -442,12 +437,10 @@ class GroupTrainerService(TrainerService):
             "collective_bytes_per_event": (bytes_sent - self.bytes_at_log) / dn if dn else float("nan"),
         }
         self.bytes_at_log = bytes_sent
-        self.last_record = rec
-        if self.rank == 0:
-            self.metrics_log.write(rec)
-            if self.prom is not None:
-                self.prom.update(rec)
-            self.progress.update(rec)
+        if self.rank == 0:  # the other ranks' sinks are off (rank_config); rank 0 shows the group's figures
+            self._publish_record(rec)
+        else:
+            self.last_record = rec
         return rec
 
 

@@ -353,12 +353,16 @@ class TrainerService:
             "commit_failures": self.consumer.stats.commit_failures, "rebalances": self.consumer.stats.rebalances,
             "offsets_reset": self.consumer.stats.offsets_reset, "quarantined": self.consumer.stats.quarantined,
         }
+        self._publish_record(rec)
+        return rec
+
+    def _publish_record(self, rec: dict[str, Any]) -> None:
+        """One metrics record to every sink: the JSON-lines log, Prometheus, the progress line."""
         self.last_record = rec
         self.metrics_log.write(rec)
         if self.prom is not None:
             self.prom.update(rec)
         self.progress.update(rec)
-        return rec
 
     def _hit_rate(self) -> float:
         try:

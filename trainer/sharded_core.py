@@ -130,16 +130,7 @@ class ShardedTrainerCore(TrainerCore):
                 reasons.append(why)
             if i < len(mbs) and mbs[i].kind == "hot":
                 hot_n += len(rows) - len(bad)
-        out = np.sort(np.concatenate(rejected)) if rejected else empty
-        keep = np.ones(len(batch), bool)
-        keep[out] = False
-        self.metrics.update(batch.labels[keep], scores[keep])
-        self.events += int(keep.sum())
-        self.hot_events += hot_n
-        self.rejected_events += len(out)
-        if len(batch):
-            self.newest_event_ms = max(self.newest_event_ms, int(batch.ts.max()))
-        return WindowResult(len(batch), hot_n, steps, scores, out, "; ".join(dict.fromkeys(reasons)))
+        return self._finish_window(batch, scores, rejected, reasons, hot_n, steps)
 
     def _guarded_step(self, sub: EventBatch, uniques) -> tuple[np.ndarray, np.ndarray, str]:
         """The collective form of ``TrainerCore._guarded_step``: every decision is taken on
