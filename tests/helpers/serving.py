@@ -11,6 +11,7 @@ import torch
 
 from streamrec.snapshot import rows_batch, write_snapshot
 from streamrec.model import DLRM, predict_batch
+from streamrec.serving import ServingClient, SnapshotPusher, serve
 
 
 class FakeTrainer:
@@ -122,3 +123,24 @@ def push_stream(target, chunks, token="push-tok"):
         with pytest.raises(grpc.RpcError) as e:
             stub.PushSnapshot(iter(list(chunks)), timeout=20, metadata=(("authorization", f"Bearer {token}"),))
     return e.value
+
+
+def serving_version_1(cfg, tmp_path):
+    """Start a server for ``cfg`` with push and predict tokens, push version 1; yield
+    ``(server, trainer, touched, client, events, want)``, then stop it (the body of a fixture)."""
+    cfg.serving.push_token = "push-tok"
+    cfg.serving.predict_token = "pred-tok"
+    trainer = FakeTrainer(cfg, tmp_path)
+    touched = Touched()
+    touched.add(trainer.step())
+    v1 = trainer.snapshot("full", [], touched.rows())
+    srv = serve(cfg, device="cpu")
+    with SnapshotPusher(srv.target, token="push-tok") as p:
+        assert p.push(v1).ok
+    events = make_events(cfg, 20)
+    want = trainer.scores(events_to_batch(cfg, events))
+    client = ServingClient(srv.target, token="pred-tok")
+    yield srv, trainer, touched, client, events, want
+    client.close()
+    srv.stop(0.5)
+    trainer.close()

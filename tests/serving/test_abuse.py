@@ -39,7 +39,7 @@ from streamrec.foundation import ConfigError
 from streamrec.serving import ServingClient, ServingServer, SnapshotPusher, serve, snapshot_chunks
 from streamrec.serving.pb import pb
 from streamrec.serving.server import is_loopback
-from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events, push_stream, still_serving_v1
+from tests.helpers.serving import FakeTrainer, Touched, make_events, push_stream, serving_version_1, still_serving_v1
 
 pytestmark = pytest.mark.grpc
 
@@ -50,23 +50,9 @@ PREDICT = "/streamrec.v1.StreamRec/Predict"
 def guarded(cfg, tmp_path):
     """A server with small limits and both tokens, serving version 1; plus the trainer and events."""
     s = cfg.serving
-    s.push_token, s.predict_token = "push-tok", "pred-tok"
     s.max_batch, s.max_ids_per_event, s.max_ids_per_request = 50, 64, 400
     s.max_request_kb, s.max_message_mb = 64, 1
-    trainer = FakeTrainer(cfg, tmp_path)
-    touched = Touched()
-    touched.add(trainer.step())
-    v1 = trainer.snapshot("full", [], touched.rows())
-    srv = serve(cfg, device="cpu")
-    with SnapshotPusher(srv.target, token="push-tok") as p:
-        assert p.push(v1).ok
-    events = make_events(cfg, 20)
-    want = trainer.scores(events_to_batch(cfg, events))
-    client = ServingClient(srv.target, token="pred-tok")
-    yield srv, trainer, touched, client, events, want
-    client.close()
-    srv.stop(0.5)
-    trainer.close()
+    yield from serving_version_1(cfg, tmp_path)
 
 
 def _raw(channel, method: str, blob: bytes, token: str = "pred-tok", timeout: float = 10):
