@@ -127,6 +127,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self._push_lock = threading.Lock()
         self._count_lock = threading.Lock()
         self.requests_served = 0
+        self.swaps = 0  # versions swapped in (Prometheus streamrec_serving_swaps_total)
         self.events_served = 0
         self.max_snapshot_bytes = int(s.max_snapshot_mb) * 1024**2
         self.merger = RequestMerger(lambda v, b: v.predict(b), lambda v: v.fields, lambda v: v.dense_dim,
@@ -152,6 +153,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             closed = self._closed
             if not closed:
                 old, self._current = self._current, new
+                self.swaps += 1
         if closed:  # an install that outlived close(): never current; its complete directory is kept for the next start
             new.retire(keep_dir=True)
             raise SnapshotError(f"server is shutting down; version {new.version} is kept for the next start", code="UNAVAILABLE")
@@ -442,9 +444,14 @@ class ServingServer:
             return "control"
 
         self.lanes = Lanes(lanes, route)
+        self.metrics = None  # Prometheus, outside the lanes: a call a full lane refuses is counted too
+        if s.metrics_port:
+            from .metrics import ServingMetrics
+
+            self.metrics = ServingMetrics(self.service, s.metrics_port, s.metrics_host)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="serving"),  # every method has its lane
-            interceptors=(self.lanes,),
+            interceptors=(self.metrics, self.lanes) if self.metrics is not None else (self.lanes,),
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
                      ("grpc.so_reuseport", 0)],
             maximum_concurrent_rpcs=2 * self.lanes.capacity,  # a backstop: the lanes refuse long before
@@ -470,6 +477,8 @@ class ServingServer:
 
     def start(self) -> "ServingServer":
         self.server.start()
+        if self.metrics is not None:
+            self.metrics.start()
         for w in self.warnings:
             log.warning("%s", w)
         log.info("serving on %s (%s, device %s)", self.target, "TLS" if self.tls else "plaintext", self.device)
@@ -480,6 +489,8 @@ class ServingServer:
         self.server.stop(grace).wait(grace + 5)
         self.service.close()
         self.lanes.shutdown()
+        if self.metrics is not None:
+            self.metrics.close()
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.server.wait_for_termination(timeout)

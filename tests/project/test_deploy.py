@@ -130,3 +130,196 @@ def _free_port() -> int:
     with socket.socket() as so:
         so.bind(("127.0.0.1", 0))
         return so.getsockname()[1]
+
+
+# -- the compose file itself: what `docker compose config` would refuse, checked without Docker -----------------
+
+# compose-spec service keys this stack may use (a misspelled key is refused here, as compose refuses it)
+SERVICE_KEYS = {
+    "build", "image", "command", "entrypoint", "environment", "env_file", "ports", "expose", "volumes", "depends_on",
+    "healthcheck", "restart", "profiles", "deploy", "hostname", "stop_grace_period", "stop_signal", "user",
+    "working_dir", "labels", "logging", "networks", "ulimits", "shm_size", "init", "secrets", "configs",
+}
+TOP_KEYS = {"version", "name", "services", "volumes", "networks", "configs", "secrets"}
+DURATION = re.compile(r"^(\d+(\.\d+)?(us|ms|s|m|h))+$")
+PORT = re.compile(r"^((\d{1,3}(\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]):)?(\d+(-\d+)?:)?\d+(-\d+)?(/(tcp|udp))?$")
+# $$ (a literal $), ${VAR}, ${VAR-x} / ${VAR:-x}, ${VAR?msg} / ${VAR:?msg}; anything else is an interpolation error
+INTERPOLATION = re.compile(r"\$\$|\$\{[A-Za-z_][A-Za-z0-9_]*(?::?[-?][^}$]*)?\}|\$[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _strings(node):
+    if isinstance(node, dict):
+        for v in node.values():
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+    elif isinstance(node, str):
+        yield node
+
+
+def _seconds(duration: str) -> float:
+    units = {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * units[u] for n, _, u in re.findall(r"(\d+(\.\d+)?)(us|ms|s|m|h)", duration))
+
+
+def test_compose_file_is_well_formed():
+    assert set(COMPOSE) - TOP_KEYS <= {k for k in COMPOSE if k.startswith("x-")}, sorted(COMPOSE)
+    services, declared = COMPOSE["services"], set(COMPOSE.get("volumes") or {})
+    for text in _strings(COMPOSE):  # every $ is a valid interpolation (a bare one fails `docker compose up`)
+        assert "$" not in INTERPOLATION.sub("", text), text
+    for name, s in services.items():
+        assert set(s) <= SERVICE_KEYS, f"{name}: unknown keys {sorted(set(s) - SERVICE_KEYS)}"
+        assert "image" in s or "build" in s, name
+        assert isinstance(s.get("profiles", []), list) and all(isinstance(p, str) for p in s.get("profiles", []))
+        deps = s.get("depends_on") or {}
+        for dep in deps:
+            assert dep in services, f"{name} depends on undefined service {dep}"
+            # a service that always starts cannot depend on one that starts only with a profile
+            assert not services[dep].get("profiles") or set(services[dep]["profiles"]) & set(s.get("profiles", [])), \
+                f"{name} depends on {dep}, which runs only with profile {services[dep]['profiles']}"
+        if isinstance(deps, dict):
+            for dep, cond in deps.items():
+                assert cond.get("condition", "service_started") in (
+                    "service_started", "service_healthy", "service_completed_successfully"), (name, dep)
+                if cond.get("condition") == "service_healthy":
+                    assert "healthcheck" in services[dep], f"{name} waits for {dep} to be healthy; it has no check"
+        for key in ("stop_grace_period",):
+            if key in s:
+                assert DURATION.match(str(s[key])), (name, key, s[key])
+        for key in ("interval", "timeout", "start_period"):
+            if key in s.get("healthcheck", {}):
+                assert DURATION.match(str(s["healthcheck"][key])), (name, key)
+        for p in s.get("ports", []):
+            assert PORT.match(str(p).split("#")[0].strip()), (name, p)
+        for v in s.get("volumes", []):
+            source, target = v.split(":")[:2]
+            assert target.startswith("/"), (name, v)
+            if source.startswith((".", "/")):  # a bind mount of a file or folder of this repository
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
+            else:
+                assert source in declared, f"{name} uses volume {source!r}, not declared under volumes:"
+
+
+def test_compose_refuses_to_start_without_a_push_token():
+    env = COMPOSE["x-streamrec"]["environment"]
+    m = re.fullmatch(r"\$\{STREAMREC_PUSH_TOKEN:\?([^}]*)\}", env["STREAMREC_SERVING__PUSH_TOKEN"])
+    assert m, env["STREAMREC_SERVING__PUSH_TOKEN"]  # `:?`: unset or empty stops compose with the message
+    assert "STREAMREC_PUSH_TOKEN" in m.group(1) and ".env" in m.group(1)  # the message says how to set it
+    for s in _streamrec_services().values():  # and no service overrides it with a default
+        assert "STREAMREC_SERVING__PUSH_TOKEN" not in (s.get("environment") or {}) or \
+            s["environment"]["STREAMREC_SERVING__PUSH_TOKEN"] == env["STREAMREC_SERVING__PUSH_TOKEN"]
+
+
+def test_stop_grace_covers_a_final_checkpoint_and_trainer_variants_own_their_data():
+    services = _streamrec_services()
+    trainers = {n: s for n, s in services.items() if "train" in _streamrec_argv(s)}
+    assert {"trainer", "trainer-gpu", "trainer-0", "trainer-1"} <= set(trainers)
+    for name, s in services.items():  # compose's default is 10 s, then SIGKILL
+        assert _seconds(s.get("stop_grace_period", "10s")) >= 30, name
+    for name, s in trainers.items():  # a final checkpoint flushes the store and fsyncs: give it minutes
+        assert _seconds(s["stop_grace_period"]) >= 120, name
+    data = {n: next(v.split(":")[0] for v in s["volumes"] if v.split(":")[1] == "/data") for n, s in trainers.items()}
+    # two variants on one RocksDB store and checkpoint dir would corrupt each other; a group's ranks share by design
+    assert len({data["trainer"], data["trainer-gpu"], data["trainer-0"]}) == 3, data
+    assert data["trainer-0"] == data["trainer-1"]
+    assert services["producer"].get("profiles"), "the demo producer must not start with the stack"
+    assert all(not s.get("profiles") for n, s in services.items() if n in ("serving", "sketch", "trainer"))
+
+
+def test_image_numba_cache_is_built_for_the_installed_package():
+    lines = [ln.strip() for ln in DOCKERFILE.splitlines()]
+    text = "\n".join(lines)
+    warm = text.index("from streamrec.sketch.kernels import warm")
+    assert text.index("NUMBA_CACHE_DIR=/var/cache/streamrec/numba") < warm
+    assert text.index("NUMBA_CPU_NAME=generic") < warm  # the cache key holds the CPU: portable, not the builder's
+    install = text.index("pip install --no-cache-dir -c constraints.txt --no-deps .")
+    removed = text.index("rm -rf /app")
+    assert install < removed < warm  # compiled from site-packages, with no source tree left to shadow it
+    workdirs = re.findall(r"^WORKDIR (\S+)", DOCKERFILE, re.M)
+    assert workdirs[0] == "/app" and workdirs[-1] == "/data", workdirs  # containers never run inside /app
+    # what the warm-up compiles is what the processes call: the kernels module keeps its warm() entry point
+    from streamrec.sketch import kernels
+
+    assert callable(kernels.warm)
+
+
+# -- monitoring ------------------------------------------------------------------------------------------------
+
+PROMETHEUS = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+GRAFANA = ROOT / "deploy" / "grafana"
+
+
+def _exported_names() -> set[str]:
+    """Every sample name the three processes' exporters can produce (counters with _total, histograms with
+    _bucket/_count/_sum), from the real exporter classes."""
+    from streamrec.foundation import load_config
+    from streamrec.serving.metrics import ServingMetrics
+    from streamrec.sketch.metrics import SketchMetrics
+    from streamrec.sketch.state import SketchState
+    from streamrec.trainer.telemetry import PrometheusExporter
+
+    class _Service:  # what ServingMetrics reads of the service
+        swaps, events_served, current = 0, 0, None
+
+    exporters = [PrometheusExporter(0), ServingMetrics(_Service(), 0), SketchMetrics(SketchState(load_config(env={})), 0)]
+    trainer = exporters[0]
+    trainer.watch_consumer(type("C", (), {"stats": type("S", (), {"events": 0, "records": 0, "bytes": 0})(),
+                                          "topic": "events", "last_lag": {0: 1}})())
+    names = set()
+    for e in exporters:
+        for fam in getattr(e, "endpoint").registry.collect():
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"]}.get(fam.type, [""])
+            names |= {fam.name + s for s in suffixes}
+    return names
+
+
+def test_prometheus_scrapes_every_process_on_its_configured_port():
+    cfg = load_config(ROOT / "deploy" / "streamrec.toml", env={})
+    want = {"streamrec-trainer": (cfg.trainer.metrics_host, cfg.trainer.metrics_port, {"trainer", "trainer-gpu", "trainer-0"}),
+            "streamrec-sketch": (cfg.sketch.metrics_host, cfg.sketch.metrics_port, {"sketch"}),
+            "streamrec-serving": (cfg.serving.metrics_host, cfg.serving.metrics_port, {"serving"})}
+    jobs = {j["job_name"]: j for j in PROMETHEUS["scrape_configs"]}
+    assert set(jobs) == set(want)
+    for job, (host, port, names) in want.items():
+        assert port > 0 and host == "0.0.0.0", (job, host, port)  # on, and reachable from the prometheus container
+        (sd,) = jobs[job]["dns_sd_configs"]
+        assert sd["type"] == "A" and sd["port"] == port and set(sd["names"]) == names, (job, sd)
+        assert names <= set(COMPOSE["services"]), names
+    mon = {n: s for n, s in COMPOSE["services"].items() if "monitoring" in s.get("profiles", [])}
+    assert {s["image"].split(":")[0] for s in mon.values()} == {"prom/prometheus", "grafana/grafana"}
+    assert all(":" in s["image"] and not s["image"].endswith(":latest") for s in mon.values())  # pinned
+    assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mon["prometheus"]["volumes"]
+    for s in mon.values():  # the UIs stay on the machine unless the operator publishes them
+        assert all(str(p).startswith("127.0.0.1:") for p in s.get("ports", [])), s["ports"]
+
+
+def test_grafana_is_provisioned_with_a_dashboard_of_exported_metrics():
+    import json
+
+    ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())["datasources"]
+    (prom,) = ds
+    assert prom["url"] == "http://prometheus:9090" and prom["type"] == "prometheus"
+    (provider,) = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "streamrec.yml").read_text())["providers"]
+    mounts = dict(v.split(":")[:2] for v in COMPOSE["services"]["grafana"]["volumes"])
+    assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    dash = json.loads((GRAFANA / "dashboards" / "streamrec.json").read_text())
+    exported = _exported_names()
+    used = set()
+    for p in dash["panels"]:
+        if p["type"] == "row":
+            continue
+        assert p["datasource"]["uid"] == prom["uid"], p["title"]
+        assert p["targets"], p["title"]
+        for t in p["targets"]:
+            used |= set(re.findall(r"\bstreamrec_[a-z0-9_]+", t["expr"]))
+    assert used - exported == set(), f"the dashboard queries metrics no process exports: {sorted(used - exported)}"
+    # the pipeline at a glance: each process appears
+    assert {n.split("_")[1] for n in used} == {"trainer", "sketch", "serving"}
+
+
+def test_a_renamed_metric_would_fail_the_dashboard_check():
+    """The check above can fail: a name the exporters do not produce is caught."""
+    assert "streamrec_trainer_events_trained_total" in _exported_names()
+    assert "streamrec_trainer_events_total" not in _exported_names()

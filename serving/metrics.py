@@ -1,0 +1,124 @@
+"""The serving endpoint's Prometheus ``/metrics``.
+
+Predict and PushSnapshot calls are counted by their final gRPC status code and timed by a
+server interceptor placed outside the admission lanes, so a call refused by a full lane or by a
+limit counts too (with its code) and the latency is what a client waited for, refusals included.
+The served model (version, rows, age) and totals the service keeps are read at scrape time.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from streamrec.foundation.prometheus import DURATION_BUCKETS, LATENCY_BUCKETS, MetricsEndpoint
+
+from .pb import SERVICE
+
+_TIMED = {f"/{SERVICE}/Predict": "predict", f"/{SERVICE}/PushSnapshot": "push"}
+
+
+class ServingMetrics(grpc.ServerInterceptor):
+    """Counters, histograms and gauges of one :class:`~.server.StreamRecService`; also the interceptor."""
+
+    def __init__(self, service, port: int, host: str = "127.0.0.1"):
+        from prometheus_client import Counter, Histogram
+
+        self.service = service
+        self.endpoint = MetricsEndpoint(port, host)
+        reg = self.endpoint.registry
+        self.calls = {
+            "predict": Counter("streamrec_serving_predict_requests", "Predict calls by final gRPC status code",
+                               ["code"], registry=reg),
+            "push": Counter("streamrec_serving_pushes", "PushSnapshot calls by final gRPC status code", ["code"],
+                            registry=reg),
+        }
+        self.seconds = {
+            "predict": Histogram("streamrec_serving_predict_latency_seconds", "Predict latency on the server, from "
+                                 "arrival to answer (refusals included)", registry=reg, buckets=LATENCY_BUCKETS),
+            "push": Histogram("streamrec_serving_push_seconds", "one PushSnapshot: receive, verify, load, swap",
+                              registry=reg, buckets=DURATION_BUCKETS),
+        }
+        for c in self.calls.values():  # OK shows as 0 before the first call: rate() works from the start
+            c.labels("OK")
+        self.endpoint.collect_with(self._served)
+
+    @property
+    def port(self) -> int:
+        return self.endpoint.port
+
+    def start(self) -> "ServingMetrics":
+        self.endpoint.start()
+        return self
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+    # -- the interceptor ---------------------------------------------------------
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        kind = _TIMED.get(handler_call_details.method)
+        if handler is None or kind is None:
+            return handler
+        attr = "stream_unary" if handler.request_streaming else "unary_unary"
+        behavior = getattr(handler, attr)
+        calls, seconds = self.calls[kind], self.seconds[kind]
+
+        def run(request, context):
+            t0 = time.perf_counter()
+            code = "UNKNOWN"
+            try:
+                out = behavior(request, context)
+                code = _code_name(context) or "OK"
+                return out
+            except BaseException:
+                code = _code_name(context) or "UNKNOWN"
+                raise
+            finally:
+                seconds.observe(time.perf_counter() - t0)
+                calls.labels(code).inc()
+
+        pool = getattr(behavior, "experimental_thread_pool", None)
+        if pool is not None:  # the admission lane the call runs in (serving/admission.py)
+            run.experimental_thread_pool = pool
+        make = getattr(grpc, f"{attr}_rpc_method_handler")
+        return make(run, request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer)
+
+    # -- read at scrape time -------------------------------------------------------
+    def _served(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        svc = self.service
+        yield CounterMetricFamily("streamrec_serving_swaps", "model versions swapped in (pushes and the restore at "
+                                  "start)", value=getattr(svc, "swaps", 0))
+        yield CounterMetricFamily("streamrec_serving_events_scored", "events scored by Predict",
+                                  value=svc.events_served)
+        v = svc.current
+        yield GaugeMetricFamily("streamrec_serving_up", "1 while a model is served", value=1 if v is not None else 0)
+        version = GaugeMetricFamily("streamrec_serving_model_version", "version of the served model")
+        rows = GaugeMetricFamily("streamrec_serving_model_rows", "embedding rows the served version holds")
+        event_age = GaugeMetricFamily("streamrec_serving_freshness_event_seconds", "now minus the event time (ts) "
+                                      "of the newest event the served model learned from")
+        kafka_age = GaugeMetricFamily("streamrec_serving_freshness_kafka_seconds", "now minus the Kafka timestamp "
+                                      "of the newest record the served model learned from")
+        if v is not None:
+            m = v.manifest
+            now_ms = time.time() * 1000
+            version.add_metric([], v.version)
+            rows.add_metric([], v.rows_held)
+            if m.newest_event_ms:
+                event_age.add_metric([], max(0.0, (now_ms - m.newest_event_ms) / 1000))
+            kafka_ms = float((m.metrics or {}).get("newest_kafka_ms", 0) or 0)
+            if kafka_ms > 0:
+                kafka_age.add_metric([], max(0.0, (now_ms - kafka_ms) / 1000))
+        yield from (version, rows, event_age, kafka_age)
+
+
+def _code_name(context) -> str | None:
+    try:
+        code = context.code()
+    except Exception:  # a gRPC without ServicerContext.code()
+        return None
+    return code.name if isinstance(code, grpc.StatusCode) else None
