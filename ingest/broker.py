@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from streamrec.foundation import StreamrecError
 
@@ -62,31 +62,47 @@ class TopicSpec:
     compacted: bool = False
 
 
-def wait_for_broker(bootstrap: str, timeout: float = 30.0) -> None:
-    """Block until a Kafka client can fetch cluster metadata from ``bootstrap``."""
+def wait_for_broker(bootstrap: str, timeout: float = 30.0, security: Mapping[str, Any] | None = None) -> None:
+    """Block until a Kafka client can fetch cluster metadata from ``bootstrap`` (``security``: the
+    cluster's :func:`~streamrec.ingest.kafka_clients.client_settings`)."""
+    # kafka-python logs every refused connection at ERROR: while waiting that is expected, and the one
+    # line that matters is the BrokerError below
+    kafka_log = logging.getLogger("kafka")
+    level = kafka_log.level
+    kafka_log.setLevel(logging.CRITICAL)
+    try:
+        _wait_for_broker(bootstrap, timeout, security)
+    finally:
+        kafka_log.setLevel(level)
+
+
+def _wait_for_broker(bootstrap: str, timeout: float, security: Mapping[str, Any] | None) -> None:
     from kafka import KafkaAdminClient
 
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000, **(security or {}))
             admin.list_topics()
             admin.close()
             return
         except Exception as e:  # broker not up yet
             last = e
             time.sleep(0.2)
-    raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f}s: {last}")
+    raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout:.0f}s ({type(last).__name__}: {last}): "
+                      "check --bootstrap / kafka.bootstrap (host:port of a listener this machine can reach), or start "
+                      "one with `streamrec broker --port PORT`")
 
 
-def ensure_topics(bootstrap: str, topics: Iterable[TopicSpec], timeout: float = 30.0) -> None:
+def ensure_topics(bootstrap: str, topics: Iterable[TopicSpec], timeout: float = 30.0,
+                  security: Mapping[str, Any] | None = None) -> None:
     """Create missing topics (existing ones are left as they are)."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000), **(security or {}))
     try:
         existing = set(admin.list_topics())
         new = []
@@ -145,6 +161,7 @@ class EmbeddedBroker:
 
     def start(self, timeout: float = 30.0) -> "EmbeddedBroker":
         binary = tansu_binary()
+        self._check_port()  # else the connect below reaches whoever holds the port, and tansu exits silently
         url = f"tcp://{self.host}:{self.port}"
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                "--storage-engine", "memory://tansu/"]
@@ -161,7 +178,7 @@ class EmbeddedBroker:
             deadline = time.monotonic() + timeout
             while True:
                 if self.proc.poll() is not None:
-                    raise BrokerError(f"embedded broker exited with code {self.proc.returncode}: {self._tail()}")
+                    raise BrokerError(f"embedded broker exited with code {self.proc.returncode}: {self.output_tail()}")
                 try:
                     with socket.create_connection((self.host, self.port), timeout=0.5):
                         break
@@ -175,7 +192,17 @@ class EmbeddedBroker:
             raise
         return self
 
-    def _tail(self) -> str:
+    def _check_port(self) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is free, a listener is not
+            try:
+                s.bind((self.host, self.port))
+            except OSError as e:
+                raise BrokerError(f"cannot start the embedded broker on {self.bootstrap}: {e.strerror or e} (another "
+                                  "broker or process holds the port: stop it, or choose another with --port)") from None
+
+    def output_tail(self) -> str:
+        """The last 2 KB of the broker's own output (why it exited)."""
         if self._log_file is None:
             return ""
         try:

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 class HotSetFollower:
-    def __init__(self, bootstrap: str, topic: str, poll_ms: int = 200):
+    def __init__(self, bootstrap: str, topic: str, poll_ms: int = 200, security: dict | None = None):
         from kafka import KafkaConsumer, TopicPartition
 
         self.topic = topic
@@ -28,7 +28,8 @@ class HotSetFollower:
         self.bad_records = 0
         self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                        auto_offset_reset="earliest", fetch_max_bytes=64 << 20,
-                                       max_partition_fetch_bytes=32 << 20, client_id="streamrec-hotset-follower")
+                                       max_partition_fetch_bytes=32 << 20, client_id="streamrec-hotset-follower",
+                                       **(security or {}))
         parts = None
         deadline = time.monotonic() + 30
         while not parts:
@@ -67,7 +68,8 @@ class HotSetFollower:
             log.warning("skipping bad hot-set record %s:%d@%d: %s", rec.topic, rec.partition, rec.offset, e)
             return
         with self._cond:
-            if self._latest is None or hs.version > self._latest.version:
+            # >=: the worker republishes an unchanged set under its version with fresher counts
+            if self._latest is None or hs.version >= self._latest.version:
                 self._latest = hs
                 self._cond.notify_all()
 
@@ -104,12 +106,12 @@ class HotSetFollower:
         self.close()
 
 
-def latest_hotset(bootstrap: str, topic: str, timeout: float = 10.0) -> HotSet | None:
+def latest_hotset(bootstrap: str, topic: str, timeout: float = 10.0, security: dict | None = None) -> HotSet | None:
     """The newest HotSet on the topic, reading only the last record of each partition (None if empty)."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                      fetch_max_bytes=64 << 20, max_partition_fetch_bytes=32 << 20)
+                      fetch_max_bytes=64 << 20, max_partition_fetch_bytes=32 << 20, **(security or {}))
     try:
         parts = c.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]

@@ -94,6 +94,22 @@ class HotSet:
             return 0.0 if other.rows == 0 else 1.0
         return float(1.0 - np.isin(mine, other.keys()).mean())
 
+    def same_rows(self, other: "HotSet | None") -> bool:
+        return other is not None and self.rows == other.rows and self.changed_fraction(other) == 0.0
+
+    def publish_as(self, last: "HotSet | None", due: bool, change_fraction: float, counted_more: bool) -> int | None:
+        """The version to publish this set under, or None for not now.
+
+        A new version only when the rows changed: by more than ``change_fraction`` at once, or at all
+        once the interval is ``due``. The same rows with fresher counts (coverage, events) keep ``last``'s
+        version, once per interval: a trainer re-applies only a new version, so an unchanged set is never
+        migrated again, and readers still see the worker's progress."""
+        if self.same_rows(last):
+            return last.version if due and counted_more else None
+        if due or self.changed_fraction(last) > change_fraction:
+            return self.version
+        return None
+
 
 @dataclass
 class EventSample:

@@ -86,11 +86,12 @@ class SampleHotSource:
 class TopicHotSource:
     """Newest hot set published by the sketch worker on the ``hot-set`` topic."""
 
-    def __init__(self, bootstrap: str, topic: str):
+    def __init__(self, bootstrap: str, topic: str, security: dict | None = None):
         from streamrec.sketch import HotSetFollower
 
-        self.follower = HotSetFollower(bootstrap, topic)
+        self.follower = HotSetFollower(bootstrap, topic, security=security)
         self.version = 0
+        self._applied = None  # the last set handed over: an unchanged one under a new version is not migrated again
 
     def observe(self, batch: EventBatch) -> None:
         pass
@@ -100,6 +101,9 @@ class TopicHotSource:
         if hs is None or hs.version == self.version:
             return None
         self.version = hs.version
+        if hs.same_rows(self._applied):
+            return None
+        self._applied = hs
         return HotUpdate(int(hs.version), dict(hs.tables), float(getattr(hs, "coverage", float("nan"))),
                          float(getattr(hs, "hit_rate", float("nan"))))
 
@@ -129,5 +133,7 @@ def make_hot_source(cfg, bootstrap: str | None):
     if kind == "topic":
         if not bootstrap:
             raise ValueError("trainer.hot_source='topic' needs a Kafka bootstrap")
-        return TopicHotSource(bootstrap, cfg.kafka.hotset_topic)
+        from streamrec.ingest import client_settings
+
+        return TopicHotSource(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg))
     raise ValueError(f"trainer.hot_source must be topic, sample or none, got {kind!r}")

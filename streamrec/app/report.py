@@ -1,8 +1,12 @@
 """``streamrec report RUN_DIR``: a PNG and a Markdown summary of a run.
 
 Reads the trainer's metrics log (``metrics.jsonl``: one JSON record per
-interval) and, when present, the demo's view log (``view.jsonl``: hot set and
-served version over time) so that a person can see what the run did.
+interval: AUC, events/s, lag, freshness) and, when present, the demo's view log
+(``view.jsonl``: hot set, served version and freshness over time), its config
+(``config.toml``: the run settings) and its evaluation (``evaluation.json``: the
+served model's AUC on held-out events, the Bayes-optimal AUC of generated data,
+Predict latency), so that a person can see what the run did. ``streamrec train
+--data-dir DIR`` writes ``DIR/metrics.jsonl``: ``streamrec report DIR`` reads it.
 """
 
 from __future__ import annotations
@@ -50,18 +54,51 @@ def _series(records: list[dict], x: str, y: str) -> tuple[list, list]:
     return xs, ys
 
 
+def _settings(run_dir: Path, ev: dict) -> list[tuple[str, str]]:
+    """The run's settings that explain its numbers, from the config the processes read (``config.toml``)."""
+    import tomllib
+
+    try:
+        cfg = tomllib.loads((run_dir / "config.toml").read_text())
+    except (OSError, ValueError):
+        return []
+    g = lambda sec, key, default="-": cfg.get(sec, {}).get(key, default)  # noqa: E731
+    fields = [f.get("name") for f in g("model", "fields", []) if isinstance(f, dict)]
+    rows = [
+        ("data", str(ev.get("source", "-"))),
+        ("events produced", f"{ev['produced']:,}" if isinstance(ev.get("produced"), int) else "-"),
+        ("producer rate", f"{ev['produce_rate']:,.0f} events/s" if ev.get("produce_rate") else "as fast as possible"
+         if "produce_rate" in ev else "-"),
+        ("model", f"{len(fields)} sparse fields ({', '.join(fields[:6])}{', ...' if len(fields) > 6 else ''}), "
+                  f"dense_dim {g('model', 'dense_dim')}, embedding_dim {g('model', 'embedding_dim')}"),
+        ("trainer", f"device {g('trainer', 'device')}, batch {g('trainer', 'batch_size')}, schedule "
+                    f"{g('trainer', 'schedule')}, {g('trainer', 'ranks', 1)} rank(s), checkpoint every "
+                    f"{g('trainer', 'checkpoint_every_s')} s / {g('trainer', 'checkpoint_every_events')} events"),
+        ("hot set", f"budget {g('hot', 'budget_rows')} rows, published at least every "
+                    f"{g('sketch', 'publish_interval_s')} s"),
+        ("kafka", f"{g('kafka', 'partitions')} partitions, codec {g('kafka', 'codec')}"),
+    ]
+    return rows
+
+
 def write_report(run_dir: Path) -> tuple[Path, Path]:
+    """``report.png`` and ``report.md`` of a run directory: settings, results, and six panels over time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from .evaluation import read_evaluation
 
     run_dir = Path(run_dir)
     metrics = _read_jsonl(run_dir / "metrics.jsonl")
     if not metrics:
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: nothing to report")
     view = _read_jsonl(run_dir / "view.jsonl")
-    t0 = min((r["ts"] for r in metrics if isinstance(r.get("ts"), (int, float))), default=0)  # none: ValueError
+    ev = read_evaluation(run_dir)
+    # the clock starts at the first record of either log (the demo's view starts before training does)
+    t0 = min([r["ts"] for r in metrics if isinstance(r.get("ts"), (int, float))]
+             + [r["t"] for r in view if isinstance(r.get("t"), (int, float))], default=0)
     for r in metrics:
         if isinstance(r.get("ts"), (int, float)):
             r["elapsed_s"] = r["ts"] - t0
@@ -69,76 +106,119 @@ def write_report(run_dir: Path) -> tuple[Path, Path]:
         if isinstance(r.get("t"), (int, float)):  # "t": null raised TypeError
             r["elapsed_s"] = r["t"] - t0
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    dot = dict(marker=".", markersize=4)  # a 20-second run has ~10 records: show each one
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
     ax = axes[0][0]
     for key, label in (("auc", "AUC since start"), ("window_auc", "AUC, sliding window")):
-        ax.plot(*_series(metrics, "events", key), label=label)
-    ax2 = ax.twinx()
-    ax2.plot(*_series(metrics, "events", "window_logloss"), color="tab:red", alpha=0.6, label="logloss (window)")
+        ax.plot(*_series(metrics, "events", key), label=label, **dot)
+    for key, label, style in (("served_auc", "served model, held-out events", "--"),
+                              ("bayes_auc", "Bayes-optimal (generator's truth)", ":")):
+        if isinstance(ev.get(key), (int, float)):
+            ax.axhline(ev[key], linestyle=style, color="black" if key == "bayes_auc" else "tab:purple", label=label)
     ax.set_xlabel("events trained")
     ax.set_ylabel("AUC")
-    ax2.set_ylabel("logloss")
     ax.set_title("Progressive validation")
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize=8)
     ax = axes[0][1]
-    ax.plot(*_series(metrics, "elapsed_s", "events_per_s"))
+    ax.plot(*_series(metrics, "elapsed_s", "events_per_s"), **dot)
     ax.set_xlabel("seconds")
     ax.set_ylabel("events/s")
     ax.set_title("Training throughput")
+    ax = axes[0][2]
+    ax.plot(*_series(metrics, "elapsed_s", "lag"), color="tab:orange", **dot)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("records behind the topic head")
+    ax.set_title("Consumer lag (trainer)")
     ax = axes[1][0]
-    ax.plot(*_series(metrics, "elapsed_s", "hot_fraction"), label="hot fraction of trained samples")
-    ax.plot(*_series(metrics, "elapsed_s", "hit_rate"), label="hot-tier hit rate of lookups")
-    ax.plot(*_series(view or metrics, "elapsed_s", "hot_coverage"), label="hot-set coverage (sketch estimate)")
+    ax.plot(*_series(metrics, "elapsed_s", "hot_fraction"), label="hot fraction of trained samples", **dot)
+    ax.plot(*_series(metrics, "elapsed_s", "hit_rate"), label="hot-tier hit rate of lookups", **dot)
+    ax.plot(*_series(view or metrics, "elapsed_s", "hot_coverage"), label="hot-set coverage (sketch estimate)", **dot)
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("seconds")
     ax.set_title("Hot set")
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize=8)
     ax = axes[1][1]
     ax.step(*_series(view or metrics, "elapsed_s", "served_version" if view else "snapshot_version"),
             where="post", label="served version" if view else "snapshot version")
     ax.set_xlabel("seconds")
     ax.set_ylabel("version")
-    if view:
-        ax3 = ax.twinx()
-        ax3.plot(*_series(view, "elapsed_s", "freshness_s"), color="tab:green", alpha=0.7, label="freshness (s)")
-        ax3.set_ylabel("freshness s")
-    ax.set_title("Snapshots and freshness")
+    ax.set_title("Snapshots")
+    ax = axes[1][2]
+    fresh_src = view if any(isinstance(r.get("freshness_s"), (int, float)) for r in view) else None
+    if fresh_src is not None:  # the served model (demo)
+        ax.plot(*_series(view, "elapsed_s", "freshness_s"), color="tab:green", label="served: since in Kafka", **dot)
+    ax.plot(*_series(metrics, "elapsed_s", "freshness_kafka_s"), color="tab:olive", label="trained: since in Kafka",
+            **dot)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("seconds")
+    ax.set_title("Freshness (age of the newest event, Kafka clock)")
+    ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     png = run_dir / "report.png"
-    fig.savefig(png, dpi=90)
+    fig.savefig(png, dpi=80)
     plt.close(fig)
 
     last = metrics[-1]
     served = [r.get("served_version") for r in view if r.get("served_version") is not None]
-    fresh = [r.get("freshness_s") for r in view if isinstance(r.get("freshness_s"), (int, float))]
 
     def fmt(v, f="{:.4f}"):
         return f.format(v) if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
-    rate = [r.get("events_per_s") for r in metrics if isinstance(r.get("events_per_s"), (int, float))]
+    def med(xs):
+        xs = sorted(x for x in xs if isinstance(x, (int, float)) and math.isfinite(x))
+        return xs[len(xs) // 2] if xs else None
+
+    def col(records, key):
+        return [r.get(key) for r in records]
+
+    rate = col(metrics, "events_per_s")
+    lag = [x for x in col(metrics, "lag") if isinstance(x, (int, float)) and x >= 0]
+    fresh_kafka = med(col(view, "freshness_s")) if fresh_src is not None else med(col(metrics, "freshness_kafka_s"))
+    fresh_event = med(col(view, "freshness_event_s")) if view else med(col(metrics, "freshness_event_s"))
+    lat = ev.get("predict_latency_ms") or {}
+    elapsed = max((r.get("elapsed_s", 0) for r in metrics + view if isinstance(r.get("elapsed_s"), (int, float))),
+                  default=0)
+    settings = _settings(run_dir, ev)
+    held = "held-out" if ev.get("held_out", True) else "last events of the file (trained on: no held-out part)"
+    lines = [f"# streamrec run {run_dir.name}", ""]
+    if settings:
+        lines += ["## Run settings", "", "| setting | value |", "| --- | --- |"]
+        lines += [f"| {k} | {v} |" for k, v in settings] + [""]
+    lines += [
+        "## Results", "",
+        "| metric | value |",
+        "| --- | --- |",
+        f"| run length (first to last record) | {fmt(elapsed, '{:.0f} s')} |",
+        f"| events trained | {fmt(last.get('events'), '{:,}')} |",
+        f"| progressive AUC since start | {fmt(last.get('auc'))} |",
+        f"| progressive AUC, last window | {fmt(last.get('window_auc'))} |",
+        f"| logloss since start | {fmt(last.get('logloss'))} |",
+    ]
+    if ev:
+        lines.append(f"| served model's AUC, {fmt(ev.get('events'), '{:,}')} {held} events via Predict "
+                     f"(v{ev.get('served_version', '-')}) | {fmt(ev.get('served_auc'))} |")
+    if isinstance(ev.get("bayes_auc"), (int, float)):
+        lines.append(f"| Bayes-optimal AUC of the same events (generated data: the ceiling) | {fmt(ev['bayes_auc'])} |")
+    if lat:
+        lines.append(f"| Predict latency, one event per call ({ev.get('latency_calls', '-')} calls) | p50 "
+                     f"{fmt(lat.get('p50'), '{:.2f}')} ms · p90 {fmt(lat.get('p90'), '{:.2f}')} ms · p99 "
+                     f"{fmt(lat.get('p99'), '{:.2f}')} ms |")
+    lines += [
+        f"| median training events/s | {fmt(med(rate), '{:,.0f}')} |",
+        f"| consumer lag, max / last (records) | {fmt(max(lag) if lag else None, '{:,}')} / "
+        f"{fmt(lag[-1] if lag else None, '{:,}')} |",
+        f"| hot fraction of trained samples (last) | {fmt(last.get('hot_fraction'), '{:.1%}')} |",
+        f"| hot-tier hit rate (last) | {fmt(last.get('hit_rate'), '{:.1%}')} |",
+        f"| dead letters | {fmt(last.get('dead_letters'), '{:,}')} |",
+        f"| last snapshot version built by the trainer | {fmt(last.get('snapshot_version'), '{:,}')} |",
+        f"| last served version | {served[-1] if served else '-'} |",
+        f"| median freshness, since the event entered Kafka ({'served' if fresh_src is not None else 'trained'} "
+        f"model) | {fmt(fresh_kafka, '{:.1f} s')} |",
+        f"| median age by the events' own time | {fmt(fresh_event, '{:,.1f} s')} |",
+        "",
+        f"![run]({png.name})",
+        "",
+    ]
     md = run_dir / "report.md"
-    md.write_text(
-        "\n".join(
-            [
-                f"# streamrec run {run_dir.name}",
-                "",
-                "| metric | value |",
-                "| --- | --- |",
-                f"| events trained | {fmt(last.get('events'), '{:,}')} |",
-                f"| progressive AUC since start | {fmt(last.get('auc'))} |",
-                f"| progressive AUC, last window | {fmt(last.get('window_auc'))} |",
-                f"| logloss since start | {fmt(last.get('logloss'))} |",
-                f"| median training events/s | {fmt(sorted(rate)[len(rate) // 2] if rate else None, '{:,.0f}')} |",
-                f"| hot fraction of trained samples (last) | {fmt(last.get('hot_fraction'), '{:.1%}')} |",
-                f"| hot-tier hit rate (last) | {fmt(last.get('hit_rate'), '{:.1%}')} |",
-                f"| dead letters | {fmt(last.get('dead_letters'), '{:,}')} |",
-                f"| last snapshot version built by the trainer | {fmt(last.get('snapshot_version'), '{:,}')} |",
-                f"| last served version | {served[-1] if served else '-'} |",
-                f"| median freshness | {fmt(sorted(fresh)[len(fresh) // 2] if fresh else None, '{:.1f} s')} |",
-                "",
-                f"![run]({png.name})",
-                "",
-            ]
-        )
-    )
+    md.write_text("\n".join(lines))
     return png, md

@@ -111,6 +111,7 @@ class EventBatch:
     sparse: dict[str, JaggedIds]
     request_ids: list[str | None] | None = None
     source_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    source_newest_ms: int = 0  # newest Kafka record timestamp (ms) among its records: when it entered Kafka; 0 = unknown
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -130,6 +131,7 @@ class EventBatch:
         if not parts:
             return EventBatch.empty(dense_dim, fields)
         offsets: dict[tuple[str, int], int] = {}
+        newest_ms = max(p.source_newest_ms for p in parts)
         for p in parts:
             for k, v in p.source_offsets.items():
                 offsets[k] = max(offsets.get(k, 0), v)
@@ -143,6 +145,7 @@ class EventBatch:
             sparse={f: JaggedIds.concat([p.sparse[f] for p in parts]) for f in fields},
             request_ids=rids,
             source_offsets=offsets,
+            source_newest_ms=newest_ms,
         )
 
     @staticmethod

@@ -57,3 +57,21 @@ def test_choose_hot_set_budget_threshold_and_coverage(tmp_path):
     assert chb.bytes <= 64 * 300 and chb.rows <= 300
     with pytest.raises(ValueError, match="row_bytes"):
         choose_hot_set(fields, t, i, c, budget_bytes=100, row_bytes={"user": 1})
+
+
+def test_an_unchanged_hot_set_never_gets_a_new_version():
+    """Same rows: republished under the last version (fresher counts) once per interval, never as a new one;
+    changed rows: a new version, at once past change_fraction, else when the interval is due."""
+    last = HotSet(version=4, tables={"a": np.arange(100)}, coverage=0.5, hit_rate=0.6)
+    same = HotSet(version=5, tables={"a": np.arange(100)[::-1].copy()}, coverage=0.55, hit_rate=0.6)
+    few = HotSet(version=5, tables={"a": np.arange(5, 105)}, coverage=0.5, hit_rate=0.6)
+    many = HotSet(version=5, tables={"a": np.arange(50, 150)}, coverage=0.5, hit_rate=0.6)
+    assert same.publish_as(last, due=True, change_fraction=0.2, counted_more=True) == 4
+    assert same.publish_as(last, due=True, change_fraction=0.2, counted_more=False) is None
+    assert same.publish_as(last, due=False, change_fraction=0.2, counted_more=True) is None
+    assert few.publish_as(last, due=False, change_fraction=0.2, counted_more=True) is None
+    assert few.publish_as(last, due=True, change_fraction=0.2, counted_more=True) == 5
+    assert many.publish_as(last, due=False, change_fraction=0.2, counted_more=True) == 5
+    assert same.publish_as(None, due=False, change_fraction=0.2, counted_more=True) == 5  # nothing published yet
+    subset = HotSet(version=5, tables={"a": np.arange(50)}, coverage=0.5, hit_rate=0.6)
+    assert not subset.same_rows(last) and subset.publish_as(last, True, 0.2, True) == 5

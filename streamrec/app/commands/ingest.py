@@ -4,6 +4,7 @@ and ``streamrec generate`` (write the synthetic stream to a file)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
@@ -45,6 +46,9 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--events", type=int, help="how many events (default: generator.events from the config)")
     p.add_argument("--seed", type=int, help="generator seed (default: generator.seed)")
     p.add_argument("--layout", choices=LAYOUTS, help="generate events with this layout's fields")
+    p.add_argument("--like", metavar="FILE",
+                   help="generate events with the sparse fields and dense width of this file (JSON lines, CSV, "
+                        "Parquet) when no model config is given; with one, the file must fit it")
     p.set_defaults(func=cmd_generate)
 
 
@@ -53,17 +57,22 @@ def cmd_broker(args) -> int:
 
     from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics
 
+    from streamrec.app.logs import say, startup_line
+
     cfg = config_from_args(args)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with EmbeddedBroker(port=args.port) as broker:
         ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+        startup_line("broker", args, brokers=broker.bootstrap, topics=", ".join(t.name for t in pipeline_topics(cfg)),
+                     ports=broker.port, storage="memory (lost when it stops)")
         print(broker.bootstrap, flush=True)
-        print(f"embedded broker on {broker.bootstrap}; Ctrl-C stops it", file=sys.stderr)
+        say(f"embedded broker on {broker.bootstrap}; Ctrl-C stops it")
         try:
             while not stop.wait(0.5):
                 if not broker.alive():
-                    print("broker exited", file=sys.stderr)
+                    print(f"streamrec broker: the broker process exited with code {broker.proc.returncode}: "
+                          f"{broker.output_tail()[-500:].strip() or 'no output'}", file=sys.stderr)
                     return 1
         except KeyboardInterrupt:
             pass
@@ -114,6 +123,9 @@ def cmd_produce(args) -> int:
 
     from streamrec.ingest import DatasetError, EventProducer, SyntheticStream, layout_config, read_events
 
+    from streamrec.app.data_schema import model_for_file
+    from streamrec.app.logs import IntervalLog, startup_line
+
     cfg = config_from_args(args)
     if args.layout:
         cfg = layout_config(args.layout, cfg)
@@ -122,6 +134,12 @@ def cmd_produce(args) -> int:
     if (args.file is None) == (args.synthetic is None):
         print("streamrec produce: give either a FILE or --synthetic N", file=sys.stderr)
         return 2
+    if args.file is not None and not args.layout:
+        try:
+            cfg = model_for_file(cfg, args, args.file, "produce", format=args.format)
+        except DatasetError as e:
+            print(f"streamrec produce: {e}", file=sys.stderr)
+            return 2
     if args.rate < 0:
         print("streamrec produce: --rate must be >= 0", file=sys.stderr)
         return 2
@@ -151,8 +169,11 @@ def cmd_produce(args) -> int:
     t0 = time.monotonic()
     try:
         with kafka_bootstrap(cfg) as bootstrap:
+            startup_line("produce", args, brokers=bootstrap, topics=cfg.kafka.events_topic, source=what,
+                         codec=cfg.kafka.codec, rate=f"{args.rate:g} events/s" if args.rate else "as fast as possible")
             producer = EventProducer(bootstrap, cfg)
-            with _progress(args.quiet, total) as progress:
+            no_tty = IntervalLog(logging.getLogger("streamrec.produce")) if not sys.stderr.isatty() else None
+            with _progress(args.quiet or no_tty is not None, total) as progress:
                 task = progress.add_task(f"{cfg.kafka.events_topic} <- {what}", total=total, rate=0.0)
                 try:
                     for b in source:
@@ -162,6 +183,8 @@ def cmd_produce(args) -> int:
                         sent += len(b)
                         elapsed = time.monotonic() - t0
                         progress.update(task, completed=sent, rate=sent / max(elapsed, 1e-9))
+                        if no_tty is not None and not args.quiet:
+                            no_tty.maybe("produced %s events (%s events/s)", f"{sent:,}", f"{sent / max(elapsed, 1e-9):,.0f}")
                         if args.rate:
                             ahead = sent / args.rate - elapsed
                             if ahead > 0:
@@ -197,6 +220,14 @@ def cmd_generate(args) -> int:
     cfg = config_from_args(args)
     if args.layout:
         cfg = layout_config(args.layout, cfg)
+    elif args.like:
+        from streamrec.app.data_schema import model_for_file
+
+        try:
+            cfg = model_for_file(cfg, args, args.like, "generate")
+        except DatasetError as e:
+            print(f"streamrec generate: {e}", file=sys.stderr)
+            return 2
     if args.seed is not None:
         cfg.generator.seed = args.seed
     n = args.events if args.events is not None else cfg.generator.events

@@ -35,10 +35,23 @@ def cmd_serve(args) -> int:
     from streamrec.serving import serve
     from streamrec.snapshot import SnapshotError, verify_snapshot
 
+    import logging
+
+    from streamrec.app.logs import IntervalLog, say, startup_line
+    from streamrec.app.preflight import ensure_dirs, ensure_port_free
+
     cfg = config_from_args(args)
+    ensure_dirs(cfg, "serving.data_dir")
+    ensure_port_free(cfg.serving.host, cfg.serving.port if args.port is None else args.port, "the gRPC endpoint",
+                     "serving.port / serve --port")
+    ensure_port_free(cfg.serving.metrics_host, cfg.serving.metrics_port, "serving's metrics endpoint",
+                     "serving.metrics_port")
     server = serve(cfg, device=args.device, port=args.port, insecure_push=args.insecure_push)
+    startup_line("serve", args, ports=f"gRPC {server.target} ({'TLS' if server.tls else 'plaintext'})",
+                 device=str(getattr(server, "device", args.device or cfg.trainer.device)), data=cfg.serving.data_dir,
+                 push_token="set" if cfg.serving.push_token else "none", brokers="none (snapshots arrive over gRPC)")
     for w in server.warnings:  # also logged; printed so that no log setting hides them
-        print(f"streamrec serve: WARNING: {w}", file=sys.stderr, flush=True)
+        say(f"streamrec serve: WARNING: {w}")
     if args.snapshot:
         m = verify_snapshot(args.snapshot)
         try:
@@ -46,12 +59,17 @@ def cmd_serve(args) -> int:
         except SnapshotError as e:  # e.g. a restart that already serves this version or a newer one
             print(f"--snapshot not loaded: {e}", file=sys.stderr)
     print(server.target, flush=True)
-    print(f"serving on {server.target}; Ctrl-C stops it", file=sys.stderr)
+    say(f"serving on {server.target}; Ctrl-C stops it")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    progress = IntervalLog(logging.getLogger("streamrec.serve"), 30.0) if not sys.stderr.isatty() else None
     try:
         while not stop.wait(0.5):
-            pass
+            if progress is not None and progress.due():  # without a TTY: a sign of life in the log
+                cur = server.service.current
+                progress.maybe("serving version %s: %s Predict requests, %s events so far",
+                               cur.version if cur is not None else "none yet",
+                               f"{server.service.requests_served:,}", f"{server.service.events_served:,}")
     except KeyboardInterrupt:
         pass
     server.stop(2.0)

@@ -14,20 +14,26 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                     "publish versioned hot sets to the compacted hot-set topic. Without --bootstrap (or "
                     "kafka.bootstrap) an embedded broker is started for this process only, which is useful "
                     "for a demo but nothing else can reach its events.")
-    p.add_argument("--faust-log-level", default="warning", help="faust's own log level (default warning)")
+    p.add_argument("--faust-log-level", default="warning",
+                   help="log level of faust, mode and aiokafka, whatever --log-level is (default warning)")
     p.set_defaults(func=cmd_sketch)
 
 
 def cmd_sketch(args) -> int:
-    import logging
-
     from streamrec.app.cli import config_from_args, kafka_bootstrap
+    from streamrec.app.logs import set_library_level, startup_line
+    from streamrec.app.preflight import ensure_dirs, ensure_port_free
 
     from streamrec.sketch.app import run_worker
 
     cfg = config_from_args(args)
+    set_library_level(args.faust_log_level)
+    ensure_dirs(cfg, "sketch.state_dir")  # faust and the in-flight marker expect it to exist
+    ensure_port_free(cfg.sketch.metrics_host, cfg.sketch.metrics_port, "the sketch worker's metrics endpoint",
+                     "sketch.metrics_port")
     with kafka_bootstrap(cfg) as bootstrap:
-        logging.getLogger("sketch").info(
-            "sketch worker: %s -> %s on %s (group %s, state in %s)", cfg.kafka.events_topic,
-            cfg.kafka.hotset_topic, bootstrap, cfg.kafka.sketch_group, cfg.sketch.state_dir)
+        startup_line("sketch", args, brokers=bootstrap,
+                     topics=f"{cfg.kafka.events_topic} -> {cfg.kafka.hotset_topic}", group=cfg.kafka.sketch_group,
+                     device="cpu", data=cfg.sketch.state_dir,
+                     publish=f"every {cfg.sketch.publish_interval_s:g} s when the hot set changed")
         return run_worker(cfg, bootstrap, loglevel=args.faust_log_level)

@@ -32,6 +32,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                        help="train continuously from the events topic (checkpoints, snapshots, metrics)")
     p.add_argument("--max-events", type=int, help="stop after this many events (trainer.max_events)")
     p.add_argument("--idle-exit", type=float, metavar="S", help="stop after S seconds without events (trainer.idle_exit_s)")
+    p.add_argument("--until-end", action="store_true",
+                   help="stop at the end of the stream as it is at start: a finite replay (trainer.until_end)")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
     p.add_argument("--nproc", type=int, metavar="N",
                    help="train with a group of N ranks on this host (trainer.ranks; default 1: one process)")
@@ -54,6 +56,13 @@ def cmd_train(args) -> int:
         cfg.trainer.max_events = args.max_events
     if args.idle_exit is not None:
         cfg.trainer.idle_exit_s = args.idle_exit
+    if args.until_end:
+        cfg.trainer.until_end = True
+    if cfg.trainer.until_end and (cfg.trainer.ranks > 1 or _under_torchrun()):
+        print("streamrec train: --until-end (trainer.until_end) is not supported by a trainer group yet: use "
+              "--max-events or --idle-exit", file=sys.stderr)
+        return 2
+    _only_configured_pushes(cfg)
     if args.nproc is not None:
         if args.nproc < 1:
             print("streamrec train: --nproc must be >= 1", file=sys.stderr)
@@ -66,7 +75,9 @@ def cmd_train(args) -> int:
     stop = _stop_on_signals()
     if _under_torchrun():
         return _run_rank(cfg, args, stop)
+    _preflight(cfg)
     with kafka_bootstrap(cfg) as bootstrap:
+        _startup(cfg, args, bootstrap)
         if is_group_checkpoint(cfg.trainer.checkpoint_dir):  # a group's checkpoint, resumed by one process
             return _finish(_group_of_one(cfg, bootstrap, stop, args))
         from streamrec.serving import SnapshotPusher
@@ -75,6 +86,37 @@ def cmd_train(args) -> int:
         svc = TrainerService(cfg, bootstrap, stop=stop, progress=False if args.no_progress else None,
                              pusher_factory=SnapshotPusher.factory(cfg))
         return _finish(svc.run())
+
+
+def _only_configured_pushes(cfg) -> None:
+    """Push snapshots only to a target someone configured: the default serving address is where a client
+    looks, not proof that a server runs there (retrying it cost warnings and a slower exit)."""
+    if cfg.trainer.push_snapshots and not (cfg.serving.target or cfg.serving.push_targets):
+        log.info("no serving.target or serving.push_targets set: snapshots are built in %s, not pushed",
+                 cfg.trainer.snapshot_dir)
+        cfg.trainer.push_snapshots = False
+
+
+def _preflight(cfg) -> None:
+    from streamrec.app.preflight import ensure_dirs, ensure_port_free
+
+    ensure_dirs(cfg, "store.path", "trainer.checkpoint_dir", "trainer.snapshot_dir", "trainer.log_path")
+    ensure_port_free(cfg.trainer.metrics_host, cfg.trainer.metrics_port, "the trainer's metrics endpoint",
+                     "trainer.metrics_port")
+
+
+def _startup(cfg, args, bootstrap: str) -> None:
+    from streamrec.app.logs import startup_line
+    from streamrec.foundation import resolve_device
+
+    t = cfg.trainer
+    stop_at = [f"{t.max_events:,} events" if t.max_events else "", f"{t.idle_exit_s:g} s idle" if t.idle_exit_s else "",
+               "end of stream" if t.until_end else ""]
+    startup_line("train", args, brokers=bootstrap, topics=f"{cfg.kafka.events_topic} (group {cfg.kafka.trainer_group}), "
+                 f"{cfg.kafka.hotset_topic}", ports=f"metrics {t.metrics_host}:{t.metrics_port}" if t.metrics_port else "",
+                 device=str(resolve_device(t.device)), data=os.path.dirname(os.path.abspath(t.checkpoint_dir)),
+                 push=", ".join(cfg.push_targets()) if t.push_snapshots else "off (snapshots only built)",
+                 metrics_log=t.log_path, stop=" or ".join(x for x in stop_at if x) or "on SIGTERM")
 
 
 def _stop_on_signals() -> threading.Event:
@@ -92,8 +134,9 @@ def _stop_on_signals() -> threading.Event:
 
 def _finish(summary: dict) -> int:
     print(json.dumps({k: (v if v == v else None) for k, v in summary.items()}), flush=True)
-    print(f"trainer stopped ({summary['reason']}): {summary['events']:,} events, checkpoint {summary['checkpoint']}",
-          file=sys.stderr)
+    from streamrec.app.logs import say
+
+    say(f"trainer stopped ({summary['reason']}): {summary['events']:,} events, checkpoint {summary['checkpoint']}")
     return 0
 
 
@@ -180,17 +223,21 @@ def _launch_group(cfg, args) -> int:
     from torch.distributed.run import get_args_parser, run
 
     from streamrec.app.cli import kafka_bootstrap
-    from streamrec.ingest import free_port
+    from streamrec.ingest import client_settings, free_port
     from streamrec.trainer.group import GroupError, check_partitions
 
     n = cfg.trainer.ranks
+    _preflight(cfg)
     with kafka_bootstrap(cfg) as bootstrap:  # creates the events topic with >= n partitions
+        _startup(cfg, args, bootstrap)
         try:  # refused here, once: in the ranks it would be retried at every restart
-            check_partitions(bootstrap, cfg.kafka.events_topic, n)
+            check_partitions(bootstrap, cfg.kafka.events_topic, n, security=client_settings(cfg))
         except GroupError as e:
             print(f"streamrec train: {e}", file=sys.stderr)
             return 2
-        rank_args = ["train", "--bootstrap", bootstrap, "--log-level", args.log_level]
+        rank_args = ["train", "--bootstrap", bootstrap, "--log-level", args.log_level, "--log-format", args.log_format]
+        if args.data_dir:
+            rank_args += ["--data-dir", args.data_dir]
         if args.config:
             rank_args += ["--config", args.config]
         for o in args.overrides or []:
