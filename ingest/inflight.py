@@ -32,7 +32,6 @@ import json
 import logging
 import multiprocessing
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -148,41 +147,3 @@ def probe_decode(schema, values: list[bytes], timeout_s: float = 120.0) -> list[
         log.error("record %d of %d killed a decoding process (exit %s)", start + last, len(values), child.exitcode)
         start += last + 1
     return culprits
-
-
-class RecordMarker:
-    """The one record a per-record consumer (the sketch worker) is handling, in a memory-mapped slot.
-
-    ``begin``/``end`` cost a few hundred nanoseconds (no system call), so it can bracket every
-    record. A start that finds the slot busy (``found``: ``(partition, offset)``) knows that record
-    killed its predecessor and skips it.
-    """
-
-    _LAYOUT = struct.Struct("<4sIiq")  # magic, busy, partition, offset
-    _MAGIC = b"SRIM"
-
-    def __init__(self, path: str | os.PathLike):
-        import mmap
-
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        size = self._LAYOUT.size
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        magic, busy, partition, offset = self._LAYOUT.unpack_from(self._map, 0)
-        self.found: tuple[int, int] | None = (partition, offset) if magic == self._MAGIC and busy else None
-        self.end()
-
-    def begin(self, partition: int, offset: int) -> None:
-        self._LAYOUT.pack_into(self._map, 0, self._MAGIC, 1, partition, offset)
-
-    def end(self) -> None:
-        self._LAYOUT.pack_into(self._map, 0, self._MAGIC, 0, -1, -1)
-
-    def close(self) -> None:
-        self._map.close()

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class PeerSnapshots:
     """The newest snapshot bytes of every partition in the sketch table's changelog."""
 
-    def __init__(self, bootstrap: str, topic: str, poll_ms: int = 200):
+    def __init__(self, bootstrap: str, topic: str, poll_ms: int = 200, security: dict | None = None):
         from kafka import KafkaConsumer
 
         self.topic = topic
@@ -32,7 +32,8 @@ class PeerSnapshots:
         self._stop = threading.Event()
         self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                        auto_offset_reset="earliest", fetch_max_bytes=64 << 20,
-                                       max_partition_fetch_bytes=32 << 20, client_id="streamrec-sketch-peers")
+                                       max_partition_fetch_bytes=32 << 20, client_id="streamrec-sketch-peers",
+                                       **(security or {}))
         self._assigned: set[int] = set()
         self._poll_ms = poll_ms
         self._thread = threading.Thread(target=self._run, name="sketch-peers", daemon=True)

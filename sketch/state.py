@@ -150,6 +150,63 @@ class SketchState:
         self.stats.events += len(batch)
         return True
 
+    def apply_many(self, partition: int, offsets: list[int], values: list[bytes | None]) -> int:
+        """Count a batch of one partition's Kafka records (ascending offsets) at once; returns the events
+        counted. The worker's counting path: one decode of the whole batch (``Decoder.decode_many``) and
+        one sketch update, instead of per-record calls. Records below the partition's next offset
+        (already counted) and quarantined ones are skipped; malformed ones are logged and skipped one by
+        one with their reasons. A partition this worker no longer holds is left alone (revoked while the
+        batch was read). Unlike :meth:`apply`, a record whose events all have out-of-range times is
+        counted in ``bad_times`` only (the batch decode does not say which record an event came from)."""
+        with self.lock:
+            if partition not in self.sketches or not offsets:
+                return 0
+            start = self.next_offset[partition]
+            if offsets[0] < start:  # redelivered: the snapshot counted these already
+                keep = [i for i, o in enumerate(offsets) if o >= start]
+                self.stats.skipped += len(offsets) - len(keep)
+                offsets, values = [offsets[i] for i in keep], [values[i] for i in keep]
+                if not offsets:
+                    return 0
+            self.next_offset[partition] = offsets[-1] + 1
+            if self.quarantine:
+                held = [i for i, o in enumerate(offsets) if (partition, o) in self.quarantine]
+                for i in held:
+                    self.stats.quarantined += 1
+                    log.error("p%d@%d: skipping the record that killed the previous worker process (the trainer's "
+                              "dead-letter path handles it)", partition, offsets[i])
+                if held:
+                    gone = set(held)
+                    offsets = [o for i, o in enumerate(offsets) if i not in gone]
+                    values = [v for i, v in enumerate(values) if i not in gone]
+            batch, errors = self.decoder.decode_many(values)
+            for i, reason in errors:
+                self.stats.bad_records += 1
+                log.warning("skipping malformed record p%d@%d (the dead-letter path owns it): %s",
+                            partition, offsets[i], reason)
+            self.stats.records += len(values) - len(errors)
+            if batch is None or not len(batch):
+                return 0
+            try:
+                ts = batch.ts
+                ok = (ts >= 0) & (ts <= int(time.time() * 1000) + MAX_FUTURE_MS)
+                if not ok.all():
+                    bad = int(len(ok) - ok.sum())
+                    self.stats.bad_times += bad
+                    log.warning("p%d@%d-%d: %d of %d events have an event time out of range (e.g. %d ms) and are "
+                                "not counted", partition, offsets[0], offsets[-1], bad, len(ok), int(ts[~ok][0]))
+                    if not ok.any():
+                        return 0
+                    batch = batch.take(np.flatnonzero(ok))
+                self.sketches[partition].update_batch(batch)
+                self.sample.offer(batch)
+            except Exception:  # decoded events the sketch cannot count: a bug, but it must not stop the worker
+                self.stats.bad_records += len(values) - len(errors)
+                log.exception("skipping records p%d@%d-%d: counting them failed", partition, offsets[0], offsets[-1])
+                return 0
+            self.stats.events += len(batch)
+            return len(batch)
+
     def snapshot(self, partition: int) -> bytes:
         with self.lock:
             meta = {"next_offset": self.next_offset[partition]}

@@ -2,7 +2,8 @@
 
 :func:`install_crash_hook` writes a ``sitecustomize`` module; with its folder on
 ``PYTHONPATH`` every Python process (a trainer, a sketch worker, the probe child a
-trainer spawns) segfaults when ``json.loads`` meets the bytes ``crash-me``, as a
+trainer spawns) segfaults when a JSON parser the codec uses (``orjson.loads``,
+``pyarrow.json.read_json`` of a batch, ``json.loads``) meets the bytes ``crash-me``, as a
 native decoder bug would.
 """
 
@@ -16,12 +17,23 @@ CRASH_MARK = "crash-me"
 
 _SITECUSTOMIZE = textwrap.dedent('''
     import json, os, signal
-    _loads = json.loads
-    def loads(s, *a, **k):
-        if (b"crash-me" if isinstance(s, (bytes, bytearray)) else "crash-me") in s:
-            os.kill(os.getpid(), signal.SIGSEGV)
-        return _loads(s, *a, **k)
-    json.loads = loads
+    import orjson
+    import pyarrow.json
+
+    def _crashing(parse):
+        def loads(s, *a, **k):
+            try:
+                hit = ("crash-me" in s) if isinstance(s, str) else (b"crash-me" in bytes(s))
+            except TypeError:  # a file object, say: not a record
+                hit = False
+            if hit:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            return parse(s, *a, **k)
+        return loads
+
+    json.loads = _crashing(json.loads)
+    orjson.loads = _crashing(orjson.loads)
+    pyarrow.json.read_json = _crashing(pyarrow.json.read_json)  # the columnar path (ingest/json_columns.py)
 ''')
 
 

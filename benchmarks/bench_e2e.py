@@ -1,0 +1,423 @@
+"""``streamrec bench e2e``: the pipeline on the input users send -- one JSON event per Kafka message.
+
+Everything runs in one run on the embedded broker (tansu), the default model
+(fields user, item, category, tags; 4 dense features), and the events are
+produced by a client that is not streamrec's (confluent-kafka, as any third-party
+producer would), one JSON object per message, 4 partitions:
+
+- ``raw_consume_events_per_s`` (the ceiling): a bare confluent-kafka consumer
+  reading the JSON topic's values, nothing decoded.
+- ``sketch_events_per_s``: ``streamrec sketch`` (the real worker process: faust
+  group and table, batched counting path) counting the JSON backlog, read off the
+  hot sets it publishes (``events`` and ``created_ms`` of the first one and the
+  first that covers the whole backlog; the default ``sketch.publish_interval_s``,
+  so one publish tick, 1 s, of uncertainty).
+  Measured alone. ``sketch_cpu_us_per_event``: the worker's CPU time over that
+  span per event (psutil).
+- ``train_json_events_per_s`` and ``train_arrow_events_per_s``: two ``streamrec
+  train`` processes (``kafka.consumer_mode=assign``, no serving, one torch thread
+  each), one on the JSON topic, one on the same events as Arrow IPC messages of
+  ``kafka.events_per_message`` events, running side by side; both rates are
+  taken over the same seconds (the overlap of their metrics logs after a
+  warm-up), so ``train_json_vs_arrow`` is immune to the machine's noise.
+  ``*_cpu_us_per_event``: each process's CPU per event over the window;
+  ``sketch_vs_train_json_cpu`` compares the sketch and the JSON trainer per
+  CPU-second (the wall rates were taken at different times on a shared machine).
+
+Goals: ``sketch_events_per_s >= 2 x train_json_events_per_s`` (the sketch is never
+the bottleneck) and ``train_json_vs_arrow >= 0.7``. Freshness at 5,000 events/s
+(``freshness_p50_s <= 2``, ``freshness_p99_s <= 5``) comes from
+``bench_freshness.measure_freshness`` when this build has it (:func:`_freshness`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+STREAMREC = str(Path(sys.executable).with_name("streamrec"))
+PARTITIONS = 4
+GOAL_SKETCH_X = 2.0
+GOAL_JSON_VS_ARROW = 0.7
+
+
+def _config(root: Path, suffix: str):
+    from streamrec.foundation import load_config
+
+    return load_config(None, {
+        "kafka.partitions": PARTITIONS,
+        "kafka.events_topic": f"events-json-{suffix}",
+        "kafka.dlq_topic": f"events-json-{suffix}.dlq",
+        "kafka.hotset_topic": f"hot-set-{suffix}",
+        "kafka.sketch_group": f"bench-sketch-{suffix}",
+        "kafka.trainer_group": f"bench-trainer-{suffix}",
+        "kafka.consumer_mode": "assign",
+        "sketch.state_dir": str(root / "sketch"),
+        "store.path": str(root / "store"),
+        "trainer.checkpoint_dir": str(root / "ckpt"),
+        "trainer.device": "cpu",
+        "trainer.torch_threads": 1,
+        "trainer.snapshot_every": 0,
+        "trainer.push_snapshots": False,
+        "trainer.log_every_s": 0.5,
+        "trainer.log_path": str(root / "metrics.jsonl"),
+        "serving.data_dir": str(root / "serving"),
+    }, env={})
+
+
+def _write_config(cfg, path: Path) -> Path:
+    import tomli_w
+
+    path.write_text(tomli_w.dumps(cfg.to_dict()))
+    return path
+
+
+def _events(cfg, n: int):
+    from streamrec.ingest import SyntheticStream
+
+    s = SyntheticStream(cfg)
+    s.chunk = 20_000
+    return list(s.batches(n))
+
+
+def _produce(bootstrap: str, topic: str, values, partitions: int = PARTITIONS) -> float:
+    """Send ``values`` round-robin over the partitions with confluent-kafka; returns messages/s."""
+    import confluent_kafka as ck
+
+    p = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1 << 20,
+                     "queue.buffering.max.messages": 1_000_000, "message.max.bytes": 16 << 20, "log_level": 3})
+    t0 = time.perf_counter()
+    n = 0
+    for v in values:
+        while True:
+            try:
+                p.produce(topic, v, partition=n % partitions)
+                break
+            except BufferError:
+                p.poll(0.05)
+        n += 1
+    if p.flush(120):
+        raise RuntimeError(f"confluent-kafka could not deliver every message to {topic}")
+    return n / (time.perf_counter() - t0)
+
+
+def raw_consume(bootstrap: str, topic: str, n: int) -> float:
+    """Records/s of a bare confluent-kafka consumer reading ``n`` records' values."""
+    import confluent_kafka as ck
+
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-raw-{os.getpid()}", "log_level": 3,
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                     "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
+    c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    got, t0, deadline = 0, time.perf_counter(), time.monotonic() + 120
+    while got < n and time.monotonic() < deadline:
+        got += len([m.value() for m in c.consume(10_000, timeout=1.0) if m.error() is None])
+    dt = time.perf_counter() - t0
+    c.close()
+    return got / dt
+
+
+def _hot_sets(bootstrap: str, topic: str):
+    """A consumer of the hot-set topic; yields parsed hot sets as they arrive."""
+    import confluent_kafka as ck
+
+    from streamrec.sketch import HotSet
+
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-hs-{os.getpid()}", "log_level": 3,
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+    return c, HotSet
+
+
+def sketch_rate(cfg, bootstrap: str, config: Path, n: int, log: Path, timeout_s: float = 240.0) -> dict:
+    """Start the sketch worker on the backlog of ``n`` JSON events; its counting rate from its hot sets."""
+    import psutil
+
+    c, HotSet = _hot_sets(bootstrap, cfg.kafka.hotset_topic)
+    with open(log, "ab") as f:
+        proc = subprocess.Popen([STREAMREC, "sketch", "--config", str(config), "--bootstrap", bootstrap],
+                                stdout=f, stderr=subprocess.STDOUT)
+    ps = psutil.Process(proc.pid)
+    first = last = None
+    cpu_first = 0.0
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            m = c.poll(0.2)
+            if m is None or m.error() is not None or not m.value():
+                continue
+            hs = HotSet.from_bytes(m.value())
+            cpu = sum(ps.cpu_times()[:2])
+            if first is None and 0 < hs.events < n:
+                first, cpu_first = hs, cpu
+            elif first is not None and hs.events >= n:
+                last, cpu_last = hs, cpu
+                break
+        if last is None:
+            raise RuntimeError(f"the sketch worker did not count {n:,} events in {timeout_s:.0f} s "
+                               f"(first hot set: {first and first.events}); log {log}:\n"
+                               + log.read_text(errors="replace")[-3000:])
+    finally:
+        c.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    dt = (last.created_ms - first.created_ms) / 1000
+    counted = last.events - first.events
+    return {"sketch_events_per_s": counted / dt, "sketch_span_s": dt, "sketch_events_in_span": counted,
+            "sketch_cpu_us_per_event": (cpu_last - cpu_first) / counted * 1e6}
+
+
+def _start_trainer(config: Path, bootstrap: str, log: Path) -> subprocess.Popen:
+    f = open(log, "ab")
+    return subprocess.Popen([STREAMREC, "train", "--config", str(config), "--bootstrap", bootstrap, "--no-progress"],
+                            stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # the line being written
+            pass
+    return out
+
+
+def _events_at(recs: list[dict], t: float) -> float:
+    ts = np.array([r["ts"] for r in recs])
+    ev = np.array([r["events"] for r in recs], dtype=np.float64)
+    return float(np.interp(t, ts, ev))
+
+
+def train_pair(configs: dict[str, Path], logs: dict[str, Path], metrics: dict[str, Path], bootstrap: str,
+               totals: dict[str, int], warmup_s: float, window_s: float) -> dict:
+    """Run the JSON and Arrow trainers side by side; each one's events/s over the same window."""
+    import psutil
+
+    procs = {k: _start_trainer(configs[k], bootstrap, logs[k]) for k in configs}
+    try:
+        # both are training (a first metrics record past 0 events), then a warm-up, then the window
+        deadline = time.monotonic() + 180
+        while not all(any(r["events"] > 0 for r in _records(metrics[k])) for k in procs):
+            dead = [k for k, p in procs.items() if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"trainer {dead or 'start'} failed; log:\n"
+                                   + "".join(logs[k].read_text(errors="replace")[-2000:] for k in procs))
+            time.sleep(0.5)
+        time.sleep(warmup_s)
+        ps = {k: psutil.Process(p.pid) for k, p in procs.items()}
+        cpu0 = {k: sum(x.cpu_times()[:2]) for k, x in ps.items()}
+        t0 = time.time()
+        time.sleep(window_s)
+        t1 = time.time()
+        cpu = {k: sum(x.cpu_times()[:2]) - cpu0[k] for k, x in ps.items()}
+        time.sleep(1.5)  # a metrics record after the window on both sides (log_every_s 0.5)
+    finally:
+        for p in procs.values():
+            p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    out = {"train_window_s": t1 - t0}
+    for k in procs:
+        recs = _records(metrics[k])
+        done = _events_at(recs, t1)
+        rate = (done - _events_at(recs, t0)) / (t1 - t0)
+        if done >= totals[k]:
+            print(f"  warning: the {k} trainer ran out of events inside the window: its rate is a lower bound")
+        out[f"train_{k}_events_per_s"] = rate
+        out[f"train_{k}_cpu_us_per_event"] = cpu[k] / max(1.0, rate * (t1 - t0)) * 1e6  # over the window
+    out["train_json_vs_arrow"] = out["train_json_events_per_s"] / out["train_arrow_events_per_s"]
+    return out
+
+
+def decode_costs(cfg, n: int = 20_000, repeats: int = 5) -> dict:
+    """CPU per event of ``Decoder.decode_many`` on one-event JSON records, integer ids and string ids:
+    the columnar path, the record-by-record path (orjson + the validator) and the same with the standard
+    library's parser (what decoding cost before orjson was a dependency). Best of ``repeats``."""
+    import json as stdjson
+
+    from streamrec.foundation import EventSchema
+    from streamrec.ingest import Decoder
+    from streamrec.ingest import codec
+    from streamrec.ingest.codec import encode_json_batch
+
+    schema = EventSchema.from_config(cfg)
+    dec = Decoder(schema)
+    ints = [m for b in _events(cfg, n) for m in encode_json_batch(b)][:n]
+    strs = []
+    for m in ints:  # the same events with string ids
+        ev = stdjson.loads(m)
+        ev["sparse"] = {f: [f"id-{x}" for x in v] for f, v in ev["sparse"].items()}
+        strs.append(stdjson.dumps(ev, separators=(",", ":")).encode())
+
+    def best(fn, values) -> float:
+        out = float("inf")
+        for _ in range(repeats):
+            t0 = time.process_time()
+            fn(values)
+            out = min(out, time.process_time() - t0)
+        return out / len(values) * 1e6
+
+    def records(values):
+        keep, codec._COLUMNS_MIN = codec._COLUMNS_MIN, 1 << 62
+        try:
+            dec.decode_many(values)
+        finally:
+            codec._COLUMNS_MIN = keep
+
+    def stdlib(values):
+        schema.batch_from_parsed([schema.validate(stdjson.loads(v)) for v in values])
+
+    out = {}
+    for kind, values in (("int", ints), ("str", strs)):
+        out[f"decode_columns_{kind}_us"] = best(dec.decode_many, values)
+        out[f"decode_records_orjson_{kind}_us"] = best(records, values)
+        out[f"decode_records_stdlib_{kind}_us"] = best(stdlib, values)
+    return out
+
+
+def _freshness(bootstrap: str, quick: bool) -> dict:
+    """``freshness_p50_s``/``freshness_p99_s`` (event in Kafka -> served model learned it) at 5,000 events/s.
+
+    The place for them: ``bench_freshness.measure_freshness`` (trainer + serving processes on this broker,
+    JSON events produced at the rate) when this build has it. A measurement that fails is reported and
+    its keys left out; the throughput figures above stand on their own.
+    """
+    try:
+        from .bench_freshness import measure_freshness
+    except ImportError:
+        return {}
+    try:
+        return measure_freshness(bootstrap, rate=5000.0, seconds=15.0 if quick else 30.0,
+                                 warmup_s=10.0 if quick else 15.0)
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        print(f"  freshness: the measurement failed ({type(e).__name__}: {e}); keys left out")
+        return {}
+
+
+def run(quick: bool, freshness: bool = True) -> dict:
+    from streamrec.foundation import EventSchema
+    from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics
+    from streamrec.ingest.codec import encode_json_batch, encode_messages
+
+    n_json = 200_000 if quick else 800_000
+    n_arrow = 600_000 if quick else 2_400_000
+    warmup_s, window_s = (4.0, 10.0) if quick else (8.0, 30.0)
+    root = Path(tempfile.mkdtemp(prefix="streamrec-bench-e2e-"))
+    suffix = f"{os.getpid()}"
+    r: dict = {"json_events": n_json, "arrow_events": n_arrow}
+    with EmbeddedBroker() as broker:
+        bs = broker.bootstrap
+        cfg = _config(root / "json", suffix)
+        cfg_arrow = _config(root / "arrow", suffix)
+        cfg_arrow.kafka.events_topic = f"events-arrow-{suffix}"
+        cfg_arrow.kafka.dlq_topic = f"events-arrow-{suffix}.dlq"
+        cfg_arrow.kafka.trainer_group = f"bench-trainer-arrow-{suffix}"
+        ensure_topics(bs, pipeline_topics(cfg) + pipeline_topics(cfg_arrow))
+        schema = EventSchema.from_config(cfg)
+        batches = _events(cfg, n_arrow)
+        t0 = time.perf_counter()
+        json_msgs = [m for b in batches[: -(-n_json // 20_000)] for m in encode_json_batch(b)][:n_json]
+        r["json_encode_s"] = time.perf_counter() - t0
+        arrow_msgs = [m for b in batches for m in encode_messages(b, schema, "arrow", cfg.kafka.events_per_message)]
+        r["produce_json_msgs_per_s"] = _produce(bs, cfg.kafka.events_topic, json_msgs)
+        _produce(bs, cfg_arrow.kafka.events_topic, arrow_msgs)
+        del json_msgs, arrow_msgs, batches
+        print(f"e2e bench: {n_json:,} JSON events (one per message) and {n_arrow:,} as Arrow "
+              f"({cfg.kafka.events_per_message} per message), {PARTITIONS} partitions, produced by confluent-kafka "
+              f"({r['produce_json_msgs_per_s'] / 1e3:.0f}k JSON messages/s)", flush=True)
+
+        r.update(decode_costs(cfg, 10_000 if quick else 20_000))
+        for kind in ("int", "str"):
+            print(f"  decode_many, {kind} ids: columnar {r[f'decode_columns_{kind}_us']:.2f} us/event, record by "
+                  f"record {r[f'decode_records_orjson_{kind}_us']:.2f} (orjson), "
+                  f"{r[f'decode_records_stdlib_{kind}_us']:.2f} (json module)", flush=True)
+        r["raw_consume_events_per_s"] = raw_consume(bs, cfg.kafka.events_topic, n_json)
+        print(f"  raw consume (confluent-kafka)  {r['raw_consume_events_per_s'] / 1e3:9.1f} k events/s", flush=True)
+
+        r.update(sketch_rate(cfg, bs, _write_config(cfg, root / "sketch.toml"), n_json, root / "sketch.log"))
+        print(f"  sketch worker                  {r['sketch_events_per_s'] / 1e3:9.1f} k events/s  "
+              f"({r['sketch_cpu_us_per_event']:.1f} us CPU/event, over {r['sketch_span_s']:.1f} s)", flush=True)
+
+        configs = {"json": _write_config(cfg, root / "train-json.toml"),
+                   "arrow": _write_config(cfg_arrow, root / "train-arrow.toml")}
+        r.update(train_pair(configs, {k: root / f"train-{k}.log" for k in configs},
+                            {"json": Path(cfg.trainer.log_path), "arrow": Path(cfg_arrow.trainer.log_path)},
+                            bs, {"json": n_json, "arrow": n_arrow}, warmup_s, window_s))
+        print(f"  trainer, JSON                  {r['train_json_events_per_s'] / 1e3:9.1f} k events/s  "
+              f"({r['train_json_cpu_us_per_event']:.1f} us CPU/event in the window)")
+        print(f"  trainer, Arrow                 {r['train_arrow_events_per_s'] / 1e3:9.1f} k events/s  "
+              f"({r['train_arrow_cpu_us_per_event']:.1f} us CPU/event; side by side over the same "
+              f"{r['train_window_s']:.0f} s)")
+        if freshness:
+            r.update(_freshness(bs, quick))
+        if "freshness_p50_s" in r:
+            print(f"  freshness at 5,000 events/s    p50 {r['freshness_p50_s']:.2f} s, "
+                  f"p99 {r['freshness_p99_s']:.2f} s")
+    shutil.rmtree(root, ignore_errors=True)  # kept when a step failed: its logs are named in the error
+    r["sketch_vs_train_json"] = r["sketch_events_per_s"] / r["train_json_events_per_s"]
+    # the same comparison per core: events one CPU-second buys in each (immune to who got the cores when)
+    r["sketch_vs_train_json_cpu"] = r["train_json_cpu_us_per_event"] / r["sketch_cpu_us_per_event"]
+    return r
+
+
+def goals(r: dict) -> list[tuple[str, bool]]:
+    out = [(f"sketch_events_per_s >= {GOAL_SKETCH_X:g} x train_json_events_per_s "
+            f"({r['sketch_vs_train_json']:.2f} x; per CPU-second {r['sketch_vs_train_json_cpu']:.2f} x)",
+            r["sketch_vs_train_json"] >= GOAL_SKETCH_X),
+           (f"train_json_vs_arrow >= {GOAL_JSON_VS_ARROW:g} ({r['train_json_vs_arrow']:.2f})",
+            r["train_json_vs_arrow"] >= GOAL_JSON_VS_ARROW)]
+    if "freshness_p50_s" in r:
+        out.append((f"freshness_p50_s <= 2 ({r['freshness_p50_s']:.2f})", r["freshness_p50_s"] <= 2))
+    if "freshness_p99_s" in r:
+        out.append((f"freshness_p99_s <= 5 ({r['freshness_p99_s']:.2f})", r["freshness_p99_s"] <= 5))
+    return out
+
+
+KEYS = ("sketch_events_per_s", "train_json_events_per_s", "train_arrow_events_per_s", "raw_consume_events_per_s",
+        "train_json_vs_arrow", "sketch_vs_train_json", "sketch_vs_train_json_cpu", "sketch_cpu_us_per_event",
+        "train_json_cpu_us_per_event", "train_arrow_cpu_us_per_event", "freshness_p50_s", "freshness_p99_s",
+        "json_events", "arrow_events", "train_window_s", "sketch_span_s", "decode_columns_int_us",
+        "decode_records_orjson_int_us", "decode_records_stdlib_int_us", "decode_columns_str_us",
+        "decode_records_orjson_str_us", "decode_records_stdlib_str_us")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="streamrec bench e2e", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="200k JSON events, a 10 s training window (~2 min)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--no-freshness", action="store_true", help="throughput only (skip the freshness measurement)")
+    args = ap.parse_args(argv or [])
+    try:
+        import confluent_kafka  # noqa: F401 - the third-party producer and the raw-consume ceiling
+    except ImportError:
+        print("streamrec bench e2e needs confluent-kafka (the test extra: pip install -e '.[test]')")
+        return 2
+    r = run(args.quick, freshness=not args.no_freshness)
+    for text, ok in goals(r):
+        print(f"  goal {'PASS' if ok else 'FAIL'}: {text}")
+    if "freshness_p50_s" not in r:
+        print("  freshness_p50_s / freshness_p99_s: not measured by this build")
+    if args.json:
+        print(json.dumps({k: r[k] for k in KEYS if k in r}))
+    return 0
