@@ -155,7 +155,9 @@ class SnapshotPusher:
                 break
             except grpc.RpcError as e:
                 code = e.code()
-                result = PushResult(False, 0, code.name, e.details() or "", 0.0, attempt)
+                # refused as not newer (or no parent): say what it serves, so the trainer can number past it
+                served = self._served_version() if code == grpc.StatusCode.FAILED_PRECONDITION else 0
+                result = PushResult(False, served, code.name, e.details() or "", 0.0, attempt)
                 if not is_retryable(code.name) or attempt == self.attempts:
                     break
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random())
@@ -166,6 +168,13 @@ class SnapshotPusher:
         if not result.ok and self.raise_errors:
             raise PushError(result)
         return result
+
+    def _served_version(self) -> int:
+        """The version the server serves now (0 when it serves none or does not say)."""
+        try:
+            return int(self.stub.Status(pb.StatusRequest(), timeout=10, metadata=_metadata(self.token)).version)
+        except grpc.RpcError:
+            return 0
 
     def close(self) -> None:
         self.channel.close()

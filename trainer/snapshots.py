@@ -1,5 +1,11 @@
-"""Serving snapshots after checkpoints: full the first time (and whenever serving
-asks for one), deltas of changed rows after that, pushed in the background.
+"""Serving snapshots: full the first time (and whenever serving asks for one), deltas of the rows
+changed since the last accepted push after that, pushed in the background. The trainer decides when:
+every ``serving.push_every_s`` (freshness; see ``TrainerService.push``), not at its durable checkpoints.
+
+Versions are this publisher's own, strictly increasing across restarts: :meth:`SnapshotPublisher.reserve_version`
+writes each one to ``version_file`` (fsynced) before the snapshot is built, so a trainer that died after a
+push (serving holds a version its checkpoint never saw) starts above it; a "not newer than served"
+refusal that names the served version lifts the counter past it too (a lost ``version_file``).
 
 Deltas are always taken relative to the last version serving *accepted*, and no
 new snapshot is built while a push is still being retried, so a delta's parent is
@@ -30,7 +36,9 @@ The transport is not the trainer's: it pushes through ``pusher_factory(target)``
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -42,6 +50,8 @@ from streamrec.snapshot import PusherFactory, is_retryable, needs_full, write_sn
 
 log = logging.getLogger(__name__)
 
+HISTORY = 1000  # built snapshots remembered in SnapshotState.history
+
 
 @dataclass
 class SnapshotState:
@@ -49,6 +59,7 @@ class SnapshotState:
     accepted_epoch: int = 0  # store epoch of that version (delta base)
     need_full: bool = True
     built: int = 0
+    built_version: int = 0  # the newest version built (or reserved) by this publisher
     pushed: int = 0
     failures: int = 0
     last_error: str = ""
@@ -60,7 +71,7 @@ class SnapshotPublisher:
 
     def __init__(self, cfg, out_dir: str | Path, push: bool = True, full_every: int = 10,
                  keep: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0, give_up_s: float = 120.0,
-                 pusher_factory: PusherFactory | None = None):
+                 pusher_factory: PusherFactory | None = None, version_file: str | Path | None = None):
         if push and pusher_factory is None:
             raise ValueError("pushing snapshots needs a pusher_factory (e.g. streamrec.serving.SnapshotPusher.factory(cfg))")
         self.pusher_factory = pusher_factory
@@ -84,12 +95,19 @@ class SnapshotPublisher:
         self._pending_since = 0.0  # monotonic time the pending snapshot was queued
         self.left_behind: list[str] = []  # replicas the newest accepted snapshot did not reach
         self._pushers: dict = {}  # target -> the Pusher pusher_factory made for it
+        self.version_file = Path(version_file) if version_file else None
+        self._served_floor = 0  # the newest version a replica said it serves when it refused ours as not newer
+        if self.version_file is not None and self.version_file.exists():
+            try:
+                self.st.built_version = int(json.loads(self.version_file.read_text())["version"])
+            except (OSError, ValueError, KeyError, TypeError) as e:  # a torn file: the refusal path recovers
+                log.warning("%s unreadable (%s); versions continue from the checkpoint's", self.version_file, e)
 
     # -- state carried in checkpoints --------------------------------------
     def state(self) -> dict[str, Any]:
         with self._lock:
             return {"accepted_version": self.st.accepted_version, "accepted_epoch": self.st.accepted_epoch,
-                    "need_full": self.st.need_full, "built": self.st.built}
+                    "need_full": self.st.need_full, "built": self.st.built, "built_version": self.st.built_version}
 
     def load_state(self, d: dict[str, Any]) -> None:
         with self._lock:
@@ -97,6 +115,8 @@ class SnapshotPublisher:
             self.st.accepted_epoch = int(d.get("accepted_epoch", 0))
             self.st.need_full = bool(d.get("need_full", True))
             self.st.built = int(d.get("built", 0))
+            self.st.built_version = max(self.st.built_version, int(d.get("built_version", 0)),
+                                        self.st.accepted_version)
 
     @property
     def busy(self) -> bool:
@@ -111,6 +131,29 @@ class SnapshotPublisher:
     def request_full(self) -> None:
         with self._lock:
             self.st.need_full = True
+
+    @property
+    def wants_full(self) -> bool:
+        """Serving lost (or refused) the base of our deltas and no push is pending: a full snapshot is due
+        even when nothing new was trained."""
+        with self._lock:
+            return self._pending is None and self.st.need_full and self.st.built > 0
+
+    def reserve_version(self) -> int:
+        """The next version, strictly above every one built before (also by an earlier process, through
+        ``version_file``, fsynced before this returns) and above any a replica said it serves."""
+        with self._lock:
+            v = max(self.st.built_version, self.st.accepted_version, self._served_floor) + 1
+            self.st.built_version = v
+        if self.version_file is not None:
+            self.version_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.version_file.with_name(self.version_file.name + ".tmp")
+            with open(tmp, "w") as f:
+                json.dump({"version": v}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.version_file)
+        return v
 
     # -- building ------------------------------------------------------------
     def plan_next(self) -> tuple[bool, int | None, int] | None:
@@ -157,7 +200,9 @@ class SnapshotPublisher:
         )
         with self._lock:
             self.st.built += 1
+            self.st.built_version = max(self.st.built_version, int(version))
             self.st.history.append((version, "full" if full else "delta"))
+            del self.st.history[:-HISTORY]  # a push a second: the recent ones are what anyone reads
             if self.push_enabled:
                 self._pending = (version, epoch, out)
                 self._remaining = list(self.targets)
@@ -266,6 +311,9 @@ class SnapshotPublisher:
                 continue
             errors.append(f"{target}: {res.code}: {res.reason}")
             codes[target] = res.code
+            if res.version > 0:  # the version it serves (a pusher may say, e.g. with "not newer than served")
+                with self._lock:
+                    self._served_floor = max(self._served_floor, int(res.version))
             if res.code == "UNAVAILABLE":  # a new channel next time: the old one may sit in gRPC's reconnect backoff
                 self._pushers.pop(target).close()
         return accepted, errors, codes

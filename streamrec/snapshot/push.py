@@ -16,7 +16,7 @@ from .errors import SnapshotError, needs_full
 @dataclass
 class PushResult:
     ok: bool
-    version: int = 0  # the version the server serves after an accepted push
+    version: int = 0  # the version the server serves after the push (accepted; refused: 0 when unknown)
     code: str = "OK"  # gRPC status name when refused
     reason: str = ""
     seconds: float = 0.0  # wall time of the push, including retries

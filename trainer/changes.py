@@ -1,0 +1,149 @@
+"""Which embedding rows changed since a push: the rows of a delta between checkpoints.
+
+Why: serving gets a delta every ``serving.push_every_s`` (about a second), far more often than a
+durable checkpoint is written. The store can list the rows changed after a *checkpoint* epoch, but
+only with a scan of all of RocksDB; once a second that would cost more than the training. So the
+trainer keeps its own journal: :class:`ChangeJournal` stands in front of the store, passes every
+call through, and notes the ids of each write (``apply_gradients``, ``upsert_rows``, the only calls
+that change a vector). ``cut()`` closes the current segment and returns its mark; ``rows_since(m)``
+reads the current vectors of the ids written after mark ``m`` (a read that changes nothing: no cache
+recency, no counters). In a trainer group every rank's store gets its own journal (a rank's store
+is written only for the rows it owns), and the ranks cut in the same collective, so their marks agree.
+
+The journal lives in memory only: after a restart the first push is full. It is bounded: past
+``max_ids`` noted ids it is dropped, and a delta over the lost stretch carries every row of the store
+(a superset of what changed, so still a correct delta).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+READ_CHUNK = 65_536  # ids read from the store at once
+
+
+class ChangeJournal:
+    """The store, with the ids of its writes since each :meth:`cut` noted. Anything not defined here is
+    the store's own (``journal.lookup is store.lookup``)."""
+
+    def __init__(self, store, max_ids: int = 16_000_000):
+        self.store = store
+        self.max_ids = int(max_ids)
+        self.mark = 0  # writes go into segment mark + 1
+        self._open: dict[str, list[np.ndarray]] = {}  # the segment being written
+        self._open_n = 0
+        self._sealed: list[tuple[int, dict[str, np.ndarray]]] = []  # (mark, unique ids per table), oldest first
+        self._sealed_n = 0
+        self._lost_through = -1  # marks <= this are not fully journaled (dropped past max_ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    # -- the writes, noted -----------------------------------------------------
+    def apply_gradients(self, table: str, ids: np.ndarray, grads) -> None:
+        self.store.apply_gradients(table, ids, grads)
+        self._note(table, ids)
+
+    def upsert_rows(self, table: str, ids: np.ndarray, vectors) -> None:
+        self.store.upsert_rows(table, ids, vectors)
+        self._note(table, ids)
+
+    def set_hot(self, hot: dict[str, np.ndarray]) -> dict:
+        """A promoted row that was never stored is created (and stored at the next checkpoint): noted, so
+        serving holds every row the trainer's store does."""
+        promoted = {t: np.asarray(ids)[~self.store.hot_mask(t, ids)] for t, ids in hot.items() if len(ids)}
+        stats = self.store.set_hot(hot)
+        for t, ids in promoted.items():
+            self._note(t, ids)
+        return stats
+
+    def _note(self, table: str, ids) -> None:
+        a = np.array(ids, dtype=np.int64, copy=True).reshape(-1)  # a copy: callers refill their arrays
+        if not len(a):
+            return
+        self._open.setdefault(table, []).append(a)
+        self._open_n += len(a)
+        if self._open_n > 2 * max(1, self._sealed_n, 1 << 20):  # repeated ids: keep the segment unique
+            self._open = {t: [np.unique(np.concatenate(p))] for t, p in self._open.items()}
+            self._open_n = sum(len(p[0]) for p in self._open.values())
+        if self._open_n + self._sealed_n > self.max_ids:
+            self._drop()
+
+    def _drop(self) -> None:
+        """Too many ids to keep: forget them; a delta reaching back over them carries every row."""
+        self._lost_through = self.mark + 1
+        self._open, self._open_n = {}, 0
+        self._sealed, self._sealed_n = [], 0
+
+    # -- marks -----------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Ids noted since the last cut (with repeats)."""
+        return self._open_n
+
+    def cut(self) -> int:
+        """Close the current segment; rows written from now on are after the returned mark."""
+        self.mark += 1
+        seg = {t: np.unique(np.concatenate(p)) for t, p in self._open.items()}
+        if seg:
+            self._sealed.append((self.mark, seg))
+            self._sealed_n += sum(len(v) for v in seg.values())
+        self._open, self._open_n = {}, 0
+        return self.mark
+
+    def forget_through(self, mark: int) -> None:
+        """No delta will be asked for on a base older than ``mark`` any more: drop what it would need."""
+        keep = [(m, seg) for m, seg in self._sealed if m > mark]
+        self._sealed = keep
+        self._sealed_n = sum(len(v) for _m, seg in keep for v in seg.values())
+
+    def changed_ids(self, since: int) -> dict[str, np.ndarray] | None:
+        """Unique ids per table written after mark ``since`` (up to the last cut); None when the journal
+        does not reach back that far."""
+        if since < self._lost_through:
+            return None
+        parts: dict[str, list[np.ndarray]] = {}
+        for m, seg in self._sealed:
+            if m > since:
+                for t, ids in seg.items():
+                    parts.setdefault(t, []).append(ids)
+        return {t: (p[0] if len(p) == 1 else np.unique(np.concatenate(p))) for t, p in parts.items()}
+
+    # -- rows ------------------------------------------------------------------
+    def rows_since(self, since: int) -> list:
+        """Arrow batches (snapshot row schema) of every row written after mark ``since``, as they are now;
+        every row of the store when the journal does not reach back that far. Read at once, so the
+        journal may be trimmed right after."""
+        ids = self.changed_ids(since)
+        if ids is None:
+            return list(self.store.changed_rows(None))
+        return [b for t in sorted(ids) for b in self.read_rows(t, ids[t])]
+
+    def read_rows(self, table: str, ids: np.ndarray) -> Iterator:
+        """The current vectors of ``ids`` (unique) as snapshot row batches, without side effects on the store:
+        ``peek`` never writes; the lookup counters it moves (hit rates) are put back."""
+        from streamrec.snapshot import rows_batch
+
+        s = self.store
+        counters = {k: getattr(s, k) for k in ("hot_hits", "cold_hits") if hasattr(s, k)}
+        try:
+            for lo in range(0, len(ids), READ_CHUNK):
+                part = ids[lo:lo + READ_CHUNK]
+                yield rows_batch(table, part, s.peek(table, part))
+        finally:
+            for k, v in counters.items():
+                setattr(s, k, v)
+
+    def snapshot_rows(self, plan) -> tuple[object, int]:
+        """The rows a snapshot of ``plan`` (``SnapshotPublisher.plan_next()``: full, parent, base mark) carries
+        from this store, and the mark it is taken at (the base of the deltas built on it)."""
+        full, _parent, since = plan
+        mark = self.cut()
+        if full:
+            self.forget_through(mark)  # later deltas build on this one (or on a later full)
+            return self.store.changed_rows(None), mark
+        rows = self.rows_since(since)
+        self.forget_through(since)
+        return rows, mark
