@@ -14,6 +14,15 @@ Vectorised throughout (no Python per id):
 - eviction is bulk: when slots run out, the least recently used ``evict_fraction``
   of the cache (``np.argpartition`` on stamps) leaves at once and its dirty rows go
   back in one ``spill`` call (one WriteBatch per shard).
+
+Admission (``admission="frequency"``, TinyLFU-style): the store feeds every looked-up cold id
+to a :class:`FrequencySketch` (``record``). Eviction then takes, of the ``2 x evict_fraction``
+least recently used rows, the half seen least often, and remembers how often those were seen
+(the median, at least 1: ``floor``). A missed row is admitted only when it was seen more often
+than that (so at least twice lately: TinyLFU's doorkeeper);
+a row refused is not cached (a dirty one is written back at once: nothing is dropped). So
+rows seen once do not push out rows that come back, and the cache holds the most frequent
+cold rows, as an ideal cache of its size would. ``admission="lru"`` admits every row.
 """
 
 from __future__ import annotations
@@ -22,17 +31,26 @@ from typing import Callable
 
 import numpy as np
 
+from .frequency import FrequencySketch
 from .rows import gather, scatter
 from .slotmap import SlotMap
 
 SPILL_CHUNK = 16384  # rows per write-back call
 Spill = Callable[[np.ndarray, np.ndarray], None]  # (ids, records) of dirty rows leaving the cache
+ADMISSIONS = ("frequency", "lru")
 
 
 class HostCache:
-    def __init__(self, capacity: int, dtype: np.dtype, spill: Spill, evict_fraction: float = 0.125):
+    def __init__(self, capacity: int, dtype: np.dtype, spill: Spill, evict_fraction: float = 0.125,
+                 admission: str = "lru"):
         if capacity <= 0:
             raise ValueError(f"host cache capacity must be positive, got {capacity}")
+        if admission not in ADMISSIONS:
+            raise ValueError(f"host cache admission must be one of {', '.join(ADMISSIONS)}, got {admission!r}")
+        self.freq = FrequencySketch(capacity) if admission == "frequency" else None
+        self.floor = 0  # a row is admitted only when seen more often than this (frequency admission)
+        self._resets = 0
+        self.refused = 0
         self.capacity = int(capacity)
         self.rec = np.zeros(self.capacity, dtype=dtype)
         self.sid = np.zeros(self.capacity, dtype=np.int64)       # id held by each slot
@@ -74,6 +92,20 @@ class HostCache:
             self.misses += len(ids) - nh
         return slots
 
+    def record(self, ids: np.ndarray) -> None:
+        """Count a lookup of ``ids`` (cached or not) for frequency admission; no-op under LRU."""
+        if self.freq is not None:
+            self.freq.add(ids)
+            if self.freq.resets != self._resets:  # counts halved: so does the bar they are compared to
+                self.floor = max(1, self.floor >> (self.freq.resets - self._resets)) if self.floor else 0
+                self._resets = self.freq.resets
+
+    def admit(self, ids: np.ndarray) -> np.ndarray:
+        """Which of these missed rows the cache takes (all, under LRU or before its first eviction)."""
+        if self.freq is None or self.floor == 0:  # 0: nothing evicted yet, there is room for every row
+            return np.ones(len(ids), dtype=bool)
+        return self.freq.estimate(ids) > self.floor
+
     # -- updates ---------------------------------------------------------------------
     def update(self, slots: np.ndarray, recs: np.ndarray) -> None:
         """New records for cached rows (they become dirty and stored)."""
@@ -85,9 +117,26 @@ class HostCache:
         """Add rows not cached yet (unique ``ids``), evicting the least recently used if full;
         returns each row's slot.
 
-        Rows that cannot fit even in an empty cache (a batch larger than the capacity)
-        are spilled at once when dirty (slot -1), so nothing is ever dropped.
+        Rows that cannot fit even in an empty cache (a batch larger than the capacity), and
+        rows frequency admission refuses, get slot -1 and are spilled at once when dirty, so
+        nothing is ever dropped.
         """
+        k = len(ids)
+        out = np.full(k, -1, dtype=np.int64)
+        if k == 0:
+            return out
+        ok = self.admit(ids)
+        if not ok.all():
+            no = ~ok
+            self.refused += int(np.count_nonzero(no))
+            if dirty:
+                self._spill(ids[no], recs[no])
+            keep = np.flatnonzero(ok)
+            out[keep] = self._insert(ids[keep], recs[keep], stored[keep], dirty)
+            return out
+        return self._insert(ids, recs, stored, dirty)
+
+    def _insert(self, ids: np.ndarray, recs: np.ndarray, stored: np.ndarray, dirty: bool) -> np.ndarray:
         k = len(ids)
         out = np.full(k, -1, dtype=np.int64)
         if k == 0:
@@ -120,7 +169,14 @@ class HostCache:
         n = min(n, len(used))
         if n <= 0:
             return 0
-        if n < len(used):
+        if self.freq is not None and n < len(used):  # of the 2n least recent, the n seen least often
+            m = min(2 * n, len(used))
+            old = used[np.argpartition(self.stamp[used], m - 1)[:m]] if m < len(used) else used
+            f = self.freq.estimate(self.sid[old])
+            pick = np.argpartition(f, n - 1)[:n]
+            victims = old[pick]
+            self.floor = max(1, int(np.median(f[pick])))  # >= 1: a row seen once (now) waits for its second sighting
+        elif n < len(used):
             victims = used[np.argpartition(self.stamp[used], n - 1)[:n]]
         else:
             victims = used
@@ -189,4 +245,4 @@ class HostCache:
 
     def nbytes(self) -> int:
         per_slot = self.rec.dtype.itemsize + 8 + 8 + 8 + 3  # record, id, stamp, free stack, bits
-        return self.capacity * per_slot + self.index.nbytes()
+        return self.capacity * per_slot + self.index.nbytes() + (self.freq.nbytes() if self.freq is not None else 0)

@@ -187,54 +187,71 @@ def _count(msg, packed: str, raw: str, size: int) -> int:
     return len(blob) // size if blob else len(getattr(msg, packed))
 
 
+def _dense_in_bounds(flat: np.ndarray, bound: float) -> bool:
+    """All finite and within +-bound, in two reductions and no temporaries (a NaN fails both tests)."""
+    return not len(flat) or bool(flat.max() <= bound) and bool(flat.min() >= -bound)
+
+
 def columns_to_batch(c, fields: list[str], dense_dim: int, limits: "Limits | int") -> tuple[EventBatch, list[str]]:
+    """The batch of a column-wise request: each raw-bytes column is read in place (``np.frombuffer`` over
+    the one copy the protobuf runtime makes), and every field's offsets come from one ``cumsum`` over all
+    fields' lengths at once; no per-event Python object is made (request ids excepted, when sent)."""
     lim = _limits(limits)
     n = int(c.size)
     if n == 0:
         raise RequestError("columns.size: 0; send at least one event")
     if n > lim.max_batch:
         raise RequestError(f"columns.size: {n} events, serving.max_batch allows {lim.max_batch} per request")
+    cols = dict(c.sparse)  # one pass over the map: name -> column
     known = set(fields)
-    for name in c.sparse:
+    for name in cols:
         if name not in known:
             raise RequestError(f"columns.sparse: unknown field {name!r}; model fields: {', '.join(fields)}")
-    total = sum(_count(c.sparse[f], "values", "values_i64", 8) for f in c.sparse)
+    total = sum(_count(col, "values", "values_i64", 8) for col in cols.values())
     if total > lim.max_ids_per_request:
         raise RequestError(f"columns.sparse: {total} ids, serving.max_ids_per_request allows {lim.max_ids_per_request}")
     flat = _column(c, "dense", "dense_f32", "<f4", "columns")
     if len(flat) != n * dense_dim:
         name = "dense_f32" if c.dense_f32 else "dense"
         raise RequestError(f"columns.{name}: {len(flat)} values, expected size*dense_dim = {n * dense_dim}")
+    if not _dense_in_bounds(flat, lim.dense_abs_max):
+        _check_dense(flat.reshape(n, dense_dim), lim, lambda i, j: f"columns.dense: event {i}, value {j}")
     dense = flat.astype(np.float32).reshape(n, dense_dim)  # a writable native copy
-    _check_dense(dense, lim, lambda i, j: f"columns.dense: event {i}, value {j}")
+    present = [f for f in fields if f in cols]
+    # every present field's lengths in one [fields, n + 1] table: one cumsum gives all offsets
+    offsets = np.zeros((len(present), n + 1), dtype=np.int64)
+    values = []
+    for k, f in enumerate(present):
+        col = cols[f]
+        path = f"columns.sparse[{f}]"
+        lengths = _column(col, "lengths", "lengths_u32", "<u4", path)
+        if len(lengths) != n:
+            raise RequestError(f"{path}.lengths: {len(lengths)} entries, expected {n}")
+        offsets[k, 1:] = lengths
+        values.append(_column(col, "values", "values_i64", "<i8", path).astype(np.int64, copy=False))
+    if present:
+        per_event = offsets.sum(axis=0)  # ids of each event over all fields (offsets[:, 0] is 0)
+        if int(per_event.max()) > lim.max_ids_per_event:
+            i = int(np.argmax(per_event)) - 1
+            raise RequestError(f"columns.sparse: event {i} has {int(per_event[i + 1])} ids, serving.max_ids_per_event "
+                               f"allows {lim.max_ids_per_event}")
+        np.cumsum(offsets, axis=1, out=offsets)
     sparse = {}
-    per_event = np.zeros(n, dtype=np.int64)
-    for f in fields:
-        if f in c.sparse:
-            col = c.sparse[f]
-            path = f"columns.sparse[{f}]"
-            lengths = _column(col, "lengths", "lengths_u32", "<u4", path)
-            if len(lengths) != n:
-                raise RequestError(f"{path}.lengths: {len(lengths)} entries, expected {n}")
-            per_event += lengths
-            values = _column(col, "values", "values_i64", "<i8", path).astype(np.int64, copy=False)
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            if offsets[-1] != len(values):
-                raise RequestError(f"{path}.values: {len(values)} ids, lengths sum to {int(offsets[-1])}")
-            sparse[f] = JaggedIds(values, offsets)
-        else:
-            sparse[f] = JaggedIds(np.zeros(0, np.int64), np.zeros(n + 1, np.int64))
-    if n and int(per_event.max()) > lim.max_ids_per_event:
-        i = int(np.argmax(per_event))
-        raise RequestError(f"columns.sparse: event {i} has {int(per_event[i])} ids, serving.max_ids_per_event "
-                           f"allows {lim.max_ids_per_event}")
+    for k, f in enumerate(present):
+        if offsets[k, -1] != len(values[k]):
+            raise RequestError(f"columns.sparse[{f}].values: {len(values[k])} ids, lengths sum to {int(offsets[k, -1])}")
+        sparse[f] = JaggedIds(values[k], offsets[k])
+    if len(present) < len(fields):
+        empty = JaggedIds(np.zeros(0, np.int64), np.zeros(n + 1, np.int64))
+        for f in fields:
+            sparse.setdefault(f, empty)
+    sparse = {f: sparse[f] for f in fields}
     if len(c.request_ids) not in (0, n):
         raise RequestError(f"columns.request_ids: {len(c.request_ids)} entries, expected 0 or {n}")
     if len(c.ts) not in (0, n):
         raise RequestError(f"columns.ts: {len(c.ts)} entries, expected 0 or {n}")
     ts = _from_repeated(c.ts, np.int64) if len(c.ts) else np.zeros(n, np.int64)
-    rids = list(c.request_ids)
+    rids = list(c.request_ids) if len(c.request_ids) else []
     return EventBatch(ts=ts, labels=np.zeros(n, np.float32), dense=dense, sparse=sparse), rids
 
 

@@ -1,0 +1,96 @@
+"""Frequency (TinyLFU-style) admission in front of the host cache's LRU: rows seen once do not push
+out rows that come back; a refused dirty row is written back at once (nothing is lost)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store.cache import HostCache
+from streamrec.embedding_store.frequency import FrequencySketch
+from streamrec.embedding_store.rows import record_dtype
+
+
+def test_sketch_orders_ids_by_recent_count_and_halves():
+    sk = FrequencySketch(capacity=1000)
+    often, once = np.arange(100, dtype=np.int64), np.arange(10_000, 10_100, dtype=np.int64)
+    for _ in range(8):
+        sk.add(often)
+    sk.add(once)
+    assert (sk.estimate(often) >= 8).all()
+    assert np.median(sk.estimate(once)) == 1  # collisions may add to a few, never take away
+    assert (sk.estimate(np.array([1 << 40, -5], dtype=np.int64)) <= 1).all()
+    while sk.resets == 0:
+        sk.add(np.arange(20_000, 21_000, dtype=np.int64))
+    assert (sk.estimate(often) <= 5).all()  # halved: recent traffic counts, old traffic fades
+
+
+def _stream(cache: HostCache, steps: int, rng) -> tuple[int, int]:
+    """Each step: a third of 90 recurring ids, plus 40 ids never seen again. Returns (hits, lookups) of
+    the recurring ids over the second half."""
+    recurring = np.arange(90, dtype=np.int64)
+    dtype = cache.rec.dtype
+    fresh, hits, seen = 1_000_000, 0, 0
+    for step in range(steps):
+        part = recurring[step % 3::3]
+        once = np.arange(fresh, fresh + 40, dtype=np.int64)
+        fresh += 40
+        ids = np.concatenate([part, once])
+        cache.record(ids)
+        slots = cache.lookup(ids)
+        if step >= steps // 2:
+            hits += int((slots[:len(part)] >= 0).sum())
+            seen += len(part)
+        miss = slots < 0
+        cache.insert(ids[miss], np.zeros(int(miss.sum()), dtype=dtype), np.zeros(int(miss.sum()), bool),
+                     dirty=bool(step % 2))
+    return hits, seen
+
+
+def test_frequency_admission_keeps_recurring_rows_that_lru_loses():
+    spilled = {"lru": [], "frequency": []}
+    rates = {}
+    for adm in ("lru", "frequency"):
+        c = HostCache(100, record_dtype(4), lambda ids, recs, a=adm: spilled[a].append(ids.copy()), admission=adm)
+        hits, seen = _stream(c, 120, np.random.default_rng(0))
+        rates[adm] = hits / seen
+        if adm == "frequency":
+            assert c.refused > 0 and c.floor >= 1
+    # LRU: 120 one-off rows pass between two visits of a recurring row and flush it out of 100 slots
+    assert rates["lru"] < 0.2
+    assert rates["frequency"] > 0.8
+    # refused dirty rows were written back at once
+    assert sum(len(x) for x in spilled["frequency"]) > 0
+
+
+def test_admission_must_be_known():
+    with pytest.raises(ValueError, match="admission"):
+        HostCache(10, record_dtype(4), lambda *a: None, admission="lfu")
+
+
+def test_refused_rows_lose_no_update_and_match_lru(tmp_path):
+    """A tiny cache under a stream of mostly one-off ids: frequency admission refuses most of them;
+    every row still reads back exactly as with the LRU cache and with no cache at all."""
+    stores = {adm: EmbeddingStore(str(tmp_path / adm), {"a": 4}, shards=2, hot_capacity_rows=4, host_cache_rows=rows,
+                                  cache_admission=adm)
+              for adm, rows in (("frequency", 16), ("lru", 16), ("off", 0))}
+    try:
+        for name, s in stores.items():
+            rng = np.random.default_rng(3)
+            s.set_hot({"a": np.arange(4)})
+            for step in range(60):
+                ids = np.unique(np.concatenate([rng.integers(0, 24, 12), rng.integers(1000, 100_000, 20)]))
+                if step % 5 == 0:
+                    s.prefetch("a", ids)
+                s.lookup("a", ids)
+                s.apply_gradients("a", ids, torch.from_numpy(rng.normal(0, 1, (len(ids), 4)).astype(np.float32)))
+        assert stores["frequency"].tables["a"].cache.refused > 0
+        ids = np.unique(np.concatenate([np.arange(24), np.random.default_rng(3).integers(1000, 100_000, 2000)]))
+        ref = stores["off"].peek("a", ids)
+        for name in ("frequency", "lru"):
+            assert torch.equal(stores[name].peek("a", ids), ref), name
+    finally:
+        for s in stores.values():
+            s.close()
