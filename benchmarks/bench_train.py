@@ -151,7 +151,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
             extra["hot_coverage_sample"] = upd.coverage
 
         def train(w):
-            core.train_window(w)
+            core.feed(w)  # as the service does: mini-batches form across windows (trainer/batching.py)
         predict = core.predict
     setup_s = time.perf_counter() - t0
     rss_setup = rss_mb()
@@ -187,6 +187,11 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
         if prof is not None:
             prof.disable()
         timed += len(w)
+    if setup != "memory":  # the stream's tail: events still waiting for a full mini-batch
+        c0, t0 = time.process_time(), time.perf_counter()
+        core.flush()
+        dt += time.perf_counter() - t0
+        cpu += time.process_time() - c0
     if prof is not None:
         prof.dump_stats(profile)
     from streamrec.foundation import EventBatch, roc_auc

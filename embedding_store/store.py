@@ -34,7 +34,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator, Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -98,9 +98,10 @@ class EmbeddingStore:
 
     def __init__(self, path: str, tables: dict[str, int], shards: int = 4, seed: int = 0,
                  device: str | torch.device = "cpu", hot_capacity_rows: int = 0,
-                 lr: float = 0.05, eps: float = 1e-8, init_scale: float = 0.05,
+                 lr: float = 0.05, eps: float = 1e-8, init_scale: float | Mapping[str, float] = 0.05,
                  block_cache_mb: int = 256, host_cache_rows: int = 0, read_only: bool = False,
-                 max_id: dict[str, int] | None = None, sync: bool = False, memtable_mb: int = 64):
+                 max_id: dict[str, int] | None = None, sync: bool = False, memtable_mb: int = 64,
+                 cache_admission: str = "frequency"):
         if not tables:
             raise StoreError("an EmbeddingStore needs at least one table")
         for name, dim in tables.items():
@@ -119,7 +120,10 @@ class EmbeddingStore:
         self.path = Path(path)
         self.device = resolve_device(device)
         self.seed = int(seed)
-        self.lr, self.eps, self.init_scale = float(lr), float(eps), float(init_scale)
+        # one half-width for every table, or one per table (DLRM's sqrt(1/rows), ModelConfig.init_scales)
+        scales = dict(init_scale) if isinstance(init_scale, Mapping) else {}
+        self.lr, self.eps = float(lr), float(eps)
+        self.init_scale = float(init_scale) if not isinstance(init_scale, Mapping) else 0.05
         self.hot_capacity_rows = int(hot_capacity_rows)
         if host_cache_rows < 0:
             raise StoreError(f"host_cache_rows must be >= 0, got {host_cache_rows}")
@@ -157,11 +161,16 @@ class EmbeddingStore:
                 self.cold.close()
                 raise
         self.tables = {n: _Table(n, int(d), self.device, (max_id or {}).get(n)) for n, d in tables.items()}
+        for n, t in self.tables.items():
+            t.init_scale = float(scales.get(n, self.init_scale))
+            if not 0 < t.init_scale <= 1e3:
+                self.cold.close()
+                raise StoreError(f"table {n!r}: init scale must be in (0, 1000], got {t.init_scale!r}")
         self._by_tag = {t.tag: t for t in self.tables.values()}
         if self.host_cache_rows:
             per_table = max(1, self.host_cache_rows // len(self.tables))
             for t in self.tables.values():
-                t.cache = HostCache(per_table, t.dtype, self._spiller(t))
+                t.cache = HostCache(per_table, t.dtype, self._spiller(t), admission=cache_admission)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="store-prefetch")
         self.hot_hits = 0
         self.cold_hits = 0
@@ -177,8 +186,9 @@ class EmbeddingStore:
         cap = hot_budget_rows(cfg)
         s = cfg.store
         return cls(path or s.path, tables, shards=s.shards, seed=cfg.model.seed, device=device,
-                   hot_capacity_rows=cap, lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=s.init_scale,
-                   block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows, read_only=read_only)
+                   hot_capacity_rows=cap, lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),
+                   block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows, read_only=read_only,
+                   cache_admission=s.cache_admission)
 
     # -- validation -----------------------------------------------------------------
     def _table(self, table: str) -> _Table:
@@ -262,7 +272,7 @@ class EmbeddingStore:
             scatter(recs, miss, r)
             found[miss] = f
         if not found.all():
-            recs["w"][~found] = init_rows(t.salt, self.seed, ids[~found], t.dim, self.init_scale)
+            recs["w"][~found] = init_rows(t.salt, self.seed, ids[~found], t.dim, t.init_scale)
         return recs, found, slots
 
     def _store_cold(self, t: _Table, ids: np.ndarray, new: np.ndarray, old: np.ndarray, found: np.ndarray,
@@ -300,7 +310,7 @@ class EmbeddingStore:
 
     def _new_records(self, t: _Table, ids: np.ndarray) -> np.ndarray:
         r = np.zeros(len(ids), dtype=t.dtype)
-        r["w"] = init_rows(t.salt, self.seed, ids, t.dim, self.init_scale)
+        r["w"] = init_rows(t.salt, self.seed, ids, t.dim, t.init_scale)
         r["ts"] = time.time()
         r["ep"] = self._epoch + 1
         return r
@@ -315,7 +325,7 @@ class EmbeddingStore:
     # -- public API -------------------------------------------------------------------
     def init_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
         t = self._table(table)
-        return init_rows(t.salt, self.seed, self._ids(t, ids), t.dim, self.init_scale)
+        return init_rows(t.salt, self.seed, self._ids(t, ids), t.dim, t.init_scale)
 
     def hot_mask(self, table: str, ids: np.ndarray) -> np.ndarray:
         t = self._table(table)
@@ -363,6 +373,7 @@ class EmbeddingStore:
         if remember:
             c = t.cache
             if c is not None:
+                c.record(uniq)  # frequency admission counts every cold lookup
                 miss = slots_c < 0
                 if miss.any():
                     slots_c = slots_c.copy()
@@ -370,6 +381,9 @@ class EmbeddingStore:
                     hp = np.flatnonzero(~miss)  # an eviction (tiny cache) may have taken a row just hit
                     hs = slots_c[hp]
                     slots_c[hp[~c.used[hs] | (c.sid[hs] != uniq[hp])]] = -1
+                    out = miss & (slots_c < 0)  # refused by admission: kept for the apply_gradients that follows
+                    if out.any():
+                        self._remember(t, uniq[out], recs[out], found[out])
                 if uniq is cids:  # the usual call: remember where this batch's rows are for apply_gradients
                     self._memo = _Probe(t.name, ids.copy(), slots, slots_c, t.hot.gen, c.gen)  # a copy: the caller may refill its array
             else:
@@ -434,7 +448,7 @@ class EmbeddingStore:
             if cached:
                 old, found = gather(t.cache.rec, cslots), t.cache.stored[cslots]
             else:
-                old, found, cslots = self._cold_rows(t, cids, touch=True, count=False)
+                old, found, cslots = self._cold_rows(t, cids, touch=True, count=False, known=cslots)
             self.created += len(found) - int(np.count_nonzero(found))
             if gnp is not None:
                 g = gnp if len(cp) == len(ids) else gnp[cp]

@@ -211,6 +211,8 @@ def _store_kwargs(cfg: Config, manifest: Manifest, device: torch.device) -> dict
               block_cache_mb=int(cfg.store.block_cache_mb))
     if "init_scale" in (manifest.store_config or {}):  # decides the initial vector of unseen ids
         kw["init_scale"] = float(manifest.store_config["init_scale"])
+    # per-table scales (the fields' expected_ids / init_scale) are part of the model config
+    kw["init_scale"] = model_config_from_dict(manifest.model_config).init_scales(kw["init_scale"])
     return kw
 
 

@@ -9,6 +9,7 @@ Kafka, checkpoints and snapshots are wired around this in ``streamrec.trainer.se
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -19,6 +20,7 @@ from streamrec.foundation import EventBatch
 
 from .metrics import StreamingMetrics
 from streamrec.model import DLRM, predict_batch, unique_ids
+from .batching import EventBatcher, Step
 from .schedule import MiniBatch, hot_samples, plan
 from .step import NonFiniteStep, dense_optimizer, train_step
 
@@ -27,12 +29,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class WindowResult:
-    events: int
-    hot_events: int
+    events: int  # events handed over in this call
+    hot_events: int  # events trained in hot mini-batches
     minibatches: int
-    scores: np.ndarray  # progressive scores, in the window's arrival order (NaN for rejected events)
-    rejected: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows not trained: non-finite
+    scores: np.ndarray  # progressive scores of this call's events, arrival order (NaN: rejected or still waiting)
+    rejected: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # not trained (non-finite): positions among this call's events
     reject_reason: str = ""
+    trained: int = 0  # events trained in this call (may include events handed over earlier)
+    rejected_batch: EventBatch | None = None  # the rejected events themselves (for the dead-letter topic)
 
 
 class TrainerCore:
@@ -44,6 +48,8 @@ class TrainerCore:
         self.model = DLRM.from_config(cfg.model).to(device)
         self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
         self.metrics = StreamingMetrics(cfg.trainer.metrics_window)
+        self.batcher = EventBatcher(cfg.trainer.batch_size, cfg.trainer.batch_size * cfg.trainer.window_batches,
+                                    cfg.model.dense_dim, self.fields)
         self.events = 0
         self.hot_events = 0
         self.hot_version = 0
@@ -76,6 +82,7 @@ class TrainerCore:
 
     # -- training ------------------------------------------------------------
     def plan(self, batch: EventBatch) -> list[MiniBatch]:
+        """One window's FAE plan (a trainer group's ranks train self-contained windows with it)."""
         t = self.cfg.trainer
         if t.schedule == "fae" and self.hot_rows:
             hot = hot_samples(batch, self.fields, self.hot_mask)
@@ -83,46 +90,99 @@ class TrainerCore:
             hot = np.zeros(len(batch), dtype=bool)
         return plan(hot, t.batch_size, t.schedule if self.hot_rows else "arrival", t.hot_per_cold)
 
+    def train_window(self, batch: EventBatch) -> WindowResult:
+        """Train on ``batch`` and on everything still waiting, partial mini-batches included.
+
+        For callers that hand over self-contained windows (tests, benchmarks, a rank of a group);
+        the service uses :meth:`feed` and :meth:`flush`, whose batches do not depend on poll sizes."""
+        return self.feed(batch, flush=True)
+
+    def feed(self, batch: EventBatch, flush: bool = False) -> WindowResult:
+        """Queue arriving events and train the mini-batches they complete (see ``batching``);
+        ``flush``: then train everything still waiting too.
+
+        Events that complete no mini-batch wait (``pending``); the checkpoint keeps them."""
+        hot = None
+        if self.cfg.trainer.schedule == "fae" and self.hot_rows and len(batch):
+            hot = hot_samples(batch, self.fields, self.hot_mask)
+        base = self.batcher.next_seq
+        steps = self.batcher.add(batch, hot)
+        if flush:
+            steps += self.batcher.drain()
+        return self._run_steps(steps, len(batch), base)
+
+    def flush(self) -> WindowResult:
+        """Train everything waiting now (end of stream, idle stream, stop)."""
+        return self._run_steps(self.batcher.drain(), 0, self.batcher.next_seq)
+
+    @property
+    def pending(self) -> int:
+        """Events received and not trained yet."""
+        return len(self.batcher)
+
     def _prefetch(self, uniques: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
         for f in self.fields:
             ids = uniques[f][0]
             if len(ids):
                 self.store.prefetch(f, ids)
 
-    def train_window(self, batch: EventBatch) -> WindowResult:
-        """Train on one window of events (score first); returns the scores in arrival order.
+    def _run_steps(self, steps: list[Step], n_new: int, base: int) -> WindowResult:
+        """Run planned steps in order: score the early ones, then train (prefetching the next cold step).
 
-        Each mini-batch's unique ids are computed once (shared by its prefetch and its
-        lookup); hot mini-batches are never prefetched (their rows are all on the device).
-        """
+        Each mini-batch's unique ids are computed once (shared by its prefetch and its lookup);
+        hot mini-batches are never prefetched (their rows are all on the device)."""
+        bt = self.batcher
+        buf = bt.buffer
         self.model.train()
-        scores = np.zeros(len(batch), np.float32)
-        mbs = self.plan(batch)
-        subs = [batch.take(m.rows) for m in mbs]
-        uniqs = [None] * len(mbs)
-        hot_n = 0
+        subs = [buf.take(s.rows) for s in steps]
+        uniqs: list = [None] * len(steps)
+        hot_n, trained = 0, 0
         rejected: list[np.ndarray] = []
         reasons: list[str] = []
-        for i, (m, sub) in enumerate(zip(mbs, subs)):
+        for i, (s, sub) in enumerate(zip(steps, subs)):
+            if len(s.prescore):
+                bt.scores[s.prescore] = self.predict(buf.take(s.prescore))
             if uniqs[i] is None:
                 uniqs[i] = unique_ids(sub, self.fields)
             nxt = i + 1
-            if nxt < len(mbs) and mbs[nxt].kind != "hot":
+            if nxt < len(steps) and steps[nxt].kind != "hot":
                 uniqs[nxt] = unique_ids(subs[nxt], self.fields)
                 self._prefetch(uniqs[nxt])  # cold rows load in the background while this batch trains
             p, bad, why = self._guarded_step(sub, uniqs[i])
             uniqs[i] = None
-            scores[m.rows] = p
+            own = np.isnan(bt.scores[s.rows])  # an event scored early keeps that score: this one has peeked
+            bt.scores[s.rows[own]] = p[own]
+            keep = np.ones(len(s.rows), bool)
+            keep[bad] = False
             if len(bad):
-                rejected.append(m.rows[bad])
+                rejected.append(s.rows[bad])
                 reasons.append(why)
-            if m.kind == "hot":
-                hot_n += len(m.rows) - len(bad)
-        return self._finish_window(batch, scores, rejected, reasons, hot_n, len(mbs))
+            rows = s.rows[keep]
+            self.metrics.update(buf.labels[rows], bt.scores[rows])
+            trained += len(rows)
+            if s.kind == "hot":
+                hot_n += len(rows)
+        out = np.sort(np.concatenate(rejected)) if rejected else np.zeros(0, np.int64)
+        # this call's events, in arrival order: their scores (NaN while waiting or when rejected)
+        n_buf = len(buf)
+        mine = np.flatnonzero(bt.seq >= base) if n_new else np.zeros(0, np.int64)
+        scores = bt.scores[mine].copy() if n_new else np.zeros(0, np.float32)
+        if len(out):
+            scores[np.isin(mine, out)] = np.nan
+        rejected_batch = buf.take(out) if len(out) else None
+        rel = bt.seq[out] - base
+        self.events += trained
+        self.hot_events += hot_n
+        self.rejected_events += len(out)
+        if n_buf:
+            self.newest_event_ms = max(self.newest_event_ms, int(buf.ts.max()))
+        bt.retire()
+        return WindowResult(n_new, hot_n, len(steps), scores, rel, "; ".join(dict.fromkeys(reasons)),
+                            trained=trained, rejected_batch=rejected_batch)
 
     def _finish_window(self, batch: EventBatch, scores: np.ndarray, rejected: list[np.ndarray], reasons: list[str],
                        hot_n: int, minibatches: int) -> WindowResult:
-        """Count a trained window: metrics and totals over the events that were trained (not ``rejected``)."""
+        """Count a window trained as a whole (a group's rank): metrics and totals over the events trained."""
         out = np.sort(np.concatenate(rejected)) if rejected else np.zeros(0, np.int64)
         keep = np.ones(len(batch), bool)
         keep[out] = False
@@ -132,7 +192,8 @@ class TrainerCore:
         self.rejected_events += len(out)
         if len(batch):
             self.newest_event_ms = max(self.newest_event_ms, int(batch.ts.max()))
-        return WindowResult(len(batch), hot_n, minibatches, scores, out, "; ".join(dict.fromkeys(reasons)))
+        return WindowResult(len(batch), hot_n, minibatches, scores, out, "; ".join(dict.fromkeys(reasons)),
+                            trained=int(keep.sum()), rejected_batch=batch.take(out) if len(out) else None)
 
     def _guarded_step(self, sub: EventBatch, uniques) -> tuple[np.ndarray, np.ndarray, str]:
         """Train one mini-batch; ``(scores, rejected rows, reason)``.
@@ -169,9 +230,16 @@ class TrainerCore:
             log.warning("mini-batch of %d events: %s; %d events not trained (dead-lettered)", len(sub), reason, len(out))
         return scores, out, reason
 
+    on_step = None  # called with each training step's seconds (the trainer's Prometheus histogram), if set
+
     def _step(self, sub: EventBatch, uniques) -> np.ndarray:
-        return train_step(self.model, self.opt, sub, self.fields, self.store.lookup, self.store.apply_gradients,
-                          self.device, uniques=uniques)
+        t0 = time.perf_counter()
+        try:
+            return train_step(self.model, self.opt, sub, self.fields, self.store.lookup, self.store.apply_gradients,
+                              self.device, uniques=uniques)
+        finally:
+            if self.on_step is not None:
+                self.on_step(time.perf_counter() - t0)
 
     def predict(self, batch: EventBatch) -> np.ndarray:
         self.model.eval()
@@ -182,11 +250,12 @@ class TrainerCore:
 
     # -- state -----------------------------------------------------------------
     def dense_state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "pending": self.batcher.state()}
 
     def load_dense_state(self, d: Mapping[str, Any]) -> None:
         self.model.load_state_dict(d["model"])
         self.opt.load_state_dict(d["opt"])
+        self.batcher.load_state(d.get("pending"))
 
     def counters(self) -> dict[str, Any]:
         return {"events": self.events, "hot_events": self.hot_events, "hot_version": self.hot_version,

@@ -35,13 +35,14 @@ class MemoryDLRM:
         self.emb: dict[str, nn.Embedding] = {}
         self.acc: dict[str, torch.Tensor] = {}
         self._last: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        scales = cfg.model.init_scales(cfg.store.init_scale)  # the store's per-table rule (DLRM: sqrt(1/rows))
         for f in self.fields:
             ids = np.unique(np.asarray(vocab[f], dtype=np.int64))
             self.ids[f] = ids
             w = np.empty((len(ids), dim), np.float32)
             for s in range(0, len(ids), init_chunk):
                 w[s:s + init_chunk] = init_rows(table_salt(f), cfg.model.seed, ids[s:s + init_chunk], dim,
-                                                cfg.store.init_scale)
+                                                scales[f])
             e = nn.Embedding(len(ids), dim, _weight=torch.from_numpy(w))
             e.weight.requires_grad_(False)
             self.emb[f] = e.to(self.device)

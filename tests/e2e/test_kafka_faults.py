@@ -154,16 +154,16 @@ def test_a_trainer_slower_than_its_poll_interval_stays_correct(topics, tmp_path,
     cfg.kafka.events_per_message = 64
     cfg.trainer.checkpoint_every_events, cfg.trainer.idle_exit_s = 256, 4.0
     _produce(cfg, bootstrap, 2048, seed=4)
-    real = TrainerCore.train_window
+    real = TrainerCore.feed  # what the service hands each poll's events to
     calls = {"n": 0}
 
-    def slow_window(self, batch):
+    def slow_window(self, batch, flush=False):
         calls["n"] += 1
         if calls["n"] == 2:
             time.sleep(9)  # longer than max.poll.interval: the group drops this member
-        return real(self, batch)
+        return real(self, batch, flush)
 
-    monkeypatch.setattr(TrainerCore, "train_window", slow_window)
+    monkeypatch.setattr(TrainerCore, "feed", slow_window)
     svc = TrainerService(cfg, bootstrap, progress=False)
     summary = svc.run()
     assert summary["events"] == 2048  # every event exactly once

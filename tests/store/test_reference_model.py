@@ -89,13 +89,15 @@ def _check_acc(store, ref):
 
 # host cache off (write-through), tiny (3 rows per table: batches overflow it, every
 # step evicts) and small (12 per table: some hits, bulk evictions of 1 row)
-@pytest.mark.parametrize("cache_rows", [0, 6, 24])
+# step evicts) and small (12 per table: some hits, bulk evictions of 1 row); frequency
+# admission (the default: refused rows go straight to RocksDB) and plain LRU
+@pytest.mark.parametrize("cache_rows,admission", [(0, "lru"), (6, "frequency"), (24, "frequency"), (24, "lru")])
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ops=st.lists(op, min_size=1, max_size=25))
-def test_store_matches_reference(cache_rows, ops):
+def test_store_matches_reference(cache_rows, admission, ops):
     root = Path(tempfile.mkdtemp(prefix="store-prop-"))
     kw = dict(shards=3, seed=11, hot_capacity_rows=12, lr=LR, eps=EPS, block_cache_mb=8,
-              host_cache_rows=cache_rows)
+              host_cache_rows=cache_rows, cache_admission=admission)
     store = EmbeddingStore(str(root / "live"), TABLES, **kw)
     ref = Reference(lambda table, i: store.init_rows(table, np.array([i]))[0])
     checkpoints: list[tuple[str, dict]] = []

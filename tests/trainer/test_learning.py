@@ -31,8 +31,9 @@ def _train_core(cfg, train, hot=None) -> tuple[TrainerCore, EmbeddingStore]:
     core = TrainerCore(cfg, store, torch.device("cpu"))
     if hot is not None:
         core.apply_hot_set(1, hot)
-    for s in range(0, len(train), WINDOW):
-        core.train_window(train.take(np.arange(s, min(len(train), s + WINDOW))))
+    for s in range(0, len(train), WINDOW):  # as the service does: batches form across the windows
+        core.feed(train.take(np.arange(s, min(len(train), s + WINDOW))))
+    core.flush()
     return core, store
 
 
@@ -74,6 +75,8 @@ def test_equivalence_with_in_memory_dlrm(tmp_path):
     assert results["cold"][1] == 0.0 and results["all_hot"][1] == 1.0
     assert 0.2 < results["fae"][1] < 0.95  # FAE really split the stream
     for name, (auc, _hf) in results.items():
-        assert abs(auc - auc_ref) <= 0.002, (name, auc, auc_ref)
+        # FAE forms other batches (full-size hot ones), and on this stream shifting batch boundaries by a
+        # few events alone moves the AUC by ~0.003: FAE is held to 0.005, the one-batching tiers to float-exact
+        assert abs(auc - auc_ref) <= (0.005 if name == "fae" else 0.002), (name, auc, auc_ref)
     # same batches in the same order: the tiers are float-exact with the in-memory table
     assert results["cold"][0] == auc_ref and results["all_hot"][0] == auc_ref

@@ -1,0 +1,163 @@
+"""Event-driven mini-batches: where a mini-batch starts and ends depends only on the
+sequence of events, never on how Kafka happened to deliver them (poll sizes, fetch
+sizes, message sizes), so the same stream and seed give the same model.
+
+Events join one of two queues as they arrive: *hot* (every id is in the device's hot
+set) and *cold* (FAE, Adnan et al. VLDB'22), or a single *mixed* queue when there is
+no hot set. A queue becomes a training step when it holds ``batch_size`` events, so
+hot steps are full-size rather than fragments of a window; an event never waits more
+than ``max_wait`` arrivals (its queue is then trained as it is).
+
+Progressive validation must not peek: an event is scored by a model trained only on
+events that arrived before it. A step trains events that may have arrived after some
+events still waiting in the other queue; those waiting events are scored right before
+that step (``Step.prescore``). With one queue (arrival order) nothing is ever scored
+early: every event is scored in its own step's forward pass, as plain DLRM does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from streamrec.foundation import EventBatch, JaggedIds
+
+
+@dataclass
+class Step:
+    kind: str  # "hot" | "cold" | "mixed"
+    rows: np.ndarray  # positions in the batcher's buffer, arrival order
+    prescore: np.ndarray  # waiting events (buffer positions) to score before this step trains
+
+
+class EventBatcher:
+    """Queues of waiting events and the steps they form (no model here: the trainer runs the steps)."""
+
+    def __init__(self, batch_size: int, max_wait: int, dense_dim: int, fields: Sequence[str]):
+        self.batch_size = max(1, int(batch_size))
+        self.max_wait = max(self.batch_size, int(max_wait))
+        self.dense_dim, self.fields = int(dense_dim), list(fields)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.buffer = EventBatch.empty(self.dense_dim, self.fields)
+        self.seq = np.zeros(0, np.int64)  # arrival number of each buffered event (for max_wait)
+        self.hot = np.zeros(0, bool)
+        self.scores = np.zeros(0, np.float32)
+        self.scored = np.zeros(0, bool)
+        self.queues: dict[str, list[int]] = {"hot": [], "cold": []}  # "cold" is the mixed queue without a hot set
+        self.next_seq = 0
+
+    def __len__(self) -> int:
+        """Events waiting (received, not yet trained)."""
+        return len(self.buffer)
+
+    # -- planning ------------------------------------------------------------------
+    def add(self, batch: EventBatch, hot: np.ndarray | None) -> list[Step]:
+        """Queue ``batch`` (``hot``: per event, or None for no hot set) and return the steps it completes."""
+        n_old, n = len(self.buffer), len(batch)
+        if n == 0:
+            return []
+        hot = np.zeros(n, bool) if hot is None else np.asarray(hot, bool)
+        self.buffer = EventBatch.concat([self.buffer, batch], self.dense_dim, self.fields) if n_old else \
+            EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse, batch.request_ids)
+        self.seq = np.concatenate([self.seq, self.next_seq + np.arange(n, dtype=np.int64)])
+        self.next_seq += n
+        self.hot = np.concatenate([self.hot, hot])
+        self.scores = np.concatenate([self.scores, np.full(n, np.nan, np.float32)])
+        self.scored = np.concatenate([self.scored, np.zeros(n, bool)])
+        steps: list[Step] = []
+        pos, end, bs = n_old, n_old + n, self.batch_size
+        while pos < end:
+            h = self.hot[pos:end]
+            need_h, need_c = bs - len(self.queues["hot"]), bs - len(self.queues["cold"])
+            fill_h = _first_reaching(np.cumsum(h), need_h)
+            fill_c = _first_reaching(np.cumsum(~h), need_c)
+            waiting = [q[0] for q in self.queues.values() if q]
+            age = _INF
+            if waiting:
+                oldest = self.seq[min(waiting)]
+                late = np.flatnonzero(self.seq[pos:end] - oldest >= self.max_wait)
+                age = int(late[0]) if len(late) else _INF
+            fill = min(fill_h, fill_c)
+            if age <= fill and age < _INF:  # the oldest waiting event has waited long enough: train its queue
+                self._enqueue(pos, pos + age)
+                pos += age
+                kind = "hot" if self.queues["hot"] and self.queues["hot"][0] == min(waiting) else "cold"
+                steps.append(self._emit(kind))
+            elif fill < _INF:
+                self._enqueue(pos, pos + fill + 1)
+                pos += fill + 1
+                steps.append(self._emit("hot" if fill_h <= fill_c else "cold"))
+            else:
+                self._enqueue(pos, end)
+                pos = end
+        return steps
+
+    def drain(self) -> list[Step]:
+        """Steps for everything still waiting (partial batches), the queue with the oldest event first."""
+        steps = []
+        while any(self.queues.values()):
+            kind = min((q[0], k) for k, q in self.queues.items() if q)[1]
+            steps.append(self._emit(kind))
+        return steps
+
+    def _enqueue(self, lo: int, hi: int) -> None:
+        for p in range(lo, hi):
+            self.queues["hot" if self.hot[p] else "cold"].append(p)
+
+    def _emit(self, kind: str) -> Step:
+        rows = np.asarray(self.queues[kind], np.int64)
+        self.queues[kind] = []
+        other = np.asarray(self.queues["cold" if kind == "hot" else "hot"], np.int64)
+        early = other[(other < rows[-1]) & ~self.scored[other]]  # arrived before this step's newest event
+        self.scored[early] = True
+        self.scored[rows] = True
+        label = "mixed" if not self.hot.any() and kind == "cold" else kind
+        return Step(label, rows, early)
+
+    def retire(self) -> None:
+        """Forget the trained events (every position not in a queue); call after running the steps."""
+        keep = np.asarray(sorted(self.queues["hot"] + self.queues["cold"]), np.int64)
+        if len(keep) == len(self.buffer):
+            return
+        remap = {int(p): i for i, p in enumerate(keep)}
+        self.buffer = self.buffer.take(keep)
+        self.seq, self.hot, self.scores, self.scored = (a[keep] for a in (self.seq, self.hot, self.scores,
+                                                                           self.scored))
+        self.queues = {k: [remap[p] for p in q] for k, q in self.queues.items()}
+
+    # -- checkpoint ------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The waiting events, their early scores and queues: a checkpoint holds them, so the offsets it
+        commits may cover events not trained yet and a resumed trainer forms the same batches."""
+        b = self.buffer
+        return {"ts": b.ts, "labels": b.labels, "dense": b.dense,
+                "sparse": {f: (b.sparse[f].values, b.sparse[f].offsets) for f in self.fields},
+                "seq": self.seq, "hot": self.hot, "scores": self.scores, "scored": self.scored,
+                "queues": {k: list(q) for k, q in self.queues.items()}, "next_seq": self.next_seq}
+
+    def load_state(self, st: dict[str, Any] | None) -> None:
+        self._reset()
+        if not st:
+            return
+        self.buffer = EventBatch(np.asarray(st["ts"], np.int64), np.asarray(st["labels"], np.float32),
+                                 np.asarray(st["dense"], np.float32).reshape(len(st["labels"]), self.dense_dim),
+                                 {f: JaggedIds(np.asarray(v, np.int64), np.asarray(o, np.int64))
+                                  for f, (v, o) in st["sparse"].items()})
+        self.seq, self.hot = np.asarray(st["seq"], np.int64), np.asarray(st["hot"], bool)
+        self.scores, self.scored = np.asarray(st["scores"], np.float32), np.asarray(st["scored"], bool)
+        self.queues = {k: [int(p) for p in q] for k, q in st["queues"].items()}
+        self.next_seq = int(st["next_seq"])
+
+
+_INF = 1 << 62
+
+
+def _first_reaching(cum: np.ndarray, need: int) -> int:
+    """Index of the first element of a running count that reaches ``need`` (``_INF``: none does)."""
+    if len(cum) == 0 or cum[-1] < need:
+        return _INF
+    return int(np.searchsorted(cum, need))
