@@ -20,7 +20,9 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
         offsets_lost_message, topic_id, DeadLetterError, EventConsumer, EventProducer, ProduceError,
         make_producer, read_topic,
     )
-    from .inflight import InflightMarker, RecordMarker
+    from .inflight import InflightMarker, InflightRange, probe_decode
+    from .inference import DataSchema, infer_schema
+    from .kafka_clients import KafkaSecurityError, client_settings, faust_credentials, redacted
     from .synthetic import SyntheticStream
 
 _EXPORTS = {  # submodule: the public names it defines
@@ -31,7 +33,9 @@ _EXPORTS = {  # submodule: the public names it defines
     ".kafka_io": "ORIGINAL_SHA256_HEADER ORIGINAL_SIZE_HEADER REASON_HEADER SOURCE_HEADER ConsumerStats DeadLetterError "
                  "EventConsumer EventProducer OffsetsLostError ProduceError make_producer offsets_lost_message read_topic "
                  "topic_id",
-    ".inflight": "InflightMarker RecordMarker",
+    ".inflight": "InflightMarker InflightRange probe_decode",
+    ".inference": "DataSchema infer_schema",
+    ".kafka_clients": "KafkaSecurityError client_settings faust_credentials redacted",
     ".synthetic": "SyntheticStream",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

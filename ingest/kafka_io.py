@@ -39,6 +39,7 @@ from streamrec.foundation import EventBatch, EventSchema, StreamrecError
 
 from .codec import CODEC_HEADER, Decoder, encode_messages
 from .inflight import DECODE, TRAIN, InflightMarker, probe_decode, ranges_of
+from .kafka_clients import client_settings
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class EventProducer:
         self.schema = EventSchema.from_config(cfg)
         self.codec = codec or cfg.kafka.codec
         self.topic = cfg.kafka.events_topic
-        self.producer = producer or make_producer(bootstrap)
+        self.producer = producer or make_producer(bootstrap, **client_settings(cfg))
         self.sent_messages = 0
         self.sent_events = 0
         self._rr = 0
@@ -261,6 +262,7 @@ class EventConsumer:
             # also the group's rebalance timeout: brokers wait up to this long for members
             max_poll_interval_ms=cfg.kafka.max_poll_interval_ms,
             client_id=f"streamrec-{group_id}",
+            **client_settings(cfg),
         )
         opts.update(consumer_opts)
         self.consumer = KafkaConsumer(**opts)
@@ -287,7 +289,7 @@ class EventConsumer:
             self._on_assigned(tps)
         self.topic_id = self._current_topic_id()
         self._known_partitions = set(self.consumer.partitions_for_topic(self.topic) or ())
-        self._dlq = make_producer(bootstrap) if dlq else None
+        self._dlq = make_producer(bootstrap, **client_settings(cfg)) if dlq else None
         self._dlq_sent: list = []  # (send future or the error send raised, "topic:partition:offset") since the last flush
         self._per_record = 1.0  # events per record seen last time: how many records make max_events
         self._lock = threading.Lock()
@@ -306,6 +308,7 @@ class EventConsumer:
         handed: list = []  # records decoded for this call (what the caller will be handling)
         n = 0
         offsets: dict[tuple[str, int], int] = {}
+        newest_ms = 0  # the newest record timestamp: when the newest of these events entered Kafka
         self._check_topic()
         self._maybe_clear_suspect()
         if self._pending:  # still holding records: poll anyway (group liveness, rebalances), fetch nothing new
@@ -328,6 +331,7 @@ class EventConsumer:
                 offsets[(rec.topic, rec.partition)] = rec.offset + 1
                 self._next[(rec.topic, rec.partition)] = rec.offset + 1
                 self.stats.bytes += len(rec.value or b"")
+                newest_ms = max(newest_ms, rec.timestamp or 0)
             self.stats.records += len(recs)
             if self._suspect is not None:
                 recs = self._quarantine_suspects(recs)
@@ -352,6 +356,7 @@ class EventConsumer:
         else:
             batch = EventBatch.concat(parts, self.schema.dense_dim, self.schema.fields)
         batch.source_offsets = offsets
+        batch.source_newest_ms = int(newest_ms)
         self.stats.events += len(batch)
         return batch
 
@@ -650,16 +655,22 @@ class EventConsumer:
         self.set_positions(offsets)
 
     def lag(self) -> int:
-        """Records not yet handed out: up to the topic head, over assigned partitions."""
+        """Records not yet handed out: up to the topic head, over assigned partitions. Each partition's
+        share is kept in ``last_lag`` (partition -> records), for a metrics endpoint to read from its thread."""
         assigned = list(self.consumer.assignment())
         if not assigned:
+            self.last_lag = {}
             return 0
         try:
             ends = self.consumer.end_offsets(assigned)
-            behind = sum(max(0, ends[tp] - self.consumer.position(tp)) for tp in assigned)
-            return int(behind + len(self._pending))  # polled but not yet handed out
+            held = collections.Counter(r.partition for r in self._pending)  # polled but not yet handed out
+            # the last fetch's high watermark too: tansu answers ListOffsets with less than the log end
+            per = {tp.partition: max(0, max(ends[tp], self.consumer.highwater(tp) or 0) - self.consumer.position(tp))
+                   + held.get(tp.partition, 0) for tp in assigned}
         except Exception:  # lag is informational only
             return -1
+        self.last_lag = per
+        return int(sum(per.values()))
 
     def close(self) -> None:
         if self._marker is not None:
@@ -670,10 +681,12 @@ class EventConsumer:
         self.consumer.close(autocommit=False)
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 10.0, expected: int | None = None) -> list:
-    """Read every record of a topic from the start without a group (for tests and tools)."""
+def read_topic(bootstrap: str, topic: str, timeout: float = 10.0, expected: int | None = None,
+               security: dict | None = None) -> list:
+    """Read every record of a topic from the start without a group (for tests and tools); ``security``:
+    :func:`~streamrec.ingest.kafka_clients.client_settings` of a secured cluster."""
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                      auto_offset_reset="earliest")
+                      auto_offset_reset="earliest", **(security or {}))
     parts = c.partitions_for_topic(topic) or set()
     tps = [TopicPartition(topic, p) for p in sorted(parts)]
     c.assign(tps)

@@ -20,9 +20,10 @@
   manifest, and the group falls back together when any shard does not verify.
 - **Resharding**: a manifest of another world size (or a plain trainer's
   checkpoint) is resharded on start (:mod:`streamrec.trainer.reshard`).
-- **Snapshots**: one version per coordinated checkpoint; every rank sends the rows
-  it owns to rank 0, which builds and pushes one snapshot, so serving sees whole
-  versions only.
+- **Snapshots**: every ``serving.push_every_s`` (rank 0's clock, in the turn's decisions),
+  not tied to the checkpoints: every rank sends the rows it owns that changed since the last
+  accepted push (its own :class:`~.changes.ChangeJournal`) to rank 0, which builds and pushes
+  one snapshot, so serving sees whole versions only.
 """
 
 from __future__ import annotations
@@ -97,10 +98,11 @@ def is_group_checkpoint(root: str | os.PathLike) -> int:
         return 0
 
 
-def _topic_partitions(bootstrap: str, topic: str, timeout_s: float = 30.0) -> int:
+def _topic_partitions(bootstrap: str, topic: str, timeout_s: float = 30.0, security: dict | None = None) -> int:
     from kafka import KafkaConsumer
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, client_id="streamrec-group-check", enable_auto_commit=False)
+    c = KafkaConsumer(bootstrap_servers=bootstrap, client_id="streamrec-group-check", enable_auto_commit=False,
+                      **(security or {}))
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -114,10 +116,10 @@ def _topic_partitions(bootstrap: str, topic: str, timeout_s: float = 30.0) -> in
         c.close()
 
 
-def check_partitions(bootstrap: str, topic: str, world: int) -> int:
+def check_partitions(bootstrap: str, topic: str, world: int, security: dict | None = None) -> int:
     """The events topic's partition count; :class:`GroupError` when a group of ``world`` ranks would leave
     a rank without a partition."""
-    n = _topic_partitions(bootstrap, topic)
+    n = _topic_partitions(bootstrap, topic, security=security)
     if n < world:
         raise GroupError(f"topic {topic!r} has {n} partition(s); a group of {world} trainer ranks needs at least "
                          f"{world} (one per rank): add partitions (kafka-topics.sh --alter --topic {topic} "
@@ -133,7 +135,10 @@ class GroupTrainerService(TrainerService):
         self.rank, self.world, self.group = int(rank), int(world), group
         self.root = Path(cfg.trainer.checkpoint_dir)
         self.snapshot_every = cfg.trainer.snapshot_every
-        self.partitions = assigned_partitions(check_partitions(bootstrap, cfg.kafka.events_topic, world), rank, world)
+        from streamrec.ingest import client_settings
+
+        self.partitions = assigned_partitions(
+            check_partitions(bootstrap, cfg.kafka.events_topic, world, security=client_settings(cfg)), rank, world)
         if cfg.trainer.batch_size % world:
             log.warning("trainer.batch_size %d is not a multiple of %d ranks: a step trains %d events, not %d",
                         cfg.trainer.batch_size, world, cfg.trainer.batch_size // world * world, cfg.trainer.batch_size)
@@ -252,8 +257,9 @@ class GroupTrainerService(TrainerService):
     def run(self) -> dict[str, Any]:
         t = self.cfg.trainer
         window = max(1, t.batch_size * t.window_batches // self.world)
-        last_ckpt_t = last_log_t = idle_since = time.monotonic()
-        events_at_ckpt = self._group_events = int(self._sum(self.core.events))
+        last_ckpt_t = last_log_t = idle_since = last_push_t = time.monotonic()
+        events_at_ckpt = events_at_push = self._group_events = int(self._sum(self.core.events))
+        push_every = self.cfg.serving.push_every_s
         dirty = False
         reason = "stopped"
         first_poll = True
@@ -271,12 +277,15 @@ class GroupTrainerService(TrainerService):
                                              or now - last_ckpt_t >= t.checkpoint_every_s)
                 log_due = r0 and now - last_log_t >= t.log_every_s
                 idle_due = r0 and bool(t.idle_exit_s) and now - idle_since > t.idle_exit_s
+                push_due = (r0 and push_every > 0 and self.publisher is not None and now - last_push_t >= push_every
+                            and (self._group_events != events_at_push or self.publisher.wants_full))
                 n = len(batch) if batch is not None else 0
                 moved = self.consumer.partitions_changed is not None  # the topic gained partitions
                 ctrl = torch.tensor([float(self.stop.is_set()), float(upd is not None), float(ckpt_due),
-                                     float(log_due), float(idle_due), float(n), float(moved)], dtype=torch.float64)
+                                     float(log_due), float(idle_due), float(n), float(moved), float(push_due)],
+                                    dtype=torch.float64)
                 dist.all_reduce(ctrl, group=self.group)
-                stop_any, hot_any, ckpt_any, log_any, idle_any, n_group, moved_any = (float(x) for x in ctrl)
+                stop_any, hot_any, ckpt_any, log_any, idle_any, n_group, moved_any, push_any = (float(x) for x in ctrl)
                 if hot_any:
                     box = [upd]
                     dist.broadcast_object_list(box, src=0, group=self.group)
@@ -299,6 +308,10 @@ class GroupTrainerService(TrainerService):
                 if ckpt_any or (done and dirty):
                     self.checkpoint()
                     events_at_ckpt, last_ckpt_t, dirty = self._group_events, time.monotonic(), False
+                # the final model goes out on the way out too; every rank knows _group_events, so all agree
+                final_push = bool(done) and push_every > 0 and self._group_events != events_at_push
+                if (push_any or final_push) and self._push():
+                    last_push_t, events_at_push = time.monotonic(), self._group_events
                 if log_any or done:
                     self.emit()
                     last_log_t = now
@@ -383,31 +396,48 @@ class GroupTrainerService(TrainerService):
             hit("group.committed")
             log.info("checkpoint %d at %d events (%d ranks) -> %s", seq, int(manifest["events"]), self.world, path)
         self.trace.write({"checkpoint": seq, "offsets": offsets_to_json(own), "events": self.core.events})
-        if self.snapshot_every > 0 and seq % self.snapshot_every == 0:
-            self._snapshot(seq, epoch_box.get("epoch", 0), offsets, group_metrics,
-                           max(s["newest_event_ms"] for s in shards))
+        if self.cfg.serving.push_every_s <= 0 and self.snapshot_every > 0 and seq % self.snapshot_every == 0:
+            self._push(group_metrics)
         return seq
 
-    def _snapshot(self, seq: int, epoch: int, offsets, metrics, newest_ms: int) -> None:
-        """One snapshot of the whole model: rank 0 decides full or delta, every rank sends its rows."""
+    def _push(self, metrics=None) -> bool:
+        """One snapshot of the whole model as it is now (a collective): rank 0 decides full or delta, every
+        rank sends its rows changed since the last accepted push and its partitions' offsets. False when
+        no snapshot was built (a push is still pending, or there is no publisher)."""
+        if self.snapshot_every <= 0:
+            return False
         plan: list[Any] = [self.publisher.plan_next() if self.publisher is not None else None]
         dist.broadcast_object_list(plan, src=0, group=self.group)
         if plan[0] is None:  # a push is still pending (or no publisher): no snapshot this time, on any rank
-            return
-        rows = _ipc(self.store.changed_rows(plan[0][2]))
+            return False
+        if metrics is None:
+            metrics = self.core.group_metrics()  # a collective
+        rows, mark = self.store.snapshot_rows(plan[0])
+        mine = {"rows": _ipc(rows), "newest_event_ms": self.core.newest_event_ms,
+                "newest_kafka_ms": self.freshness.newest_kafka_ms,
+                "offsets": offsets_to_json({k: v for k, v in self.offsets.items() if k[1] in self.partitions})}
         hit("group.snapshot_rows")  # mid-snapshot: the rows are read, rank 0 has not got them
         got: list[Any] | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(rows, got, dst=0, group=self.group)
+        dist.gather_object(mine, got, dst=0, group=self.group)
         if self.rank != 0:
-            return
+            return True
+        offsets = dict(self.offsets)
+        for g in got:
+            offsets.update(offsets_from_json(g["offsets"]))
         values = {"auc": metrics.auc, "logloss": metrics.logloss, "window_auc": metrics.window_auc(),
-                  "events": float(self._group_events)}
+                  "events": float(self._group_events),
+                  # serving's Status: the served model's age by the Kafka clock (the group's newest record)
+                  "newest_kafka_ms": float(max(g.get("newest_kafka_ms", 0) for g in got))}
         try:
             hit("group.snapshot_build")
-            self.publisher.publish(seq, epoch, None, self.core.model, offsets, values, newest_ms, plan=plan[0],
-                                   rows=(b for payload in got for b in _batches(payload)))
+            version = self.publisher.reserve_version()
+            self.publisher.publish(version, mark, None, self.core.model, offsets, values,
+                                   max(g["newest_event_ms"] for g in got), plan=plan[0],
+                                   rows=(b for g in got for b in _batches(g["rows"])))
         except Exception:  # a snapshot failure must never stop training
-            log.exception("building snapshot %d failed", seq)
+            log.exception("building a snapshot failed")
+            self.publisher.request_full()
+        return True
 
     # -- telemetry --------------------------------------------------------------
     def emit(self) -> dict[str, Any]:

@@ -2,9 +2,13 @@
 
 Durability order, per interval: train windows -> flush dead letters -> write checkpoint (store, dense
 weights + optimizer, hot-set version, offsets, metrics) atomically -> only then
-commit the offsets to Kafka -> build/push a snapshot in the background. On start
-the newest complete checkpoint is restored and the consumer is positioned at its
-offsets, so after a SIGKILL no event is lost and at most one interval is replayed.
+commit the offsets to Kafka. On start the newest complete checkpoint is restored and the consumer is
+positioned at its offsets, so after a SIGKILL no event is lost and at most one interval is replayed.
+
+Freshness is not tied to that interval: every ``serving.push_every_s`` the trainer pushes a delta of
+the rows it changed since its last push (the :class:`~.changes.ChangeJournal` in front of the store
+knows which) with the model as it is, whether or not it is durable yet. After a crash the first push
+is full, from the re-trained checkpoint, under a newer version; later pushes supersede.
 """
 
 from __future__ import annotations
@@ -17,20 +21,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from .checkpoint import (INFLIGHT, STORE, choose_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint, set_aside,
                          write_checkpoint)
+from .changes import ChangeJournal
 from .core import TrainerCore
 from streamrec.foundation import StreamrecError, hot_budget_rows, is_resource_error, resolve_device
 from streamrec.snapshot import PusherFactory
 
 from .hotset import HotUpdate, SampleHotSource, make_hot_source
 from .snapshots import SnapshotPublisher
-from .telemetry import MetricsLog, ProgressLine, PrometheusExporter, Rate
+from .telemetry import Freshness, MetricsLog, ProgressLine, PrometheusExporter, Rate
 
 log = logging.getLogger(__name__)
+
+VERSION_FILE = "snapshot-version.json"  # the newest snapshot version built, next to the checkpoints (durable)
 
 
 def open_store(cfg, device, restore_from: Path | None):
@@ -44,7 +50,7 @@ def open_store(cfg, device, restore_from: Path | None):
     if restore_from is not None and (restore_from / STORE).exists():
         s = cfg.store
         return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, lr=s.adagrad_lr,
-                                      eps=s.adagrad_eps, init_scale=s.init_scale, block_cache_mb=s.block_cache_mb,
+                                      eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale), block_cache_mb=s.block_cache_mb,
                                       host_cache_rows=s.host_cache_rows, hot_capacity_rows=hot_budget_rows(cfg))
     return EmbeddingStore.from_config(cfg, device)
 
@@ -82,10 +88,17 @@ class TrainerService:
         self.device = resolve_device(t.device)
         ckpt, state, dense = self._restore_point(t.checkpoint_dir)
         self.fell_back = bool(self.refused_checkpoints)
+        self.store = ChangeJournal(self.store)  # before the core: it writes through the journal
         self.core = self._make_core()
+        # before the publisher: it times and counts the pushes
+        self.prom = PrometheusExporter(t.metrics_port, t.metrics_host) if t.metrics_port else None
+        if self.prom is not None:
+            pusher_factory = self.prom.timed_pushers(pusher_factory)
+            self.core.on_step = self.prom.step_seconds.observe
         self.publisher = SnapshotPublisher(cfg, t.snapshot_dir, push=t.push_snapshots,
                                            full_every=t.full_snapshot_every,
                                            give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
+                                           version_file=Path(t.checkpoint_dir) / VERSION_FILE,
                                            ) if t.snapshot_every > 0 else None
         self.seq = 0
         self.offsets: dict[tuple[str, int], int] = {}
@@ -114,13 +127,16 @@ class TrainerService:
         self.rows_expired = int(state.get("rows_expired", 0))  # totals carry over a resume, like the events
         self._last_sweep = time.monotonic()
         self.metrics_log = MetricsLog(t.log_path)
-        self.prom = PrometheusExporter(t.metrics_port, t.metrics_host) if t.metrics_port else None
         self.progress = ProgressLine(progress)
+        self.freshness = Freshness()  # newest trained event by its own ts and by when it entered Kafka
         self.trace = Trace(t.trace_path)
         self.consumer = self._make_consumer()
+        if self.prom is not None:
+            self.prom.watch_consumer(self.consumer)
         self.consumer.stats.dead_letters = int(state.get("dead_letters", 0))
         self.consumer.stats.quarantined = int(state.get("quarantined", 0))
         self.pos = self._position_consumer()
+        self.end_at = self._stream_end() if t.until_end else None  # trainer.until_end: where this run stops
         self.trace.write({"start": True, "pid": os.getpid(), "seq": self.seq,
                           "positions": offsets_to_json(self.pos)})
         self._rate = Rate()
@@ -210,23 +226,59 @@ class TrainerService:
         c.set_positions(pos)
         return pos
 
+    def _stream_end(self) -> dict[tuple[str, int], int]:
+        """The end offset of every assigned partition now: a finite replay is over once all are reached.
+
+        Raised to the high watermark of each partition's first fetch (``_at_end``): some brokers (the
+        embedded tansu) answer ListOffsets with less than the log end after batched produces."""
+        from kafka import TopicPartition
+
+        tps = [TopicPartition(t, p) for t, p in self.pos]
+        ends = self.consumer.consumer.end_offsets(tps) if tps else {}
+        self._end_seen: set = set()  # partitions whose first fetch's high watermark is in end_at
+        end_at = {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}
+        log.info("until_end: stopping at the end of the stream as of now: %s",
+                 {f"{t}:{p}": o for (t, p), o in sorted(end_at.items())})
+        return end_at
+
+    def _at_end(self, quiet: bool = False) -> bool:
+        """Every partition read up to its end as of start; ``quiet`` (the last poll brought nothing) also
+        counts a partition whose high watermark was never seen."""
+        if self.end_at is None:
+            return False
+        from kafka import TopicPartition
+
+        for key in self.end_at:
+            if key not in self._end_seen:
+                hw = self.consumer.consumer.highwater(TopicPartition(*key))
+                if hw is not None:
+                    self.end_at[key] = max(self.end_at[key], int(hw))
+                    self._end_seen.add(key)
+        return all(self.pos.get(k, 0) >= end and (quiet or k in self._end_seen) for k, end in self.end_at.items())
+
     # -- the loop ---------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         t = self.cfg.trainer
         window = t.batch_size * t.window_batches
-        last_ckpt_t = last_log_t = time.monotonic()
+        last_ckpt_t = last_log_t = last_push_t = time.monotonic()
         idle_since = time.monotonic()
-        events_at_ckpt = self.core.events
+        events_at_ckpt = events_at_push = self.core.events
+        push_every = self.cfg.serving.push_every_s
         dirty = False
         first_poll = True
+        batch = None
         reason = "stopped"
         try:
             while not self.stop.is_set():
-                if t.max_events and self.core.events >= t.max_events:
+                received = self.core.events + self.core.rejected_events + self.core.pending
+                if t.max_events and received >= t.max_events:
                     reason = "max_events"
                     break
+                if self._at_end(quiet=not first_poll and batch is None):  # trainer.until_end: read up to the end
+                    reason = "end of stream"
+                    break
                 self._maybe_apply_hot_set()
-                want = window if not t.max_events else max(1, min(window, t.max_events - self.core.events))
+                want = window if not t.max_events else max(1, min(window, t.max_events - received))
                 if first_poll:  # the consumer sizes polls in records; until it has seen one, ask for few
                     want = max(1, want // max(1, self.cfg.kafka.events_per_message))
                     first_poll = False
@@ -235,14 +287,12 @@ class TrainerService:
                 if batch is not None:
                     idle_since = now
                     self.hot.observe(batch)
-                    for s in range(0, len(batch), window):  # a poll may bring more than one window
-                        part = batch if len(batch) <= window else batch.take(np.arange(s, min(len(batch), s + window)))
-                        res = self.core.train_window(part)
-                        if len(res.rejected):  # a non-finite step: those events were not trained
-                            self.consumer.dead_letter_events(part.take(res.rejected), res.reject_reason,
-                                                             source="trainer")
+                    # mini-batches form by event count (trainer/batching.py), whatever the poll brought
+                    self._dead_letter(self.core.feed(batch))
                     self._record_trained(batch)
                     dirty = True
+                elif self.core.pending:  # a quiet stream: train what waits rather than hold it back
+                    self._dead_letter(self.core.flush())
                 elif t.idle_exit_s and now - idle_since > t.idle_exit_s:
                     reason = "idle"
                     break
@@ -250,17 +300,30 @@ class TrainerService:
                               or now - last_ckpt_t >= t.checkpoint_every_s):
                     self.checkpoint()
                     events_at_ckpt, last_ckpt_t, dirty = self.core.events, time.monotonic(), False
+                if (push_every > 0 and self.publisher is not None and time.monotonic() - last_push_t >= push_every
+                        and (self.core.events != events_at_push or self.publisher.wants_full)):
+                    if self.push() is not None:  # None: the last push is still being retried
+                        last_push_t, events_at_push = time.monotonic(), self.core.events
                 if now - last_log_t >= t.log_every_s:
                     self.emit()
                     last_log_t = now
+            if self.core.pending and reason != "stopped":  # the end of the stream: its tail trains too
+                self._dead_letter(self.core.flush())
             if dirty:
                 self.checkpoint()
+            if push_every > 0 and self.publisher is not None and self.core.events != events_at_push:
+                self.push()  # serving gets the final model (close() waits a little for it)
             self.emit()
         finally:
             self.close()
+        m = self.core.metrics
         return {"reason": reason, "events": self.core.events, "checkpoint": self.seq,
-                "auc": self.core.metrics.auc, "window_auc": self.core.metrics.window_auc(),
+                "auc": m.auc, "logloss": m.logloss, "events_scored": m.count, "window_auc": m.window_auc(),
                 "dead_letters": self.consumer.stats.dead_letters}
+
+    def _dead_letter(self, res) -> None:
+        if res.rejected_batch is not None:  # a non-finite step: those events were not trained
+            self.consumer.dead_letter_events(res.rejected_batch, res.reject_reason, source="trainer")
 
     def _maybe_apply_hot_set(self) -> None:
         upd: HotUpdate | None = self.hot.poll()
@@ -278,6 +341,7 @@ class TrainerService:
             ranges.append([key[0], key[1], int(start), int(nxt)])
             self.pos[key] = int(nxt)
             self.offsets[key] = int(nxt)
+        self.freshness.observe(batch)
         self.trace.write({"events": len(batch), "ranges": ranges, "after_seq": self.seq})
 
     # -- durability -------------------------------------------------------------
@@ -293,6 +357,7 @@ class TrainerService:
         log.info("expired %d rows untouched for %.0f s (sweep took %.2f s)", n, after, self._last_sweep - t0)
 
     def checkpoint(self) -> int:
+        t0 = time.perf_counter()
         self._maybe_expire()  # before the store checkpoint, so the checkpoint holds the sweep
         # the checkpoint's offsets are where a resume starts: the dead letters before them must be out first
         self.consumer.flush_dead_letters()
@@ -318,21 +383,40 @@ class TrainerService:
         }
         path = write_checkpoint(self.cfg.trainer.checkpoint_dir, seq, state, self.core.dense_state(), write_store,
                                 keep=self.cfg.trainer.keep_checkpoints)
+        if self.prom is not None:
+            self.prom.checkpoint_seconds.observe(time.perf_counter() - t0)
         self.consumer.mark_durable(dict(self.offsets))
         self.trace.write({"checkpoint": seq, "offsets": offsets_to_json(self.offsets), "events": self.core.events})
         log.info("checkpoint %d at %d events -> %s", seq, self.core.events, path)
-        if self.publisher is not None and seq % max(1, self.cfg.trainer.snapshot_every) == 0:
-            try:
-                self.publisher.publish(seq, epoch_box.get("epoch", 0), self.store, self.core.model, self.offsets,
-                                       self._metric_values(), self.core.newest_event_ms)
-            except Exception:  # a snapshot failure must never stop training
-                log.exception("building snapshot %d failed", seq)
+        if (self.publisher is not None and self.cfg.serving.push_every_s <= 0
+                and seq % max(1, self.cfg.trainer.snapshot_every) == 0):
+            self.push()
         return seq
+
+    # -- freshness ----------------------------------------------------------------
+    def push(self) -> int | None:
+        """Build a snapshot of the model as it is now and queue it for serving: a delta of the rows written
+        since the last accepted push, or full when serving needs one. Its version, or None when the last
+        push is still pending (or building failed: logged, training goes on)."""
+        plan = self.publisher.plan_next()
+        if plan is None:
+            return None
+        try:
+            rows, mark = self.store.snapshot_rows(plan)
+            version = self.publisher.reserve_version()
+            self.publisher.publish(version, mark, None, self.core.model, dict(self.offsets), self._metric_values(),
+                                   self.core.newest_event_ms, plan=plan, rows=rows)
+            return version
+        except Exception:  # a snapshot failure must never stop training
+            log.exception("building a snapshot failed")
+            self.publisher.request_full()  # the journal may be cut past what serving holds
+            return None
 
     # -- telemetry --------------------------------------------------------------
     def _metric_values(self) -> dict[str, float]:
         m = self.core.metrics
-        return {"auc": m.auc, "logloss": m.logloss, "window_auc": m.window_auc(), "events": float(self.core.events)}
+        return {"auc": m.auc, "logloss": m.logloss, "window_auc": m.window_auc(), "events": float(self.core.events),
+                "newest_kafka_ms": float(self.freshness.newest_kafka_ms)}  # serving's Status: age by the Kafka clock
 
     def emit(self) -> dict[str, Any]:
         m = self.core.metrics
@@ -341,7 +425,7 @@ class TrainerService:
         hot_fraction = (self.core.hot_events - hot0) / dn if dn else float("nan")
         self._hot_at_log = (self.core.events, self.core.hot_events)
         rec = {
-            "ts": time.time(), "events": self.core.events, "auc": m.auc, "logloss": m.logloss,
+            "ts": time.time(), "events": self.core.events, "auc": m.auc, "logloss": m.logloss, "events_scored": m.count,
             "window_auc": m.window_auc(), "window_logloss": m.window_logloss(),
             "events_per_s": self._rate.tick(self.core.events), "hot_fraction": hot_fraction,
             "hot_coverage": self.hot_coverage, "hit_rate": self._hit_rate(), "hot_version": self.core.hot_version,
@@ -352,6 +436,7 @@ class TrainerService:
             "nonfinite_batches": self.core.nonfinite_batches, "rejected_events": self.core.rejected_events,
             "commit_failures": self.consumer.stats.commit_failures, "rebalances": self.consumer.stats.rebalances,
             "offsets_reset": self.consumer.stats.offsets_reset, "quarantined": self.consumer.stats.quarantined,
+            **self.freshness.record(self.core.newest_event_ms),
         }
         self._publish_record(rec)
         return rec

@@ -2,7 +2,8 @@
 
 Each group of subcommands lives in a module exposing ``register(subparsers, common)``
 (``streamrec.app.commands.*``, the demo, the report, the benchmarks); this module owns
-only the shared options (``--config``, ``--set``, ``--bootstrap``, ``--log-level``),
+only the shared options (``--config``, ``--set``, ``--bootstrap``, ``--data-dir``, ``--log-level``,
+``--log-format``),
 the broker choice, and how errors reach the user: a :class:`StreamrecError` (bad
 input, bad config, unreachable dependency) is one line on stderr, anything else
 keeps its traceback. A command module that fails to import is an error, never a
@@ -15,6 +16,7 @@ import argparse
 import contextlib
 import importlib
 import logging
+import os
 import sys
 from typing import Iterator
 
@@ -23,11 +25,15 @@ from streamrec.foundation import Config, ConfigError, load_config, parse_overrid
 from streamrec.foundation.errors import StreamrecError
 from streamrec.foundation.resources import resource_error_line
 
+from .logs import LOG_FORMATS, setup_logging
+from .preflight import apply_data_dir
+
 
 COMMAND_MODULES = [
     "streamrec.app.commands.ingest",
     "streamrec.app.commands.sketch",
     "streamrec.app.commands.train",
+    "streamrec.app.commands.eval",
     "streamrec.app.commands.serve",
     "streamrec.app.demo",
     "streamrec.app.report",
@@ -44,7 +50,12 @@ def common_parser() -> argparse.ArgumentParser:
                    help="override one config key (repeatable); env STREAMREC_SECTION__KEY does the same")
     g.add_argument("--bootstrap", metavar="HOST:PORT",
                    help="use this Kafka cluster instead of the embedded broker")
+    g.add_argument("--data-dir", metavar="DIR", default=os.environ.get("STREAMREC_DATA_DIR") or None,
+                   help="root every relative data path here (data/store -> DIR/store, ...) and keep the trainer's "
+                        "metrics log in DIR/metrics.jsonl (env STREAMREC_DATA_DIR)")
     g.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    g.add_argument("--log-format", choices=LOG_FORMATS, default=os.environ.get("STREAMREC_LOG_FORMAT") or "text",
+                   help="text (default) or json: one JSON object per line, for log shippers (env STREAMREC_LOG_FORMAT)")
     return p
 
 
@@ -52,20 +63,27 @@ def config_from_args(args: argparse.Namespace) -> Config:
     overrides = parse_overrides(args.overrides or [])
     if getattr(args, "bootstrap", None):
         overrides["kafka.bootstrap"] = args.bootstrap
-    return load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides)
+    if getattr(args, "data_dir", None):
+        cfg = apply_data_dir(cfg, args.data_dir)
+    return cfg
 
 
 @contextlib.contextmanager
 def kafka_bootstrap(cfg: Config, create_topics: bool = True) -> Iterator[str]:
     """Yield a bootstrap address: the configured cluster, or a fresh embedded broker."""
-    from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics, wait_for_broker
+    from streamrec.ingest import EmbeddedBroker, client_settings, ensure_topics, pipeline_topics, wait_for_broker
 
     if cfg.kafka.bootstrap:
-        wait_for_broker(cfg.kafka.bootstrap)
+        security = client_settings(cfg)
+        wait_for_broker(cfg.kafka.bootstrap, cfg.kafka.connect_timeout_s, security=security)
         if create_topics:
-            ensure_topics(cfg.kafka.bootstrap, pipeline_topics(cfg))
+            ensure_topics(cfg.kafka.bootstrap, pipeline_topics(cfg), security=security)
         yield cfg.kafka.bootstrap
         return
+    if cfg.kafka.security_protocol != "PLAINTEXT":
+        raise ConfigError(f"kafka.security_protocol={cfg.kafka.security_protocol} needs kafka.bootstrap (or --bootstrap): "
+                          "the embedded broker speaks PLAINTEXT only")
     with EmbeddedBroker() as broker:
         logging.getLogger("streamrec").info("embedded broker listening on %s", broker.bootstrap)
         if create_topics:
@@ -89,31 +107,55 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(getattr(args, "log_level", "INFO")).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("kafka", "aiokafka", "faust", "mode"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    fmt = getattr(args, "log_format", "text")
+    try:
+        setup_logging(getattr(args, "log_level", "INFO"), fmt)
+    except ValueError as e:
+        print(f"streamrec: {e}", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
-        print(f"streamrec: config error: {e}", file=sys.stderr)
-        return 2
+        return _fail(fmt, f"streamrec: config error: {e}", 2)
     except KeyboardInterrupt:
         return 130
     except Exception as e:
         resource = resource_error_line(e)  # disk full, read-only, out of file handles: one line, not a traceback
         if resource is not None:
             logging.getLogger("streamrec").debug("error", exc_info=True)
-            print(f"streamrec {args.command}: {resource}", file=sys.stderr)
-            return 1
+            return _fail(fmt, f"streamrec {args.command}: {resource}", 1)
+        line = _port_error_line(e)
+        if line is not None:
+            logging.getLogger("streamrec").debug("error", exc_info=True)
+            return _fail(fmt, f"streamrec {args.command}: {line}", 1)
         if isinstance(e, (StreamrecError, FileNotFoundError, PermissionError)):  # what the user can fix
             logging.getLogger("streamrec").debug("error", exc_info=True)
-            print(f"streamrec {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
+            return _fail(fmt, f"streamrec {args.command}: {type(e).__name__}: {e}", 1)
         raise
+
+
+def _fail(fmt: str, line: str, code: int) -> int:
+    """The one error line: plain text, or a JSON object when logs are JSON (a shipper parses every line)."""
+    if fmt == "json":
+        import json
+
+        line = json.dumps({"level": "error", "logger": "streamrec", "msg": line, "exit_code": code})
+    print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def _port_error_line(e: BaseException) -> str | None:
+    """A listening port that is taken, found late (gRPC, the metrics server): one line saying so."""
+    import errno
+
+    if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+        return f"an address this process listens on is already in use ({e}): stop the other process or choose " \
+               "another port (serving.port, trainer.metrics_port, broker --port)"
+    if isinstance(e, RuntimeError) and "Failed to bind to address" in str(e):
+        addr = str(e).split("address", 1)[1].split(";", 1)[0].strip()
+        return f"cannot listen on {addr}: the port is in use or the address is not this machine's; choose " \
+               "another (serving.port / serving.host)"
+    return None
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ from .procs import Supervisor
 
 log = logging.getLogger("streamrec.app.demo")
 
+EVAL_EVENTS = 2000  # events scored through Predict at the end for the served model's AUC
+
 
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("demo", parents=[common], help="run the whole pipeline on one machine and score through gRPC")
@@ -65,7 +67,8 @@ class View:
     hot_rows: int = 0
     hot_coverage: float | None = None
     served_version: int | None = None
-    freshness_s: float | None = None
+    freshness_s: float | None = None  # served model: now - when its newest event entered Kafka
+    freshness_event_s: float | None = None  # served model: now - its newest event's own ts
     phase: str = "starting"
 
     def rows(self) -> list[tuple[str, str]]:
@@ -89,8 +92,13 @@ class View:
             ("dead letters", f("dead_letters", "{:,}")),
             ("snapshot version (trainer)", f("snapshot_version", "{:,}")),
             ("served version", str(self.served_version) if self.served_version is not None else "-"),
-            ("freshness", f"{self.freshness_s:.1f} s" if self.freshness_s is not None else "-"),
+            ("freshness (since in Kafka / event time)",
+             f"{_secs(self.freshness_s)} / {_secs(self.freshness_event_s)}"),
         ]
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} s" if v < 86_400 else f"{v / 86_400:,.0f} days"
 
 
 def _last_json_line(path: Path) -> dict[str, Any]:
@@ -119,11 +127,15 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     if args.events == 0 and not args.data:  # 0 means "the whole file" only when there is a file
         raise ConfigError("--events 0: generated data needs a positive number of events (leave it out for 300000)")
     if args.data:
-        from streamrec.ingest.datasets import detect_format, layout_config
+        from streamrec.ingest import detect_format, layout_config
+
+        from .data_schema import model_for_file
 
         layout = args.layout if args.layout != "auto" else detect_format(args.data)
         if layout in ("criteo", "avazu"):
             cfg = layout_config(layout, cfg)  # every process reads this config, so all agree on the fields
+        else:  # the file's own fields and dense width, unless a model config says otherwise (then they must fit)
+            cfg = model_for_file(cfg, args, args.data, "demo", format=None if layout == "events" else layout)
     if args.trainers is not None:
         if args.trainers < 1:
             raise ConfigError(f"--trainers must be >= 1, got {args.trainers}")
@@ -146,7 +158,7 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     cfg.serving.data_dir = str(run_dir / "serving")
     cfg.serving.host = "127.0.0.1"
     cfg.serving.port = free_port()
-    cfg.serving.target = ""
+    cfg.serving.target = f"127.0.0.1:{cfg.serving.port}"  # the trainer pushes only to a configured target
     if not cfg.serving.push_token:
         cfg.serving.push_token = secrets.token_hex(16)
     if (os.cpu_count() or 1) <= 4:
@@ -162,9 +174,10 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
 
 
 def _event_source(cfg: Config, args):
-    """Return (batches to produce, list that ends up holding the events to score at the end).
+    """Return (batches to produce, list that ends up holding the events to score at the end, list that ends
+    up holding their true click probabilities when generated).
 
-    Generated data: the events right after the trained ones (never trained on).
+    Generated data: the events right after the trained ones (never trained on), ``EVAL_EVENTS`` of them.
     Replayed data: the last events of the file (the file has no held-out part).
     """
     import numpy as np
@@ -172,7 +185,8 @@ def _event_source(cfg: Config, args):
     from streamrec.ingest import SyntheticStream
 
     held: list = []
-    k = max(args.predict, 1)
+    truth: list = []  # generated data: the generator's click probability of each held-out event
+    k = max(args.predict, 1, EVAL_EVENTS)
     if args.data:
         from streamrec.ingest.datasets import read_file
 
@@ -187,24 +201,27 @@ def _event_source(cfg: Config, args):
                 if left <= 0:
                     break
 
-        return replay(), held
+        return replay(), held, truth
 
-    it = SyntheticStream(cfg).batches(args.events + k)
+    it = SyntheticStream(cfg).batches(args.events + k, with_truth=True)
 
     def generated():
         left = args.events
-        for b in it:
+        for b, p in it:
             if len(b) > left:
                 held.append(b.take(np.arange(left, len(b))))
+                truth.append(p[left:])
                 b = b.take(np.arange(left))
             left -= len(b)
             if len(b):
                 yield b
             if left <= 0:
                 break
-        held.extend(it)
+        for b, p in it:
+            held.append(b)
+            truth.append(p)
 
-    return generated(), held
+    return generated(), held, truth
 
 
 def _produce(cfg: Config, bootstrap: str, batches, rate: float, view: View, stop: threading.Event, errors: list):
@@ -261,6 +278,11 @@ def cmd_demo(args) -> int:
     try:
         with kafka_bootstrap(cfg) as bootstrap:
             err.print(f"Kafka at [cyan]{bootstrap}[/cyan]")
+            from .logs import startup_line
+
+            startup_line("demo", args, brokers=bootstrap, topics=f"{cfg.kafka.events_topic}, {cfg.kafka.hotset_topic}",
+                         ports=f"gRPC {cfg.serving_target()}", device=cfg.trainer.device, data=str(run_dir),
+                         source=args.data or f"{args.events:,} generated events at {args.rate:g}/s")
             try:
                 result = _run(cfg, cfg_path, bootstrap, args, sup, view, stop, err)
                 code = 0
@@ -312,11 +334,13 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
          stop: threading.Event, err) -> dict[str, Any]:
     import grpc
 
+    from streamrec.ingest import client_settings
     from streamrec.serving import ServingClient
     from streamrec.sketch import HotSetFollower
 
     base = [sys.executable, "-m", "streamrec"]
-    common = ["--config", str(cfg_path), "--bootstrap", bootstrap]
+    common = ["--config", str(cfg_path), "--bootstrap", bootstrap,  # children log as the demo was told to
+              "--log-level", str(getattr(args, "log_level", "INFO")), "--log-format", getattr(args, "log_format", "text")]
     deadline = time.monotonic() + args.timeout
     target = cfg.serving_target()
 
@@ -337,17 +361,20 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
                 raise DemoFailure(f"serving did not come up at {target}") from None
     err.print(f"serving endpoint up at [cyan]{target}[/cyan] (no model yet)")
 
-    batches, held = _event_source(cfg, args)
+    batches, held, truth = _event_source(cfg, args)
     errors: list[str] = []
     producer = threading.Thread(target=_produce, args=(cfg, bootstrap, batches, args.rate, view, stop, errors),
                                 daemon=True, name="producer")
     producer.start()
-    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg))
     metrics_path = Path(cfg.trainer.log_path)
     view_log = open(metrics_path.parent / "view.jsonl", "a")
     view.phase = "streaming + training"
 
-    freshness: list[float] = []  # served model's age (now - newest event it learned) while events flow
+    # served model's age while events flow: now minus when its newest event entered Kafka (the record
+    # timestamp); the event's own ts is kept beside it (replayed files carry old times: ages of years)
+    freshness: list[float] = []
+    freshness_event: list[float] = []
 
     def refresh():
         view.metrics = _last_json_line(metrics_path) or view.metrics
@@ -360,16 +387,23 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
             st = client.status()
             if st.get("serving"):
                 view.served_version = int(st.get("version", 0))
-                if int(st.get("newest_event_ms", 0)) > 0:  # files without event times have no freshness
-                    view.freshness_s = float(st.get("freshness_s", 0.0))
-                if view.freshness_s is not None and (producer.is_alive() or not freshness):  # stream live
-                    freshness.append(view.freshness_s)
+                if int(st.get("newest_event_ms", 0)) > 0:  # files without event times have no event-time age
+                    view.freshness_event_s = float(st.get("freshness_s", 0.0))
+                kafka_ms = float((st.get("metrics") or {}).get("newest_kafka_ms", 0.0))
+                if kafka_ms > 0:
+                    view.freshness_s = max(0.0, time.time() - kafka_ms / 1000.0)
+                if producer.is_alive() or not freshness:  # while the stream is live
+                    if view.freshness_s is not None:
+                        freshness.append(view.freshness_s)
+                    if view.freshness_event_s is not None:
+                        freshness_event.append(view.freshness_event_s)
         except Exception:
             pass
         view_log.write(json.dumps({
             "t": time.time(), "produced": view.produced, "hot_version": view.hot_version,
             "hot_rows": view.hot_rows, "hot_coverage": view.hot_coverage,
             "served_version": view.served_version, "freshness_s": view.freshness_s,
+            "freshness_event_s": view.freshness_event_s,
         }) + "\n")
         view_log.flush()
 
@@ -409,18 +443,48 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
     scores = [float(s) for s in scores]
     if not scores or not all(math.isfinite(s) for s in scores):
         raise DemoFailure(f"Predict returned bad scores: {scores}")
+    ev = _evaluate(cfg, client, held, truth, args, view, freshness, freshness_event)
     m = view.metrics
     return {
         "events_trained": int(m.get("events", 0)),
         "auc": _finite(m.get("auc")),
         "window_auc": _finite(m.get("window_auc")),
         "logloss": _finite(m.get("logloss")),
+        "events_scored": int(m.get("events_scored", 0)),  # progressive validation: each scored before training
         "hot_coverage": _finite(view.hot_coverage if view.hot_coverage is not None else m.get("hot_coverage")),
         "served_version": int(version),
-        "freshness_s_median": round(float(sorted(freshness)[len(freshness) // 2]), 2) if freshness else None,
+        "freshness_s_median": _median(freshness),  # since the newest served event entered Kafka
+        "freshness_event_s_median": _median(freshness_event),  # since its own ts
+        "served_auc": ev.get("served_auc"),
+        "bayes_auc": ev.get("bayes_auc"),
+        "predict_latency_ms": ev.get("predict_latency_ms"),
         "scores": scores,
         "run_dir": str(Path(cfg.trainer.log_path).parent),
     }
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(float(sorted(xs)[len(xs) // 2]), 2) if xs else None
+
+
+def _evaluate(cfg: Config, client, held, truth, args, view: View, freshness, freshness_event) -> dict[str, Any]:
+    """Score the held-out events through Predict (AUC, Bayes AUC, latency) into ``evaluation.json``."""
+    import numpy as np
+
+    from streamrec.ingest import EventBatch
+
+    from .evaluation import evaluate, write_evaluation
+
+    if not held:
+        return {}
+    batch = EventBatch.concat(held, cfg.model.dense_dim, cfg.model.field_names)
+    probs = np.concatenate(truth) if truth else None
+    ev = evaluate(client, batch, probs, held_out=not args.data)
+    ev.update(produced=view.produced, produce_rate=args.rate, source=args.data or "generated",
+              freshness_s_median=_median(freshness), freshness_event_s_median=_median(freshness_event),
+              elapsed_s=round(time.monotonic() - view.started, 1))
+    write_evaluation(Path(cfg.trainer.log_path).parent, ev)
+    return ev
 
 
 def _finite(v):

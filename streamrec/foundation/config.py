@@ -33,6 +33,16 @@ class FieldSpec:
     """One sparse field of the model: one embedding table, one or more ids per event."""
 
     name: str
+    expected_ids: int = 0  # distinct ids expected in this table: rows start uniform in +-sqrt(1/expected_ids) (DLRM's rule); 0 = store.init_scale
+    init_scale: float = 0.0  # explicit init scale of this table's rows (> 0 overrides expected_ids)
+
+    def row_init_scale(self, default: float) -> float:
+        """Half-width of this table's uniform initial rows: DLRM's ``sqrt(1 / rows)`` from ``expected_ids``."""
+        if self.init_scale > 0:
+            return float(self.init_scale)
+        if self.expected_ids > 0:
+            return float((1.0 / self.expected_ids) ** 0.5)
+        return float(default)
 
 
 @dataclass
@@ -64,6 +74,14 @@ class ModelConfig:
     def field_names(self) -> list[str]:
         return [f.name for f in self.fields]
 
+    def init_scales(self, default: float) -> dict[str, float]:
+        """Per table, the half-width of its uniform initial rows (``default``: ``store.init_scale``)."""
+        return {f.name: f.row_init_scale(default) for f in self.fields}
+
+
+KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
 
 @dataclass
 class KafkaConfig:
@@ -79,6 +97,15 @@ class KafkaConfig:
     max_poll_interval_ms: int = 15_000  # also the group rebalance timeout; long values slow group joins
     consumer_mode: str = "group"  # group: join the consumer group; assign: take every partition, no join
     on_offsets_lost: str = "fail"  # a checkpoint's offset beyond the log end (topic deleted/recreated): fail | earliest | latest
+    connect_timeout_s: float = 30.0  # a process gives up (one clear line, exit 1) when no broker answers at kafka.bootstrap this long
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL, for every Kafka client (producers, consumers, admin, the sketch's faust app)
+    sasl_mechanism: str = "PLAIN"  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (SASL_* protocols)
+    sasl_username: str = ""  # SASL user; the password is never a config key: env STREAMREC_KAFKA_SASL_PASSWORD or kafka.sasl_password_file
+    sasl_password_file: str = ""  # file holding the SASL password (a mounted secret); else env STREAMREC_KAFKA_SASL_PASSWORD
+    ssl_cafile: str = ""  # CA bundle (PEM) the brokers' certificates are checked against ("" = the system's CAs)
+    ssl_certfile: str = ""  # client certificate (PEM) for mutual TLS; with ssl_keyfile
+    ssl_keyfile: str = ""  # client private key (PEM)
+    ssl_check_hostname: bool = True  # check that a broker's certificate names the host connected to
 
 
 @dataclass
@@ -93,10 +120,11 @@ class StoreConfig:
     shards: int = 4  # RocksDB shards (separate databases) in the cold tier
     block_cache_mb: int = 256  # RocksDB block cache shared by the shards
     host_cache_rows: int = 100_000  # bounded host-memory cache of cold rows (0 = off)
+    cache_admission: str = "frequency"  # host cache admission: frequency (TinyLFU-style: a missed row enters only if seen more often than what it would evict) | lru (every row)
     expire_after_s: float = 0.0  # trainer deletes cold rows untouched this long, swept at checkpoints (0 = never)
     adagrad_lr: float = 0.05  # row-wise Adagrad learning rate of embedding rows
     adagrad_eps: float = 1e-8  # row-wise Adagrad epsilon
-    init_scale: float = 0.05  # rows start uniform in [-init_scale, init_scale]
+    init_scale: float = 0.05  # rows start uniform in [-init_scale, init_scale], for a field with neither expected_ids nor init_scale
 
 
 @dataclass
@@ -108,9 +136,12 @@ class SketchConfig:
     publish_interval_s: float = 5.0  # publish a hot set at least this often
     change_fraction: float = 0.2  # publish early when the hot set changed by this much
     state_dir: str = "data/sketch"  # faust table state (RocksDB) of the sketch worker
-    checkpoint_interval_s: float = 2.0  # faust-table snapshot per partition; offsets are acked only after one
+    checkpoint_interval_s: float = 10.0  # faust-table snapshot per partition (~2.8 MB, ~0.13 s to build); a restart resumes there
+    batch_records: int = 10_000  # records the counting task reads and decodes per call
     sample_events: int = 20_000  # recent events kept to estimate hot-set coverage and hit rate
     sample_rate: float = 0.1  # fraction of events that enter that sample
+    metrics_port: int = 0  # Prometheus HTTP port of the sketch worker, 0 = off
+    metrics_host: str = "127.0.0.1"  # address the sketch worker's Prometheus endpoint binds (0.0.0.0 to publish it)
 
 
 @dataclass
@@ -123,17 +154,17 @@ class HotConfig:
 class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     torch_threads: int = 0  # CPU threads for torch ops (0 = torch's default: all cores)
-    batch_size: int = 1024  # events per training mini-batch
+    batch_size: int = 256  # events per training mini-batch (measured: 1024 loses 0.037 progressive AUC on 100k events, BENCHMARKS.md)
     dense_optimizer: str = "adam"  # adam | adagrad
     dense_lr: float = 1e-3  # learning rate of the dense (MLP) parameters
     schedule: str = "fae"  # fae | arrival
-    hot_per_cold: int = 0  # 0 = interleave in proportion to what arrives
+    hot_per_cold: int = 0  # trainer groups' per-window FAE plans: hot per cold mini-batch, 0 = in proportion (one trainer interleaves by arrival)
     checkpoint_dir: str = "data/checkpoints"  # where durable checkpoints go; offsets are committed only after one
     checkpoint_every_events: int = 50_000  # checkpoint after this many events ...
-    checkpoint_every_s: float = 10.0  # ... or after this many seconds, whichever comes first (bounds freshness)
+    checkpoint_every_s: float = 10.0  # ... or after this many seconds, whichever comes first (bounds what a crash re-trains)
     keep_checkpoints: int = 3  # complete checkpoints kept on disk
-    snapshot_every: int = 1  # push a snapshot after every N checkpoints
-    full_snapshot_every: int = 10  # every N-th snapshot is full, the rest deltas
+    snapshot_every: int = 1  # 0 = build no snapshots; with serving.push_every_s = 0, push one after every N checkpoints
+    full_snapshot_every: int = 600  # every N-th snapshot is full, the rest deltas (600: ~10 min at one push a second)
     metrics_window: int = 20_000  # events in the sliding AUC/logloss window
     metrics_port: int = 0  # Prometheus HTTP port, 0 = off
     metrics_host: str = "127.0.0.1"  # address the Prometheus endpoint binds (0.0.0.0 to publish it, as in containers)
@@ -142,13 +173,14 @@ class TrainerConfig:
     idle_exit_s: float = 0.0  # stop after this long without events (0 = never)
     ranks: int = 1  # trainer ranks that train one model together (streamrec train --nproc N on one host)
     max_restarts: int = 1000  # times a group restarts from its last checkpoint after a rank dies (torchrun)
-    window_batches: int = 8  # mini-batches per polled window (the unit FAE splits into hot/cold)
+    window_batches: int = 8  # an event waits at most batch_size * window_batches arrivals for its hot/cold mini-batch to fill; also the poll size
     hot_source: str = "topic"  # topic: follow the sketch's hot-set topic | sample: count in-process | none
     hot_sample_events: int = 50_000  # hot_source=sample: events counted before choosing the hot set
     hot_refresh_events: int = 0  # hot_source=sample: re-count every N events (0 = choose once)
     log_every_s: float = 2.0  # seconds between metrics-log records / progress updates
     snapshot_dir: str = "data/snapshots"  # where serving snapshots are built before the push
-    push_snapshots: bool = True  # push snapshots to serving.push_targets / serving.target (false: only build them)
+    push_snapshots: bool = True  # push snapshots to serving.push_targets / serving.target when one is set (false, or neither set: only build them)
+    until_end: bool = False  # stop at the end of the stream as it was at start (a finite replay), after a final checkpoint
     push_give_up_s: float = 120.0  # a replica still missing a snapshot after this long is left behind (others move on; it gets a full one when back)
     trace_path: str = ""  # JSON-lines debug file of trained Kafka offset ranges ("" = none)
 
@@ -157,8 +189,11 @@ class TrainerConfig:
 class ServingConfig:
     host: str = "127.0.0.1"  # address the gRPC server binds (0.0.0.0 in containers)
     port: int = 50051  # gRPC port (0 = any free port)
-    target: str = ""  # where clients and the trainer push: host:port ("" = host:port above)
+    metrics_port: int = 0  # Prometheus HTTP port of the serving process, 0 = off
+    metrics_host: str = "127.0.0.1"  # address serving's Prometheus endpoint binds (0.0.0.0 to publish it, as in containers)
+    target: str = ""  # where clients connect and the trainer pushes: host:port ("" = clients use host:port above, the trainer pushes nowhere)
     push_targets: str = ""  # every replica the trainer pushes snapshots to, comma-separated host:port ("" = target)
+    push_every_s: float = 1.0  # the trainer pushes a delta of the rows changed since its last push this often (0 = only after checkpoints)
     data_dir: str = "data/serving"  # serving's staging area and its own RocksDB copy of the rows
     push_token: str = ""  # bearer token PushSnapshot requires; "" = none, refused on a non-loopback host unless `serve --insecure-push`
     predict_token: str = ""  # bearer token Predict requires ("" = none); health and reflection never need it
@@ -249,6 +284,9 @@ ENV_PREFIX = "STREAMREC_"
 
 # keys that existed once, with what to do instead (a plain "unknown key" would leave the user guessing)
 _REMOVED: dict[tuple[type, str], str] = {
+    (KafkaConfig, "sasl_password"): "is not a config key (a config is printed and copied to child processes): put "
+                                    "the password in env STREAMREC_KAFKA_SASL_PASSWORD or a file named by "
+                                    "kafka.sasl_password_file",
     (HotConfig, "row_bytes"): "removed; a hot row costs (model.embedding_dim + 1) * 4 device bytes (weights + "
                               "Adagrad), the size the store allocates, and hot.budget_bytes is divided by that",
     **{(FieldSpec, k): "belongs to the synthetic generator: set it in [[generator.fields]] (same name), not on "
@@ -372,6 +410,10 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, FieldSpec):
         if not obj.name or not obj.name.replace("_", "").replace("-", "").isalnum():
             bad("name", f"{obj.name!r} is not a valid field name")
+        if obj.expected_ids < 0:
+            bad("expected_ids", "must be >= 0 (0 = use store.init_scale)")
+        if not 0 <= obj.init_scale <= 1e3:
+            bad("init_scale", "must be in [0, 1000] (0 = from expected_ids)")
     elif isinstance(obj, GeneratedField):
         if obj.cardinality < 1 or obj.cardinality > 10**9:
             bad("cardinality", "must be in 1..1e9")
@@ -388,6 +430,16 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("consumer_mode", f"must be 'group' or 'assign', got {obj.consumer_mode!r}")
         if obj.events_per_message < 1:
             bad("events_per_message", "must be >= 1")
+        if obj.connect_timeout_s <= 0:
+            bad("connect_timeout_s", "must be > 0")
+        if obj.security_protocol not in KAFKA_SECURITY_PROTOCOLS:
+            bad("security_protocol", f"must be one of {', '.join(KAFKA_SECURITY_PROTOCOLS)}, got {obj.security_protocol!r}")
+        if obj.sasl_mechanism not in KAFKA_SASL_MECHANISMS:
+            bad("sasl_mechanism", f"must be one of {', '.join(KAFKA_SASL_MECHANISMS)}, got {obj.sasl_mechanism!r}")
+        if obj.security_protocol.startswith("SASL_") and not obj.sasl_username:
+            bad("sasl_username", f"security_protocol {obj.security_protocol} needs a SASL user name")
+        if bool(obj.ssl_certfile) != bool(obj.ssl_keyfile):
+            bad("ssl_certfile", "ssl_certfile and ssl_keyfile must be given together (mutual TLS)")
         if obj.on_offsets_lost not in ("fail", "earliest", "latest"):
             bad("on_offsets_lost", f"must be 'fail', 'earliest' or 'latest', got {obj.on_offsets_lost!r}")
         for key in ("events_topic", "dlq_topic", "hotset_topic"):  # Kafka's own rule, checked here, not at
@@ -402,7 +454,10 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, StoreConfig):
         if not 1 <= obj.shards <= 256:
             bad("shards", "must be in 1..256")
+        if obj.cache_admission not in ("frequency", "lru"):
+            bad("cache_admission", "must be frequency or lru")
     elif isinstance(obj, SketchConfig):
+        _check_metrics_endpoint(obj, bad)
         if not 0 < obj.epsilon < 1:
             bad("epsilon", "must be in (0, 1)")
         if not 0 < obj.delta < 1:
@@ -411,6 +466,8 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("half_life_s", "must be > 0")
         if obj.top_k < 1:
             bad("top_k", "must be >= 1")
+        if obj.batch_records < 1:
+            bad("batch_records", "must be >= 1")
         for key in ("publish_interval_s", "checkpoint_interval_s"):  # 0 would publish/snapshot on every record
             if getattr(obj, key) <= 0:
                 bad(key, "must be > 0")
@@ -460,6 +517,7 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, ServingConfig):
         if not 0 <= obj.port <= 65535:
             bad("port", "must be in 0..65535")
+        _check_metrics_endpoint(obj, bad)
         if bool(obj.tls_cert) != bool(obj.tls_key):
             bad("tls_cert", "tls_cert and tls_key must be given together")
         if obj.merge_max_events < 0:
@@ -473,10 +531,20 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("refusal_delay_ms", "must be in 0..10000 (0 = off)")
         if obj.heavy_request_cost < 0:
             bad("heavy_request_cost", "must be >= 0 (0 = no heavy lane)")
+        if not 0 <= obj.push_every_s <= 86_400:
+            bad("push_every_s", "must be in 0..86400 seconds (0 = push only after checkpoints)")
         for t in _split_targets(obj.push_targets):
             host, _, port = t.rpartition(":")
             if not (host and port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
                 bad("push_targets", f"{t!r} is not host:port (comma-separate several replicas)")
+
+
+def _check_metrics_endpoint(obj: Any, bad) -> None:
+    """``metrics_port`` / ``metrics_host`` of a process's Prometheus endpoint (sketch, serving)."""
+    if not 0 <= obj.metrics_port <= 65535:
+        bad("metrics_port", "must be in 0..65535 (0 = off)")
+    if not obj.metrics_host.strip():
+        bad("metrics_host", "must be an address (127.0.0.1 keeps the endpoint on this machine)")
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:

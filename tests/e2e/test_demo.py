@@ -62,6 +62,14 @@ def test_demo_end_to_end(bootstrap, tmp_path, trainers):
     assert set(pids) >= {"serving", "sketch", "trainer"} | ({"sketch-2"} if trainers > 1 else set())
     assert not [n for n, p in pids.items() if pid_alive(p)], "demo left processes running"
     assert (run_dir / "report.png").exists() and (run_dir / "report.md").exists()
+    # the served model judged from outside: held-out events through Predict, next to their Bayes-optimal AUC
+    assert 0.5 < result["served_auc"] <= result["bayes_auc"] + 0.03, result
+    assert result["predict_latency_ms"]["p50"] > 0
+    assert result["freshness_s_median"] is not None and result["freshness_s_median"] < 300  # by the Kafka clock
+    report = (run_dir / "report.md").read_text()
+    for line in ("## Run settings", "Bayes-optimal AUC", "served model's AUC", "Predict latency", "consumer lag",
+                 "since the event entered Kafka"):
+        assert line in report, report
 
 
 @pytest.mark.parametrize("victim", ["sketch"])

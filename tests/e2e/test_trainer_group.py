@@ -114,7 +114,8 @@ def _start_serving(cfg, tmp_path):
     from streamrec.ingest import free_port
     from streamrec.serving import ServingClient
 
-    cfg.serving.host, cfg.serving.port, cfg.serving.target = "127.0.0.1", free_port(), ""
+    cfg.serving.host, cfg.serving.port = "127.0.0.1", free_port()
+    cfg.serving.target = f"127.0.0.1:{cfg.serving.port}"  # the trainer pushes only to a configured target
     cfg.serving.push_token = "group-push-token"
     cfg.trainer.push_snapshots = True
     path = tmp_path / "serving.toml"

@@ -124,10 +124,10 @@ def test_sigterm_drains_with_final_checkpoint_and_serves_prometheus(topics, tmp_
     deadline = time.monotonic() + 20  # the next metrics interval publishes the count (slower under load)
     while True:
         body = urllib.request.urlopen(f"http://127.0.0.1:{cfg.trainer.metrics_port}/metrics", timeout=5).read().decode()
-        if "streamrec_trainer_events 8192.0" in body or time.monotonic() > deadline:
+        if "streamrec_trainer_events_trained_total 8192.0" in body or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert "streamrec_trainer_events 8192.0" in body
+    assert "streamrec_trainer_events_trained_total 8192.0" in body
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]

@@ -7,7 +7,7 @@ import dataclasses
 import inspect
 import re
 
-from streamrec.foundation import Config, GeneratedField
+from streamrec.foundation import Config, FieldSpec, GeneratedField
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
@@ -48,7 +48,7 @@ def reference_markdown() -> str:
             value = getattr(obj, f.name)
             if f.name == "fields" and section.name == "model":
                 shown = "4 fields: user, item, category, tags"
-                note = "sparse fields (one embedding table each): list of {name}"
+                note = "sparse fields (one embedding table each): list of {name, expected_ids, init_scale}"
             elif f.name == "fields":
                 shown = "user, item, category, tags (tags: multi=3)"
                 note = ("how `generate`/`produce --synthetic` draw each model field: list of {name, cardinality, zipf, "
@@ -57,6 +57,10 @@ def reference_markdown() -> str:
                 shown = f"`{value!r}`" if value != "" else '`""`'
                 note = notes.get(f.name, "")
             lines.append(f"| `{section.name}.{f.name}` | {shown} | {note.replace('|', '/')} |")
+            if f.name == "fields" and section.name == "model":
+                ms = _comments(FieldSpec)
+                lines += [f"| `model.fields[].{g.name}` | `{g.default!r}` | {ms.get(g.name, '')} |"
+                          for g in dataclasses.fields(FieldSpec) if g.name != "name"]
     fs = _comments(GeneratedField)
     for f in dataclasses.fields(GeneratedField):
         if f.name != "name":
