@@ -346,6 +346,7 @@ class GroupTrainerService(TrainerService):
     def checkpoint(self) -> int:
         """The coordinated checkpoint: every shard, then rank 0's manifest, then rank 0's commit of every
         partition, then (every ``snapshot_every``) one snapshot of the whole model. A collective."""
+        t0 = time.perf_counter()
         self._maybe_expire()
         self.consumer.flush_dead_letters()
         group_metrics = self.core.group_metrics()
@@ -394,6 +395,8 @@ class GroupTrainerService(TrainerService):
             hit("group.manifest_written")  # durable, offsets not committed yet
             self.consumer.mark_durable(offsets)  # rank 0 commits every partition, after the manifest
             hit("group.committed")
+            if self.prom is not None:  # the whole coordinated checkpoint, as rank 0 saw it
+                self.prom.checkpoint_seconds.observe(time.perf_counter() - t0)
             log.info("checkpoint %d at %d events (%d ranks) -> %s", seq, int(manifest["events"]), self.world, path)
         self.trace.write({"checkpoint": seq, "offsets": offsets_to_json(own), "events": self.core.events})
         if self.cfg.serving.push_every_s <= 0 and self.snapshot_every > 0 and seq % self.snapshot_every == 0:
