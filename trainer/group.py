@@ -280,25 +280,27 @@ class GroupTrainerService(TrainerService):
                 push_due = (r0 and push_every > 0 and self.publisher is not None and now - last_push_t >= push_every
                             and (self._group_events != events_at_push or self.publisher.wants_full))
                 n = len(batch) if batch is not None else 0
+                # this rank's own partitions merged by event time (trainer/merge.py); a quiet poll releases all
+                ready = self._merge(batch, now) if batch is not None else self.merger.drain()
                 moved = self.consumer.partitions_changed is not None  # the topic gained partitions
                 ctrl = torch.tensor([float(self.stop.is_set()), float(upd is not None), float(ckpt_due),
-                                     float(log_due), float(idle_due), float(n), float(moved), float(push_due)],
-                                    dtype=torch.float64)
+                                     float(log_due), float(idle_due), float(n), float(moved), float(push_due),
+                                     float(len(ready) if ready is not None else 0)], dtype=torch.float64)
                 dist.all_reduce(ctrl, group=self.group)
-                stop_any, hot_any, ckpt_any, log_any, idle_any, n_group, moved_any, push_any = (float(x) for x in ctrl)
+                (stop_any, hot_any, ckpt_any, log_any, idle_any, n_group, moved_any, push_any,
+                 ready_group) = (float(x) for x in ctrl)
                 if hot_any:
                     box = [upd]
                     dist.broadcast_object_list(box, src=0, group=self.group)
                     self._apply_hot(box[0])
-                if n_group:
+                if batch is not None:
+                    self.hot.observe(batch)
+                if ready_group:
+                    self._train(ready)
+                    hit("group.trained")  # the window is trained, its offsets not recorded
+                if n_group:  # events waiting in a rank's merge are trained before the next checkpoint
                     if r0:
                         idle_since = now
-                    if batch is not None:
-                        self.hot.observe(batch)
-                    res = self.core.train_window(batch)
-                    hit("group.trained")  # the window is trained, its offsets not recorded
-                    if len(res.rejected):
-                        self.consumer.dead_letter_events(batch.take(res.rejected), res.reject_reason, source="trainer")
                     if batch is not None:
                         self._record_trained(batch)
                     self._group_events += int(n_group)
@@ -306,6 +308,7 @@ class GroupTrainerService(TrainerService):
                 done = (stop_any and "stopped") or (moved_any and "repartition") or (idle_any and "idle") or (
                     t.max_events and self._group_events >= t.max_events and "max_events")
                 if ckpt_any or (done and dirty):
+                    self._train_held()
                     self.checkpoint()
                     events_at_ckpt, last_ckpt_t, dirty = self._group_events, time.monotonic(), False
                 # the final model goes out on the way out too; every rank knows _group_events, so all agree
@@ -327,6 +330,21 @@ class GroupTrainerService(TrainerService):
                 "world": self.world, "auc": self.last_record.get("auc", float("nan")),
                 "window_auc": self.last_record.get("window_auc", float("nan")),
                 "dead_letters": self.last_record.get("dead_letters", 0)}
+
+    def _train(self, ready) -> None:
+        """Train this rank's window (a collective: every rank calls it, ``ready`` may be None)."""
+        res = self.core.train_window(ready)
+        if len(res.rejected):
+            self.consumer.dead_letter_events(ready.take(res.rejected), res.reject_reason, source="trainer")
+
+    def _train_held(self) -> None:
+        """Before a checkpoint (a collective): train what waits in every rank's merge, so a group's
+        checkpoint holds no merge state and its offsets cover only trained events."""
+        held = self.merger.drain()
+        k = torch.tensor([float(len(held)) if held is not None else 0.0], dtype=torch.float64)
+        dist.all_reduce(k, group=self.group)
+        if float(k[0]):
+            self._train(held)
 
     def _apply_hot(self, upd) -> None:
         if upd is None:

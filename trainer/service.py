@@ -31,6 +31,7 @@ from streamrec.foundation import StreamrecError, hot_budget_rows, is_resource_er
 from streamrec.snapshot import PusherFactory
 
 from .hotset import HotUpdate, SampleHotSource, make_hot_source
+from .merge import PartitionMerger
 from .snapshots import SnapshotPublisher
 from .telemetry import Freshness, MetricsLog, ProgressLine, PrometheusExporter, Rate
 
@@ -90,6 +91,8 @@ class TrainerService:
         self.fell_back = bool(self.refused_checkpoints)
         self.store = ChangeJournal(self.store)  # before the core: it writes through the journal
         self.core = self._make_core()
+        # several partitions are merged by event time before training (trainer/merge.py)
+        self.merger = PartitionMerger(t.merge_wait_ms, t.merge_max_events, cfg.model.dense_dim, cfg.model.field_names)
         # before the publisher: it times and counts the pushes
         self.prom = PrometheusExporter(t.metrics_port, t.metrics_host) if t.metrics_port else None
         if self.prom is not None:
@@ -106,6 +109,7 @@ class TrainerService:
         self.resumed_from: str | None = None
         if ckpt is not None:
             self.core.load_dense_state(dense)
+            self.merger.load_state(dense.get("merge"))
             self.core.load_counters(state)
             self.seq = int(state["seq"])
             self.offsets = offsets_from_json(state.get("offsets", []))
@@ -136,6 +140,7 @@ class TrainerService:
         self.consumer.stats.dead_letters = int(state.get("dead_letters", 0))
         self.consumer.stats.quarantined = int(state.get("quarantined", 0))
         self.pos = self._position_consumer()
+        self.merger.expect(p for _, p in self.pos)
         self.end_at = self._stream_end() if t.until_end else None  # trainer.until_end: where this run stops
         self.trace.write({"start": True, "pid": os.getpid(), "seq": self.seq,
                           "positions": offsets_to_json(self.pos)})
@@ -270,7 +275,7 @@ class TrainerService:
         reason = "stopped"
         try:
             while not self.stop.is_set():
-                received = self.core.events + self.core.rejected_events + self.core.pending
+                received = self.core.events + self.core.rejected_events + self.core.pending + len(self.merger)
                 if t.max_events and received >= t.max_events:
                     reason = "max_events"
                     break
@@ -287,12 +292,16 @@ class TrainerService:
                 if batch is not None:
                     idle_since = now
                     self.hot.observe(batch)
-                    # mini-batches form by event count (trainer/batching.py), whatever the poll brought
-                    self._dead_letter(self.core.feed(batch))
+                    # partitions merged by event time (trainer/merge.py); mini-batches form by event count
+                    # (trainer/batching.py), whatever the poll brought; both checkpoint what waits in them
+                    ready = self._merge(batch, now)
+                    if ready is not None:
+                        self._dead_letter(self.core.feed(ready))
                     self._record_trained(batch)
                     dirty = True
-                elif self.core.pending:  # a quiet stream: train what waits rather than hold it back
-                    self._dead_letter(self.core.flush())
+                elif len(self.merger) or self.core.pending:  # a quiet stream: train what waits, hold nothing back
+                    ready = self.merger.drain()
+                    self._dead_letter(self.core.feed(ready, flush=True) if ready is not None else self.core.flush())
                 elif t.idle_exit_s and now - idle_since > t.idle_exit_s:
                     reason = "idle"
                     break
@@ -307,8 +316,9 @@ class TrainerService:
                 if now - last_log_t >= t.log_every_s:
                     self.emit()
                     last_log_t = now
-            if self.core.pending and reason != "stopped":  # the end of the stream: its tail trains too
-                self._dead_letter(self.core.flush())
+            if (self.core.pending or len(self.merger)) and reason != "stopped":  # the end of the stream: its tail trains too
+                ready = self.merger.drain()
+                self._dead_letter(self.core.feed(ready, flush=True) if ready is not None else self.core.flush())
             if dirty:
                 self.checkpoint()
             if push_every > 0 and self.publisher is not None and self.core.events != events_at_push:
@@ -333,6 +343,17 @@ class TrainerService:
         self.hot_coverage = upd.coverage
         if upd.hit_rate == upd.hit_rate:
             self.hit_rate = upd.hit_rate
+
+    def _merge(self, batch, now: float):
+        """The events that may train now: ``batch`` itself when there is nothing to merge (one partition,
+        ``trainer.merge_wait_ms = 0``), else what the partition merge releases."""
+        m = self.merger
+        parts = batch.source_partitions
+        if not m.enabled or (not len(m) and (parts is None or len(m.newest) <= 1 and (len(parts) == 0 or (
+                parts == parts[0]).all()))):
+            return batch if len(batch) else None
+        m.add(batch, now)
+        return m.release(now, self.consumer.partitions_behind())
 
     def _record_trained(self, batch) -> None:
         ranges = []
@@ -379,9 +400,11 @@ class TrainerService:
             "quarantined": self.consumer.stats.quarantined,
             "rows_expired": self.rows_expired,
             "snapshot": self.publisher.state() if self.publisher else {},
+            "merge_forced": self.merger.forced,
             **self.core.counters(),
         }
-        path = write_checkpoint(self.cfg.trainer.checkpoint_dir, seq, state, self.core.dense_state(), write_store,
+        dense = {**self.core.dense_state(), "merge": self.merger.state()}  # events waiting in the merge
+        path = write_checkpoint(self.cfg.trainer.checkpoint_dir, seq, state, dense, write_store,
                                 keep=self.cfg.trainer.keep_checkpoints)
         if self.prom is not None:
             self.prom.checkpoint_seconds.observe(time.perf_counter() - t0)

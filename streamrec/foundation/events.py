@@ -112,6 +112,7 @@ class EventBatch:
     request_ids: list[str | None] | None = None
     source_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     source_newest_ms: int = 0  # newest Kafka record timestamp (ms) among its records: when it entered Kafka; 0 = unknown
+    source_partitions: np.ndarray | None = None  # int32 [B]: each event's Kafka partition, when the consumer knows it
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -146,6 +147,8 @@ class EventBatch:
             request_ids=rids,
             source_offsets=offsets,
             source_newest_ms=newest_ms,
+            source_partitions=np.concatenate([p.source_partitions for p in parts])
+            if all(p.source_partitions is not None for p in parts) else None,
         )
 
     @staticmethod
