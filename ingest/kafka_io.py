@@ -31,12 +31,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+import numpy as np
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kafka_errors
 from kafka.structs import OffsetAndMetadata
 
 from streamrec.foundation import EventBatch, EventSchema, StreamrecError
 
+from . import fast_records
 from .codec import CODEC_HEADER, Decoder, encode_messages
 from .inflight import DECODE, TRAIN, InflightMarker, probe_decode, ranges_of
 from .kafka_clients import client_settings
@@ -266,6 +268,8 @@ class EventConsumer:
         )
         opts.update(consumer_opts)
         self.consumer = KafkaConsumer(**opts)
+        # fetched record batches parsed in C (ingest/fast_records.py); kafka-python's parser on any doubt
+        self.fast_records = bool(getattr(cfg.kafka, "fast_records", True)) and fast_records.install(self.consumer)
         if mode == "group":
             self.consumer.subscribe([self.topic], listener=_Rebalance(self))
         else:
@@ -340,13 +344,17 @@ class EventConsumer:
             handed.extend(recs)
             if self._marker is not None:
                 self._marker.mark(DECODE, ranges_of(recs), self._deaths_of(recs, DECODE))
-            b, errors = self.decoder.decode_many([rec.value for rec in recs])
-            for i, reason in errors:
-                self._dead_letter(recs[i], reason)
-            self._per_record = max(1.0, (len(b) if b is not None else 0) / len(recs))
-            if b is not None and len(b):
-                parts.append(b)
-                n += len(b)
+            got = 0
+            for run in _partition_runs(recs):  # each event is tagged with its partition (the trainer's merge)
+                b, errors = self.decoder.decode_many([rec.value for rec in run])
+                for i, reason in errors:
+                    self._dead_letter(run[i], reason)
+                if b is not None and len(b):
+                    b.source_partitions = np.full(len(b), run[0].partition, np.int32)
+                    parts.append(b)
+                    got += len(b)
+            self._per_record = max(1.0, got / len(recs))
+            n += got
         if self._marker is not None and handed:  # the caller handles these now: a death is a "train" death
             self._marker.mark(TRAIN, ranges_of(handed), self._deaths_of(handed, TRAIN))
         if not parts and not offsets:
@@ -359,6 +367,16 @@ class EventConsumer:
         batch.source_newest_ms = int(newest_ms)
         self.stats.events += len(batch)
         return batch
+
+    def partitions_behind(self) -> set[int]:
+        """Partitions of the topic with records not handed out yet, as far as the last fetch's high
+        watermark tells (no broker round trip): they will deliver, so waiting for them is worth it."""
+        out = set()
+        for tp in self.consumer.assignment():
+            hw = self.consumer.highwater(tp)
+            if tp.topic == self.topic and hw is not None and self._next.get((tp.topic, tp.partition), hw) < hw:
+                out.add(tp.partition)
+        return out
 
     # -- the crash-loop breaker ----------------------------------------------------
 
@@ -679,6 +697,17 @@ class EventConsumer:
             self._dlq.flush(60)
             self._dlq.close()
         self.consumer.close(autocommit=False)
+
+
+def _partition_runs(recs: list) -> list[list]:
+    """Consecutive records of one partition each (the order is kept)."""
+    runs: list[list] = []
+    for rec in recs:
+        if runs and runs[-1][0].partition == rec.partition:
+            runs[-1].append(rec)
+        else:
+            runs.append([rec])
+    return runs
 
 
 def read_topic(bootstrap: str, topic: str, timeout: float = 10.0, expected: int | None = None,

@@ -1,0 +1,207 @@
+"""Fast record parsing for kafka-python consumers: fetched record batches parsed in C.
+
+kafka-python turns the bytes of a fetch response into records in pure Python
+(``Fetcher.PartitionRecords._unpack_records`` over ``kafka.record.DefaultRecordBatch``):
+about 13 us of CPU per record, most of a one-JSON-event-per-message trainer's time.
+aiokafka (already installed: faust's client) ships the same record format parsed in
+Cython (``aiokafka.record._crecords``). This module keeps kafka-python for everything
+(metadata, group, fetch requests, positions, pause/resume, commits) and swaps only the
+step that turns one partition's fetched bytes into ``ConsumerRecord`` values, for
+one consumer: :func:`install` sets the consumer's fetcher's ``PartitionRecords`` class
+(an instance attribute, nothing global is patched) to :class:`FastPartitionRecords`.
+
+It yields exactly what kafka-python yields (the same ``ConsumerRecord`` fields) and
+keeps its bookkeeping (``next_fetch_offset``, ``leader_epoch``, control batches
+skipped, the records before the fetch offset dropped by kafka-python's own
+``dropwhile``). Batch CRCs are checked with the C parser's ``validate_crc`` when
+``check_crcs`` is on (the default). Anything it does not handle the same way is left
+to kafka-python's own parser for that fetch:
+
+- a deserializer configured, ``read_committed`` isolation (aborted transactions),
+  a message format before v2 or a batch shorter than a v2 header: before any record;
+- any error of the C parser (a CRC mismatch, a codec aiokafka cannot decompress, a
+  malformed batch): kafka-python re-parses the same bytes from the first record not
+  yet handed out, so it raises its own error or returns the records; nothing is lost
+  or repeated. One warning per reason per process.
+
+Differences, none in the records: ``bytes_read`` (fetch metrics only) counts the
+bytes of the batches that yielded records rather than the sum of record sizes.
+
+:func:`install` checks the kafka-python internals it relies on and the version range
+it was tested with (:data:`TESTED_KAFKA_PYTHON`); if either differs, or aiokafka's C
+extension is missing, it leaves the consumer on kafka-python's parser and warns once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import struct
+
+log = logging.getLogger(__name__)
+
+TESTED_KAFKA_PYTHON = ("3.0.",)  # version prefixes whose Fetcher internals this hook was checked against
+_V2_HEADER = 61  # bytes of a v2 record batch header (base offset .. record count)
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str, *args) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(msg, *args)
+
+
+class _Fallback(Exception):
+    """The fast path does not handle this fetch (or this batch): kafka-python parses it."""
+
+
+def _load():
+    """(FastPartitionRecords class, None) or (None, why not)."""
+    try:
+        import kafka
+        from kafka.consumer import fetcher as kf
+        from kafka.record import MemoryRecords
+    except Exception as e:  # pragma: no cover - kafka-python is a dependency
+        return None, f"kafka-python not importable ({e})"
+    version = getattr(kafka, "__version__", "?")
+    if not version.startswith(TESTED_KAFKA_PYTHON):
+        return None, f"kafka-python {version} is not a version this hook was tested with {TESTED_KAFKA_PYTHON}"
+    base = getattr(getattr(kf, "Fetcher", None), "PartitionRecords", None)
+    try:
+        ok = (base is not None and hasattr(kf, "ConsumerRecord") and hasattr(kf, "IsolationLevel")
+              and list(inspect.signature(base._unpack_records).parameters)
+              == ["self", "tp", "records", "key_deserializer", "value_deserializer"]
+              and {"fetch_offset", "tp", "records", "check_crcs", "isolation_level"}
+              <= set(inspect.signature(base.__init__).parameters)
+              and kf.ConsumerRecord._fields == (
+                  "topic", "partition", "leader_epoch", "offset", "timestamp", "timestamp_type", "key", "value",
+                  "headers", "checksum", "serialized_key_size", "serialized_value_size", "serialized_header_size")
+              and "_buffer" in getattr(MemoryRecords, "__slots__", ()))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        return None, f"kafka-python {version}: Fetcher.PartitionRecords internals differ from what this hook expects"
+    try:
+        from aiokafka.record._crecords.default_records import DefaultRecordBatch as CBatch
+    except Exception as e:
+        return None, f"aiokafka's C record parser is not available ({e})"
+
+    ConsumerRecord = kf.ConsumerRecord
+    READ_UNCOMMITTED = kf.IsolationLevel.READ_UNCOMMITTED
+    unpack_header = struct.Struct(">qiib").unpack_from  # base offset, length, leader epoch, magic
+    unpack_length = struct.Struct(">i").unpack_from
+    unpack_offset = struct.Struct(">q").unpack_from
+    new = tuple.__new__
+
+    class FastPartitionRecords(base):
+        """kafka-python's PartitionRecords with the record batches parsed by aiokafka's C parser."""
+
+        def _unpack_records(self, tp, records, key_deserializer, value_deserializer):
+            slow = super()._unpack_records
+            if key_deserializer is not None or value_deserializer is not None:
+                yield from slow(tp, records, key_deserializer, value_deserializer)
+                return
+            if self.isolation_level != READ_UNCOMMITTED:
+                _warn_once("isolation", "fast record parsing: isolation level %s is parsed by kafka-python",
+                           self.isolation_level)
+                yield from slow(tp, records, key_deserializer, value_deserializer)
+                return
+            buf = records._buffer
+            try:
+                yield from self._fast(tp, buf)
+            except Exception as e:  # not GeneratorExit: a closed iterator just stops
+                why = str(e) if isinstance(e, _Fallback) else f"{type(e).__name__}: {e}"
+                _warn_once(why.split(" at offset")[0], "fast record parsing: %s; kafka-python parses %s "
+                           "from offset %d", why, tp, self.next_fetch_offset)
+                resume = self.next_fetch_offset  # the first record not handed out yet
+                for rec in slow(tp, MemoryRecords(buf), None, None):
+                    if rec.offset >= resume:
+                        yield rec
+
+        def _fast(self, tp, buf):
+            topic, partition = tp.topic, tp.partition
+            check = self.check_crcs
+            view = memoryview(buf)
+            end_all = len(buf)
+            pos = 0
+            last_next = None
+            while end_all - pos >= 12:
+                length = unpack_length(buf, pos + 8)[0]
+                end = pos + 12 + length
+                if end > end_all:
+                    break  # a partial batch at the end of the fetch (kafka-python stops there too)
+                if length + 12 < _V2_HEADER:
+                    raise _Fallback(f"record batch of {length + 12} bytes at offset {unpack_offset(buf, pos)[0]}")
+                base_offset, length, epoch, magic = unpack_header(buf, pos)
+                if magic != 2:
+                    raise _Fallback(f"message format v{magic} at offset {base_offset}")
+                batch = CBatch(view[pos:end])
+                pos = end
+                if check and not batch.validate_crc():
+                    raise _Fallback(f"record batch failed its CRC check at offset {base_offset}")
+                self.leader_epoch = epoch
+                last_next = batch.next_offset
+                if batch.is_control_batch:
+                    self.next_fetch_offset = last_next
+                    continue
+                n = 0
+                for r in batch:
+                    key, value, headers = r.key, r.value, r.headers
+                    offset = r.offset
+                    n += 1
+                    self.records_read += 1
+                    self.next_fetch_offset = offset + 1
+                    yield new(ConsumerRecord, (
+                        topic, partition, epoch, offset, r.timestamp, r.timestamp_type, key, value, headers, None,
+                        len(key) if key is not None else -1, len(value) if value is not None else -1,
+                        sum(len(k.encode("utf-8")) + (len(v) if v is not None else 0) for k, v in headers)
+                        if headers else -1))
+                if n:
+                    self.bytes_read += length + 12
+            # as kafka-python: the next fetch starts after the last batch, even if compaction emptied its end
+            if last_next is not None:
+                self.next_fetch_offset = last_next
+            self.drain()
+
+    FastPartitionRecords.__qualname__ = "FastPartitionRecords"
+    return FastPartitionRecords, None
+
+
+_CLASS, _WHY_NOT = None, None
+_loaded = False
+
+
+def fast_partition_records():
+    """The :class:`FastPartitionRecords` class, or None (with the reason logged once) where unsafe."""
+    global _CLASS, _WHY_NOT, _loaded
+    if not _loaded:
+        _CLASS, _WHY_NOT = _load()
+        _loaded = True
+    if _CLASS is None:
+        _warn_once("unavailable", "fast record parsing is off: %s; kafka-python parses records", _WHY_NOT)
+    return _CLASS
+
+
+def install(consumer) -> bool:
+    """Make ``consumer`` (a ``kafka.KafkaConsumer``) parse fetched record batches with aiokafka's C
+    parser. Returns False, changing nothing, where the hook is unavailable or the consumer's
+    internals are not the expected ones."""
+    cls = fast_partition_records()
+    fetcher = getattr(consumer, "_fetcher", None)
+    if cls is None or fetcher is None or not isinstance(fetcher, _fetcher_class()):
+        if cls is not None:
+            _warn_once("consumer", "fast record parsing is off: %r has no kafka-python Fetcher", type(consumer))
+        return False
+    fetcher.PartitionRecords = cls
+    return True
+
+
+def installed(consumer) -> bool:
+    """Whether ``consumer`` parses with the fast path."""
+    cls = _CLASS
+    return cls is not None and getattr(getattr(consumer, "_fetcher", None), "PartitionRecords", None) is cls
+
+
+def _fetcher_class():
+    from kafka.consumer.fetcher import Fetcher
+    return Fetcher
