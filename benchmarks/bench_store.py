@@ -184,6 +184,43 @@ def _run_setup(setup: str, n_ids: int, warm: int, seconds: float, cache_pct: flo
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def cache_traffic(n_ids: int, warm: int, counted: int, cache_pct: float, admission: str) -> dict:
+    """RocksDB rows read and written per batch by the tiered set-up over ``counted`` batches after
+    ``warm`` ones, untimed: the cache policy's own figure, the same on a loaded machine (prefetch off,
+    so every count is the main loop's). Compare with ``rocks_rows_per_batch_best_cache``."""
+    import torch
+
+    torch.set_num_threads(1)
+    from streamrec.embedding_store import EmbeddingStore
+
+    tmp = tempfile.mkdtemp(prefix="bench-store-traffic-")
+    hot, cache = n_ids // 100, int(n_ids * cache_pct / 100)
+    store = EmbeddingStore(tmp + "/db", {"t": DIM}, shards=4, device="cpu", hot_capacity_rows=hot, block_cache_mb=8,
+                           memtable_mb=8, host_cache_rows=cache, cache_admission=admission)
+    try:
+        store.set_hot({"t": _rows_of_ranks(np.arange(hot), n_ids)})
+        G = torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(0)) * 0.01
+        stream = _id_stream(n_ids, warm + counted)
+        io0 = None
+        for i, ids in enumerate(stream):
+            if i == warm:
+                io0, st0 = _io(store), store.stats()
+            uniq, inv = np.unique(ids, return_inverse=True)
+            store.lookup("t", uniq)
+            store.apply_gradients("t", uniq, torch.zeros(len(uniq), DIM).index_add_(0, torch.from_numpy(inv), G))
+        io1, st1 = _io(store), store.stats()
+    finally:
+        store.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    hits, misses = st1["cache_hits"] - st0["cache_hits"], st1["cache_misses"] - st0["cache_misses"]
+    out = {"admission": admission, "warm_batches": warm, "counted_batches": counted,
+           "rocks_rows_read_per_batch": round((io1["rocks_rows_read"] - io0["rocks_rows_read"]) / counted, 1),
+           "rocks_rows_written_per_batch": round((io1["rocks_rows_written"] - io0["rocks_rows_written"]) / counted, 1),
+           "cache_hit_rate": round(hits / max(1, hits + misses), 4)}
+    out.update(traffic_bound(n_ids, hot, cache))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="streamrec bench store", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1M ids, short runs (< 50 s)")
@@ -193,8 +230,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiered host cache size in %% of the ids (0 = off)")
     ap.add_argument("--admission", choices=("frequency", "lru"), default="frequency",
                     help="host cache admission of the tiered set-up (store.cache_admission)")
+    ap.add_argument("--traffic-batches", type=int, default=0, metavar="WARM",
+                    help="only count the tiered set-up's RocksDB rows per batch over 150 batches after WARM "
+                         "(untimed, load-independent), then exit")
     args = ap.parse_args(argv)
     n_ids = 1_000_000 if args.quick else 10_000_000
+    if args.traffic_batches:
+        r = cache_traffic(n_ids, args.traffic_batches, 150, args.cache_pct, args.admission)
+        print(f"tiered, {args.admission} admission, batches {r['warm_batches']}..{r['warm_batches'] + 150}: RocksDB "
+              f"rows written {r['rocks_rows_written_per_batch']:.1f} / read {r['rocks_rows_read_per_batch']:.1f} per "
+              f"batch (an ideal cache leaves {r['rocks_rows_per_batch_best_cache']:.1f}), cache hit rate "
+              f"{r['cache_hit_rate']:.3f}")
+        if args.json:
+            print(json.dumps(r))
+        return 0
     seconds = args.seconds or (7.0 if args.quick else 30.0)
     warm = 10 if args.quick else 50
     res = {s: _run_setup(s, n_ids, warm, seconds, args.cache_pct, args.admission) for s in ("memory", "rocks", "tiered")}

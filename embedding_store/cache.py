@@ -11,18 +11,28 @@ Vectorised throughout (no Python per id):
   write-back is a zero-copy view) plus per-slot id, LRU stamp, dirty and stored bits;
 - the id -> slot index is a vectorised hash table (``slotmap.py``): O(batch) per
   batch, where a sorted array merged with ``np.insert`` cost O(capacity);
-- eviction is bulk: when slots run out, the least recently used ``evict_fraction``
+- LRU eviction is bulk: when slots run out, the least recently used ``evict_fraction``
   of the cache (``np.argpartition`` on stamps) leaves at once and its dirty rows go
-  back in one ``spill`` call (one WriteBatch per shard).
+  back in one ``spill`` call (one WriteBatch per shard). Frequency admission evicts
+  one row per row admitted, from candidates chosen by one such pass (below).
 
 Admission (``admission="frequency"``, TinyLFU-style): the store feeds every looked-up cold id
-to a :class:`FrequencySketch` (``record``). Eviction then takes, of the ``2 x evict_fraction``
-least recently used rows, the half seen least often, and remembers how often those were seen
-(the median, at least 1: ``floor``). A missed row is admitted only when it was seen more often
-than that (so at least twice lately: TinyLFU's doorkeeper);
-a row refused is not cached (a dirty one is written back at once: nothing is dropped). So
+to a :class:`FrequencySketch` (``record``). Once the cache is full, a batch of missed rows is
+admitted row against row: the rows seen most often are matched, in order, with the eviction
+candidates seen least often, and a row gets in only by beating its candidate's count (and
+having been seen at least twice lately: TinyLFU's doorkeeper). So the bar is set at every
+insert from the rows actually displaced, and a row displaces one row, never a block of them:
 rows seen once do not push out rows that come back, and the cache holds the most frequent
-cold rows, as an ideal cache of its size would. ``admission="lru"`` admits every row.
+cold rows, as an ideal cache of its size would. The candidates are the ``2 x evict_fraction``
+least recently used rows, least often seen first, chosen in one pass over the stamps and used
+until spent (a candidate used again since it was chosen is skipped: it is not least recent any
+more). A row refused is not cached (a dirty one is written back at once: nothing is dropped).
+``admission="lru"`` admits every row and evicts in bulk.
+
+(Before 2026-11-25 frequency eviction was bulk too: 12.5% of the cache left at once with a bar,
+the median count of the rows evicted, that held until the next bulk eviction; the freed slots
+filled with whatever cleared that stale bar. RocksDB rows per ``bench store --quick`` batch:
+see BENCHMARKS.md "store".)
 """
 
 from __future__ import annotations
@@ -47,8 +57,12 @@ class HostCache:
             raise ValueError(f"host cache capacity must be positive, got {capacity}")
         if admission not in ADMISSIONS:
             raise ValueError(f"host cache admission must be one of {', '.join(ADMISSIONS)}, got {admission!r}")
-        self.freq = FrequencySketch(capacity) if admission == "frequency" else None
-        self.floor = 0  # a row is admitted only when seen more often than this (frequency admission)
+        # 8 counters per cached row (x 4 sketch rows: 32 bytes a row): fewer collisions than 4, RocksDB rows
+        # written per `bench store --quick` batch 826.5 vs 836.4 (batches 150-300), 806.2 vs 815.6 (1000-1150)
+        self.freq = FrequencySketch(capacity, counters_per_row=8) if admission == "frequency" else None
+        self.floor = 0  # the count the last refused row had to beat (frequency admission; 0: none refused yet)
+        self._pool = np.empty(0, np.int64)  # eviction candidates (frequency admission), least often seen first
+        self._pool_stamp = np.empty(0, np.int64)  # their stamps when chosen (a row used since is skipped)
         self._resets = 0
         self.refused = 0
         self.capacity = int(capacity)
@@ -96,15 +110,69 @@ class HostCache:
         """Count a lookup of ``ids`` (cached or not) for frequency admission; no-op under LRU."""
         if self.freq is not None:
             self.freq.add(ids)
-            if self.freq.resets != self._resets:  # counts halved: so does the bar they are compared to
+            if self.freq.resets != self._resets:  # counts halved: so does the last bar
                 self.floor = max(1, self.floor >> (self.freq.resets - self._resets)) if self.floor else 0
                 self._resets = self.freq.resets
 
     def admit(self, ids: np.ndarray) -> np.ndarray:
-        """Which of these missed rows the cache takes (all, under LRU or before its first eviction)."""
-        if self.freq is None or self.floor == 0:  # 0: nothing evicted yet, there is room for every row
-            return np.ones(len(ids), dtype=bool)
-        return self.freq.estimate(ids) > self.floor
+        """Which of these missed rows the cache takes, making room for them (evicting the candidates
+        they beat; see the module doc). All of them under LRU or while there are free slots."""
+        k = len(ids)
+        if self.freq is None or k <= self._nfree or k > self.capacity:
+            return np.ones(k, dtype=bool)
+        f = self.freq.estimate(ids)
+        order = np.argsort(-f.astype(np.int16), kind="stable")  # seen most often first
+        room = self._nfree
+        rest = order[room:]  # the best `room` rows take the free slots
+        victims, fv = self._candidates(len(rest))
+        m = len(victims)
+        # best row against weakest candidate, second against second...: f[rest] falls and fv rises,
+        # so the rows that win are a prefix
+        win = int(np.count_nonzero(f[rest[:m]] > np.maximum(fv, 1)))
+        self.floor = int(max(1, fv[win] if win < m else (fv[-1] if m else 1)))
+        if win:
+            self._drop(victims[:win])
+        if win < m:  # candidates not needed stay candidates, weakest first
+            self._pool = np.concatenate([victims[win:], self._pool])
+            self._pool_stamp = np.concatenate([self.stamp[victims[win:]], self._pool_stamp])
+        ok = np.zeros(k, dtype=bool)
+        ok[order[:room + win]] = True
+        return ok
+
+    def _candidates(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n`` eviction candidates still unused since chosen, least often seen first, and their counts now."""
+        got = []
+        have = 0
+        for attempt in range(2):  # the pool, then once more after refilling it
+            pool, st = self._pool, self._pool_stamp
+            valid = self.used[pool] & (self.stamp[pool] == st)
+            pool, st = pool[valid], st[valid]
+            take = min(n - have, len(pool))
+            got.append(pool[:take])
+            have += take
+            self._pool, self._pool_stamp = pool[take:], st[take:]
+            if have >= n or attempt:
+                break
+            self._refill(exclude=np.concatenate(got))
+        victims = np.concatenate(got) if got else np.empty(0, np.int64)
+        if not len(victims):
+            return victims, np.empty(0, np.uint8)
+        fv = self.freq.estimate(self.sid[victims])
+        o = np.argsort(fv, kind="stable")
+        return victims[o], fv[o]
+
+    def _refill(self, exclude: np.ndarray | None) -> None:
+        """The ``2 x evict_batch`` least recently used rows, least often seen first (one pass over the stamps)."""
+        used = np.flatnonzero(self.used)
+        if exclude is not None and len(exclude):
+            keep = np.ones(self.capacity, dtype=bool)
+            keep[exclude] = False
+            used = used[keep[used]]
+        m = min(2 * self.evict_batch, len(used))
+        old = used[np.argpartition(self.stamp[used], m - 1)[:m]] if 0 < m < len(used) else used
+        o = np.argsort(self.freq.estimate(self.sid[old]), kind="stable")
+        self._pool = old[o]
+        self._pool_stamp = self.stamp[self._pool]
 
     # -- updates ---------------------------------------------------------------------
     def update(self, slots: np.ndarray, recs: np.ndarray) -> None:
@@ -175,7 +243,6 @@ class HostCache:
             f = self.freq.estimate(self.sid[old])
             pick = np.argpartition(f, n - 1)[:n]
             victims = old[pick]
-            self.floor = max(1, int(np.median(f[pick])))  # >= 1: a row seen once (now) waits for its second sighting
         elif n < len(used):
             victims = used[np.argpartition(self.stamp[used], n - 1)[:n]]
         else:

@@ -5,7 +5,8 @@ traffic) pushes out a row that comes back every few batches. TinyLFU (Einziger e
 admits a row only when it has been seen more often than the rows it would displace. The counts
 come from the ids the store is asked to look up: the trainer's own stream, no extra pass.
 
-A count-min sketch (``DEPTH`` rows of uint8 counters, ~4 per cached row, no ids stored) over
+A count-min sketch (``DEPTH`` rows of uint8 counters, ``counters_per_row`` per cached row: the host
+cache uses 8; no ids stored) over
 the looked-up ids; every ``10 x capacity`` additions all counters halve, so it tracks the
 recent stream (TinyLFU's reset). Vectorised: a batch of ids is one hash and a few numpy calls
 per sketch row. Counts saturate at 255 (only order matters here).

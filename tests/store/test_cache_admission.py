@@ -94,3 +94,38 @@ def test_refused_rows_lose_no_update_and_match_lru(tmp_path):
     finally:
         for s in stores.values():
             s.close()
+
+
+def test_each_admitted_row_displaces_one_less_frequent_candidate():
+    """A full cache admits a missed row only by beating, count against count, the least often seen of its
+    least recently used rows; it evicts exactly one row per row admitted, never a row seen more often."""
+    spilled = []
+    c = HostCache(100, record_dtype(4), lambda ids, recs: spilled.append(ids.copy()), admission="frequency")
+    assert c.evict_batch == 12  # candidates: the 24 least recently used rows
+
+    def put(ids):
+        ids = np.asarray(ids, dtype=np.int64)
+        c.record(ids)
+        return c.insert(ids, np.zeros(len(ids), dtype=c.rec.dtype), np.zeros(len(ids), bool), dirty=True)
+
+    put(np.arange(50, 74))   # the oldest 24 rows: the eviction candidates
+    put(np.arange(74, 100))
+    put(np.arange(0, 50))
+    for _ in range(4):
+        c.record(np.arange(50, 60, dtype=np.int64))  # 50..59 seen 5 times, 60..73 once
+    assert len(c) == 100 and not spilled
+
+    often = np.arange(1000, 1010, dtype=np.int64)
+    for _ in range(2):
+        c.record(often)                                   # seen 3 times with the insert below
+    once = np.arange(2000, 2005, dtype=np.int64)          # seen once: refused (the doorkeeper)
+    slots = put(np.concatenate([often, once]))
+    assert (slots[:10] >= 0).all() and (slots[10:] == -1).all()
+    assert len(c) == 100 and c.evicted == 10 and c.refused == 5
+    cached = c.find(np.arange(100, dtype=np.int64)) >= 0
+    assert cached[50:60].all()            # the candidates seen 5 times stayed
+    assert (~cached[60:74]).sum() == 10   # ten of those seen once left, one for each row admitted
+    assert cached[:50].all() and cached[74:].all()
+    # the refused rows and the evicted ones (all dirty) were written back, nothing dropped
+    gone = np.concatenate(spilled)
+    assert set(gone.tolist()) == set(once.tolist()) | set(np.arange(60, 74)[~cached[60:74]].tolist())
