@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     )
     from .inflight import InflightMarker, InflightRange, probe_decode
     from .inference import DataSchema, infer_schema
+    from .movielens import load_movielens, movielens_config, movielens_events, write_movielens
     from .kafka_clients import KafkaSecurityError, client_settings, faust_credentials, redacted
     from .synthetic import SyntheticStream
 
@@ -35,6 +36,7 @@ _EXPORTS = {  # submodule: the public names it defines
                  "topic_id",
     ".inflight": "InflightMarker InflightRange probe_decode",
     ".inference": "DataSchema infer_schema",
+    ".movielens": "load_movielens movielens_config movielens_events write_movielens",
     ".kafka_clients": "KafkaSecurityError client_settings faust_credentials redacted",
     ".synthetic": "SyntheticStream",
 }
