@@ -175,6 +175,8 @@ class TrainerService:
             ckpt, refused = choose_checkpoint(root)
             self.refused_checkpoints += refused
             if ckpt is None:
+                if self.refused_checkpoints:
+                    self._set_live_store_aside()
                 self.store = open_store(self.cfg, self.device, None)
                 return None, {}, {}
             try:
@@ -191,6 +193,17 @@ class TrainerService:
                 continue
             raise StreamrecError(f"{ckpt} was written by a trainer group of {state['world']} ranks: resume it with "
                                  "`streamrec train --nproc N` (any N; its rows are resharded when N differs)")
+
+    def _set_live_store_aside(self) -> None:
+        """Every checkpoint was refused: the live store holds rows of events the restart will train again
+        (and may share the corrupt file by hard link), so training starts from an empty store. The old
+        one is moved aside, not deleted."""
+        live = Path(self.cfg.store.path)
+        if live.exists():
+            aside = live.with_name(f"corrupt-{live.name}-{int(time.time())}")
+            live.rename(aside)
+            log.error("no checkpoint could be restored: the live store is set aside at %s and training "
+                      "starts from an empty store", aside)
 
     # -- consumer position -------------------------------------------------------
     def _position_consumer(self) -> dict[tuple[str, int], int]:
