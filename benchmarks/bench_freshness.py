@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -194,13 +193,9 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
     finally:
         stop.set()
         watcher.join(5)
-        if trainer.poll() is None:
-            trainer.send_signal(signal.SIGTERM)
-            try:
-                trainer.wait(60)
-            except subprocess.TimeoutExpired:
-                trainer.kill()
-                trainer.wait()
+        from streamrec.foundation import stop_process
+
+        stop_process(trainer, 60)
         log.close()
         server.stop(0.5)
     lat = np.array([probes.learned_s[p] for p in counted if p in probes.learned_s], dtype=np.float64)

@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamrec.foundation import stop_process
+
 
 def _child_setup() -> None:  # between fork and exec
     if sys.platform.startswith("linux"):
@@ -89,20 +91,7 @@ class Supervisor:
         return out
 
     def stop(self, child: Child, grace: float = 10.0, sig: int = signal.SIGTERM) -> int | None:
-        if child.poll() is None:
-            try:
-                child.proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
-            try:
-                child.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(child.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                child.proc.kill()
-                child.proc.wait(5)
+        stop_process(child.proc, grace, sig, group=True)
         if child._log is not None:
             child._log.close()
             child._log = None

@@ -9,6 +9,7 @@ It imports no other part of streamrec. Public surface::
     resolve_device(name)                                # "auto" -> cuda if present, else cpu
     hot_budget_rows(cfg), hot_row_bytes(dim)            # device-tier size, one rule for all
     sha256_file(path), save_npz(path, arrays), roc_auc(labels, scores), StreamrecError
+    stop_process(proc, grace)                           # SIGTERM, then SIGKILL after a grace period
 """
 
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids, salted_mix, splitmix64, table_salt
     from .lazy import lazy_exports
     from .npz import save_npz
+    from .processes import stop_process
     from .resources import is_resource_error, resource_error_line
 
 # lazy: config readers (the CLI's --help) must not pay for numpy or torch
@@ -39,6 +41,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".ids": "INT64_MAX INT64_MIN hash_id hash_ids salted_mix splitmix64 table_salt",
     ".metrics": "roc_auc",
     ".npz": "save_npz",
+    ".processes": "stop_process",
     ".resources": "is_resource_error resource_error_line",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
