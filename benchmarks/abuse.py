@@ -13,7 +13,9 @@ as the server answers, a rotation of what the serving endpoint must survive:
 
 Every request is serialized once, up front, and sent as raw bytes, so this process spends its
 CPU on sending, not on building messages. It runs until stdin closes, then prints one JSON
-line: calls per kind and status code.
+line: calls per kind and status code. With ``--paused`` it waits for a ``go`` line on stdin;
+a ``pause`` line stops it sending and, once no call of its is in flight, it prints ``paused``
+(``bench serve`` alternates phases with and without it against the same server).
 """
 
 from __future__ import annotations
@@ -60,11 +62,43 @@ def requests(cfg) -> dict[str, bytes]:
     return blobs
 
 
-def run(target: str, blobs: dict[str, bytes], threads: int, stop: threading.Event, token: str = "") -> Counter:
+class Gate:
+    """Sending on (``go``) or off, and how many calls are in flight (``pause`` waits for none)."""
+
+    def __init__(self, going: bool = True):
+        self.cond = threading.Condition()
+        self.going = going
+        self.in_flight = 0
+
+    def enter(self, stop: threading.Event) -> bool:
+        with self.cond:
+            while not self.going and not stop.is_set():
+                self.cond.wait(0.1)
+            if stop.is_set():
+                return False
+            self.in_flight += 1
+            return True
+
+    def leave(self) -> None:
+        with self.cond:
+            self.in_flight -= 1
+            self.cond.notify_all()
+
+    def set(self, going: bool) -> None:
+        with self.cond:
+            self.going = going
+            self.cond.notify_all()
+            while not going and self.in_flight:
+                self.cond.wait()
+
+
+def run(target: str, blobs: dict[str, bytes], threads: int, stop: threading.Event, token: str = "",
+        gate: Gate | None = None) -> Counter:
     import grpc
 
     counts: Counter = Counter()
     lock = threading.Lock()
+    gate = gate or Gate()
     kinds = list(blobs)
     md = (("authorization", f"Bearer {token}"),) if token else ()
 
@@ -73,7 +107,7 @@ def run(target: str, blobs: dict[str, bytes], threads: int, stop: threading.Even
             calls = {k: ch.unary_unary("/grpc.health.v1.Health/Check" if k == "health" else
                                        "/streamrec.v1.StreamRec/Predict") for k in kinds}
             n = i
-            while not stop.is_set():
+            while gate.enter(stop):
                 kind = kinds[n % len(kinds)]
                 n += 1
                 try:
@@ -81,6 +115,8 @@ def run(target: str, blobs: dict[str, bytes], threads: int, stop: threading.Even
                     code = "OK"
                 except grpc.RpcError as e:
                     code = e.code().name
+                finally:
+                    gate.leave()
                 with lock:
                     counts[f"{kind}:{code}"] += 1
 
@@ -100,6 +136,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--token", default="")
     ap.add_argument("--config", default=None, help="the server's config (limits, model); default: the defaults")
     ap.add_argument("--kinds", default="", help="comma-separated subset of huge,ids,malformed,dense,heavy,health")
+    ap.add_argument("--paused", action="store_true", help="start paused: send after a 'go' line on stdin")
     args = ap.parse_args(argv)
     from streamrec.foundation import load_config
 
@@ -108,8 +145,19 @@ def main(argv: list[str]) -> int:
     blobs = {k: blobs[k] for k in (args.kinds.split(",") if args.kinds else ["huge", "ids", "malformed", "dense", "heavy"])}
     print("ready", flush=True)
     stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    counts = run(args.target, blobs, args.threads, stop, args.token)
+    gate = Gate(going=not args.paused)
+
+    def commands() -> None:
+        for line in sys.stdin:
+            if line.strip() == "go":
+                gate.set(True)
+            elif line.strip() == "pause":
+                gate.set(False)
+                print("paused", flush=True)
+        stop.set()
+
+    threading.Thread(target=commands, daemon=True).start()
+    counts = run(args.target, blobs, args.threads, stop, args.token, gate)
     print(json.dumps(dict(sorted(counts.items()))), flush=True)
     return 0
 

@@ -14,7 +14,8 @@ client process spend per request (``server_cpu_us``, ``client_cpu_us``): on a sh
 ``grpc_vs_inproc_b512`` = served events/s over bare-forward events/s at batch 512.
 
 Isolation (``p99_ratio_under_abuse``): a well-behaved client (batch 64, one thread) measures its
-p99 alone, then while an abusive client (``benchmarks/abuse.py``, its own process, 4 threads) sends
+p99 alone and, in alternating phases (see ``isolation``), while an abusive client
+(``benchmarks/abuse.py``, its own process, 4 threads) sends
 what the server must refuse: events of 2,000,000 ids, over-limit ids, malformed bytes, dense 3e38
 (goal <= 3). ``p99_ratio_under_heavy`` is the same with an abuser sending the heaviest requests the
 default limits accept, which the server must score.
@@ -57,13 +58,25 @@ ABUSERS = {  # name -> what the abusive client sends (benchmarks/abuse.py), one 
 
 
 def isolation(target: str, request, seconds: float, env: dict, threads: int = 4, token: str = "",
-              abusers: dict[str, str] = ABUSERS) -> dict:
-    """A well-behaved client's latency (one thread, ``request`` back to back) alone, then with each abusive
-    client (``benchmarks/abuse.py`` in its own process, ``threads`` threads) running, then alone again.
-    ``p99_ratio_under_<name>`` = its p99 with that abuser running / its p99 alone before (same run, same server)."""
+              abusers: dict[str, str] = ABUSERS, server_pid: int | None = None, rounds: int = 4) -> dict:
+    """A well-behaved client's latency (one thread, ``request`` back to back) alone and with each abusive
+    client (``benchmarks/abuse.py`` in its own process, ``threads`` threads) running, against the same server.
+
+    The phases alternate: ``rounds`` times alone then with the abuser (``seconds / rounds`` each, so ``seconds``
+    of each in all), the abuser paused between (no call of its in flight during an alone phase).
+    ``p99_ratio_under_<name>`` = the p99 of its phases with the abuser / the p99 of the alone phases between
+    them. Why alternate: on a shared machine the load from other jobs drifts over seconds; one long alone phase
+    then one long abused phase measured that drift as much as the abuser (2026-11-25: alone p99 3-12 ms run to
+    run at load 5-9). With ``server_pid``, also the CPU the server (``server_cpu_<phase>``) and the abusive
+    client (``abuser_cpu_<name>``) spent per second of each phase."""
     import grpc
+    import psutil
 
     from streamrec.serving import ServingClient
+
+    server = psutil.Process(server_pid) if server_pid else None
+    server_cpu = (lambda: _cpu(server)) if server is not None else (lambda: 0.0)
+    part = seconds / max(1, rounds)
 
     def measure(secs: float) -> tuple[list[float], int]:
         lat, errors = [], 0
@@ -80,30 +93,54 @@ def isolation(target: str, request, seconds: float, env: dict, threads: int = 4,
                 lat.append((time.perf_counter() - t) * 1000)
         return lat, errors
 
-    alone, errors = measure(seconds)
-    out = {"p99_ms_alone": _pct(alone, 99), "p50_ms_alone": _pct(alone, 50), "qps_alone": len(alone) / seconds}
+    out: dict = {}
+    all_alone, errors, alone_cpu = [], 0, 0.0
     for name, kinds in abusers.items():
         abuser = subprocess.Popen([sys.executable, "-m", "streamrec.benchmarks.abuse", target, "--threads", str(threads),
-                                   "--kinds", kinds] + (["--token", token] if token else []),
+                                   "--kinds", kinds, "--paused"] + (["--token", token] if token else []),
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                                   text=True)
+        alone, lat, s_cpu, a_cpu = [], [], 0.0, 0.0
         try:
             if abuser.stdout.readline().strip() != "ready":
                 raise RuntimeError("the abusive client did not start")
-            time.sleep(0.5)  # its threads connected and sending
-            lat, err = measure(seconds)
+            ab = psutil.Process(abuser.pid)
+            for _ in range(max(1, rounds)):
+                c0 = server_cpu()
+                got, err = measure(part)
+                alone_cpu += server_cpu() - c0
+                alone += got
+                errors += err
+                abuser.stdin.write("go\n")
+                abuser.stdin.flush()
+                time.sleep(0.2)  # its threads connected and sending
+                c0, a0 = server_cpu(), _cpu(ab)
+                got, err = measure(part)
+                s_cpu += server_cpu() - c0
+                a_cpu += _cpu(ab) - a0
+                lat += got
+                errors += err
+                abuser.stdin.write("pause\n")
+                abuser.stdin.flush()
+                if abuser.stdout.readline().strip() != "paused":
+                    raise RuntimeError("the abusive client did not pause")
             abuser.stdin.close()
             counts = json.loads(abuser.stdout.readline() or "{}")
             abuser.wait(60)
         finally:
             if abuser.poll() is None:
                 abuser.kill()
-        errors += err
-        out.update({f"p99_ms_under_{name}": _pct(lat, 99), f"p50_ms_under_{name}": _pct(lat, 50),
-                    f"qps_under_{name}": len(lat) / seconds, f"p99_ratio_under_{name}": _pct(lat, 99) / out["p99_ms_alone"],
-                    f"qps_ratio_under_{name}": len(lat) / seconds / out["qps_alone"], f"abuser_{name}": counts})
-    after, err = measure(seconds)
-    out.update({"p99_ms_after": _pct(after, 99), "errors": errors + err})
+        all_alone += alone
+        p99_alone = _pct(alone, 99)
+        out.update({f"p99_ms_alone_{name}": p99_alone, f"p99_ms_under_{name}": _pct(lat, 99),
+                    f"p50_ms_under_{name}": _pct(lat, 50), f"qps_under_{name}": len(lat) / seconds,
+                    f"p99_ratio_under_{name}": _pct(lat, 99) / p99_alone,
+                    f"qps_ratio_under_{name}": len(lat) / max(1, len(alone)), f"abuser_{name}": counts,
+                    f"server_cpu_{name}": s_cpu / seconds, f"abuser_cpu_{name}": a_cpu / seconds})
+    n = max(1, len(abusers))
+    out.update({"p99_ms_alone": _pct(all_alone, 99), "p50_ms_alone": _pct(all_alone, 50),
+                "qps_alone": len(all_alone) / (seconds * n), "server_cpu_alone": alone_cpu / (seconds * n),
+                "errors": errors})
     return out
 
 
@@ -317,11 +354,13 @@ def main(argv: list[str]) -> int:
                     f"CPU/req server {res[(b, c)]['server_cpu_us']:.0f} us client {res[(b, c)]['client_cpu_us']:.0f} us")
 
         # isolation: a well-behaved client (batch 64, one thread) alone and with an abusive client running
-        iso = isolation(target, requests[64], abuse_s, env)
+        iso = isolation(target, requests[64], abuse_s, env, server_pid=proc.pid)
         say(f"isolation, well-behaved client b64: alone p99 {iso['p99_ms_alone']:.2f} ms ({iso['qps_alone']:.0f} req/s); "
             + "; ".join(f"with the {n} client p99 {iso[f'p99_ms_under_{n}']:.2f} ms ({iso[f'qps_under_{n}']:.0f} req/s), "
                         f"p99 ratio {iso[f'p99_ratio_under_{n}']:.2f}" for n in ABUSERS)
-            + f"; alone again p99 {iso['p99_ms_after']:.2f} ms; errors {iso['errors']}")
+            + f"; errors {iso['errors']}; server CPU s/s alone {iso['server_cpu_alone']:.2f}, "
+            + ", ".join(f"with {n} {iso[f'server_cpu_{n}']:.2f} (the {n} client's own {iso[f'abuser_cpu_{n}']:.2f})"
+                        for n in ABUSERS))
         for n in ABUSERS:
             say(f"  the {n} client's calls: {iso[f'abuser_{n}']}")
 
@@ -409,6 +448,10 @@ def main(argv: list[str]) -> int:
         "qps_ratio_under_abuse": round(iso["qps_ratio_under_abuse"], 3),
         "p99_ratio_under_heavy": round(iso["p99_ratio_under_heavy"], 3),
         "qps_ratio_under_heavy": round(iso["qps_ratio_under_heavy"], 3),
+        "p99_ms_under_heavy_b64": round(iso["p99_ms_under_heavy"], 3),
+        # each ratio's denominator: the alone phases alternating with that client's phases
+        "p99_ms_alone_between_b64": {n: round(iso[f"p99_ms_alone_{n}"], 3) for n in ABUSERS},
+        "server_cpu_s_per_s": {k: round(iso[f"server_cpu_{k}"], 3) for k in ("alone", *ABUSERS)},
         "abuser_calls": {n: iso[f"abuser_{n}"] for n in ABUSERS},
         "errors": sum(v["errors"] for v in res.values()),
         "cells": {f"b{b}_c{c}": {k: round(x, 3) for k, x in v.items()} for (b, c), v in res.items()},

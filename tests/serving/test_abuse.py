@@ -39,7 +39,8 @@ from streamrec.foundation import ConfigError
 from streamrec.serving import ServingClient, ServingServer, SnapshotPusher, serve, snapshot_chunks
 from streamrec.serving.pb import pb
 from streamrec.serving.server import is_loopback
-from tests.helpers.serving import FakeTrainer, Touched, make_events, push_stream, serving_version_1, still_serving_v1
+from tests.helpers.serving import (FakeTrainer, Touched, events_to_batch, make_events, push_stream, serving_version_1,
+                                   still_serving_v1)
 
 pytestmark = pytest.mark.grpc
 
@@ -146,6 +147,83 @@ def test_request_limits_are_named_and_decided_before_any_scoring(guarded):
     # at the limits exactly: accepted
     ok = _columns(6, 64)
     assert len(client.predict_request(ok)[0]) == 6
+    still_serving_v1(client, events, want)
+
+
+class _CountingProxy:
+    """A TCP proxy on 127.0.0.1 that counts the bytes a client sends through it to the server."""
+
+    def __init__(self, target: str):
+        import socket
+
+        self.sent = 0
+        host, _, port = target.rpartition(":")
+        self._dst = (host, int(port))
+        self._listen = socket.create_server(("127.0.0.1", 0))
+        self.target = f"127.0.0.1:{self._listen.getsockname()[1]}"
+        self._socks = [self._listen]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+
+        while True:
+            try:
+                conn, _ = self._listen.accept()
+            except OSError:
+                return
+            up = socket.create_connection(self._dst)
+            self._socks += [conn, up]
+            threading.Thread(target=self._pipe, args=(conn, up, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(up, conn, False), daemon=True).start()
+
+    def _pipe(self, src, dst, count: bool):
+        try:
+            while data := src.recv(1 << 16):
+                if count:
+                    self.sent += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def close(self):
+        for sock in self._socks:
+            sock.close()
+
+
+def test_an_over_limit_message_is_refused_after_one_flow_control_window(guarded):
+    """gRPC refuses a message over serving.max_message_mb from its 5-byte length prefix; with BDP probing
+    off (server.TRANSPORT_OPTIONS) the stream's receive window stays at 64 KiB, so the client cannot push
+    the rest first (with gRPC's default, the whole 32 MB crossed the wire before the refusal). Legal
+    requests larger than one window still go through, a window update at a time."""
+    srv, trainer, touched, client, events, want = guarded  # serving.max_message_mb 1, max_request_kb 64
+    proxy = _CountingProxy(srv.target)
+    try:
+        with grpc.insecure_channel(proxy.target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+            call = ch.unary_unary(PREDICT)
+            md = (("authorization", "Bearer pred-tok"),)
+            for _ in range(2):
+                before = proxy.sent
+                with pytest.raises(grpc.RpcError) as e:
+                    call(b"\x0a" * (32 << 20), timeout=30, metadata=md)
+                assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert proxy.sent - before < (1 << 20) // 2, proxy.sent - before  # < half the 1 MiB limit itself
+            # under the message limit, over max_request_kb: 900 KB cross, 14 windows, and are refused by name
+            req = pb.PredictRequest()
+            req.events.add(dense=[0.0] * 3, request_id="x" * 900_000)
+            before = proxy.sent
+            err = _raw(ch, PREDICT, req.SerializeToString())
+            _refused(err, grpc.StatusCode.RESOURCE_EXHAUSTED, "serving.max_request_kb")
+            assert proxy.sent - before > 900_000
+            # and a good request through the proxy is answered
+            ok = ServingClient(proxy.target, token="pred-tok")
+            try:
+                scores, version = ok.predict(events)
+                assert version == 1 and np.allclose(scores, want, atol=1e-5)
+            finally:
+                ok.close()
+    finally:
+        proxy.close()
     still_serving_v1(client, events, want)
 
 
@@ -263,6 +341,54 @@ def test_heavy_requests_are_scored_apart_one_at_a_time(cfg, tmp_path):
         t.join(20)
         assert len(out["value"][0]) == 40
         assert srv.service.merger.rounds == rounds + 1  # only the ordinary request went through a merged round
+    trainer.close()
+
+
+def test_heavy_slices_cover_the_batch_in_order():
+    from streamrec.foundation import EventBatch, JaggedIds
+    from streamrec.serving.server import heavy_slices
+
+    lengths = np.array([1000, 1000, 1000, 5000, 0, 3, 2000])
+    ids = JaggedIds(np.arange(lengths.sum()), np.concatenate([[0], np.cumsum(lengths)]))
+    batch = EventBatch(ts=np.zeros(7, np.int64), labels=np.zeros(7, np.float32), dense=np.zeros((7, 1), np.float32),
+                       sparse={"a": ids})
+    sl = heavy_slices(batch, 2048)
+    assert sl[0][0] == 0 and sl[-1][1] == 7 and all(a < b for a, b in sl)
+    assert all(b0 == a1 for (_, b0), (a1, _) in zip(sl, sl[1:]))  # contiguous, in order
+    assert (3, 4) in sl  # the 5,000-id event is a slice of its own
+    assert sl == [(0, 2), (2, 3), (3, 4), (4, 7)]  # greedy: each at most 2,048 ids + events unless one event is more
+    assert heavy_slices(batch.take(np.arange(0)), 2048) == [(0, 0)]
+
+
+def test_a_heavy_request_is_scored_in_slices_with_the_same_scores(cfg, tmp_path, monkeypatch):
+    from streamrec.serving import server as server_mod
+
+    cfg.serving.heavy_request_cost = 100
+    trainer = FakeTrainer(cfg, tmp_path)
+    touched = Touched()
+    touched.add(trainer.step())
+    events = make_events(cfg, 40)
+    with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as client:
+        with SnapshotPusher(srv.target) as p:
+            assert p.push(trainer.snapshot("full", [], touched.rows())).ok
+        whole, _ = client.predict(events)  # 40 events + their ids > 100: heavy, one slice at the default size
+        n = srv.service.heavy_slices
+        assert n == 1
+        monkeypatch.setattr(server_mod, "HEAVY_SLICE_IDS", 20)
+        sliced, version = client.predict(events)
+        assert version == 1 and srv.service.heavy_slices - n >= 5
+        assert np.allclose(sliced, whole, atol=1e-6)
+        assert np.allclose(whole, trainer.scores(events_to_batch(cfg, events)), atol=1e-5)
+        # a heavy request its decoding refuses is refused by name, from the heavy worker
+        bad = [dict(e, dense=[3e38, 0.0, 0.0]) if i == 7 else e for i, e in enumerate(events)]
+        with pytest.raises(grpc.RpcError) as e:
+            client.predict(bad)
+        _refused(e.value, grpc.StatusCode.INVALID_ARGUMENT, "event 7", "ingest.dense_abs_max")
+        # the heavy worker runs at a lower OS priority (Linux: nice is per thread)
+        if sys.platform.startswith("linux"):
+            worker = [t for t in threading.enumerate() if t.name.startswith("heavy")]
+            assert worker and all(os.getpriority(os.PRIO_PROCESS, t.native_id) == server_mod.HEAVY_NICE for t in worker)
+        assert client.predict(events[:3])[1] == 1
     trainer.close()
 
 
