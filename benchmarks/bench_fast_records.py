@@ -6,7 +6,8 @@ the whole topic with a fresh :class:`~streamrec.ingest.EventConsumer` (assign mo
 DLQ) twice per setting, alternating on/off so the machine's noise falls on both:
 
 - ``records``: the client's records only (``consumer.poll``, values touched), i.e.
-  fetch + record parsing;
+  fetch + record parsing (with the hook: one ``RecordRun`` per fetch, as the trainer's
+  consumer gets them);
 - ``decoded``: ``EventConsumer.poll_batch`` (what the trainer calls: records + the
   columnar JSON decode into an EventBatch).
 
@@ -28,6 +29,7 @@ import uuid
 
 def _read(bootstrap: str, cfg, topic: str, n: int, fast: bool, decoded: bool) -> tuple[float, float]:
     from streamrec.ingest import EventConsumer
+    from streamrec.ingest.fast_records import RecordRun
 
     cfg.kafka.fast_records = fast
     c = EventConsumer(bootstrap, cfg, f"bench-fr-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
@@ -43,9 +45,12 @@ def _read(bootstrap: str, cfg, topic: str, n: int, fast: bool, decoded: bool) ->
                 got += len(b) if b is not None else 0
             else:
                 for recs in c.consumer.poll(timeout_ms=1000, max_records=2000).values():
-                    got += len(recs)
-                    for r in recs:
-                        r.value  # noqa: B018 - touch what the trainer reads
+                    for r in recs:  # the hook hands out runs (fast_records.RecordRun), kafka-python records
+                        if isinstance(r, RecordRun):
+                            got += len(r.values())  # touch what the trainer reads
+                        else:
+                            got += 1
+                            r.value  # noqa: B018
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         if got != n or c.stats.dead_letters:
             raise RuntimeError(f"read {got} of {n} ({c.stats.dead_letters} dead letters)")

@@ -81,6 +81,8 @@ def decode_json_columns(schema: EventSchema, values: Sequence[bytes]) -> EventBa
     n = len(values)
     if not n:
         return None
+    if values[0][:1] != b"{":  # not a JSON object (an Arrow stream, say): no join of what cannot be columns
+        return None
     try:
         joined = b"\n".join(values)
     except TypeError:  # None among them

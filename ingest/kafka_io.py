@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import logging
 import os
 import threading
@@ -40,7 +41,8 @@ from streamrec.foundation import EventBatch, EventSchema, StreamrecError
 
 from . import fast_records
 from .codec import CODEC_HEADER, Decoder, encode_messages
-from .inflight import DECODE, TRAIN, InflightMarker, probe_decode, ranges_of
+from .fast_records import RecordRun
+from .inflight import DECODE, TRAIN, InflightMarker, InflightRange, probe_decode
 from .kafka_clients import client_settings
 
 log = logging.getLogger(__name__)
@@ -268,8 +270,10 @@ class EventConsumer:
         )
         opts.update(consumer_opts)
         self.consumer = KafkaConsumer(**opts)
-        # fetched record batches parsed in C (ingest/fast_records.py); kafka-python's parser on any doubt
-        self.fast_records = bool(getattr(cfg.kafka, "fast_records", True)) and fast_records.install(self.consumer)
+        # fetched record batches parsed in C, handed out as runs (ingest/fast_records.py); kafka-python's
+        # parser on any doubt
+        self.fast_records = (bool(getattr(cfg.kafka, "fast_records", True))
+                             and fast_records.install(self.consumer, runs=True))
         if mode == "group":
             self.consumer.subscribe([self.topic], listener=_Rebalance(self))
         else:
@@ -327,36 +331,38 @@ class EventConsumer:
                     if parts or offsets or remaining <= 0:
                         break
                     continue
-                self._pending.extend(rec for records in polled.values() for rec in records)
+                self._pending.extend(run for runs in polled.values() for run in runs)
             # take about as many records as the events still wanted (Arrow records hold many)
-            take = max(1, int((max_events - n) / self._per_record))
-            recs = [self._pending.popleft() for _ in range(min(take, len(self._pending)))]
-            for rec in recs:
-                offsets[(rec.topic, rec.partition)] = rec.offset + 1
-                self._next[(rec.topic, rec.partition)] = rec.offset + 1
-                self.stats.bytes += len(rec.value or b"")
-                newest_ms = max(newest_ms, rec.timestamp or 0)
-            self.stats.records += len(recs)
+            runs = self._take_runs(max(1, int((max_events - n) / self._per_record)))
+            taken = 0
+            for run in runs:  # a run: consecutive records of one partition in offset order (fast_records.RecordRun)
+                key = (run.topic, run.partition)
+                offsets[key] = self._next[key] = run.last_offset + 1
+                taken += len(run)
+                newest_ms = max(newest_ms, run.newest_ms())
+            self.stats.records += taken
             if self._suspect is not None:
-                recs = self._quarantine_suspects(recs)
-                if not recs:
+                runs = self._quarantine_suspects(runs)
+                if not runs:
                     continue
-            handed.extend(recs)
+            handed.extend(runs)
             if self._marker is not None:
-                self._marker.mark(DECODE, ranges_of(recs), self._deaths_of(recs, DECODE))
+                self._marker.mark(DECODE, _ranges_of_runs(runs), self._deaths_of(runs, DECODE))
             got = 0
-            for run in _partition_runs(recs):  # each event is tagged with its partition (the trainer's merge)
-                b, errors = self.decoder.decode_many([rec.value for rec in run])
+            for run in _merge_runs(runs):  # each event is tagged with its partition (the trainer's merge)
+                values = run.values()
+                self.stats.bytes += sum(map(len, filter(None, values)))
+                b, errors = self.decoder.decode_many(values)
                 for i, reason in errors:
-                    self._dead_letter(run[i], reason)
+                    self._dead_letter(run.record(i), reason)
                 if b is not None and len(b):
-                    b.source_partitions = np.full(len(b), run[0].partition, np.int32)
+                    b.source_partitions = np.full(len(b), run.partition, np.int32)
                     parts.append(b)
                     got += len(b)
-            self._per_record = max(1.0, got / len(recs))
+            self._per_record = max(1.0, got / taken)
             n += got
         if self._marker is not None and handed:  # the caller handles these now: a death is a "train" death
-            self._marker.mark(TRAIN, ranges_of(handed), self._deaths_of(handed, TRAIN))
+            self._marker.mark(TRAIN, _ranges_of_runs(handed), self._deaths_of(handed, TRAIN))
         if not parts and not offsets:
             return None
         if len(parts) == 1:
@@ -380,8 +386,31 @@ class EventConsumer:
 
     # -- the crash-loop breaker ----------------------------------------------------
 
-    def _quarantine_suspects(self, recs: list) -> list:
-        """Dead-letter the records a dead predecessor could not get past; return the others."""
+    def _take_runs(self, k: int) -> list:
+        """Up to ``k`` records from the front of what was polled, as runs (the last one split if needed)."""
+        out = []
+        pending = self._pending
+        while k > 0 and pending:
+            run = pending[0]
+            if len(run) <= k:
+                out.append(pending.popleft())
+                k -= len(run)
+            else:
+                head, pending[0] = run.split(k)
+                out.append(head)
+                k = 0
+        return out
+
+    def _quarantine_suspects(self, runs: list) -> list:
+        """Dead-letter the records a dead predecessor could not get past; return the others (as runs).
+        Rare (after a crash), so record by record."""
+        if not any(x.topic == r.topic and x.partition == r.partition and x.first <= r.last_offset
+                   and r.offset <= x.last for r in runs for x in self._suspect[1]):
+            return runs
+        kept = self._quarantine_records([rec for r in runs for rec in r.records()])
+        return [RecordRun.of_records(list(g)) for _, g in itertools.groupby(kept, lambda r: (r.topic, r.partition))]
+
+    def _quarantine_records(self, recs: list) -> list:
         phase, ranges, deaths = self._suspect
         suspects = [r for r in recs if any(x.holds(r.topic, r.partition, r.offset) for x in ranges)]
         if not suspects:
@@ -407,12 +436,12 @@ class EventConsumer:
                                              for x in self._suspect[1]):
             self._suspect = None
 
-    def _deaths_of(self, records: list, phase: str) -> int:
-        """Deaths already seen with any of these records in flight in ``phase`` (0 when none is a suspect)."""
+    def _deaths_of(self, runs: list, phase: str) -> int:
+        """Deaths already seen with any of these records (runs) in flight in ``phase`` (0 when none is a suspect)."""
         if self._suspect is None or self._suspect[0] != phase:
             return 0
         _, ranges, deaths = self._suspect
-        if not any(x.holds(r.topic, r.partition, r.offset) for r in records for x in ranges):
+        if not any(x.holds(run.topic, run.partition, r.offset) for run in runs for r in run for x in ranges):
             return 0
         return deaths + 1
 
@@ -445,10 +474,12 @@ class EventConsumer:
                 self._on_assigned(sorted(assigned, key=lambda tp: (tp.topic, tp.partition)))
             # records fetched from positions we just replaced (the group's older commit) are not ours
             polled = {tp: recs for tp, recs in polled.items() if tp not in assigned and tp not in revoked}
+        if not self.fast_records:  # kafka-python's ConsumerRecord lists: one run each
+            polled = {tp: [RecordRun.of_records(recs)] for tp, recs in polled.items() if recs}
         if pause:  # fetched before the pause took effect: keep them, in order, after what we hold
-            self._pending.extend(rec for records in polled.values() for rec in records)
+            self._pending.extend(run for runs in polled.values() for run in runs)
             return {}
-        if len(self._pending) > self.max_pending and owned:
+        if sum(map(len, self._pending)) > self.max_pending and owned:
             kc.pause(*owned)
         return polled
 
@@ -681,7 +712,9 @@ class EventConsumer:
             return 0
         try:
             ends = self.consumer.end_offsets(assigned)
-            held = collections.Counter(r.partition for r in self._pending)  # polled but not yet handed out
+            held = collections.Counter()  # polled but not yet handed out
+            for run in list(self._pending):
+                held[run.partition] += len(run)
             # the last fetch's high watermark too: tansu answers ListOffsets with less than the log end
             per = {tp.partition: max(0, max(ends[tp], self.consumer.highwater(tp) or 0) - self.consumer.position(tp))
                    + held.get(tp.partition, 0) for tp in assigned}
@@ -699,15 +732,35 @@ class EventConsumer:
         self.consumer.close(autocommit=False)
 
 
-def _partition_runs(recs: list) -> list[list]:
-    """Consecutive records of one partition each (the order is kept)."""
-    runs: list[list] = []
-    for rec in recs:
-        if runs and runs[-1][0].partition == rec.partition:
-            runs[-1].append(rec)
+def _merge_runs(runs: list) -> list:
+    """Consecutive runs of one partition joined into one (decoded together); the order is kept."""
+    out: list = []
+    for run in runs:
+        if out and out[-1].partition == run.partition and out[-1].topic == run.topic:
+            prev = out[-1]
+            if prev.recs is run.recs and prev.hi == run.lo:
+                out[-1] = RecordRun(prev.topic, prev.partition, prev.epochs, prev.recs, prev.kind, prev.lo, run.hi)
+            elif prev.kind == run.kind:  # two fetches: their records and epochs, end to end
+                n = prev.hi - prev.lo
+                epochs = [(max(0, i - prev.lo), e) for i, e in prev.epochs if i < prev.hi]
+                epochs += [(n + max(0, i - run.lo), e) for i, e in run.epochs if i < run.hi]
+                out[-1] = RecordRun(prev.topic, prev.partition, epochs, prev.recs[prev.lo:prev.hi]
+                                    + run.recs[run.lo:run.hi], run.kind)
+            else:
+                out[-1] = RecordRun.of_records(prev.records() + run.records())
         else:
-            runs.append([rec])
-    return runs
+            out.append(run)
+    return out
+
+
+def _ranges_of_runs(runs: list) -> list[InflightRange]:
+    """The offset ranges (per partition) of runs of Kafka records (each run in offset order)."""
+    span: dict[tuple[str, int], list[int]] = {}
+    for r in runs:
+        lo, hi = r.offset, r.last_offset
+        s = span.setdefault((r.topic, r.partition), [lo, hi])
+        s[0], s[1] = min(s[0], lo), max(s[1], hi)
+    return [InflightRange(t, p, lo, hi) for (t, p), (lo, hi) in sorted(span.items())]
 
 
 def read_topic(bootstrap: str, topic: str, timeout: float = 10.0, expected: int | None = None,

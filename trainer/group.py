@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import logging
 import os
@@ -47,7 +48,7 @@ from .checkpoint import (CHECKSUMS, INFLIGHT, STATE, CheckpointError, choose_che
                          offsets_to_json, read_checkpoint, set_aside, verify_checkpoint, write_checkpoint)
 from .hotset import NoHotSource
 from .reshard import rank_dir, reshard_into, shard_checkpoints
-from .service import TrainerService, open_store
+from .service import TrainerService, freeze_heap, open_store
 from .sharded_core import ShardedTrainerCore
 from .sharding import SHARDING
 
@@ -263,6 +264,7 @@ class GroupTrainerService(TrainerService):
         dirty = False
         reason = "stopped"
         first_poll = True
+        freeze_heap()
         try:
             while True:
                 want = window
@@ -322,6 +324,7 @@ class GroupTrainerService(TrainerService):
                     reason = str(done)
                     break
         finally:
+            gc.unfreeze()
             self.close()
         if reason == "repartition":  # a non-zero exit: torchrun restarts the group, which re-plans the partitions
             raise GroupError(f"the topic {self.consumer.topic!r} gained partitions; checkpoint {self.seq} is written "

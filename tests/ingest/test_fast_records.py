@@ -3,6 +3,8 @@
 Real broker, real fetches: the same topic is read by two kafka-python consumers, one
 with the hook, one without, and every ConsumerRecord field must match. Then the
 fallback cases with hand-built record batches (CRC damage, the old message format).
+Each for both forms of the hook: a ConsumerRecord per record, and one RecordRun per
+fetch (what EventConsumer uses), whose records must be the same ConsumerRecords.
 """
 
 from __future__ import annotations
@@ -42,12 +44,25 @@ def _produce(bootstrap, topic, n, partitions=2, **producer_opts):
     p.close()
 
 
+def _flat(items) -> list:
+    """ConsumerRecords, from records or from RecordRuns (the runs form of the hook)."""
+    out = []
+    for x in items:
+        if isinstance(x, fast_records.RecordRun):
+            assert len(x) > 0
+            out.extend(x.records())
+        else:
+            out.append(x)
+    return out
+
+
 def _read(bootstrap, topic, n, fast, partitions=2, start=None, **opts) -> list:
+    """fast: False (kafka-python), True (the hook, records) or "runs" (the hook, RecordRuns)."""
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                       auto_offset_reset="earliest", max_poll_records=500, **opts)
     try:
         if fast:
-            assert fast_records.install(c)
+            assert fast_records.install(c, runs=fast == "runs")
             assert fast_records.installed(c)
         else:
             assert not fast_records.installed(c)
@@ -57,23 +72,30 @@ def _read(bootstrap, topic, n, fast, partitions=2, start=None, **opts) -> list:
             c.seek(tp, (start or {}).get(tp.partition, 0))
         out = []
         empty = 0
+        # until n records, or (fewer there: a read from `start`, or a broker that leaves out aborted
+        # transactions) until a poll comes back empty with every partition read to its end offset;
+        # 10 s of empty polls is the last resort
         while len(out) < n and empty < 40:
             got = c.poll(timeout_ms=250)
             empty = 0 if got else empty + 1
+            if empty and all(c.position(tp) >= end for tp, end in c.end_offsets(tps).items()):
+                break
             for recs in got.values():
-                out.extend(recs)
+                assert all(isinstance(r, fast_records.RecordRun) for r in recs) == (fast == "runs")
+                out.extend(_flat(recs))
         positions = {tp.partition: c.position(tp) for tp in tps}
     finally:
         c.close()
     return sorted(out, key=lambda r: (r.partition, r.offset)), positions
 
 
+@pytest.mark.parametrize("form", [True, "runs"])
 @pytest.mark.parametrize("compression", [None, "gzip"])
-def test_same_records_as_kafka_python(bootstrap, compression):
+def test_same_records_as_kafka_python(bootstrap, compression, form):
     topic = _topic(bootstrap)
     n = 6000  # large batches: thousands of records per batch at linger 50 ms
     _produce(bootstrap, topic, n, compression_type=compression)
-    fast, fast_pos = _read(bootstrap, topic, n, fast=True)
+    fast, fast_pos = _read(bootstrap, topic, n, fast=form)
     slow, slow_pos = _read(bootstrap, topic, n, fast=False)
     assert len(slow) == n
     assert fast == slow  # every field: offsets, timestamps, keys, values (None too), headers, sizes, epoch
@@ -82,12 +104,13 @@ def test_same_records_as_kafka_python(bootstrap, compression):
     assert any(r.headers for r in fast) and any(r.value is None for r in fast) and any(r.key is None for r in fast)
     # from the middle of a batch: the records before the fetch offset are dropped, as kafka-python does
     start = {0: 1234, 1: 7}
-    fast, _ = _read(bootstrap, topic, n, fast=True, start=start)
+    fast, _ = _read(bootstrap, topic, n, fast=form, start=start)
     slow, _ = _read(bootstrap, topic, n, fast=False, start=start)
     assert fast == slow and fast[0].offset == 1234 and len(fast) == n - 1234 - 7
 
 
-def test_log_append_time():
+@pytest.mark.parametrize("runs", [False, True])
+def test_log_append_time(runs):
     """A batch stamped by the broker (LogAppendTime): every record carries the batch's max timestamp.
     (The embedded broker does not stamp batches, so the batch is made here: attribute bit, CRC redone.)"""
     import struct
@@ -99,13 +122,14 @@ def test_log_append_time():
     struct.pack_into(">h", data, 21, struct.unpack_from(">h", data, 21)[0] | 0x08)  # timestamp type: append
     struct.pack_into(">q", data, 35, 1_800_000_000_000)  # max timestamp: the broker's append time
     struct.pack_into(">I", data, 17, calc_crc32c(bytes(data[21:])))
-    fast = _take_all(fast_records.fast_partition_records(), bytes(data))
+    fast = _take_all(fast_records.fast_partition_records(runs), bytes(data))
     slow = _take_all(Fetcher.PartitionRecords, bytes(data))
     assert fast == slow and len(fast[0]) == 3 and fast[1] is None
     assert {(r.timestamp_type, r.timestamp) for r in fast[0]} == {(1, 1_800_000_000_000)}
 
 
-def test_control_batches_of_transactions(bootstrap):
+@pytest.mark.parametrize("form", [True, "runs"])
+def test_control_batches_of_transactions(bootstrap, form):
     """Transactional batches and their commit/abort markers (control batches, never returned)."""
     ck = pytest.importorskip("confluent_kafka")
     topic = _topic(bootstrap, partitions=1)
@@ -121,7 +145,7 @@ def test_control_batches_of_transactions(bootstrap):
             p.abort_transaction(30)
     p.flush(30)
     del p
-    fast, fast_pos = _read(bootstrap, topic, 150, fast=True, partitions=1)
+    fast, fast_pos = _read(bootstrap, topic, 150, fast=form, partitions=1)
     slow, slow_pos = _read(bootstrap, topic, 150, fast=False, partitions=1)
     # read_uncommitted; the embedded broker returns the two committed transactions here (Apache Kafka
     # returns the aborted one too): what matters is the same records, never a control record
@@ -151,17 +175,19 @@ def _take_all(cls, data, fetch_offset=0):
     got, error = [], None
     while part:  # as the Fetcher does: take until drained
         try:
-            got.extend(part.take(3))
+            got.extend(_flat(part.take(3)))
         except CorruptRecordError as e:
             error = e
             break
     return got, error, part.next_fetch_offset
 
 
-def test_crc_damage_falls_back_to_kafka_python(caplog):
+@pytest.mark.parametrize("runs", [False, True])
+def test_crc_damage_falls_back_to_kafka_python(caplog, monkeypatch, runs):
     from kafka.consumer.fetcher import Fetcher
 
-    fast_cls = fast_records.fast_partition_records()
+    monkeypatch.setattr(fast_records, "_warned", set())  # warned once per process: again for this test
+    fast_cls = fast_records.fast_partition_records(runs)
     good = _batches((2, 0, [b"a", b"b", b"c", b"d"]))
     bad = bytearray(_batches((2, 4, [b"e", b"f"])))
     bad[-1] ^= 0xFF  # a value byte: the batch CRC no longer matches
@@ -176,11 +202,12 @@ def test_crc_damage_falls_back_to_kafka_python(caplog):
     assert "CRC" in caplog.text
 
 
-def test_old_message_format_falls_back():
+@pytest.mark.parametrize("runs", [False, True])
+def test_old_message_format_falls_back(runs):
     from kafka.consumer.fetcher import Fetcher
 
     data = _batches((1, 0, [b"x", b"y"]), (2, 2, [b"z"]))
-    fast = _take_all(fast_records.fast_partition_records(), data)
+    fast = _take_all(fast_records.fast_partition_records(runs), data)
     slow = _take_all(Fetcher.PartitionRecords, data)
     assert fast == slow and [r.value for r in fast[0]] == [b"x", b"y", b"z"] and fast[1] is None
 
@@ -229,3 +256,36 @@ def test_event_consumer_switch(bootstrap, topics):
     finally:
         on.close()
         off.close()
+
+
+def test_record_runs_split_and_join_keep_records_and_epochs():
+    """A run's records (as ConsumerRecords) survive splitting at any point and joining with the next
+    fetch's run, leader epochs included (a batch of a new epoch starts a new entry)."""
+    from streamrec.ingest.kafka_io import _merge_runs, _ranges_of_runs
+
+    data = _batches((2, 0, [b"a", b"b", b"c"]), (2, 3, [b"d", b"e"]))
+    import struct
+
+    from kafka.record.util import calc_crc32c
+
+    data = bytearray(data)
+    second = 61 + struct.unpack_from(">i", data, 8)[0] + 12 - 61  # the second batch's start
+    struct.pack_into(">i", data, second + 12, 7)  # its partition leader epoch: 7
+    struct.pack_into(">I", data, second + 17, calc_crc32c(bytes(data[second + 21:])))
+    want = _take_all(fast_records.fast_partition_records(), bytes(data))[0]
+    runs = _take_all(fast_records.fast_partition_records(True), bytes(data))[0]
+    assert want == runs and [r.leader_epoch for r in want] == [0, 0, 0, 7, 7]
+    cls = fast_records.fast_partition_records(True)
+    from kafka.record import MemoryRecords
+
+    (run,) = cls(0, TopicPartition("t", 0), MemoryRecords(bytes(data))).take(10)
+    for k in range(len(run) + 1):
+        head, tail = run.split(k)
+        assert len(head) == k and head.records() + tail.records() == want
+        assert head.values() + tail.values() == [b"a", b"b", b"c", b"d", b"e"]
+        joined = _merge_runs([x for x in (head, tail) if len(x)])
+        assert len(joined) == 1 and joined[0].records() == want
+    other = cls(0, TopicPartition("t", 0), MemoryRecords(bytes(data))).take(10)[0]
+    two = _merge_runs([run.split(1)[1], other.split(2)[0]])  # two fetches' runs of one partition
+    assert len(two) == 1 and two[0].records() == want[1:] + want[:2]
+    assert [(r.first, r.last) for r in _ranges_of_runs([run.split(1)[1]])] == [(1, 4)]
