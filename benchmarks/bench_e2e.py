@@ -45,6 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
+from streamrec.foundation import stop_process
+
 STREAMREC = str(Path(sys.executable).with_name("streamrec"))
 PARTITIONS = 4
 GOAL_SKETCH_X = 2.0
@@ -169,12 +171,7 @@ def sketch_rate(cfg, bootstrap: str, config: Path, n: int, log: Path, timeout_s:
                                + log.read_text(errors="replace")[-3000:])
     finally:
         c.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 20)
     dt = (last.created_ms - first.created_ms) / 1000
     counted = last.events - first.events
     return {"sketch_events_per_s": counted / dt, "sketch_span_s": dt, "sketch_events_in_span": counted,
@@ -230,13 +227,9 @@ def train_pair(configs: dict[str, Path], logs: dict[str, Path], metrics: dict[st
         time.sleep(1.5)  # a metrics record after the window on both sides (log_every_s 0.5)
     finally:
         for p in procs.values():
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGTERM)  # both at once: they stop in parallel
         for p in procs.values():
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_process(p, 60)
     out = {"train_window_s": t1 - t0}
     for k in procs:
         recs = _records(metrics[k])

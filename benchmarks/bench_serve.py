@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from streamrec.foundation import stop_process
+
 
 def _pct(xs, q):
     return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
@@ -408,11 +410,7 @@ def main(argv: list[str]) -> int:
             f"over {len(fresh)}; Status.freshness_s now {st['freshness_s']:.3f}")
         pusher.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 10)
         store.close()
         import shutil
 
