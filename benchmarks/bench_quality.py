@@ -30,7 +30,7 @@ import numpy as np
 
 
 STREAMS = ("synthetic", "movielens")
-MOVIELENS_HOT_ROWS = 500  # of 3,056 rows: ~1/6 of the rows, about a third of the events all-hot
+MOVIELENS_HOT_ROWS = 500  # of 3,056 rows: ~1/6 of the rows, 10% of the events all-hot
 
 
 def _stream(cfg, n: int):
@@ -144,15 +144,22 @@ def run(events_n: int, seeds: list[int], threads: int, batch: int = 0, stream: s
 SWEEP = [{}, {"trainer.batch_size": 1024}, {"trainer.batch_size": 512}, {"trainer.batch_size": 128},
          {"trainer.dense_lr": 1e-3}, {"trainer.dense_lr": 1e-2},
          {"store.adagrad_lr": 0.1}, {"store.adagrad_lr": 0.02},
-         {"fae": True}, {"fae": True, "trainer.window_batches": 2}, {"fae": True, "trainer.window_batches": 32}]
-# {} = the defaults; "fae": with the bench's FAE hot set (window_batches matters only then; hot_per_cold only in
-# trainer groups, ranks > 1, which this bench does not run)
+         {"fae": True}, {"fae": True, "trainer.window_batches": 2}, {"fae": True, "trainer.window_batches": 32},
+         {"fae": True, "trainer.hot_wait_batches": 8}, {"fae": True, "trainer.hot_wait_batches": 2},
+         {"fae": True, "trainer.hot_wait_batches": 3}, {"fae": True, "trainer.hot_wait_batches": 4}]
+# {} = the defaults; "fae": with the bench's FAE hot set (window_batches and hot_wait_batches matter only then;
+# hot_wait_batches 8 = window_batches: the old rule, partial hot batches; hot_per_cold only in trainer groups,
+# ranks > 1, which this bench does not run)
 
 
 def sweep(events_n: int, threads: int, streams: list[str], seeds: list[int],
-          only: list[int] | None = None) -> dict[str, list[dict]]:
+          only: list[int] | None = None, shifts: tuple[int, ...] = (0,)) -> dict[str, list[dict]]:
     """The trainer over the settings the defaults were chosen from, per stream and model seed; each setting's
-    AUC also as the paired difference from the defaults (same stream, same seed)."""
+    AUC also as the paired difference from the defaults (same stream, same seed, same shift).
+
+    ``shifts``: each run is repeated with its first mini-batch that many events short (every batch boundary
+    moves, nothing else). A different batching of the same stream moves MovieLens' AUC by ~0.0013 per run,
+    so differences below ~0.002 need several samples per seed to be told from noise."""
     import torch
 
     from streamrec.trainer import SampleHotSource
@@ -167,8 +174,8 @@ def sweep(events_n: int, threads: int, streams: list[str], seeds: list[int],
             for i, over in enumerate(SWEEP):
                 if only and i and i not in only:
                     continue
-                aucs, losses = [], []
-                for seed in seeds:
+                aucs, losses, shares = [], [], []
+                for seed, shift in [(a, b) for a in seeds for b in shifts]:
                     cfg = _config(stream, {"model.seed": seed, **{k: v for k, v in over.items() if k != "fae"}})
                     events, _ = _events(stream, cfg, events_n)
                     hot = None
@@ -177,18 +184,22 @@ def sweep(events_n: int, threads: int, streams: list[str], seeds: list[int],
                         src = SampleHotSource(cfg.model.field_names, budget=cfg.hot.budget_rows, sample_events=k)
                         src.observe(events.take(np.arange(k)))
                         hot = src.poll().tables
-                    core = _trainer(cfg, events, Path(tmp) / f"{stream}-{i}-{seed}", hot=hot)
+                    core = _trainer(cfg, events, Path(tmp) / f"{stream}-{i}-{seed}-{shift}", hot=hot, shift=shift)
                     aucs.append(float(core.metrics.auc))
                     losses.append(float(core.metrics.logloss))
+                    shares.append(core.hot_events / max(1, core.events))
                 if not over:
                     base = {"auc": aucs, "logloss": losses}
                 d = np.subtract(aucs, base["auc"]) if base else np.zeros(len(aucs))
+                se = float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
                 row = {"setting": over or "defaults", "auc": float(np.mean(aucs)), "logloss": float(np.mean(losses)),
                        "auc_per_seed": aucs, "d_auc": float(np.mean(d)), "d_auc_per_seed": d.tolist(),
+                       "d_auc_se": se, "shifts": list(shifts), "hot_share": float(np.mean(shares)),
                        "d_logloss": float(np.mean(np.subtract(losses, base["logloss"]))) if base else 0.0}
                 rows.append(row)
                 print(f"  {json.dumps(over) if over else 'defaults':<44} AUC {row['auc']:.5f}  logloss "
-                      f"{row['logloss']:.5f}  dAUC {row['d_auc']:+.5f} (per seed "
+                      f"{row['logloss']:.5f}  dAUC {row['d_auc']:+.5f} +- {se:.5f} (se), hot share "
+                      f"{row['hot_share']:.3f} (per seed{' x shift' if len(shifts) > 1 else ''} "
                       f"{', '.join(f'{x:+.4f}' for x in d)})", flush=True)
             out[stream] = rows
     return out
@@ -226,13 +237,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: the trainer over batch sizes, learning rates and FAE windows")
     p.add_argument("--settings", default="", metavar="I,J",
                    help="with --sweep: only these entries of SWEEP (0-based; the defaults, 0, always run)")
+    p.add_argument("--shifts", default="0", metavar="K,L",
+                   help="with --sweep: run each seed again with its first mini-batch K, L, ... events short "
+                        "(paired samples of the batching noise; default 0: once)")
     a = p.parse_args(argv)
     n = a.events or (30_000 if a.quick else 100_000)
     streams = list(STREAMS) if a.stream == "both" else [a.stream]
     seeds = list(range(a.seeds or (1 if a.quick else 3)))
     if a.sweep:
         only = [int(x) for x in a.settings.split(",") if x.strip()]
-        rows = sweep(n, a.threads, streams, seeds, only)
+        shifts = tuple(int(x) for x in a.shifts.split(",") if x.strip()) or (0,)
+        rows = sweep(n, a.threads, streams, seeds, only, shifts)
         if a.json:
             print(json.dumps({"events": n, "seeds": seeds, "sweep": rows}))
         return 0

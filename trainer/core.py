@@ -48,8 +48,9 @@ class TrainerCore:
         self.model = DLRM.from_config(cfg.model).to(device)
         self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
         self.metrics = StreamingMetrics(cfg.trainer.metrics_window)
-        self.batcher = EventBatcher(cfg.trainer.batch_size, cfg.trainer.batch_size * cfg.trainer.window_batches,
-                                    cfg.model.dense_dim, self.fields)
+        t = cfg.trainer
+        self.batcher = EventBatcher(t.batch_size, t.batch_size * t.window_batches, cfg.model.dense_dim, self.fields,
+                                    hot_wait=round(t.batch_size * t.hot_wait_batches))
         self.events = 0
         self.hot_events = 0
         self.hot_version = 0

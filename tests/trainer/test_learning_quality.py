@@ -99,9 +99,12 @@ def test_progressive_auc_matches_the_independent_reference_and_nears_bayes(tmp_p
 def test_fae_costs_no_auc_against_the_hot_tier_off(tmp_path):
     """FAE's hot/cold batches against arrival-order batches on the same stream, mean over model seeds.
 
-    Measured here: -0.0044, -0.0012, -0.0014 (mean -0.0023). Moving arrival order's batch boundaries by a
-    few events alone moves this AUC by -0.0026..+0.0013, so this stream cannot show the issue's 0.001 goal;
-    the bound asserted is what it can show (a systematic FAE loss beyond 0.003 fails it)."""
+    Measured here (2026-11-25, 63% of events in hot batches): -0.0049, -0.0001, -0.0020 (mean -0.0023), the same
+    batches as the old rule's (``trainer.hot_wait_batches`` >= window_batches): at this hot share FAE's gate is
+    always open and every hot batch fills in time. Moving
+    arrival order's batch boundaries by a few events alone moves this AUC by -0.0026..+0.0013, so this stream
+    cannot show the issue's 0.001 goal (``streamrec bench quality`` does, on two 100k-event streams); the bound
+    asserted is what it can show (a systematic FAE loss beyond 0.003 fails it)."""
     n = 61_440
     d = []
     for seed in SEEDS:
@@ -139,7 +142,9 @@ def test_an_event_is_never_scored_by_a_model_trained_on_a_later_event(tmp_path):
     batch = _pairs(cfg, k)
     hot = {"user": np.unique(batch.sparse["user"].values), "item": np.array([7])}
     core = _train(cfg, batch, [1000], hot=hot, path=str(tmp_path / "honest"))
-    assert core.hot_events == k  # every second event trained in a hot batch, ahead of waiting cold ones
+    # every second event trained in a hot batch, ahead of waiting cold ones (but the first two: FAE's gate
+    # lets a hot event queue once the hot rate so far fills a batch in time)
+    assert k - 4 <= core.hot_events < k
     first = np.arange(0, 2 * k, 2)
     store = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp_path / "probe"))
     probe = TrainerCore(cfg, store, torch.device("cpu"))
