@@ -22,10 +22,15 @@ a burst of load from elsewhere on a shared machine hits all of them alike:
         sharing the 2 cores costs); ``exact`` (N=2; N=4 too without ``--quick``): rank r
         trains events i with i % N == r, so the ranks' k-th mini-batches together are the
         single trainer's k-th; ``online``: a 4-partition topic in memory (messages of 256
-        events round-robin to partitions 0..3), rank r reads partitions p % N == r in stream order
+        events round-robin to partitions 0..3), rank r reads partitions p % N == r in stream order;
+        ``online:bf16`` / ``online:fp16``: the same with rows, row gradients and the dense
+        all-reduce on the wire in bf16 / fp16 (``trainer.exchange_precision`` and
+        ``trainer.dense_allreduce_precision``); ``exact:bf16`` / ``exact:fp16`` without ``--quick``
+        (a mode ``online:<exchange>/<dense>``, e.g. ``online:fp16/fp32``, sets the two apart)
 
 Figures: |AUC_2 - AUC_1| (exact; progressive AUC, the group's via ``group_metrics``),
-AUC_N - AUC_1 (online), collective bytes per trained event (all ranks' all_to_all payload
+AUC_N - AUC_1 (online; at each wire precision, and against the fp32 group's AUC), collective
+bytes per trained event (at each wire precision) (all ranks' all_to_all payload
 plus their all_reduce buffers, over all events), CPU-seconds per event of the group's
 training loops (sum over ranks of ``time.process_time`` around ``train_window``, after one
 warm-up window) over ``ref``'s, and the training loop's wall-clock events/s. The machine
@@ -53,6 +58,7 @@ WINDOW_BATCHES = 8  # mini-batches per train_window call
 MESSAGE = 256  # events per simulated Kafka message
 PARTITIONS = 4
 PROJECT_WORLDS = (1, 2, 4, 8, 16, 32, 64)
+PRECISIONS = ("bf16", "fp16")  # compressed wire formats measured beside fp32
 NICS_GBIT = (10, 25, 100)
 
 
@@ -135,10 +141,13 @@ class _Runner:
         from streamrec.trainer import TrainerCore
 
         self.mode, self.rank = mode, rank
-        mode = "plain" if mode == "ref" else mode
+        mode, _, precision = ("plain" if mode == "ref" else mode).partition(":")
         self.sharded = mode in ("exact", "online", "sharded1")
-        self.root = os.path.join(spec["root"], f"{mode}-n{world}-r{rank}")
+        self.root = os.path.join(spec["root"], f"{mode}-{(precision or 'fp32').replace('/', '-')}-n{world}-r{rank}")
         cfg = scale_config(self.root, spec["ids"], spec["bottom"], spec["top"], world if self.sharded else 1)
+        if precision:  # "p": one wire format for rows, row gradients and the dense all-reduce; "p/q": rows p, dense q
+            sparse_p, _, dense_p = precision.partition("/")
+            cfg.trainer.exchange_precision, cfg.trainer.dense_allreduce_precision = sparse_p, dense_p or sparse_p
         if mode.startswith("plain@"):  # the plain trainer at a group rank's mini-batch size: the split's floor
             cfg.trainer.batch_size = int(mode.partition("@")[2])
         self.store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=os.path.join(self.root, "store"))
@@ -182,6 +191,7 @@ class _Runner:
         if self.sharded:
             ex, t = core.exchange, self.traffic
             out.update(steps=core.steps, exchange_bytes=ex.bytes_sent, dense_bytes=core.dense_bytes_sent,
+                       dense_fp32_retries=core.dense_fp32_retries,
                        ids_bytes=t.ids, rows_bytes=t.rows, grads_bytes=t.grads,
                        counts_bytes=ex.bytes_sent - t.ids - t.rows - t.grads,
                        remote_ids=t.remote_ids, local_uniques=t.local_uniques)
@@ -274,7 +284,7 @@ def group_figures(ranks: list[dict]) -> dict:
     if steps:
         tot = {k: sum(r[k] for r in ranks) for k in ("exchange_bytes", "dense_bytes", "ids_bytes", "rows_bytes",
                                                      "grads_bytes", "counts_bytes", "remote_ids", "local_uniques")}
-        out.update(steps=steps, **tot)
+        out.update(steps=steps, dense_fp32_retries=ranks[0].get("dense_fp32_retries", 0), **tot)
         out["bytes_per_event"] = (tot["exchange_bytes"] + tot["dense_bytes"]) / ev
         out["bytes_per_step"] = (tot["exchange_bytes"] + tot["dense_bytes"]) / steps
         out["dense_bytes_per_event"] = tot["dense_bytes"] / ev
@@ -364,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in worlds:
             t0 = time.perf_counter()
             modes = ["ref", "control", "exact", "online"] if w == 2 or not args.quick else ["ref", "control", "online"]
+            modes += [f"online:{p}" for p in PRECISIONS] + ([] if args.quick else [f"exact:{p}" for p in PRECISIONS])
             per_rank = run_group(w, {**spec, "modes": modes}, timeout)
             for i, mode in enumerate(modes):
                 runs[f"{mode}_n{w}"] = group_figures([r[i] for r in per_rank if r[i] is not None])
@@ -385,38 +396,51 @@ def main(argv: list[str] | None = None) -> int:
                       f"CPU {g['cpu_per_event_us']:.1f} us/event = {g['cpu_per_event_us'] / ref['cpu_per_event_us']:.2f}x "
                       f"ref (median window {g['cpu_per_event_us_median'] / ref['cpu_per_event_us_median']:.2f}x; "
                       f"{g['cpu_per_event_us'] / us:.2f}x the n1 run's); {g['events_per_s']:,.0f} events/s", flush=True)
+            for p in PRECISIONS:
+                g, f32 = runs[f"online:{p}_n{w}"], runs[f"online_n{w}"]
+                print(f"   online {p}: {g['bytes_per_event'] / f32['bytes_per_event']:.3f}x fp32's bytes; AUC "
+                      f"{g['auc'] - f32['auc']:+.5f} against the fp32 group's, logloss {g['logloss'] - f32['logloss']:+.5f}"
+                      f"; {g['dense_fp32_retries']} dense sums redone in fp32", flush=True)
             print(f"   [{time.perf_counter() - t0:.0f}s for n{w}]", flush=True)
 
         params = n1["params"]
         dim = cfg.model.embedding_dim
-        per_remote_id = 8 + 2 * 4 * dim  # the id out, its row back, its gradient out again
+        from streamrec.trainer.sharding import wire_bytes_per_row
+
+        id_b = 4 if int(max(int(data.sparse[f].values.max(initial=0)) for f in fields)) < 2 ** 31 else 8  # int32 ids
+        per_id = {p: id_b + 2 * wire_bytes_per_row(p, dim) for p in ("fp32",) + PRECISIONS}  # id, row, gradient
         prof = uniques_profile(data, fields, PROJECT_WORLDS)
         proj = []
         for w in PROJECT_WORLDS:
-            counts = w * (w - 1) * (len(fields) + 1) * 8 if w > 1 else 0
-            dense = w * ((params + w + 1) * 4) if w > 1 else 0  # this code's count: the buffer, on every rank
-            ring = 2 * (w - 1) * (params + w + 1) * 4 if w > 1 else 0  # a ring all-reduce's wire bytes
-            sparse = per_remote_id * prof[w]["remote_per_step"] + counts
             row = {"world": w, "events_per_rank_step": BATCH / w, "remote_ids_per_step": prof[w]["remote_per_step"],
-                   "uniques_per_step": prof[w]["uniques_per_step"],
-                   "bytes_per_event": (dense + sparse) / BATCH, "sparse_bytes_per_event": sparse / BATCH,
-                   "dense_bytes_per_event": dense / BATCH, "ring_bytes_per_event": (ring + sparse) / BATCH}
-            # a rank sends 1/w of the group's bytes and trains 1/w of its events: it sends ring_bytes_per_event
-            # per event it trains, so its NIC caps it at nic / ring_bytes_per_event events/s (the group at w x that)
+                   "uniques_per_step": prof[w]["uniques_per_step"]}
+            counts = w * (w - 1) * (len(fields) + 2) * 4 if w > 1 else 0
+            for p in ("fp32",) + PRECISIONS:
+                ring = 2 * (w - 1) * (params + w + 1) * (4 if p == "fp32" else 2) if w > 1 else 0  # a ring all-reduce
+                sparse = per_id[p] * prof[w]["remote_per_step"] + counts
+                sfx = "" if p == "fp32" else f"_{p}"
+                row.update({f"bytes_per_event{sfx}": (ring + sparse) / BATCH, f"sparse_bytes_per_event{sfx}": sparse / BATCH,
+                            f"dense_bytes_per_event{sfx}": ring / BATCH})
+            # a rank sends 1/w of the group's bytes and trains 1/w of its events: it sends bytes_per_event per
+            # event it trains, so its NIC caps it at nic / bytes_per_event events/s (the group at w x that)
             for nic in NICS_GBIT:
-                row[f"rank_events_per_s_{nic}g"] = (nic * 1e9 / 8) / row["ring_bytes_per_event"] if w > 1 else None
+                for sfx in ("", "_bf16"):
+                    row[f"rank_events_per_s_{nic}g{sfx}"] = (nic * 1e9 / 8) / row[f"bytes_per_event{sfx}"] if w > 1 else None
             proj.append(row)
-        print(f"dense parameters {params:,} ({params * 4 / 1024:,.1f} KiB all-reduced per step on every rank); "
-              f"{per_remote_id} B per remote unique id (id 8 + row {4 * dim} + gradient {4 * dim})")
-        print("projection at global batch 512 (measured unique ids per local mini-batch of this stream):")
-        print(f"  {'N':>3} {'ev/rank/step':>12} {'remote ids/step':>15} {'B/event':>9} {'dense':>8} {'sparse':>7} "
-              f"{'ring B/event':>12}  events/s a rank can train before its NIC is full at "
-              + " / ".join(f"{n} Gbit" for n in NICS_GBIT))
+        print(f"dense parameters {params:,} ({params * 4 / 1024:,.1f} KiB fp32 all-reduced per step); B per remote unique "
+              f"id (id {id_b} + row + gradient): " + ", ".join(f"{p} {b}" for p, b in per_id.items()))
+        print("projection at global batch 512 (measured unique ids per local mini-batch of this stream; a ring "
+              "all-reduce's wire bytes; fp32 | bf16):")
+        print(f"  {'N':>3} {'ev/rank/step':>12} {'remote ids/step':>15} {'B/event':>15} {'dense':>13} {'sparse':>11}"
+              f"  events/s a rank can train before its NIC is full at " + " / ".join(f"{n} Gbit" for n in NICS_GBIT)
+              + " (fp32 | bf16)")
         for r in proj:
             nic = " / ".join(f"{r[f'rank_events_per_s_{n}g']:,.0f}" for n in NICS_GBIT) if r["world"] > 1 else "-"
+            nic16 = " / ".join(f"{r[f'rank_events_per_s_{n}g_bf16']:,.0f}" for n in NICS_GBIT) if r["world"] > 1 else "-"
             print(f"  {r['world']:>3} {r['events_per_rank_step']:>12.0f} {r['remote_ids_per_step']:>15,.0f} "
-                  f"{r['bytes_per_event']:>9,.0f} {r['dense_bytes_per_event']:>8,.0f} {r['sparse_bytes_per_event']:>7,.0f} "
-                  f"{r['ring_bytes_per_event']:>12,.0f}  {nic}")
+                  f"{r['bytes_per_event']:>7,.0f} | {r['bytes_per_event_bf16']:>5,.0f} "
+                  f"{r['dense_bytes_per_event']:>6,.0f} | {r['dense_bytes_per_event_bf16']:>4,.0f} "
+                  f"{r['sparse_bytes_per_event']:>5,.0f} | {r['sparse_bytes_per_event_bf16']:>3,.0f}  {nic} | {nic16}")
 
         summary = {"events": events, "world_sizes": [1] + worlds, "ids": args.ids, "batch": BATCH,
                    "window_batches": WINDOW_BATCHES, "dense_params": params,
@@ -430,6 +454,23 @@ def main(argv: list[str] | None = None) -> int:
             summary[f"cpu_contention_n{w}"] = runs[f"control_n{w}"]["cpu_per_event_us"] / r_us
             summary[f"control_events_per_s_n{w}"] = runs[f"control_n{w}"]["events_per_s"]
             summary[f"ref_cpu_per_event_us_n{w}"] = r_us
+            for p in PRECISIONS:  # compressed wire formats: bytes and AUC, against the fp32 group's
+                g, f32 = runs[f"online:{p}_n{w}"], runs[f"online_n{w}"]
+                ev = g["events"]
+                summary.update({f"bytes_per_event_n{w}_{p}": g["bytes_per_event"],
+                                f"dense_bytes_per_event_n{w}_{p}": g["dense_bytes_per_event"],
+                                f"sparse_bytes_per_event_n{w}_{p}": g["sparse_bytes_per_event"],
+                                f"ids_bytes_per_event_n{w}_{p}": g["ids_bytes"] / ev,
+                                f"rows_bytes_per_event_n{w}_{p}": g["rows_bytes"] / ev,
+                                f"grads_bytes_per_event_n{w}_{p}": g["grads_bytes"] / ev,
+                                f"online_dauc_n{w}_{p}": g["auc"] - base["auc"],
+                                f"dauc_vs_fp32_n{w}_{p}": g["auc"] - f32["auc"],
+                                f"dlogloss_vs_fp32_n{w}_{p}": g["logloss"] - f32["logloss"],
+                                f"dense_fp32_retries_n{w}_{p}": g["dense_fp32_retries"],
+                                f"cpu_inflation_n{w}_{p}": g["cpu_per_event_us"] / r_us})
+                ex = runs.get(f"exact:{p}_n{w}")
+                if ex is not None:
+                    summary[f"exact_dauc_n{w}_{p}"] = abs(ex["auc"] - base["auc"])
             for mode in ("exact", "online"):
                 g = runs.get(f"{mode}_n{w}")
                 if g is None:
@@ -465,6 +506,10 @@ def main(argv: list[str] | None = None) -> int:
                 goals.append(f"n{w} {summary[f'bytes_per_event_n{w}']:,.0f} B/event (goal <= {g_b}), CPU "
                              f"{summary[f'cpu_inflation_n{w}']:.2f}x (goal <= {g_c}; small-batch floor "
                              f"{summary[f'cpu_small_batch_n{w}']:.2f}x)")
+            for p in PRECISIONS:
+                if f"bytes_per_event_n{w}_{p}" in summary:
+                    goals.append(f"n{w} {p} {summary[f'bytes_per_event_n{w}_{p}']:,.0f} B/event (AUC "
+                                 f"{summary[f'dauc_vs_fp32_n{w}_{p}']:+.5f} vs fp32)")
         if "online_dauc_n4" in summary:
             goals.append(f"online dAUC n4 {summary['online_dauc_n4']:+.5f}")
         print("ratios: " + "; ".join(goals))

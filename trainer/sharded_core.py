@@ -14,6 +14,15 @@ The numerical guard is collective too: a step whose loss or gradients are not
 finite anywhere in the group is applied nowhere, and every rank retries the same
 way (without its own non-finite events, or in halves), so the group never
 diverges and a poisoned event costs at most a few extra steps.
+
+Wire precision (TorchRec's quantized comms, DDP's ``bf16_compress_hook``):
+``trainer.exchange_precision`` sets how rows and row gradients travel (:mod:`.sharding`),
+``trainer.dense_allreduce_precision`` how the dense gradients are summed: ``bf16`` casts
+them for the all-reduce and back; ``fp16`` multiplies them by a loss-scale-like power of
+two first (every rank holds the same one), and a step whose fp16 sum overflows is summed
+again in fp32 and halves the scale (doubled again after ``_SCALE_GROWTH`` clean steps),
+so a compressed sum never turns into a refused step. Master weights, the optimizer's
+state and every owner's rows and Adagrad state stay fp32.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ from .step import GRAD_ABS_MAX
 log = logging.getLogger(__name__)
 
 _OK, _BAD_LOSS, _BAD_GRAD = 0, 1, 2
+_WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_SCALE_START, _SCALE_MAX, _SCALE_GROWTH = 2.0 ** 10, 2.0 ** 24, 200  # fp16 dense all-reduce: dynamic scale
 
 
 class ShardedTrainerCore(TrainerCore):
@@ -53,8 +64,13 @@ class ShardedTrainerCore(TrainerCore):
         self.rank, self.world, self.group = int(rank), int(world), group
         self.comm = torch.device(comm_device)
         self.local_batch = max(1, cfg.trainer.batch_size // self.world)
+        t = cfg.trainer
         self.exchange = RowExchange(self.fields, cfg.model.embedding_dim, store.lookup, store.apply_gradients,
-                                    self.rank, self.world, group, comm_device=self.comm)
+                                    self.rank, self.world, group, comm_device=self.comm,
+                                    precision=t.exchange_precision)
+        self.dense_wire = _WIRE[t.dense_allreduce_precision]
+        self.dense_scale, self._clean_steps = _SCALE_START, 0  # fp16 only; the same on every rank (same sums)
+        self.dense_fp32_retries = 0  # fp16 sums that overflowed and were summed again in fp32
         self._hot_all: dict[str, np.ndarray] = {}  # the whole group's hot set (plans need it; rows live with owners)
         self.steps = 0
         self.windows = 0
@@ -102,12 +118,18 @@ class ShardedTrainerCore(TrainerCore):
         """The group's step count for this window (the largest plan); checks that every rank is at the same
         window, so a caller that calls ``train_window`` unevenly gets this error, not a gloo size mismatch."""
         self.windows += 1
-        x = torch.tensor([n, self.windows, -self.windows], dtype=torch.int64, device=self.comm)
+        t = self.cfg.trainer
+        wire = list(_WIRE).index(t.exchange_precision) * 8 + list(_WIRE).index(t.dense_allreduce_precision)
+        x = torch.tensor([n, self.windows, -self.windows, wire, -wire], dtype=torch.int64, device=self.comm)
         dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
-        most, newest, oldest = (int(v) for v in x.cpu())
+        most, newest, oldest, wire_hi, wire_lo = (int(v) for v in x.cpu())
         if newest != -oldest:
             raise RuntimeError(f"rank {self.rank} is at window {self.windows} while others are at {-oldest}..{newest}: "
                                "every rank must call train_window once per window (None when idle)")
+        if wire_hi != -wire_lo:  # the ranks would misread each other's rows and gradients
+            raise RuntimeError(f"rank {self.rank} has trainer.exchange_precision={t.exchange_precision!r} and "
+                               f"trainer.dense_allreduce_precision={t.dense_allreduce_precision!r}, another rank "
+                               "has other values: every rank of a group must use the same config")
         return most
 
     def train_window(self, batch: EventBatch | None) -> WindowResult:
@@ -200,15 +222,13 @@ class ShardedTrainerCore(TrainerCore):
             local = [r.grad for r in leaves.values() if r.grad is not None and len(r.grad)]
             local += [p.grad for p in self._params if p.grad is not None]
             grad_bad = int(bool(local) and not bool(torch.stack([(g.abs() <= GRAD_ABS_MAX).all() for g in local]).all()))
-        flags = torch.zeros(self.world + 1, device=self.comm)  # [events with a non-finite loss, rank r's grads bad]
-        flags[0], flags[1 + self.rank] = float(len(culprits)), float(grad_bad)
+        flags = torch.zeros(self.world + 1, device=self.comm)  # [any event with a non-finite loss, rank r's grads bad]
+        flags[0], flags[1 + self.rank] = float(len(culprits) > 0), float(grad_bad)  # 0/1: exact in any precision
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.comm)
-                          for p in self._params] + [flags])
-        dist.all_reduce(flat, group=self.group)
-        self.dense_bytes_sent += 2 * (self.world - 1) * flat.numel() * flat.element_size() // self.world
+                          for p in self._params])
+        grads, flags = self._all_reduce_dense(flat, flags)
         self.steps += 1
-        flags = flat[-(self.world + 1):].cpu().numpy()
-        grads = flat[:-(self.world + 1)]
+        flags = flags.cpu().numpy()
         if flags[0] > 0:
             self.opt.zero_grad(set_to_none=True)
             return _BAD_LOSS, np.zeros(0, np.float32), culprits, sizes, no_flags
@@ -223,6 +243,35 @@ class ShardedTrainerCore(TrainerCore):
         self.opt.step()
         self.exchange.give_back({f: leaves[f].grad for f in self.fields})
         return _OK, torch.sigmoid(logits.detach()).float().cpu().numpy(), culprits, sizes, no_flags
+
+    def _all_reduce_dense(self, flat: torch.Tensor, flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's sum of the dense gradients ``flat`` and of ``flags``, in fp32, sent in
+        ``trainer.dense_allreduce_precision``; counts what a ring all-reduce puts on the wire."""
+        k = len(flags)
+        if self.dense_wire is torch.float32:
+            buf = torch.cat([flat, flags])
+        elif self.dense_wire is torch.bfloat16:
+            buf = torch.cat([flat, flags]).to(torch.bfloat16)
+        else:
+            buf = torch.cat([flat * self.dense_scale, flags]).to(torch.float16)
+        dist.all_reduce(buf, group=self.group)
+        self.dense_bytes_sent += 2 * (self.world - 1) * buf.numel() * buf.element_size() // self.world
+        grads, flags = buf[:-k].float(), buf[-k:].float()
+        if self.dense_wire is not torch.float16:
+            return grads, flags
+        grads = grads / self.dense_scale
+        if bool(flags.any()) or bool(torch.isfinite(grads).all()):  # a refused step says so in fp32 as well
+            self._clean_steps += 1
+            if self._clean_steps >= _SCALE_GROWTH and self.dense_scale < _SCALE_MAX:
+                self.dense_scale, self._clean_steps = self.dense_scale * 2, 0
+            return grads, flags
+        # every rank sees the same overflowed sum, so every rank takes this branch: sum again in fp32
+        self.dense_scale, self._clean_steps = max(self.dense_scale / 2, 2.0 ** -24), 0
+        self.dense_fp32_retries += 1
+        buf = flat.clone()  # the flags are known (all zero): only the gradients again
+        dist.all_reduce(buf, group=self.group)
+        self.dense_bytes_sent += 2 * (self.world - 1) * buf.numel() * buf.element_size() // self.world
+        return buf, flags
 
     def predict(self, batch: EventBatch) -> np.ndarray:
         raise NotImplementedError("a rank of a group scores inside its training steps; serving predicts")
@@ -240,7 +289,12 @@ class ShardedTrainerCore(TrainerCore):
         v = vec.cpu().numpy()
         b = m.bins
         g = StreamingMetrics(self.cfg.trainer.metrics_window, bins=b)
-        g.load_state({"pos": v[:b], "neg": v[b:2 * b], "loss_total": float(v[2 * b]), "count": int(v[2 * b + 1])})
+
+        def totals():  # copies: update() adds to pos/neg in place, and the sums must not take the window twice
+            return {"pos": v[:b].copy(), "neg": v[b:2 * b].copy(), "loss_total": float(v[2 * b]),
+                    "count": int(v[2 * b + 1])}
+
+        g.load_state(totals())
         share = max(1, m.window // self.world)
         n = min(share, m._wn)
         newest = (m._wi - np.arange(n, 0, -1)) % m.window  # ring positions of this rank's newest n, oldest first
@@ -255,5 +309,5 @@ class ShardedTrainerCore(TrainerCore):
             ys.append(a[0, :k])
             ps.append(a[1, :k])
         g.update(np.concatenate(ys), np.concatenate(ps))  # only the window matters: the totals were set above
-        g.load_state({"pos": v[:b], "neg": v[b:2 * b], "loss_total": float(v[2 * b]), "count": int(v[2 * b + 1])})
+        g.load_state(totals())
         return g

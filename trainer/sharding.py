@@ -12,6 +12,17 @@ owners (``all_to_all``), owners read the rows from their own store and send them
 back; after backward the row gradients travel the same way in reverse, the owner
 sums the contributions of all ranks for a row and applies row-wise Adagrad once, so
 N ranks apply exactly the update one trainer would on the union of their batches.
+
+Wire formats (TorchRec's quantized comms, ``QCommsConfig``): ids travel as int32 in a
+step where every rank's ids fit (lossless; every rank learns the others' answer in the
+counts message it already sends), else int64. Rows and row gradients travel in
+``precision``: ``fp32`` (exact), ``bf16`` (fp32's exponent range, 8-bit mantissa: 2 B
+per value, nothing overflows that fp32 holds) or ``fp16`` (11-bit mantissa, each row
+scaled by a power of two sent with it as one more fp16 value, so no row overflows and
+small rows keep 11 bits: 2 B per value + 2 B per row). Only the wire is narrow: owners keep fp32
+rows and Adagrad state, sum the decoded fp32 gradients and apply them in fp32. A rank's
+own rows pass through the same all_to_all, so every forward sees rows as they come off
+the wire (as in TorchRec).
 """
 
 from __future__ import annotations
@@ -27,6 +38,38 @@ from streamrec.foundation.ids import salted_mix, table_salt
 
 SHARDING = "splitmix64(id ^ xxh64(table)) % world"  # recorded in every group checkpoint's manifest
 _OWNER_SALT = 0x5EED_0F_0A7E_2  # a fixed tweak so owners do not correlate with the store's own shard choice
+PRECISIONS = ("fp32", "bf16", "fp16")  # wire formats of rows and gradients (trainer.exchange_precision)
+_I32 = np.iinfo(np.int32)
+
+
+def wire_bytes_per_row(precision: str, dim: int) -> int:
+    """Bytes one row (or one row gradient) of ``dim`` values takes on the wire in ``precision``."""
+    return {"fp32": 4 * dim, "bf16": 2 * dim, "fp16": 2 * dim + 2}[precision]
+
+
+def encode_rows(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """fp32 rows ``(n, dim)`` in their wire format (see the module docstring); :func:`decode_rows` inverts it."""
+    if precision == "fp32":
+        return x
+    if precision == "bf16":
+        return x.to(torch.bfloat16)
+    if precision != "fp16":
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    # a power of two per row puts the row's largest |value| in [2^14, 2^15): exact scaling, no fp16 overflow,
+    # and small rows (gradients are ~1e-4) keep fp16's 11 mantissa bits instead of turning subnormal
+    _, e = torch.frexp(x.abs().amax(1) if len(x) else x.new_zeros(0))
+    k = (15 - e).clamp(-1000, 1000)  # an all-zero row has e = 0: k = 15, harmless
+    k = torch.where(torch.isfinite(x).all(1), k, torch.zeros_like(k))  # a non-finite row stays non-finite
+    return torch.cat([torch.ldexp(x, k[:, None].to(x.dtype)).to(torch.float16), k[:, None].to(torch.float16)], 1)
+
+
+def decode_rows(y: torch.Tensor, precision: str) -> torch.Tensor:
+    """fp32 rows from :func:`encode_rows`' wire format."""
+    if precision == "fp32":
+        return y
+    if precision == "bf16":
+        return y.float()
+    return torch.ldexp(y[:, :-1].float(), -y[:, -1:].float())
 
 
 def owner_of(table: str, ids: np.ndarray, world: int) -> np.ndarray:
@@ -65,11 +108,17 @@ class RowExchange:
     are the rank's own store (tiered: its hot rows on the device, cold ones in its RocksDB
     shard). Every rank of the group must call :meth:`fetch` and :meth:`give_back` the same
     number of times, in the same order, even with nothing to send (an idle rank joins
-    with an empty batch): they are collectives. ``bytes_sent`` counts this rank's payload.
+    with an empty batch): they are collectives. ``bytes_sent`` counts this rank's payload
+    (what leaves it for other ranks). ``precision`` is the wire format of rows and row
+    gradients (module docstring); every rank of a group must use the same.
     """
 
     def __init__(self, fields: Sequence[str], dim: int, lookup: Callable, apply_gradients: Callable,
-                 rank: int, world: int, group=None, comm_device: torch.device | str = "cpu"):
+                 rank: int, world: int, group=None, comm_device: torch.device | str = "cpu",
+                 precision: str = "fp32"):
+        if precision not in PRECISIONS:
+            raise ValueError(f"exchange precision must be one of {PRECISIONS}, got {precision!r}")
+        self.precision = precision
         self.fields = list(fields)
         self.dim = int(dim)
         self.lookup = lookup
@@ -78,6 +127,7 @@ class RowExchange:
         self.group = group
         self.comm = torch.device(comm_device)  # where collective buffers live: cpu for gloo, the GPU for NCCL
         self.bytes_sent = 0
+        self.remote_ids_sent = 0  # ids this rank asked other ranks for (each: an id out, a row back, a gradient out)
         self._route: _Route | None = None
 
     def _a2a(self, send: torch.Tensor, recv_rows: list[int], send_rows: list[int]) -> torch.Tensor:
@@ -101,18 +151,27 @@ class RowExchange:
         ids = np.concatenate(ids_all)
         owner, field = np.concatenate(owner_all), np.concatenate(field_all)
         order = np.lexsort((field, owner))  # by owner, then field; stable within a field
-        counts = np.zeros((W, F + 1), np.int64)
+        # the counts message: per destination, ids per field, then this rank's batch size and whether all its
+        # ids fit int32 (so every rank learns every rank's batch size and the step's id width in one message)
+        counts = np.zeros((W, F + 2), np.int64)
         np.add.at(counts, (owner, field), 1)
-        counts[:, F] = batch_size  # every rank learns every rank's batch size in the same message
-        got = torch.empty(W * (F + 1), dtype=torch.int64, device=self.comm)
-        dist.all_to_all_single(got, torch.from_numpy(counts.reshape(-1)).to(self.comm), group=self.group)
-        self.bytes_sent += (W - 1) * (F + 1) * 8
-        got = got.cpu().numpy().reshape(W, F + 1)
+        counts[:, F] = batch_size
+        counts[:, F + 1] = int(not len(ids) or (int(ids.min()) >= _I32.min and int(ids.max()) <= _I32.max))
+        if int(counts.max()) > _I32.max:
+            raise ValueError(f"rank {self.rank}: a step of {batch_size} events is beyond the counts message's int32")
+        got = torch.empty(W * (F + 2), dtype=torch.int32, device=self.comm)
+        dist.all_to_all_single(got, torch.from_numpy(counts.reshape(-1).astype(np.int32)).to(self.comm),
+                               group=self.group)
+        self.bytes_sent += (W - 1) * (F + 2) * 4
+        got = got.cpu().numpy().astype(np.int64).reshape(W, F + 2)
         batch_sizes = got[:, F].copy()
+        narrow = bool(got[:, F + 1].all())  # every rank's ids fit: all send int32 (a2a needs one dtype)
         recv_counts = got[:, :F]
         send = counts[:, :F].sum(1).tolist()
         recv = recv_counts.sum(1).tolist()
-        rids = self._a2a(torch.from_numpy(ids[order]), recv, send).cpu().numpy()
+        out_ids = ids[order].astype(np.int32) if narrow else ids[order]
+        rids = self._a2a(torch.from_numpy(out_ids), recv, send).cpu().numpy().astype(np.int64, copy=False)
+        self.remote_ids_sent += sum(send) - send[self.rank]
         # received ids are grouped by source rank, then field: label each with its field
         rfield = np.repeat(np.tile(np.arange(F), W), recv_counts.reshape(-1))
         rows_out = torch.empty((len(rids), self.dim), dtype=torch.float32, device=self.comm)
@@ -126,7 +185,7 @@ class RowExchange:
             rows = self.lookup(f, u).detach().to(self.comm, torch.float32)
             rows_out[torch.from_numpy(pos).to(self.comm)] = rows[torch.from_numpy(inv.reshape(-1)).to(self.comm)]
             owned.append((fi, pos, u, inv.reshape(-1)))
-        back = self._a2a(rows_out, send, recv)
+        back = decode_rows(self._a2a(encode_rows(rows_out, self.precision), send, recv), self.precision)
         mine = torch.empty_like(back)
         mine[torch.from_numpy(order).to(self.comm)] = back
         out, at = {}, 0
@@ -149,7 +208,8 @@ class RowExchange:
             parts.append(torch.zeros((n, self.dim), device=self.comm) if g is None
                          else g.detach().to(self.comm, torch.float32).reshape(n, self.dim))
         g_all = torch.cat(parts)
-        got = self._a2a(g_all[torch.from_numpy(r.order).to(self.comm)], r.recv, r.send)
+        wire = encode_rows(g_all[torch.from_numpy(r.order).to(self.comm)], self.precision)
+        got = decode_rows(self._a2a(wire, r.recv, r.send), self.precision)
         for fi, pos, u, inv in r.owned:
             if not len(u):
                 continue

@@ -39,6 +39,7 @@ def _train_rank(rank, world, cfg, tmp):
         owned[f] = (mine, store.peek(f, mine).numpy())
     g = core.group_metrics()
     out = {"auc": g.auc, "logloss": g.logloss, "window_auc": g.window_auc(), "events": core.events, "steps": core.steps, "owned": owned,
+           "binned": float(g.pos.sum() + g.neg.sum()),
            "dense": {k: v.detach().numpy().copy() for k, v in core.model.state_dict().items()}}
     store.close()
     return out
@@ -62,6 +63,7 @@ def test_two_ranks_train_the_model_one_trainer_would(tmp_path):
         assert abs(r["logloss"] - core.metrics.logloss) <= 1e-3
         assert abs(r["window_auc"] - core.metrics.window_auc()) <= 0.001  # the group's window, not one rank's
         assert r["steps"] == N_EVENTS // BATCH
+        assert r["binned"] == N_EVENTS  # the since-start AUC counts every event once (not the window twice)
         for k, v in core.model.state_dict().items():
             np.testing.assert_allclose(r["dense"][k], v.numpy(), atol=1e-4, err_msg=k)
     assert sum(r["events"] for r in ranks) == N_EVENTS
