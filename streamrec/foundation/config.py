@@ -106,7 +106,7 @@ class KafkaConfig:
     ssl_certfile: str = ""  # client certificate (PEM) for mutual TLS; with ssl_keyfile
     ssl_keyfile: str = ""  # client private key (PEM)
     ssl_check_hostname: bool = True  # check that a broker's certificate names the host connected to
-    fast_records: bool = True  # the trainer's consumer parses fetched record batches with aiokafka's C parser (kafka-python's own parser on any doubt); false: kafka-python's pure-Python parser
+    fast_records: bool = True  # the trainer's consumer parses fetched record batches with aiokafka's C parser and hands them to the decoder as one run per fetch, no object per record (kafka-python's own parser on any doubt); false: kafka-python's pure-Python parser
 
 
 @dataclass
@@ -173,8 +173,11 @@ class TrainerConfig:
     max_events: int = 0  # stop after this many events (0 = run forever)
     idle_exit_s: float = 0.0  # stop after this long without events (0 = never)
     ranks: int = 1  # trainer ranks that train one model together (streamrec train --nproc N on one host)
+    exchange_precision: str = "fp32"  # trainer groups: rows and row gradients on the wire, fp32 | bf16 | fp16 (owners keep fp32; bf16 halves the sparse bytes, BENCHMARKS.md)
+    dense_allreduce_precision: str = "fp32"  # trainer groups: the dense gradients' all-reduce, fp32 | bf16 | fp16 (fp16 with a dynamic scale, fp32 again on overflow)
     max_restarts: int = 1000  # times a group restarts from its last checkpoint after a rank dies (torchrun)
     window_batches: int = 8  # an event waits at most batch_size * window_batches arrivals for its hot/cold mini-batch to fill; also the poll size
+    hot_wait_batches: float = 2.5  # FAE: a hot event waits at most batch_size * hot_wait_batches arrivals for a full hot mini-batch, else trains with the cold ones in arrival order (>= window_batches: the old rule, partial hot batches; measured in BENCHMARKS.md)
     merge_wait_ms: float = 200.0  # several partitions are merged by event time: a partition that delivered nothing for this long no longer holds the others back (0 = no merge, partition after partition)
     merge_max_events: int = 200_000  # ... and an event waiting in the merge is trained anyway once this many events arrived after it (bounds memory)
     hot_source: str = "topic"  # topic: follow the sketch's hot-set topic | sample: count in-process | none
@@ -509,10 +512,15 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("hot_source", f"must be 'topic', 'sample' or 'none', got {obj.hot_source!r}")
         if obj.window_batches < 1:
             bad("window_batches", "must be >= 1")
+        if not obj.hot_wait_batches >= 1:
+            bad("hot_wait_batches", "must be >= 1 (a hot batch needs batch_size arrivals to fill)")
         if obj.merge_wait_ms < 0:
             bad("merge_wait_ms", "must be >= 0 (0 = no merge)")
         if obj.merge_max_events < 1:
             bad("merge_max_events", "must be >= 1")
+        for key in ("exchange_precision", "dense_allreduce_precision"):
+            if getattr(obj, key) not in ("fp32", "bf16", "fp16"):
+                bad(key, f"must be 'fp32', 'bf16' or 'fp16', got {getattr(obj, key)!r}")
         if obj.schedule not in ("fae", "arrival"):
             bad("schedule", f"must be 'fae' or 'arrival', got {obj.schedule!r}")
         if obj.device != "auto" and not (obj.device == "cpu" or obj.device.startswith("cuda")):
