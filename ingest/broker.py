@@ -83,7 +83,10 @@ def _wait_for_broker(bootstrap: str, timeout: float, security: Mapping[str, Any]
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000, **(security or {}))
+            # bootstrap_timeout_ms: kafka-python waits 30 s for a first connection by default, past our deadline
+            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=min(3000, left_ms),
+                                     bootstrap_timeout_ms=left_ms, **(security or {}))
             admin.list_topics()
             admin.close()
             return

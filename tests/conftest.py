@@ -12,6 +12,16 @@ a subprocess says so itself (module-level ``pytestmark``).
 
 from __future__ import annotations
 
+import os
+
+# One torch (OpenMP) thread in the test process and in every process it starts (they inherit the
+# environment), as `streamrec demo` and torchrun ranks already do on a small machine: the suite runs
+# on 2 cores next to a broker, servers and subprocesses, and two threads per process there spin
+# against each other instead of working (one 61k-event in-process training run, measured on a loaded
+# 2-core machine: 42 s of wall time and 19 s of CPU with two threads, 4 s and 2 s with one). Set before
+# torch is first imported, which reads it once; export OMP_NUM_THREADS to override.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import uuid
 from pathlib import Path
 

@@ -7,7 +7,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,22 +15,13 @@ import pytest
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
 
 from streamrec.app.procs import pid_alive
+from tests.helpers.demo import SCRAPED_DEMO_EVENTS, demo_cmd
 
 DEMO_EVENTS = 40_000
 
 
 def _demo_cmd(run_dir: Path, bootstrap: str, events: int) -> list[str]:
-    return [
-        sys.executable, "-m", "streamrec", "demo",
-        "--bootstrap", bootstrap, "--events", str(events), "--run-dir", str(run_dir), "--no-live",
-        "--timeout", "300",
-        # unique topics and groups on the shared test broker
-        "--set", f"kafka.events_topic=demo-{run_dir.name}",
-        "--set", f"kafka.dlq_topic=demo-{run_dir.name}.dlq",
-        "--set", f"kafka.hotset_topic=demo-hot-{run_dir.name}",
-        "--set", f"kafka.trainer_group=demo-trainer-{run_dir.name}",
-        "--set", f"kafka.sketch_group=demo-sketch-{run_dir.name}",
-    ]
+    return demo_cmd(run_dir, bootstrap, events)  # unique topics and groups on the shared test broker
 
 
 def _pids(run_dir: Path) -> dict[str, int]:
@@ -40,18 +30,25 @@ def _pids(run_dir: Path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("trainers", [1, 2])
-def test_demo_end_to_end(bootstrap, tmp_path, trainers):
-    """One trainer, and a group of two trainer ranks (torchrun) with two sketch workers."""
+def test_demo_end_to_end(bootstrap, tmp_path, trainers, request):
+    """One trainer, and a group of two trainer ranks (torchrun) with two sketch workers.
+
+    The one-trainer run is the session's shared demo (``scraped_demo``, tests/helpers/demo.py: 60k events
+    at 2,000/s, its /metrics pages scraped mid-run by test_metrics_endpoints.py) rather than a second one."""
     from streamrec.ingest import SyntheticStream
     from streamrec.foundation import load_config
 
-    run_dir = tmp_path / f"run{trainers}"
-    cmd = _demo_cmd(run_dir, bootstrap, DEMO_EVENTS) + (["--trainers", str(trainers)] if trainers > 1 else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
+    if trainers == 1:
+        demo = request.getfixturevalue("scraped_demo")
+        run_dir, events, proc = demo.run_dir, SCRAPED_DEMO_EVENTS, demo
+    else:
+        run_dir, events = tmp_path / f"run{trainers}", DEMO_EVENTS
+        cmd = _demo_cmd(run_dir, bootstrap, events) + ["--trainers", str(trainers)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, f"demo failed:\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-5000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["served_version"] >= 1
-    assert result["events_trained"] >= DEMO_EVENTS
+    assert result["events_trained"] >= events
     bayes = SyntheticStream(load_config(run_dir / "config.toml", env={})).bayes_auc(20_000)
     # progressive AUC since the first event (cold start included) and over the last window,
     # against floors set from the generator's Bayes-optimal AUC (~0.83 here)

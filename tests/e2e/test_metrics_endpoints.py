@@ -1,18 +1,15 @@
 """Every process serves Prometheus /metrics: scraped while `streamrec demo` runs the real pipeline (sketch
-worker, trainer and serving as separate processes), parsed with prometheus-client's own parser."""
+worker, trainer and serving as separate processes), parsed with prometheus-client's own parser.
+
+The demo run is the one tests/e2e/test_demo.py checks end to end (the ``scraped_demo`` fixture,
+tests/helpers/demo.py): one pipeline, scraped twice mid-run, then left to finish."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-import tomllib
-import urllib.request
-from pathlib import Path
-
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers.demo import value
 
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
 
@@ -42,78 +39,12 @@ EXPECTED = {
 }
 
 
-def scrape(port: int) -> dict[str, tuple[str, dict]]:
-    """name -> (type, {(sample name, labels): value}) of one /metrics page."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out = {}
-    for fam in text_string_to_metric_families(body):
-        out[fam.name] = (fam.type, {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fam.samples})
-    return out
-
-
-def value(page, name, sample=None, **labels) -> float:
-    samples = page[name][1]
-    key = (sample or name, tuple(sorted(labels.items())))
-    return samples.get(key, 0.0)
-
-
-def try_scrape(port):
-    try:
-        return scrape(port)
-    except OSError:
-        return None
-
-
-def test_every_process_serves_prometheus_metrics(bootstrap, tmp_path):
-    from streamrec.ingest import free_port
-    from streamrec.serving import ServingClient
-
-    run_dir = tmp_path / "run"
-    ports = {"sketch": free_port(), "trainer": free_port(), "serving": free_port()}
-    cmd = [sys.executable, "-m", "streamrec", "demo", "--bootstrap", bootstrap, "--events", "60000", "--rate", "2000",
-           "--run-dir", str(run_dir), "--no-live", "--timeout", "300",
-           "--set", f"kafka.events_topic=metrics-{run_dir.parent.name}",
-           "--set", f"kafka.dlq_topic=metrics-{run_dir.parent.name}.dlq",
-           "--set", f"kafka.hotset_topic=metrics-hot-{run_dir.parent.name}",
-           "--set", f"kafka.trainer_group=metrics-trainer-{run_dir.parent.name}",
-           "--set", f"kafka.sketch_group=metrics-sketch-{run_dir.parent.name}",
-           "--set", f"sketch.metrics_port={ports['sketch']}", "--set", f"trainer.metrics_port={ports['trainer']}",
-           "--set", f"serving.metrics_port={ports['serving']}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 240
-
-        def ready():  # all three up, a model served, a hot set published and applied
-            pages = {k: try_scrape(p) for k, p in ports.items()}
-            if any(p is None for p in pages.values()):
-                return None
-            ok = (value(pages["serving"], "streamrec_serving_up") == 1
-                  and value(pages["sketch"], "streamrec_sketch_hot_sets_published", "streamrec_sketch_hot_sets_published_total") >= 1
-                  and value(pages["trainer"], "streamrec_trainer_hot_set_version") >= 1
-                  and value(pages["trainer"], "streamrec_trainer_events_trained", "streamrec_trainer_events_trained_total") > 0)
-            return pages if ok else None
-
-        first = None
-        while first is None:
-            assert proc.poll() is None, f"demo ended before its processes were scraped: {proc.communicate()[1][-4000:]}"
-            assert time.monotonic() < deadline, "the pipeline did not come up in time"
-            time.sleep(1.0)
-            first = ready()
-        cfg = tomllib.loads((run_dir / "config.toml").read_text())
-        fields = [f["name"] for f in cfg["model"]["fields"]]
-        event = {"dense": [0.1] * cfg["model"]["dense_dim"], "sparse": {f: 7 for f in fields}}
-        with ServingClient(cfg["serving"]["target"]) as client:
-            scores, _ = client.predict([event, event])
-            assert len(scores) == 2
-            with pytest.raises(grpc.RpcError) as e:  # a field the model does not have
-                client.predict([{"dense": event["dense"], "sparse": {**event["sparse"], "nope": 1}}])
-            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        time.sleep(3.0)  # the next trainer metrics interval, more events counted
-        second = {k: scrape(p) for k, p in ports.items()}
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.communicate(timeout=120)
+def test_every_process_serves_prometheus_metrics(scraped_demo):
+    demo = scraped_demo
+    assert demo.scrape_error is None, f"{demo.scrape_error}: {demo.stderr[-4000:]}"
+    first, second, ports = demo.first, demo.second, demo.ports
+    assert demo.predict_scores == 2
+    assert demo.bad_field_code == grpc.StatusCode.INVALID_ARGUMENT  # a field the model does not have
 
     for proc_name, names in EXPECTED.items():
         for name, kind in names.items():

@@ -28,6 +28,9 @@ from tests.helpers.trainer import BS, PER_MESSAGE, read_jsonl, trainer_cfg
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
 
 CKPT_EVERY = 2048
+# The killed group reads a topic still being produced to, so it idles out only after 5 s of silence; the
+# clean and the 3-rank runs start with every record already in the topic, so 2 s of silence means the end.
+SETTLED_IDLE_EXIT_S = 2.0
 KILLS = [  # (failpoint, rank): one per launch, in turn
     ("group.trained#3", 1),
     ("group.mid_shard#1", 0),
@@ -205,6 +208,7 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     clean.trainer.checkpoint_dir, clean.store.path = str(tmp_path / "clean-ckpt"), str(tmp_path / "clean-store")
     clean.trainer.log_path, clean.trainer.trace_path = str(tmp_path / "clean.jsonl"), ""
     clean.trainer.push_snapshots, clean.trainer.snapshot_every = False, 0
+    clean.trainer.idle_exit_s = SETTLED_IDLE_EXIT_S
     res_clean = _train(clean, tmp_path / "clean", bootstrap, 2)
     assert res_clean.returncode == 0, res_clean.stderr[-4000:]
     clean_state, _ = read_checkpoint(latest_checkpoint(clean.trainer.checkpoint_dir))
@@ -219,6 +223,7 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     prod.close()
     more = prod.sent_messages
     cfg.kafka.partitions = 4
+    cfg.trainer.idle_exit_s = SETTLED_IDLE_EXIT_S
     res3 = _train(cfg, tmp_path, bootstrap, 3)
     assert res3.returncode == 0, res3.stderr[-6000:]
     state3, _ = read_checkpoint(latest_checkpoint(cfg.trainer.checkpoint_dir))
