@@ -128,8 +128,10 @@ def _load():
                     if rec.offset >= resume:
                         yield rec
 
-        def _fast(self, tp, buf):
-            topic, partition = tp.topic, tp.partition
+        def _batches(self, buf):
+            """Each record batch of a fetch that holds records, checked (size, format v2, CRC), with its
+            leader epoch and size in bytes; once all are taken the next fetch starts after the last batch,
+            as kafka-python's does (even if compaction emptied its end). Control batches are skipped."""
             check = self.check_crcs
             view = memoryview(buf)
             end_all = len(buf)
@@ -154,6 +156,14 @@ def _load():
                 if batch.is_control_batch:
                     self.next_fetch_offset = last_next
                     continue
+                yield batch, epoch, length + 12
+            if last_next is not None:
+                self.next_fetch_offset = last_next
+            self.drain()
+
+        def _fast(self, tp, buf):
+            topic, partition = tp.topic, tp.partition
+            for batch, epoch, size in self._batches(buf):
                 n = 0
                 for r in batch:
                     key, value, headers = r.key, r.value, r.headers
@@ -167,11 +177,7 @@ def _load():
                         sum(len(k.encode("utf-8")) + (len(v) if v is not None else 0) for k, v in headers)
                         if headers else -1))
                 if n:
-                    self.bytes_read += length + 12
-            # as kafka-python: the next fetch starts after the last batch, even if compaction emptied its end
-            if last_next is not None:
-                self.next_fetch_offset = last_next
-            self.drain()
+                    self.bytes_read += size
 
     class RunPartitionRecords(FastPartitionRecords):
         """The same parsing, handed out as one :class:`RecordRun` per fetch instead of a ``ConsumerRecord``
@@ -224,30 +230,7 @@ def _load():
                 raise error
 
         def _fast_run(self, tp, buf, out: list, epochs: list) -> None:
-            check = self.check_crcs
-            view = memoryview(buf)
-            end_all = len(buf)
-            pos = 0
-            last_next = None
-            while end_all - pos >= 12:
-                length = unpack_length(buf, pos + 8)[0]
-                end = pos + 12 + length
-                if end > end_all:
-                    break
-                if length + 12 < _V2_HEADER:
-                    raise _Fallback(f"record batch of {length + 12} bytes at offset {unpack_offset(buf, pos)[0]}")
-                base_offset, length, epoch, magic = unpack_header(buf, pos)
-                if magic != 2:
-                    raise _Fallback(f"message format v{magic} at offset {base_offset}")
-                batch = CBatch(view[pos:end])
-                pos = end
-                if check and not batch.validate_crc():
-                    raise _Fallback(f"record batch failed its CRC check at offset {base_offset}")
-                self.leader_epoch = epoch
-                last_next = batch.next_offset
-                if batch.is_control_batch:
-                    self.next_fetch_offset = last_next
-                    continue
+            for batch, epoch, size in self._batches(buf):
                 got = list(batch)  # the whole batch parsed before any of it is taken (an error: none is)
                 if got:
                     if not epochs or epochs[-1][1] != epoch:
@@ -255,10 +238,7 @@ def _load():
                     out.extend(got)
                     self.records_read += len(got)
                     self.next_fetch_offset = got[-1].offset + 1
-                    self.bytes_read += length + 12
-            if last_next is not None:
-                self.next_fetch_offset = last_next
-            self.drain()
+                    self.bytes_read += size
 
     FastPartitionRecords.__qualname__ = "FastPartitionRecords"
     RunPartitionRecords.__qualname__ = "RunPartitionRecords"
