@@ -330,12 +330,7 @@ class Decoder:
         piece(0, len(values))
         if failures >= _ISOLATE_FAILURES:
             self._columns_failed = True
-        errors.sort()
-        if not segments:
-            return None, errors
-        if len(segments) == 1:
-            return segments[0], errors
-        return EventBatch.concat(segments, self.schema.dense_dim, self.schema.fields), errors
+        return self._joined(segments, errors)
 
     def _decode_records(self, values: Sequence) -> tuple[EventBatch | None, list[tuple[int, str]]]:
         """Record by record (JSON rows validated one by one, built together; Arrow tables together)."""
@@ -371,6 +366,10 @@ class Decoder:
             self._flush_tables(tables, segments, errors)
         if rows:
             self._flush_rows(rows, row_at, segments, errors)
+        return self._joined(segments, errors)
+
+    def _joined(self, segments: list[EventBatch], errors: list[tuple[int, str]]) -> tuple[EventBatch | None, list]:
+        """The decoded segments as one batch (None: none), and the errors in record order."""
         errors.sort()
         if not segments:
             return None, errors
