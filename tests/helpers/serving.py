@@ -125,6 +125,14 @@ def push_stream(target, chunks, token="push-tok"):
     return e.value
 
 
+def trained_once(cfg, tmp_path) -> tuple["FakeTrainer", object]:
+    """A fake trainer after one step, and its first full snapshot (what most serving tests push first)."""
+    trainer = FakeTrainer(cfg, tmp_path)
+    touched = Touched()
+    touched.add(trainer.step())
+    return trainer, trainer.snapshot("full", [], touched.rows())
+
+
 def serving_version_1(cfg, tmp_path):
     """Start a server for ``cfg`` with push and predict tokens, push version 1; yield
     ``(server, trainer, touched, client, events, want)``, then stop it (the body of a fixture)."""

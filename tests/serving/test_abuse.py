@@ -40,7 +40,7 @@ from streamrec.serving import ServingClient, ServingServer, SnapshotPusher, serv
 from streamrec.serving.pb import pb
 from streamrec.serving.server import is_loopback
 from tests.helpers.serving import (FakeTrainer, Touched, events_to_batch, make_events, push_stream, serving_version_1,
-                                   still_serving_v1)
+                                   still_serving_v1, trained_once)
 
 pytestmark = pytest.mark.grpc
 
@@ -277,13 +277,11 @@ def _in_thread(fn):
 
 def test_a_full_predict_lane_refuses_at_once_and_leaves_the_others_alone(cfg, tmp_path):
     cfg.serving.workers, cfg.serving.max_concurrent_requests, cfg.serving.merge_max_events = 2, 4, 0
-    trainer = FakeTrainer(cfg, tmp_path)
-    touched = Touched()
-    touched.add(trainer.step())
+    trainer, first = trained_once(cfg, tmp_path)
     events = make_events(cfg, 4)
     with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as client:
         with SnapshotPusher(srv.target) as p:
-            assert p.push(trainer.snapshot("full", [], touched.rows())).ok
+            assert p.push(first).ok
         lane = srv.lanes.pools["predict"]
         gate, entered = _gate(srv.service.current)
         calls = [_in_thread(lambda: client.predict(events)) for _ in range(3)]  # 2 scoring, 1 waiting for a thread
@@ -321,13 +319,11 @@ def test_a_full_predict_lane_refuses_at_once_and_leaves_the_others_alone(cfg, tm
 
 def test_heavy_requests_are_scored_apart_one_at_a_time(cfg, tmp_path):
     cfg.serving.heavy_request_cost, cfg.serving.max_concurrent_heavy = 100, 1
-    trainer = FakeTrainer(cfg, tmp_path)
-    touched = Touched()
-    touched.add(trainer.step())
+    trainer, first = trained_once(cfg, tmp_path)
     events = make_events(cfg, 40)
     with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as client:
         with SnapshotPusher(srv.target) as p:
-            assert p.push(trainer.snapshot("full", [], touched.rows())).ok
+            assert p.push(first).ok
         gate, entered = _gate(srv.service.current, heavier_than=20)
         rounds = srv.service.merger.rounds
         t, out = _in_thread(lambda: client.predict(events))  # 40 events + their ids > 100: heavy
@@ -364,13 +360,11 @@ def test_a_heavy_request_is_scored_in_slices_with_the_same_scores(cfg, tmp_path,
     from streamrec.serving import server as server_mod
 
     cfg.serving.heavy_request_cost = 100
-    trainer = FakeTrainer(cfg, tmp_path)
-    touched = Touched()
-    touched.add(trainer.step())
+    trainer, first = trained_once(cfg, tmp_path)
     events = make_events(cfg, 40)
     with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as client:
         with SnapshotPusher(srv.target) as p:
-            assert p.push(trainer.snapshot("full", [], touched.rows())).ok
+            assert p.push(first).ok
         whole, _ = client.predict(events)  # 40 events + their ids > 100: heavy, one slice at the default size
         n = srv.service.heavy_slices
         assert n == 1
