@@ -53,12 +53,14 @@ class InflightRange:
         return topic == self.topic and partition == self.partition and self.first <= offset <= self.last
 
 
-def ranges_of(records: Iterable) -> list[InflightRange]:
-    """The offset ranges (per partition) of Kafka records."""
+def ranges_of(runs: Iterable) -> list[InflightRange]:
+    """The offset ranges (per partition) of runs of Kafka records (``fast_records.RecordRun``: ``topic``,
+    ``partition``, ``offset`` of the first record and ``last_offset``, each run in offset order)."""
     span: dict[tuple[str, int], list[int]] = {}
-    for r in records:
-        s = span.setdefault((r.topic, r.partition), [r.offset, r.offset])
-        s[0], s[1] = min(s[0], r.offset), max(s[1], r.offset)
+    for r in runs:
+        lo, hi = r.offset, r.last_offset
+        s = span.setdefault((r.topic, r.partition), [lo, hi])
+        s[0], s[1] = min(s[0], lo), max(s[1], hi)
     return [InflightRange(t, p, lo, hi) for (t, p), (lo, hi) in sorted(span.items())]
 
 

@@ -42,7 +42,7 @@ from streamrec.foundation import EventBatch, EventSchema, StreamrecError
 from . import fast_records
 from .codec import CODEC_HEADER, Decoder, encode_messages
 from .fast_records import RecordRun
-from .inflight import DECODE, TRAIN, InflightMarker, InflightRange, probe_decode
+from .inflight import DECODE, TRAIN, InflightMarker, probe_decode, ranges_of
 from .kafka_clients import client_settings
 
 log = logging.getLogger(__name__)
@@ -347,7 +347,7 @@ class EventConsumer:
                     continue
             handed.extend(runs)
             if self._marker is not None:
-                self._marker.mark(DECODE, _ranges_of_runs(runs), self._deaths_of(runs, DECODE))
+                self._marker.mark(DECODE, ranges_of(runs), self._deaths_of(runs, DECODE))
             got = 0
             for run in _merge_runs(runs):  # each event is tagged with its partition (the trainer's merge)
                 values = run.values()
@@ -362,7 +362,7 @@ class EventConsumer:
             self._per_record = max(1.0, got / taken)
             n += got
         if self._marker is not None and handed:  # the caller handles these now: a death is a "train" death
-            self._marker.mark(TRAIN, _ranges_of_runs(handed), self._deaths_of(handed, TRAIN))
+            self._marker.mark(TRAIN, ranges_of(handed), self._deaths_of(handed, TRAIN))
         if not parts and not offsets:
             return None
         if len(parts) == 1:
@@ -752,15 +752,6 @@ def _merge_runs(runs: list) -> list:
             out.append(run)
     return out
 
-
-def _ranges_of_runs(runs: list) -> list[InflightRange]:
-    """The offset ranges (per partition) of runs of Kafka records (each run in offset order)."""
-    span: dict[tuple[str, int], list[int]] = {}
-    for r in runs:
-        lo, hi = r.offset, r.last_offset
-        s = span.setdefault((r.topic, r.partition), [lo, hi])
-        s[0], s[1] = min(s[0], lo), max(s[1], hi)
-    return [InflightRange(t, p, lo, hi) for (t, p), (lo, hi) in sorted(span.items())]
 
 
 def read_topic(bootstrap: str, topic: str, timeout: float = 10.0, expected: int | None = None,

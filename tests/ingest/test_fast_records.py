@@ -261,7 +261,8 @@ def test_event_consumer_switch(bootstrap, topics):
 def test_record_runs_split_and_join_keep_records_and_epochs():
     """A run's records (as ConsumerRecords) survive splitting at any point and joining with the next
     fetch's run, leader epochs included (a batch of a new epoch starts a new entry)."""
-    from streamrec.ingest.kafka_io import _merge_runs, _ranges_of_runs
+    from streamrec.ingest.inflight import ranges_of
+    from streamrec.ingest.kafka_io import _merge_runs
 
     data = _batches((2, 0, [b"a", b"b", b"c"]), (2, 3, [b"d", b"e"]))
     import struct
@@ -288,4 +289,4 @@ def test_record_runs_split_and_join_keep_records_and_epochs():
     other = cls(0, TopicPartition("t", 0), MemoryRecords(bytes(data))).take(10)[0]
     two = _merge_runs([run.split(1)[1], other.split(2)[0]])  # two fetches' runs of one partition
     assert len(two) == 1 and two[0].records() == want[1:] + want[:2]
-    assert [(r.first, r.last) for r in _ranges_of_runs([run.split(1)[1]])] == [(1, 4)]
+    assert [(r.first, r.last) for r in ranges_of([run.split(1)[1]])] == [(1, 4)]
