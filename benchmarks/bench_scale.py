@@ -26,7 +26,15 @@ a burst of load from elsewhere on a shared machine hits all of them alike:
         ``online:bf16`` / ``online:fp16``: the same with rows, row gradients and the dense
         all-reduce on the wire in bf16 / fp16 (``trainer.exchange_precision`` and
         ``trainer.dense_allreduce_precision``); ``exact:bf16`` / ``exact:fp16`` without ``--quick``
-        (a mode ``online:<exchange>/<dense>``, e.g. ``online:fp16/fp32``, sets the two apart)
+        (a mode ``online:<exchange>/<dense>``, e.g. ``online:fp16/fp32``, sets the two apart);
+        ``rank``: ``trainer.group_batch = "rank"``, the online split with each rank training
+        mini-batches of 512 (a group step of N x 512 events; 8 / N steps per rank window, so
+        window i still covers the same 4,096 events of the stream); n1 adds ``plain@1024`` /
+        ``plain@2048``, the plain trainer at the rank-mode group's global batch on the same stream
+        order (at N=2 its step k holds the same 1,024 events as the group's step k), so the batch
+        size's effect on AUC is told apart from the group's; ``online:bf16+powersgd`` (and
+        ``rank:bf16+powersgd``): the bf16 wire with the dense all-reduce compressed by PowerSGD
+        (``trainer.dense_allreduce_compression``, rank 4, the warm-up window's steps uncompressed)
 
 Figures: |AUC_2 - AUC_1| (exact; progressive AUC, the group's via ``group_metrics``),
 AUC_N - AUC_1 (online; at each wire precision, and against the fp32 group's AUC), collective
@@ -59,6 +67,7 @@ MESSAGE = 256  # events per simulated Kafka message
 PARTITIONS = 4
 PROJECT_WORLDS = (1, 2, 4, 8, 16, 32, 64)
 PRECISIONS = ("bf16", "fp16")  # compressed wire formats measured beside fp32
+COMPRESSED = ("bf16+powersgd",)  # + PowerSGD on the dense all-reduce (rank 4, the first window uncompressed)
 NICS_GBIT = (10, 25, 100)
 
 
@@ -85,7 +94,7 @@ def local_stream(batch, world: int, rank: int, mode: str):
         return batch.take(idx[rank * n:(rank + 1) * n])
     if mode == "exact":  # the ranks' k-th mini-batches together are one trainer's k-th mini-batch
         return batch.take(idx[idx % world == rank])
-    if mode == "online":  # messages round-robin over partitions; a rank reads partitions p % world == rank
+    if mode in ("online", "rank"):  # messages round-robin over partitions; a rank reads partitions p % world == rank
         part = (idx // MESSAGE) % PARTITIONS
         return batch.take(idx[part % world == rank])
     raise ValueError(mode)
@@ -142,14 +151,20 @@ class _Runner:
 
         self.mode, self.rank = mode, rank
         mode, _, precision = ("plain" if mode == "ref" else mode).partition(":")
-        self.sharded = mode in ("exact", "online", "sharded1")
+        self.sharded = mode in ("exact", "online", "sharded1", "rank")
         self.root = os.path.join(spec["root"], f"{mode}-{(precision or 'fp32').replace('/', '-')}-n{world}-r{rank}")
         cfg = scale_config(self.root, spec["ids"], spec["bottom"], spec["top"], world if self.sharded else 1)
+        precision, _, compress = precision.partition("+")  # "<precision>+powersgd": PowerSGD on the dense sum
+        if compress:  # rank 4; the untimed first window's steps are summed uncompressed (start_powerSGD_iter)
+            cfg.trainer.dense_allreduce_compression, cfg.trainer.powersgd_rank = "powersgd", 4
+            cfg.trainer.powersgd_start_iter = WINDOW_BATCHES // (world if mode == "rank" else 1)
         if precision:  # "p": one wire format for rows, row gradients and the dense all-reduce; "p/q": rows p, dense q
             sparse_p, _, dense_p = precision.partition("/")
             cfg.trainer.exchange_precision, cfg.trainer.dense_allreduce_precision = sparse_p, dense_p or sparse_p
         if mode.startswith("plain@"):  # the plain trainer at a group rank's mini-batch size: the split's floor
             cfg.trainer.batch_size = int(mode.partition("@")[2])
+        if mode == "rank":  # per-rank batches: each rank trains BATCH events a step, the group N x BATCH
+            cfg.trainer.group_batch = "rank"
         self.store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=os.path.join(self.root, "store"))
         if self.sharded:
             from streamrec.trainer.sharded_core import ShardedTrainerCore
@@ -160,7 +175,7 @@ class _Runner:
             self.core = TrainerCore(cfg, self.store, torch.device("cpu"))
         # every set-up cuts the stream into the same number of windows (one window = 4096 events of the
         # group, 8 of its steps), so window i of every set-up covers the same stretch of the stream
-        w = world if mode in ("exact", "online", "control") else 1
+        w = world if mode in ("exact", "online", "control", "rank") else 1
         size = BATCH * WINDOW_BATCHES // w
         self.windows = windows_of(local_stream(data, w, rank, mode), size)
         if self.sharded:  # train_window is a collective: a rank with fewer windows joins as an idle rank
@@ -176,6 +191,8 @@ class _Runner:
         w = self.windows[i]
         c0, t0 = time.process_time(), time.perf_counter()
         self.core.train_window(w)
+        if i == 0 and self.sharded:  # the bytes of the warm-up window (PowerSGD's uncompressed steps among them)
+            self.bytes_w0 = (self.core.dense_bytes_sent, self.core.exchange.bytes_sent)
         if timed:
             self.cpu_w.append(time.process_time() - c0)
             self.wall_w.append(time.perf_counter() - t0)
@@ -192,6 +209,8 @@ class _Runner:
             ex, t = core.exchange, self.traffic
             out.update(steps=core.steps, exchange_bytes=ex.bytes_sent, dense_bytes=core.dense_bytes_sent,
                        dense_fp32_retries=core.dense_fp32_retries,
+                       dense_bytes_timed=core.dense_bytes_sent - self.bytes_w0[0],
+                       exchange_bytes_timed=ex.bytes_sent - self.bytes_w0[1],
                        ids_bytes=t.ids, rows_bytes=t.rows, grads_bytes=t.grads,
                        counts_bytes=ex.bytes_sent - t.ids - t.rows - t.grads,
                        remote_ids=t.remote_ids, local_uniques=t.local_uniques)
@@ -286,6 +305,9 @@ def group_figures(ranks: list[dict]) -> dict:
                                                      "grads_bytes", "counts_bytes", "remote_ids", "local_uniques")}
         out.update(steps=steps, dense_fp32_retries=ranks[0].get("dense_fp32_retries", 0), **tot)
         out["bytes_per_event"] = (tot["exchange_bytes"] + tot["dense_bytes"]) / ev
+        timed_b = sum(r["exchange_bytes_timed"] + r["dense_bytes_timed"] for r in ranks)
+        out["bytes_per_event_timed"] = timed_b / timed if timed else float("nan")  # after the warm-up window
+        out["dense_bytes_per_event_timed"] = sum(r["dense_bytes_timed"] for r in ranks) / timed if timed else float("nan")
         out["bytes_per_step"] = (tot["exchange_bytes"] + tot["dense_bytes"]) / steps
         out["dense_bytes_per_event"] = tot["dense_bytes"] / ev
         out["sparse_bytes_per_event"] = tot["exchange_bytes"] / ev
@@ -360,9 +382,12 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.perf_counter()
         small = [f"plain@{BATCH // w}" for w in worlds]
-        n1, s1, *n1_small = run_group(1, {**spec, "modes": ["plain", "sharded1", *small]}, timeout)[0]
+        big = [f"plain@{BATCH * w}" for w in worlds]  # the rank-mode group's global batch, one trainer
+        n1, s1, *n1_rest = run_group(1, {**spec, "modes": ["plain", "sharded1", *small, *big]}, timeout)[0]
+        n1_small, n1_big = n1_rest[:len(worlds)], n1_rest[len(worlds):]
         base, sh1 = group_figures([n1]), group_figures([s1])
         small_cpu = {w: group_figures([r])["cpu_per_event_us"] for w, r in zip(worlds, n1_small)}
+        big_runs = {w: group_figures([r]) for w, r in zip(worlds, n1_big)}
         us = base["cpu_per_event_us"]
         print(f"n1 plain TrainerCore: auc {base['auc']:.4f}  {base['events_per_s']:,.0f} events/s  {us:.1f} us CPU/event"
               f"  [{time.perf_counter() - t0:.0f}s]", flush=True)
@@ -370,11 +395,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{sh1['cpu_per_event_us']:.1f} us/event ({sh1['cpu_per_event_us'] / us:.2f}x, auc {sh1['auc']:.4f}); "
               + ", ".join(f"plain at a rank's mini-batch {BATCH // w}: {small_cpu[w]:.1f} us/event "
                           f"({small_cpu[w] / us:.2f}x)" for w in worlds), flush=True)
+        print("   one trainer at the rank-mode groups' global batch: " + ", ".join(
+            f"plain@{BATCH * w}: auc {g['auc']:.4f} ({g['auc'] - base['auc']:+.5f} vs batch {BATCH}), "
+            f"{g['cpu_per_event_us']:.1f} us/event ({g['cpu_per_event_us'] / us:.2f}x)" for w, g in big_runs.items()),
+            flush=True)
         runs: dict[str, dict] = {}
         for w in worlds:
             t0 = time.perf_counter()
             modes = ["ref", "control", "exact", "online"] if w == 2 or not args.quick else ["ref", "control", "online"]
             modes += [f"online:{p}" for p in PRECISIONS] + ([] if args.quick else [f"exact:{p}" for p in PRECISIONS])
+            modes += ["rank"]  # trainer.group_batch = "rank": 512 events per rank step
+            # PowerSGD's set-ups; in rank mode with its wire uncompressed beside it (online has online:bf16)
+            modes += [f"online:{p}" for p in COMPRESSED] + ([f"rank:{q}" for p in COMPRESSED for q in (
+                p.partition("+")[0], p)] if "rank" in modes else [])
             per_rank = run_group(w, {**spec, "modes": modes}, timeout)
             for i, mode in enumerate(modes):
                 runs[f"{mode}_n{w}"] = group_figures([r[i] for r in per_rank if r[i] is not None])
@@ -401,6 +434,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   online {p}: {g['bytes_per_event'] / f32['bytes_per_event']:.3f}x fp32's bytes; AUC "
                       f"{g['auc'] - f32['auc']:+.5f} against the fp32 group's, logloss {g['logloss'] - f32['logloss']:+.5f}"
                       f"; {g['dense_fp32_retries']} dense sums redone in fp32", flush=True)
+            g, bg = runs[f"rank_n{w}"], big_runs[w]
+            print(f"   rank (group_batch=rank, {BATCH} per rank, global {BATCH * w}): CPU "
+                  f"{g['cpu_per_event_us'] / ref['cpu_per_event_us']:.2f}x ref (median window "
+                  f"{g['cpu_per_event_us_median'] / ref['cpu_per_event_us_median']:.2f}x), {g['bytes_per_event']:,.0f} "
+                  f"B/event, {g['events_per_s']:,.0f} events/s; AUC {g['auc'] - base['auc']:+.5f} vs one trainer at "
+                  f"{BATCH}, {g['auc'] - bg['auc']:+.5f} vs one trainer at {BATCH * w} (the batch size alone: "
+                  f"{bg['auc'] - base['auc']:+.5f})", flush=True)
+            for m in (f"{k}:{p}" for p in COMPRESSED for k in ("online", "rank")):  # PowerSGD's set-ups
+                if f"{m}_n{w}" not in runs:
+                    continue
+                g, f32, same = runs[f"{m}_n{w}"], runs[f"{m.partition(':')[0]}_n{w}"], runs.get(f"{m.partition('+')[0]}_n{w}")
+                print(f"   {m}: {g['bytes_per_event']:,.0f} B/event ({g['bytes_per_event_timed']:,.0f} after the "
+                      f"uncompressed warm-up window; dense {g['dense_bytes_per_event_timed']:,.0f}); AUC "
+                      f"{g['auc'] - f32['auc']:+.5f} against its fp32 group's"
+                      + (f", {g['auc'] - same['auc']:+.5f} against the same wire uncompressed" if same else "")
+                      + f"; CPU {g['cpu_per_event_us'] / f32['cpu_per_event_us']:.2f}x its fp32 group's", flush=True)
             print(f"   [{time.perf_counter() - t0:.0f}s for n{w}]", flush=True)
 
         params = n1["params"]
@@ -471,6 +520,37 @@ def main(argv: list[str] | None = None) -> int:
                 ex = runs.get(f"exact:{p}_n{w}")
                 if ex is not None:
                     summary[f"exact_dauc_n{w}_{p}"] = abs(ex["auc"] - base["auc"])
+            g, bg = runs[f"rank_n{w}"], big_runs[w]  # group_batch = "rank": per-rank batch BATCH, global N x BATCH
+            summary.update({f"cpu_inflation_n{w}_rank_batch": g["cpu_per_event_us"] / r_us,
+                            f"cpu_inflation_median_n{w}_rank_batch": g["cpu_per_event_us_median"] / r_med,
+                            f"cpu_per_event_us_n{w}_rank_batch": g["cpu_per_event_us"],
+                            f"bytes_per_event_n{w}_rank_batch": g["bytes_per_event"],
+                            f"dense_bytes_per_event_n{w}_rank_batch": g["dense_bytes_per_event"],
+                            f"sparse_bytes_per_event_n{w}_rank_batch": g["sparse_bytes_per_event"],
+                            f"events_per_s_n{w}_rank_batch": g["events_per_s"], f"steps_n{w}_rank_batch": g["steps"],
+                            f"auc_n{w}_rank_batch": g["auc"], f"dauc_n{w}_rank_batch": g["auc"] - base["auc"],
+                            f"dauc_vs_big_batch_n{w}_rank_batch": g["auc"] - bg["auc"],
+                            f"auc_plain_batch{BATCH * w}": bg["auc"],
+                            f"dauc_plain_batch{BATCH * w}_vs_{BATCH}": bg["auc"] - base["auc"],
+                            f"cpu_plain_batch{BATCH * w}_vs_{BATCH}": bg["cpu_per_event_us"] / us})
+            for m in (f"{k}:{p}" for p in COMPRESSED for k in ("online", "rank")):  # PowerSGD on the dense sum
+                g = runs.get(f"{m}_n{w}")
+                if g is None:
+                    continue
+                f32, same = runs[f"{m.partition(':')[0]}_n{w}"], runs.get(f"{m.partition('+')[0]}_n{w}")
+                tag = m.replace(":", "_").replace("+", "_")  # e.g. online_bf16_powersgd
+                summary.update({f"bytes_per_event_n{w}_{tag}": g["bytes_per_event"],
+                                f"bytes_per_event_timed_n{w}_{tag}": g["bytes_per_event_timed"],
+                                f"dense_bytes_per_event_n{w}_{tag}": g["dense_bytes_per_event"],
+                                f"dense_bytes_per_event_timed_n{w}_{tag}": g["dense_bytes_per_event_timed"],
+                                f"sparse_bytes_per_event_n{w}_{tag}": g["sparse_bytes_per_event"],
+                                f"dauc_vs_fp32_n{w}_{tag}": g["auc"] - f32["auc"],
+                                f"dlogloss_vs_fp32_n{w}_{tag}": g["logloss"] - f32["logloss"],
+                                f"online_dauc_n{w}_{tag}": g["auc"] - base["auc"],
+                                f"cpu_vs_fp32_n{w}_{tag}": g["cpu_per_event_us"] / f32["cpu_per_event_us"],
+                                f"cpu_inflation_n{w}_{tag}": g["cpu_per_event_us"] / r_us})
+                if same is not None:
+                    summary[f"dauc_vs_uncompressed_n{w}_{tag}"] = g["auc"] - same["auc"]
             for mode in ("exact", "online"):
                 g = runs.get(f"{mode}_n{w}")
                 if g is None:
@@ -510,6 +590,20 @@ def main(argv: list[str] | None = None) -> int:
                 if f"bytes_per_event_n{w}_{p}" in summary:
                     goals.append(f"n{w} {p} {summary[f'bytes_per_event_n{w}_{p}']:,.0f} B/event (AUC "
                                  f"{summary[f'dauc_vs_fp32_n{w}_{p}']:+.5f} vs fp32)")
+        for w in worlds:
+            if f"cpu_inflation_n{w}_rank_batch" in summary:
+                goals.append(f"n{w} group_batch=rank: CPU {summary[f'cpu_inflation_n{w}_rank_batch']:.2f}x, "
+                             f"{summary[f'bytes_per_event_n{w}_rank_batch']:,.0f} B/event, AUC "
+                             f"{summary[f'dauc_n{w}_rank_batch']:+.5f} vs batch {BATCH}, "
+                             f"{summary[f'dauc_vs_big_batch_n{w}_rank_batch']:+.5f} vs batch {BATCH * w}")
+        for w in worlds:
+            for k in ("online", "rank"):
+                for p in COMPRESSED:
+                    tag = f"{k}_{p.replace('+', '_')}"
+                    if f"bytes_per_event_n{w}_{tag}" in summary:
+                        goals.append(f"n{w} {k}:{p} {summary[f'bytes_per_event_n{w}_{tag}']:,.0f} B/event "
+                                     f"({summary[f'bytes_per_event_timed_n{w}_{tag}']:,.0f} after warm-up; AUC "
+                                     f"{summary[f'dauc_vs_fp32_n{w}_{tag}']:+.5f} vs fp32)")
         if "online_dauc_n4" in summary:
             goals.append(f"online dAUC n4 {summary['online_dauc_n4']:+.5f}")
         print("ratios: " + "; ".join(goals))

@@ -44,12 +44,12 @@ import torch.distributed as dist
 from streamrec.foundation import StreamrecError, is_resource_error, sha256_file
 from streamrec.foundation.failpoints import hit
 
-from .checkpoint import (CHECKSUMS, INFLIGHT, STATE, CheckpointError, choose_checkpoint, offsets_from_json,
+from .checkpoint import (CHECKSUMS, DENSE, INFLIGHT, STATE, CheckpointError, choose_checkpoint, offsets_from_json,
                          offsets_to_json, read_checkpoint, set_aside, verify_checkpoint, write_checkpoint)
 from .hotset import NoHotSource
 from .reshard import rank_dir, reshard_into, shard_checkpoints
 from .service import TrainerService, freeze_heap, open_store
-from .sharded_core import ShardedTrainerCore
+from .sharded_core import ShardedTrainerCore, local_batch
 from .sharding import SHARDING
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,43 @@ def rank_config(cfg, rank: int, world: int):
     if rank != 0:
         t.log_path, t.metrics_port, t.snapshot_every = "", 0, 0
     return c
+
+
+def batch_mode(trainer_cfg, world: int) -> dict[str, Any]:
+    """What a group checkpoint's manifest records about its batches: ``trainer.group_batch``, the events one
+    rank trains per step and the group's (global) batch, so a restart can tell whether it would train
+    with another batch than the model so far was trained with."""
+    per_rank = local_batch(trainer_cfg, world)
+    return {"group_batch": trainer_cfg.group_batch, "rank_batch": per_rank, "global_batch": per_rank * world}
+
+
+def check_batch_mode(manifest: dict, trainer_cfg, world: int, name: str = "the checkpoint") -> None:
+    """Refuse to resume a group checkpoint with another ``trainer.group_batch`` than it was written with.
+
+    The two modes give the same ``batch_size`` different meanings (the group's step, or each rank's), so
+    a silent switch would change the global batch, and with it what the learning rates do, by a factor
+    of N in the middle of a model's life. A switch that keeps the global batch (``"group"`` at 512 on 2
+    ranks to ``"rank"`` at 256) trains the same steps and is allowed. Manifests written before the key
+    existed were "group"; a plain trainer's checkpoint (no ``world``) has no mode and resumes in either.
+    A world-size change in "rank" mode (a reshard) changes the global batch too: allowed, and logged."""
+    if "world" not in manifest:
+        return
+    then = manifest.get("group_batch", "group")
+    now = trainer_cfg.group_batch
+    mine = batch_mode(trainer_cfg, world)
+    old_global = manifest.get("global_batch")
+    if then != now and (old_global is None or int(old_global) != mine["global_batch"]):
+        raise GroupError(
+            f"{name} was written by a group with trainer.group_batch={then!r} ({manifest.get('world')} ranks, "
+            f"global batch {old_global if old_global is not None else '?'}); this group has "
+            f"trainer.group_batch={now!r} ({world} ranks, global batch {mine['global_batch']}). Resuming would "
+            f"change what trainer.batch_size means mid-training: set trainer.group_batch={then!r}, or, to "
+            "switch on purpose, set trainer.batch_size for the new mode and start from a fresh "
+            "trainer.checkpoint_dir (a plain trainer's checkpoint resumes in either mode)")
+    if old_global is not None and int(old_global) != mine["global_batch"]:
+        log.warning("%s was trained at a global batch of %d events per step; this group trains %d "
+                    "(trainer.group_batch=%r, %d ranks x %d): the learning rates stay as configured", name,
+                    int(old_global), mine["global_batch"], now, world, mine["rank_batch"])
 
 
 def is_group_checkpoint(root: str | os.PathLike) -> int:
@@ -140,7 +177,7 @@ class GroupTrainerService(TrainerService):
 
         self.partitions = assigned_partitions(
             check_partitions(bootstrap, cfg.kafka.events_topic, world, security=client_settings(cfg)), rank, world)
-        if cfg.trainer.batch_size % world:
+        if cfg.trainer.group_batch == "group" and cfg.trainer.batch_size % world:
             log.warning("trainer.batch_size %d is not a multiple of %d ranks: a step trains %d events, not %d",
                         cfg.trainer.batch_size, world, cfg.trainer.batch_size // world * world, cfg.trainer.batch_size)
         self.comm_device = torch.device("cpu") if dist.get_backend(group) == "gloo" else None
@@ -191,6 +228,7 @@ class GroupTrainerService(TrainerService):
                 self._fresh_store()
                 return None, {}, {}
             ckpt, state, dense = Path(pick[0][0]), pick[0][1], pick[0][2]
+            check_batch_mode(state, self.cfg.trainer, self.world, ckpt.name)  # every rank: the same manifest
             why = ""
             try:
                 local = self._open_shard(ckpt, state)
@@ -203,7 +241,7 @@ class GroupTrainerService(TrainerService):
             dist.all_gather_object(whys, why, group=self.group)
             bad = [w for w in whys if w]
             if not bad:
-                return ckpt, self._merge_state(state, local), dense
+                return ckpt, self._merge_state(state, local), {**dense, **self._rank_dense}  # + this shard's own
             if hasattr(self, "store"):
                 self.store.close()
             self.refused_checkpoints += bad
@@ -217,7 +255,10 @@ class GroupTrainerService(TrainerService):
         self.store = EmbeddingStore.from_config(self.cfg, self.device)
 
     def _open_shard(self, ckpt: Path, state: dict) -> dict | None:
-        """Open this rank's store at the checkpoint: its own shard, or resharded from all of them."""
+        """Open this rank's store at the checkpoint: its own shard, or resharded from all of them. Its own
+        shard's dense part (the PowerSGD error feedback, :mod:`.dense_sync`) goes to ``self._rank_dense``;
+        after a reshard there is none."""
+        self._rank_dense: dict = {}
         world_then = int(state.get("world", 1)) if "world" in state else 0
         if world_then == self.world:
             shard = rank_dir(self.root, self.rank) / ckpt.name
@@ -227,6 +268,8 @@ class GroupTrainerService(TrainerService):
                 raise CheckpointError(f"{shard}: not the shard manifest {ckpt.name} recorded (a leftover of a run "
                                       "that died before its manifest)")
             self.store = open_store(self.cfg, self.device, shard)
+            if (shard / DENSE).is_file():  # verified above, with the rest of the shard
+                self._rank_dense = dict(torch.load(shard / DENSE, map_location="cpu", weights_only=False) or {})
             with open(shard / STATE) as f:
                 import json
 
@@ -257,7 +300,9 @@ class GroupTrainerService(TrainerService):
     # -- the loop ---------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         t = self.cfg.trainer
-        window = max(1, t.batch_size * t.window_batches // self.world)
+        # this rank's poll: its share of a group window ("group": 1/N of batch_size x window_batches), or a
+        # whole window of its own mini-batches ("rank": each rank trains batch_size per step)
+        window = max(1, t.batch_size * t.window_batches // (self.world if t.group_batch == "group" else 1))
         last_ckpt_t = last_log_t = idle_since = last_push_t = time.monotonic()
         events_at_ckpt = events_at_push = self._group_events = int(self._sum(self.core.events))
         push_every = self.cfg.serving.push_every_s
@@ -384,8 +429,8 @@ class GroupTrainerService(TrainerService):
         shard_state = {"rank": self.rank, "world": self.world, "offsets": offsets_to_json(own), "ts": time.time(),
                        "dead_letters": self.consumer.stats.dead_letters, "quarantined": self.consumer.stats.quarantined,
                        "rows_expired": self.rows_expired, **self.core.counters()}
-        shard = write_checkpoint(rank_dir(self.root, self.rank), seq, shard_state, {}, write_store,
-                                 keep=self.cfg.trainer.keep_checkpoints)
+        shard = write_checkpoint(rank_dir(self.root, self.rank), seq, shard_state, self.core.rank_dense_state(),
+                                 write_store, keep=self.cfg.trainer.keep_checkpoints)
         mine = {"rank": self.rank, "digest": sha256_file(shard / CHECKSUMS), "offsets": offsets_to_json(own),
                 "events": self.core.events, "hot_events": self.core.hot_events,
                 "newest_event_ms": self.core.newest_event_ms, "nonfinite_batches": self.core.nonfinite_batches,
@@ -404,6 +449,7 @@ class GroupTrainerService(TrainerService):
         if self.rank == 0:
             manifest = {
                 "world": self.world, "sharding": SHARDING, "shards": {str(s["rank"]): s["digest"] for s in shards},
+                **batch_mode(self.cfg.trainer, self.world),
                 "offsets": offsets_to_json(offsets), "topic_ids": dict(self.topic_ids), "ts": time.time(),
                 "hot_version": self.core.hot_version, "metrics": group_metrics.state(),
                 "snapshot": self.publisher.state() if self.publisher else {},

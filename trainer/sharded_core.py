@@ -16,13 +16,10 @@ way (without its own non-finite events, or in halves), so the group never
 diverges and a poisoned event costs at most a few extra steps.
 
 Wire precision (TorchRec's quantized comms, DDP's ``bf16_compress_hook``):
-``trainer.exchange_precision`` sets how rows and row gradients travel (:mod:`.sharding`),
-``trainer.dense_allreduce_precision`` how the dense gradients are summed: ``bf16`` casts
-them for the all-reduce and back; ``fp16`` multiplies them by a loss-scale-like power of
-two first (every rank holds the same one), and a step whose fp16 sum overflows is summed
-again in fp32 and halves the scale (doubled again after ``_SCALE_GROWTH`` clean steps),
-so a compressed sum never turns into a refused step. Master weights, the optimizer's
-state and every owner's rows and Adagrad state stay fp32.
+``trainer.exchange_precision`` sets how rows and row gradients travel (:mod:`.sharding`);
+how the dense gradients are summed (``trainer.dense_allreduce_precision``, and PowerSGD's
+low-rank compression, ``trainer.dense_allreduce_compression``) is :mod:`.dense_sync`'s.
+Master weights, the optimizer's state and every owner's rows and Adagrad state stay fp32.
 """
 
 from __future__ import annotations
@@ -40,6 +37,7 @@ from streamrec.foundation.failpoints import hit
 from streamrec.model import pool_sum, unique_ids
 
 from .core import TrainerCore, WindowResult
+from .dense_sync import WIRE as _WIRE, DenseSync
 from .schedule import hot_samples, plan
 from .sharding import RowExchange, owned_part
 from .step import GRAD_ABS_MAX
@@ -47,40 +45,53 @@ from .step import GRAD_ABS_MAX
 log = logging.getLogger(__name__)
 
 _OK, _BAD_LOSS, _BAD_GRAD = 0, 1, 2
-_WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_SCALE_START, _SCALE_MAX, _SCALE_GROWTH = 2.0 ** 10, 2.0 ** 24, 200  # fp16 dense all-reduce: dynamic scale
+
+
+def local_batch(trainer_cfg, world: int) -> int:
+    """Events one rank trains per step: ``batch_size // world`` when ``trainer.group_batch`` is
+    ``"group"`` (the group's step is one trainer's batch), ``batch_size`` when it is ``"rank"``."""
+    if trainer_cfg.group_batch == "rank":
+        return max(1, int(trainer_cfg.batch_size))
+    return max(1, int(trainer_cfg.batch_size) // max(1, int(world)))
 
 
 class ShardedTrainerCore(TrainerCore):
     """``TrainerCore`` for rank ``rank`` of ``world``; ``torch.distributed`` must be initialised.
 
-    ``trainer.batch_size`` stays the group's batch: each rank plans mini-batches of
-    ``batch_size // world`` events, so a step trains on about ``batch_size`` events
-    in all and the learning rate means what it means for one trainer."""
+    ``trainer.group_batch = "group"`` (the default): ``trainer.batch_size`` is the group's
+    batch, each rank plans mini-batches of ``batch_size // world`` events, so a step trains on
+    about ``batch_size`` events in all and the learning rate means what it means for one
+    trainer (the group is exact). ``"rank"``: each rank plans ``batch_size`` events per step
+    (TorchRec's and PERSIA's per-worker batch), so a group step trains ``world x batch_size``
+    events; every rank pays the step's fixed per-field cost for a full batch instead of a
+    1/world slice of one (the CPU per event that the "group" split costs)."""
 
     def __init__(self, cfg, store, device: torch.device, rank: int, world: int, group=None,
                  comm_device: torch.device | str = "cpu"):
         super().__init__(cfg, store, device)
         self.rank, self.world, self.group = int(rank), int(world), group
         self.comm = torch.device(comm_device)
-        self.local_batch = max(1, cfg.trainer.batch_size // self.world)
+        self.local_batch = local_batch(cfg.trainer, self.world)
         t = cfg.trainer
         self.exchange = RowExchange(self.fields, cfg.model.embedding_dim, store.lookup, store.apply_gradients,
                                     self.rank, self.world, group, comm_device=self.comm,
                                     precision=t.exchange_precision)
-        self.dense_wire = _WIRE[t.dense_allreduce_precision]
-        self.dense_scale, self._clean_steps = _SCALE_START, 0  # fp16 only; the same on every rank (same sums)
-        self.dense_fp32_retries = 0  # fp16 sums that overflowed and were summed again in fp32
         self._hot_all: dict[str, np.ndarray] = {}  # the whole group's hot set (plans need it; rows live with owners)
         self.steps = 0
         self.windows = 0
-        self.dense_bytes_sent = 0  # what a ring all-reduce puts on the wire per rank: 2 (N-1)/N of the buffer
         self._params = [p for p in self.model.parameters()]
         with torch.no_grad():  # one starting point for every rank, whatever their seeds did
             for p in self._params:
                 buf = p.data.to(self.comm)
                 dist.broadcast(buf, 0, group=group)
                 p.data.copy_(buf.to(p.device))
+        self.dense_sync = DenseSync(t, self._params, self.rank, self.world, group, self.comm)  # a collective
+
+    # the dense sum's figures (dense_sync.py): bytes a ring all-reduce puts on the wire from this rank, fp16 sums
+    # redone in fp32, the fp16 scale (the same on every rank)
+    dense_bytes_sent = property(lambda self: self.dense_sync.bytes_sent)
+    dense_fp32_retries = property(lambda self: self.dense_sync.fp32_retries)
+    dense_scale = property(lambda self: self.dense_sync.scale, lambda self, v: setattr(self.dense_sync, "scale", v))
 
     # -- hot set ---------------------------------------------------------------
     def apply_hot_set(self, version: int, tables: Mapping[str, np.ndarray]):
@@ -119,7 +130,9 @@ class ShardedTrainerCore(TrainerCore):
         window, so a caller that calls ``train_window`` unevenly gets this error, not a gloo size mismatch."""
         self.windows += 1
         t = self.cfg.trainer
-        wire = list(_WIRE).index(t.exchange_precision) * 8 + list(_WIRE).index(t.dense_allreduce_precision)
+        # the settings every rank must share, in one number: wire formats and the per-rank batch
+        wire = (list(_WIRE).index(t.exchange_precision) * 8 + list(_WIRE).index(t.dense_allreduce_precision)
+                + 64 * self.local_batch)
         x = torch.tensor([n, self.windows, -self.windows, wire, -wire], dtype=torch.int64, device=self.comm)
         dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
         most, newest, oldest, wire_hi, wire_lo = (int(v) for v in x.cpu())
@@ -127,9 +140,11 @@ class ShardedTrainerCore(TrainerCore):
             raise RuntimeError(f"rank {self.rank} is at window {self.windows} while others are at {-oldest}..{newest}: "
                                "every rank must call train_window once per window (None when idle)")
         if wire_hi != -wire_lo:  # the ranks would misread each other's rows and gradients
-            raise RuntimeError(f"rank {self.rank} has trainer.exchange_precision={t.exchange_precision!r} and "
-                               f"trainer.dense_allreduce_precision={t.dense_allreduce_precision!r}, another rank "
-                               "has other values: every rank of a group must use the same config")
+            raise RuntimeError(f"rank {self.rank} has trainer.exchange_precision={t.exchange_precision!r}, "
+                               f"trainer.dense_allreduce_precision={t.dense_allreduce_precision!r} and "
+                               f"{self.local_batch} events per rank step (trainer.batch_size={t.batch_size}, "
+                               f"trainer.group_batch={t.group_batch!r}), another rank has other values: every "
+                               "rank of a group must use the same config")
         return most
 
     def train_window(self, batch: EventBatch | None) -> WindowResult:
@@ -203,6 +218,9 @@ class ShardedTrainerCore(TrainerCore):
         if total == 0:
             return _OK, np.zeros(0, np.float32), np.zeros(0, np.int64), sizes, no_flags
         dev = self.device
+        # one embedding_bag per field, as one trainer pools: one op over all fields pools the same sums, but
+        # its backward adds a row's contributions in another order, and Adam carried that rounding to an
+        # AUC 3e-5 from one trainer's (bench scale, exact N=2; 1e-8 this way)
         pooled, leaves = [], {}
         for f in self.fields:
             r = rows[f].to(dev).detach().requires_grad_(True)
@@ -245,33 +263,23 @@ class ShardedTrainerCore(TrainerCore):
         return _OK, torch.sigmoid(logits.detach()).float().cpu().numpy(), culprits, sizes, no_flags
 
     def _all_reduce_dense(self, flat: torch.Tensor, flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The group's sum of the dense gradients ``flat`` and of ``flags``, in fp32, sent in
-        ``trainer.dense_allreduce_precision``; counts what a ring all-reduce puts on the wire."""
-        k = len(flags)
-        if self.dense_wire is torch.float32:
-            buf = torch.cat([flat, flags])
-        elif self.dense_wire is torch.bfloat16:
-            buf = torch.cat([flat, flags]).to(torch.bfloat16)
-        else:
-            buf = torch.cat([flat * self.dense_scale, flags]).to(torch.float16)
-        dist.all_reduce(buf, group=self.group)
-        self.dense_bytes_sent += 2 * (self.world - 1) * buf.numel() * buf.element_size() // self.world
-        grads, flags = buf[:-k].float(), buf[-k:].float()
-        if self.dense_wire is not torch.float16:
-            return grads, flags
-        grads = grads / self.dense_scale
-        if bool(flags.any()) or bool(torch.isfinite(grads).all()):  # a refused step says so in fp32 as well
-            self._clean_steps += 1
-            if self._clean_steps >= _SCALE_GROWTH and self.dense_scale < _SCALE_MAX:
-                self.dense_scale, self._clean_steps = self.dense_scale * 2, 0
-            return grads, flags
-        # every rank sees the same overflowed sum, so every rank takes this branch: sum again in fp32
-        self.dense_scale, self._clean_steps = max(self.dense_scale / 2, 2.0 ** -24), 0
-        self.dense_fp32_retries += 1
-        buf = flat.clone()  # the flags are known (all zero): only the gradients again
-        dist.all_reduce(buf, group=self.group)
-        self.dense_bytes_sent += 2 * (self.world - 1) * buf.numel() * buf.element_size() // self.world
-        return buf, flags
+        """The group's sum of the dense gradients ``flat`` and of ``flags``, in fp32 (:class:`.dense_sync.DenseSync`:
+        the wire format, PowerSGD, the bytes)."""
+        return self.dense_sync(flat, flags)
+
+    # -- state: the dense sum's (PowerSGD's Q and step count are the group's, its error feedback this rank's) --------
+    def dense_state(self):
+        return {**super().dense_state(), "dense_sync": self.dense_sync.group_state()}
+
+    def rank_dense_state(self):
+        """What this rank's shard keeps beside its rows: the PowerSGD error feedback."""
+        return {"dense_sync_rank": self.dense_sync.rank_state()}
+
+    def load_dense_state(self, d) -> None:
+        """The manifest's dense state, and this rank's ``rank_dense_state`` under ``dense_sync_rank`` when its
+        own shard had one (absent after a reshard: the error feedback starts at zero)."""
+        super().load_dense_state(d)
+        self.dense_sync.load_state(d.get("dense_sync"), d.get("dense_sync_rank"))
 
     def predict(self, batch: EventBatch) -> np.ndarray:
         raise NotImplementedError("a rank of a group scores inside its training steps; serving predicts")

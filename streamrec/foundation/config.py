@@ -175,6 +175,10 @@ class TrainerConfig:
     ranks: int = 1  # trainer ranks that train one model together (streamrec train --nproc N on one host)
     exchange_precision: str = "fp32"  # trainer groups: rows and row gradients on the wire, fp32 | bf16 | fp16 (owners keep fp32; bf16 halves the sparse bytes, BENCHMARKS.md)
     dense_allreduce_precision: str = "fp32"  # trainer groups: the dense gradients' all-reduce, fp32 | bf16 | fp16 (fp16 with a dynamic scale, fp32 again on overflow)
+    dense_allreduce_compression: str = "none"  # trainer groups: none (the exact sum) | powersgd (low-rank P Q^T of each large weight gradient with error feedback, torch's powerSGD_hook; biases and small layers summed as they are)
+    powersgd_rank: int = 4  # dense_allreduce_compression=powersgd: the approximation's rank (1-4 typical; bytes grow with it)
+    powersgd_start_iter: int = 100  # dense_allreduce_compression=powersgd: applied dense steps summed uncompressed first (torch's start_powerSGD_iter)
+    group_batch: str = "group"  # trainer groups: what batch_size counts, group (one group step trains batch_size events, batch_size // N per rank: the model one trainer trains) | rank (each rank trains batch_size per step: the global batch is N x batch_size, less CPU per event; learning rates unchanged, see README "Scaling out")
     max_restarts: int = 1000  # times a group restarts from its last checkpoint after a rank dies (torchrun)
     window_batches: int = 8  # an event waits at most batch_size * window_batches arrivals for its hot/cold mini-batch to fill; also the poll size
     hot_wait_batches: float = 2.5  # FAE: a hot event waits at most batch_size * hot_wait_batches arrivals for a full hot mini-batch, else trains with the cold ones in arrival order (>= window_batches: the old rule, partial hot batches; measured in BENCHMARKS.md)
@@ -518,9 +522,18 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("merge_wait_ms", "must be >= 0 (0 = no merge)")
         if obj.merge_max_events < 1:
             bad("merge_max_events", "must be >= 1")
+        if obj.group_batch not in ("group", "rank"):
+            bad("group_batch", f"must be 'group' or 'rank', got {obj.group_batch!r}")
         for key in ("exchange_precision", "dense_allreduce_precision"):
             if getattr(obj, key) not in ("fp32", "bf16", "fp16"):
                 bad(key, f"must be 'fp32', 'bf16' or 'fp16', got {getattr(obj, key)!r}")
+        if obj.dense_allreduce_compression not in ("none", "powersgd"):
+            bad("dense_allreduce_compression", f"must be 'none' or 'powersgd', got {obj.dense_allreduce_compression!r}")
+        if not 1 <= obj.powersgd_rank <= 64:
+            bad("powersgd_rank", f"must be in 1..64 (the rank of each compressed gradient's approximation), got "
+                                 f"{obj.powersgd_rank!r}")
+        if obj.powersgd_start_iter < 0:
+            bad("powersgd_start_iter", f"must be >= 0 (0 = compress from the first step), got {obj.powersgd_start_iter!r}")
         if obj.schedule not in ("fae", "arrival"):
             bad("schedule", f"must be 'fae' or 'arrival', got {obj.schedule!r}")
         if obj.device != "auto" and not (obj.device == "cpu" or obj.device.startswith("cuda")):

@@ -161,6 +161,9 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
 
     state, _ = read_checkpoint(latest_checkpoint(cfg.trainer.checkpoint_dir))
     assert state["world"] == 2 and {p: o for _t, p, o in state["offsets"]} == ends
+    from streamrec.trainer.group import batch_mode
+
+    assert {k: state[k] for k in ("group_batch", "rank_batch", "global_batch")} == batch_mode(cfg.trainer, 2)
     assert _committed(bootstrap, cfg, ends) == ends  # rank 0 committed every partition after the manifest
     assert state["events"] >= n_events
     log = read_jsonl(tmp_path / "metrics.jsonl")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from pathlib import Path
@@ -69,3 +70,25 @@ def run_group(world: int, make_cfg, tmp, fn, timeout: float = 240.0) -> list:
             if p.is_alive():
                 p.kill()
     return [out[r] for r in range(world)]
+
+
+def rank1_config_error(key: str, value):
+    """A ``run_group`` rank function: rank 1 sets ``trainer.<key> = value``, then every rank builds its
+    sharded core and trains one idle window; each rank returns the error it got (``"no error"`` if none)."""
+    return functools.partial(_rank1_config_error, key, value)
+
+
+def _rank1_config_error(key, value, rank, world, cfg, tmp):
+    from streamrec.embedding_store import EmbeddingStore
+    from streamrec.trainer.sharded_core import ShardedTrainerCore
+
+    if rank == 1:
+        setattr(cfg.trainer, key, value)
+    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    try:
+        ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world).train_window(None)
+        return "no error"
+    except RuntimeError as e:
+        return str(e)
+    finally:
+        store.close()

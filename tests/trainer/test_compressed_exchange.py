@@ -17,7 +17,7 @@ from streamrec.foundation.config import ConfigError, load_config
 from streamrec.trainer.sharding import decode_rows, encode_rows, owner_of, wire_bytes_per_row
 
 from ..conftest import small_config
-from ..helpers.group import run_group, split, synthetic
+from ..helpers.group import rank1_config_error, run_group, split, synthetic
 
 N_EVENTS, BATCH = 6144, 256
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -186,23 +186,7 @@ def test_an_unknown_precision_is_refused_with_the_key_named(tmp_path):
             load_config(None, {f"trainer.{key}": "int4"})
 
 
-def _mixed_precision_rank(rank, world, cfg, tmp):
-    from streamrec.trainer.sharded_core import ShardedTrainerCore
-
-    if rank == 1:
-        cfg.trainer.exchange_precision = "bf16"
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
-    core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
-    try:
-        core.train_window(None)
-        return "no error"
-    except RuntimeError as e:
-        return str(e)
-    finally:
-        store.close()
-
-
 @pytest.mark.subprocess
 def test_ranks_with_different_wire_formats_get_a_clear_error(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, _mixed_precision_rank)
+    ranks = run_group(2, _cfg, tmp_path, rank1_config_error("exchange_precision", "bf16"))
     assert all("every rank of a group must use the same config" in r for r in ranks), ranks
