@@ -277,6 +277,11 @@ class HostCache:
         self._free[self._nfree:self._nfree + len(slots)] = slots
         self._nfree += len(slots)
 
+    def write_back(self, ids: np.ndarray, recs: np.ndarray) -> None:
+        """Write rows that are not cached (the ones admission refused) straight back to RocksDB."""
+        if len(ids):
+            self._spill(ids, recs)
+
     def _spill(self, ids: np.ndarray, recs: np.ndarray) -> None:
         # in chunks: a write-back's transient Python keys/values and WriteBatch cost ~3x the
         # rows' bytes, which for a whole-cache flush would be the process's peak memory

@@ -78,6 +78,13 @@ class _Probe(NamedTuple):
     cache: np.ndarray
     hot_gen: int
     cache_gen: int
+    # lookup's probe only: the cold rows without a cache slot are exactly the rows the cache's admission
+    # refused, and these are their current records and stored flags (in cold-row order), so the
+    # apply_gradients that follows writes them back without reading them again. Any write to the table
+    # other than that apply_gradients drops the probe (a refused row's write-back changes no generation).
+    refused: bool = False
+    refused_recs: np.ndarray | None = None
+    refused_found: np.ndarray | None = None
 
     def valid_for(self, t: "_Table", ids: np.ndarray) -> bool:
         return (self.table == t.name and t.cache is not None and self.hot_gen == t.hot.gen
@@ -175,8 +182,12 @@ class EmbeddingStore:
         self.hot_hits = 0
         self.cold_hits = 0
         self.created = 0
-        self._memo: _Probe | None = None  # the last lookup's probe, for apply_gradients
-        self._pre: _Probe | None = None  # the last prefetch's probe, for lookup
+        # per table: the last lookup's probe, for apply_gradients, and the last prefetch's, for lookup.
+        # Per table, not one for the store: a training step looks up every table before it applies the
+        # gradients of any (and prefetches every table of the next step), so one slot kept only the
+        # last table's probe and the other 25 of `bench train`'s tables probed both indexes again
+        self._memo: dict[str, _Probe] = {}
+        self._pre: dict[str, _Probe] = {}
         self._closed = False
 
     @classmethod
@@ -350,7 +361,7 @@ class EmbeddingStore:
         t = self._table(table)
         ids = self._ids(t, ids)
         n = len(ids)
-        pre, self._pre = self._pre, None
+        pre = self._pre.pop(t.name, None)
         known = None
         if pre is not None and pre.valid_for(t, ids):
             slots, known = pre.hot, pre.cache  # prefetch(ids) already probed both indexes for these ids
@@ -360,7 +371,7 @@ class EmbeddingStore:
         nh = int(is_hot.sum())
         self.hot_hits += nh
         self.cold_hits += n - nh
-        self._memo = None
+        self._memo.pop(t.name, None)
         if nh == n:
             return t.hot.w[torch.from_numpy(slots).to(self.device)]
         cold_pos = np.flatnonzero(~is_hot)
@@ -375,17 +386,24 @@ class EmbeddingStore:
             if c is not None:
                 c.record(uniq)  # frequency admission counts every cold lookup
                 miss = slots_c < 0
+                refused, out_recs, out_found = False, None, None
                 if miss.any():
                     slots_c = slots_c.copy()
                     slots_c[miss] = c.insert(uniq[miss], gather(recs, miss), found[miss], dirty=False)
                     hp = np.flatnonzero(~miss)  # an eviction (tiny cache) may have taken a row just hit
                     hs = slots_c[hp]
-                    slots_c[hp[~c.used[hs] | (c.sid[hs] != uniq[hp])]] = -1
+                    lost = hp[~c.used[hs] | (c.sid[hs] != uniq[hp])]
+                    slots_c[lost] = -1
                     out = miss & (slots_c < 0)  # refused by admission: kept for the apply_gradients that follows
                     if out.any():
-                        self._remember(t, uniq[out], recs[out], found[out])
+                        out_recs, out_found = recs[out], found[out]
+                        self._remember(t, uniq[out], out_recs, out_found)
+                    # admission decides row by row only for a batch that fits the cache (a bigger one is cut)
+                    refused = c.freq is not None and int(np.count_nonzero(miss)) <= c.capacity and not len(lost)
                 if uniq is cids:  # the usual call: remember where this batch's rows are for apply_gradients
-                    self._memo = _Probe(t.name, ids.copy(), slots, slots_c, t.hot.gen, c.gen)  # a copy: the caller may refill its array
+                    # ids.copy(): the caller may refill its array
+                    self._memo[t.name] = _Probe(t.name, ids.copy(), slots, slots_c, t.hot.gen, c.gen, refused,
+                                                out_recs, out_found)
             else:
                 self._remember(t, uniq, recs, found)
         cold_rows = torch.from_numpy(np.ascontiguousarray(recs["w"][inv.reshape(-1)]))
@@ -417,9 +435,10 @@ class EmbeddingStore:
         if not bool(np.isfinite(gnp).all() if gnp is not None else torch.isfinite(grads).all()):
             raise StoreError(f"{table}: grads contain NaN or inf; nothing was applied")
         now = time.time()
-        memo, self._memo = self._memo, None
+        memo = self._memo.pop(t.name, None)
         cslots = None
-        if memo is not None and memo.valid_for(t, ids):
+        memo_ok = memo is not None and memo.valid_for(t, ids)
+        if memo_ok:
             slots, cslots = memo.hot, memo.cache  # where lookup(ids) just found or put these rows
         else:
             slots = t.hot.find(ids)
@@ -445,8 +464,23 @@ class EmbeddingStore:
             cp = np.flatnonzero(~is_hot)
             cids = ids[cp]
             cached = cslots is not None and bool((cslots >= 0).all())
+            # lookup(ids) just ran frequency admission for these rows: the ones it refused go straight back
+            # to RocksDB, as a refused dirty row does, instead of through a second admission (which compares
+            # the same counts against the next, no weaker, candidates), and their records come from the probe
+            refused_out = not cached and memo_ok and memo.refused
             if cached:
                 old, found = gather(t.cache.rec, cslots), t.cache.stored[cslots]
+            elif refused_out:
+                t.cache.lookup(cids, count=False, slots=cslots)  # the hits are used again, as _cold_rows marks them
+                hit = cslots >= 0
+                old = np.empty(len(cids), dtype=t.dtype)
+                found = np.empty(len(cids), dtype=bool)
+                if hit.any():
+                    scatter(old, hit, gather(t.cache.rec, cslots[hit]))
+                    found[hit] = t.cache.stored[cslots[hit]]
+                miss = ~hit
+                scatter(old, miss, memo.refused_recs)
+                found[miss] = memo.refused_found
             else:
                 old, found, cslots = self._cold_rows(t, cids, touch=True, count=False, known=cslots)
             self.created += len(found) - int(np.count_nonzero(found))
@@ -454,12 +488,15 @@ class EmbeddingStore:
                 g = gnp if len(cp) == len(ids) else gnp[cp]
             else:
                 g = grads[torch.from_numpy(cp).to(grads.device)].cpu().numpy()
-            new = old if cached else old.copy()  # a cached row's old record is not needed again
+            new = old if cached or refused_out else old.copy()  # old records are not needed again then
             new["w"], new["acc"] = adagrad_rows_np(old["w"], old["acc"], g, self.lr, self.eps)
             new["ts"] = now
             new["ep"] = self._epoch + 1
             if cached:  # every row already has its cache slot (lookup put it there): update in place
                 t.cache.update(cslots, new)
+            elif refused_out:
+                t.cache.update(cslots[hit], gather(new, hit))
+                t.cache.write_back(cids[miss], gather(new, miss))
             else:
                 self._store_cold(t, cids, new, old, found, cslots)
 
@@ -467,6 +504,7 @@ class EmbeddingStore:
         """Overwrite the vectors of rows ``ids`` (unique); optimizer state kept (zero if new)."""
         self._writable()
         t = self._table(table)
+        self._memo.pop(table, None)  # a row written here may be one a remembered lookup refused
         ids = self._unique_ids(t, ids)
         if isinstance(vectors, torch.Tensor):
             vectors = vectors.detach().cpu().numpy()
@@ -505,7 +543,7 @@ class EmbeddingStore:
         if t.cache is not None and len(cold):
             cslots = t.cache.find(cold)
             # the usual next call is lookup(these unique ids): it reuses both probes
-            self._pre = _Probe(table, uniq, hslots, cslots, t.hot.gen, t.cache.gen)
+            self._pre[table] = _Probe(table, uniq, hslots, cslots, t.hot.gen, t.cache.gen)
             cold = cold[cslots < 0]  # cached rows need no read
         if len(cold) == 0:
             return
@@ -531,7 +569,7 @@ class EmbeddingStore:
         if total > self.hot_capacity_rows:
             raise StoreError(f"hot set of {total} rows exceeds hot_capacity_rows={self.hot_capacity_rows}")
         self._drain()
-        self._memo = None
+        self._memo, self._pre = {}, {}
         stats = {"promoted": 0, "demoted": 0, "kept": 0, "created": 0, "hot_rows": total}
         t0 = time.perf_counter()
         for name, t in self.tables.items():
@@ -692,6 +730,7 @@ class EmbeddingStore:
         """Store rows exactly as exported (vector, Adagrad state, timestamps); ``ids`` unique."""
         self._writable()
         t = self._table(table)
+        self._memo.pop(table, None)  # a row written here may be one a remembered lookup refused
         ids = self._unique_ids(t, ids)
         if records.dtype != t.dtype or len(records) != len(ids):
             raise StoreError(f"{table}: {len(records)} records of {records.dtype} for {len(ids)} ids of {t.dtype}")
@@ -717,6 +756,7 @@ class EmbeddingStore:
         """Delete cold rows untouched for ``older_than_s`` seconds; returns how many."""
         self._writable()
         self._drain()
+        self._memo, self._pre = {}, {}
         for t in self.tables.values():  # write cached rows back and forget them: RocksDB decides
             if t.cache is not None:
                 t.cache.clear()

@@ -30,6 +30,7 @@ early: every event is scored in its own step's forward pass, as plain DLRM does.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -111,7 +112,7 @@ class EventBatcher:
                 self._enqueue(pos, pos + spill)
                 pos += spill
                 p = hq.pop(0)
-                cq.insert(int(np.searchsorted(np.asarray(cq, np.int64), p)), p)
+                bisect.insort(cq, p)  # cq stays in arrival order (no array copy of the queue per spilled event)
                 if len(cq) >= bs:
                     steps.append(self._emit("cold"))
             elif age <= fill and age < _INF:  # the oldest waiting event has waited long enough: train its queue
@@ -154,8 +155,9 @@ class EventBatcher:
         return steps
 
     def _enqueue(self, lo: int, hi: int) -> None:
-        for p in range(lo, hi):
-            self.queues["hot" if self.hot[p] else "cold"].append(p)
+        h = self.hot[lo:hi]  # each queue gets its positions in arrival order (vectorised: no Python per event)
+        self.queues["hot"].extend((np.flatnonzero(h) + lo).tolist())
+        self.queues["cold"].extend((np.flatnonzero(~h) + lo).tolist())
 
     def _emit(self, kind: str) -> Step:
         rows = np.asarray(self.queues[kind], np.int64)

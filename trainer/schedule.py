@@ -20,7 +20,8 @@ HotMask = Callable[[str, np.ndarray], np.ndarray]
 def hot_samples(batch: EventBatch, fields: Sequence[str], hot_mask: HotMask) -> np.ndarray:
     """Bool per event: True when every id of every field is hot (events with no ids are hot)."""
     n = len(batch)
-    cold_ids = np.zeros(n, np.int64)
+    cold = np.zeros(n, bool)
+    one_each = None  # the usual layout, one id per event in every field: the mask is per event already
     for f in fields:
         j = batch.sparse[f]
         if len(j.values) == 0:
@@ -28,9 +29,14 @@ def hot_samples(batch: EventBatch, fields: Sequence[str], hot_mask: HotMask) -> 
         mask = np.asarray(hot_mask(f, j.values), dtype=bool)
         if mask.all():
             continue
-        owner = np.repeat(np.arange(n), j.lengths)
-        cold_ids += np.bincount(owner[~mask], minlength=n)
-    return cold_ids == 0
+        if len(j.values) == n:
+            if one_each is None:
+                one_each = np.arange(n + 1, dtype=np.int64)
+            if np.array_equal(j.offsets, one_each):
+                cold |= ~mask
+                continue
+        cold[np.repeat(np.arange(n), j.lengths)[~mask]] = True
+    return ~cold
 
 
 @dataclass

@@ -96,6 +96,35 @@ def test_refused_rows_lose_no_update_and_match_lru(tmp_path):
             s.close()
 
 
+def test_a_step_over_two_tables_with_a_rewrite_between_lookup_and_apply_matches_no_cache(tmp_path):
+    """The trainer's step: look up every table, then apply each. Each table keeps its own lookup's probe
+    (rows the admission refused are written back from it without a second read); a row rewritten
+    between the lookup and the apply (upsert) must keep the rewrite, as with no cache at all."""
+    tables = {"a": 4, "b": 3}
+    stores = {adm: EmbeddingStore(str(tmp_path / adm), tables, shards=2, hot_capacity_rows=4, host_cache_rows=rows,
+                                  cache_admission=adm)
+              for adm, rows in (("frequency", 64), ("off", 0))}
+    try:
+        for s in stores.values():
+            rng = np.random.default_rng(5)
+            for step in range(40):
+                ids = {t: np.unique(np.concatenate([rng.integers(0, 10, 6), rng.integers(1000, 50_000, 12)]))
+                       for t in tables}
+                for t, i in ids.items():
+                    s.lookup(t, i)
+                if step % 3 == 0:  # one of table a's one-off ids (mostly refused by the tiny cache) rewritten
+                    s.upsert_rows("a", ids["a"][-1:], rng.normal(0, 1, (1, 4)).astype(np.float32))
+                for t, i in ids.items():
+                    s.apply_gradients(t, i, torch.from_numpy(rng.normal(0, 1, (len(i), tables[t])).astype(np.float32)))
+        assert stores["frequency"].tables["a"].cache.refused > 0
+        for t in tables:
+            ids = np.arange(0, 50_000)
+            assert torch.equal(stores["frequency"].peek(t, ids), stores["off"].peek(t, ids)), t
+    finally:
+        for s in stores.values():
+            s.close()
+
+
 def test_each_admitted_row_displaces_one_less_frequent_candidate():
     """A full cache admits a missed row only by beating, count against count, the least often seen of its
     least recently used rows; it evicts exactly one row per row admitted, never a row seen more often."""

@@ -56,6 +56,10 @@ op = st.one_of(
               st.integers(0, 2**31)),
     st.tuples(st.just("step"), st.sampled_from(sorted(TABLES)), st.lists(ID, max_size=12, unique=True),
               st.integers(0, 2**31)),  # the trainer's pattern: lookup then apply on the same sorted ids
+    # a whole training step: look up every table, then apply each (each table keeps its own lookup's probe),
+    # optionally with an upsert of table "a" in between (which must drop "a"'s probe)
+    st.tuples(st.just("steps"), st.lists(ID, max_size=12, unique=True), st.lists(ID, max_size=12, unique=True),
+              st.integers(0, 2**31), st.booleans()),
     st.tuples(st.just("hot"), st.lists(ID, max_size=8, unique=True), st.lists(ID, max_size=4, unique=True)),
     st.tuples(st.just("prefetch"), st.sampled_from(sorted(TABLES)), st.lists(ID, max_size=12)),
     st.tuples(st.just("upsert"), st.sampled_from(sorted(TABLES)), st.lists(ID, max_size=6, unique=True),
@@ -120,6 +124,21 @@ def test_store_matches_reference(cache_rows, admission, ops):
                 store.apply_gradients(table, a, torch.from_numpy(g))
                 for k, i in enumerate(a.tolist()):
                     ref.apply(table, i, g[k])
+            elif kind == "steps":
+                _, ids_a, ids_b, seed, upsert_between = o
+                step = {"a": np.array(sorted(ids_a), dtype=np.int64), "b": np.array(sorted(ids_b), dtype=np.int64)}
+                for table, a in step.items():
+                    _check(store, ref, table, a.tolist())
+                rng = np.random.default_rng(seed)
+                if upsert_between and len(step["a"]):
+                    v = rng.normal(0, 1, (1, TABLES["a"])).astype(np.float32)
+                    store.upsert_rows("a", step["a"][:1], v)
+                    ref.upsert("a", int(step["a"][0]), v[0])
+                for table, a in step.items():
+                    g = rng.normal(0, 1, (len(a), TABLES[table])).astype(np.float32)
+                    store.apply_gradients(table, a, torch.from_numpy(g))
+                    for k, i in enumerate(a.tolist()):
+                        ref.apply(table, i, g[k])
             elif kind == "hot":
                 store.set_hot({"a": np.array(o[1], dtype=np.int64), "b": np.array(o[2], dtype=np.int64)})
                 assert store.hot_mask("a", np.array(o[1], dtype=np.int64)).all()
