@@ -98,7 +98,7 @@ def windows_of(stream, events: int, window: int, dense_dim: int, fields):
 
 
 def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads: int,
-            profile: str | None = None, sets: dict | None = None) -> dict:
+            profile: str | None = None, sets: dict | None = None, early_scores: bool = True) -> dict:
     import torch
 
     from streamrec.ingest import SyntheticStream
@@ -138,6 +138,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
 
         store = EmbeddingStore.from_config(cfg, "cpu")
         core = TrainerCore(cfg, store, torch.device("cpu"))
+        core.batcher.early_scores = early_scores  # False: a diagnostic (what honest early scores cost)
         metrics = core.metrics
         extra["host_cache_rows"] = cfg.store.host_cache_rows
         if setup == "fae":
@@ -229,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--setups", default="memory,cold,fae", help=argparse.SUPPRESS)
     p.add_argument("--run-one", choices=["memory", "cold", "fae"], help=argparse.SUPPRESS)
     p.add_argument("--profile", help=argparse.SUPPRESS)  # with --run-one: cProfile stats of the timed loop
+    p.add_argument("--without-early-scores", action="store_true",
+                   help="diagnostic: FAE and cold without progressive validation's early scores (their "
+                        "progressive AUC then peeks at later events; the held-out AUC is unchanged)")
     args = p.parse_args(argv)
     # quick: 1M ids, 12 windows of 8k events (1 warm-up + 11 timed, a few seconds per set-up)
     events = args.events or (98_304 if args.quick else 204_800)
@@ -241,13 +245,14 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--set wants KEY=VALUE, got {kv!r}")
         sets[k] = json.loads(v) if v[:1].isdigit() or v[:1] in "[{-" or v in ("true", "false") else v
     if args.run_one:
-        print(json.dumps(run_one(args.run_one, events, ids, args.batch, sample, args.threads, args.profile, sets)))
+        print(json.dumps(run_one(args.run_one, events, ids, args.batch, sample, args.threads, args.profile, sets,
+                                 early_scores=not args.without_early_scores)))
         return 0
     res = {}
     for setup in args.setups.split(","):
         cmd = [sys.executable, "-m", "streamrec.benchmarks.bench_train", "--run-one", setup, "--events", str(events),
                "--ids", str(ids), "--batch", str(args.batch), "--threads", str(args.threads)]
-        cmd += [a for kv in args.set for a in ("--set", kv)]
+        cmd += [a for kv in args.set for a in ("--set", kv)] + (["--without-early-scores"] if args.without_early_scores else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)

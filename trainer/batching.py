@@ -57,6 +57,10 @@ class EventBatcher:
         # >= max_wait: never (the hot queue then trains as it is after max_wait, a partial hot batch)
         self.hot_wait = self.max_wait if hot_wait is None else max(1, int(hot_wait))
         self.dense_dim, self.fields = int(dense_dim), list(fields)
+        # False only to measure what progressive validation's early scores cost (``bench train
+        # --without-early-scores``): waiting events are then scored in their own later step, so the
+        # progressive metrics peek at later events
+        self.early_scores = True
         self._reset()
 
     def _reset(self) -> None:
@@ -164,6 +168,8 @@ class EventBatcher:
         self.queues[kind].clear()  # in place: ``add`` holds the queue lists
         other = np.asarray(self.queues["cold" if kind == "hot" else "hot"], np.int64)
         early = other[(other < rows[-1]) & ~self.scored[other]]  # arrived before this step's newest event
+        if not self.early_scores:
+            early = early[:0]
         self.scored[early] = True
         self.scored[rows] = True
         label = "mixed" if not self.any_hot and kind == "cold" else kind

@@ -131,3 +131,21 @@ def test_a_batcher_restored_from_its_state_forms_the_same_batches():
     out += [(st.kind, b.seq[st.rows].tolist(), b.seq[st.prescore].tolist()) for st in b.drain()]
     assert out == ref
     assert any(k == "hot" for k, _, _ in ref) and any(k == "cold" for k, _, _ in ref)
+
+
+def test_without_early_scores_the_steps_are_the_same_and_nothing_is_scored_early():
+    """``early_scores = False`` (the bench's diagnostic of what they cost) changes no step, only drops the
+    early scores; by default a stream whose hot events wait does score some early."""
+    rng = np.random.default_rng(4)
+    hot = rng.random(2000) < 0.6
+
+    def plan(early: bool):
+        b = EventBatcher(8, 64, 1, FIELDS, hot_wait=32)
+        b.early_scores = early
+        steps = b.add(_events(len(hot)), hot) + b.drain()
+        return [(st.kind, st.rows.tolist(), st.prescore.tolist()) for st in steps]
+
+    on, off = plan(True), plan(False)
+    assert [(k, r) for k, r, _ in on] == [(k, r) for k, r, _ in off]
+    assert sum(len(p) for _, _, p in on) > 0
+    assert all(not p for _, _, p in off)
