@@ -219,8 +219,8 @@ class ShardedTrainerCore(TrainerCore):
             return _OK, np.zeros(0, np.float32), np.zeros(0, np.int64), sizes, no_flags
         dev = self.device
         # one embedding_bag per field, as one trainer pools: one op over all fields pools the same sums, but
-        # its backward adds a row's contributions in another order, and Adam carried that rounding to an
-        # AUC 3e-5 from one trainer's (bench scale, exact N=2; 1e-8 this way)
+        # its backward adds a row's contributions in another order than one trainer's (BENCHMARKS.md, scale:
+        # "Tried and reverted")
         pooled, leaves = [], {}
         for f in self.fields:
             r = rows[f].to(dev).detach().requires_grad_(True)
