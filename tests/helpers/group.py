@@ -72,23 +72,31 @@ def run_group(world: int, make_cfg, tmp, fn, timeout: float = 240.0) -> list:
     return [out[r] for r in range(world)]
 
 
-def rank1_config_error(key: str, value):
-    """A ``run_group`` rank function: rank 1 sets ``trainer.<key> = value``, then every rank builds its
-    sharded core and trains one idle window; each rank returns the error it got (``"no error"`` if none)."""
-    return functools.partial(_rank1_config_error, key, value)
+def rank1_config_errors(*cases: tuple[str, object]):
+    """A ``run_group`` rank function: for each ``(key, value)`` in turn, rank 1 sets ``trainer.<key> = value``,
+    then every rank builds its sharded core and trains one idle window; each rank returns the errors it got
+    (``"no error"`` where none), one per case. The cases share one group of processes (a rank's failed check
+    fails on every rank at the same collective, so the next case starts in step)."""
+    return functools.partial(_rank1_config_errors, cases)
 
 
-def _rank1_config_error(key, value, rank, world, cfg, tmp):
+def _rank1_config_errors(cases, rank, world, cfg, tmp):
+    import copy
+
     from streamrec.embedding_store import EmbeddingStore
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-    if rank == 1:
-        setattr(cfg.trainer, key, value)
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
-    try:
-        ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world).train_window(None)
-        return "no error"
-    except RuntimeError as e:
-        return str(e)
-    finally:
-        store.close()
+    out = []
+    for i, (key, value) in enumerate(cases):
+        c = copy.deepcopy(cfg)
+        if rank == 1:
+            setattr(c.trainer, key, value)
+        store = EmbeddingStore.from_config(c, torch.device("cpu"), path=str(tmp / f"store-{i}-{rank}"))
+        try:
+            ShardedTrainerCore(c, store, torch.device("cpu"), rank, world).train_window(None)
+            out.append("no error")
+        except RuntimeError as e:
+            out.append(str(e))
+        finally:
+            store.close()
+    return out

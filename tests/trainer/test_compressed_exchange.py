@@ -17,7 +17,7 @@ from streamrec.foundation.config import ConfigError, load_config
 from streamrec.trainer.sharding import decode_rows, encode_rows, owner_of, wire_bytes_per_row
 
 from ..conftest import small_config
-from ..helpers.group import rank1_config_error, run_group, split, synthetic
+from ..helpers.group import run_group, split, synthetic
 
 N_EVENTS, BATCH = 6144, 256
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -184,9 +184,3 @@ def test_an_unknown_precision_is_refused_with_the_key_named(tmp_path):
     for key in ("exchange_precision", "dense_allreduce_precision"):
         with pytest.raises(ConfigError, match=key):
             load_config(None, {f"trainer.{key}": "int4"})
-
-
-@pytest.mark.subprocess
-def test_ranks_with_different_wire_formats_get_a_clear_error(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, rank1_config_error("exchange_precision", "bf16"))
-    assert all("every rank of a group must use the same config" in r for r in ranks), ranks

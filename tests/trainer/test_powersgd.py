@@ -18,7 +18,7 @@ from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation.config import ConfigError, load_config
 
 from ..conftest import small_config
-from ..helpers.group import rank1_config_error, run_group, split, synthetic
+from ..helpers.group import run_group, split, synthetic
 from .test_compressed_exchange import _rel_diff
 
 N_EVENTS, BATCH = 6144, 256
@@ -243,13 +243,6 @@ def test_a_resumed_group_continues_the_same_trajectory(tmp_path):
         assert reset > 0
     for a, b in zip(ranks[0]["resumed_q"], ranks[1]["resumed_q"]):  # Q agrees across ranks after the restart
         np.testing.assert_array_equal(a, b)
-
-
-@pytest.mark.subprocess
-def test_ranks_with_other_compression_settings_get_a_clear_error(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, rank1_config_error("dense_allreduce_compression", "powersgd"))
-    assert all("dense_allreduce_compression" in r and "every rank of a group must use the same config" in r
-               for r in ranks), ranks
 
 
 def test_compression_settings_are_checked_with_the_key_named():

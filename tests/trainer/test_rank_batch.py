@@ -18,7 +18,7 @@ from streamrec.trainer.group import GroupError, batch_mode, check_batch_mode
 from streamrec.trainer.sharded_core import local_batch
 
 from ..conftest import small_config
-from ..helpers.group import rank1_config_error, run_group, split, synthetic
+from ..helpers.group import run_group, split, synthetic
 
 N_EVENTS, BATCH = 6144, 256
 
@@ -77,14 +77,6 @@ def test_rank_mode_steps_hold_batch_size_per_rank_and_train_one_trainer_at_n_tim
     for k, v in single.model.state_dict().items():
         np.testing.assert_allclose(ranks[0]["dense"][k], v.numpy(), atol=1e-4, err_msg=k)
     store.close()
-
-
-@pytest.mark.subprocess
-def test_ranks_with_different_batch_modes_get_a_clear_error(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, rank1_config_error("group_batch", "group"))
-    for r in ranks:
-        assert "every rank of a group must use the same config" in r, r
-    assert "trainer.group_batch='rank'" in ranks[0] and "trainer.group_batch='group'" in ranks[1]
 
 
 def test_local_batch_and_the_manifest_fields(tmp_path):

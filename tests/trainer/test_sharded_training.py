@@ -12,7 +12,7 @@ from streamrec.trainer import TrainerCore
 from streamrec.trainer.sharding import owner_of
 
 from ..conftest import small_config
-from ..helpers.group import run_group, split, synthetic
+from ..helpers.group import rank1_config_errors, run_group, split, synthetic
 
 N_EVENTS, BATCH = 6144, 256
 
@@ -148,3 +148,17 @@ def _out_of_step_rank(rank, world, cfg, tmp):
 def test_ranks_out_of_step_get_a_clear_error(tmp_path):
     ranks = run_group(2, _cfg, tmp_path, _out_of_step_rank)
     assert all("every rank must call train_window once per window" in r for r in ranks), ranks
+
+
+@pytest.mark.subprocess
+def test_ranks_with_different_group_settings_get_a_clear_error_naming_them(tmp_path):
+    """Settings every rank must share (the wire formats, the dense sum's compression, what batch_size counts):
+    a rank with another value stops the group at once with the values named, not a gloo size mismatch."""
+    cases = [("exchange_precision", "bf16"), ("dense_allreduce_compression", "powersgd"), ("group_batch", "rank")]
+    ranks = run_group(2, _cfg, tmp_path, rank1_config_errors(*cases))
+    for r in ranks:
+        assert all("every rank of a group must use the same config" in e for e in r), r
+    wire, powersgd, batch = zip(*ranks)
+    assert "trainer.exchange_precision='fp32'" in wire[0] and "trainer.exchange_precision='bf16'" in wire[1]
+    assert all("dense_allreduce_compression" in e for e in powersgd)
+    assert "trainer.group_batch='group'" in batch[0] and "trainer.group_batch='rank'" in batch[1]
