@@ -277,10 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         "events": events, "ids": ids, "batch": args.batch, "threads": args.threads,
         "hot_fraction": f.get("hot_fraction"),
         "peak_rss_mb": {k: v["peak_rss_mb"] for k, v in res.items()},
+        "early_scores": not args.without_early_scores,  # False: a diagnostic run, not the trainer as shipped
     }
     print(f"ratios: fae/memory {summary['fae_vs_memory']:.2f}x (goal >= 0.7), fae/cold {summary['fae_vs_cold']:.2f}x "
           f"(goal >= 3), |auc fae - memory| {abs(f['auc'] - m['auc']):.4f} (goal <= 0.002), "
-          f"fae RSS / memory RSS {summary['fae_rss_vs_memory']:.2f} (goal <= 0.30)")
+          f"fae RSS / memory RSS {summary['fae_rss_vs_memory']:.2f} (goal <= 0.30)"
+          + ("; WITHOUT early scores (diagnostic: the progressive AUCs peek)" if args.without_early_scores else ""))
     if args.json:
         print(json.dumps(summary))
     return 0
