@@ -66,7 +66,7 @@ def many_tables(cls, root, n_ids=200_000, F=26, batch=512):
     def step():
         uq = {}
         for f in tables:
-            ids = (zipf_ranks(rng, batch, n_ids, 1.05) * 2_654_435_761 + 12345) % n_ids
+            ids = _rows_of_ranks(zipf_ranks(rng, batch, n_ids, 1.05), n_ids)  # bench store's rank -> row map
             uq[f] = np.unique(ids)
             s.lookup(f, uq[f])
         for f, u in uq.items():

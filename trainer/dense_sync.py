@@ -1,7 +1,7 @@
 """The dense gradients' sum over a trainer group: one all-reduce per step, optionally compressed.
 
-Moved out of :mod:`.sharded_core` (whose ``_all_reduce_dense`` now calls :class:`DenseSync`),
-so the wire format of the dense sum is one module's business.
+Moved out of :mod:`.sharded_core` (whose group step calls :class:`DenseSync`), so the wire
+format of the dense sum is one module's business.
 
 Wire precision (``trainer.dense_allreduce_precision``, DDP's ``bf16_compress_hook``): ``bf16``
 casts the gradients for the all-reduce and back; ``fp16`` multiplies them by a loss-scale-like
@@ -85,7 +85,8 @@ def ring_bytes(numel: int, element_size: int, world: int) -> int:
 
 class DenseSync:
     """The group's sum of the dense gradients of ``params`` (shapes only are read), as configured by
-    ``trainer_cfg``. Construction is a collective: every rank checks that all use the same settings."""
+    ``trainer_cfg``. Every rank must use the same settings (:class:`.sharded_core.ShardedTrainerCore`
+    checks them, with the rest of the group's, at every window)."""
 
     def __init__(self, trainer_cfg, params: Sequence[torch.Tensor], rank: int, world: int, group=None,
                  comm: torch.device | str = "cpu"):
@@ -123,7 +124,6 @@ class DenseSync:
                                   or [torch.zeros(0)]).to(self.comm)
         self.q: list[torch.Tensor] | None = None  # the group's Qs (warm start), None until the first compressed step
         self.error: torch.Tensor | None = None  # this rank's error feedback, None = zero
-        self._check_same_settings()
 
     # -- the sum ---------------------------------------------------------------------
     def __call__(self, flat: torch.Tensor, flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,16 +275,3 @@ class DenseSync:
             self.error = None
         else:
             self.error = None
-
-    def _check_same_settings(self) -> None:
-        """Ranks with other compression settings would exchange buffers of other sizes (gloo fails with a
-        size mismatch, or worse, misreads them): one all-reduce at start says so clearly."""
-        code = (COMPRESSIONS.index(self.compression) + 2 * self.rank_k + 256 * self.start_iter
-                + 2 ** 40 * list(WIRE).index(self.precision))
-        x = torch.tensor([code, -code], dtype=torch.int64, device=self.comm)
-        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
-        if int(x[0]) != -int(x[1]):
-            raise RuntimeError(f"rank {self.rank} has trainer.dense_allreduce_compression={self.compression!r}, "
-                               f"trainer.powersgd_rank={self.rank_k}, trainer.powersgd_start_iter={self.start_iter}"
-                               f" and trainer.dense_allreduce_precision={self.precision!r}, another rank has other "
-                               "values: every rank of a group must use the same config")

@@ -44,7 +44,7 @@ import torch.distributed as dist
 from streamrec.foundation import StreamrecError, is_resource_error, sha256_file
 from streamrec.foundation.failpoints import hit
 
-from .checkpoint import (CHECKSUMS, DENSE, INFLIGHT, STATE, CheckpointError, choose_checkpoint, offsets_from_json,
+from .checkpoint import (CHECKSUMS, INFLIGHT, STATE, CheckpointError, choose_checkpoint, offsets_from_json,
                          offsets_to_json, read_checkpoint, set_aside, verify_checkpoint, write_checkpoint)
 from .hotset import NoHotSource
 from .reshard import rank_dir, reshard_into, shard_checkpoints
@@ -268,12 +268,9 @@ class GroupTrainerService(TrainerService):
                 raise CheckpointError(f"{shard}: not the shard manifest {ckpt.name} recorded (a leftover of a run "
                                       "that died before its manifest)")
             self.store = open_store(self.cfg, self.device, shard)
-            if (shard / DENSE).is_file():  # verified above, with the rest of the shard
-                self._rank_dense = dict(torch.load(shard / DENSE, map_location="cpu", weights_only=False) or {})
-            with open(shard / STATE) as f:
-                import json
-
-                return json.load(f)
+            shard_state, rank_dense = read_checkpoint(shard)  # verified above, with the rest of the shard
+            self._rank_dense = dict(rank_dense or {})
+            return shard_state
         # another world size (or a plain trainer's checkpoint): every row to its new owner
         if Path(self.cfg.store.path).exists():
             shutil.rmtree(self.cfg.store.path)

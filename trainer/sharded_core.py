@@ -37,7 +37,7 @@ from streamrec.foundation.failpoints import hit
 from streamrec.model import pool_sum, unique_ids
 
 from .core import TrainerCore, WindowResult
-from .dense_sync import WIRE as _WIRE, DenseSync
+from .dense_sync import COMPRESSIONS, WIRE as _WIRE, DenseSync
 from .schedule import hot_samples, plan
 from .sharding import RowExchange, owned_part
 from .step import GRAD_ABS_MAX
@@ -85,7 +85,7 @@ class ShardedTrainerCore(TrainerCore):
                 buf = p.data.to(self.comm)
                 dist.broadcast(buf, 0, group=group)
                 p.data.copy_(buf.to(p.device))
-        self.dense_sync = DenseSync(t, self._params, self.rank, self.world, group, self.comm)  # a collective
+        self.dense_sync = DenseSync(t, self._params, self.rank, self.world, group, self.comm)
 
     # the dense sum's figures (dense_sync.py): bytes a ring all-reduce puts on the wire from this rank, fp16 sums
     # redone in fp32, the fp16 scale (the same on every rank)
@@ -130,21 +130,28 @@ class ShardedTrainerCore(TrainerCore):
         window, so a caller that calls ``train_window`` unevenly gets this error, not a gloo size mismatch."""
         self.windows += 1
         t = self.cfg.trainer
-        # the settings every rank must share, in one number: wire formats and the per-rank batch
-        wire = (list(_WIRE).index(t.exchange_precision) * 8 + list(_WIRE).index(t.dense_allreduce_precision)
-                + 64 * self.local_batch)
-        x = torch.tensor([n, self.windows, -self.windows, wire, -wire], dtype=torch.int64, device=self.comm)
+        # the settings every rank must share (the ranks would misread each other's rows, gradients, steps or
+        # PowerSGD factors otherwise): wire formats, the per-rank batch, the dense sum's compression
+        mine = [list(_WIRE).index(t.exchange_precision), list(_WIRE).index(t.dense_allreduce_precision),
+                self.local_batch, COMPRESSIONS.index(t.dense_allreduce_compression), t.powersgd_rank,
+                t.powersgd_start_iter]
+        x = torch.tensor([n, self.windows, -self.windows, *mine, *(-v for v in mine)], dtype=torch.int64,
+                         device=self.comm)
         dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
-        most, newest, oldest, wire_hi, wire_lo = (int(v) for v in x.cpu())
+        most, newest, oldest, *rest = (int(v) for v in x.cpu())
         if newest != -oldest:
             raise RuntimeError(f"rank {self.rank} is at window {self.windows} while others are at {-oldest}..{newest}: "
                                "every rank must call train_window once per window (None when idle)")
-        if wire_hi != -wire_lo:  # the ranks would misread each other's rows and gradients
+        k = len(mine)
+        if rest[:k] != [-v for v in rest[k:]]:
             raise RuntimeError(f"rank {self.rank} has trainer.exchange_precision={t.exchange_precision!r}, "
-                               f"trainer.dense_allreduce_precision={t.dense_allreduce_precision!r} and "
+                               f"trainer.dense_allreduce_precision={t.dense_allreduce_precision!r}, "
                                f"{self.local_batch} events per rank step (trainer.batch_size={t.batch_size}, "
-                               f"trainer.group_batch={t.group_batch!r}), another rank has other values: every "
-                               "rank of a group must use the same config")
+                               f"trainer.group_batch={t.group_batch!r}), "
+                               f"trainer.dense_allreduce_compression={t.dense_allreduce_compression!r}, "
+                               f"trainer.powersgd_rank={t.powersgd_rank} and trainer.powersgd_start_iter="
+                               f"{t.powersgd_start_iter}; another rank has other values: every rank of a group must "
+                               "use the same config")
         return most
 
     def train_window(self, batch: EventBatch | None) -> WindowResult:
@@ -244,7 +251,7 @@ class ShardedTrainerCore(TrainerCore):
         flags[0], flags[1 + self.rank] = float(len(culprits) > 0), float(grad_bad)  # 0/1: exact in any precision
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.comm)
                           for p in self._params])
-        grads, flags = self._all_reduce_dense(flat, flags)
+        grads, flags = self.dense_sync(flat, flags)  # the group's sums, fp32 (wire format, PowerSGD: dense_sync.py)
         self.steps += 1
         flags = flags.cpu().numpy()
         if flags[0] > 0:
@@ -261,11 +268,6 @@ class ShardedTrainerCore(TrainerCore):
         self.opt.step()
         self.exchange.give_back({f: leaves[f].grad for f in self.fields})
         return _OK, torch.sigmoid(logits.detach()).float().cpu().numpy(), culprits, sizes, no_flags
-
-    def _all_reduce_dense(self, flat: torch.Tensor, flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The group's sum of the dense gradients ``flat`` and of ``flags``, in fp32 (:class:`.dense_sync.DenseSync`:
-        the wire format, PowerSGD, the bytes)."""
-        return self.dense_sync(flat, flags)
 
     # -- state: the dense sum's (PowerSGD's Q and step count are the group's, its error feedback this rank's) --------
     def dense_state(self):
