@@ -146,6 +146,51 @@ def isolation(target: str, request, seconds: float, env: dict, threads: int = 4,
     return out
 
 
+def predict_cell(target: str, request, clients: int, seconds: float, server_ps: list, me_ps,
+                 own_connection: bool = False) -> dict:
+    """``clients`` threads sending ``request`` back to back for ``seconds``: latency percentiles, req/s, errors,
+    and the CPU per request of the server processes ``server_ps`` and of this process."""
+    import grpc
+
+    from streamrec.serving import ServingClient
+
+    lat: list[list[float]] = [[] for _ in range(clients)]
+    stop = threading.Event()
+    errors = []
+
+    def run(i):
+        with ServingClient(target, timeout=30, own_connection=own_connection) as cl:
+            cl.predict_request(request)
+            while not stop.is_set():
+                t = time.perf_counter()
+                try:
+                    cl.predict_request(request)
+                except grpc.RpcError as e:
+                    errors.append(e.code().name)
+                    continue
+                lat[i].append(time.perf_counter() - t)
+
+    ths = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(clients)]
+    for t in ths:
+        t.start()
+    time.sleep(0.3)
+    for x in lat:
+        x.clear()
+    t0 = time.perf_counter()
+    cpu0 = sum(_cpu(p) for p in server_ps), _cpu(me_ps)
+    time.sleep(seconds)
+    counts = [len(x) for x in lat]
+    el = time.perf_counter() - t0
+    cpu1 = sum(_cpu(p) for p in server_ps), _cpu(me_ps)
+    stop.set()
+    for t in ths:
+        t.join(30)
+    all_lat = [v * 1000 for x in lat for v in x]
+    done_n = max(1, sum(counts))
+    return {"p50": _pct(all_lat, 50), "p99": _pct(all_lat, 99), "qps": sum(counts) / el, "errors": len(errors),
+            "server_cpu_us": (cpu1[0] - cpu0[0]) / done_n * 1e6, "client_cpu_us": (cpu1[1] - cpu0[1]) / done_n * 1e6}
+
+
 def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0):
     from streamrec.embedding_store import EmbeddingStore
     from streamrec.model import DLRM
@@ -161,6 +206,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--quick", action="store_true", help="short run (< 60 s)")
     ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object with the issue's keys")
     ap.add_argument("--seconds", type=float, default=None, help="measuring time per (batch, clients) cell")
+    ap.add_argument("--processes", type=int, default=os.cpu_count() or 1,
+                    help="also measure a serving group of this many processes at batch 512 (1 = skip; default: "
+                         "one per core)")
     args = ap.parse_args(argv)
 
     import grpc
@@ -312,48 +360,41 @@ def main(argv: list[str]) -> int:
         res = {}
         for b in batches:
             for c in clients:
-                lat: list[list[float]] = [[] for _ in range(c)]
-                stop = threading.Event()
-                errors = []
-
-                def run(i, b=b, lat=lat, stop=stop, errors=errors):
-                    with ServingClient(target, timeout=30) as cl:
-                        req = requests[b]
-                        cl.predict_request(req)
-                        while not stop.is_set():
-                            t = time.perf_counter()
-                            try:
-                                cl.predict_request(req)
-                            except grpc.RpcError as e:
-                                errors.append(e.code().name)
-                                continue
-                            lat[i].append(time.perf_counter() - t)
-
-                ths = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(c)]
-                for t in ths:
-                    t.start()
-                time.sleep(0.3)
-                for x in lat:
-                    x.clear()
-                t0 = time.perf_counter()
-                cpu0 = _cpu(server_ps), _cpu(me_ps)
-                time.sleep(cell_s)
-                counts = [len(x) for x in lat]
-                el = time.perf_counter() - t0
-                cpu1 = _cpu(server_ps), _cpu(me_ps)
-                stop.set()
-                for t in ths:
-                    t.join(30)
-                all_lat = [v * 1000 for x in lat for v in x]
-                qps = sum(counts) / el
-                done_n = max(1, sum(counts))
-                res[(b, c)] = {"p50": _pct(all_lat, 50), "p99": _pct(all_lat, 99), "qps": qps, "errors": len(errors),
-                               "server_cpu_us": (cpu1[0] - cpu0[0]) / done_n * 1e6,
-                               "client_cpu_us": (cpu1[1] - cpu0[1]) / done_n * 1e6}
+                res[(b, c)] = predict_cell(target, requests[b], c, cell_s, [server_ps], me_ps)
                 say(f"gRPC b{b:<4} clients {c:<3} p50 {res[(b, c)]['p50']:7.2f} ms  p99 {res[(b, c)]['p99']:7.2f} ms  "
-                    f"{qps:8.1f} req/s ({qps * b:9.0f} ev/s)  vs bare forward {qps / base[b]['forward_qps']:.3f}x  "
-                    f"vs lookup+forward {qps / base[b]['predict_qps']:.2f}x  errors {len(errors)}  "
+                    f"{res[(b, c)]['qps']:8.1f} req/s ({res[(b, c)]['qps'] * b:9.0f} ev/s)  vs bare forward "
+                    f"{res[(b, c)]['qps'] / base[b]['forward_qps']:.3f}x  vs lookup+forward "
+                    f"{res[(b, c)]['qps'] / base[b]['predict_qps']:.2f}x  errors {res[(b, c)]['errors']}  "
                     f"CPU/req server {res[(b, c)]['server_cpu_us']:.0f} us client {res[(b, c)]['client_cpu_us']:.0f} us")
+
+        # a serving group (serving.processes) on one port against the one process above, both with a
+        # connection per client (a group spreads connections, not requests), in alternating rounds
+        group = {}
+        if args.processes > 1:
+            genv = dict(env, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving-group"),
+                        STREAMREC_SERVING__PROCESSES=str(args.processes))
+            gproc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", "cpu",
+                                      "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=genv, text=True)
+            try:
+                gtarget = gproc.stdout.readline().strip()
+                if not gtarget:
+                    raise RuntimeError("the serving group did not start")
+                with SnapshotPusher(gtarget, token="bench") as gp:
+                    assert gp.push(snap1).ok
+                gps = psutil.Process(gproc.pid)
+                group_ps = [gps, *gps.children(recursive=True)]  # the supervisor and its server processes
+                for rnd in range(2):
+                    for c in (4, 16):
+                        for name, t, ps in (("one", target, [server_ps]), ("group", gtarget, group_ps)):
+                            r = predict_cell(t, requests[512], c, cell_s, ps, me_ps, own_connection=True)
+                            group.setdefault((name, c), []).append(r)
+                            say(f"gRPC b512 clients {c:<3} own connections, {name:5s} "
+                                f"({args.processes if name == 'group' else 1} processes) round {rnd + 1}: "
+                                f"{r['qps']:8.1f} req/s  p99 {r['p99']:7.2f} ms  errors {r['errors']}  "
+                                f"CPU/req server {r['server_cpu_us']:.0f} us client {r['client_cpu_us']:.0f} us")
+            finally:
+                stop_process(gproc, 15)
 
         # isolation: a well-behaved client (batch 64, one thread) alone and with an abusive client running
         iso = isolation(target, requests[64], abuse_s, env, server_pid=proc.pid)
@@ -451,9 +492,26 @@ def main(argv: list[str]) -> int:
         "p99_ms_alone_between_b64": {n: round(iso[f"p99_ms_alone_{n}"], 3) for n in ABUSERS},
         "server_cpu_s_per_s": {k: round(iso[f"server_cpu_{k}"], 3) for k in ("alone", *ABUSERS)},
         "abuser_calls": {n: iso[f"abuser_{n}"] for n in ABUSERS},
-        "errors": sum(v["errors"] for v in res.values()),
+        "grpc_vs_bound_b512": round(best512 / bound512, 4),
+        "errors": sum(v["errors"] for v in res.values()) + sum(r["errors"] for v in group.values() for r in v),
         "cells": {f"b{b}_c{c}": {k: round(x, 3) for k, x in v.items()} for (b, c), v in res.items()},
     }
+    if group:  # the best round of each, and the group against the one process measured the same way
+        one = max(r["qps"] for (n, _), v in group.items() if n == "one" for r in v)
+        grp = max(r["qps"] for (n, _), v in group.items() if n == "group" for r in v)
+        out.update({
+            "group_processes": args.processes,
+            "one_own_connections_qps_b512": round(one, 2),
+            "group_qps_b512": round(grp, 2),
+            "group_vs_one_b512": round(grp / one, 4),
+            "group_grpc_vs_inproc_b512": round(grp / base[512]["forward_qps"], 4),
+            "group_vs_bound_b512": round(grp / bound512, 4),
+            "group_cells": {f"{n}_b512_c{c}": [{k: round(x, 3) for k, x in r.items()} for r in v]
+                            for (n, c), v in group.items()},
+        })
+        say(f"serving group at b512: {args.processes} processes {grp:.0f} req/s vs one process {one:.0f} req/s "
+            f"(both with a connection per client) = {grp / one:.2f}x; {grp / bound512:.2f} of the bound "
+            f"(one process, shared connection: {best512 / bound512:.2f})")
     say(f"best empty-call floor {out['floor_best_qps']:.0f} req/s vs best Predict b512 {best512:.0f} req/s and "
         f"the bare forward b512 {base[512]['forward_qps']:.0f} req/s: the floor alone is "
         f"{out['floor_best_qps'] / base[512]['forward_qps']:.2f}x the forward")

@@ -7,7 +7,8 @@ Public surface::
     SnapshotPusher(target, token=..., tls_ca=...).push(dir) -> PushResult
     ServingClient(target, token=..., tls_ca=...).predict(events) -> (scores, version)
     events_to_request(events) / batch_to_request(EventBatch) -> PredictRequest (column-wise, bytes columns)
-    serve(cfg) -> ServingServer (.port, .target, .stop())
+    serve(cfg) -> ServingServer (.port, .target, .stop()), or a ServingGroup when serving.processes > 1
+    ServingGroup(cfg, ...).start(): serving.processes server processes on one port (SO_REUSEPORT)
 """
 
 from typing import TYPE_CHECKING
@@ -17,11 +18,13 @@ from streamrec.foundation.lazy import lazy_exports
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .client import ServingClient, SnapshotPusher, snapshot_chunks
     from .convert import RequestError, batch_to_request, events_to_request
+    from .group import ServingGroup
     from .server import ServingServer, StreamRecService, serve
 
 _EXPORTS = {  # submodule: the public names it defines
     ".client": "ServingClient SnapshotPusher snapshot_chunks",
     ".convert": "RequestError batch_to_request events_to_request",
+    ".group": "ServingGroup",
     ".server": "ServingServer StreamRecService serve",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

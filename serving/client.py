@@ -22,9 +22,15 @@ from streamrec.snapshot import MANIFEST, PushError, PushResult, SnapshotError, i
 log = logging.getLogger("streamrec.serving")
 
 
-def make_channel(target: str, tls_ca: str = "", max_message_mb: int = 64, server_name: str = "") -> grpc.Channel:
+def make_channel(target: str, tls_ca: str = "", max_message_mb: int = 64, server_name: str = "",
+                 own_connection: bool = False) -> grpc.Channel:
+    """A channel to ``target``. gRPC shares one connection among a process's channels to the same target with
+    the same options; ``own_connection`` gives this channel its own (a serving group, ``serving.processes``,
+    spreads connections over its processes, not requests)."""
     limit = int(max_message_mb) * 1024 * 1024
     opts = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    if own_connection:
+        opts.append(("grpc.use_local_subchannel_pool", 1))
     if server_name:
         opts.append(("grpc.ssl_target_name_override", server_name))
     if tls_ca:
@@ -41,8 +47,8 @@ class ServingClient:
     """Predict, Status and health against one server."""
 
     def __init__(self, target: str, token: str = "", tls_ca: str = "", timeout: float = 10.0,
-                 max_message_mb: int = 64):
-        self.channel = make_channel(target, tls_ca, max_message_mb)
+                 max_message_mb: int = 64, own_connection: bool = False):
+        self.channel = make_channel(target, tls_ca, max_message_mb, own_connection=own_connection)
         self.stub = pb_grpc.StreamRecStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.token = token
@@ -111,9 +117,10 @@ class SnapshotPusher:
 
     def __init__(self, target: str, token: str = "", tls_ca: str = "", chunk_bytes: int = 1 << 20,
                  attempts: int = 5, backoff_s: float = 0.2, max_backoff_s: float = 5.0, timeout_s: float = 300.0,
-                 max_message_mb: int = 64, raise_errors: bool = False):
+                 max_message_mb: int = 64, raise_errors: bool = False, extra_metadata: tuple = ()):
         self.target = target
         self.token = token
+        self.metadata = _metadata(token) + tuple(extra_metadata)  # extra: a serving group's key (siblings.py)
         self.chunk_bytes = int(chunk_bytes)
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
@@ -147,7 +154,7 @@ class SnapshotPusher:
                 # us as a retryable UNKNOWN ("Exception iterating requests!")
                 read_manifest(snapshot_dir)
                 resp = self.stub.PushSnapshot(snapshot_chunks(snapshot_dir, self.chunk_bytes),
-                                              timeout=self.timeout_s, metadata=_metadata(self.token))
+                                              timeout=self.timeout_s, metadata=self.metadata)
                 result = PushResult(True, int(resp.version), "OK", "", 0.0, attempt)
                 break
             except (SnapshotError, OSError) as e:

@@ -133,6 +133,21 @@ def push_exposure(cfg: Config) -> str | None:
             f"port {s.port} could replace the served model")
 
 
+def startup_warnings(cfg: Config, insecure_push: bool) -> list[str]:
+    """What a start with ``cfg`` warns about on every start; raises ``ConfigError`` when the push endpoint
+    would be open to the network (:func:`push_exposure`) and ``insecure_push`` does not accept that."""
+    s = cfg.serving
+    exposure = push_exposure(cfg)
+    if exposure and not insecure_push:
+        raise ConfigError(f"{exposure}. Set serving.push_token (STREAMREC_SERVING__PUSH_TOKEN), bind "
+                          "serving.host to 127.0.0.1, or start with --insecure-push to accept this")
+    warnings = [f"INSECURE: {exposure} (--insecure-push)"] if exposure else []
+    if not s.tls_cert and not is_loopback(s.host) and (s.push_token or s.predict_token):
+        warnings.append(f"serving.host is {s.host!r} without TLS: bearer tokens cross the network in "
+                        "plaintext (set serving.tls_cert and serving.tls_key)")
+    return warnings
+
+
 def _authorized(context, token: str) -> bool:
     if not token:
         return True
@@ -146,10 +161,11 @@ def _authorized(context, token: str) -> bool:
 class StreamRecService(pb_grpc.StreamRecServicer):
     """The three RPCs. Predict, PushSnapshot and Status take their request bytes raw (see ``handler``)."""
 
-    def __init__(self, cfg: Config, device: torch.device, health_servicer=None):
+    def __init__(self, cfg: Config, device: torch.device, health_servicer=None, siblings=None):
         self.cfg = cfg
         self.device = device
         self.health = health_servicer
+        self.siblings = siblings  # the other processes of a serving group (siblings.py), or None
         s = cfg.serving
         self.limits = Limits.from_config(cfg)
         self._heavy_slots = threading.BoundedSemaphore(s.max_concurrent_heavy)
@@ -431,10 +447,20 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             chunks = parse_chunks(request_iterator)
             staged, manifest = receive_snapshot(chunks, self.staging, self.max_snapshot_bytes, self._precheck)
             t0 = time.perf_counter()
+            # a serving group: the verified snapshot goes to the other processes meanwhile (not when a sibling sent it)
+            fan = self.siblings is not None and not self.siblings.is_sibling_call(context)
+            jobs = self.siblings.start_forward(staged) if fan else []
             try:
-                v = self.install(staged, manifest)
+                try:
+                    v = self.install(staged, manifest)
+                finally:
+                    futures.wait(jobs)  # the forwards read the staged files until they are answered
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
+            answers = self.siblings.verdict(jobs, manifest.version) if fan else []  # raises for a sibling's refusal
+            if answers:
+                log.info("version %d forwarded to %d of %d sibling processes", v.version,
+                         sum(a.ok for a in answers), len(answers))
             return pb.PushResponse(accepted=True, version=v.version, load_seconds=time.perf_counter() - t0)
         except SnapshotError as e:
             cur = self._current
@@ -497,26 +523,17 @@ class ServingServer:
     """
 
     def __init__(self, cfg: Config, device: torch.device | str | None = None, port: int | None = None,
-                 insecure_push: bool = False):
+                 insecure_push: bool = False, siblings=None):
         self.cfg = cfg
         s = cfg.serving
-        exposure = push_exposure(cfg)
-        if exposure and not insecure_push:
-            raise ConfigError(f"{exposure}. Set serving.push_token (STREAMREC_SERVING__PUSH_TOKEN), bind "
-                              "serving.host to 127.0.0.1, or start with --insecure-push to accept this")
-        self.warnings = []
-        if exposure:
-            self.warnings.append(f"INSECURE: {exposure} (--insecure-push)")
-        if not s.tls_cert and not is_loopback(s.host) and (s.push_token or s.predict_token):
-            self.warnings.append(f"serving.host is {s.host!r} without TLS: bearer tokens cross the network in "
-                                 "plaintext (set serving.tls_cert and serving.tls_key)")
+        self.warnings = startup_warnings(cfg, insecure_push)
         self.device = resolve_device(device or getattr(getattr(cfg, "trainer", None), "device", "auto")) \
             if not isinstance(device, torch.device) else device
         limit = int(s.max_message_mb) * 1024 * 1024
         self.health = health.HealthServicer()
         self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.service = StreamRecService(cfg, self.device, self.health)
+        self.service = StreamRecService(cfg, self.device, self.health, siblings)
         reflection_names = (V1_SERVICE, V1ALPHA_SERVICE)
         lanes = {
             "predict": (s.workers, s.max_concurrent_requests,
@@ -545,7 +562,8 @@ class ServingServer:
             futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="serving"),  # every method has its lane
             interceptors=(self.metrics, self.lanes) if self.metrics is not None else (self.lanes,),
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
-                     ("grpc.so_reuseport", 0), *TRANSPORT_OPTIONS],
+                     # a serving group's processes share the port; a lone server must not share it by accident
+                     ("grpc.so_reuseport", 1 if siblings is not None else 0), *TRANSPORT_OPTIONS],
             maximum_concurrent_rpcs=2 * self.lanes.capacity,  # a backstop: the lanes refuse long before
         )
         self.server.add_generic_rpc_handlers((self.service.handler(),))
@@ -560,6 +578,11 @@ class ServingServer:
             self.port = self.server.add_insecure_port(addr)
         if not self.port:
             raise OSError(f"cannot listen on {addr}")
+        self.private_port = 0  # a serving group's process: where its siblings forward pushes (loopback only)
+        if siblings is not None:
+            self.private_port = self.server.add_insecure_port("127.0.0.1:0")
+            if not self.private_port:
+                raise OSError("cannot listen on 127.0.0.1 for the serving group's forwarded pushes")
         self.host = s.host
         self.tls = bool(s.tls_cert)
 
@@ -580,6 +603,8 @@ class ServingServer:
         self.health.enter_graceful_shutdown()  # health checks say NOT_SERVING from here on
         self.server.stop(grace).wait(grace + 5)
         self.service.close()
+        if self.service.siblings is not None:
+            self.service.siblings.close()
         self.lanes.shutdown()
         if self.metrics is not None:
             self.metrics.close()
@@ -600,6 +625,10 @@ def serve(cfg: Config, device: torch.device | str | None = None, port: int | Non
 
     Raises ``ConfigError`` when the push endpoint would be open to the network (see
     :func:`push_exposure`) unless ``insecure_push``."""
+    if cfg.serving.processes > 1:
+        from .group import ServingGroup
+
+        return ServingGroup(cfg, device, port, insecure_push=insecure_push).start()
     server = ServingServer(cfg, device, port, insecure_push=insecure_push)
     if cfg.serving.torch_threads > 0:
         torch.set_num_threads(cfg.serving.torch_threads)

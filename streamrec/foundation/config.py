@@ -224,6 +224,7 @@ class ServingConfig:
     merge_max_events: int = 4096  # Predict requests queued while another is scored are scored together, up to this many events (0 = never merge)
     hot_rows: int = 100_000  # rows serving keeps in memory
     workers: int = 8  # gRPC threads that run Predict (health, Status, pushes and refusals have their own few)
+    processes: int = 1  # server processes sharing serving.port (Linux SO_REUSEPORT), each with its own model copy; a push to one reaches all
     torch_threads: int = 0  # CPU threads for torch ops (0 = torch's default: all cores)
     max_snapshot_mb: int = 65_536  # a pushed snapshot's files together (MiB), from its manifest, before any byte is stored
     max_model_fields: int = 1024  # sparse fields a pushed model may have
@@ -550,6 +551,8 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("tls_cert", "tls_cert and tls_key must be given together")
         if obj.merge_max_events < 0:
             bad("merge_max_events", "must be >= 0 (0 = never merge)")
+        if not 1 <= obj.processes <= 64:
+            bad("processes", "must be in 1..64 (server processes sharing serving.port)")
         for key in ("max_batch", "max_message_mb", "max_request_kb", "max_ids_per_event", "max_ids_per_request",
                     "max_concurrent_requests", "max_concurrent_heavy", "workers", "max_snapshot_mb",
                     "max_model_fields", "max_embedding_dim", "max_model_params", "max_version_jump"):

@@ -46,13 +46,21 @@ def cmd_serve(args) -> int:
                      "serving.port / serve --port")
     ensure_port_free(cfg.serving.metrics_host, cfg.serving.metrics_port, "serving's metrics endpoint",
                      "serving.metrics_port")
-    server = serve(cfg, device=args.device, port=args.port, insecure_push=args.insecure_push)
-    startup_line("serve", args, ports=f"gRPC {server.target} ({'TLS' if server.tls else 'plaintext'})",
+    group = cfg.serving.processes > 1
+    if group:  # serving.processes on one port; each process loads --snapshot itself
+        from streamrec.serving import ServingGroup
+
+        server = ServingGroup(cfg, device=args.device, port=args.port, insecure_push=args.insecure_push,
+                              snapshot=args.snapshot).start()
+    else:
+        server = serve(cfg, device=args.device, port=args.port, insecure_push=args.insecure_push)
+    startup_line("serve", args, ports=f"gRPC {server.target} ({'TLS' if server.tls else 'plaintext'})"
+                 + (f", {cfg.serving.processes} processes" if group else ""),
                  device=str(getattr(server, "device", args.device or cfg.trainer.device)), data=cfg.serving.data_dir,
                  push_token="set" if cfg.serving.push_token else "none", brokers="none (snapshots arrive over gRPC)")
     for w in server.warnings:  # also logged; printed so that no log setting hides them
         say(f"streamrec serve: WARNING: {w}")
-    if args.snapshot:
+    if args.snapshot and not group:
         m = verify_snapshot(args.snapshot)
         try:
             server.service.install(Path(args.snapshot), m)
@@ -65,7 +73,10 @@ def cmd_serve(args) -> int:
     progress = IntervalLog(logging.getLogger("streamrec.serve"), 30.0) if not sys.stderr.isatty() else None
     try:
         while not stop.wait(0.5):
-            if progress is not None and progress.due():  # without a TTY: a sign of life in the log
+            if group and progress is not None and progress.due():
+                progress.maybe("serving group: %d of %d processes alive, %d restarts so far", len(server.processes),
+                               cfg.serving.processes, server.restarts)
+            elif progress is not None and progress.due():  # without a TTY: a sign of life in the log
                 cur = server.service.current
                 progress.maybe("serving version %s: %s Predict requests, %s events so far",
                                cur.version if cur is not None else "none yet",
