@@ -131,6 +131,7 @@ def _start_serving(cfg, tmp_path):
     return proc, client
 
 
+@pytest.mark.timeout(900)  # 11 torchrun launches: 123 s alone on 2 cores, 229 s beside the suite's other worker
 def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstrap):
     """Also pushes its snapshots to a real serving endpoint: kills mid-snapshot (rank 1 while its rows are on
     the way to rank 0; rank 0 while it builds) never leave serving with part of a version."""
@@ -140,7 +141,7 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     done, sent = threading.Event(), []
     producer = threading.Thread(target=_produce_slowly, args=(cfg, bootstrap, n_events, 1500, done, sent), daemon=True)
     producer.start()
-    res = _train(cfg, tmp_path, bootstrap, 2, {"STREAMREC_FAILPOINTS": _failpoints()})
+    res = _train(cfg, tmp_path, bootstrap, 2, {"STREAMREC_FAILPOINTS": _failpoints()}, timeout=800)
     producer.join(60)
     assert done.is_set()
     assert res.returncode == 0, res.stderr[-6000:]
