@@ -50,8 +50,20 @@ def process_config(cfg: Config, index: int) -> Config:
     return c
 
 
+class _ProcessTag(logging.Filter):
+    """Names the group's process in each log record (``serve[1].streamrec.serving``)."""
+
+    def __init__(self, index: int):
+        super().__init__()
+        self.prefix = f"serve[{index}]."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.name = self.prefix + record.name
+        return True
+
+
 def _process_main(cfg: Config, index: int, port: int, device, insecure_push: bool, key: str, snapshot,
-                  conn, log_level: int, parent_pid: int) -> None:
+                  conn, log_level: int, formatter: logging.Formatter | None, parent_pid: int) -> None:
     """One process of the group (spawned): serve until SIGTERM or until the supervisor is gone."""
     import torch
 
@@ -60,8 +72,12 @@ def _process_main(cfg: Config, index: int, port: int, device, insecure_push: boo
     from .server import ServingServer
     from .siblings import Siblings
 
-    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s serve[{index}] %(name)s: %(message)s",
-                        force=True)
+    handler = logging.StreamHandler(sys.stderr)  # as the supervisor logs (text or JSON), naming the process
+    handler.setFormatter(formatter or logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_ProcessTag(index))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(log_level)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor too; it stops us in order
@@ -88,6 +104,11 @@ def _process_main(cfg: Config, index: int, port: int, device, insecure_push: boo
             log.warning("the serving supervisor (pid %d) is gone; stopping", parent_pid)
             break
     server.stop(2.0)
+
+
+def _formatter() -> logging.Formatter | None:
+    """The supervisor's log format, for its processes (None: the default text one)."""
+    return next((h.formatter for h in logging.getLogger().handlers if h.formatter is not None), None)
 
 
 class ServingGroup:
@@ -136,7 +157,7 @@ class ServingGroup:
         parent, child = self._ctx.Pipe(duplex=False)
         p = self._ctx.Process(target=_process_main, name=f"streamrec-serve-{index}",
                               args=(self.cfg, index, port, self.device, self.insecure_push, self.key, self.snapshot,
-                                    child, logging.getLogger().getEffectiveLevel(), os.getpid()))
+                                    child, logging.getLogger().getEffectiveLevel(), _formatter(), os.getpid()))
         p.start()
         child.close()
         return p, parent

@@ -42,6 +42,7 @@ def test_file_env_and_override_precedence(tmp_path):
         ("[sketch]\ntop_k = 0\n", "sketch.top_k: must be >= 1"),
         ("[sketch]\nsample_rate = 2.0\n", "sketch.sample_rate: must be in [0, 1]"),
         ("[serving]\nmax_message_mb = -1\n", "serving.max_message_mb: must be >= 1"),
+        ("[serving]\nprocesses = 0\n", "serving.processes: must be in 1..64"),
         ("[serving]\npush_targets = 'h:\u00b2'\n", "serving.push_targets: 'h:\u00b2' is not host:port"),
     ],
 )

@@ -25,20 +25,13 @@ from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_ev
 pytestmark = [pytest.mark.grpc, pytest.mark.subprocess]
 
 
-def _versions(root: Path) -> dict[int, int]:
-    """Process index -> the version it serves, asked on each process's own loopback port."""
+def _status(root: Path, key: str = "version") -> dict[int, int]:
+    """Process index -> ``key`` of its Status (the version it serves by default), asked on each process's own
+    loopback port."""
     out = {}
     for i, port in read_group_file(root).items():
         with ServingClient(f"127.0.0.1:{port}", timeout=10) as c:
-            out[i] = int(c.status()["version"])
-    return out
-
-
-def _served_counts(root: Path) -> dict[int, int]:
-    out = {}
-    for i, port in read_group_file(root).items():
-        with ServingClient(f"127.0.0.1:{port}", timeout=10) as c:
-            out[i] = int(c.status()["requests_served"])
+            out[i] = int(c.status()[key])
     return out
 
 
@@ -84,7 +77,7 @@ def test_group_serves_every_push_on_one_port_and_recovers_a_killed_process(cfg, 
             # a push to the shared port reaches both processes
             r = pusher.push(trainer.snapshot("full", [], touched.rows()))
             assert r.ok and r.version == 1, r
-            assert _versions(root) == {0: 1, 1: 1}
+            assert _status(root) == {0: 1, 1: 1}
 
             # many connections: the kernel spreads them over both processes, every answer is the model's
             want = trainer.scores(events_to_batch(cfg, events))
@@ -94,7 +87,7 @@ def test_group_serves_every_push_on_one_port_and_recovers_a_killed_process(cfg, 
                     resp = pb_grpc.StreamRecStub(ch).Predict(request, timeout=10)
                 assert resp.model_version == 1
                 assert np.max(np.abs(np.asarray(resp.scores, np.float32) - want)) <= 1e-6
-            counts = _served_counts(root)
+            counts = _status(root, "requests_served")
             assert sum(counts.values()) == 16 and min(counts.values()) > 0, counts  # 2 * 2^-16 to fail by chance
 
             # kill -9 process 1: a push meanwhile is accepted by the rest (process 1 gets no connections)
@@ -106,7 +99,7 @@ def test_group_serves_every_push_on_one_port_and_recovers_a_killed_process(cfg, 
             assert r.ok and r.version == 2, r
             # the supervisor restarts it; it serves what it held (version 1) on a new loopback port
             _wait(lambda: read_group_file(root).get(1, old_port) != old_port, 60, "process 1's restart")
-            assert _versions(root) == {0: 2, 1: 1}
+            assert _status(root) == {0: 2, 1: 1}
 
             # the next delta cannot apply on process 1: the push is refused as needing a full snapshot ...
             changed = trainer.step()
@@ -117,7 +110,7 @@ def test_group_serves_every_push_on_one_port_and_recovers_a_killed_process(cfg, 
             touched.add(trainer.step())
             r = pusher.push(trainer.snapshot("full", [], touched.rows()))
             assert r.ok and r.version == 4, r
-            assert _versions(root) == {0: 4, 1: 4}
+            assert _status(root) == {0: 4, 1: 4}
             want = trainer.scores(events_to_batch(cfg, events))
             for port in read_group_file(root).values():
                 with ServingClient(f"127.0.0.1:{port}") as c:
