@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -104,6 +105,22 @@ def _process_main(cfg: Config, index: int, port: int, device, insecure_push: boo
             log.warning("the serving supervisor (pid %d) is gone; stopping", parent_pid)
             break
     server.stop(2.0)
+
+
+def _reserve_port(host: str) -> socket.socket | None:
+    """A free port of ``host``, held by a socket bound with SO_REUSEPORT but not listening (so it takes no
+    connections) while the group's processes bind the same port; None if that fails (the first process
+    then picks the port and the others start after it)."""
+    h = host.strip("[]")
+    s = socket.socket(socket.AF_INET6 if ":" in h else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind((h, 0))
+    except OSError as e:
+        log.info("could not reserve a free port on %s (%s): starting the first serving process alone", host, e)
+        s.close()
+        return None
+    return s
 
 
 def _formatter() -> logging.Formatter | None:
@@ -197,10 +214,14 @@ class ServingGroup:
     def start(self) -> "ServingGroup":
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / GROUP_FILE).unlink(missing_ok=True)  # a previous run's ports are stale
+        reserved = None if self._want_port else _reserve_port(self.host)
         try:
-            # the first process binds the port (a free one when 0), the others join it
-            self.port = self._launch(0, self._want_port)
-            n = self.cfg.serving.processes
+            if reserved is None and not self._want_port:  # the first process picks a free port, the others join it
+                self.port = self._launch(0, 0)
+                first = 1
+            else:  # a known port (configured, or held for us by `reserved`): every process starts at once
+                self.port = self._want_port or reserved.getsockname()[1]
+                first = 0
             errors: list[BaseException] = []
 
             def launch(i: int) -> None:
@@ -209,7 +230,8 @@ class ServingGroup:
                 except BaseException as e:  # reported below, after every launch has finished
                     errors.append(e)
 
-            threads = [threading.Thread(target=launch, args=(i,), daemon=True) for i in range(1, n)]
+            threads = [threading.Thread(target=launch, args=(i,), daemon=True)
+                       for i in range(first, self.cfg.serving.processes)]
             for t in threads:
                 t.start()
             for t in threads:
@@ -219,6 +241,9 @@ class ServingGroup:
         except BaseException:
             self.stop(0.5)
             raise
+        finally:
+            if reserved is not None:
+                reserved.close()
         self._monitor = threading.Thread(target=self._watch, name="serving-group", daemon=True)
         self._monitor.start()
         for w in self.warnings:
