@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from streamrec.foundation import Config, ConfigError
+from streamrec.foundation import Config, ConfigError, StreamrecError
 
 from .siblings import GROUP_FILE, write_group_file
 
@@ -49,6 +49,10 @@ def process_config(cfg: Config, index: int) -> Config:
     if not s.torch_threads:  # torch's default is every core in each process: share them out instead
         s.torch_threads = max(1, (os.cpu_count() or 1) // cfg.serving.processes)
     return c
+
+
+class GroupStartError(StreamrecError, RuntimeError):
+    """A process of the group did not start; the message says which and why (the CLI prints it as one line)."""
 
 
 class _ProcessTag(logging.Filter):
@@ -124,8 +128,16 @@ def _reserve_port(host: str) -> socket.socket | None:
 
 
 def _formatter() -> logging.Formatter | None:
-    """The supervisor's log format, for its processes (None: the default text one)."""
-    return next((h.formatter for h in logging.getLogger().handlers if h.formatter is not None), None)
+    """The supervisor's log format, for its processes (None: the default text one, also when the format cannot
+    travel to a spawned process, e.g. a test runner's that holds its terminal)."""
+    import pickle
+
+    f = next((h.formatter for h in logging.getLogger().handlers if h.formatter is not None), None)
+    try:
+        pickle.dumps(f)
+    except Exception:
+        return None
+    return f
 
 
 class ServingGroup:
@@ -188,15 +200,15 @@ class ServingGroup:
                     msg = conn.recv()
                     if msg[0] == "ready":
                         return int(msg[1]), int(msg[2])
-                    raise RuntimeError(f"serving process {index} failed to start: {msg[1]}")
+                    raise GroupStartError(f"serving process {index} failed to start: {msg[1]}")
                 if not p.is_alive():
-                    raise RuntimeError(f"serving process {index} exited with code {p.exitcode} while starting")
+                    raise GroupStartError(f"serving process {index} exited with code {p.exitcode} while starting")
         except EOFError:
-            raise RuntimeError(f"serving process {index} exited with code {p.exitcode} while starting") from None
+            raise GroupStartError(f"serving process {index} exited with code {p.exitcode} while starting") from None
         finally:
             conn.close()
         p.kill()
-        raise RuntimeError(f"serving process {index} did not start within {START_TIMEOUT_S:.0f} s")
+        raise GroupStartError(f"serving process {index} did not start within {START_TIMEOUT_S:.0f} s")
 
     def _launch(self, index: int, port: int) -> int:
         p, conn = self._spawn(index, port)

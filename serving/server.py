@@ -620,8 +620,9 @@ class ServingServer:
 
 
 def serve(cfg: Config, device: torch.device | str | None = None, port: int | None = None,
-          insecure_push: bool = False) -> ServingServer:
-    """Start a server for ``cfg.serving`` and return its handle (already listening).
+          insecure_push: bool = False):
+    """Start a server for ``cfg.serving`` and return its handle (already listening): a ``ServingServer``, or a
+    ``ServingGroup`` (``group.py``) of ``serving.processes`` processes when that is above 1.
 
     Raises ``ConfigError`` when the push endpoint would be open to the network (see
     :func:`push_exposure`) unless ``insecure_push``."""

@@ -131,3 +131,15 @@ def test_group_serves_every_push_on_one_port_and_recovers_a_killed_process(cfg, 
                 p.kill()
             proc.kill()
         log.close()
+
+
+def test_a_process_that_cannot_start_fails_the_group_start_with_its_reason(cfg, tmp_path):
+    from streamrec.serving import ServingGroup
+    from streamrec.serving.group import GroupStartError
+
+    cfg.serving.processes = 2
+    cfg.serving.tls_cert, cfg.serving.tls_key = str(tmp_path / "missing.pem"), str(tmp_path / "missing.key")
+    group = ServingGroup(cfg, device="cpu", port=0)
+    with pytest.raises(GroupStartError, match=r"serving process \d failed to start: FileNotFoundError.*missing"):
+        group.start()
+    assert group.processes == {}  # none left running
