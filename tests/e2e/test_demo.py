@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+from tests.conftest import HEAVY_GROUP
+
+# one xdist worker runs the demo runs and the group kill test one after another (conftest.HEAVY_GROUP)
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess, pytest.mark.xdist_group(HEAVY_GROUP)]
 
 from streamrec.app.procs import pid_alive
 from tests.helpers.demo import SCRAPED_DEMO_EVENTS, demo_cmd

@@ -9,9 +9,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from tests.conftest import HEAVY_GROUP
+
 from tests.helpers.demo import value
 
-pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+# one xdist worker runs the demo runs and the group kill test one after another (conftest.HEAVY_GROUP)
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess, pytest.mark.xdist_group(HEAVY_GROUP)]
 
 EXPECTED = {
     "sketch": {

@@ -23,6 +23,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from streamrec.ingest import EventProducer, SyntheticStream, ensure_topics, pipeline_topics, read_topic
 from streamrec.trainer.checkpoint import latest_checkpoint, read_checkpoint
+from tests.conftest import HEAVY_GROUP
 from tests.helpers.trainer import BS, PER_MESSAGE, read_jsonl, trainer_cfg
 
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
@@ -132,6 +133,7 @@ def _start_serving(cfg, tmp_path):
 
 
 @pytest.mark.timeout(900)  # 11 torchrun launches: 123 s alone on 2 cores, 229 s beside the suite's other worker
+@pytest.mark.xdist_group(HEAVY_GROUP)
 def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstrap):
     """Also pushes its snapshots to a real serving endpoint: kills mid-snapshot (rank 1 while its rows are on
     the way to rank 0; rank 0 while it builds) never leave serving with part of a version."""
