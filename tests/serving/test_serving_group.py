@@ -35,6 +35,13 @@ def _status(root: Path, key: str = "version") -> dict[int, int]:
     return out
 
 
+def _push(target: str, snapshot_dir):
+    """Push on a new connection (a kept one could lead to the process the test has just killed, and gRPC's
+    reconnect backoff would then delay the push past that process's restart)."""
+    with SnapshotPusher(target, token="push-tok", attempts=6, backoff_s=0.2) as pusher:
+        return pusher.push(snapshot_dir)
+
+
 def _pid_listening_on(parent: psutil.Process, port: int) -> int:
     for child in parent.children(recursive=True):
         try:
@@ -73,49 +80,48 @@ def test_group_serves_every_push_on_one_port_and_recovers_a_killed_process(cfg, 
         touched = Touched()
         touched.add(trainer.step())
         events = make_events(cfg)
-        with SnapshotPusher(target, token="push-tok", attempts=6, backoff_s=0.2) as pusher:
-            # a push to the shared port reaches both processes
-            r = pusher.push(trainer.snapshot("full", [], touched.rows()))
-            assert r.ok and r.version == 1, r
-            assert _status(root) == {0: 1, 1: 1}
+        # a push to the shared port reaches both processes
+        r = _push(target, trainer.snapshot("full", [], touched.rows()))
+        assert r.ok and r.version == 1, r
+        assert _status(root) == {0: 1, 1: 1}
 
-            # many connections: the kernel spreads them over both processes, every answer is the model's
-            want = trainer.scores(events_to_batch(cfg, events))
-            request = events_to_request(events)
-            for _ in range(16):
-                with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
-                    resp = pb_grpc.StreamRecStub(ch).Predict(request, timeout=10)
-                assert resp.model_version == 1
-                assert np.max(np.abs(np.asarray(resp.scores, np.float32) - want)) <= 1e-6
-            counts = _status(root, "requests_served")
-            assert sum(counts.values()) == 16 and min(counts.values()) > 0, counts  # 2 * 2^-16 to fail by chance
+        # many connections: the kernel spreads them over both processes, every answer is the model's
+        want = trainer.scores(events_to_batch(cfg, events))
+        request = events_to_request(events)
+        for _ in range(16):
+            with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+                resp = pb_grpc.StreamRecStub(ch).Predict(request, timeout=10)
+            assert resp.model_version == 1
+            assert np.max(np.abs(np.asarray(resp.scores, np.float32) - want)) <= 1e-6
+        counts = _status(root, "requests_served")
+        assert sum(counts.values()) == 16 and min(counts.values()) > 0, counts  # 2 * 2^-16 to fail by chance
 
-            # kill -9 process 1: a push meanwhile is accepted by the rest (process 1 gets no connections)
-            old_port = ports[1]
-            os.kill(_pid_listening_on(supervisor, old_port), signal.SIGKILL)
-            changed = trainer.step()
-            touched.add(changed)
-            r = pusher.push(trainer.snapshot("delta", changed))
-            assert r.ok and r.version == 2, r
-            # the supervisor restarts it; it serves what it held (version 1) on a new loopback port
-            _wait(lambda: read_group_file(root).get(1, old_port) != old_port, 60, "process 1's restart")
-            assert _status(root) == {0: 2, 1: 1}
+        # kill -9 process 1: a push meanwhile is accepted by the rest (process 1 gets no connections)
+        old_port = ports[1]
+        os.kill(_pid_listening_on(supervisor, old_port), signal.SIGKILL)
+        changed = trainer.step()
+        touched.add(changed)
+        r = _push(target, trainer.snapshot("delta", changed))
+        assert r.ok and r.version == 2, r
+        # the supervisor restarts it; it serves what it held (version 1) on a new loopback port
+        _wait(lambda: read_group_file(root).get(1, old_port) != old_port, 60, "process 1's restart")
+        assert _status(root) == {0: 2, 1: 1}
 
-            # the next delta cannot apply on process 1: the push is refused as needing a full snapshot ...
-            changed = trainer.step()
-            touched.add(changed)
-            r = pusher.push(trainer.snapshot("delta", changed))
-            assert not r.ok and r.code == "FAILED_PRECONDITION" and r.needs_full, r
-            # ... and the full one brings the whole group to the same version
-            touched.add(trainer.step())
-            r = pusher.push(trainer.snapshot("full", [], touched.rows()))
-            assert r.ok and r.version == 4, r
-            assert _status(root) == {0: 4, 1: 4}
-            want = trainer.scores(events_to_batch(cfg, events))
-            for port in read_group_file(root).values():
-                with ServingClient(f"127.0.0.1:{port}") as c:
-                    scores, version = c.predict(events)
-                assert version == 4 and np.max(np.abs(scores - want)) <= 1e-6
+        # the next delta cannot apply on process 1: the push is refused as needing a full snapshot ...
+        changed = trainer.step()
+        touched.add(changed)
+        r = _push(target, trainer.snapshot("delta", changed))
+        assert not r.ok and r.code == "FAILED_PRECONDITION" and r.needs_full, r
+        # ... and the full one brings the whole group to the same version
+        touched.add(trainer.step())
+        r = _push(target, trainer.snapshot("full", [], touched.rows()))
+        assert r.ok and r.version == 4, r
+        assert _status(root) == {0: 4, 1: 4}
+        want = trainer.scores(events_to_batch(cfg, events))
+        for port in read_group_file(root).values():
+            with ServingClient(f"127.0.0.1:{port}") as c:
+                scores, version = c.predict(events)
+            assert version == 4 and np.max(np.abs(scores - want)) <= 1e-6
         trainer.close()
 
         # kill -9 the supervisor: its processes notice and stop by themselves
