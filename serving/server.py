@@ -486,7 +486,9 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             except Exception:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: the bytes are not a streamrec.v1.StatusRequest")
         v = self._current
-        resp = pb.StatusResponse(requests_served=self.requests_served, events_served=self.events_served)
+        resp = pb.StatusResponse(requests_served=self.requests_served, events_served=self.events_served,
+                                 process=self.siblings.index if self.siblings is not None else 0,
+                                 processes=self.cfg.serving.processes if self.siblings is not None else 1)
         if v is not None:
             m = v.manifest
             now_ms = time.time() * 1000

@@ -655,7 +655,8 @@ def test_reflection_v1_and_v1alpha_and_health_until_a_model_is_installed(cfg, tm
         for service in ("", "streamrec.v1.StreamRec"):
             assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status == \
                 health_pb2.HealthCheckResponse.NOT_SERVING
-        assert client.status()["serving"] is False
+        st = client.status()
+        assert st["serving"] is False and (st["process"], st["processes"]) == (0, 1)  # a lone server
         want = ["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
                 "grpc.reflection.v1alpha.ServerReflection", "streamrec.v1.StreamRec"]
         for version in ("v1", "v1alpha"):

@@ -95,6 +95,13 @@ def test_group_serves_every_push_on_one_port_and_recovers_a_killed_process(cfg, 
             assert np.max(np.abs(np.asarray(resp.scores, np.float32) - want)) <= 1e-6
         counts = _status(root, "requests_served")
         assert sum(counts.values()) == 16 and min(counts.values()) > 0, counts  # 2 * 2^-16 to fail by chance
+        answered = set()  # Status names the process that answered it
+        for _ in range(16):
+            with ServingClient(target, own_connection=True) as c:
+                st = c.status()
+            assert st["processes"] == 2
+            answered.add(st["process"])
+        assert answered == {0, 1}
 
         # kill -9 process 1: a push meanwhile is accepted by the rest (process 1 gets no connections)
         old_port = ports[1]
