@@ -13,6 +13,11 @@ client process spend per request (``server_cpu_us``, ``client_cpu_us``): on a sh
 2-core box, throughput is bounded by their sum, not by latency.
 ``grpc_vs_inproc_b512`` = served events/s over bare-forward events/s at batch 512.
 
+A serving group (``serving.processes``, ``--processes``, default one per core) is measured at batch 512 against
+the one-process server, both with a connection per client thread (a group spreads connections), in two
+alternating rounds: ``group_qps_b512``, ``one_own_connections_qps_b512``, ``group_vs_one_b512`` and
+``group_vs_bound_b512`` (the issue's ratio for the group; ``grpc_vs_bound_b512`` for the one process).
+
 Isolation (``p99_ratio_under_abuse``): a well-behaved client (batch 64, one thread) measures its
 p99 alone and, in alternating phases (see ``isolation``), while an abusive client
 (``benchmarks/abuse.py``, its own process, 4 threads) sends
