@@ -196,6 +196,13 @@ def predict_cell(target: str, request, clients: int, seconds: float, server_ps: 
             "server_cpu_us": (cpu1[0] - cpu0[0]) / done_n * 1e6, "client_cpu_us": (cpu1[1] - cpu0[1]) / done_n * 1e6}
 
 
+def start_server(env: dict) -> subprocess.Popen:
+    """``streamrec serve`` on a free port in its own process; its first stdout line is the target."""
+    return subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", "cpu",
+                             "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                            text=True)
+
+
 def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0):
     from streamrec.embedding_store import EmbeddingStore
     from streamrec.model import DLRM
@@ -215,8 +222,6 @@ def main(argv: list[str]) -> int:
                     help="also measure a serving group of this many processes at batch 512 (1 = skip; default: "
                          "one per core)")
     args = ap.parse_args(argv)
-
-    import grpc
 
     from streamrec.benchmarks import grpc_floor
     from streamrec.ingest import SyntheticStream
@@ -304,9 +309,7 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving"), STREAMREC_SERVING__PUSH_TOKEN="bench",
                STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")  # a handler thread per client at 16 clients
     # (best measured, 2026-11-22: 16 workers 647 req/s at b512 x 16 clients against 540-592 with 2, 4 or 8)
-    proc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", "cpu",
-                             "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-                            text=True)
+    proc = start_server(env)
     try:
         target = proc.stdout.readline().strip()
         if not target:
@@ -378,9 +381,7 @@ def main(argv: list[str]) -> int:
         if args.processes > 1:
             genv = dict(env, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving-group"),
                         STREAMREC_SERVING__PROCESSES=str(args.processes))
-            gproc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", "cpu",
-                                      "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=genv, text=True)
+            gproc = start_server(genv)
             try:
                 gtarget = gproc.stdout.readline().strip()
                 if not gtarget:

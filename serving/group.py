@@ -72,8 +72,6 @@ def _process_main(cfg: Config, index: int, port: int, device, insecure_push: boo
     """One process of the group (spawned): serve until SIGTERM or until the supervisor is gone."""
     import torch
 
-    from streamrec.snapshot import SnapshotError, verify_snapshot
-
     from .server import ServingServer
     from .siblings import Siblings
 
@@ -92,11 +90,8 @@ def _process_main(cfg: Config, index: int, port: int, device, insecure_push: boo
         siblings = Siblings(Path(cfg.serving.data_dir), index, key, push_token=cfg.serving.push_token,
                             max_message_mb=cfg.serving.max_message_mb)
         server = ServingServer(pcfg, device, port, insecure_push=insecure_push, siblings=siblings)
-        if snapshot:
-            try:
-                server.service.install(Path(snapshot), verify_snapshot(snapshot))
-            except SnapshotError as e:  # e.g. a restart that already serves this version or a newer one
-                log.warning("--snapshot not loaded: %s", e)
+        if snapshot and (why := server.service.install_from(snapshot)) is not None:
+            log.warning("--snapshot not loaded: %s", why)
         server.start()
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -182,10 +177,10 @@ class ServingGroup:
         with self._lock:
             return {i: p.pid for i, p in self._procs.items() if p.is_alive()}
 
-    def _spawn(self, index: int, port: int) -> tuple[mp.Process, object]:
+    def _spawn(self, index: int, port: int, snapshot: str | None) -> tuple[mp.Process, object]:
         parent, child = self._ctx.Pipe(duplex=False)
         p = self._ctx.Process(target=_process_main, name=f"streamrec-serve-{index}",
-                              args=(self.cfg, index, port, self.device, self.insecure_push, self.key, self.snapshot,
+                              args=(self.cfg, index, port, self.device, self.insecure_push, self.key, snapshot,
                                     child, logging.getLogger().getEffectiveLevel(), _formatter(), os.getpid()))
         p.start()
         child.close()
@@ -210,8 +205,10 @@ class ServingGroup:
         p.kill()
         raise GroupStartError(f"serving process {index} did not start within {START_TIMEOUT_S:.0f} s")
 
-    def _launch(self, index: int, port: int) -> int:
-        p, conn = self._spawn(index, port)
+    def _launch(self, index: int, port: int, snapshot: str | None = None) -> int:
+        """Start process ``index`` on ``port`` (loading ``snapshot`` first, the first start's ``--snapshot``: a
+        restarted process serves the newest version its own directory holds) and wait until it listens."""
+        p, conn = self._spawn(index, port, snapshot)
         with self._lock:
             self._procs[index] = p
         public, private = self._await_ready(index, p, conn)
@@ -229,7 +226,7 @@ class ServingGroup:
         reserved = None if self._want_port else _reserve_port(self.host)
         try:
             if reserved is None and not self._want_port:  # the first process picks a free port, the others join it
-                self.port = self._launch(0, 0)
+                self.port = self._launch(0, 0, self.snapshot)
                 first = 1
             else:  # a known port (configured, or held for us by `reserved`): every process starts at once
                 self.port = self._want_port or reserved.getsockname()[1]
@@ -238,7 +235,7 @@ class ServingGroup:
 
             def launch(i: int) -> None:
                 try:
-                    self._launch(i, self.port)
+                    self._launch(i, self.port, self.snapshot)
                 except BaseException as e:  # reported below, after every launch has finished
                     errors.append(e)
 

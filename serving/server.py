@@ -247,6 +247,19 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                      manifest.parent_version, v.rows_held)
             return v
 
+    def install_from(self, path) -> str | None:
+        """``streamrec serve --snapshot DIR``: verify ``DIR`` (a missing or corrupt one raises ``SnapshotError``),
+        then install it. Returns why it was not installed (e.g. a restart already serves this version or a newer
+        one), None when it was."""
+        from streamrec.snapshot import verify_snapshot
+
+        manifest = verify_snapshot(path)
+        try:
+            self.install(Path(path), manifest)
+        except SnapshotError as e:
+            return str(e)
+        return None
+
     def _precheck(self, manifest) -> None:
         """What can be decided from the manifest alone, before a byte of the snapshot is stored."""
         cur = self._current

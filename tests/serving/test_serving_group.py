@@ -146,13 +146,20 @@ def test_group_serves_every_push_on_one_port_and_recovers_a_killed_process(cfg, 
         log.close()
 
 
-def test_a_process_that_cannot_start_fails_the_group_start_with_its_reason(cfg, tmp_path):
+@pytest.mark.parametrize("broken", ["tls", "snapshot"])
+def test_a_process_that_cannot_start_fails_the_group_start_with_its_reason(cfg, tmp_path, broken):
+    """A missing TLS key, or a missing ``--snapshot`` directory (refused as a lone server refuses it)."""
     from streamrec.serving import ServingGroup
     from streamrec.serving.group import GroupStartError
 
     cfg.serving.processes = 2
-    cfg.serving.tls_cert, cfg.serving.tls_key = str(tmp_path / "missing.pem"), str(tmp_path / "missing.key")
-    group = ServingGroup(cfg, device="cpu", port=0)
-    with pytest.raises(GroupStartError, match=r"serving process \d failed to start: FileNotFoundError.*missing"):
+    snapshot = None
+    if broken == "tls":
+        cfg.serving.tls_cert, cfg.serving.tls_key = str(tmp_path / "missing.pem"), str(tmp_path / "missing.key")
+        why = r"FileNotFoundError.*missing"
+    else:
+        snapshot, why = str(tmp_path / "missing-snapshot"), r"SnapshotError: .*missing-snapshot.*does not exist"
+    group = ServingGroup(cfg, device="cpu", port=0, snapshot=snapshot)
+    with pytest.raises(GroupStartError, match=rf"serving process \d failed to start: {why}"):
         group.start()
     assert group.processes == {}  # none left running

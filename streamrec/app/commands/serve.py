@@ -7,7 +7,6 @@ import json
 import signal
 import sys
 import threading
-from pathlib import Path
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
@@ -33,7 +32,6 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 def cmd_serve(args) -> int:
     from streamrec.app.cli import config_from_args
     from streamrec.serving import serve
-    from streamrec.snapshot import SnapshotError, verify_snapshot
 
     import logging
 
@@ -60,12 +58,8 @@ def cmd_serve(args) -> int:
                  push_token="set" if cfg.serving.push_token else "none", brokers="none (snapshots arrive over gRPC)")
     for w in server.warnings:  # also logged; printed so that no log setting hides them
         say(f"streamrec serve: WARNING: {w}")
-    if args.snapshot and not group:
-        m = verify_snapshot(args.snapshot)
-        try:
-            server.service.install(Path(args.snapshot), m)
-        except SnapshotError as e:  # e.g. a restart that already serves this version or a newer one
-            print(f"--snapshot not loaded: {e}", file=sys.stderr)
+    if args.snapshot and not group and (why := server.service.install_from(args.snapshot)) is not None:
+        print(f"--snapshot not loaded: {why}", file=sys.stderr)
     print(server.target, flush=True)
     say(f"serving on {server.target}; Ctrl-C stops it")
     stop = threading.Event()
