@@ -56,10 +56,18 @@ class RequestMerger:
         """Scores of ``batch`` under ``version`` (which the caller holds until this returns)."""
         if self.max_events <= 0:
             return self._score(version, batch)
+        with self._lock:
+            alone = not self._busy  # nobody scoring: the queue is empty (requests queue only behind a round)
+            self._busy = True
+        if alone:  # the common case at low load: scored at once, no queue entry, no event to wait on
+            try:
+                return self._score(version, batch)
+            finally:
+                self._pass_lead(merged=0)
         req = _Request(version, batch)
         with self._lock:
             self._queue.append(req)
-            lead = not self._busy
+            lead = not self._busy  # the round in progress ended meanwhile, leaving nobody queued
             self._busy = True
         if not lead:
             req.ready.wait()
@@ -94,15 +102,19 @@ class RequestMerger:
         except BaseException as e:  # every request of the round gets the error, none hangs
             for r in take:
                 r.error = e
+        for r in take[1:]:
+            r.ready.set()
+        self._pass_lead(merged=len(take) if len(take) > 1 else 0)
+
+    def _pass_lead(self, merged: int) -> None:
+        """A round ended: the oldest request queued meanwhile leads the next one, or nobody is scoring."""
         with self._lock:
             self.rounds += 1
-            self.merged += len(take) if len(take) > 1 else 0
+            self.merged += merged
             nxt = self._queue[0] if self._queue else None
             if nxt is None:
                 self._busy = False
             else:
                 nxt.lead = True
-        for r in take[1:]:
-            r.ready.set()
         if nxt is not None:
             nxt.ready.set()
