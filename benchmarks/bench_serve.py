@@ -21,7 +21,10 @@ alternating rounds: ``group_qps_b512``, ``one_own_connections_qps_b512``, ``grou
 The one-client batch-64 latency (``p99_ms_b64``) against its floor on this machine: the served path and the
 whole Predict handler in-process (no gRPC), back to back (``*_ms_b64_hot``) and with the thread idle for one
 empty round trip before each call (``*_ms_b64_idle``), as it is in a one-client ping-pong;
-``latency_floor_p99_ms_b64`` = that round trip + the served path's idle p99.
+``latency_floor_p99_ms_b64`` = that round trip + the served path's idle p99. ``handler_bound_qps_b512``: the
+bound with the whole handler at b512 in place of the served path (it costs ``handler_vs_served_path_b512`` times
+the served path, both back to back in-process, measured in alternating chunks), i.e. the most a server running
+this handler could reach (``handler_bound_vs_bound_b512`` of the bound).
 
 Isolation (``p99_ratio_under_abuse``): a well-behaved client (batch 64, one thread) measures its
 p99 alone and, in alternating phases (see ``isolation``), while an abusive client
@@ -503,6 +506,18 @@ def main(argv: list[str]) -> int:
                              ("handler", lambda: local.Predict(req64, ctx))):
                 for gap in (0.0, gap_s):
                     idle[(name, gap > 0)] = idle_gap_latency(fn, gap, 300 if quick else 1500)
+            # the whole handler at b512 against the served path alone, back to back, in alternating chunks (the
+            # median chunk of each: both see the same machine): what a server running the handler could reach
+            req512_bytes, b512 = requests[512].SerializeToString(), base[512]["sub"]
+            chunks: dict[str, list[float]] = {"served": [], "handler": []}
+            for _ in range(8 if quick else 20):
+                for name, fn in (("served", lambda: local.current.predict(b512)),
+                                 ("handler", lambda: local.Predict(req512_bytes, ctx))):
+                    t0 = time.perf_counter()
+                    for _ in range(10):
+                        fn()
+                    chunks[name].append((time.perf_counter() - t0) / 10)
+            handler_vs_served512 = float(np.median(chunks["handler"]) / np.median(chunks["served"]))
         finally:
             local.close()
         floor_p99_b64 = 1000 * gap_s + idle[("served", True)]["p99"]
@@ -525,6 +540,7 @@ def main(argv: list[str]) -> int:
     best512 = max(res[(512, c)]["qps"] for c in clients)
     per_call_s = min((d["server_cpu_us"] + d["client_cpu_us"]) / 1e6 for d in payload_cpu.values())
     bound512 = (os.cpu_count() or 1) / (per_call_s + 1.0 / base[512]["serving_path_qps"])
+    handler_bound512 = (os.cpu_count() or 1) / (per_call_s + handler_vs_served512 / base[512]["serving_path_qps"])
     out = {
         "p50_ms_b64": round(res[(64, 1)]["p50"], 3),
         "p99_ms_b64": round(res[(64, 1)]["p99"], 3),
@@ -563,6 +579,11 @@ def main(argv: list[str]) -> int:
         **{f"{name}_{q}_ms_b64_{'idle' if gap else 'hot'}": round(v[q], 3) for (name, gap), v in idle.items()
            for q in ("p50", "p99")},
         "latency_floor_p99_ms_b64": round(floor_p99_b64, 3),
+        # the bound again with the whole handler (parse, decode, merge, score, reply) in place of the served
+        # path, both at their back-to-back cost: the most a server running this handler could reach here
+        "handler_vs_served_path_b512": round(handler_vs_served512, 4),
+        "handler_bound_qps_b512": round(handler_bound512, 2),
+        "handler_bound_vs_bound_b512": round(handler_bound512 / bound512, 4),
         "errors": sum(v["errors"] for v in res.values()) + sum(r["errors"] for v in group.values() for r in v),
         "cells": {f"b{b}_c{c}": {k: round(x, 3) for k, x in v.items()} for (b, c), v in res.items()},
     }
@@ -587,6 +608,8 @@ def main(argv: list[str]) -> int:
         f"{out['floor_best_qps'] / base[512]['forward_qps']:.2f}x the forward")
     say(f"bound at b512: {os.cpu_count()} cores / (payload floor CPU per call + served path in-process) = "
         f"{bound512:.0f} req/s = {out['bound_vs_inproc_b512']:.2f}x the bare forward")
+    say(f"with the whole handler in place of the served path (it costs {handler_vs_served512:.2f}x the served path back "
+        f"to back): {handler_bound512:.0f} req/s = {handler_bound512 / bound512:.2f} of the bound")
     say(f"p99_ratio_under_abuse: {out['p99_ratio_under_abuse']} (goal <= 3); under the heaviest legal requests: "
         f"{out['p99_ratio_under_heavy']}")
     say(f"p99 at batch 64 (1 client): {out['p99_ms_b64']} ms (issue #18's goal <= 2; the first goal <= 10) against a "
