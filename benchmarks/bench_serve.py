@@ -328,11 +328,15 @@ def main(argv: list[str]) -> int:
                            store_config={"init_scale": cfg.store.init_scale})
     size_mb = sum(p.stat().st_size for p in snap1.iterdir()) / 1e6
 
-    # the serving path in-process: the served version's lookup + forward, no gRPC
+    # the serving path in-process: the served version's lookup + forward, no gRPC; the same service (its own
+    # data_dir) later times the whole handler in-process too (the one-client latency's floor, below)
     from streamrec.snapshot import verify_snapshot
-    from streamrec.serving.version import load_version
+    from streamrec.serving.server import StreamRecService
 
-    served = load_version(snap1, verify_snapshot(snap1), None, tmp / "inproc-versions", cfg, dev)
+    local = StreamRecService(load_config(None, {**overrides, "serving.data_dir": str(tmp / "inproc-serving")},
+                                         env={}), dev)
+    local.install(snap1, verify_snapshot(snap1))
+    served = local.current
     for b in batches:
         sub = base[b]["sub"]
         served.predict(sub)
@@ -342,7 +346,6 @@ def main(argv: list[str]) -> int:
             n += 1
         base[b]["serving_path_qps"] = n / (time.perf_counter() - t0)
         say(f"in-process b{b:<4} serving path (memory rows + forward) {base[b]['serving_path_qps']:8.1f} req/s")
-    served.retire()
 
     env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving"), STREAMREC_SERVING__PUSH_TOKEN="bench",
                STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")  # a handler thread per client at 16 clients
@@ -493,33 +496,24 @@ def main(argv: list[str]) -> int:
         freshness_s = float(np.median(fresh))
         # the one-client b64 latency's floor: the same work in-process, back to back and with the thread idle
         # between calls for one empty round trip (what a one-client ping-pong leaves it at the least)
-        from streamrec.serving.server import StreamRecService
-
         gap_s = 1.0 / floors[("sync", 1)]
-        local_cfg = load_config(None, {**overrides, "serving.data_dir": str(tmp / "inproc-serving")}, env={})
-        local = StreamRecService(local_cfg, dev)
-        try:
-            local.install(snap1, verify_snapshot(snap1))
-            b64, req64, ctx = base[64]["sub"], requests[64].SerializeToString(), _LocalContext()
-            idle = {}
-            for name, fn in (("served", lambda: local.current.predict(b64)),
-                             ("handler", lambda: local.Predict(req64, ctx))):
-                for gap in (0.0, gap_s):
-                    idle[(name, gap > 0)] = idle_gap_latency(fn, gap, 300 if quick else 1500)
-            # the whole handler at b512 against the served path alone, back to back, in alternating chunks (the
-            # median chunk of each: both see the same machine): what a server running the handler could reach
-            req512_bytes, b512 = requests[512].SerializeToString(), base[512]["sub"]
-            chunks: dict[str, list[float]] = {"served": [], "handler": []}
-            for _ in range(8 if quick else 20):
-                for name, fn in (("served", lambda: local.current.predict(b512)),
-                                 ("handler", lambda: local.Predict(req512_bytes, ctx))):
-                    t0 = time.perf_counter()
-                    for _ in range(10):
-                        fn()
-                    chunks[name].append((time.perf_counter() - t0) / 10)
-            handler_vs_served512 = float(np.median(chunks["handler"]) / np.median(chunks["served"]))
-        finally:
-            local.close()
+        b64, req64, ctx = base[64]["sub"], requests[64].SerializeToString(), _LocalContext()
+        idle = {}
+        for name, fn in (("served", lambda: served.predict(b64)), ("handler", lambda: local.Predict(req64, ctx))):
+            for gap in (0.0, gap_s):
+                idle[(name, gap > 0)] = idle_gap_latency(fn, gap, 300 if quick else 1500)
+        # the whole handler at b512 against the served path alone, back to back, in alternating chunks (the
+        # median chunk of each: both see the same machine): what a server running the handler could reach
+        req512_bytes, b512 = requests[512].SerializeToString(), base[512]["sub"]
+        chunks: dict[str, list[float]] = {"served": [], "handler": []}
+        for _ in range(8 if quick else 20):
+            for name, fn in (("served", lambda: served.predict(b512)),
+                             ("handler", lambda: local.Predict(req512_bytes, ctx))):
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    fn()
+                chunks[name].append((time.perf_counter() - t0) / 10)
+        handler_vs_served512 = float(np.median(chunks["handler"]) / np.median(chunks["served"]))
         floor_p99_b64 = 1000 * gap_s + idle[("served", True)]["p99"]
         say(f"in-process b64, back to back / idle {1000 * gap_s:.2f} ms (one empty round trip) before each call: "
             f"served path p50 {idle[('served', False)]['p50']:.3f} / {idle[('served', True)]['p50']:.3f} ms, p99 "
@@ -532,6 +526,7 @@ def main(argv: list[str]) -> int:
         pusher.close()
     finally:
         stop_process(proc, 10)
+        local.close()
         store.close()
         import shutil
 
