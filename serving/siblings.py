@@ -22,6 +22,7 @@ import hmac
 import json
 import logging
 import os
+import threading
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +76,8 @@ class Siblings:
         self.max_message_mb = max_message_mb
         self.timeout_s = timeout_s
         self.attempts = attempts  # a sibling that is restarting may answer UNAVAILABLE for a moment
-        self._pushers: dict[str, object] = {}
+        self._pushers: dict[str, object] = {}  # target -> its pusher, shared by the forwarding threads
+        self._pushers_lock = threading.Lock()
         self._pool = futures.ThreadPoolExecutor(4, thread_name_prefix="sibling-push")
         self.unreachable = 0  # forwards that reached no sibling process (it was down)
 
@@ -93,12 +95,13 @@ class Siblings:
     def _pusher(self, target: str):
         from .client import SnapshotPusher
 
-        if target not in self._pushers:
-            self._pushers[target] = SnapshotPusher(target, token=self.push_token, attempts=self.attempts,
-                                                   backoff_s=0.2, timeout_s=self.timeout_s,
-                                                   max_message_mb=self.max_message_mb,
-                                                   extra_metadata=((SIBLING_HEADER, self.key),))
-        return self._pushers[target]
+        with self._pushers_lock:  # two pushes forwarded at once must not each make (and leak) a pusher
+            if target not in self._pushers:
+                self._pushers[target] = SnapshotPusher(target, token=self.push_token, attempts=self.attempts,
+                                                       backoff_s=0.2, timeout_s=self.timeout_s,
+                                                       max_message_mb=self.max_message_mb,
+                                                       extra_metadata=((SIBLING_HEADER, self.key),))
+            return self._pushers[target]
 
     def _forward_one(self, index: int, target: str, snapshot_dir: Path) -> Forwarded:
         try:
@@ -106,7 +109,8 @@ class Siblings:
         except Exception as e:  # the pusher reports gRPC failures in its result; anything else is ours
             return Forwarded(index, False, "INTERNAL", f"{type(e).__name__}: {e}")
         if not r.ok and r.code in UNREACHABLE:
-            dead = self._pushers.pop(target, None)  # a new channel next time (the port may have changed)
+            with self._pushers_lock:  # a new channel next time (the port may have changed)
+                dead = self._pushers.pop(target, None)
             if dead is not None:
                 dead.close()
         return Forwarded(index, r.ok, r.code, r.reason)
@@ -138,6 +142,7 @@ class Siblings:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
-        for p in self._pushers.values():
+        with self._pushers_lock:
+            pushers, self._pushers = list(self._pushers.values()), {}
+        for p in pushers:
             p.close()
-        self._pushers.clear()
