@@ -56,6 +56,8 @@ import torch
 
 from streamrec.foundation import stop_process
 
+from .common import add_device_arg, bench_device, sync
+
 
 def _pct(xs, q):
     return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
@@ -234,19 +236,19 @@ def predict_cell(target: str, request, clients: int, seconds: float, server_ps: 
             "server_cpu_us": (cpu1[0] - cpu0[0]) / done_n * 1e6, "client_cpu_us": (cpu1[1] - cpu0[1]) / done_n * 1e6}
 
 
-def start_server(env: dict) -> subprocess.Popen:
+def start_server(env: dict, device: str = "cpu") -> subprocess.Popen:
     """``streamrec serve`` on a free port in its own process; its first stdout line is the target."""
-    return subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", "cpu",
+    return subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", device,
                              "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)
 
 
-def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0):
+def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0, device: torch.device | str = "cpu"):
     from streamrec.embedding_store import EmbeddingStore
     from streamrec.model import DLRM
 
-    model = DLRM.from_config(cfg.model).eval()
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / "trainer-store"))
+    model = DLRM.from_config(cfg.model).to(device).eval()
+    store = EmbeddingStore.from_config(cfg, torch.device(device), path=str(tmp / "trainer-store"))
     rng = np.random.default_rng(seed)
     return model, store, rng
 
@@ -259,7 +261,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--processes", type=int, default=os.cpu_count() or 1,
                     help="also measure a serving group of this many processes at batch 512 (1 = skip; default: "
                          "one per core)")
+    add_device_arg(ap)
     args = ap.parse_args(argv)
+    dev = bench_device(args.device, ap)
 
     from streamrec.benchmarks import grpc_floor
     from streamrec.ingest import SyntheticStream
@@ -280,12 +284,11 @@ def main(argv: list[str]) -> int:
                  "serving.push_token": "bench", "hot.budget_rows": 100_000}  # baseline store as hot as serving
     cfg = load_config(None, overrides, env={})
     fields = cfg.model.field_names
-    dev = torch.device("cpu")
     torch.set_num_threads(1)  # same as the server process (OMP_NUM_THREADS=1): stable on a shared 2-core box
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
 
     # the "trainer": model + store with rows for the generator's ids
-    model, store, rng = build_state(cfg, tmp, rows_per_table)
+    model, store, rng = build_state(cfg, tmp, rows_per_table, device=dev)
     stream = SyntheticStream(cfg)
     ev_batch = next(iter(stream.batches(max(batches) * 8)))
     for f in fields:  # rows for every id the events use, plus more up to rows_per_table
@@ -304,13 +307,15 @@ def main(argv: list[str]) -> int:
     for b in batches:
         sub = ev_batch.take(np.arange(b))
         pooled, _ = embed_batch(sub, fields, lookup, dev)
-        dense = torch.from_numpy(sub.dense)
+        dense = torch.from_numpy(sub.dense).to(dev)
         with torch.no_grad():
             model(dense, pooled)
+            sync(dev)
             n, t0 = 0, time.perf_counter()
             while time.perf_counter() - t0 < cell_s / 2:
                 model(dense, pooled)
                 n += 1
+            sync(dev)  # the queued forwards count in the time
             fwd = n / (time.perf_counter() - t0)
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < cell_s / 2:
@@ -350,7 +355,7 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving"), STREAMREC_SERVING__PUSH_TOKEN="bench",
                STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")  # a handler thread per client at 16 clients
     # (best measured, 2026-11-22: 16 workers 647 req/s at b512 x 16 clients against 540-592 with 2, 4 or 8)
-    proc = start_server(env)
+    proc = start_server(env, str(dev))
     try:
         target = proc.stdout.readline().strip()
         if not target:
@@ -422,7 +427,7 @@ def main(argv: list[str]) -> int:
         if args.processes > 1:
             genv = dict(env, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving-group"),
                         STREAMREC_SERVING__PROCESSES=str(args.processes))
-            gproc = start_server(genv)
+            gproc = start_server(genv, str(dev))
             try:
                 gtarget = gproc.stdout.readline().strip()
                 if not gtarget:
@@ -537,6 +542,7 @@ def main(argv: list[str]) -> int:
     bound512 = (os.cpu_count() or 1) / (per_call_s + 1.0 / base[512]["serving_path_qps"])
     handler_bound512 = (os.cpu_count() or 1) / (per_call_s + handler_vs_served512 / base[512]["serving_path_qps"])
     out = {
+        "device": str(dev),
         "p50_ms_b64": round(res[(64, 1)]["p50"], 3),
         "p99_ms_b64": round(res[(64, 1)]["p99"], 3),
         "qps_b512": round(best512, 2),

@@ -34,6 +34,8 @@ import time
 
 import numpy as np
 
+from .common import add_device_arg, bench_device, sync
+
 DIM = 16
 BATCH = 4096
 ZIPF = 1.05
@@ -90,24 +92,25 @@ def _rss_mb() -> float:
 
 
 def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str, cache_pct: float = 2.0,
-            admission: str = "frequency") -> dict:
+            admission: str = "frequency", device: str = "cpu") -> dict:
     import torch
 
     torch.set_num_threads(1)
+    dev = torch.device(device)
     if setup != "memory":
         from streamrec.embedding_store import EmbeddingStore  # the runtime, before any table data
     runtime_mb = _rss_mb()  # the fixed runtime (interpreter, numpy, torch, the store's code): not the table
     stream = _id_stream(n_ids, 10**9)
     gen = torch.Generator().manual_seed(0)
-    G = torch.randn(BATCH, DIM, generator=gen) * 0.01
+    G = (torch.randn(BATCH, DIM, generator=gen) * 0.01).to(dev)
     done = 0
     occ_hot = occ = 0
     if setup == "memory":
-        emb = torch.nn.Embedding(n_ids, DIM, sparse=True)
+        emb = torch.nn.Embedding(n_ids, DIM, sparse=True, device=dev)
         opt = torch.optim.Adagrad(emb.parameters(), lr=0.05)
 
         def step(ids):
-            t = torch.from_numpy(ids)
+            t = torch.from_numpy(ids).to(dev)
             loss = (emb(t) * G).sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -116,7 +119,7 @@ def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str, cache_
     else:
         hot = n_ids // 100 if setup == "tiered" else 0
         cache = int(n_ids * cache_pct / 100) if setup == "tiered" else 0
-        store = EmbeddingStore(path, {"t": DIM}, shards=4, device="cpu", hot_capacity_rows=hot,
+        store = EmbeddingStore(path, {"t": DIM}, shards=4, device=dev, hot_capacity_rows=hot,
                                block_cache_mb=8, memtable_mb=8, host_cache_rows=cache,
                                cache_admission=admission)
         if hot:
@@ -129,9 +132,10 @@ def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str, cache_
             if setup == "tiered":
                 pending[0] = nxt
             rows = store.lookup("t", uniq)
-            out = rows[torch.from_numpy(inv)]
+            inv_t = torch.from_numpy(inv).to(dev)
+            out = rows[inv_t]
             del out
-            g = torch.zeros(len(uniq), DIM).index_add_(0, torch.from_numpy(inv), G)
+            g = torch.zeros(len(uniq), DIM, device=dev).index_add_(0, inv_t, G)
             if setup == "tiered" and os.environ.get("BENCH_STORE_PREFETCH", "1") == "1":
                 store.prefetch("t", pending[0])
             store.apply_gradients("t", uniq, g)
@@ -140,14 +144,16 @@ def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str, cache_
     for _ in range(warm):
         r = step(ids)
         ids = r if r is not None else next(stream)
+    sync(dev)
     io0 = _io(store)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         r = step(ids)
         ids = r if r is not None else next(stream)
         done += 1
+    sync(dev)  # the batches' queued device work counts in the time
     dt = time.perf_counter() - t0
-    out = {"setup": setup, "rows_per_s": done * BATCH / dt, "batches": done, "seconds": dt,
+    out = {"setup": setup, "device": str(dev), "rows_per_s": done * BATCH / dt, "batches": done, "seconds": dt,
            "ms_per_batch": dt / done * 1e3}
     if store is not None:  # where the timed batches' RocksDB time went (per batch)
         out.update({k: (v - io0[k]) / done * (1e3 if k.endswith("_s") else 1)
@@ -170,10 +176,11 @@ def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str, cache_
 
 
 def _run_setup(setup: str, n_ids: int, warm: int, seconds: float, cache_pct: float,
-               admission: str = "frequency") -> dict:
+               admission: str = "frequency", device: str = "cpu") -> dict:
     tmp = tempfile.mkdtemp(prefix=f"bench-store-{setup}-")
-    code = ("import json,sys; from benchmarks.bench_store import _worker; "
-            f"print(json.dumps(_worker({setup!r}, {n_ids}, {warm}, {seconds}, {tmp + '/db'!r}, {cache_pct}, {admission!r})))")
+    code = ("import json,sys; from streamrec.benchmarks.bench_store import _worker; "
+            f"print(json.dumps(_worker({setup!r}, {n_ids}, {warm}, {seconds}, {tmp + '/db'!r}, {cache_pct}, "
+            f"{admission!r}, {device!r})))")
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=seconds * 4 + 240, cwd=os.path.dirname(os.path.dirname(__file__)))
@@ -184,7 +191,7 @@ def _run_setup(setup: str, n_ids: int, warm: int, seconds: float, cache_pct: flo
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def cache_traffic(n_ids: int, warm: int, counted: int, cache_pct: float, admission: str) -> dict:
+def cache_traffic(n_ids: int, warm: int, counted: int, cache_pct: float, admission: str, device: str = "cpu") -> dict:
     """RocksDB rows read and written per batch by the tiered set-up over ``counted`` batches after
     ``warm`` ones, untimed: the cache policy's own figure, the same on a loaded machine (prefetch off,
     so every count is the main loop's). Compare with ``rocks_rows_per_batch_best_cache``."""
@@ -193,13 +200,14 @@ def cache_traffic(n_ids: int, warm: int, counted: int, cache_pct: float, admissi
     torch.set_num_threads(1)
     from streamrec.embedding_store import EmbeddingStore
 
+    dev = torch.device(device)
     tmp = tempfile.mkdtemp(prefix="bench-store-traffic-")
     hot, cache = n_ids // 100, int(n_ids * cache_pct / 100)
-    store = EmbeddingStore(tmp + "/db", {"t": DIM}, shards=4, device="cpu", hot_capacity_rows=hot, block_cache_mb=8,
+    store = EmbeddingStore(tmp + "/db", {"t": DIM}, shards=4, device=dev, hot_capacity_rows=hot, block_cache_mb=8,
                            memtable_mb=8, host_cache_rows=cache, cache_admission=admission)
     try:
         store.set_hot({"t": _rows_of_ranks(np.arange(hot), n_ids)})
-        G = torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(0)) * 0.01
+        G = (torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(0)) * 0.01).to(dev)
         stream = _id_stream(n_ids, warm + counted)
         io0 = None
         for i, ids in enumerate(stream):
@@ -207,13 +215,14 @@ def cache_traffic(n_ids: int, warm: int, counted: int, cache_pct: float, admissi
                 io0, st0 = _io(store), store.stats()
             uniq, inv = np.unique(ids, return_inverse=True)
             store.lookup("t", uniq)
-            store.apply_gradients("t", uniq, torch.zeros(len(uniq), DIM).index_add_(0, torch.from_numpy(inv), G))
+            g = torch.zeros(len(uniq), DIM, device=dev).index_add_(0, torch.from_numpy(inv).to(dev), G)
+            store.apply_gradients("t", uniq, g)
         io1, st1 = _io(store), store.stats()
     finally:
         store.close()
         shutil.rmtree(tmp, ignore_errors=True)
     hits, misses = st1["cache_hits"] - st0["cache_hits"], st1["cache_misses"] - st0["cache_misses"]
-    out = {"admission": admission, "warm_batches": warm, "counted_batches": counted,
+    out = {"device": str(dev), "admission": admission, "warm_batches": warm, "counted_batches": counted,
            "rocks_rows_read_per_batch": round((io1["rocks_rows_read"] - io0["rocks_rows_read"]) / counted, 1),
            "rocks_rows_written_per_batch": round((io1["rocks_rows_written"] - io0["rocks_rows_written"]) / counted, 1),
            "cache_hit_rate": round(hits / max(1, hits + misses), 4)}
@@ -233,10 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traffic-batches", type=int, default=0, metavar="WARM",
                     help="only count the tiered set-up's RocksDB rows per batch over 150 batches after WARM "
                          "(untimed, load-independent), then exit")
+    add_device_arg(ap)
     args = ap.parse_args(argv)
+    device = str(bench_device(args.device, ap))
     n_ids = 1_000_000 if args.quick else 10_000_000
     if args.traffic_batches:
-        r = cache_traffic(n_ids, args.traffic_batches, 150, args.cache_pct, args.admission)
+        r = cache_traffic(n_ids, args.traffic_batches, 150, args.cache_pct, args.admission, device)
         print(f"tiered, {args.admission} admission, batches {r['warm_batches']}..{r['warm_batches'] + 150}: RocksDB "
               f"rows written {r['rocks_rows_written_per_batch']:.1f} / read {r['rocks_rows_read_per_batch']:.1f} per "
               f"batch (an ideal cache leaves {r['rocks_rows_per_batch_best_cache']:.1f}), cache hit rate "
@@ -246,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     seconds = args.seconds or (7.0 if args.quick else 30.0)
     warm = 10 if args.quick else 50
-    res = {s: _run_setup(s, n_ids, warm, seconds, args.cache_pct, args.admission) for s in ("memory", "rocks", "tiered")}
+    res = {s: _run_setup(s, n_ids, warm, seconds, args.cache_pct, args.admission, device)
+           for s in ("memory", "rocks", "tiered")}
     a, b, c = res["memory"], res["rocks"], res["tiered"]
     summary = {
         "tiered_rows_per_s": round(c["rows_per_s"]),
@@ -266,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory_runtime_mb": round(a["runtime_rss_mb"], 1),
         "tiered_runtime_mb": round(c["runtime_rss_mb"], 1),
         "admission": args.admission,
+        "device": device,
         "ids": n_ids,
         "host_cache_rows": int(n_ids * args.cache_pct / 100),
         "cache_hit_rate": round(c.get("cache_hit_rate", 0.0), 4),

@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from .common import add_device_arg, bench_device
+
 FIELDS = 26
 TOTAL_IDS = 10_000_000
 # Criteo Kaggle's 26 categorical cardinalities, scaled so they sum to --ids: a few huge
@@ -41,7 +43,7 @@ CRITEO = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 835
           5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
 
 
-def bench_config(root: str, ids: int, batch: int, setup: str, extra: dict | None = None):
+def bench_config(root: str, ids: int, batch: int, setup: str, extra: dict | None = None, device: str = "cpu"):
     from streamrec.foundation import load_config
 
     scale = ids / sum(CRITEO)
@@ -51,7 +53,7 @@ def bench_config(root: str, ids: int, batch: int, setup: str, extra: dict | None
         "model.fields": [{"name": f["name"]} for f in fields], "generator.fields": fields, "model.dense_dim": 13, "model.embedding_dim": 16,
         "model.bottom_mlp": [512, 256, 64, 16], "model.top_mlp": [512, 256],
         "store.path": os.path.join(root, "store"), "store.shards": 4,
-        "trainer.batch_size": batch, "trainer.window_batches": 4, "trainer.device": "cpu",
+        "trainer.batch_size": batch, "trainer.window_batches": 4, "trainer.device": device,
         "hot.budget_rows": int(0.05 * ids),
         **(extra or {}),
     }
@@ -98,14 +100,18 @@ def windows_of(stream, events: int, window: int, dense_dim: int, fields):
 
 
 def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads: int,
-            profile: str | None = None, sets: dict | None = None, early_scores: bool = True) -> dict:
+            profile: str | None = None, sets: dict | None = None, early_scores: bool = True,
+            device: str = "cpu") -> dict:
     import torch
 
     from streamrec.ingest import SyntheticStream
 
+    from .common import sync
+
     torch.set_num_threads(threads)
+    dev = torch.device(device)
     root = tempfile.mkdtemp(prefix=f"bench-train-{setup}-")
-    cfg = bench_config(root, ids, batch, setup, sets)
+    cfg = bench_config(root, ids, batch, setup, sets, device=str(dev))
     fields = cfg.model.field_names
     window = batch * cfg.trainer.window_batches
     held_n = 2 * window  # the events right after the trained ones: held-out AUC, the same slice for every set-up
@@ -120,7 +126,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
         from streamrec.trainer.metrics import StreamingMetrics
         from streamrec.trainer.reference import MemoryDLRM
 
-        model = MemoryDLRM(cfg, LazyVocab(cfg))
+        model = MemoryDLRM(cfg, LazyVocab(cfg), dev)
         metrics = StreamingMetrics(cfg.trainer.metrics_window)
         extra["rows"] = sum(len(v) for v in model.ids.values())
         extra["table_mb"] = model.nbytes() / 2**20
@@ -136,8 +142,8 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
         from streamrec.foundation import hot_budget_rows
         from streamrec.trainer.hotset import SampleHotSource
 
-        store = EmbeddingStore.from_config(cfg, "cpu")
-        core = TrainerCore(cfg, store, torch.device("cpu"))
+        store = EmbeddingStore.from_config(cfg, dev)
+        core = TrainerCore(cfg, store, dev)
         core.batcher.early_scores = early_scores  # False: a diagnostic (what honest early scores cost)
         metrics = core.metrics
         extra["host_cache_rows"] = cfg.store.host_cache_rows
@@ -158,6 +164,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
     rss_setup = rss_mb()
     warm = first.pop(0)
     train(warm)  # warm-up (allocations, first RocksDB files), counted in AUC but not in time
+    sync(dev)
     prof = None
     if profile:
         import cProfile
@@ -183,6 +190,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
             prof.enable()
         c0, t0 = time.process_time(), time.perf_counter()
         train(w)
+        sync(dev)  # the window's queued device work counts in its time
         dt += time.perf_counter() - t0
         cpu += time.process_time() - c0
         if prof is not None:
@@ -191,6 +199,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
     if setup != "memory":  # the stream's tail: events still waiting for a full mini-batch
         c0, t0 = time.process_time(), time.perf_counter()
         core.flush()
+        sync(dev)
         dt += time.perf_counter() - t0
         cpu += time.process_time() - c0
     if prof is not None:
@@ -202,7 +211,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
     scores = [predict(hb.take(np.arange(s, min(len(hb), s + batch)))) for s in range(0, len(hb), batch)]
     held_auc = roc_auc(hb.labels, np.concatenate(scores)) if len(hb) else float("nan")
     out = {"setup": setup, "events": events, "timed_events": timed, "events_per_s": timed / dt, "train_s": dt,
-           "cpu_s": cpu, "setup_s": setup_s, "gen_s": gen_s, "threads": threads, "auc": held_auc,
+           "cpu_s": cpu, "setup_s": setup_s, "gen_s": gen_s, "threads": threads, "device": str(dev), "auc": held_auc,
            "held_out_events": len(hb), "progressive_auc": metrics.auc,
            "window_auc": metrics.window_auc(), "logloss": metrics.logloss,
            "rss_after_data_mb": rss_data, "rss_after_setup_mb": rss_setup,
@@ -233,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--without-early-scores", action="store_true",
                    help="diagnostic: FAE and cold without progressive validation's early scores (their "
                         "progressive AUC then peeks at later events; the held-out AUC is unchanged)")
+    add_device_arg(p)
     args = p.parse_args(argv)
+    device = str(bench_device(args.device, p))
     # quick: 1M ids, 12 windows of 8k events (1 warm-up + 11 timed, a few seconds per set-up)
     events = args.events or (98_304 if args.quick else 204_800)
     ids = args.ids or (1_000_000 if args.quick else TOTAL_IDS)
@@ -246,12 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         sets[k] = json.loads(v) if v[:1].isdigit() or v[:1] in "[{-" or v in ("true", "false") else v
     if args.run_one:
         print(json.dumps(run_one(args.run_one, events, ids, args.batch, sample, args.threads, args.profile, sets,
-                                 early_scores=not args.without_early_scores)))
+                                 early_scores=not args.without_early_scores, device=device)))
         return 0
     res = {}
     for setup in args.setups.split(","):
         cmd = [sys.executable, "-m", "streamrec.benchmarks.bench_train", "--run-one", setup, "--events", str(events),
-               "--ids", str(ids), "--batch", str(args.batch), "--threads", str(args.threads)]
+               "--ids", str(ids), "--batch", str(args.batch), "--threads", str(args.threads), "--device", device]
         cmd += [a for kv in args.set for a in ("--set", kv)] + (["--without-early-scores"] if args.without_early_scores else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -264,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
               f"peak RSS {r['peak_rss_mb']:,.0f} MB (after set-up {r['rss_after_setup_mb']:,.0f})  "
               f"(setup {r['setup_s']:.1f}s, train {r['train_s']:.1f}s, cpu {r['cpu_s']:.1f}s"
               + (f", hot fraction {r['hot_fraction']:.1%}" if "hot_fraction" in r else "") + ")", flush=True)
-    if set(res) != {"memory", "cold", "fae"}:
+    if set(res) != {"memory", "cold", "fae"}:  # a subset of set-ups: no ratios, each set-up's own figures
+        if args.json:
+            print(json.dumps({"device": device, "setups": res}))
         return 0
     m, c, f = res["memory"], res["cold"], res["fae"]
     summary = {
@@ -274,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         "auc_fae": f["auc"], "auc_memory": m["auc"], "auc_cold": c["auc"],  # held-out, after the same events
         "progressive_auc": {k: v["progressive_auc"] for k, v in res.items()},
         "fae_rss_vs_memory": f["peak_rss_mb"] / m["peak_rss_mb"],
-        "events": events, "ids": ids, "batch": args.batch, "threads": args.threads,
+        "events": events, "ids": ids, "batch": args.batch, "threads": args.threads, "device": device,
         "hot_fraction": f.get("hot_fraction"),
         "peak_rss_mb": {k: v["peak_rss_mb"] for k, v in res.items()},
         "early_scores": not args.without_early_scores,  # False: a diagnostic run, not the trainer as shipped
