@@ -19,7 +19,6 @@ import time
 import uuid
 
 
-
 def _consume_decoded(bootstrap, cfg, topic, n_events, timeout):
     from streamrec.ingest import EventConsumer
 
@@ -40,6 +39,16 @@ def _consume_decoded(bootstrap, cfg, topic, n_events, timeout):
         c.close()
 
 
+def _record_values(recs):
+    """The record bytes of one partition's poll result: kafka-python ``ConsumerRecord`` values, or runs of
+    records (``RecordRun``, what the consumer's fast record path hands out) whose ``values()`` are the bytes."""
+    for r in recs:
+        if hasattr(r, "values"):
+            yield from r.values()
+        else:
+            yield r.value
+
+
 def _consume_raw(bootstrap, cfg, topic, n_records, timeout):
     from streamrec.ingest import EventConsumer
 
@@ -50,8 +59,9 @@ def _consume_raw(bootstrap, cfg, topic, n_records, timeout):
         deadline = time.monotonic() + timeout
         while got < n_records and time.monotonic() < deadline:
             for recs in c.consumer.poll(timeout_ms=1000, max_records=2000).values():
-                got += len(recs)
-                nbytes += sum(len(r.value) for r in recs)
+                for v in _record_values(recs):
+                    got += 1
+                    nbytes += len(v)
         dt = time.perf_counter() - t0
         if got != n_records:
             raise RuntimeError(f"raw consumer read {got} of {n_records} records")
