@@ -19,6 +19,7 @@ from tests.helpers.ingest import poll_events
 
 pytestmark = pytest.mark.subprocess
 
+@pytest.mark.timeout(660)  # above its own waits: two trainer runs of up to 300 s each
 def test_a_record_that_crashes_the_decoder_is_quarantined_by_the_next_start(topics, tmp_path, bootstrap):
     cfg = topics
     t = cfg.trainer

@@ -32,6 +32,9 @@ def _pids(run_dir: Path) -> dict[str, int]:
     return json.loads(p.read_text()) if p.exists() else {}
 
 
+# above its own waits: the shared demo (tests/helpers/demo.py: up to 240 s to come up, 60 s between scrapes, 420 s
+# to finish) and the two-trainer demo (420 s)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("trainers", [1, 2])
 def test_demo_end_to_end(bootstrap, tmp_path, trainers, request):
     """One trainer, and a group of two trainer ranks (torchrun) with two sketch workers.
@@ -63,9 +66,14 @@ def test_demo_end_to_end(bootstrap, tmp_path, trainers, request):
     assert not [n for n, p in pids.items() if pid_alive(p)], "demo left processes running"
     assert (run_dir / "report.png").exists() and (run_dir / "report.md").exists()
     # the served model judged from outside: held-out events through Predict, next to their Bayes-optimal AUC
-    assert 0.5 < result["served_auc"] <= result["bayes_auc"] + 0.03, result
+    # the demo's served model reaches 0.73-0.79 against a Bayes-optimal ~0.83 (README, BENCHMARKS.md): the floor,
+    # 60% of the way from chance to Bayes (~0.70), leaves a margin of ~0.03-0.09 below what it measures
+    served_floor = 0.5 + 0.6 * (result["bayes_auc"] - 0.5)
+    assert served_floor < result["served_auc"] <= result["bayes_auc"] + 0.03, (served_floor, result)
     assert result["predict_latency_ms"]["p50"] > 0
-    assert result["freshness_s_median"] is not None and result["freshness_s_median"] < 300  # by the Kafka clock
+    # by the Kafka clock; the demo measures a 2-8 s median (README, BENCHMARKS.md), 13 s on a loaded machine:
+    # 30 s is the product's freshness goal for the demo, a margin of 2x over the slowest median seen
+    assert result["freshness_s_median"] is not None and result["freshness_s_median"] < 30, result
     report = (run_dir / "report.md").read_text()
     for line in ("## Run settings", "Bayes-optimal AUC", "served model's AUC", "Predict latency", "consumer lag",
                  "since the event entered Kafka"):
@@ -96,6 +104,7 @@ def test_demo_stops_everything_when_a_child_dies(bootstrap, tmp_path, victim):
     assert not [n for n, p in pids.items() if pid_alive(p)], "demo left processes running"
 
 
+@pytest.mark.timeout(420)  # above its own wait: the demo run (300 s)
 def test_demo_replays_a_file(bootstrap, tmp_path):
     """`--data FILE`: the file's events are streamed, trained on, and the served model scores its tail."""
     from streamrec.ingest import SyntheticStream, write_events
@@ -126,9 +135,8 @@ def test_demo_over_a_file_without_events_fails_fast_and_says_why(bootstrap, tmp_
     cmd = _demo_cmd(run_dir, bootstrap, 0)
     cmd[cmd.index("--events"):cmd.index("--events") + 2] = ["--data", str(data)]
     cmd[cmd.index("--timeout") + 1] = "120"
-    t0 = time.monotonic()
     proc = subprocess.run(cmd + ["--set", "trainer.idle_exit_s=1"], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["error"] == "demo failed"
+    # it stops on the missing events, not on its --timeout (whose message is "never reached")
     assert "no events" in proc.stderr and "never reached" not in proc.stderr, proc.stderr[-3000:]
-    assert time.monotonic() - t0 < 100

@@ -27,6 +27,7 @@ def _state(cfg):
     return state, dense["dense_sync"], [s["dense_sync_rank"] for s in shards]
 
 
+@pytest.mark.timeout(660)  # above its own waits: two group runs of up to 300 s each
 def test_a_powersgd_group_checkpoints_its_compressor_and_resumes_it(topics, tmp_path, bootstrap):
     cfg = trainer_cfg(topics, tmp_path)
     t = cfg.trainer

@@ -42,6 +42,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.timeout(900)  # above the shared demo's own waits (tests/helpers/demo.py: 240 + 60 + 420 s)
 def test_every_process_serves_prometheus_metrics(scraped_demo):
     demo = scraped_demo
     assert demo.scrape_error is None, f"{demo.scrape_error}: {demo.stderr[-4000:]}"
@@ -62,6 +63,19 @@ def test_every_process_serves_prometheus_metrics(scraped_demo):
             for key, v in first[proc_name][name][1].items():
                 if key[0].endswith(("_total", "_count", "_bucket")):
                     assert samples.get(key, -1) >= v, (proc_name, key, v, samples.get(key))
+    # and those the run drives between the two scrapes have grown: the stream is still produced (the sketch and
+    # the trainer consume), and two Predict calls (one refused) were made after the first scrape
+    def grew(proc_name, name, sample, by=1, **labels):
+        before, after = value(first[proc_name], name, sample, **labels), value(second[proc_name], name, sample, **labels)
+        assert after >= before + by, (proc_name, sample, labels, before, after)
+
+    grew("sketch", "streamrec_sketch_events_consumed", "streamrec_sketch_events_consumed_total")
+    grew("trainer", "streamrec_trainer_events_consumed", "streamrec_trainer_events_consumed_total")
+    grew("serving", "streamrec_serving_predict_requests", "streamrec_serving_predict_requests_total", code="OK")
+    grew("serving", "streamrec_serving_predict_requests", "streamrec_serving_predict_requests_total",
+         code="INVALID_ARGUMENT")
+    grew("serving", "streamrec_serving_predict_latency_seconds", "streamrec_serving_predict_latency_seconds_count",
+         by=2)
     s = second["serving"]
     assert value(s, "streamrec_serving_predict_requests", "streamrec_serving_predict_requests_total", code="OK") >= 1
     assert value(s, "streamrec_serving_predict_requests", "streamrec_serving_predict_requests_total",

@@ -132,7 +132,10 @@ def _start_serving(cfg, tmp_path):
     return proc, client
 
 
-@pytest.mark.timeout(900)  # 11 torchrun launches: 123 s alone on 2 cores, 229 s beside the suite's other worker
+# 11 torchrun launches: 123 s alone on 2 cores, 229 s beside the suite's other worker. The limit is above the sum
+# of its own waits (600 s for the killed group, 150 s each for the clean group and the 3-rank resume, 60 s each for
+# serving to come up and the producer to finish)
+@pytest.mark.timeout(1080)
 @pytest.mark.xdist_group(HEAVY_GROUP)
 def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstrap):
     """Also pushes its snapshots to a real serving endpoint: kills mid-snapshot (rank 1 while its rows are on
@@ -143,7 +146,7 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     done, sent = threading.Event(), []
     producer = threading.Thread(target=_produce_slowly, args=(cfg, bootstrap, n_events, 1500, done, sent), daemon=True)
     producer.start()
-    res = _train(cfg, tmp_path, bootstrap, 2, {"STREAMREC_FAILPOINTS": _failpoints()}, timeout=800)
+    res = _train(cfg, tmp_path, bootstrap, 2, {"STREAMREC_FAILPOINTS": _failpoints()}, timeout=600)
     producer.join(60)
     assert done.is_set()
     assert res.returncode == 0, res.stderr[-6000:]
@@ -170,7 +173,9 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     assert _committed(bootstrap, cfg, ends) == ends  # rank 0 committed every partition after the manifest
     assert state["events"] >= n_events
     log = read_jsonl(tmp_path / "metrics.jsonl")
-    assert log[-1]["auc"] > 0.6
+    # one trainer in process reaches a progressive AUC of 0.73 on the first 48k events of this stream (Bayes-optimal
+    # ~0.84); the floor leaves a margin of 0.05 for the group's batch order and the windows replayed after kills
+    assert log[-1]["auc"] > 0.68, log[-1]
     snaps = sorted(Path(cfg.trainer.snapshot_dir).glob("v*/manifest.json"))
     assert snaps, "no snapshot was built"
     # serving holds the group's newest snapshot, and it is the whole model: rows of both ranks' shards
@@ -215,7 +220,7 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     clean.trainer.log_path, clean.trainer.trace_path = str(tmp_path / "clean.jsonl"), ""
     clean.trainer.push_snapshots, clean.trainer.snapshot_every = False, 0
     clean.trainer.idle_exit_s = SETTLED_IDLE_EXIT_S
-    res_clean = _train(clean, tmp_path / "clean", bootstrap, 2)
+    res_clean = _train(clean, tmp_path / "clean", bootstrap, 2, timeout=150)
     assert res_clean.returncode == 0, res_clean.stderr[-4000:]
     clean_state, _ = read_checkpoint(latest_checkpoint(clean.trainer.checkpoint_dir))
     assert clean_state["events"] == state["events"]
@@ -230,7 +235,7 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     more = prod.sent_messages
     cfg.kafka.partitions = 4
     cfg.trainer.idle_exit_s = SETTLED_IDLE_EXIT_S
-    res3 = _train(cfg, tmp_path, bootstrap, 3)
+    res3 = _train(cfg, tmp_path, bootstrap, 3, timeout=150)
     assert res3.returncode == 0, res3.stderr[-6000:]
     state3, _ = read_checkpoint(latest_checkpoint(cfg.trainer.checkpoint_dir))
     ends3 = _ends(bootstrap, cfg.kafka.events_topic, sent[0] + more)

@@ -22,6 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 SCRAPED_DEMO_EVENTS = 60_000
 SCRAPED_DEMO_RATE = 2000  # events/s: ~30 s of stream, time to scrape while every process is up
+# counters the second scrape waits on: each has grown since the first scrape when it is taken
+GROWING = (("sketch", "streamrec_sketch_events_consumed"), ("trainer", "streamrec_trainer_events_consumed"))
 
 
 def demo_cmd(run_dir: Path, bootstrap: str, events: int, tag: str | None = None) -> list[str]:
@@ -125,11 +127,21 @@ def run_scraped_demo(bootstrap: str, run_dir: Path) -> ScrapedDemo:
                     client.predict([{"dense": event["dense"], "sparse": {**event["sparse"], "nope": 1}}])
                 except grpc.RpcError as e:
                     out.bad_field_code = e.code()
-            time.sleep(3.0)  # the next trainer metrics interval, more events counted
-            pages = {k: try_scrape(p) for k, p in ports.items()}
-            gone = [k for k, p in pages.items() if p is None]
-            if gone:
-                out.scrape_error = f"{gone} stopped serving /metrics before the second scrape (demo ended too soon?)"
+            # the second scrape once the sketch and the trainer have counted more events than at the first
+            # (the stream is still being produced), so the metrics test can check that counters move
+            grow_deadline = time.monotonic() + 60
+            while True:
+                pages = {k: try_scrape(p) for k, p in ports.items()}
+                gone = [k for k, p in pages.items() if p is None]
+                if gone:
+                    out.scrape_error = f"{gone} stopped serving /metrics before the second scrape (demo ended too soon?)"
+                    break
+                if all(value(pages[k], n, n + "_total") > value(first[k], n, n + "_total") for k, n in GROWING):
+                    break
+                if time.monotonic() > grow_deadline:
+                    out.scrape_error = f"the event counters {GROWING} did not grow within 60 s of the first scrape"
+                    break
+                time.sleep(0.5)
             out.second = pages
         out.stdout, out.stderr = proc.communicate(timeout=420)
         out.returncode = proc.returncode

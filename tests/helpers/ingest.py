@@ -30,13 +30,21 @@ def poll_events(consumer, expected_events, timeout=20.0, max_events=4096) -> lis
     return batches
 
 
-def consume_all(bootstrap, cfg, expected_events, mode="assign", group=None, timeout=20.0, **opts):
-    """Read until ``expected_events`` arrived (or timeout); returns (batches, consumer stats)."""
+def consume_all(bootstrap, cfg, expected_events, mode="assign", group=None, timeout=20.0, settle=0.0, **opts):
+    """Read until ``expected_events`` arrived (or timeout); returns (batches, consumer stats).
+
+    ``settle`` > 0: the same consumer then polls for ``settle`` more seconds, and whatever arrives
+    meanwhile is in the batches and the stats, so a test can assert that nothing else arrives."""
     from streamrec.ingest import EventConsumer
 
     c = EventConsumer(bootstrap, cfg, group or f"g-{uuid.uuid4().hex[:6]}", mode=mode, **opts)
     try:
         batches = poll_events(c, expected_events, timeout)
+        settle_until = time.monotonic() + settle
+        while time.monotonic() < settle_until:
+            b = c.poll_batch(4096, timeout=0.25)
+            if b is not None:
+                batches.append(b)
         c.mark_durable({})  # flush dead letters
         return batches, c.stats
     finally:

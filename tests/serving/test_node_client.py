@@ -35,6 +35,7 @@ def node_client():
     return node
 
 
+@pytest.mark.timeout(420)  # above its own waits: `npm ci` in the fixture (300 s) and the node client
 def test_node_client_gets_python_scores(node_client, cfg, tmp_path):
     cfg.serving.predict_token = "node-tok"
     trainer = FakeTrainer(cfg, tmp_path)

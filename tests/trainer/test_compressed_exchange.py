@@ -70,6 +70,7 @@ def _rel_diff(a: dict, b: dict) -> float:
 
 
 @pytest.mark.subprocess
+@pytest.mark.timeout(500)  # above its own wait: run_group's 400 s for the ranks, then their joins
 def test_a_compressed_wire_cuts_the_bytes_and_stays_near_fp32(tmp_path):
     ranks = run_group(2, _cfg, tmp_path, _train_each_precision, timeout=400.0)
     cfg = _cfg(tmp_path)

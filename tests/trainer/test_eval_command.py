@@ -16,6 +16,7 @@ def _streamrec(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "streamrec", *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.timeout(660)  # above its own waits: `generate` and `eval` runs of up to 300 s each
 def test_eval_prints_both_models_over_every_event(tmp_path):
     data = tmp_path / "events.parquet"
     small = ["--set", 'generator.fields=[{"name":"user","cardinality":3000},{"name":"item","cardinality":1000},'
@@ -28,8 +29,10 @@ def test_eval_prints_both_models_over_every_event(tmp_path):
     assert out["events_scored_trainer"] == out["events_scored_reference"] == out["events"] == 12_000
     assert "progressive auc" in r.stdout and "progressive logloss" in r.stdout
     for k in ("auc_trainer", "auc_reference"):
-        assert 0.55 < out[k] < 1.0, out  # both learnt something from 12k events
-    # on 12k events one model seed moves either AUC by up to +-0.04 (measured 0.571..0.649): a wide bound
+        # both learnt from 12k events: measured 0.571..0.649 over model seeds, the floor 0.02 below the lowest
+        assert 0.55 < out[k] < 1.0, out
+    # on 12k events one model seed moves either AUC by up to +-0.04 (measured 0.571..0.649): the bound on the
+    # difference of the two seed-averaged AUCs is that spread plus a margin of 0.02
     assert abs(out["auc_trainer"] - out["auc_reference"]) < 0.06, out
     assert abs(out["logloss_trainer"] - out["logloss_reference"]) < 0.03, out
     assert len(out["per_seed"]["trainer"]) == len(out["per_seed"]["reference"]) == 2

@@ -77,6 +77,7 @@ def _train_setups(rank, world, cfg, tmp):
 
 
 @pytest.mark.subprocess
+@pytest.mark.timeout(500)  # above its own wait: run_group's 400 s for the ranks, then their joins
 def test_powersgd_sends_the_formula_s_bytes_and_every_rank_takes_the_same_step(tmp_path):
     ranks = run_group(2, _cfg, tmp_path, _train_setups, timeout=400.0)
     cfg, world = _cfg(tmp_path), 2
@@ -230,6 +231,7 @@ def _resume(rank, world, cfg, tmp):
 
 
 @pytest.mark.subprocess
+@pytest.mark.timeout(500)  # above its own wait: run_group's 400 s for the ranks, then their joins
 def test_a_resumed_group_continues_the_same_trajectory(tmp_path):
     ranks = run_group(2, _cfg, tmp_path, _resume, timeout=400.0)
     for r in ranks:

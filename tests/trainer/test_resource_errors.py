@@ -51,6 +51,7 @@ def _train(cfg_path, bootstrap):
 
 
 @pytest.mark.subprocess
+@pytest.mark.timeout(960)  # above its own waits: three trainer runs of up to 300 s each
 def test_a_full_then_read_only_data_dir_stops_cleanly_and_resumes_losing_nothing(topics, tmp_path, bootstrap,
                                                                                   small_disk):
     cfg = topics

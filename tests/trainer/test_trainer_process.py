@@ -35,6 +35,7 @@ def _end_offsets(bootstrap, topic):
     return {tp.partition: o for tp, o in ends.items()}
 
 
+@pytest.mark.timeout(420)  # above its own waits: 120 s to two checkpoints, 240 s for the resumed run, 30 s to read
 def test_crash_and_resume_loses_nothing(topics, tmp_path, bootstrap):
     cfg = trainer_cfg(topics, tmp_path)
     cfg_path = tmp_path / "config.toml"
@@ -94,7 +95,9 @@ def test_crash_and_resume_loses_nothing(topics, tmp_path, bootstrap):
     assert committed == ends
     assert len(list_checkpoints(cfg.trainer.checkpoint_dir)) <= cfg.trainer.keep_checkpoints
     log = read_jsonl(tmp_path / "metrics.jsonl")
-    assert log[-1]["events"] >= EVENTS and log[-1]["auc"] > 0.6
+    # one trainer in process reaches a progressive AUC of 0.73 on these 48k events (Bayes-optimal ~0.84); the floor
+    # leaves a margin of 0.05 for the window replayed after the kill
+    assert log[-1]["events"] >= EVENTS and log[-1]["auc"] > 0.68, log[-1]
     assert max(r["hot_fraction"] or 0 for r in log) > 0.2  # the in-process hot set took FAE into effect
     assert sorted(Path(cfg.trainer.snapshot_dir).glob("v*/manifest.json")), "no snapshot was built"
 
