@@ -12,9 +12,15 @@ the figure counts everything in between: the poll, mini-batch waits, the push in
 the transfer and serving's load and swap. Probes produced during the warm-up (trainer start, first
 full snapshot, hot set) are not counted.
 
-The baseline, measured in the same run, is the trainer's durable checkpoint interval
-(``trainer.checkpoint_every_s``): what freshness was bounded by when snapshots were built only at
-checkpoints. ``--json`` makes the last stdout line one JSON object.
+The baseline, measured in the same run, is the interval between the durable checkpoints the same
+trainer writes (``checkpoint_interval_s``: the median gap between the moments the watcher first sees
+each new ``ckpt-*`` directory, trainer start and shutdown excluded): how long an event waited, at worst,
+before a snapshot built only at checkpoints could hold it. ``freshness_p50_vs_checkpoint_interval`` is
+the p50 over that measured interval (``null`` with ``baseline_note`` naming why when fewer than two
+checkpoints were seen). The configured interval (``trainer.checkpoint_every_s``, ``checkpoint_every_s``)
+is reported beside it, and the ratio against it is named for what it is:
+``freshness_p50_vs_configured_checkpoint_every_s``, a ratio to a setting, not a measurement.
+``--json`` makes the last stdout line one JSON object.
 """
 
 from __future__ import annotations
@@ -123,12 +129,19 @@ def _produce(bootstrap, cfg, topic, rate, seconds, probes: Probes, probes_per_s,
     stats["produce_s"] = time.monotonic() - t0
 
 
-def _watch(service, cfg, probes: Probes, stop: threading.Event, seen: list):
-    """Every 20 ms: which outstanding probes the served version has learned (and which versions served)."""
+def _watch(service, cfg, probes: Probes, stop: threading.Event, seen: list, ckpts: dict | None = None):
+    """Every 20 ms: which outstanding probes the served version has learned (and which versions served), and
+    when each checkpoint directory first appears (``ckpts``: name -> monotonic time)."""
     import numpy as np
 
     field = cfg.model.field_names[0]
+    ckpt_dir = Path(cfg.trainer.checkpoint_dir)
     while not stop.wait(0.02):
+        if ckpts is not None and ckpt_dir.is_dir():
+            now = time.monotonic()
+            for e in os.scandir(ckpt_dir):
+                if e.name.startswith("ckpt-") and e.name not in ckpts:
+                    ckpts[e.name] = now
         v = service.current
         if v is None or not v.acquire():
             continue
@@ -151,7 +164,8 @@ def _watch(service, cfg, probes: Probes, stop: threading.Event, seen: list):
 
 
 def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.0, warmup_s: float = 15.0,
-                      probes_per_s: float = 20.0, workdir: str | None = None, drain_s: float = 20.0) -> dict:
+                      probes_per_s: float = 20.0, workdir: str | None = None, drain_s: float = 20.0,
+                      checkpoint_every_s: float | None = None) -> dict:
     """Produce at ``rate`` for ``warmup_s + seconds``, train and push with the real processes, and return
     ``freshness_p50_s`` / ``freshness_p99_s`` (probes after the warm-up) with what explains them."""
     import numpy as np
@@ -164,6 +178,8 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
     wd = Path(workdir or tmp.name)
     wd.mkdir(parents=True, exist_ok=True)
     cfg = _config(bootstrap, wd, rate)
+    if checkpoint_every_s is not None:
+        cfg.trainer.checkpoint_every_s = checkpoint_every_s
     ensure_topics(bootstrap, pipeline_topics(cfg))
     server = serve(cfg, device="cpu", port=0)
     cfg.serving.push_targets = server.target
@@ -174,8 +190,8 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
     trainer = subprocess.Popen([sys.executable, "-m", "streamrec", "train", "--config", str(wd / "config.toml"),
                                 "--bootstrap", bootstrap, "--no-progress", "--log-level", "WARNING"],
                                stdout=log, stderr=subprocess.STDOUT, env=env)
-    probes, stop, stats, seen = Probes(), threading.Event(), {}, []
-    watcher = threading.Thread(target=_watch, args=(server.service, cfg, probes, stop, seen), daemon=True)
+    probes, stop, stats, seen, ckpts = Probes(), threading.Event(), {}, [], {}
+    watcher = threading.Thread(target=_watch, args=(server.service, cfg, probes, stop, seen, ckpts), daemon=True)
     producer = threading.Thread(target=_produce, args=(bootstrap, cfg, cfg.kafka.events_topic, rate,
                                                         warmup_s + seconds, probes, probes_per_s, stop, stats),
                                 daemon=True)
@@ -202,7 +218,11 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
     unseen = sum(1 for p in counted if p not in probes.learned_s)
     window = [s for s in seen if s[0] - t_start >= warmup_s]
     span = (max(s[0] for s in window) - min(s[0] for s in window)) if len(window) > 1 else float("nan")
-    ckpts = sum(1 for _ in Path(cfg.trainer.checkpoint_dir).glob("ckpt-*"))
+    # the baseline: gaps between checkpoints seen while the trainer ran (its final one, at shutdown, comes after
+    # the watcher stopped; the first gap, from the trainer's start, is not an interval)
+    appeared = sorted(ckpts.values())
+    gaps = np.diff(appeared)
+    interval = float(np.median(gaps)) if len(gaps) else float("nan")
     out = {
         "rate_events_per_s": rate,
         "produced_events_per_s": stats.get("produced", 0) / max(stats.get("produce_s", 1e-9), 1e-9),
@@ -216,12 +236,23 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
         "versions_per_s": (len(window) - 1) / span if span == span and span > 0 else float("nan"),
         "push_every_s": cfg.serving.push_every_s,
         "checkpoint_every_s": cfg.trainer.checkpoint_every_s,
-        "checkpoints_written": ckpts,
+        "checkpoints_seen": len(appeared),
+        "checkpoint_interval_s": interval if len(gaps) else None,
+        "freshness_p50_vs_checkpoint_interval": _p50_over(lat, unseen, interval) if len(gaps) else None,
+        "freshness_p50_vs_configured_checkpoint_every_s": _pct(lat, unseen, 50) / cfg.trainer.checkpoint_every_s,
     }
-    out["freshness_p50_vs_checkpoint_interval"] = out["freshness_p50_s"] / cfg.trainer.checkpoint_every_s
+    if not len(gaps):
+        out["baseline_note"] = (f"not measured: {len(appeared)} checkpoint(s) appeared while the trainer ran, two are "
+                                f"needed for an interval (trainer.checkpoint_every_s {cfg.trainer.checkpoint_every_s} s "
+                                f"against a {warmup_s + seconds:.0f} s run)")
     if tmp is not None:
         tmp.cleanup()
     return out
+
+
+def _p50_over(lat, unseen: int, interval: float) -> float:
+    """The p50 freshness over the measured checkpoint interval."""
+    return _pct(lat, unseen, 50) / interval
 
 
 def _pct(lat, unseen: int, q: float) -> float:
@@ -237,16 +268,26 @@ def _pct(lat, unseen: int, q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="streamrec bench freshness", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a shorter run (fewer probes)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="a smoke run (seconds: 500 events/s, checkpoints every 2 s): checks the bench works, "
+                         "its figures mean little")
+    ap.add_argument("--checkpoint-every-s", type=float, default=None,
+                    help="trainer.checkpoint_every_s of the measured trainer (default: the config's)")
     ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     ap.add_argument("--rate", type=float, default=5000.0, help="events per second produced")
     ap.add_argument("--bootstrap", help="use this Kafka cluster instead of an embedded broker")
     args = ap.parse_args(argv)
     from streamrec.ingest import EmbeddedBroker
 
+    if args.tiny:
+        rate, seconds, warmup_s, ckpt_s, drain_s = 500.0, 5.0, 5.0, args.checkpoint_every_s or 2.0, 10.0
+    else:
+        rate, seconds, warmup_s = args.rate, (15.0 if args.quick else 40.0), (12.0 if args.quick else 15.0)
+        ckpt_s, drain_s = args.checkpoint_every_s, 20.0
     broker = None if args.bootstrap else EmbeddedBroker().start()
     try:
-        out = measure_freshness(args.bootstrap or broker.bootstrap, rate=args.rate,
-                                seconds=15.0 if args.quick else 40.0, warmup_s=12.0 if args.quick else 15.0)
+        out = measure_freshness(args.bootstrap or broker.bootstrap, rate=rate, seconds=seconds, warmup_s=warmup_s,
+                                drain_s=drain_s, checkpoint_every_s=ckpt_s)
     finally:
         if broker is not None:
             broker.stop()
@@ -254,9 +295,14 @@ def main(argv: list[str] | None = None) -> int:
           f"one JSON event per message): p50 {out['freshness_p50_s']:.2f} s, p99 {out['freshness_p99_s']:.2f} s, "
           f"max {out['freshness_max_s']:.2f} s over {out['probes']} probes ({out['probes_unseen']} unseen)")
     print(f"served {out['versions_served']} versions ({out['deltas_served']} deltas, "
-          f"{out['versions_per_s']:.2f}/s; push every {out['push_every_s']} s); baseline: the checkpoint interval "
-          f"{out['checkpoint_every_s']} s ({out['checkpoints_written']} checkpoints) -> p50 = "
-          f"{out['freshness_p50_vs_checkpoint_interval']:.2f}x of it")
+          f"{out['versions_per_s']:.2f}/s; push every {out['push_every_s']} s)")
+    if out["checkpoint_interval_s"] is not None:
+        print(f"baseline, measured: checkpoints every {out['checkpoint_interval_s']:.2f} s ({out['checkpoints_seen']} "
+              f"seen; configured {out['checkpoint_every_s']} s) -> p50 = "
+              f"{out['freshness_p50_vs_checkpoint_interval']:.2f}x of it")
+    else:
+        print(f"baseline: {out['baseline_note']}; p50 against the configured interval (a setting, not a "
+              f"measurement): {out['freshness_p50_vs_configured_checkpoint_every_s']:.2f}x")
     print(f"goals: freshness_p50_s <= 2: {'met' if out['freshness_p50_s'] <= 2 else 'NOT met'}; "
           f"freshness_p99_s <= 5: {'met' if out['freshness_p99_s'] <= 5 else 'NOT met'}")
     if args.json:
