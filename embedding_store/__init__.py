@@ -1,13 +1,33 @@
 """Tiered embedding store: sharded RocksDB cold tier + device-resident hot tier.
 
-Public surface: :class:`EmbeddingStore` (all tables of one model), its errors, and the
-row rules any replica must share: ``init_rows`` (deterministic initial rows) and
-``adagrad_rows``/``adagrad_rows_np`` (row-wise Adagrad). See ``store.py`` for the tiering and durability rules.
+Public surface: :class:`EmbeddingStore` (all tables of one model), its errors, the
+cold-tier extension point (:class:`ColdTier`, a Protocol, and its built-in
+:class:`RocksDBColdTier`), and the row rules any replica must share: ``init_rows``
+(deterministic initial rows) and ``adagrad_rows``/``adagrad_rows_np`` (row-wise
+Adagrad). See ``store.py`` for the tiering and durability rules.
 """
 
-from .errors import StoreError, StoreMismatchError
-from .adagrad import adagrad_rows, adagrad_rows_np
-from .rows import init_rows
-from .store import EmbeddingStore
+from typing import TYPE_CHECKING
 
-__all__ = ["EmbeddingStore", "StoreError", "StoreMismatchError", "adagrad_rows", "adagrad_rows_np", "init_rows"]
+from streamrec.foundation.lazy import lazy_exports
+
+if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
+    from .adagrad import adagrad_rows, adagrad_rows_np
+    from .cold import RocksDBColdTier
+    from .errors import StoreError, StoreMismatchError
+    from .rows import init_rows
+    from .store import EmbeddingStore
+    from .store_types import ColdTier
+
+# lazy: the config imports ``store_types`` (stdlib only) and must not load torch or RocksDB with it
+_EXPORTS = {  # submodule: the public names it defines
+    ".adagrad": "adagrad_rows adagrad_rows_np",
+    ".cold": "RocksDBColdTier",
+    ".errors": "StoreError StoreMismatchError",
+    ".rows": "init_rows",
+    ".store": "EmbeddingStore",
+    ".store_types": "ColdTier",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+__all__ = sorted(name for names in _EXPORTS.values() for name in names.split())

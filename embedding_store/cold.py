@@ -132,12 +132,22 @@ def _timed(counter: str):
     return wrap
 
 
-class ColdTier:
-    """Sharded RocksDB rows of every table; batched, shard-atomic-as-a-whole writes."""
+class RocksDBColdTier:
+    """Sharded RocksDB rows of every table; batched, shard-atomic-as-a-whole writes.
+
+    The built-in :class:`~streamrec.embedding_store.store_types.ColdTier`. ``existing``:
+    the directory holds a store already (its manifest exists), so every shard must be
+    there; a missing one is lost data, which RocksDB would silently re-create empty.
+    """
 
     def __init__(self, path: str, shards: int, block_cache_mb: int, read_only: bool = False,
-                 sync: bool = False, memtable_mb: int = 64):
+                 sync: bool = False, memtable_mb: int = 64, existing: bool = False):
         self.path = Path(path)
+        if existing:
+            missing = [f"shard-{i:03d}" for i in range(shards) if not (self.path / f"shard-{i:03d}" / "CURRENT").exists()]
+            if missing:
+                raise StoreError(f"store {self.path} is incomplete: {', '.join(missing)} missing (removed or "
+                                 "half-copied); restore it from a checkpoint")
         wb_mb = max(2, memtable_mb // (2 * shards))  # two write buffers per shard
         self.shards = shards
         self.read_only = read_only
@@ -351,9 +361,14 @@ class ColdTier:
             self.rows_written += len(ids)
 
     # -- scans, maintenance -----------------------------------------------------------
-    def scan(self) -> Iterator[tuple[int, list[bytes], list[bytes]]]:
-        """Yield ``(shard, keys, values)`` chunks of every row (meta keys skipped)."""
-        for i, db in enumerate(self.dbs):
+    def scan(self) -> Iterator[tuple[np.ndarray, np.ndarray, list[bytes]]]:
+        """Yield ``(tags, ids, values)`` chunks of every row (meta keys skipped)."""
+        for keys, vals in self._scan_keys():
+            tags, ids = decode_keys(keys)
+            yield tags, ids, vals
+
+    def _scan_keys(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        for db in self.dbs:
             keys: list[bytes] = []
             vals: list[bytes] = []
             it = db.iter()
@@ -364,12 +379,12 @@ class ColdTier:
                     keys.append(k)
                     vals.append(it.value())
                     if len(keys) >= 65536:
-                        yield i, keys, vals
+                        yield keys, vals
                         keys, vals = [], []
                 it.next()
             del it
             if keys:
-                yield i, keys, vals
+                yield keys, vals
 
     def count_estimate(self) -> int:
         total = 0
@@ -377,6 +392,16 @@ class ColdTier:
             v = db.property_int_value("rocksdb.estimate-num-keys")
             total += int(v or 0)
         return total
+
+    def io_stats(self) -> dict[str, float]:
+        return {
+            "cold_reads": self.reads,
+            "cold_reads_skipped": self.skipped,  # never-stored ids answered by the key filter
+            "cold_rows_written": self.rows_written,
+            "cold_read_s": self.read_s,  # wall time inside RocksDB reads / writes (any thread)
+            "cold_write_s": self.write_s,
+            "bytes_written": self.bytes_written,
+        }
 
     def checkpoint(self, dest: Path) -> None:
         """RocksDB checkpoint of every shard (hard links where possible) into ``dest``."""
@@ -396,7 +421,3 @@ class ColdTier:
             except Exception:  # already closed
                 pass
         self.dbs = []
-
-
-def now() -> float:
-    return time.time()

@@ -44,10 +44,11 @@ from streamrec.foundation import hot_budget_rows, resolve_device, save_npz
 from .adagrad import adagrad_rows, adagrad_rows_np
 from .buffers import RowBuffer
 from .cache import SPILL_CHUNK, HostCache
-from .cold import FORMAT, ColdTier, check_manifest, read_manifest, write_manifest
+from .cold import FORMAT, RocksDBColdTier, check_manifest, read_manifest, write_manifest
 from .errors import StoreError
+from .store_types import ColdTier
 from .hot import HotTable
-from .rows import (decode_keys, gather, init_rows, record_dtype, scatter, table_salt, table_tag, unique_sorted,
+from .rows import (gather, init_rows, record_dtype, scatter, table_salt, table_tag, unique_sorted,
                    unpack_records)
 
 _MAX_BUFFERS = 3  # per table: the last read batch + up to two prefetched batches
@@ -108,7 +109,7 @@ class EmbeddingStore:
                  lr: float = 0.05, eps: float = 1e-8, init_scale: float | Mapping[str, float] = 0.05,
                  block_cache_mb: int = 256, host_cache_rows: int = 0, read_only: bool = False,
                  max_id: dict[str, int] | None = None, sync: bool = False, memtable_mb: int = 64,
-                 cache_admission: str = "frequency"):
+                 cache_admission: str = "frequency", cold: ColdTier | None = None):
         if not tables:
             raise StoreError("an EmbeddingStore needs at least one table")
         for name, dim in tables.items():
@@ -142,12 +143,6 @@ class EmbeddingStore:
             check_manifest(self.path, manifest, dict(tables), shards, self.seed)
             all_tables = {**manifest["tables"], **{k: int(v) for k, v in tables.items()}}
             self._epoch = int(manifest.get("epoch", 0))
-            # a manifest is written only once every shard exists (below), so a missing shard is lost
-            # data: RocksDB would silently re-create it empty and its rows would read as init vectors
-            missing = [f"shard-{i:03d}" for i in range(shards) if not (self.path / f"shard-{i:03d}" / "CURRENT").exists()]
-            if missing:
-                raise StoreError(f"store {self.path} is incomplete: {', '.join(missing)} missing (removed or "
-                                 "half-copied); restore it from a checkpoint")
         else:
             if read_only:
                 raise StoreError(f"no store at {self.path} (no {self.path / 'manifest.json'}); cannot open read-only")
@@ -159,9 +154,11 @@ class EmbeddingStore:
                               "epoch": self._epoch}
         else:
             self._manifest = manifest
-        self.cold = ColdTier(str(self.path), shards, block_cache_mb, read_only=read_only, sync=sync,
-                             memtable_mb=memtable_mb)
-        if not read_only:  # after the shards exist (see the check above)
+        if cold is None:  # a manifest is written only once every shard exists, so with one, each must be there
+            cold = RocksDBColdTier(str(self.path), shards, block_cache_mb, read_only=read_only, sync=sync,
+                                   memtable_mb=memtable_mb, existing=manifest is not None)
+        self.cold: ColdTier = cold
+        if not read_only:  # after the cold tier exists (see RocksDBColdTier's ``existing``)
             try:
                 write_manifest(self.path, self._manifest)
             except BaseException:
@@ -743,8 +740,7 @@ class EmbeddingStore:
 
     def _scan_cold(self):
         """Every row stored in RocksDB, as ``(table, ids, records)`` chunks (a full scan)."""
-        for _, keys, vals in self.cold.scan():
-            tags, ids = decode_keys(keys)
+        for tags, ids, vals in self.cold.scan():
             for tag in np.unique(tags):
                 t = self._by_tag.get(int(tag))
                 if t is None:
@@ -783,16 +779,11 @@ class EmbeddingStore:
             "cache_bytes": sum(c.nbytes() for c in caches),
             "hot_rows": hot_rows,
             "cold_rows": self.cold.count_estimate(),
+            **self.cold.io_stats(),
             "hot_hits": self.hot_hits,
             "cold_hits": self.cold_hits,
             "hot_hit_rate": self.hot_hits / total if total else 0.0,
             "created": self.created,
-            "cold_reads": self.cold.reads,
-            "cold_reads_skipped": self.cold.skipped,  # never-stored ids answered by the key filter
-            "cold_rows_written": self.cold.rows_written,
-            "cold_read_s": self.cold.read_s,  # wall time inside RocksDB reads / writes (any thread)
-            "cold_write_s": self.cold.write_s,
-            "bytes_written": self.cold.bytes_written,
             "hot_bytes": sum(t.hot.nbytes() for t in self.tables.values()),
             "epoch": self._epoch,
             "device": str(self.device),

@@ -1,5 +1,6 @@
 """Python clients: ``ServingClient`` (Predict / Status / health) and ``SnapshotPusher``
-(what the trainer uses to push snapshots: chunked, bearer token, retries with backoff).
+(the built-in ``streamrec.snapshot.Pusher``: what the trainer pushes snapshots with; chunked,
+bearer token, retries with backoff).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .convert import events_to_request
 from .pb import pb, pb_grpc
-from streamrec.snapshot import MANIFEST, PushError, PushResult, SnapshotError, is_retryable, read_manifest
+from streamrec.snapshot import (MANIFEST, PushError, PusherFactory, PushResult, SnapshotError, is_retryable,
+                                read_manifest)
 
 log = logging.getLogger("streamrec.serving")
 
@@ -109,7 +111,8 @@ def snapshot_chunks(snapshot_dir, chunk_bytes: int = 1 << 20) -> Iterator:
 
 
 class SnapshotPusher:
-    """Pushes snapshot directories; never raises into the caller unless ``raise_errors``.
+    """Pushes snapshot directories over gRPC ``PushSnapshot``: the built-in
+    :class:`streamrec.snapshot.Pusher`. Never raises into the caller unless ``raise_errors``.
 
     Transient failures (server down, deadline) are retried with exponential
     backoff and jitter; refusals (wrong parent, corrupt, unauthenticated) are not.
@@ -138,7 +141,7 @@ class SnapshotPusher:
                    **kw)
 
     @classmethod
-    def factory(cls, cfg, **kw):
+    def factory(cls, cfg, **kw) -> PusherFactory:
         """``target -> SnapshotPusher`` with the config's settings: the trainer's ``pusher_factory``.
         One attempt per push by default: the trainer's publisher retries with its own backoff."""
         kw.setdefault("attempts", 1)

@@ -8,6 +8,7 @@ Public surface::
     SnapshotPublisher                          # snapshots after checkpoints, pushed in the background
     StreamingMetrics, MemoryDLRM               # progressive AUC/logloss; the all-in-memory reference
     make_hot_source(cfg, bootstrap), SampleHotSource, TopicHotSource, HotUpdate
+    HotSetSource                               # the Protocol a hot-set source satisfies
     plan, hot_samples, MiniBatch               # FAE's hot/cold mini-batch schedule
     dense_optimizer, train_step
     GroupTrainerService(cfg, bootstrap, rank, world, ...).run()  # one rank of a group (torchrun)
@@ -22,7 +23,8 @@ from streamrec.foundation.lazy import lazy_exports
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .core import TrainerCore, WindowResult
     from .group import GroupError, GroupTrainerService
-    from .hotset import HotUpdate, SampleHotSource, TopicHotSource, make_hot_source, top_rows
+    from .hotset import SampleHotSource, TopicHotSource, make_hot_source, top_rows
+    from .hotset_types import HotSetSource, HotUpdate
     from .metrics import StreamingMetrics
     from .reference import MemoryDLRM
     from .schedule import MiniBatch, hot_samples, plan
@@ -36,7 +38,8 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 _EXPORTS = {  # submodule: the public names it defines
     ".core": "TrainerCore WindowResult",
     ".group": "GroupError GroupTrainerService",
-    ".hotset": "HotUpdate SampleHotSource TopicHotSource make_hot_source top_rows",
+    ".hotset": "SampleHotSource TopicHotSource make_hot_source top_rows",
+    ".hotset_types": "HotSetSource HotUpdate",
     ".metrics": "StreamingMetrics",
     ".reference": "MemoryDLRM",
     ".schedule": "MiniBatch hot_samples plan",

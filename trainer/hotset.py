@@ -16,13 +16,7 @@ import numpy as np
 
 from streamrec.foundation import EventBatch, hot_budget_rows
 
-
-@dataclass
-class HotUpdate:
-    version: int
-    tables: dict[str, np.ndarray]
-    coverage: float = float("nan")  # estimated fraction of lookups the set covers
-    hit_rate: float = float("nan")
+from .hotset_types import HotSetSource, HotUpdate
 
 
 def top_rows(counts: dict[str, tuple[np.ndarray, np.ndarray]], budget: int) -> tuple[dict[str, np.ndarray], float]:
@@ -123,7 +117,7 @@ class NoHotSource:
         return None
 
 
-def make_hot_source(cfg, bootstrap: str | None):
+def make_hot_source(cfg, bootstrap: str | None) -> HotSetSource:
     kind = cfg.trainer.hot_source
     if kind == "none" or hot_budget_rows(cfg) == 0:
         return NoHotSource()

@@ -9,7 +9,7 @@ Public surface::
     verify_snapshot(dir) -> Manifest ; read_manifest ; read_dense ; iter_rows ; Manifest
     SnapshotError(message, code)        # every failure, with its gRPC status name
     is_retryable(code), needs_full(code)  # what a pusher does after a refusal
-    PushResult, PushError, Pusher, PusherFactory  # the push side, transport-free
+    PushResult, PushError, Pusher, PusherFactory  # the push side, transport-free (the pusher Protocol)
 """
 
 from typing import TYPE_CHECKING
@@ -22,14 +22,14 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
         DENSE, KINDS, MANIFEST, Manifest, iter_rows, read_dense, read_manifest, rows_batch, rows_schema, verify_snapshot,
         write_snapshot,
     )
-    from .push import Pusher, PusherFactory, PushError, PushResult
+    from .push_types import Pusher, PusherFactory, PushError, PushResult
 
 # lazy: the error types must not load pyarrow and torch (the format does)
 _EXPORTS = {  # submodule: the public names it defines
     ".errors": "NEEDS_FULL RETRYABLE SnapshotError is_retryable needs_full",
     ".format": "DENSE KINDS MANIFEST Manifest iter_rows read_dense read_manifest rows_batch rows_schema verify_snapshot "
                "write_snapshot",
-    ".push": "Pusher PusherFactory PushError PushResult",
+    ".push_types": "Pusher PusherFactory PushError PushResult",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

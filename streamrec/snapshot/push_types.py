@@ -1,14 +1,16 @@
-"""The push side of the trainer-serving contract, without the transport.
+"""The push side of the trainer-serving contract, without the transport: the pusher extension point.
 
-The trainer publishes through any :class:`Pusher` (serving's gRPC
-``SnapshotPusher`` is the one streamrec ships); it reads only a
-:class:`PushResult`'s ``ok``/``code`` and decides with :mod:`.errors`.
+The trainer publishes through any :class:`Pusher`, made per target by the
+:data:`PusherFactory` it is given; the built-in implementation is serving's gRPC
+``streamrec.serving.SnapshotPusher`` (``SnapshotPusher.factory(cfg)``). The trainer
+reads only a :class:`PushResult`'s ``ok``/``code``/``version`` and decides with
+:mod:`.errors`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, runtime_checkable
 
 from .errors import SnapshotError, needs_full
 
@@ -36,8 +38,14 @@ class PushError(SnapshotError):
         self.result = result
 
 
+@runtime_checkable
 class Pusher(Protocol):
-    """Delivers one snapshot directory to one receiver."""
+    """Delivers snapshot directories to one receiver.
+
+    ``push`` returns a :class:`PushResult` for every outcome, refusals and transport
+    failures included (it raises only when its owner asked it to); ``close`` releases
+    the connection.
+    """
 
     def push(self, snapshot_dir) -> PushResult: ...
 
