@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, get_args
 
 import numpy as np
 import orjson
@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from streamrec.foundation import INT64_MAX, EventBatch, EventError, EventSchema, JaggedIds
 
+from .ingest_types import Codec
 from .json_columns import decode_json_columns
 
 CODEC_HEADER = "streamrec-codec"
@@ -614,9 +615,9 @@ def events_to_arrow_messages(
         yield encode_arrow(batch.take(rows) if (start or len(rows) < n) else batch, schema)
 
 
-def encode_messages(batch: EventBatch, schema: EventSchema, codec: str, events_per_message: int) -> Sequence[bytes]:
+def encode_messages(batch: EventBatch, schema: EventSchema, codec: Codec, events_per_message: int) -> Sequence[bytes]:
     if codec == ARROW:
         return list(events_to_arrow_messages(batch, schema, events_per_message))
     if codec == JSON:
         return encode_json_batch(batch)
-    raise ValueError(f"unknown codec {codec!r}; expected 'arrow' or 'json'")
+    raise ValueError(f"unknown codec {codec!r}; expected one of {', '.join(get_args(Codec))}")

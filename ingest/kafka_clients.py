@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, get_args
 
 from streamrec.foundation import StreamrecError
+
+from .ingest_types import SaslMechanism, SecurityProtocol
 
 PASSWORD_ENV = "STREAMREC_KAFKA_SASL_PASSWORD"
 _SECRET_KEYS = ("sasl_plain_password",)
@@ -35,6 +37,9 @@ def client_settings(cfg, env: Mapping[str, str] | None = None) -> dict[str, Any]
     Empty for PLAINTEXT, so a client on an open cluster is built exactly as before."""
     k = getattr(cfg, "kafka", cfg)
     proto = k.security_protocol
+    if proto not in get_args(SecurityProtocol):
+        raise KafkaSecurityError(f"kafka.security_protocol: must be one of {', '.join(get_args(SecurityProtocol))}, "
+                                 f"got {proto!r}")
     if proto == "PLAINTEXT":
         return {}
     out: dict[str, Any] = {"security_protocol": proto}
@@ -47,6 +52,9 @@ def client_settings(cfg, env: Mapping[str, str] | None = None) -> dict[str, Any]
                     raise KafkaSecurityError(f"kafka.{key}: {path} is not a readable file (a PEM file is expected)")
                 out[key] = path
     if proto.startswith("SASL_"):
+        if k.sasl_mechanism not in get_args(SaslMechanism):
+            raise KafkaSecurityError(f"kafka.sasl_mechanism: must be one of {', '.join(get_args(SaslMechanism))}, "
+                                     f"got {k.sasl_mechanism!r}")
         out["sasl_mechanism"] = k.sasl_mechanism
         out["sasl_plain_username"] = k.sasl_username
         out["sasl_plain_password"] = _password(k, os.environ if env is None else env)

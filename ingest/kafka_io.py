@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, get_args
 
 import numpy as np
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
@@ -42,6 +42,7 @@ from streamrec.foundation import EventBatch, EventSchema, StreamrecError
 from . import fast_records
 from .codec import CODEC_HEADER, Decoder, encode_messages
 from .fast_records import RecordRun
+from .ingest_types import ConsumerMode, OffsetsLostPolicy
 from .inflight import DECODE, TRAIN, InflightMarker, probe_decode, ranges_of
 from .kafka_clients import client_settings
 
@@ -141,7 +142,7 @@ class OffsetsLostError(StreamrecError, RuntimeError):
     """The log no longer holds the position to resume from (``kafka.on_offsets_lost = fail``)."""
 
 
-OFFSETS_LOST_POLICIES = ("fail", "earliest", "latest")
+OFFSETS_LOST_POLICIES = get_args(OffsetsLostPolicy)  # kafka.on_offsets_lost
 
 
 def topic_id(consumer: KafkaConsumer, topic: str):
@@ -211,18 +212,18 @@ class EventConsumer:
         bootstrap: str,
         cfg,
         group_id: str,
-        mode: str = "group",
+        mode: ConsumerMode = "group",
         schema: EventSchema | None = None,
         dlq: bool = True,
         topic: str | None = None,
-        on_offsets_lost: str | None = None,
+        on_offsets_lost: OffsetsLostPolicy | None = None,
         max_pending: int = 20_000,
         inflight_path: str | os.PathLike | None = None,
         partitions: Sequence[int] | None = None,
         **consumer_opts,
     ):
-        if mode not in ("group", "assign"):
-            raise ValueError(f"mode must be 'group' or 'assign', got {mode!r}")
+        if mode not in get_args(ConsumerMode):
+            raise ValueError(f"mode must be one of {', '.join(get_args(ConsumerMode))}, got {mode!r}")
         self.cfg = cfg
         self.topic = topic or cfg.kafka.events_topic
         self.dlq_topic = cfg.kafka.dlq_topic
@@ -232,7 +233,8 @@ class EventConsumer:
         self.mode = mode
         self.on_offsets_lost = on_offsets_lost or cfg.kafka.on_offsets_lost
         if self.on_offsets_lost not in OFFSETS_LOST_POLICIES:
-            raise ValueError(f"on_offsets_lost must be one of {OFFSETS_LOST_POLICIES}, got {self.on_offsets_lost!r}")
+            raise ValueError(f"on_offsets_lost must be one of {', '.join(OFFSETS_LOST_POLICIES)}, "
+                             f"got {self.on_offsets_lost!r}")
         self.max_pending = max_pending  # unread records held before partitions are paused
         self._pending: collections.deque = collections.deque()  # polled, not yet decoded
         self._revoked: set = set()  # noted by the rebalance listener, handled after the poll

@@ -59,7 +59,7 @@ starts the error feedback at zero (its ranks hold other events' residuals); Q is
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, get_args
 
 import numpy as np
 import torch
@@ -67,11 +67,12 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize, _should_compress
 
 from .step import GRAD_ABS_MAX
+from .trainer_types import Compression
 
 log = logging.getLogger(__name__)
 
 WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-COMPRESSIONS = ("none", "powersgd")
+COMPRESSIONS = get_args(Compression)  # trainer.dense_allreduce_compression; a rank sends the index
 _SCALE_START, _SCALE_MAX, _SCALE_GROWTH = 2.0 ** 10, 2.0 ** 24, 200  # fp16 dense all-reduce: dynamic scale
 MIN_COMPRESSION_RATE = 2  # torch's default: a matrix is compressed when (n + m) r * 2 < n m
 ORTHO_EPSILON = 1e-8

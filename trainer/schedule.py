@@ -8,11 +8,13 @@ arrived; that is what keeps accuracy equal to arrival-order training.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Sequence, get_args
 
 import numpy as np
 
 from streamrec.foundation import EventBatch
+
+from .trainer_types import Schedule
 
 HotMask = Callable[[str, np.ndarray], np.ndarray]
 
@@ -53,13 +55,15 @@ def _chunks(rows: np.ndarray, batch_size: int) -> list[np.ndarray]:
     return [c for c in np.array_split(rows, k) if len(c)]
 
 
-def plan(hot: np.ndarray, batch_size: int, schedule: str = "fae", hot_per_cold: int = 0) -> list[MiniBatch]:
+def plan(hot: np.ndarray, batch_size: int, schedule: Schedule = "fae", hot_per_cold: int = 0) -> list[MiniBatch]:
     """Mini-batches for one window, in training order.
 
     ``schedule="arrival"``: plain arrival-order chunks. ``"fae"``: hot and cold chunks,
     interleaved in proportion to their counts (``hot_per_cold=0``) or ``hot_per_cold``
     hot chunks per cold chunk. Within each chunk events keep arrival order.
     """
+    if schedule not in get_args(Schedule):
+        raise ValueError(f"schedule must be one of {', '.join(get_args(Schedule))}, got {schedule!r}")
     idx = np.arange(len(hot))
     if schedule == "arrival":
         return [MiniBatch("mixed", c) for c in _chunks(idx, batch_size)]

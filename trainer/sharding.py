@@ -28,7 +28,7 @@ the wire (as in TorchRec).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, get_args
 
 import numpy as np
 import torch
@@ -36,9 +36,11 @@ import torch.distributed as dist
 
 from streamrec.foundation.ids import salted_mix, splitmix64, table_salt
 
+from .trainer_types import Precision
+
 SHARDING = "splitmix64(id ^ xxh64(table)) % world"  # recorded in every group checkpoint's manifest
 _OWNER_SALT = 0x5EED_0F_0A7E_2  # a fixed tweak so owners do not correlate with the store's own shard choice
-PRECISIONS = ("fp32", "bf16", "fp16")  # wire formats of rows and gradients (trainer.exchange_precision)
+PRECISIONS = get_args(Precision)  # wire formats of rows and gradients (trainer.exchange_precision)
 _I32 = np.iinfo(np.int32)
 
 
@@ -54,7 +56,7 @@ def encode_rows(x: torch.Tensor, precision: str) -> torch.Tensor:
     if precision == "bf16":
         return x.to(torch.bfloat16)
     if precision != "fp16":
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     # a power of two per row puts the row's largest |value| in [2^14, 2^15): exact scaling, no fp16 overflow,
     # and small rows (gradients are ~1e-4) keep fp16's 11 mantissa bits instead of turning subnormal
     _, e = torch.frexp(x.abs().amax(1) if len(x) else x.new_zeros(0))
@@ -130,7 +132,7 @@ class RowExchange:
                  rank: int, world: int, group=None, comm_device: torch.device | str = "cpu",
                  precision: str = "fp32"):
         if precision not in PRECISIONS:
-            raise ValueError(f"exchange precision must be one of {PRECISIONS}, got {precision!r}")
+            raise ValueError(f"exchange precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.precision = precision
         self.fields = list(fields)
         self.dim = int(dim)

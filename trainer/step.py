@@ -8,7 +8,7 @@ update, so the returned probabilities are progressive-validation scores.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, get_args
 
 import numpy as np
 import torch
@@ -16,16 +16,18 @@ import torch.nn.functional as F
 
 from streamrec.model import DLRM, embed_batch
 
+from .trainer_types import DenseOptimizer
+
 Lookup = Callable[[str, np.ndarray], torch.Tensor]
 ApplyGrads = Callable[[str, np.ndarray, torch.Tensor], None]
 
 
-def dense_optimizer(model: DLRM, kind: str, lr: float) -> torch.optim.Optimizer:
+def dense_optimizer(model: DLRM, kind: DenseOptimizer, lr: float) -> torch.optim.Optimizer:
     if kind == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr)
     if kind == "adagrad":
         return torch.optim.Adagrad(model.parameters(), lr=lr)
-    raise ValueError(f"dense optimizer must be 'adam' or 'adagrad', got {kind!r}")
+    raise ValueError(f"dense optimizer must be one of {', '.join(get_args(DenseOptimizer))}, got {kind!r}")
 
 
 # A gradient beyond this squares to ~1e30: Adagrad's and Adam's float32 second moments (sums of g**2)

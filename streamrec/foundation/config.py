@@ -21,11 +21,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from streamrec.embedding_store.store_types import CacheAdmission
+from streamrec.ingest.ingest_types import Codec, ConsumerMode, OffsetsLostPolicy, SaslMechanism, SecurityProtocol
+from streamrec.trainer.trainer_types import Compression, DenseOptimizer, GroupBatch, HotSource, Precision, Schedule
+
 from .errors import StreamrecError
 
 
 class ConfigError(StreamrecError, ValueError):
     """A configuration key is unknown, missing or has a bad value."""
+
+
+def _check_choice(section: str, obj: Any, key: str, allowed: Any) -> None:
+    """Refuse ``obj.key`` unless it is one of the values of the ``Literal`` alias ``allowed``.
+
+    The aliases live in the ``*_types`` module of the package that acts on the value, which checks
+    against the same ``typing.get_args``: one list of allowed values, and an error that names the
+    key, the value and every allowed value in one line."""
+    value = getattr(obj, key)
+    options = typing.get_args(allowed)
+    if value not in options:
+        raise ConfigError(f"{section}.{key}: must be one of {', '.join(options)}, got {value!r}")
 
 
 @dataclass
@@ -79,10 +95,6 @@ class ModelConfig:
         return {f.name: f.row_init_scale(default) for f in self.fields}
 
 
-KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
-
-
 @dataclass
 class KafkaConfig:
     bootstrap: str = ""  # empty: start the embedded broker
@@ -92,14 +104,14 @@ class KafkaConfig:
     partitions: int = 4  # partitions of the events topic when streamrec creates it
     trainer_group: str = "streamrec-trainer"  # consumer group of the trainers
     sketch_group: str = "streamrec-sketch"  # consumer group (faust app id) of the sketch workers
-    codec: str = "arrow"  # wire form the producer writes: "arrow" or "json"
+    codec: Codec = "arrow"  # wire form the producer writes: "arrow" or "json"
     events_per_message: int = 512  # Arrow IPC messages hold this many events
     max_poll_interval_ms: int = 15_000  # also the group rebalance timeout; long values slow group joins
-    consumer_mode: str = "group"  # group: join the consumer group; assign: take every partition, no join
-    on_offsets_lost: str = "fail"  # a checkpoint's offset beyond the log end (topic deleted/recreated): fail | earliest | latest
+    consumer_mode: ConsumerMode = "group"  # group: join the consumer group; assign: take every partition, no join
+    on_offsets_lost: OffsetsLostPolicy = "fail"  # a checkpoint's offset beyond the log end (topic deleted/recreated): fail | earliest | latest
     connect_timeout_s: float = 30.0  # a process gives up (one clear line, exit 1) when no broker answers at kafka.bootstrap this long
-    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL, for every Kafka client (producers, consumers, admin, the sketch's faust app)
-    sasl_mechanism: str = "PLAIN"  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (SASL_* protocols)
+    security_protocol: SecurityProtocol = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL, for every Kafka client (producers, consumers, admin, the sketch's faust app)
+    sasl_mechanism: SaslMechanism = "PLAIN"  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (SASL_* protocols)
     sasl_username: str = ""  # SASL user; the password is never a config key: env STREAMREC_KAFKA_SASL_PASSWORD or kafka.sasl_password_file
     sasl_password_file: str = ""  # file holding the SASL password (a mounted secret); else env STREAMREC_KAFKA_SASL_PASSWORD
     ssl_cafile: str = ""  # CA bundle (PEM) the brokers' certificates are checked against ("" = the system's CAs)
@@ -107,6 +119,11 @@ class KafkaConfig:
     ssl_keyfile: str = ""  # client private key (PEM)
     ssl_check_hostname: bool = True  # check that a broker's certificate names the host connected to
     fast_records: bool = True  # the trainer's consumer parses fetched record batches with aiokafka's C parser and hands them to the decoder as one run per fetch, no object per record (kafka-python's own parser on any doubt); false: kafka-python's pure-Python parser
+
+    def __post_init__(self) -> None:
+        for key, allowed in (("codec", Codec), ("consumer_mode", ConsumerMode), ("on_offsets_lost", OffsetsLostPolicy),
+                             ("security_protocol", SecurityProtocol), ("sasl_mechanism", SaslMechanism)):
+            _check_choice("kafka", self, key, allowed)
 
 
 @dataclass
@@ -121,11 +138,14 @@ class StoreConfig:
     shards: int = 4  # RocksDB shards (separate databases) in the cold tier
     block_cache_mb: int = 256  # RocksDB block cache shared by the shards
     host_cache_rows: int = 100_000  # bounded host-memory cache of cold rows (0 = off)
-    cache_admission: str = "frequency"  # host cache admission: frequency (TinyLFU-style: a missed row enters only if seen more often than what it would evict) | lru (every row)
+    cache_admission: CacheAdmission = "frequency"  # host cache admission: frequency (TinyLFU-style: a missed row enters only if seen more often than what it would evict) | lru (every row)
     expire_after_s: float = 0.0  # trainer deletes cold rows untouched this long, swept at checkpoints (0 = never)
     adagrad_lr: float = 0.05  # row-wise Adagrad learning rate of embedding rows
     adagrad_eps: float = 1e-8  # row-wise Adagrad epsilon
     init_scale: float = 0.05  # rows start uniform in [-init_scale, init_scale], for a field with neither expected_ids nor init_scale
+
+    def __post_init__(self) -> None:
+        _check_choice("store", self, "cache_admission", CacheAdmission)
 
 
 @dataclass
@@ -156,9 +176,9 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     torch_threads: int = 0  # CPU threads for torch ops (0 = torch's default: all cores)
     batch_size: int = 256  # events per training mini-batch (measured: 1024 loses 0.037 progressive AUC on 100k events, BENCHMARKS.md)
-    dense_optimizer: str = "adam"  # adam | adagrad
+    dense_optimizer: DenseOptimizer = "adam"  # adam | adagrad
     dense_lr: float = 3e-3  # learning rate of the dense (MLP) parameters (measured: 1e-3 loses 0.008 / 0.004 progressive AUC on the synthetic / MovieLens streams, BENCHMARKS.md)
-    schedule: str = "fae"  # fae | arrival
+    schedule: Schedule = "fae"  # fae | arrival
     hot_per_cold: int = 0  # trainer groups' per-window FAE plans: hot per cold mini-batch, 0 = in proportion (one trainer interleaves by arrival)
     checkpoint_dir: str = "data/checkpoints"  # where durable checkpoints go; offsets are committed only after one
     checkpoint_every_events: int = 50_000  # checkpoint after this many events ...
@@ -173,18 +193,18 @@ class TrainerConfig:
     max_events: int = 0  # stop after this many events (0 = run forever)
     idle_exit_s: float = 0.0  # stop after this long without events (0 = never)
     ranks: int = 1  # trainer ranks that train one model together (streamrec train --nproc N on one host)
-    exchange_precision: str = "fp32"  # trainer groups: rows and row gradients on the wire, fp32 | bf16 | fp16 (owners keep fp32; bf16 halves the sparse bytes, BENCHMARKS.md)
-    dense_allreduce_precision: str = "fp32"  # trainer groups: the dense gradients' all-reduce, fp32 | bf16 | fp16 (fp16 with a dynamic scale, fp32 again on overflow)
-    dense_allreduce_compression: str = "none"  # trainer groups: none (the exact sum) | powersgd (low-rank P Q^T of each large weight gradient with error feedback, torch's powerSGD_hook; biases and small layers summed as they are)
+    exchange_precision: Precision = "fp32"  # trainer groups: rows and row gradients on the wire, fp32 | bf16 | fp16 (owners keep fp32; bf16 halves the sparse bytes, BENCHMARKS.md)
+    dense_allreduce_precision: Precision = "fp32"  # trainer groups: the dense gradients' all-reduce, fp32 | bf16 | fp16 (fp16 with a dynamic scale, fp32 again on overflow)
+    dense_allreduce_compression: Compression = "none"  # trainer groups: none (the exact sum) | powersgd (low-rank P Q^T of each large weight gradient with error feedback, torch's powerSGD_hook; biases and small layers summed as they are)
     powersgd_rank: int = 4  # dense_allreduce_compression=powersgd: the approximation's rank (1-4 typical; bytes grow with it)
     powersgd_start_iter: int = 100  # dense_allreduce_compression=powersgd: applied dense steps summed uncompressed first (torch's start_powerSGD_iter)
-    group_batch: str = "group"  # trainer groups: what batch_size counts, group (one group step trains batch_size events, batch_size // N per rank: the model one trainer trains) | rank (each rank trains batch_size per step: the global batch is N x batch_size, less CPU per event; learning rates unchanged, see README "Scaling out")
+    group_batch: GroupBatch = "group"  # trainer groups: what batch_size counts, group (one group step trains batch_size events, batch_size // N per rank: the model one trainer trains) | rank (each rank trains batch_size per step: the global batch is N x batch_size, less CPU per event; learning rates unchanged, see README "Scaling out")
     max_restarts: int = 1000  # times a group restarts from its last checkpoint after a rank dies (torchrun)
     window_batches: int = 8  # an event waits at most batch_size * window_batches arrivals for its hot/cold mini-batch to fill; also the poll size
     hot_wait_batches: float = 2.5  # FAE: a hot event waits at most batch_size * hot_wait_batches arrivals for a full hot mini-batch, else trains with the cold ones in arrival order (>= window_batches: the old rule, partial hot batches; measured in BENCHMARKS.md)
     merge_wait_ms: float = 200.0  # several partitions are merged by event time: a partition that delivered nothing for this long no longer holds the others back (0 = no merge, partition after partition)
     merge_max_events: int = 200_000  # ... and an event waiting in the merge is trained anyway once this many events arrived after it (bounds memory)
-    hot_source: str = "topic"  # topic: follow the sketch's hot-set topic | sample: count in-process | none
+    hot_source: HotSource = "topic"  # topic: follow the sketch's hot-set topic | sample: count in-process | none
     hot_sample_events: int = 50_000  # hot_source=sample: events counted before choosing the hot set
     hot_refresh_events: int = 0  # hot_source=sample: re-count every N events (0 = choose once)
     log_every_s: float = 2.0  # seconds between metrics-log records / progress updates
@@ -193,6 +213,13 @@ class TrainerConfig:
     until_end: bool = False  # stop at the end of the stream as it was at start (a finite replay), after a final checkpoint
     push_give_up_s: float = 120.0  # a replica still missing a snapshot after this long is left behind (others move on; it gets a full one when back)
     trace_path: str = ""  # JSON-lines debug file of trained Kafka offset ranges ("" = none)
+
+    def __post_init__(self) -> None:
+        for key, allowed in (("dense_optimizer", DenseOptimizer), ("schedule", Schedule),
+                             ("exchange_precision", Precision), ("dense_allreduce_precision", Precision),
+                             ("dense_allreduce_compression", Compression), ("group_batch", GroupBatch),
+                             ("hot_source", HotSource)):
+            _check_choice("trainer", self, key, allowed)
 
 
 @dataclass
@@ -372,6 +399,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if number is not None and number == number:  # NaN passes every "x <= 0" range check: refuse it here
             return number
         raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if origin is typing.Literal:  # a string here; which strings: the section's __post_init__, beside the field
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected one of {', '.join(map(str, typing.get_args(tp)))}, got "
+                          f"{type(value).__name__} {value!r}")
     if tp is str:
         if isinstance(value, str):
             return value
@@ -433,26 +465,16 @@ def _validate(obj: Any, prefix: str) -> None:
         if obj.multi < 1:
             bad("multi", "must be >= 1")
     elif isinstance(obj, KafkaConfig):
-        if obj.codec not in ("arrow", "json"):
-            bad("codec", f"must be 'arrow' or 'json', got {obj.codec!r}")
         if obj.partitions < 1:
             bad("partitions", "must be >= 1")
-        if obj.consumer_mode not in ("group", "assign"):
-            bad("consumer_mode", f"must be 'group' or 'assign', got {obj.consumer_mode!r}")
         if obj.events_per_message < 1:
             bad("events_per_message", "must be >= 1")
         if obj.connect_timeout_s <= 0:
             bad("connect_timeout_s", "must be > 0")
-        if obj.security_protocol not in KAFKA_SECURITY_PROTOCOLS:
-            bad("security_protocol", f"must be one of {', '.join(KAFKA_SECURITY_PROTOCOLS)}, got {obj.security_protocol!r}")
-        if obj.sasl_mechanism not in KAFKA_SASL_MECHANISMS:
-            bad("sasl_mechanism", f"must be one of {', '.join(KAFKA_SASL_MECHANISMS)}, got {obj.sasl_mechanism!r}")
         if obj.security_protocol.startswith("SASL_") and not obj.sasl_username:
             bad("sasl_username", f"security_protocol {obj.security_protocol} needs a SASL user name")
         if bool(obj.ssl_certfile) != bool(obj.ssl_keyfile):
             bad("ssl_certfile", "ssl_certfile and ssl_keyfile must be given together (mutual TLS)")
-        if obj.on_offsets_lost not in ("fail", "earliest", "latest"):
-            bad("on_offsets_lost", f"must be 'fail', 'earliest' or 'latest', got {obj.on_offsets_lost!r}")
         for key in ("events_topic", "dlq_topic", "hotset_topic"):  # Kafka's own rule, checked here, not at
             name = getattr(obj, key)  # the first dead letter or hot set, long after start-up
             if not (0 < len(name) <= 249 and name not in (".", "..") and re.fullmatch(r"[A-Za-z0-9._-]+", name)):
@@ -465,8 +487,6 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, StoreConfig):
         if not 1 <= obj.shards <= 256:
             bad("shards", "must be in 1..256")
-        if obj.cache_admission not in ("frequency", "lru"):
-            bad("cache_admission", "must be frequency or lru")
     elif isinstance(obj, SketchConfig):
         _check_metrics_endpoint(obj, bad)
         if not 0 < obj.epsilon < 1:
@@ -511,10 +531,6 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("max_events", "must be >= 0 (0 = run forever)")
         if obj.idle_exit_s < 0:
             bad("idle_exit_s", "must be >= 0 (0 = never)")
-        if obj.dense_optimizer not in ("adam", "adagrad"):
-            bad("dense_optimizer", f"must be 'adam' or 'adagrad', got {obj.dense_optimizer!r}")
-        if obj.hot_source not in ("topic", "sample", "none"):
-            bad("hot_source", f"must be 'topic', 'sample' or 'none', got {obj.hot_source!r}")
         if obj.window_batches < 1:
             bad("window_batches", "must be >= 1")
         if not obj.hot_wait_batches >= 1:
@@ -523,20 +539,11 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("merge_wait_ms", "must be >= 0 (0 = no merge)")
         if obj.merge_max_events < 1:
             bad("merge_max_events", "must be >= 1")
-        if obj.group_batch not in ("group", "rank"):
-            bad("group_batch", f"must be 'group' or 'rank', got {obj.group_batch!r}")
-        for key in ("exchange_precision", "dense_allreduce_precision"):
-            if getattr(obj, key) not in ("fp32", "bf16", "fp16"):
-                bad(key, f"must be 'fp32', 'bf16' or 'fp16', got {getattr(obj, key)!r}")
-        if obj.dense_allreduce_compression not in ("none", "powersgd"):
-            bad("dense_allreduce_compression", f"must be 'none' or 'powersgd', got {obj.dense_allreduce_compression!r}")
         if not 1 <= obj.powersgd_rank <= 64:
             bad("powersgd_rank", f"must be in 1..64 (the rank of each compressed gradient's approximation), got "
                                  f"{obj.powersgd_rank!r}")
         if obj.powersgd_start_iter < 0:
             bad("powersgd_start_iter", f"must be >= 0 (0 = compress from the first step), got {obj.powersgd_start_iter!r}")
-        if obj.schedule not in ("fae", "arrival"):
-            bad("schedule", f"must be 'fae' or 'arrival', got {obj.schedule!r}")
         if obj.device != "auto" and not (obj.device == "cpu" or obj.device.startswith("cuda")):
             bad("device", f"must be auto, cpu or cuda[:N], got {obj.device!r}")
         if not 0 <= obj.metrics_port <= 65535:

@@ -27,7 +27,7 @@ def test_file_env_and_override_precedence(tmp_path):
         ("[trainer]\nbatch_size = 'big'\n", "trainer.batch_size: expected an integer"),
         ("[trainer]\nbatchsize = 3\n", "unknown key 'batchsize' in [trainer]"),
         ("[nope]\nx = 1\n", "unknown key 'nope'"),
-        ("[kafka]\ncodec = 'xml'\n", "kafka.codec: must be 'arrow' or 'json'"),
+        ("[kafka]\ncodec = 'xml'\n", "kafka.codec: must be one of arrow, json, got 'xml'"),
         ("[model]\nembedding_dim = 8\nbottom_mlp = [4, 4]\n", "model.bottom_mlp: last layer must equal"),
         ("[[model.fields]]\ncardinality = 3\n", "model.fields[0].name: missing required key"),
         ("[model\n", "config file"),
@@ -142,3 +142,136 @@ def test_removed_keys_say_what_to_do_instead(tmp_path):
         load_config(None, {"hot.row_bytes": 64}, env={})
     with pytest.raises(ConfigError, match=r"generator: set it in \[\[generator.fields\]\]"):
         load_config(None, {"model.fields": '[{"name": "user", "multi": 2}]'}, env={})
+
+
+# Every key whose values are a typing.Literal alias: (section, key, the module that acts on the value,
+# the alias's name there). The config annotates the key with that very alias and checks it beside the field.
+CHOICE_KEYS = [
+    ("kafka", "codec", "streamrec.ingest.ingest_types", "Codec"),
+    ("kafka", "consumer_mode", "streamrec.ingest.ingest_types", "ConsumerMode"),
+    ("kafka", "on_offsets_lost", "streamrec.ingest.ingest_types", "OffsetsLostPolicy"),
+    ("kafka", "security_protocol", "streamrec.ingest.ingest_types", "SecurityProtocol"),
+    ("kafka", "sasl_mechanism", "streamrec.ingest.ingest_types", "SaslMechanism"),
+    ("store", "cache_admission", "streamrec.embedding_store.store_types", "CacheAdmission"),
+    ("trainer", "dense_optimizer", "streamrec.trainer.trainer_types", "DenseOptimizer"),
+    ("trainer", "schedule", "streamrec.trainer.trainer_types", "Schedule"),
+    ("trainer", "exchange_precision", "streamrec.trainer.trainer_types", "Precision"),
+    ("trainer", "dense_allreduce_precision", "streamrec.trainer.trainer_types", "Precision"),
+    ("trainer", "dense_allreduce_compression", "streamrec.trainer.trainer_types", "Compression"),
+    ("trainer", "group_batch", "streamrec.trainer.trainer_types", "GroupBatch"),
+    ("trainer", "hot_source", "streamrec.trainer.trainer_types", "HotSource"),
+]
+
+
+@pytest.mark.parametrize("section, key, module, alias", CHOICE_KEYS, ids=[f"{s}.{k}" for s, k, _, _ in CHOICE_KEYS])
+def test_a_choice_key_takes_exactly_the_values_of_its_owners_alias(tmp_path, section, key, module, alias):
+    """Each allowed value loads (file, environment, --set); anything else is one line naming the key, the
+    value and every allowed value, from wherever it came; a non-string is refused the same way."""
+    import dataclasses
+    import importlib
+    import typing
+
+    from streamrec.foundation import Config
+
+    owned = getattr(importlib.import_module(module), alias)
+    section_cls = typing.get_type_hints(Config)[section]
+    assert typing.get_type_hints(section_cls)[key] is owned  # one definition, owned by the package that uses it
+    allowed = typing.get_args(owned)
+    assert len(allowed) >= 2 and all(isinstance(v, str) for v in allowed)
+    user = {"kafka.sasl_username": "u"}  # what the SASL_* protocols need besides
+    for value in allowed:
+        assert getattr(getattr(load_config(None, {**user, f"{section}.{key}": value}, env={}), section), key) == value
+    env_name = f"STREAMREC_{section.upper()}__{key.upper()}"
+    assert getattr(getattr(load_config(None, user, env={env_name: allowed[-1]}), section), key) == allowed[-1]
+    expected = f"{section}.{key}: must be one of {', '.join(allowed)}, got 'nope'"
+    f = tmp_path / "c.toml"
+    f.write_text(f"[{section}]\n{key} = 'nope'\n")
+    for kwargs in ({"path": f}, {"overrides": {f"{section}.{key}": "nope"}}, {"env": {env_name: "nope"}}):
+        with pytest.raises(ConfigError) as e:
+            load_config(**{"env": {}, **kwargs})
+        assert str(e.value) == expected
+    with pytest.raises(ConfigError, match=rf"^{section}\.{key}: expected one of .*, got int 3$"):
+        load_config(None, {f"{section}.{key}": 3}, env={})
+    with pytest.raises(ConfigError, match="^" + expected.replace(".", r"\.") + "$"):  # built in code, not loaded
+        dataclasses.replace(getattr(Config(), section), **{key: "nope"})
+
+
+def test_every_literal_key_is_listed_above():
+    """A new Literal-typed key gets a row in CHOICE_KEYS (and so the checks above)."""
+    import dataclasses
+    import typing
+
+    from streamrec.foundation import Config
+
+    found = {(s.name, f.name) for s in dataclasses.fields(Config)
+             for f in dataclasses.fields(typing.get_type_hints(Config)[s.name])
+             if typing.get_origin(typing.get_type_hints(typing.get_type_hints(Config)[s.name])[f.name]) is typing.Literal}
+    assert found == {(s, k) for s, k, _, _ in CHOICE_KEYS}
+
+
+def test_the_users_of_a_choice_check_the_same_alias():
+    """The modules acting on a value refuse what the config refuses, naming the same allowed values."""
+    import numpy as np
+
+    from streamrec.ingest.codec import encode_messages
+    from streamrec.ingest.kafka_clients import KafkaSecurityError, client_settings
+    from streamrec.trainer.dense_sync import COMPRESSIONS
+    from streamrec.trainer.schedule import plan
+    from streamrec.trainer.sharding import PRECISIONS, wire_bytes_per_row
+
+    assert COMPRESSIONS == ("none", "powersgd")  # the wire carries the index: the order is part of the format
+    assert {p: wire_bytes_per_row(p, 4) for p in PRECISIONS} == {"fp32": 16, "bf16": 8, "fp16": 10}
+    with pytest.raises(ValueError, match="schedule must be one of fae, arrival, got 'fifo'"):
+        plan(np.zeros(4, bool), 2, "fifo")
+    with pytest.raises(ValueError, match="expected one of arrow, json"):
+        encode_messages(None, None, "xml", 1)
+    cfg = load_config(None, env={})
+    cfg.kafka.security_protocol = "SASL"  # set after loading: the client refuses it too
+    with pytest.raises(KafkaSecurityError, match="kafka.security_protocol: must be one of PLAINTEXT, SSL"):
+        client_settings(cfg)
+
+
+@pytest.mark.subprocess
+def test_reading_the_config_loads_no_part_above_the_foundation():
+    """The config imports the stdlib-only *_types leaves of ingest, embedding_store and trainer, and
+    nothing else of theirs: a config reader (the CLI's --help, a sketch worker) loads no torch or numpy."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom streamrec.foundation import load_config\nload_config(None, env={})\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('streamrec') or m in ('torch', 'numpy'))))")
+    mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              check=True).stdout.split())
+    assert {"streamrec.ingest.ingest_types", "streamrec.embedding_store.store_types",
+            "streamrec.trainer.trainer_types"} <= mods
+    assert not {"torch", "numpy"} & mods
+    above = {m for m in mods if m.startswith("streamrec.") and not m.startswith("streamrec.foundation")}
+    assert above - {"streamrec.ingest", "streamrec.embedding_store", "streamrec.trainer"} == {  # lazy __init__s
+        "streamrec.ingest.ingest_types", "streamrec.embedding_store.store_types", "streamrec.trainer.trainer_types"}
+
+
+def test_a_type_leaf_that_imports_beyond_the_stdlib_fails_the_import_lint(tmp_path):
+    """scripts/lint_imports.py: the leaves the foundation may import stay stdlib-only, and every
+    import-linter contract ignores the same edges."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "scripts"))
+    import lint_imports
+
+    assert lint_imports.check_type_leaves(root) == []
+    copy = tmp_path / "repo"
+    for folder in {*lint_imports.package_dirs(root).values()}:
+        shutil.copytree(root / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(root / "pyproject.toml", copy / "pyproject.toml")
+    leaf = copy / "trainer" / "trainer_types.py"
+    leaf.write_text(leaf.read_text() + "\nimport numpy as np\n")
+    problems = lint_imports.check_type_leaves(copy)
+    assert problems == ["trainer/trainer_types.py imports numpy: a *_types leaf imports only the standard "
+                        "library (the foundation imports it)"]
+    toml = copy / "pyproject.toml"
+    toml.write_text(toml.read_text().replace('  "streamrec.foundation.config -> streamrec.trainer.trainer_types",\n',
+                                              "", 1))
+    assert any("ignores" in p and "not" in p for p in lint_imports.check_type_leaves(copy))
