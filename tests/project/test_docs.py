@@ -1,32 +1,139 @@
-"""The README is the user's manual: its config reference and commands must match the code."""
+"""The README and docs/ are the user's manual: their config reference, commands and links must match the code.
 
+Every ``streamrec`` command shown in a ``bash`` block of README.md or docs/*.md is parsed by the CLI's own
+parser, so a renamed subcommand or option breaks this test; the README's by-hand block is also run end to end
+(tests/e2e/test_readme_by_hand.py).
+"""
+
+import contextlib
+import dataclasses
+import io
 import re
+import shlex
 from pathlib import Path
 
-from streamrec.app.commands.config import reference_markdown
+import pytest
+
+from streamrec.app.commands.config import reference_block, reference_markdown
+from streamrec.foundation import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "BENCHMARKS.md", *DOCS]
 
 
-def test_readme_config_reference_is_current():
-    m = re.search(r"<!-- config-reference:start -->\n(.*?)\n<!-- config-reference:end -->", README, re.S)
-    assert m, "README lost its config reference block"
-    assert m.group(1).strip() == reference_markdown().strip(), (
-        "README config reference is stale: regenerate it with `streamrec config --reference`"
+def test_config_reference_is_current():
+    block = reference_block((ROOT / "docs" / "configuration.md").read_text())
+    assert block is not None, "docs/configuration.md lost its config reference block"
+    assert block.strip() == reference_markdown().strip(), (
+        "docs/configuration.md is stale: regenerate it with "
+        "`streamrec config --reference --write docs/configuration.md`"
     )
+
+
+def test_write_reference_replaces_only_the_block(tmp_path):
+    from streamrec.app.commands.config import REFERENCE_END, REFERENCE_START, write_reference
+
+    page = tmp_path / "configuration.md"
+    page.write_text(f"# intro\n\n{REFERENCE_START}\n| stale |\n{REFERENCE_END}\n\ntail\n")
+    assert write_reference(page) is True
+    text = page.read_text()
+    assert text.startswith("# intro\n\n") and text.endswith("\n\ntail\n") and "| stale |" not in text
+    assert reference_block(text).strip() == reference_markdown().strip()
+    assert write_reference(page) is False
 
 
 def test_ci_runs_the_readme_test_command():
     commands = re.findall(r"```bash\n(.*?)\n```", README, re.S)
     assert commands[0].strip() == "./scripts/setup.sh && .venv/bin/streamrec demo"
     test_cmd = commands[1].strip()
+    assert test_cmd == "./scripts/setup.sh && .venv/bin/python -m pytest -q -n 2"
     assert test_cmd in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_is_a_front_door():
+    assert len(README.splitlines()) <= 300, "README.md grew past 300 lines: move the detail into docs/"
+    assert "<!-- by-hand:start -->" in README and "<!-- by-hand:end -->" in README
+    for page in ("producing-events", "serving", "deployment", "scaling-out", "operations", "configuration",
+                 "known-limits", "README"):
+        assert f"(docs/{page}.md)" in README, f"README does not link docs/{page}.md"
 
 
 def test_every_cli_command_is_in_the_tour():
     from streamrec.app.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    missing = [name for name in sub.choices if f"`streamrec {name}" not in README]
-    assert not missing, f"README's CLI tour misses: {missing}"
+    for page in (ROOT / "README.md", ROOT / "docs" / "cli.md"):
+        text = page.read_text()
+        missing = [name for name in sub.choices if f"`streamrec {name}" not in text]
+        assert not missing, f"{page.relative_to(ROOT)}'s CLI table misses: {missing}"
+
+
+def shown_commands(text: str) -> list[list[str]]:
+    """The argv after ``streamrec`` of every command line in the ``bash`` blocks of a page.
+
+    Continuation lines are joined, ``&&`` chains split, a trailing ``&`` and ``# comments`` dropped; a line runs
+    streamrec when it starts with ``streamrec`` / ``.venv/bin/streamrec`` or holds ``-m streamrec`` (torchrun).
+    """
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                part = part.strip().rstrip("&").strip()
+                if not part or part.startswith("#"):
+                    continue
+                argv = shlex.split(part, comments=True)
+                if argv and argv[0] in ("streamrec", ".venv/bin/streamrec"):
+                    out.append(argv[1:])
+                elif "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["streamrec"]:
+                    out.append(argv[argv.index("-m") + 2:])
+    return out
+
+
+def parse_error(argv: list[str]) -> str | None:
+    """What the CLI's parser says about ``streamrec ARGV``, or None when it accepts it."""
+    from streamrec.app.cli import build_parser
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = build_parser().parse_args(argv)
+    except SystemExit:
+        return err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else "exit"
+    defaults = Config()
+    for item in getattr(args, "overrides", None) or []:
+        key = item.split("=", 1)[0]
+        section, _, name = key.partition(".")
+        part = getattr(defaults, section, None)
+        if not dataclasses.is_dataclass(part) or not hasattr(part, name):
+            return f"--set {key}: no such config key"
+    return None
+
+
+def test_the_command_check_refuses_an_unknown_option():
+    assert parse_error(["train", "--bootstrap", "127.0.0.1:9092"]) is None
+    assert parse_error(["train", "--no-such-option"]) is not None
+    assert parse_error(["no-such-command"]) is not None
+    assert parse_error(["serve", "--set", "serving.push_token=x"]) is None
+    assert parse_error(["serve", "--set", "serving.no_such_key=x"]) is not None
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_streamrec_command_shown_parses(page):
+    commands = shown_commands(page.read_text())
+    bad = {shlex.join(argv): err for argv in commands if (err := parse_error(argv)) is not None}
+    assert not bad, f"{page.relative_to(ROOT)} shows commands the CLI refuses: {bad}"
+
+
+def test_the_pages_show_the_commands_a_reader_runs():
+    names = {argv[0] for page in PAGES for argv in shown_commands(page.read_text()) if argv}
+    assert {"demo", "broker", "serve", "sketch", "train", "produce", "generate", "predict", "report"} <= names
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    text = page.read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    broken = [t for t in targets if "://" not in t and not (page.parent / t).exists()]
+    assert not broken, f"{page.relative_to(ROOT)} links to missing files: {broken}"

@@ -1,4 +1,9 @@
-"""``streamrec config``: print the effective config as TOML, or the key reference as Markdown."""
+"""``streamrec config``: print the effective config as TOML, or the key reference as Markdown.
+
+The reference is generated from the config dataclasses (each key's default and its trailing ``# comment``);
+``streamrec config --reference --write docs/configuration.md`` rewrites the block between the reference
+markers of that page, and ``tests/project/test_docs.py`` fails while the page differs from the code.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import dataclasses
 import inspect
 import re
+from pathlib import Path
 
 from streamrec.foundation import Config, FieldSpec, GeneratedField
 
@@ -13,12 +19,19 @@ from streamrec.foundation import Config, FieldSpec, GeneratedField
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("config", parents=[common], help="print the effective config (file + env + --set)")
     p.add_argument("--reference", action="store_true", help="print every key with its default and meaning (Markdown)")
+    p.add_argument("--write", metavar="FILE", default=None,
+                   help="with --reference: replace the reference block of FILE (docs/configuration.md), "
+                        "not print it")
     p.set_defaults(func=cmd_config)
 
 
 def cmd_config(args) -> int:
     if args.reference:
-        print(reference_markdown())
+        if args.write:
+            changed = write_reference(args.write)
+            print(f"{args.write}: {'reference updated' if changed else 'reference already current'}")
+        else:
+            print(reference_markdown())
         return 0
     import tomli_w
 
@@ -66,3 +79,34 @@ def reference_markdown() -> str:
         if f.name != "name":
             lines.append(f"| `generator.fields[].{f.name}` | `{f.default!r}` | {fs.get(f.name, '')} |")
     return "\n".join(lines)
+
+
+REFERENCE_START = "<!-- config-reference:start -->"
+REFERENCE_END = "<!-- config-reference:end -->"
+
+
+def reference_block(text: str) -> str | None:
+    """The Markdown between the reference markers of ``text``, or None when it has no such block."""
+    m = re.search(re.escape(REFERENCE_START) + r"\n(.*?)\n" + re.escape(REFERENCE_END), text, re.S)
+    return m.group(1) if m else None
+
+
+def write_reference(path: str | Path) -> bool:
+    """Replace the reference block of the page at ``path`` with the current reference; True when it changed.
+
+    The page must already hold both markers, so a wrong path is an error rather than a new file.
+    """
+    from streamrec.foundation import ConfigError
+
+    path = Path(path)
+    text = path.read_text()
+    old = reference_block(text)
+    if old is None:
+        raise ConfigError(f"{path} has no block between {REFERENCE_START} and {REFERENCE_END}")
+    new = reference_markdown()
+    if old.strip() == new.strip():
+        return False
+    start = text.index(REFERENCE_START) + len(REFERENCE_START)
+    end = text.index(REFERENCE_END, start)
+    path.write_text(text[:start] + "\n" + new + "\n" + text[end:])
+    return True
