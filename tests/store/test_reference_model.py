@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store.rowpath import cold_rows
 
 TABLES = {"a": 4, "b": 3}
 LR, EPS = 0.05, 1e-8
@@ -85,7 +86,7 @@ def _check_acc(store, ref):
         if slot >= 0:
             got = t.hot.acc[int(slot)].item()
         else:
-            recs, found, _ = store._cold_rows(t, np.array([i]), touch=False)
+            recs, found, _ = cold_rows(store, t, np.array([i]), touch=False)
             assert found[0]
             got = recs["acc"][0]
         assert np.float32(got) == acc, (table, i)
@@ -183,6 +184,7 @@ def test_store_matches_reference(cache_rows, admission, ops):
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (hot tier on GPU)")
 def test_cuda_hot_tier_matches_reference(tmp_path):
     store = EmbeddingStore(str(tmp_path / "s"), TABLES, shards=2, hot_capacity_rows=20, lr=LR, eps=EPS,

@@ -1,0 +1,89 @@
+"""Checkpoints of a store: a consistent, durable copy of every row and the hot set.
+
+A checkpoint directory holds the cold tier's copy of every row (hot rows and dirty
+cached rows are written back first), ``hot.npz`` (each table's hot ids) and the
+store's manifest with the checkpoint's epoch. ``restore`` brings back vectors,
+Adagrad state and the hot set bit for bit.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from streamrec.foundation import save_npz
+
+from . import migration, rowpath
+from .cold import read_manifest, write_manifest
+from .errors import StoreError
+
+if TYPE_CHECKING:
+    from .store import EmbeddingStore
+
+HOT_FILE = "hot.npz"
+
+
+def checkpoint(store: EmbeddingStore, path: str) -> int:
+    """Write a consistent, durable point to ``path`` (must not exist yet, or be empty); returns its epoch.
+
+    Rows changed after this call carry a higher epoch, so ``changed_rows(since=epoch)``
+    gives exactly what changed after it.
+    """
+    store._writable()
+    dest = Path(path)
+    if dest.exists() and any(dest.iterdir()):
+        raise StoreError(f"checkpoint directory {dest} already exists and is not empty")
+    dest.mkdir(parents=True, exist_ok=True)
+    rowpath.drain(store)
+    rowpath.flush_caches(store)
+    migration.write_back_hot(store)
+    epoch = store._epoch + 1
+    store.cold.checkpoint(dest)
+    hot = {name: t.hot.slot_ids() for name, t in store.tables.items()}
+    save_npz(dest / HOT_FILE, hot)  # not np.savez(**hot): tables may be named "file"
+    write_manifest(dest, {**store._manifest, "epoch": epoch, "hot_capacity_rows": store.hot_capacity_rows})
+    store._epoch = epoch
+    store._manifest["epoch"] = epoch
+    write_manifest(store.path, store._manifest)
+    return epoch
+
+
+def restore(cls: type[EmbeddingStore], checkpoint_path: str, path: str | None = None, **kwargs) -> EmbeddingStore:
+    """Open the state of a checkpoint as a live store of class ``cls``.
+
+    With ``path``, the checkpoint is copied there (replacing what is there) and the
+    copy becomes the live store; without, the checkpoint directory itself is opened
+    and becomes live. Tables, shards and seed come from the checkpoint's manifest
+    unless given; the checkpoint's hot set is re-promoted (cut to ``hot_capacity_rows``).
+    """
+    src = Path(checkpoint_path)
+    man = read_manifest(src)
+    if man is None:
+        raise StoreError(f"{src} is not a store checkpoint (no manifest.json)")
+    if path is not None and Path(path).resolve() != src.resolve():
+        if Path(path).exists():
+            shutil.rmtree(path)
+        shutil.copytree(src, path)
+    else:
+        path = str(src)
+    kwargs.setdefault("tables", man["tables"])
+    kwargs.setdefault("shards", man["shards"])
+    kwargs.setdefault("seed", man["seed"])
+    kwargs.setdefault("hot_capacity_rows", man.get("hot_capacity_rows", 0))
+    store = cls(str(path), **kwargs)
+    hot_file = Path(path) / HOT_FILE
+    if hot_file.exists():
+        with np.load(hot_file) as z:
+            hot = {k: z[k] for k in z.files if k in store.tables}
+        budget = store.hot_capacity_rows  # a smaller hot tier than the checkpoint's keeps a prefix
+        for k in hot:
+            hot[k] = hot[k][:budget]
+            budget -= len(hot[k])
+        if sum(len(v) for v in hot.values()) and not store.read_only:
+            store.set_hot(hot)
+            for t in store.tables.values():
+                t.hot.dirty[:] = False  # identical to the cold tier's copy just read
+    return store

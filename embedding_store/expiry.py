@@ -1,0 +1,33 @@
+"""Expiry: cold rows untouched for a configured time are deleted (they read as their init again)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import rowpath
+from .export import scan_cold
+
+if TYPE_CHECKING:
+    from .store import EmbeddingStore
+
+
+def expire(store: EmbeddingStore, older_than_s: float) -> int:
+    """Delete cold rows whose last write is more than ``older_than_s`` seconds old; returns how
+    many. Hot rows never expire; cached rows are written back first, so the cold tier decides."""
+    store._writable()
+    rowpath.drain(store)
+    store._memo, store._pre = {}, {}
+    for t in store.tables.values():  # write cached rows back and forget them
+        if t.cache is not None:
+            t.cache.clear()
+    cutoff = time.time() - float(older_than_s)
+    n = 0
+    for t, ids, recs in scan_cold(store):
+        old = (recs["ts"] < cutoff) & ~t.hot.mask(ids)
+        if old.any():
+            store.cold.write(t.tag, t.salt, ids[old], None, recs[old], np.ones(int(old.sum()), bool))
+            n += int(old.sum())
+    return n

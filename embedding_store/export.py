@@ -1,0 +1,83 @@
+"""Rows out of and into a store in bulk: Arrow export of changed rows (snapshots), raw
+records with their optimizer state (resharding), and full scans of the cold tier.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+import torch
+
+from . import rowpath
+from .errors import StoreError
+from .rows import unpack_records
+from .table import Table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .store import EmbeddingStore
+
+
+def changed_rows(store: EmbeddingStore, since: int | None = None) -> Iterator[pa.RecordBatch]:
+    """Rows changed after checkpoint epoch ``since`` (None: all rows), as Arrow batches with
+    columns ``table`` (string), ``id`` (int64), ``vector`` (fixed_size_list<float32>[dim]).
+    Each row comes once, from its owner tier."""
+    store._table(next(iter(store.tables)))
+    rowpath.drain(store)
+    floor = -1 if since is None else int(since)
+    for t in store.tables.values():
+        h = t.hot
+        sel = np.flatnonzero(h.ep > floor)
+        if len(sel):
+            w = h.w[torch.from_numpy(sel).to(store.device)].cpu().numpy()
+            yield _batch(t.name, h.slot_ids()[sel], w)
+        if t.cache is not None:  # the cache owns its rows: export them from there
+            cids, crecs, cstored = t.cache.items()
+            sel = np.flatnonzero(cstored & (crecs["ep"].astype(np.int64) > floor))
+            if len(sel):
+                yield _batch(t.name, cids[sel], crecs["w"][sel])
+    for t, ids, recs in scan_cold(store):
+        keep = (recs["ep"].astype(np.int64) > floor) & ~t.hot.mask(ids)
+        if t.cache is not None:
+            keep &= t.cache.find(ids) < 0
+        if keep.any():
+            yield _batch(t.name, ids[keep], recs["w"][keep])
+
+
+def import_records(store: EmbeddingStore, table: str, ids: np.ndarray, records: np.ndarray) -> None:
+    """Store rows exactly as exported (vector, Adagrad state, timestamps); ``ids`` unique."""
+    store._writable()
+    t = store._table(table)
+    store._memo.pop(table, None)  # a row written here may be one a remembered lookup refused
+    ids = store._unique_ids(t, ids)
+    if records.dtype != t.dtype or len(records) != len(ids):
+        raise StoreError(f"{table}: {len(records)} records of {records.dtype} for {len(ids)} ids of {t.dtype}")
+    if len(ids) == 0:
+        return
+    if t.hot.mask(ids).any():
+        raise StoreError(f"{table}: import_records into hot rows (import before the hot set is applied)")
+    old, found, cslots = rowpath.cold_rows(store, t, ids, touch=False)
+    rowpath.store_cold(store, t, ids, records, old, found, cslots)
+
+
+def scan_cold(store: EmbeddingStore) -> Iterator[tuple[Table, np.ndarray, np.ndarray]]:
+    """Every row stored in the cold tier, as ``(table, ids, records)`` chunks (a full scan)."""
+    for tags, ids, vals in store.cold.scan():
+        for tag in np.unique(tags):
+            t = store._by_tag.get(int(tag))
+            if t is None:
+                continue
+            sel = np.flatnonzero(tags == tag)
+            yield t, ids[sel], unpack_records([vals[i] for i in sel.tolist()], t.dtype)
+
+
+def _batch(table: str, ids: np.ndarray, w: np.ndarray) -> pa.RecordBatch:
+    import pyarrow as pa  # here, not at module level: only export needs pyarrow's resident memory
+
+    dim = w.shape[1]
+    vec = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(w, dtype=np.float32).reshape(-1)), dim)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([table] * len(ids), type=pa.string()), pa.array(ids, type=pa.int64()), vec],
+        names=["table", "id", "vector"])

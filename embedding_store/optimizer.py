@@ -1,0 +1,116 @@
+"""The row optimizer: row-wise Adagrad applied where each row lives.
+
+A hot row is updated in place in the device tier; a cold row is read through the
+cold-row path (``rowpath.py``), updated on the host and written back through it. Both
+use ``adagrad.py``'s arithmetic, so a row's result does not depend on its tier.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from . import rowpath
+from .adagrad import adagrad_rows, adagrad_rows_np
+from .errors import StoreError
+from .rows import gather, scatter
+
+if TYPE_CHECKING:
+    from .store import EmbeddingStore
+
+
+def apply_gradients(store: EmbeddingStore, table: str, ids, grads) -> None:
+    """Row-wise Adagrad on rows ``ids`` (unique) with ``grads [n, dim]`` float32; nothing is
+    applied when a gradient is not finite."""
+    store._writable()
+    t = store._table(table)
+    ids = store._unique_ids(t, ids)
+    if isinstance(grads, np.ndarray):
+        grads = torch.from_numpy(grads)
+    if not isinstance(grads, torch.Tensor):
+        raise StoreError(f"{table}: grads must be a torch.Tensor, got {type(grads).__name__}")
+    if grads.dtype != torch.float32:
+        raise StoreError(f"{table}: grads must be float32, got {grads.dtype}")
+    if tuple(grads.shape) != (len(ids), t.dim):
+        raise StoreError(f"{table}: grads must have shape ({len(ids)}, {t.dim}), got {tuple(grads.shape)}")
+    if len(ids) == 0:
+        return
+    grads = grads.detach()
+    gnp = grads.numpy() if grads.device.type == "cpu" else None  # host grads: numpy, no torch dispatch
+    if not bool(np.isfinite(gnp).all() if gnp is not None else torch.isfinite(grads).all()):
+        raise StoreError(f"{table}: grads contain NaN or inf; nothing was applied")
+    now = time.time()
+    memo = store._memo.pop(t.name, None)
+    cslots = None
+    memo_ok = memo is not None and memo.valid_for(t, ids)
+    if memo_ok:
+        slots, cslots = memo.hot, memo.cache  # where lookup(ids) just found or put these rows
+    else:
+        slots = t.hot.find(ids)
+    is_hot = slots >= 0
+    if is_hot.any():
+        _apply_hot(store, t, ids, slots, is_hot, grads, gnp, now)
+    if is_hot.all():
+        return
+    cp = np.flatnonzero(~is_hot)
+    cids = ids[cp]
+    cached = cslots is not None and bool((cslots >= 0).all())
+    # lookup(ids) just ran frequency admission for these rows: the ones it refused go straight back
+    # to the cold tier, as a refused dirty row does, instead of through a second admission (which compares
+    # the same counts against the next, no weaker, candidates), and their records come from the probe
+    refused_out = not cached and memo_ok and memo.refused
+    if cached:
+        old, found = gather(t.cache.rec, cslots), t.cache.stored[cslots]
+    elif refused_out:
+        t.cache.lookup(cids, count=False, slots=cslots)  # the hits are used again, as cold_rows marks them
+        hit = cslots >= 0
+        old = np.empty(len(cids), dtype=t.dtype)
+        found = np.empty(len(cids), dtype=bool)
+        if hit.any():
+            scatter(old, hit, gather(t.cache.rec, cslots[hit]))
+            found[hit] = t.cache.stored[cslots[hit]]
+        miss = ~hit
+        scatter(old, miss, memo.refused_recs)
+        found[miss] = memo.refused_found
+    else:
+        old, found, cslots = rowpath.cold_rows(store, t, cids, touch=True, count=False, known=cslots)
+    store.created += len(found) - int(np.count_nonzero(found))
+    if gnp is not None:
+        g = gnp if len(cp) == len(ids) else gnp[cp]
+    else:
+        g = grads[torch.from_numpy(cp).to(grads.device)].cpu().numpy()
+    new = old if cached or refused_out else old.copy()  # old records are not needed again then
+    new["w"], new["acc"] = adagrad_rows_np(old["w"], old["acc"], g, store.lr, store.eps)
+    new["ts"] = now
+    new["ep"] = store.write_epoch
+    if cached:  # every row already has its cache slot (lookup put it there): update in place
+        t.cache.update(cslots, new)
+    elif refused_out:
+        t.cache.update(cslots[hit], gather(new, hit))
+        t.cache.write_back(cids[miss], gather(new, miss))
+    else:
+        rowpath.store_cold(store, t, cids, new, old, found, cslots)
+
+
+def _apply_hot(store: EmbeddingStore, t, ids: np.ndarray, slots: np.ndarray, is_hot: np.ndarray,
+               grads: torch.Tensor, gnp: np.ndarray | None, now: float) -> None:
+    """The hot rows' part of a step: updated in place on the device."""
+    hp = np.flatnonzero(is_hot)
+    s = slots[hp]
+    if store.device.type == "cpu":  # numpy: same IEEE ops, no per-op dispatch cost
+        hw, ha = t.hot.w.numpy(), t.hot.acc.numpy()
+        g = gnp if gnp is not None else grads.cpu().numpy()
+        g = g if len(hp) == len(ids) else g[hp]
+        hw[s], ha[s] = adagrad_rows_np(hw[s], ha[s], g, store.lr, store.eps)
+    else:
+        st = torch.from_numpy(s).to(store.device)
+        g = grads[torch.from_numpy(hp).to(grads.device)].to(store.device)
+        w, acc = adagrad_rows(t.hot.w[st], t.hot.acc[st], g, store.lr, store.eps)
+        t.hot.w[st] = w
+        t.hot.acc[st] = acc
+    t.hot.dirty[s] = True
+    t.hot.ep[s] = store.write_epoch
+    t.hot.ts[s] = now

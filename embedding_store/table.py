@@ -1,0 +1,59 @@
+"""One table's share of the store's state, and the remembered index probes of a batch.
+
+``Table`` holds what every part of the store reads for one table: its row identity
+(salt, key tag, record dtype, init scale), its hot tier, its host cache (None when
+the cache is off) and its prefetch buffers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .buffers import RowBuffer
+from .cache import HostCache
+from .hot import HotTable
+from .rows import record_dtype, table_salt, table_tag
+
+MAX_BUFFERS = 3  # per table: the last read batch + up to two prefetched batches
+
+
+class Table:
+    def __init__(self, name: str, dim: int, device: torch.device, max_id: int | None, init_scale: float):
+        self.name = name
+        self.dim = dim
+        self.salt = table_salt(name)
+        self.tag = table_tag(name)
+        self.dtype = record_dtype(dim)
+        self.hot = HotTable(dim, device)
+        self.buffers: list[RowBuffer] = []
+        self.max_id = max_id
+        self.init_scale = init_scale
+        self.cache: HostCache | None = None
+
+
+class Probe(NamedTuple):
+    """Where the rows of ``ids`` of one table sit: the hot slot of each id and the cache
+    slot of each cold one (-1: absent). Remembered so the next call on the same ids
+    (prefetch -> lookup -> apply_gradients) skips both index probes; valid only while
+    neither index has changed, which their generation counters tell."""
+
+    table: str
+    ids: np.ndarray  # owned (a copy where the caller's array could be refilled)
+    hot: np.ndarray
+    cache: np.ndarray
+    hot_gen: int
+    cache_gen: int
+    # lookup's probe only: the cold rows without a cache slot are exactly the rows the cache's admission
+    # refused, and these are their current records and stored flags (in cold-row order), so the
+    # apply_gradients that follows writes them back without reading them again. Any write to the table
+    # other than that apply_gradients drops the probe (a refused row's write-back changes no generation).
+    refused: bool = False
+    refused_recs: np.ndarray | None = None
+    refused_found: np.ndarray | None = None
+
+    def valid_for(self, t: Table, ids: np.ndarray) -> bool:
+        return (self.table == t.name and t.cache is not None and self.hot_gen == t.hot.gen
+                and self.cache_gen == t.cache.gen and np.array_equal(self.ids, ids))
