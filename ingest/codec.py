@@ -267,8 +267,9 @@ class Decoder:
 
         Many JSON records of the common shape, all valid, are parsed straight into
         columns (``json_columns.decode_json_columns``: Arrow's JSON reader, the
-        validator's checks once per column), about 3x faster than the path that
-        follows; any other batch takes that path, so each bad record is named.
+        validator's checks once per column), a fraction of the CPU of the path that
+        follows (BENCHMARKS.md, e2e: JSON decode); any other batch takes that path,
+        so each bad record is named.
         There, JSON records are validated one by one but built into columns together
         (one numpy call per column instead of a 1-row batch per record), so the
         JSON path costs little more than the JSON parse itself. Consecutive Arrow
@@ -300,9 +301,9 @@ class Decoder:
         good ones, so find them by halving (each half columnar again) and decode record by record only the
         pieces under ``2 * _COLUMNS_MIN`` records that hold them -- k bad records in n cost about
         ``2 k log2(n / 64)`` columnar passes over shrinking pieces instead of the whole batch record by
-        record (~3x the columnar CPU). At most ``_ISOLATE_FAILURES`` pieces may fail: past that the refusal
+        record (several times the columnar CPU). At most ``_ISOLATE_FAILURES`` pieces may fail: past that the refusal
         is not a few records (a producer of another shape, say), what is left goes record by record, and
-        later batches try the whole batch once, as before, until one decodes as columns again. The result
+        later batches try the whole batch once until one decodes as columns again. The result
         is the record-by-record path's: the same events in order, the same errors, by index."""
         segments: list[EventBatch] = []
         errors: list[tuple[int, str]] = []

@@ -1,8 +1,8 @@
 """Fast record parsing for kafka-python consumers: fetched record batches parsed in C.
 
 kafka-python turns the bytes of a fetch response into records in pure Python
-(``Fetcher.PartitionRecords._unpack_records`` over ``kafka.record.DefaultRecordBatch``):
-about 13 us of CPU per record, most of a one-JSON-event-per-message trainer's time.
+(``Fetcher.PartitionRecords._unpack_records`` over ``kafka.record.DefaultRecordBatch``),
+the largest share of a one-JSON-event-per-message trainer's CPU (BENCHMARKS.md, e2e).
 aiokafka (already installed: faust's client) ships the same record format parsed in
 Cython (``aiokafka.record._crecords``). This module keeps kafka-python for everything
 (metadata, group, fetch requests, positions, pause/resume, commits) and swaps only the
@@ -29,9 +29,8 @@ kafka-python does; ``RunPartitionRecords`` (``install(consumer, runs=True)``, wh
 ``EventConsumer`` uses) yields one :class:`RecordRun` per fetch -- the C parser's own
 record objects in a list, no tuple per record -- so the consumer takes values, offsets
 and timestamps a list at a time (its records, when asked for, are the same
-``ConsumerRecord`` values). Per one-event JSON record, in the trainer's consumer
-(``poll_batch``, decode included): 4.6-4.9 us of CPU with runs against 6.8 us with
-records, in the same few minutes (BENCHMARKS.md, e2e).
+``ConsumerRecord`` values), which costs the trainer's consumer (``poll_batch``) less CPU
+per one-event JSON record than a record object each (BENCHMARKS.md, e2e).
 
 Differences, none in the records: ``bytes_read`` (fetch metrics only) counts the
 bytes of the batches that yielded records rather than the sum of record sizes.

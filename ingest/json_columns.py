@@ -1,9 +1,9 @@
 """Many one-event JSON records decoded as columns at once (``pyarrow.json``), for the common shape only.
 
-Parsing and validating JSON events one by one costs ~10 us per event in Python
-(the validator alone about half); Arrow's JSON reader parses a newline-joined
-batch straight into columns for ~3 us per event, and the checks below run once
-per column. This path is strict: it answers only when the batch has exactly the
+Parsing and validating JSON events one by one is Python work per event (the
+validator about half of it); Arrow's JSON reader parses a newline-joined batch
+straight into columns at a fraction of that CPU (BENCHMARKS.md, e2e: JSON decode),
+and the checks below run once per column. This path is strict: it answers only when the batch has exactly the
 shapes the contract's validator (``EventSchema.validate``) accepts and that map
 one to one onto columns -- ``ts`` int64 without nulls, ``label`` a number in
 [0, 1], ``dense`` lists of ``dense_dim`` finite numbers, ``sparse`` an object of

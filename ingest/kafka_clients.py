@@ -34,7 +34,7 @@ class KafkaSecurityError(StreamrecError, ValueError):
 def client_settings(cfg, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """kafka-python keyword arguments for the cluster in ``cfg`` (a ``Config`` or its ``KafkaConfig``).
 
-    Empty for PLAINTEXT, so a client on an open cluster is built exactly as before."""
+    Empty for PLAINTEXT, so a client on an open cluster gets kafka-python's own defaults."""
     k = getattr(cfg, "kafka", cfg)
     proto = k.security_protocol
     if proto not in get_args(SecurityProtocol):

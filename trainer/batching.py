@@ -13,13 +13,13 @@ hot queue only while at least ``batch_size`` of the last ``hot_wait`` arrivals w
 (at that rate its batch fills in time); otherwise, or when its batch has not filled
 after ``hot_wait`` arrivals, it trains with the cold events in arrival order. Why:
 holding hot events back costs AUC on a stream whose hot share is small (MovieLens-100k
-with 500 hot rows, 10% of events: the old rule, partial hot batches after ``max_wait``,
-cost 0.0018-0.0021 AUC against arrival order; held hot events are scored by a model
-that has not learnt from the user's previous events, and one-sided hot-only steps shift
-the cold events' scores; BENCHMARKS.md, quality). So on such a stream FAE falls back
-towards arrival order, keeping store-free hot steps for the bursts where they fill, and
-on a stream with a large hot share (the synthetic one: 66%) nothing changes.
-``hot_wait >= max_wait`` is the old rule.
+with 500 hot rows: partial hot batches after ``max_wait`` lose AUC against arrival order;
+held hot events are scored by a model that has not learnt from the user's previous
+events, and one-sided hot-only steps shift the cold events' scores; BENCHMARKS.md,
+quality). So on such a stream FAE falls back towards arrival order, keeping store-free
+hot steps for the bursts where they fill, and on a stream whose hot share is large (the
+synthetic one) nothing changes. With ``hot_wait >= max_wait`` every hot event joins the
+hot queue and waits up to ``max_wait`` arrivals, so hot batches may train partial.
 
 Progressive validation must not peek: an event is scored by a model trained only on
 events that arrived before it. A step trains events that may have arrived after some
@@ -139,7 +139,7 @@ class EventBatcher:
         the same rate over the arrivals so far, so an all-hot stream is all-hot from its first event). The
         others train in arrival order with the cold events, without waiting: on a stream whose hot events
         are sparse FAE falls back to arrival order instead of delaying them (BENCHMARKS.md, quality)."""
-        if self.hot_wait >= self.max_wait:  # the old rule: every hot event queues, hot batches may be partial
+        if self.hot_wait >= self.max_wait:  # no gate: every hot event queues, hot batches may be partial
             return hot
         hist = np.concatenate([self.recent, hot])
         self.recent = hist[-self.hot_wait:]

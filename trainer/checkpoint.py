@@ -68,7 +68,7 @@ def record_checksums(root: Path) -> None:
 
 def verify_checkpoint(path: str | os.PathLike) -> bool:
     """Re-read every file of a checkpoint against its ``checksums.json``. True when verified, False for a
-    checkpoint written before checksums existed; raises :class:`CheckpointError` naming the first bad file."""
+    checkpoint without a ``checksums.json`` (nothing to verify against); raises :class:`CheckpointError` naming the first bad file."""
     path = Path(path)
     try:
         with open(path / CHECKSUMS) as f:

@@ -24,8 +24,8 @@ without DDP; this is the same algorithm, with torch's own ``_orthogonalize`` and
 
 Torch all-reduces the uncompressed tensors and the Ps as two buffers (overlapped, asynchronous);
 here they travel as one (uncompressed rest, flags, Ps), so a step costs two collectives instead of
-three: on 2 cores shared by N rank processes each gloo round costs ~1 ms of CPU per rank, more than
-the compression's arithmetic (measured, BENCHMARKS.md). With the fp16 wire the rest goes first on
+three: on a CPU group each gloo round's fixed cost per rank outweighs the compression's arithmetic
+(BENCHMARKS.md, scale). With the fp16 wire the rest goes first on
 its own (its scale and fp32 retry), the Ps after it in bf16.
 4. the new error is ``M - sum / world`` (torch: ``M - mean``), and Q is kept for the next step
    (warm start; the first Q is drawn from ``torch.manual_seed(RandomState(0).randint(1e9))`` and

@@ -2,8 +2,8 @@
 
 A Kafka consumer hands partitions over one after another (during a backlog, a whole partition's
 fetch before the next one's), and an unkeyed producer spreads events over partitions unevenly, so
-without a merge the training order is far from the stream's time order (issue #17: ~0.0027 AUC
-on four partitions). :class:`PartitionMerger` sits between the consumer and ``TrainerCore.feed``:
+without a merge the training order is far from the stream's time order, and progressive AUC
+pays for it. :class:`PartitionMerger` sits between the consumer and ``TrainerCore.feed``:
 
 - events wait in one buffer, each tagged with its partition (``EventBatch.source_partitions``);
 - each event's *key* is the running maximum of ``ts`` over its partition's waiting events in

@@ -1,7 +1,7 @@
 """The plain in-memory baseline: every embedding row in an ``nn.Embedding``, no
 store, no tiers. Same deterministic initial rows and the same row-wise Adagrad as
 the store, so the tiered trainer can be checked against it (equivalence tests) and
-measured against it (``bench train``).
+compared against it (``bench train``).
 
 Ids are unbounded in the stream, so the baseline takes a vocabulary per field up
 front (all ids it will see), the way DLRM's reference pre-indexes Criteo.

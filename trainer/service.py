@@ -78,8 +78,9 @@ class Trace:
 def freeze_heap() -> None:
     """Freeze what exists now (torch, the model, the store, every module) out of the cyclic GC for a
     training loop's life (``gc.unfreeze()`` when it ends): a full collection no longer walks it.
-    Decoding one-event JSON records allocates objects per record, enough for ~2 full collections per
-    100k events, each of which walked it all: 3.6 us of CPU per event, 0.14 frozen (BENCHMARKS.md, e2e)."""
+    Decoding one-event JSON records allocates objects per record, which triggers full collections;
+    frozen, those walk only what the loop itself keeps, not every object of the process
+    (BENCHMARKS.md, e2e: GC frozen in the training loop)."""
     gc.collect()
     gc.freeze()
 

@@ -228,8 +228,8 @@ class RowExchange:
         got = decode_rows(self._a2a(wire, r.recv, r.send), self.precision)
         if not len(r.owned_ids):
             return
-        # every rank's contribution to a row summed in one op (in the order they arrived, as before), then
-        # applied once per field
+        # every rank's contribution to a row summed in one op (in the order they arrived, so the sum is
+        # the same on every run), then applied once per field
         summed = torch.zeros((len(r.owned_ids), self.dim), dtype=torch.float32, device=self.comm)
         summed.index_add_(0, torch.from_numpy(r.inverse).to(self.comm), got)
         b = r.owned_bounds

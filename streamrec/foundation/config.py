@@ -97,21 +97,21 @@ class ModelConfig:
 
 @dataclass
 class KafkaConfig:
-    bootstrap: str = ""  # empty: start the embedded broker
+    bootstrap: str = ""  # Kafka bootstrap servers, host:port[,host:port...] ("" = start the embedded broker)
     events_topic: str = "events"  # topic of incoming events
     dlq_topic: str = "events.dlq"  # dead-letter topic: bad records with the reason in headers
     hotset_topic: str = "hot-set"  # compacted topic of versioned hot sets
     partitions: int = 4  # partitions of the events topic when streamrec creates it
     trainer_group: str = "streamrec-trainer"  # consumer group of the trainers
     sketch_group: str = "streamrec-sketch"  # consumer group (faust app id) of the sketch workers
-    codec: Codec = "arrow"  # wire form the producer writes: "arrow" or "json"
-    events_per_message: int = 512  # Arrow IPC messages hold this many events
-    max_poll_interval_ms: int = 15_000  # also the group rebalance timeout; long values slow group joins
-    consumer_mode: ConsumerMode = "group"  # group: join the consumer group; assign: take every partition, no join
-    on_offsets_lost: OffsetsLostPolicy = "fail"  # a checkpoint's offset beyond the log end (topic deleted/recreated): fail | earliest | latest
-    connect_timeout_s: float = 30.0  # a process gives up (one clear line, exit 1) when no broker answers at kafka.bootstrap this long
-    security_protocol: SecurityProtocol = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL, for every Kafka client (producers, consumers, admin, the sketch's faust app)
-    sasl_mechanism: SaslMechanism = "PLAIN"  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (SASL_* protocols)
+    codec: Codec = "arrow"  # wire form a producer writes: arrow (one Arrow IPC stream of up to events_per_message events per message) | json (one JSON object per message)
+    events_per_message: int = 512  # events per Arrow IPC message a producer writes (kafka.codec = arrow)
+    max_poll_interval_ms: int = 15_000  # ms a group consumer may go between polls before the group drops it; also the rebalance timeout (long values slow group joins)
+    consumer_mode: ConsumerMode = "group"  # group (join the consumer group) | assign (take every partition, no group join)
+    on_offsets_lost: OffsetsLostPolicy = "fail"  # a resume position the log no longer holds (out of range, or the topic deleted and recreated): fail (stop, one line) | earliest | latest (resume there)
+    connect_timeout_s: float = 30.0  # seconds a process waits for a broker at kafka.bootstrap before it gives up (one clear line, exit 1)
+    security_protocol: SecurityProtocol = "PLAINTEXT"  # how every Kafka client connects (producers, consumers, admin, the sketch's faust app): PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    sasl_mechanism: SaslMechanism = "PLAIN"  # SASL mechanism of the SASL_* protocols: PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
     sasl_username: str = ""  # SASL user; the password is never a config key: env STREAMREC_KAFKA_SASL_PASSWORD or kafka.sasl_password_file
     sasl_password_file: str = ""  # file holding the SASL password (a mounted secret); else env STREAMREC_KAFKA_SASL_PASSWORD
     ssl_cafile: str = ""  # CA bundle (PEM) the brokers' certificates are checked against ("" = the system's CAs)
@@ -128,7 +128,7 @@ class KafkaConfig:
 
 @dataclass
 class IngestConfig:
-    dense_abs_max: float = 1e9  # dense values beyond +-this are refused (dead-lettered): normalise features before
+    dense_abs_max: float = 1e9  # largest |dense value| an event may carry; beyond it the record is dead-lettered (normalise features upstream)
     dlq_max_bytes: int = 900_000  # a dead letter keeps at most this many bytes of the bad record (its size and sha256 go in headers)
 
 
@@ -136,10 +136,10 @@ class IngestConfig:
 class StoreConfig:
     path: str = "data/store"  # directory of the trainer's sharded RocksDB cold tier
     shards: int = 4  # RocksDB shards (separate databases) in the cold tier
-    block_cache_mb: int = 256  # RocksDB block cache shared by the shards
+    block_cache_mb: int = 256  # RocksDB block cache shared by the shards (MiB)
     host_cache_rows: int = 100_000  # bounded host-memory cache of cold rows (0 = off)
     cache_admission: CacheAdmission = "frequency"  # host cache admission: frequency (TinyLFU-style: a missed row enters only if seen more often than what it would evict) | lru (every row)
-    expire_after_s: float = 0.0  # trainer deletes cold rows untouched this long, swept at checkpoints (0 = never)
+    expire_after_s: float = 0.0  # seconds a cold row may go untouched before the trainer deletes it, swept at checkpoints (0 = never)
     adagrad_lr: float = 0.05  # row-wise Adagrad learning rate of embedding rows
     adagrad_eps: float = 1e-8  # row-wise Adagrad epsilon
     init_scale: float = 0.05  # rows start uniform in [-init_scale, init_scale], for a field with neither expected_ids nor init_scale
@@ -154,10 +154,10 @@ class SketchConfig:
     delta: float = 1e-3  # probability that an estimate exceeds the epsilon bound (sets the depth)
     half_life_s: float = 600.0  # popularity counts halve every this many seconds of event time
     top_k: int = 20_000  # heavy-hitter candidates kept per sketch
-    publish_interval_s: float = 5.0  # publish a hot set at least this often
-    change_fraction: float = 0.2  # publish early when the hot set changed by this much
+    publish_interval_s: float = 5.0  # seconds between hot-set publications, at most
+    change_fraction: float = 0.2  # fraction of the hot set's rows that, once changed, makes the worker publish early
     state_dir: str = "data/sketch"  # faust table state (RocksDB) of the sketch worker
-    checkpoint_interval_s: float = 10.0  # faust-table snapshot per partition (~2.8 MB, ~0.13 s to build); a restart resumes there
+    checkpoint_interval_s: float = 10.0  # seconds between snapshots of each partition's faust table (its size and build time: BENCHMARKS.md, e2e); a restart resumes from the last one
     batch_records: int = 10_000  # records the counting task reads and decodes per call
     sample_events: int = 20_000  # recent events kept to estimate hot-set coverage and hit rate
     sample_rate: float = 0.1  # fraction of events that enter that sample
@@ -173,27 +173,27 @@ class HotConfig:
 
 @dataclass
 class TrainerConfig:
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # where the trainer computes and keeps hot rows: auto (cuda if present, else cpu) | cpu | cuda | cuda:N
     torch_threads: int = 0  # CPU threads for torch ops (0 = torch's default: all cores)
-    batch_size: int = 256  # events per training mini-batch (measured: 1024 loses 0.037 progressive AUC on 100k events, BENCHMARKS.md)
-    dense_optimizer: DenseOptimizer = "adam"  # adam | adagrad
-    dense_lr: float = 3e-3  # learning rate of the dense (MLP) parameters (measured: 1e-3 loses 0.008 / 0.004 progressive AUC on the synthetic / MovieLens streams, BENCHMARKS.md)
-    schedule: Schedule = "fae"  # fae | arrival
+    batch_size: int = 256  # events per training mini-batch (the default's progressive AUC against other sizes: BENCHMARKS.md, quality)
+    dense_optimizer: DenseOptimizer = "adam"  # optimizer of the dense (MLP) parameters: adam | adagrad
+    dense_lr: float = 3e-3  # learning rate of the dense (MLP) parameters (the default against other rates: BENCHMARKS.md, quality)
+    schedule: Schedule = "fae"  # mini-batch order: fae (hot mini-batches apart from cold ones, FAE) | arrival (arrival order, hot and cold mixed)
     hot_per_cold: int = 0  # trainer groups' per-window FAE plans: hot per cold mini-batch, 0 = in proportion (one trainer interleaves by arrival)
     checkpoint_dir: str = "data/checkpoints"  # where durable checkpoints go; offsets are committed only after one
     checkpoint_every_events: int = 50_000  # checkpoint after this many events ...
     checkpoint_every_s: float = 10.0  # ... or after this many seconds, whichever comes first (bounds what a crash re-trains)
     keep_checkpoints: int = 3  # complete checkpoints kept on disk
     snapshot_every: int = 1  # 0 = build no snapshots; with serving.push_every_s = 0, push one after every N checkpoints
-    full_snapshot_every: int = 600  # every N-th snapshot is full, the rest deltas (600: ~10 min at one push a second)
+    full_snapshot_every: int = 600  # every N-th snapshot is full, the rest deltas (with serving.push_every_s = 1: a full one every 10 minutes)
     metrics_window: int = 20_000  # events in the sliding AUC/logloss window
-    metrics_port: int = 0  # Prometheus HTTP port, 0 = off
+    metrics_port: int = 0  # Prometheus HTTP port of the trainer, 0 = off
     metrics_host: str = "127.0.0.1"  # address the Prometheus endpoint binds (0.0.0.0 to publish it, as in containers)
     log_path: str = ""  # JSON-lines metrics log ("" = none)
     max_events: int = 0  # stop after this many events (0 = run forever)
     idle_exit_s: float = 0.0  # stop after this long without events (0 = never)
     ranks: int = 1  # trainer ranks that train one model together (streamrec train --nproc N on one host)
-    exchange_precision: Precision = "fp32"  # trainer groups: rows and row gradients on the wire, fp32 | bf16 | fp16 (owners keep fp32; bf16 halves the sparse bytes, BENCHMARKS.md)
+    exchange_precision: Precision = "fp32"  # trainer groups: rows and row gradients on the wire, fp32 | bf16 | fp16 (owners keep fp32; bf16 halves the sparse bytes)
     dense_allreduce_precision: Precision = "fp32"  # trainer groups: the dense gradients' all-reduce, fp32 | bf16 | fp16 (fp16 with a dynamic scale, fp32 again on overflow)
     dense_allreduce_compression: Compression = "none"  # trainer groups: none (the exact sum) | powersgd (low-rank P Q^T of each large weight gradient with error feedback, torch's powerSGD_hook; biases and small layers summed as they are)
     powersgd_rank: int = 4  # dense_allreduce_compression=powersgd: the approximation's rank (1-4 typical; bytes grow with it)
@@ -201,10 +201,10 @@ class TrainerConfig:
     group_batch: GroupBatch = "group"  # trainer groups: what batch_size counts, group (one group step trains batch_size events, batch_size // N per rank: the model one trainer trains) | rank (each rank trains batch_size per step: the global batch is N x batch_size, less CPU per event; learning rates unchanged, see README "Scaling out")
     max_restarts: int = 1000  # times a group restarts from its last checkpoint after a rank dies (torchrun)
     window_batches: int = 8  # an event waits at most batch_size * window_batches arrivals for its hot/cold mini-batch to fill; also the poll size
-    hot_wait_batches: float = 2.5  # FAE: a hot event waits at most batch_size * hot_wait_batches arrivals for a full hot mini-batch, else trains with the cold ones in arrival order (>= window_batches: the old rule, partial hot batches; measured in BENCHMARKS.md)
-    merge_wait_ms: float = 200.0  # several partitions are merged by event time: a partition that delivered nothing for this long no longer holds the others back (0 = no merge, partition after partition)
+    hot_wait_batches: float = 2.5  # FAE: a hot event waits at most batch_size * hot_wait_batches arrivals for a full hot mini-batch, else trains with the cold ones in arrival order (>= window_batches: every hot event waits for the hot batch, which may train partial)
+    merge_wait_ms: float = 200.0  # ms after which a partition that delivered nothing no longer holds back the merge of partitions by event time (0 = no merge, partition after partition)
     merge_max_events: int = 200_000  # ... and an event waiting in the merge is trained anyway once this many events arrived after it (bounds memory)
-    hot_source: HotSource = "topic"  # topic: follow the sketch's hot-set topic | sample: count in-process | none
+    hot_source: HotSource = "topic"  # where the hot set comes from: topic (follow the sketch's hot-set topic) | sample (count in-process) | none (no hot set)
     hot_sample_events: int = 50_000  # hot_source=sample: events counted before choosing the hot set
     hot_refresh_events: int = 0  # hot_source=sample: re-count every N events (0 = choose once)
     log_every_s: float = 2.0  # seconds between metrics-log records / progress updates
@@ -267,7 +267,7 @@ class GeneratorConfig:
     label_noise: float = 1.0  # temperature of the hidden logistic model: > 1 gives noisier labels, lower Bayes AUC
     base_rate: float = 0.25  # approximate click rate
     start_ts_ms: int = 1_700_000_000_000  # event time of the first generated event
-    events_per_s: float = 1000.0  # simulated time between events
+    events_per_s: float = 1000.0  # events per second of simulated event time (ts advances 1000 / events_per_s ms per event)
     fields: list[GeneratedField] = field(  # per model field: id cardinality, Zipf skew, ids per event
         default_factory=lambda: [
             GeneratedField("user", cardinality=200_000, zipf=1.05),
@@ -638,8 +638,8 @@ def load_config(
 
 
 def _move_generator_keys(data: dict[str, Any], source: str) -> None:
-    """Move ``cardinality``/``zipf``/``multi`` written on ``[[model.fields]]`` (where they
-    lived before 0.2) to ``[[generator.fields]]``, with a warning: they describe the
+    """Move ``cardinality``/``zipf``/``multi`` written on ``[[model.fields]]`` (the layout of
+    configs from streamrec 0.1) to ``[[generator.fields]]``, with a warning: they describe the
     synthetic generator, not the model, and must not change ``model_hash``."""
     fields = data.get("model", {}).get("fields") if isinstance(data.get("model"), dict) else None
     if not isinstance(fields, list):

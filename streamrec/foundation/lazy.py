@@ -3,9 +3,9 @@ but imports each one's module on first use.
 
 Why: one process rarely needs a whole package. The trainer pushes snapshots with
 ``streamrec.serving.SnapshotPusher`` and must not pay for the server's compiled row index
-(numba, ~60-100 MB resident); a benchmark generating ids from ``streamrec.ingest.synthetic``
-must not load Kafka clients and pyarrow. Eager ``from .x import y`` lines made every
-such process carry all of it.
+(numba and its compiler, a large share of a process's resident memory); a benchmark
+generating ids from ``streamrec.ingest.synthetic`` must not load Kafka clients and pyarrow.
+An eager ``from .x import y`` line would make every such process carry all of it.
 """
 
 from __future__ import annotations

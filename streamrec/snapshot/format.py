@@ -126,8 +126,8 @@ class Manifest:
         def int64(v: Any) -> bool:
             return type(v) is int and INT64_MIN <= v <= INT64_MAX
 
-        # every value is type-checked: a wrong type was either an UNKNOWN error (which pushers retry)
-        # or got installed and then broke every Status call (protobuf refused it there)
+        # every value is type-checked here: unchecked, a wrong type would surface as an UNKNOWN error
+        # (which pushers retry) or be installed and then break every Status call (protobuf refuses it there)
         if not int64(self.version) or not 1 <= self.version <= MAX_VERSION:
             bad("version", f"must be an integer in 1..2^62, got {self.version!r}")
         if self.parent_version is not None and not int64(self.parent_version):
