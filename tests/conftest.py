@@ -7,7 +7,9 @@ Markers: ``broker``, ``grpc`` and ``subprocess`` say what a test starts; ``e2e``
 every test that starts any of them, so ``pytest -m "not e2e"`` is the fast loop.
 ``pytest_collection_modifyitems`` below adds ``broker`` to every test that uses the
 broker fixtures and ``e2e`` wherever it belongs; a test that starts a gRPC server or
-a subprocess says so itself (module-level ``pytestmark``).
+a subprocess says so itself (a ``pytestmark`` or a mark on the test). A test not marked
+``subprocess`` (or ``e2e``) that starts a child process fails, so the fast loop
+(``pytest -m "not e2e and not subprocess" --hypothesis-profile=dev``) stays in one process.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import os
 # torch is first imported, which reads it once; export OMP_NUM_THREADS to override.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import multiprocessing.util
+import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics
 from streamrec.foundation import Config, load_config
@@ -37,6 +42,23 @@ from streamrec.foundation import Config, load_config
 # side by side they starved each other's processes of the 2 cores, and the scraped demo ended before its second
 # scrape (seen once in CI).
 HEAVY_GROUP = "heavy-e2e"
+
+
+# Property tests: the "ci" profile (the default, and what CI and the README's test command run) keeps hypothesis's
+# full example counts; the "dev" profile runs a tenth of them, for the fast loop
+# (`pytest -m "not e2e and not subprocess" --hypothesis-profile=dev`). STREAMREC_HYPOTHESIS=dev selects it too.
+FULL_EXAMPLES = 100  # hypothesis's own default max_examples, the "ci" count
+settings.register_profile("ci", max_examples=FULL_EXAMPLES)
+settings.register_profile("dev", max_examples=FULL_EXAMPLES // 10)
+settings.load_profile(os.environ.get("STREAMREC_HYPOTHESIS", "ci"))
+
+
+def fuzz_examples(full: int) -> int:
+    """Examples for a property test that runs ``full`` of them under the "ci" profile: scaled by the active
+    profile's count (a tenth under "dev", at least 5); STREAMREC_FUZZ_EXAMPLES, if set, wins."""
+    if os.environ.get("STREAMREC_FUZZ_EXAMPLES"):
+        return int(os.environ["STREAMREC_FUZZ_EXAMPLES"])
+    return max(5, full * settings.default.max_examples // FULL_EXAMPLES)
 
 
 @pytest.fixture(scope="session")
@@ -94,16 +116,74 @@ def topics(bootstrap, cfg, request):
 
 
 BROKER_FIXTURES = frozenset({"broker", "bootstrap", "topics"})
+# fixtures that start a child process (the openssl CLI for a throwaway certificate, `mount` for a small disk)
+CHILD_FIXTURES = frozenset({"pem", "small_disk"})
 E2E_MARKERS = ("broker", "grpc", "subprocess")
 E2E_DIR = Path(__file__).resolve().parent / "e2e"
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects anything
 def pytest_collection_modifyitems(config, items):
-    """``broker`` for every test using a broker fixture (directly or through another fixture);
-    ``e2e`` for every test marked ``broker``, ``grpc`` or ``subprocess`` and for all of tests/e2e/."""
+    """``broker`` for every test using a broker fixture (directly or through another fixture), ``subprocess``
+    for every test using a fixture that starts a child (CHILD_FIXTURES); ``e2e`` for every test marked
+    ``broker``, ``grpc`` or ``subprocess`` and for all of tests/e2e/."""
     for item in items:
         if BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.broker)
+        if CHILD_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.subprocess)
         if any(item.get_closest_marker(m) for m in E2E_MARKERS) or E2E_DIR in Path(item.path).parents:
             item.add_marker(pytest.mark.e2e)
+
+
+# A test that starts a child process says so (marker ``subprocess``, or ``e2e``), so that
+# ``-m "not e2e and not subprocess"`` is a loop in one process: for every other test, starting a child
+# (subprocess, multiprocessing, fork, posix_spawn, os.system) in its set-up, call or tear-down fails the test.
+_CHILD_STARTERS = (
+    (subprocess.Popen, "_execute_child"),
+    (multiprocessing.util, "spawnv_passfds"),
+    (os, "fork"),
+    (os, "posix_spawn"),
+    (os, "posix_spawnp"),
+    (os, "system"),
+)
+_CHILDREN_STARTED = pytest.StashKey[list]()
+
+
+def _may_start_children(item) -> bool:
+    return any(item.get_closest_marker(m) for m in ("subprocess", "e2e"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if _may_start_children(item):
+        return (yield)
+    started = item.stash.setdefault(_CHILDREN_STARTED, [])
+    originals = [(owner, name, getattr(owner, name)) for owner, name in _CHILD_STARTERS if hasattr(owner, name)]
+
+    def refuse(what):
+        def starter(*args, **kwargs):
+            started.append(what)
+            raise AssertionError(f"{item.nodeid} starts a child process ({what}) but is not marked subprocess")
+        return starter
+
+    for owner, name, _orig in originals:
+        setattr(owner, name, refuse(f"{getattr(owner, '__name__', owner)}.{name}"))
+    try:
+        return (yield)
+    finally:
+        for owner, name, orig in originals:
+            setattr(owner, name, orig)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that started a child unmarked fails even where the code it ran caught the refusal."""
+    rep = yield
+    started = item.stash.get(_CHILDREN_STARTED, None)
+    if started:
+        if rep.outcome != "failed":
+            rep.outcome = "failed"
+            rep.longrepr = f"{item.nodeid} started a child process ({', '.join(started)}) but is not marked subprocess"
+        started.clear()  # reported once, in the phase that started it
+    return rep

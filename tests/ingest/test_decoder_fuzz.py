@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -23,13 +22,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamrec.ingest import Decoder, EventError, EventSchema, SyntheticStream, encode_arrow, encode_json
-from tests.conftest import small_config
+from tests.conftest import fuzz_examples, small_config
 
 CFG = small_config(Path("/nonexistent/decoder-fuzz"))  # the paths are never used: decoding only
 SCHEMA = EventSchema.from_config(CFG)  # fields user, item, tags; dense 3; dense_abs_max 1e9 (the default)
 DEC = Decoder(SCHEMA)
-# 300 examples a test keeps the file well under 30 s; STREAMREC_FUZZ_EXAMPLES=20000 fuzzes longer
-FUZZ = settings(max_examples=int(os.environ.get("STREAMREC_FUZZ_EXAMPLES", "300")), deadline=None, database=None,
+# 300 examples a test under the ci profile (a tenth under dev); STREAMREC_FUZZ_EXAMPLES=20000 fuzzes longer
+FUZZ = settings(max_examples=fuzz_examples(300), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

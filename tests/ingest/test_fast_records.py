@@ -131,7 +131,8 @@ def test_log_append_time(runs):
 @pytest.mark.parametrize("form", [True, "runs"])
 def test_control_batches_of_transactions(bootstrap, form):
     """Transactional batches and their commit/abort markers (control batches, never returned)."""
-    ck = pytest.importorskip("confluent_kafka")
+    import confluent_kafka as ck  # a test dependency (pyproject's test extra)
+
     topic = _topic(bootstrap, partitions=1)
     p = ck.Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}", "log_level": 3})
     p.init_transactions(30)

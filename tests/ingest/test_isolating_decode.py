@@ -9,7 +9,6 @@ one -- and for a few bad records in a large batch, only small pieces are decoded
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,12 +17,12 @@ from hypothesis import strategies as st
 
 from streamrec.ingest import Decoder, EventSchema, encode_json
 from streamrec.ingest import codec
-from tests.conftest import small_config
+from tests.conftest import fuzz_examples, small_config
 from tests.ingest.test_json_columns import _bytes, _same, events
 
 CFG = small_config(Path("/nonexistent/isolating-decode"))  # fields user, item, tags; dense 3
 SCHEMA = EventSchema.from_config(CFG)
-FUZZ = settings(max_examples=int(os.environ.get("STREAMREC_FUZZ_EXAMPLES", "100")), deadline=None, database=None,
+FUZZ = settings(max_examples=fuzz_examples(100), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.large_base_example])
 
@@ -82,7 +81,7 @@ def test_a_few_bad_records_are_isolated_and_the_rest_decoded_as_the_record_path_
 
 # each example draws 64-200 events (most of this file's time): a third of the examples; STREAMREC_FUZZ_EXAMPLES
 # raises all of them together for a longer fuzzing run
-@settings(FUZZ, max_examples=max(10, FUZZ.max_examples // 3))
+@settings(FUZZ, max_examples=max(5, FUZZ.max_examples // 3))
 @given(evs=st.lists(events(), min_size=64, max_size=200))
 def test_any_batch_decodes_as_the_record_path_does(evs):
     """Batches of the columnar tests' events (many refused, many odd shapes): the same result either way."""

@@ -6,7 +6,6 @@ common shape it does answer; anything else (a bad record, an odd shape) is left 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +15,12 @@ from hypothesis import strategies as st
 from streamrec.foundation import EventBatch
 from streamrec.ingest import Decoder, EventError, EventSchema, SyntheticStream, encode_json
 from streamrec.ingest.json_columns import decode_json_columns
-from tests.conftest import small_config
+from tests.conftest import fuzz_examples, small_config
 
 CFG = small_config(Path("/nonexistent/json-columns"))  # fields user, item, tags; dense 3
 SCHEMA = EventSchema.from_config(CFG)
 DEC = Decoder(SCHEMA)
-FUZZ = settings(max_examples=int(os.environ.get("STREAMREC_FUZZ_EXAMPLES", "200")), deadline=None, database=None,
+FUZZ = settings(max_examples=fuzz_examples(200), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -23,7 +23,8 @@ SECRET = "s3cr3t-Pa55"
 
 @pytest.fixture
 def pem(tmp_path):
-    """A throwaway self-signed certificate (used as CA bundle and client certificate) and its key."""
+    """A throwaway self-signed certificate (used as CA bundle and client certificate) and its key, made by the
+    openssl CLI: every test using this fixture is marked ``subprocess`` (tests/conftest.py, CHILD_FIXTURES)."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl CLI not found (needed to make a self-signed test certificate)")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -103,6 +104,7 @@ def test_bad_security_config_is_refused(overrides, match):
     assert SECRET not in str(e.value)
 
 
+@pytest.mark.subprocess  # `python -m streamrec config`
 def test_password_never_in_printed_config(tmp_path):
     """`streamrec config` shows the settings, never the password (it is not part of the config at all)."""
     env = {"PATH": "/usr/bin:/bin", PASSWORD_ENV: SECRET, "STREAMREC_KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT",
@@ -259,6 +261,7 @@ def test_no_client_is_built_outside_the_settings():
     assert bare == []
 
 
+@pytest.mark.subprocess  # `python -m streamrec produce`
 def test_cli_without_the_password_is_one_line_naming_where_it_goes(tmp_path):
     env = {k: v for k, v in __import__("os").environ.items() if k != PASSWORD_ENV}
     r = subprocess.run([sys.executable, "-m", "streamrec", "produce", "--synthetic", "10", "--bootstrap",

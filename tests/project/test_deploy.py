@@ -13,11 +13,10 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from streamrec.app.cli import build_parser
 from streamrec.foundation import ConfigError, load_config, parse_overrides
-
-yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -8,6 +8,7 @@ import json
 import logging
 
 import numpy as np
+import pytest
 
 from streamrec.ingest import EventSchema, InflightMarker, InflightRange, SyntheticStream, encode_arrow, encode_json
 from streamrec.sketch import SketchState
@@ -69,6 +70,7 @@ def test_redelivered_quarantined_and_revoked_records_are_not_counted(tmp_path):
     assert not again.has(1)
 
 
+@pytest.mark.subprocess  # the suspect batch is probed in a child process
 def test_the_marker_of_a_dead_worker_gets_its_batch_probed_then_skipped(tmp_path):
     cfg = small_config(tmp_path)
     schema = EventSchema.from_config(cfg)
