@@ -128,7 +128,7 @@ class KafkaConfig:
 
 @dataclass
 class IngestConfig:
-    dense_abs_max: float = 1e9  # largest |dense value| an event may carry; beyond it the record is dead-lettered (normalise features upstream)
+    dense_abs_max: float = 1e9  # largest absolute dense value an event may carry; beyond it the record is dead-lettered (normalise features upstream)
     dlq_max_bytes: int = 900_000  # a dead letter keeps at most this many bytes of the bad record (its size and sha256 go in headers)
 
 
