@@ -137,3 +137,27 @@ def test_every_relative_link_resolves(page):
     targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
     broken = [t for t in targets if "://" not in t and not (page.parent / t).exists()]
     assert not broken, f"{page.relative_to(ROOT)} links to missing files: {broken}"
+
+
+def dashboard_rows() -> list[list[str]]:
+    """The cells of each row of BENCHMARKS.md's dashboard table (the first table after "## Dashboard")."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    section = text.split("## Dashboard", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+    assert lines[0].replace(" ", "") == "|bench|goal|now|status|command|machine|date|", lines[0]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", ln)[1:-1]] for ln in lines[2:]]
+
+
+def test_benchmarks_dashboard_fits_one_screen_and_its_commands_parse():
+    rows = dashboard_rows()
+    assert 10 <= len(rows) <= 40, f"{len(rows)} dashboard rows: one row per goal, one screen"
+    for bench, goal, now, status, command, machine, date in rows:
+        assert status in {"PASS", "FAIL", "blocked", "stated"}, (goal, status)
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", date), (goal, date)
+        assert max(len(goal), len(now)) <= 60, f"dashboard cells stay short: {goal!r} / {now!r}"
+        m = re.fullmatch(r"`(streamrec bench .+)`", command)
+        assert m, (goal, command)
+        assert parse_error(shlex.split(m.group(1))[1:]) is None, command
+    assert parse_error(["bench", "no-such-bench"]) is not None
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert "## GPU (nvidia H200/H100)" in text and "## Methods" in text
