@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="streamrec bench ingest", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer events (finishes in well under 40 s)")
     ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run (seconds): checks the bench works, its figures mean little")
     ap.add_argument("--arrow-events", type=int, help="events for the Arrow codec")
     ap.add_argument("--json-events", type=int, help="events for the JSON codec")
     ap.add_argument("--bootstrap", help="use this Kafka cluster instead of an embedded broker")
@@ -127,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     from streamrec.ingest import EmbeddedBroker, SyntheticStream
     from streamrec.foundation import load_config
 
-    n_arrow = args.arrow_events or (400_000 if args.quick else 2_000_000)
-    n_json = args.json_events or (40_000 if args.quick else 200_000)
-    repeats = 2 if args.quick else 3
+    n_arrow = args.arrow_events or (20_000 if args.tiny else 400_000 if args.quick else 2_000_000)
+    n_json = args.json_events or (2_000 if args.tiny else 40_000 if args.quick else 200_000)
+    repeats = 1 if args.tiny else 2 if args.quick else 3
     cfg = load_config(None, {}, env={})  # the default model: 4 sparse fields (one multi-valued), 4 dense
 
     def events(n):
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "json_events": js["events"],
         "seconds": round(time.perf_counter() - t_start, 1),
     }
-    print(f"ingest benchmark ({'quick' if args.quick else 'full'}; broker {'embedded' if broker else bootstrap}; "
+    print(f"ingest benchmark ({'tiny' if args.tiny else 'quick' if args.quick else 'full'}; broker {'embedded' if broker else bootstrap}; "
           f"default model: {len(cfg.model.fields)} sparse fields, dense {cfg.model.dense_dim})")
     print(f"{'codec':<6} {'events':>9} {'msgs':>8} {'MB':>7} {'produce/s':>11} {'consume+decode/s':>17} "
           f"{'raw bytes/s(ev)':>16} {'decode-only/s':>14} {'vs raw':>7}")

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="streamrec bench merge", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a shorter run")
     ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run (seconds): checks the bench works, its figures mean little")
     ap.add_argument("--rate", type=float, default=2000.0, help="events per second produced")
     ap.add_argument("--wait-ms", type=float, default=None, help="trainer.merge_wait_ms of the merged run")
     ap.add_argument("--bootstrap", help="use this Kafka cluster instead of an embedded broker")
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from streamrec.ingest import EmbeddedBroker
 
     wait = args.wait_ms if args.wait_ms is not None else load_config(None, {}, env={}).trainer.merge_wait_ms
-    seconds = 8.0 if args.quick else 30.0
+    seconds = 3.0 if args.tiny else 8.0 if args.quick else 30.0
     broker = None if args.bootstrap else EmbeddedBroker().start()
     try:
         bs = args.bootstrap or broker.bootstrap

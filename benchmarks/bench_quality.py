@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="streamrec bench quality", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="30k events, one seed (a smoke run: noisy)")
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.add_argument("--tiny", action="store_true",
+                   help="a smoke run (3k synthetic events, one seed): checks the bench works, its figures mean little")
     p.add_argument("--events", type=int, default=0, help="events per stream (default 100k, quick 30k)")
     p.add_argument("--seeds", type=int, default=0, help="model seeds averaged (default 3, quick 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -241,9 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --sweep: run each seed again with its first mini-batch K, L, ... events short "
                         "(paired samples of the batching noise; default 0: once)")
     a = p.parse_args(argv)
-    n = a.events or (30_000 if a.quick else 100_000)
-    streams = list(STREAMS) if a.stream == "both" else [a.stream]
-    seeds = list(range(a.seeds or (1 if a.quick else 3)))
+    n = a.events or (3_000 if a.tiny else 30_000 if a.quick else 100_000)
+    streams = ["synthetic"] if a.tiny and a.stream == "both" else list(STREAMS) if a.stream == "both" else [a.stream]
+    seeds = list(range(a.seeds or (1 if a.quick or a.tiny else 3)))
     if a.sweep:
         only = [int(x) for x in a.settings.split(",") if x.strip()]
         shifts = tuple(int(x) for x in a.shifts.split(",") if x.strip()) or (0,)

@@ -347,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="streamrec bench scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer events (under 3 minutes on 2 cores)")
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.add_argument("--tiny", action="store_true",
+                   help="a smoke run (two windows of events, 20k ids, world 2): checks the bench works, its figures "
+                        "mean little")
     p.add_argument("--events", type=int, help="events in the stream (rounded up to whole 4096-event windows)")
     p.add_argument("--ids", type=int, default=500_000, help="ids over all 26 fields (default 500,000)")
     p.add_argument("--bottom", default="64,16", help="bottom MLP widths (default 64,16; the last is the dim 16)")
@@ -357,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     from streamrec.ingest import SyntheticStream
 
     win = BATCH * WINDOW_BATCHES
-    events = args.events or (40_960 if args.quick else 196_608)
+    events = args.events or (2 * win if args.tiny else 40_960 if args.quick else 196_608)
+    if args.tiny:  # quick's set-ups, world 2 only; two windows: PowerSGD's first one runs uncompressed
+        args.ids, args.worlds, args.quick = 20_000, "2", True
     events = -(-events // win) * win
     bottom = [int(x) for x in args.bottom.split(",")]
     top = [int(x) for x in args.top.split(",")]

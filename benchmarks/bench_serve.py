@@ -256,6 +256,7 @@ def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0, device: torc
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="streamrec bench serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short run (< 60 s)")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run (seconds): checks the bench works, its figures mean little")
     ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object with the issue's keys")
     ap.add_argument("--seconds", type=float, default=None, help="measuring time per (batch, clients) cell")
     ap.add_argument("--processes", type=int, default=os.cpu_count() or 1,
@@ -273,10 +274,11 @@ def main(argv: list[str]) -> int:
     from streamrec.foundation import load_config
     from streamrec.model import embed_batch, predict_batch
 
-    quick = args.quick
-    cell_s = args.seconds or (1.2 if quick else 4.0)
-    abuse_s = 2.0 if quick else 5.0  # per phase of the isolation measure (alone, each abuser, alone again)
-    rows_per_table = 20_000 if quick else 200_000
+    tiny = args.tiny
+    quick = args.quick or tiny
+    cell_s = args.seconds or (0.15 if tiny else 1.2 if quick else 4.0)
+    abuse_s = 0.4 if tiny else 2.0 if quick else 5.0  # per phase of the isolation measure (alone, each abuser, alone again)
+    rows_per_table = 2_000 if tiny else 20_000 if quick else 200_000
     batches = [1, 64, 512]
     clients = [1, 4, 16]
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
@@ -483,7 +485,7 @@ def main(argv: list[str]) -> int:
 
         fresh = []
         with ServingClient(target) as cl:
-            for v in range(3, 6 if quick else 8):
+            for v in range(3, 5 if tiny else 6 if quick else 8):
                 t_event = time.time()
                 snap = delta(v, v - 1, int(t_event * 1000))
                 done = threading.Event()
@@ -506,12 +508,12 @@ def main(argv: list[str]) -> int:
         idle = {}
         for name, fn in (("served", lambda: served.predict(b64)), ("handler", lambda: local.Predict(req64, ctx))):
             for gap in (0.0, gap_s):
-                idle[(name, gap > 0)] = idle_gap_latency(fn, gap, 300 if quick else 1500)
+                idle[(name, gap > 0)] = idle_gap_latency(fn, gap, 30 if tiny else 300 if quick else 1500)
         # the whole handler at b512 against the served path alone, back to back, in alternating chunks (the
         # median chunk of each: both see the same machine): what a server running the handler could reach
         req512_bytes, b512 = requests[512].SerializeToString(), base[512]["sub"]
         chunks: dict[str, list[float]] = {"served": [], "handler": []}
-        for _ in range(8 if quick else 20):
+        for _ in range(2 if tiny else 8 if quick else 20):
             for name, fn in (("served", lambda: served.predict(b512)),
                              ("handler", lambda: local.Predict(req512_bytes, ctx))):
                 t0 = time.perf_counter()

@@ -146,11 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="300k events instead of 2M (well under 30 s)")
     ap.add_argument("--events", type=int, default=0, help="events to count (overrides --quick)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run (seconds): checks the bench works, its figures mean little")
     args = ap.parse_args(argv or [])
     from streamrec.foundation import load_config
 
     cfg = load_config(None, {}, env={})
-    n = args.events or (300_000 if args.quick else 2_000_000)
+    n = args.events or (20_000 if args.tiny else 300_000 if args.quick else 2_000_000)
     r = run(n, cfg)
     print(f"sketch bench: {r['events']:,} events, {r['ids']:,} ids ({r['distinct_ids']:,} distinct), "
           f"count-min {r['cms_shape'][0]}x{r['cms_shape'][1]} (eps {r['epsilon']}, delta {r['delta']}), "

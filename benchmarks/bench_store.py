@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="streamrec bench store", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1M ids, short runs (< 50 s)")
     ap.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run (seconds): checks the bench works, its figures mean little")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per set-up")
     ap.add_argument("--cache-pct", type=float, default=2.5,
                     help="tiered host cache size in %% of the ids (0 = off)")
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     add_device_arg(ap)
     args = ap.parse_args(argv)
     device = str(bench_device(args.device, ap))
-    n_ids = 1_000_000 if args.quick else 10_000_000
+    n_ids = 100_000 if args.tiny else 1_000_000 if args.quick else 10_000_000
     if args.traffic_batches:
         r = cache_traffic(n_ids, args.traffic_batches, 150, args.cache_pct, args.admission, device)
         print(f"tiered, {args.admission} admission, batches {r['warm_batches']}..{r['warm_batches'] + 150}: RocksDB "
@@ -255,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(r))
         return 0
-    seconds = args.seconds or (7.0 if args.quick else 30.0)
-    warm = 10 if args.quick else 50
+    seconds = args.seconds or (0.5 if args.tiny else 7.0 if args.quick else 30.0)
+    warm = 2 if args.tiny else 10 if args.quick else 50
     res = {s: _run_setup(s, n_ids, warm, seconds, args.cache_pct, args.admission, device)
            for s in ("memory", "rocks", "tiered")}
     a, b, c = res["memory"], res["rocks"], res["tiered"]

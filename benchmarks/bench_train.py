@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="streamrec bench train", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer events and ids (under a minute)")
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.add_argument("--tiny", action="store_true", help="a smoke run (seconds): checks the bench works, its figures mean little")
     p.add_argument("--events", type=int, help="events per set-up")
     p.add_argument("--ids", type=int, help=f"ids over all fields (default {TOTAL_IDS:,})")
     p.add_argument("--batch", type=int, default=2048)
@@ -246,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = str(bench_device(args.device, p))
     # quick: 1M ids, 12 windows of 8k events (1 warm-up + 11 timed, a few seconds per set-up)
-    events = args.events or (98_304 if args.quick else 204_800)
-    ids = args.ids or (1_000_000 if args.quick else TOTAL_IDS)
+    events = args.events or (4_096 if args.tiny else 98_304 if args.quick else 204_800)
+    ids = args.ids or (20_000 if args.tiny else 1_000_000 if args.quick else TOTAL_IDS)
+    if args.tiny:
+        args.batch = 256
     sample = min(50_000, events // 2)
     sets = {}
     for kv in args.set:
