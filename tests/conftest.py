@@ -8,7 +8,7 @@ every test that starts any of them, so ``pytest -m "not e2e"`` is the fast loop.
 ``pytest_collection_modifyitems`` below adds ``broker`` to every test that uses the
 broker fixtures and ``e2e`` wherever it belongs; a test that starts a gRPC server or
 a subprocess says so itself (a ``pytestmark`` or a mark on the test). A test not marked
-``subprocess`` (or ``e2e``) that starts a child process fails, so the fast loop
+``subprocess`` (or ``broker``) that starts a child process fails, so the fast loop
 (``pytest -m "not e2e and not subprocess" --hypothesis-profile=dev``) stays in one process.
 """
 
@@ -136,9 +136,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
 
 
-# A test that starts a child process says so (marker ``subprocess``, or ``e2e``), so that
-# ``-m "not e2e and not subprocess"`` is a loop in one process: for every other test, starting a child
-# (subprocess, multiprocessing, fork, posix_spawn, os.system) in its set-up, call or tear-down fails the test.
+# A test that starts a child process says so (marker ``subprocess``; ``broker`` for the embedded broker, a child
+# process started by the session's broker fixture), so that ``-m "not e2e and not subprocess"`` is a loop in one
+# process: for every other test, starting a child (subprocess, multiprocessing, fork, posix_spawn, os.system) in
+# its set-up, call or tear-down fails the test.
 _CHILD_STARTERS = (
     (subprocess.Popen, "_execute_child"),
     (multiprocessing.util, "spawnv_passfds"),
@@ -151,7 +152,7 @@ _CHILDREN_STARTED = pytest.StashKey[list]()
 
 
 def _may_start_children(item) -> bool:
-    return any(item.get_closest_marker(m) for m in ("subprocess", "e2e"))
+    return any(item.get_closest_marker(m) for m in ("subprocess", "broker"))
 
 
 @pytest.hookimpl(wrapper=True)
