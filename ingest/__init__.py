@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .inference import DataSchema, infer_schema
     from .movielens import load_movielens, movielens_config, movielens_events, write_movielens
     from .kafka_clients import KafkaSecurityError, client_settings, faust_credentials, redacted
+    from .ingest_types import Codec, ConsumerMode, OffsetsLostPolicy, SaslMechanism, SecurityProtocol
     from .synthetic import SyntheticStream
 
 _EXPORTS = {  # submodule: the public names it defines
@@ -38,6 +39,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".inference": "DataSchema infer_schema",
     ".movielens": "load_movielens movielens_config movielens_events write_movielens",
     ".kafka_clients": "KafkaSecurityError client_settings faust_credentials redacted",
+    ".ingest_types": "Codec ConsumerMode OffsetsLostPolicy SaslMechanism SecurityProtocol",  # kafka.* values
     ".synthetic": "SyntheticStream",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

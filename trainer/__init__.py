@@ -14,6 +14,7 @@ Public surface::
     GroupTrainerService(cfg, bootstrap, rank, world, ...).run()  # one rank of a group (torchrun)
     ShardedTrainerCore(cfg, store, device, rank, world)          # TrainerCore with row-wise sharded rows
     owner_of, RowExchange, reshard_into                           # who owns a row; the step's traffic; N -> M
+    DenseOptimizer, Schedule, Precision, Compression, GroupBatch, HotSource  # trainer.* values (Literal aliases)
 """
 
 from typing import TYPE_CHECKING
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .sharding import RowExchange, owner_of
     from .snapshots import SnapshotPublisher
     from .step import dense_optimizer, train_step
+    from .trainer_types import Compression, DenseOptimizer, GroupBatch, HotSource, Precision, Schedule
 
 _EXPORTS = {  # submodule: the public names it defines
     ".core": "TrainerCore WindowResult",
@@ -49,6 +51,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".sharding": "RowExchange owner_of",
     ".snapshots": "SnapshotPublisher",
     ".step": "dense_optimizer train_step",
+    ".trainer_types": "Compression DenseOptimizer GroupBatch HotSource Precision Schedule",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

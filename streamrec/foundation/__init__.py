@@ -1,7 +1,10 @@
 """The foundation every part stands on: the typed config, the event contract, ids
 and hashing, device choice, the hot-tier budget, file checksums and the error root.
 
-It imports no other part of streamrec. Public surface::
+It imports no other part of streamrec, except the stdlib-only ``*_types`` leaves of ingest,
+embedding_store and trainer: the ``typing.Literal`` aliases of the config's choice keys, owned by
+the package that acts on each value (pyproject.toml's import-linter contracts allow exactly those).
+Public surface::
 
     Config, load_config(path, overrides, env), ConfigError, FieldSpec, GeneratedField
     EventBatch, JaggedIds, EventSchema, EventError      # the event contract

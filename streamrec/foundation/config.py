@@ -3,7 +3,10 @@
 Read from a TOML file, then overridden by ``STREAMREC_<SECTION>__<KEY>``
 environment variables, then by ``--set section.key=value`` on the command line.
 Every value is checked against its declared type; a bad value raises
-:class:`ConfigError` naming the key and the problem.
+:class:`ConfigError` naming the key and the problem. A key with a fixed set of values is
+annotated with a ``typing.Literal`` alias from the ``*_types`` module of the package that
+acts on it (``Codec`` from ``streamrec.ingest.ingest_types``, ...), and its section's
+``__post_init__`` refuses anything else, so a config built in code is checked as a loaded one is.
 """
 
 from __future__ import annotations
