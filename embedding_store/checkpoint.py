@@ -4,13 +4,13 @@ A checkpoint directory holds the cold tier's copy of every row (hot rows and dir
 cached rows are written back first), ``hot.npz`` (each table's hot ids) and the
 store's manifest with the checkpoint's epoch. ``restore`` brings back vectors,
 Adagrad state and the hot set bit for bit.
+The functions take the ``EmbeddingStore`` (class, for ``restore``) they act on.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,13 +20,10 @@ from . import migration, rowpath
 from .cold import read_manifest, write_manifest
 from .errors import StoreError
 
-if TYPE_CHECKING:
-    from .store import EmbeddingStore
-
 HOT_FILE = "hot.npz"
 
 
-def checkpoint(store: EmbeddingStore, path: str) -> int:
+def checkpoint(store, path: str) -> int:
     """Write a consistent, durable point to ``path`` (must not exist yet, or be empty); returns its epoch.
 
     Rows changed after this call carry a higher epoch, so ``changed_rows(since=epoch)``
@@ -51,7 +48,7 @@ def checkpoint(store: EmbeddingStore, path: str) -> int:
     return epoch
 
 
-def restore(cls: type[EmbeddingStore], checkpoint_path: str, path: str | None = None, **kwargs) -> EmbeddingStore:
+def restore(cls, checkpoint_path: str, path: str | None = None, **kwargs):
     """Open the state of a checkpoint as a live store of class ``cls``.
 
     With ``path``, the checkpoint is copied there (replacing what is there) and the

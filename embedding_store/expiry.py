@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import rowpath
 from .export import scan_cold
 
-if TYPE_CHECKING:
-    from .store import EmbeddingStore
 
-
-def expire(store: EmbeddingStore, older_than_s: float) -> int:
+def expire(store, older_than_s: float) -> int:
     """Delete cold rows whose last write is more than ``older_than_s`` seconds old; returns how
     many. Hot rows never expire; cached rows are written back first, so the cold tier decides."""
     store._writable()

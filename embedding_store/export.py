@@ -1,5 +1,6 @@
 """Rows out of and into a store in bulk: Arrow export of changed rows (snapshots), raw
 records with their optimizer state (resharding), and full scans of the cold tier.
+The functions take the ``EmbeddingStore`` they read or write.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ from .table import Table
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .store import EmbeddingStore
 
-
-def changed_rows(store: EmbeddingStore, since: int | None = None) -> Iterator[pa.RecordBatch]:
+def changed_rows(store, since: int | None = None) -> Iterator[pa.RecordBatch]:
     """Rows changed after checkpoint epoch ``since`` (None: all rows), as Arrow batches with
     columns ``table`` (string), ``id`` (int64), ``vector`` (fixed_size_list<float32>[dim]).
     Each row comes once, from its owner tier."""
@@ -46,7 +45,7 @@ def changed_rows(store: EmbeddingStore, since: int | None = None) -> Iterator[pa
             yield _batch(t.name, ids[keep], recs["w"][keep])
 
 
-def import_records(store: EmbeddingStore, table: str, ids: np.ndarray, records: np.ndarray) -> None:
+def import_records(store, table: str, ids: np.ndarray, records: np.ndarray) -> None:
     """Store rows exactly as exported (vector, Adagrad state, timestamps); ``ids`` unique."""
     store._writable()
     t = store._table(table)
@@ -62,7 +61,7 @@ def import_records(store: EmbeddingStore, table: str, ids: np.ndarray, records: 
     rowpath.store_cold(store, t, ids, records, old, found, cslots)
 
 
-def scan_cold(store: EmbeddingStore) -> Iterator[tuple[Table, np.ndarray, np.ndarray]]:
+def scan_cold(store) -> Iterator[tuple[Table, np.ndarray, np.ndarray]]:
     """Every row stored in the cold tier, as ``(table, ids, records)`` chunks (a full scan)."""
     for tags, ids, vals in store.cold.scan():
         for tag in np.unique(tags):

@@ -5,12 +5,12 @@ to the cold tier, promoted rows are taken out of the host cache or read from the
 tier (or initialised), so every row keeps exactly one owner and no update is lost.
 ``write_back_hot`` refreshes the cold tier's backup copy of changed hot rows (at
 checkpoints and on close).
+The functions take the ``EmbeddingStore`` whose tiers they change.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,11 +20,8 @@ from .cache import SPILL_CHUNK
 from .errors import StoreError
 from .table import Table
 
-if TYPE_CHECKING:
-    from .store import EmbeddingStore
 
-
-def set_hot(store: EmbeddingStore, hot: dict[str, np.ndarray]) -> dict:
+def set_hot(store, hot: dict[str, np.ndarray]) -> dict:
     """Make ``hot`` the complete hot set (a table not named has no hot rows); returns counts.
 
     All reads and writes happen here, in the caller's thread, after pending prefetches
@@ -76,7 +73,7 @@ def set_hot(store: EmbeddingStore, hot: dict[str, np.ndarray]) -> dict:
     return stats
 
 
-def spill_hot(store: EmbeddingStore, t: Table, ids: np.ndarray, slots: np.ndarray) -> None:
+def spill_hot(store, t: Table, ids: np.ndarray, slots: np.ndarray) -> None:
     """Write hot ``slots`` (holding ``ids``) to the cold tier with their Adagrad state and times."""
     h = t.hot
     old, found = store.cold.get(t.tag, t.salt, ids, t.dtype)
@@ -89,7 +86,7 @@ def spill_hot(store: EmbeddingStore, t: Table, ids: np.ndarray, slots: np.ndarra
     store.cold.write(t.tag, t.salt, ids, rec, old, found)
 
 
-def write_back_hot(store: EmbeddingStore) -> int:
+def write_back_hot(store) -> int:
     """Refresh the cold tier's backup copy of hot rows changed since the last write-back."""
     n = 0
     for t in store.tables.values():

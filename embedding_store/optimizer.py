@@ -3,12 +3,12 @@
 A hot row is updated in place in the device tier; a cold row is read through the
 cold-row path (``rowpath.py``), updated on the host and written back through it. Both
 use ``adagrad.py``'s arithmetic, so a row's result does not depend on its tier.
+The functions take the ``EmbeddingStore`` whose rows they update.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,11 +18,8 @@ from .adagrad import adagrad_rows, adagrad_rows_np
 from .errors import StoreError
 from .rows import gather, scatter
 
-if TYPE_CHECKING:
-    from .store import EmbeddingStore
 
-
-def apply_gradients(store: EmbeddingStore, table: str, ids, grads) -> None:
+def apply_gradients(store, table: str, ids, grads) -> None:
     """Row-wise Adagrad on rows ``ids`` (unique) with ``grads [n, dim]`` float32; nothing is
     applied when a gradient is not finite."""
     store._writable()
@@ -95,7 +92,7 @@ def apply_gradients(store: EmbeddingStore, table: str, ids, grads) -> None:
         rowpath.store_cold(store, t, cids, new, old, found, cslots)
 
 
-def _apply_hot(store: EmbeddingStore, t, ids: np.ndarray, slots: np.ndarray, is_hot: np.ndarray,
+def _apply_hot(store, t, ids: np.ndarray, slots: np.ndarray, is_hot: np.ndarray,
                grads: torch.Tensor, gnp: np.ndarray | None, now: float) -> None:
     """The hot rows' part of a step: updated in place on the device."""
     hp = np.flatnonzero(is_hot)

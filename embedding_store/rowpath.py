@@ -10,7 +10,6 @@ The functions take the store whose state they read and change (``EmbeddingStore`
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,11 +17,8 @@ from .buffers import RowBuffer
 from .rows import gather, init_rows, scatter, unique_sorted
 from .table import MAX_BUFFERS, Probe, Table
 
-if TYPE_CHECKING:
-    from .store import EmbeddingStore
 
-
-def fetch(store: EmbeddingStore, t: Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def fetch(store, t: Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Current records of unique cold ``ids`` (buffers first, then the cold tier)."""
     n = len(ids)
     recs = np.zeros(n, dtype=t.dtype)
@@ -38,7 +34,7 @@ def fetch(store: EmbeddingStore, t: Table, ids: np.ndarray) -> tuple[np.ndarray,
     return recs, found
 
 
-def cold_rows(store: EmbeddingStore, t: Table, ids: np.ndarray, touch: bool, count: bool = True,
+def cold_rows(store, t: Table, ids: np.ndarray, touch: bool, count: bool = True,
               known: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Current ``(records, stored, cache slots)`` of unique cold ``ids``: host cache, then
     buffers, then the cold tier. A row never stored reads as its init record (acc 0, ts 0,
@@ -67,7 +63,7 @@ def cold_rows(store: EmbeddingStore, t: Table, ids: np.ndarray, touch: bool, cou
     return recs, found, slots
 
 
-def store_cold(store: EmbeddingStore, t: Table, ids: np.ndarray, new: np.ndarray, old: np.ndarray,
+def store_cold(store, t: Table, ids: np.ndarray, new: np.ndarray, old: np.ndarray,
                found: np.ndarray, slots: np.ndarray) -> None:
     """New records for cold rows: into the cache (dirty) when it is on, else straight to the cold tier."""
     c = t.cache
@@ -82,14 +78,14 @@ def store_cold(store: EmbeddingStore, t: Table, ids: np.ndarray, new: np.ndarray
         c.insert(ids[miss], gather(new, miss), np.ones(int(miss.sum()), dtype=bool), dirty=True)
 
 
-def write(store: EmbeddingStore, t: Table, ids, new, old, old_found) -> None:
+def write(store, t: Table, ids, new, old, old_found) -> None:
     """One atomic cold-tier write (``new`` None: delete), mirrored into the table's buffers."""
     store.cold.write(t.tag, t.salt, ids, new, old, old_found)
     for b in t.buffers:
         b.on_write(ids, new)
 
 
-def spiller(store: EmbeddingStore, t: Table):
+def spiller(store, t: Table):
     """The host cache's write-back of table ``t``: per-row puts, mirrored into the buffers."""
     def spill(ids: np.ndarray, recs: np.ndarray) -> None:
         store.cold.put(t.tag, t.salt, ids, recs)
@@ -98,7 +94,7 @@ def spiller(store: EmbeddingStore, t: Table):
     return spill
 
 
-def flush_caches(store: EmbeddingStore) -> int:
+def flush_caches(store) -> int:
     """Write every dirty cached row back; returns how many."""
     return sum(t.cache.flush() for t in store.tables.values() if t.cache is not None)
 
@@ -109,7 +105,7 @@ def remember(t: Table, ids: np.ndarray, recs: np.ndarray, found: np.ndarray) -> 
     t.buffers.append(RowBuffer(ids, recs=recs.copy(), found=found.copy()))
 
 
-def new_records(store: EmbeddingStore, t: Table, ids: np.ndarray) -> np.ndarray:
+def new_records(store, t: Table, ids: np.ndarray) -> np.ndarray:
     """Init records of ``ids``, stamped now and with the current write epoch."""
     r = np.zeros(len(ids), dtype=t.dtype)
     r["w"] = init_rows(t.salt, store.seed, ids, t.dim, t.init_scale)
@@ -118,7 +114,7 @@ def new_records(store: EmbeddingStore, t: Table, ids: np.ndarray) -> np.ndarray:
     return r
 
 
-def drain(store: EmbeddingStore) -> None:
+def drain(store) -> None:
     """Finish background reads and forget the buffers (before scans and migrations)."""
     for t in store.tables.values():
         for b in t.buffers:
@@ -126,7 +122,7 @@ def drain(store: EmbeddingStore) -> None:
         t.buffers = []
 
 
-def prefetch(store: EmbeddingStore, t: Table, ids: np.ndarray) -> None:
+def prefetch(store, t: Table, ids: np.ndarray) -> None:
     """Start reading the cold rows of ``ids`` on the prefetch thread, for a later lookup/apply."""
     uniq = unique_sorted(ids)  # sorted first: the index searches below are fastest on sorted ids
     hslots = t.hot.find(uniq)

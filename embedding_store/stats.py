@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .store import EmbeddingStore
-
-
-def stats(store: EmbeddingStore) -> dict:
+def stats(store) -> dict:
     hot_rows = sum(len(t.hot) for t in store.tables.values())
     total = store.hot_hits + store.cold_hits
     caches = [t.cache for t in store.tables.values() if t.cache is not None]

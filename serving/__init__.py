@@ -19,13 +19,15 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .client import ServingClient, SnapshotPusher, snapshot_chunks
     from .convert import RequestError, batch_to_request, events_to_request
     from .group import ServingGroup
-    from .server import ServingServer, StreamRecService, serve
+    from .launch import serve
+    from .server import ServingServer, StreamRecService
 
 _EXPORTS = {  # submodule: the public names it defines
     ".client": "ServingClient SnapshotPusher snapshot_chunks",
     ".convert": "RequestError batch_to_request events_to_request",
     ".group": "ServingGroup",
-    ".server": "ServingServer StreamRecService serve",
+    ".launch": "serve",
+    ".server": "ServingServer StreamRecService",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

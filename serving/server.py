@@ -632,20 +632,3 @@ class ServingServer:
 
     def __exit__(self, *exc) -> None:
         self.stop(0.5)
-
-
-def serve(cfg: Config, device: torch.device | str | None = None, port: int | None = None,
-          insecure_push: bool = False):
-    """Start a server for ``cfg.serving`` and return its handle (already listening): a ``ServingServer``, or a
-    ``ServingGroup`` (``group.py``) of ``serving.processes`` processes when that is above 1.
-
-    Raises ``ConfigError`` when the push endpoint would be open to the network (see
-    :func:`push_exposure`) unless ``insecure_push``."""
-    if cfg.serving.processes > 1:
-        from .group import ServingGroup
-
-        return ServingGroup(cfg, device, port, insecure_push=insecure_push).start()
-    server = ServingServer(cfg, device, port, insecure_push=insecure_push)
-    if cfg.serving.torch_threads > 0:
-        torch.set_num_threads(cfg.serving.torch_threads)
-    return server.start()
