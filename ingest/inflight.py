@@ -117,7 +117,7 @@ def _decode_each(schema, values: list[bytes], conn) -> None:  # runs in the chil
 
 def probe_decode(schema, values: list[bytes], timeout_s: float = 120.0) -> list[int]:
     """Indices of ``values`` that kill a process decoding them (decoded one by one in a child process,
-    restarted after each death). Costs one child start (~1-2 s) per culprit plus one."""
+    restarted after each death). Costs one child interpreter start per culprit plus one."""
     ctx = multiprocessing.get_context("spawn")
     culprits: list[int] = []
     start = 0
