@@ -5,15 +5,27 @@
   (``sketch/counting.py``): a batched aiokafka reader of exactly those
   partitions, ``sketch.batch_records`` records per call, each batch decoded at
   once (``Decoder.decode_many``) and counted with one sketch update. faust's own
-  consumer keeps the events partitions paused (its per-message stream would cap
-  counting near 14k records/s).
+  consumer keeps the events partitions paused (its per-message stream costs far
+  more per record than counting does).
 * State: a faust Table on RocksDB (``store="rocksdb://"``, rocksdict driver),
   key ``p<partition>`` -> that partition's sketch snapshot with the offset after
   the last record it includes, written every ``sketch.checkpoint_interval_s``
   for a partition that counted something (one partition per round, built off
-  the event loop). Nothing is committed to Kafka: the reader starts each
-  partition at its snapshot's offset, so a worker killed with SIGKILL resumes
-  exactly where its last snapshot ends -- nothing lost or counted twice.
+  the event loop). The reader starts each partition at its snapshot's offset,
+  so a worker killed with SIGKILL resumes exactly where its last snapshot ends
+  -- nothing lost or counted twice.
+* Commit-on-checkpoint (``sketch/commits.py``): after each partition snapshot,
+  and after a partition is restored from one, the worker commits that
+  snapshot's offset to its consumer group (``kafka.sketch_group``) through the
+  Kafka protocol, as Flink and Kafka Streams do on each checkpoint. So
+  ``kafka-consumer-groups``, Burrow, Kafka UI and lag alerts see the worker's
+  real position: the group's lag is the records not yet in a snapshot, at most
+  one checkpoint interval (``sketch.checkpoint_interval_s``) behind the
+  ``streamrec_sketch_partition_lag_records`` metric, and equal to it once the
+  worker has caught up and snapshotted. The committed offsets are for
+  monitoring: a restart resumes from the snapshots, never from the group. A
+  failed commit is logged as one warning line, its offsets are retried with
+  the next snapshot, and the worker keeps counting.
 * A timer merges the partition sketches, chooses the hot set (FAE policy) and
   publishes it to the compacted ``hot-set`` topic under one constant key every
   ``sketch.publish_interval_s``, or sooner when the set changed by more than
@@ -37,6 +49,7 @@ from pathlib import Path
 
 from streamrec.ingest import client_settings, faust_credentials
 
+from .commits import CheckpointCommits, group_committer
 from .counting import BatchMarker, PartitionReader, aiokafka_security
 from .follower import latest_hotset
 from .peers import PeerSnapshots
@@ -66,7 +79,7 @@ def faust_settings(cfg, bootstrap: str) -> dict:
         broker_session_timeout=6.0,
         broker_heartbeat_interval=1.0,
         broker_commit_interval=1.0,
-        # a partition snapshot is ~1-3 MB (count-min cells); hot sets can be large too
+        # a partition snapshot holds its count-min cells (megabytes); hot sets can be large too
         producer_max_request_size=32 << 20,
         consumer_max_fetch_size=64 << 20,
         stream_wait_empty=False,
@@ -156,6 +169,12 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
     dirty: set[int] = set()  # counted since their last snapshot
     last_ckpt: dict[int, float] = {}
     pool = ThreadPoolExecutor(1, thread_name_prefix="sketch-count")  # counting and snapshots, off the event loop
+    commits = CheckpointCommits(cfg.kafka.events_topic, group_committer(app, cfg.kafka.events_topic))
+
+    def snapshot(p: int) -> tuple[int, bytes]:
+        """Partition ``p``'s snapshot and the offset it holds (the next record to count), taken together."""
+        with state.lock:
+            return state.next_offset[p], state.snapshot(p)
 
     def restore(p: int, why: str) -> None:
         blob = table.get(b"p%d" % p)
@@ -170,7 +189,7 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
         dirty.discard(p)
         last_ckpt[p] = time.monotonic()
         at = epoch.get(p)
-        blob = await asyncio.get_running_loop().run_in_executor(pool, state.snapshot, p)
+        offset, blob = await asyncio.get_running_loop().run_in_executor(pool, snapshot, p)
         if p not in ready or epoch.get(p) != at:
             return  # revoked meanwhile: the new owner resumes from the previous snapshot
         ev = _PartitionEvent(cfg.kafka.events_topic, p)
@@ -179,6 +198,7 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
             table[b"p%d" % p] = blob
         finally:
             _current_event.reset(token)
+        commits.offer(p, offset)  # commit-on-checkpoint: the group's offset follows the snapshot
 
     @app.on_rebalance_complete.connect
     async def on_rebalance_complete(sender, **kwargs):
@@ -191,6 +211,8 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
         for tp in mine:
             if not state.has(tp.partition):
                 restore(tp.partition, "assigned")
+                # the group's offset is where this worker resumes: also a partition that gets no new records
+                commits.offer(tp.partition, state.next_offset[tp.partition])
         ready.intersection_update(tp.partition for tp in mine)
 
     @app.on_partitions_revoked.connect
@@ -202,6 +224,7 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
                 dirty.discard(tp.partition)
                 epoch[tp.partition] = epoch.get(tp.partition, 0) + 1
                 state.drop(tp.partition)
+                commits.forget([tp.partition])
 
     @app.agent(events, name="sketch-group")
     async def membership(stream):
@@ -250,6 +273,7 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
             log.exception("the counting task failed: the worker stops (a restart resumes from the snapshots)")
             raise  # faust crashes the app on a task's exception: never a worker that silently stopped counting
         finally:
+            await commits.close()
             await reader.stop()
 
     pub = {"version": None, "last": None, "at": 0.0, "events": -1}
@@ -284,7 +308,7 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
         due = now - pub["at"] >= cfg.sketch.publish_interval_s
         if not due and state.stats.events == pub["events"] and peers is None:
             return
-        # off the event loop: choosing takes ~0.1 s and the agent must keep counting meanwhile
+        # off the event loop: choosing scans every candidate and the agent must keep counting meanwhile
         hs = await asyncio.get_running_loop().run_in_executor(None, state.choose, pub["version"] + 1, peers)
         if hs is None:
             return

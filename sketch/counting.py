@@ -1,16 +1,17 @@
 """The sketch worker's counting path: the partitions it owns, read in large batches.
 
-faust's per-message stream costs ~70 us per record here (a bare agent tops out
-near 14k records/s), far more than counting one event. So faust keeps what it is
+faust's per-message stream costs far more per record than counting one event
+does (one callback and one message object per record). So faust keeps what it is
 good at -- the consumer group that decides which worker owns which partition,
 the state table, its changelog and recovery, the hot-set topic -- and the
 records themselves are read by :class:`PartitionReader`: a plain aiokafka
 consumer (faust's own client; C record parsing) on the same event loop,
 manually assigned to the events partitions faust gave this worker, fetching
-thousands of records per call. It commits nothing: each partition's snapshot in
-the table carries the offset after the last record it counted, and the reader
-is positioned there, so a restarted worker (kill -9 included) resumes exactly
-where its snapshot ends.
+thousands of records per call. It belongs to no group and commits nothing: each
+partition's snapshot in the table carries the offset after the last record it
+counted, and the reader is positioned there, so a restarted worker (kill -9
+included) resumes exactly where its snapshot ends. The group's committed
+offsets mirror the snapshots for monitoring (``sketch/commits.py``).
 
 :class:`BatchMarker` is the crash-loop breaker for batches: before a batch is
 counted its offset range is written down; a worker that dies on it leaves the

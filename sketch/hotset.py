@@ -204,7 +204,7 @@ def choose_hot_set(
     ``tables``/``ids``/``counts`` are candidates (field index, id, access count);
     the budget is ``budget_bytes`` when > 0 (each row costs ``row_bytes``, per
     field or one number), else ``budget_rows``. One threshold over all tables,
-    as FAE does. Coverage and hit rate are measured on ``sample`` (0 without one).
+    as FAE does. Coverage and hit rate are computed on ``sample`` (0 without one).
     """
     if budget_bytes > 0:
         if isinstance(row_bytes, Mapping):

@@ -2,7 +2,7 @@
 
 Grouping equal ids in numpy costs two sorts per flush and the conservative
 update a gather, a ``min`` and a ``maximum.at`` over ``depth x distinct`` cells;
-together they capped the update at ~18 M ids/s. Here one pass per field hashes
+together they bound the update's speed. Here one pass per field hashes
 each ``(table, id)`` into its sketch key and sums its event's decay weight
 into an open-addressing table (:class:`Accumulator`; a slot is prefetched a
 few ids ahead, since rare ids miss cache), and a flush walks that table's distinct keys once, doing the
