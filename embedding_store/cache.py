@@ -28,37 +28,33 @@ least recently used rows, least often seen first, chosen in one pass over the st
 until spent (a candidate used again since it was chosen is skipped: it is not least recent any
 more). A row refused is not cached (a dirty one is written back at once: nothing is dropped).
 ``admission="lru"`` admits every row and evicts in bulk.
-
-(Before 2026-11-25 frequency eviction was bulk too: 12.5% of the cache left at once with a bar,
-the median count of the rows evicted, that held until the next bulk eviction; the freed slots
-filled with whatever cleared that stale bar. RocksDB rows per ``bench store --quick`` batch:
-see BENCHMARKS.md "store".)
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, get_args
 
 import numpy as np
 
 from .frequency import FrequencySketch
 from .rows import gather, scatter
 from .slotmap import SlotMap
+from .store_types import CacheAdmission
 
 SPILL_CHUNK = 16384  # rows per write-back call
 Spill = Callable[[np.ndarray, np.ndarray], None]  # (ids, records) of dirty rows leaving the cache
-ADMISSIONS = ("frequency", "lru")
+ADMISSIONS = get_args(CacheAdmission)  # store.cache_admission
 
 
 class HostCache:
     def __init__(self, capacity: int, dtype: np.dtype, spill: Spill, evict_fraction: float = 0.125,
-                 admission: str = "lru"):
+                 admission: CacheAdmission = "lru"):
         if capacity <= 0:
             raise ValueError(f"host cache capacity must be positive, got {capacity}")
         if admission not in ADMISSIONS:
             raise ValueError(f"host cache admission must be one of {', '.join(ADMISSIONS)}, got {admission!r}")
-        # 8 counters per cached row (x 4 sketch rows: 32 bytes a row): fewer collisions than 4, RocksDB rows
-        # written per `bench store --quick` batch 826.5 vs 836.4 (batches 150-300), 806.2 vs 815.6 (1000-1150)
+        # 8 counters per cached row (x 4 sketch rows: 32 bytes a row): fewer collisions, so fewer rows
+        # admitted or refused on a shared count
         self.freq = FrequencySketch(capacity, counters_per_row=8) if admission == "frequency" else None
         self.floor = 0  # the count the last refused row had to beat (frequency admission; 0: none refused yet)
         self._pool = np.empty(0, np.int64)  # eviction candidates (frequency admission), least often seen first
