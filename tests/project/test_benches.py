@@ -1,0 +1,141 @@
+"""Every ``streamrec bench NAME`` runs at its ``--tiny`` size and ends with one JSON object holding the
+figures its goals name, each finite: a bench that breaks (a renamed attribute, a key dropped, a ratio
+divided by zero) fails here, not on the next person who runs it. Nothing here asserts a speed.
+
+Benches that need Kafka share the session's embedded broker (``--bootstrap``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from streamrec.benchmarks.cli import NAMES
+
+# name -> (extra arguments, keys the JSON must hold: the figures its goals and baselines name)
+BENCHES: dict[str, tuple[list[str], list[str]]] = {
+    "ingest": ([], ["arrow_events_per_s", "json_events_per_s", "raw_events_per_s", "arrow_vs_raw", "json_vs_raw",
+                    "arrow_vs_json", "arrow_decode_events_per_s"]),
+    "store": ([], ["device", "tiered_rows_per_s", "memory_rows_per_s", "rocks_rows_per_s", "tiered_vs_memory",
+                   "tiered_vs_rocks", "hot_hit_rate", "tiered_rss_vs_memory", "tiered_table_mb_vs_memory",
+                   "tiered_vs_rocks_traffic_bound", "tiered_vs_rocks_of_bound"]),
+    "sketch": ([], ["sketch_ids_per_s", "counter_ids_per_s", "sketch_vs_counter", "sketch_vs_counter_per_event",
+                    "topk_recall", "topk_recall_undecayed"]),
+    "train": ([], ["device", "fae_events_per_s", "memory_events_per_s", "cold_events_per_s", "fae_vs_memory",
+                   "fae_vs_cold", "auc_fae", "auc_memory", "auc_cold", "fae_rss_vs_memory"]),
+    "serve": (["--processes", "2"], [
+        "device", "p99_ms_b64", "qps_b512", "inproc_qps_b512", "grpc_vs_inproc_b512", "full_push_s", "delta_push_s",
+        "freshness_s", "bound_qps_b512", "grpc_vs_bound_b512", "p99_ratio_under_abuse", "p99_ratio_under_heavy",
+        "latency_floor_p99_ms_b64", "handler_bound_vs_bound_b512", "group_qps_b512", "group_vs_one_b512",
+        "group_vs_bound_b512"]),
+    "fuzz": ([], ["inputs", "other_exceptions", "crashes", "mutated_msgs_per_s", "valid_msgs_per_s",
+                  "mutated_vs_valid", "slowest_ms"]),
+    "scale": ([], ["auc_n1", "events_per_s_n1", "exact_dauc_n2", "online_dauc_n2", "cpu_inflation_n2",
+                   "bytes_per_event_n2", "ref_cpu_per_event_us_n2", "cpu_contention_n2", "dauc_vs_fp32_n2_bf16",
+                   "projection"]),
+    "quality": ([], ["synthetic", "goals_met"]),
+    "merge": ([], ["latency_p50_ratio", "latency_p99_ratio", "latency_p50_s_on", "latency_p50_s_off",
+                   "wait_p50_ms_on", "inversions_on", "inversions_off"]),
+    "e2e": (["--no-freshness"], [
+        "sketch_events_per_s", "train_json_alone_events_per_s", "train_json_events_per_s",
+        "train_arrow_events_per_s", "raw_consume_events_per_s", "sketch_vs_train_json", "sketch_vs_train_json_cpu",
+        "train_json_vs_arrow", "freshness_p50_s", "freshness_p99_s", "goals"]),
+    "freshness": ([], ["freshness_p50_s", "freshness_p99_s", "probes", "checkpoint_interval_s",
+                       "freshness_p50_vs_checkpoint_interval", "freshness_p50_vs_configured_checkpoint_every_s"]),
+}
+BROKER = {"ingest", "merge", "e2e", "freshness"}
+# JSON paths whose null is part of the figure's meaning, not a failed measurement
+NULL_OK = {
+    "scale": ("projection[0].",),  # one rank puts nothing on the wire: no network-bound rate to project
+    "e2e": ("freshness_p50_s", "freshness_p99_s", "goals["),  # --no-freshness: reported as FAIL with its reason
+}
+
+
+def _run(name: str, extra: list[str], timeout: float = 240.0) -> dict:
+    cmd = [sys.executable, "-m", "streamrec", "bench", name, "--tiny", "--json", *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    last = p.stdout.strip().splitlines()[-1]
+    out = json.loads(last)
+    assert isinstance(out, dict), last
+    return out
+
+
+def _bad_numbers(x, path: str = "") -> list[str]:
+    """Paths of non-finite numbers and of nulls in a JSON value."""
+    if isinstance(x, dict):
+        return [b for k, v in x.items() for b in _bad_numbers(v, f"{path}.{k}" if path else k)]
+    if isinstance(x, list):
+        return [b for i, v in enumerate(x) for b in _bad_numbers(v, f"{path}[{i}]")]
+    if x is None:
+        return [f"{path} = null"]
+    if isinstance(x, float) and not math.isfinite(x):
+        return [f"{path} = {x}"]
+    return []
+
+
+def _check(name: str, out: dict) -> None:
+    keys = BENCHES[name][1]
+    missing = [k for k in keys if k not in out]
+    assert not missing, f"bench {name}: JSON lacks {missing}; has {sorted(out)}"
+    allowed = NULL_OK.get(name, ())
+    bad = [b for b in _bad_numbers(out) if not (b.endswith("= null") and b.startswith(allowed))]
+    assert not bad, f"bench {name}: {bad}"
+
+
+def test_every_bench_is_in_the_smoke_table():
+    assert set(NAMES) == set(BENCHES), "a bench without a smoke run here can rot unnoticed"
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("name", sorted(set(BENCHES) - BROKER))
+def test_bench_runs_tiny_and_reports_its_goal_figures(name):
+    out = _run(name, BENCHES[name][0])
+    _check(name, out)
+    if name == "fuzz":
+        assert out["other_exceptions"] == 0 and out["crashes"] == 0
+    if name in ("train", "store", "serve"):
+        assert out["device"] == "cpu"
+    if name == "quality":
+        assert set(out["synthetic"]) >= {"auc_trainer", "auc_reference", "auc_fae", "goals"}
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("name", sorted(BROKER))
+def test_broker_bench_runs_tiny_and_reports_its_goal_figures(name, bootstrap):
+    out = _run(name, [*BENCHES[name][0], "--bootstrap", bootstrap])
+    _check(name, out)
+    if name == "e2e":  # a goal that was not measured stays in the output as a FAIL naming why
+        goals = {g["key"]: g for g in out["goals"]}
+        assert set(goals) == {"sketch_vs_train_json", "train_json_vs_arrow", "freshness_p50_s", "freshness_p99_s"}
+        for k in ("freshness_p50_s", "freshness_p99_s"):
+            assert goals[k]["status"] == "FAIL" and "--no-freshness" in goals[k]["reason"], goals[k]
+        assert all(g["status"] in ("PASS", "FAIL") for g in goals.values())
+        assert all(g["reason"] for g in goals.values() if g["value"] is None)
+    if name == "freshness":
+        assert out["checkpoint_interval_s"] > 0 and out["probes"] > 0
+
+
+def test_device_option_resolves_and_refuses_a_missing_device():
+    """``--device`` goes through the foundation's resolve_device; a CUDA device on a machine without one is a
+    usage error (exit 2 from argparse), not a run on the wrong device."""
+    import argparse
+
+    import torch
+
+    from streamrec.benchmarks.common import add_device_arg, bench_device
+
+    p = argparse.ArgumentParser()
+    add_device_arg(p)
+    assert p.parse_args([]).device == "cpu"
+    assert bench_device("cpu", p) == torch.device("cpu")
+    assert bench_device("auto", p).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as e:
+            bench_device("cuda:0", p)
+        assert e.value.code == 2
