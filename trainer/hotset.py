@@ -11,12 +11,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 import numpy as np
 
 from streamrec.foundation import EventBatch, hot_budget_rows
 
 from .hotset_types import HotSetSource, HotUpdate
+from .trainer_types import HotSource
 
 
 def top_rows(counts: dict[str, tuple[np.ndarray, np.ndarray]], budget: int) -> tuple[dict[str, np.ndarray], float]:
@@ -130,4 +132,4 @@ def make_hot_source(cfg, bootstrap: str | None) -> HotSetSource:
         from streamrec.ingest import client_settings
 
         return TopicHotSource(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg))
-    raise ValueError(f"trainer.hot_source must be topic, sample or none, got {kind!r}")
+    raise ValueError(f"trainer.hot_source must be one of {', '.join(get_args(HotSource))}, got {kind!r}")
