@@ -238,12 +238,15 @@ def test_a_flood_of_refused_calls_is_slowed_and_good_calls_are_not(guarded):
         t0 = time.monotonic()
         _refused(_raw(client.channel, PREDICT, b"\xff\xff"), grpc.StatusCode.INVALID_ARGUMENT, "malformed")
         took.append(time.monotonic() - t0)
+        if len(took) == 10:
+            assert srv.service.delayed == 0  # the burst is answered as it comes
         if len(took) == 12:
-            t1 = time.monotonic()
+            # a good call from the same address, mid-flood, is answered and never passes the refusal delay
+            delayed, refused = srv.service.delayed, dict(srv.service.refused)
             still_serving_v1(client, events, want)
-            assert time.monotonic() - t1 < 0.4
-    assert sum(took[:10]) < 1.0 and sum(took[10:]) >= 0.4, took
+            assert srv.service.delayed == delayed and srv.service.refused == refused
     assert srv.service.delayed >= 2
+    assert sum(took[10:]) >= 0.4, took  # the late refusals waited their 200 ms each (at least two of them)
 
 
 def _gate(version, heavier_than: int = 0):
@@ -295,11 +298,11 @@ def test_a_full_predict_lane_refuses_at_once_and_leaves_the_others_alone(cfg, tm
             client.stub.Predict(pb.PredictRequest(), timeout=0.3)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert lane.held == 4
-        t0 = time.monotonic()
+        # refused at once, not queued: every scoring thread is held by the closed gate (opened below), so a queued
+        # call could not be answered before it opens
         with pytest.raises(grpc.RpcError) as e:
             client.predict(events)
         _refused(e.value, grpc.StatusCode.RESOURCE_EXHAUSTED, "serving.max_concurrent_requests (4)")
-        assert time.monotonic() - t0 < 2  # refused at once, not queued
         # the other lanes answer while Predict's is full
         assert client.health() == "SERVING" and int(client.status()["version"]) == 1
         changed = trainer.step()

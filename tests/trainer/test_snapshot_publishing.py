@@ -134,8 +134,6 @@ def test_a_replica_down_too_long_is_left_behind_and_catches_up_with_a_full_snaps
 def test_a_replica_left_behind_does_not_hold_back_every_later_snapshot(group):
     """Once a replica is left behind, later snapshots do not wait give_up_s for it again while it is
     still down: the healthy replicas get one per checkpoint, not one every give_up_s (2 min by default)."""
-    import time
-
     servers, _start, publish, served, _want, pub = group
     pub.give_up_s = 2.0
     publish()
@@ -143,8 +141,8 @@ def test_a_replica_left_behind_does_not_hold_back_every_later_snapshot(group):
     servers[1].stop(0.5)
     publish()
     assert pub.wait_idle(30) and pub.left_behind == [pub.targets[1]]
-    t0 = time.monotonic()
+    # a publisher that waited give_up_s again for the replica left behind would not be idle within 30 s
+    pub.give_up_s = 3600.0
     v = publish()
-    assert pub.wait_idle(30)
-    assert time.monotonic() - t0 < 1.0, "the healthy replica waited give_up_s again for the one left behind"
+    assert pub.wait_idle(30), "the healthy replica waited give_up_s again for the one left behind"
     assert pub.version == v and served(0)[0] == v and pub.left_behind == [pub.targets[1]]
