@@ -279,7 +279,7 @@ class HostCache:
             self._spill(ids, recs)
 
     def _spill(self, ids: np.ndarray, recs: np.ndarray) -> None:
-        # in chunks: a write-back's transient Python keys/values and WriteBatch cost ~3x the
+        # in chunks: a write-back's transient Python keys/values and WriteBatch cost a few times the
         # rows' bytes, which for a whole-cache flush would be the process's peak memory
         for lo in range(0, len(ids), SPILL_CHUNK):
             self.spill(np.ascontiguousarray(ids[lo:lo + SPILL_CHUNK]), np.ascontiguousarray(recs[lo:lo + SPILL_CHUNK]))

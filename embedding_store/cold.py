@@ -1,4 +1,5 @@
-"""Cold tier: rows in N RocksDB shards (separate databases in one directory).
+"""The built-in cold tier (``store_types.ColdTier``): rows in N RocksDB shards (separate
+databases in one directory).
 
 Why these RocksDB options (rows are ~80-byte random point reads/writes):
 - bloom filters (10 bits/key, whole-key): a miss (a never-seen id, common with
@@ -22,24 +23,12 @@ always reopens to a prefix of acknowledged writes, never half of one. The host c
 write-backs (``put``) skip the undo record: with the cache on, only checkpoints are
 consistent points anyway (see store.py), and the undo record would cost a read per row.
 
-Measured on the bench workload (random ~100-byte rows, 2 shared cores): a point read
-costs ~3 us/key (multi-get, block cache 32-128 MB made no clear difference) and an
-insert ~1-1.5 us/row (16 MB of write buffers a little cheaper than 64 MB; the WAL and
-block checksums made no measurable difference). Reads of ids never stored (about half
-of the bench's cold misses) skip RocksDB entirely via an in-memory stored-key filter
-(keyset.py, 4 B/row, built by a key scan at open). Tried and not kept (no gain on 2
-shared cores): L0 compaction trigger 1-2, memtable bloom filters, verify_checksums off,
-write-backs on the prefetch thread. A fully compacted shard reads at ~1.5 us/key vs
-~2.7 with 3 L0 files, but compacting more competes for the same cores.
-
-Memory (bench store, 10M ids, 2026-11-22): the block cache fills to its size and stays
-there, yet random single-row reads over 10M ids run no faster with 32 MB than with
-8 MB (the OS page cache, outside the process, holds the files); 32 MB cache + 16 MB
-write buffers cost ~30 MB more RSS than 8 + 8 at the same speed. So size both for
-the resident-memory budget, not for speed. Write buffers have a 2 MB floor per buffer
-(two per shard). Skipping the WAL for cache write-backs saved only ~10% of a put
-(1.14 vs 1.27 us/row), not worth a weaker crash story; of a put's ~0.8 us/row, ~0.3 is
-Python (keys, values, one ``WriteBatch.put`` per row) and ~0.5 is RocksDB's write.
+Reads of ids never stored skip RocksDB entirely through an in-memory stored-key filter
+(``keyset.py``, 4 B/row, built by a key scan at open). The block cache and the write
+buffers are sized for the resident-memory budget, not for speed: random single-row
+reads are served by the OS page cache (outside the process) as well as by the block
+cache. Write buffers have a 2 MB floor per buffer (two per shard). Cache write-backs
+keep the WAL: a SIGKILL loses no acknowledged ``put`` either.
 """
 
 from __future__ import annotations
@@ -169,7 +158,7 @@ class RocksDBColdTier:
         self.bytes_written = 0
         self.reads = 0
         self.rows_written = 0
-        self.read_s = 0.0  # wall time inside get / write+put: where a batch's RocksDB time goes (bench store)
+        self.read_s = 0.0  # wall time inside get / write+put: where a batch's RocksDB time goes
         self.write_s = 0.0
         self._after_shard_write = None  # test hook: called with the shard index after each shard write
         self._recover()
@@ -178,7 +167,7 @@ class RocksDBColdTier:
         self._load_keys()
 
     def _load_keys(self) -> None:
-        """Fill the stored-key filter from every shard (after recovery; ~0.3 us per row)."""
+        """Fill the stored-key filter from every shard (after recovery: one key scan)."""
         for db in self.dbs:
             chunk: list[bytes] = []
             for k in db.keys():

@@ -41,11 +41,9 @@ class HotTable:
     def _search(self, ids: np.ndarray) -> np.ndarray:
         """searchsorted, clamped; against a large index sorted queries are several times faster
         (each probe starts where the previous ended), so a large unsorted batch is sorted first.
-        A small index (<= ``_SORT_ABOVE`` ids, 64 KB: in cache) is searched as it is: the sort
-        would cost more than it saves (unsorted vs sorted first: 4,096 queries against 3,000 hot
-        ids 0.11 vs 0.24 ms; 8,192 against 11,000 hot ids 0.67 vs 0.50 ms; measured 2026-11-25).
-        ``hot_samples`` asks this for every id of a window, mostly in small tables (``bench
-        train``: 21 of 26)."""
+        A small index (<= ``_SORT_ABOVE`` ids, 64 KB: in the CPU cache) is searched as it is:
+        there the sort costs more than it saves. ``hot_samples`` asks this for every id of a
+        window, and most tables of a model are small."""
         if len(ids) > 512 and len(self.ids) > _SORT_ABOVE and not bool(np.all(ids[1:] >= ids[:-1])):
             order = np.argsort(ids)
             k = np.empty(len(ids), dtype=np.int64)

@@ -1,8 +1,8 @@
 """Stored-key filter: which rows *may* be in RocksDB, answered in memory.
 
 Why: with unbounded ids most cold misses under Zipf are first touches — ids never
-stored. RocksDB answers those through its bloom filters, but a multi-get still costs
-~1-3 us per key (Python key objects, memtables, every L0 file's filter). This set
+stored. RocksDB answers those through its bloom filters, but a multi-get still pays per
+key (Python key objects, memtables, every L0 file's filter). This set
 answers "never stored" for a whole batch in a few vectorised numpy calls, so only
 candidates are read.
 

@@ -21,9 +21,9 @@ _KEY_DTYPE = np.dtype([("tag", ">u4"), ("id", ">i8"), ("end", "u1")])
 
 
 def unique_sorted(a: np.ndarray) -> np.ndarray:
-    """``np.unique(a)`` for a 1-D array. numpy >= 2.3 answers a plain ``np.unique`` with a hash
-    table and then sorts it: measured 10x slower than this sort + neighbour compare for a
-    4096-id batch (275 vs 26 us), once per batch in ``prefetch``."""
+    """``np.unique(a)`` for a 1-D array, by a sort and a neighbour compare. numpy >= 2.3 answers a
+    plain ``np.unique`` with a hash table and then sorts it, which is several times slower on
+    a batch of ids; ``prefetch`` calls this once per batch."""
     s = np.sort(a)
     if len(s) < 2:
         return s
@@ -70,9 +70,8 @@ def record_dtype(dim: int) -> np.dtype:
 
 def raw(rec: np.ndarray) -> np.ndarray:
     """The same records as opaque fixed-size blobs (a view). numpy moves those with one
-    memcpy each; structured records go field by field, measured 7x slower to gather and
-    18x slower to scatter (800 of 300k rows: 34 vs 5 us, 82 vs 5 us) — per batch, on
-    every tier boundary."""
+    memcpy each; structured records go field by field, several times slower to gather and
+    to scatter, and every batch crosses a tier boundary."""
     return rec.view(np.dtype((np.void, rec.dtype.itemsize)))
 
 

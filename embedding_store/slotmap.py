@@ -5,8 +5,8 @@ id array merged with ``np.insert`` moves the whole index on every batch (the lar
 single cost of the store at a 2% cache); this table touches only the probed cells.
 
 Why numpy and not a numba kernel: importing numba and loading one cached kernel adds
-~105 MB of resident memory (measured: +60 MB import, +45 MB first call), more than
-the whole cache budget of the bench's 25%-of-in-memory goal. Here every probe round
+about a hundred MB of resident memory, more than the whole host-cache budget of the
+store's memory goal (BENCHMARKS.md, store). Here every probe round
 is a few numpy calls over the ids still unresolved; at load <= 1/2 almost all ids
 resolve in the first two rounds.
 

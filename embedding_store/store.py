@@ -143,8 +143,7 @@ class EmbeddingStore:
         self.created = 0
         # per table: the last lookup's probe, for apply_gradients, and the last prefetch's, for lookup.
         # Per table, not one for the store: a training step looks up every table before it applies the
-        # gradients of any (and prefetches every table of the next step), so one slot kept only the
-        # last table's probe and the other 25 of `bench train`'s tables probed both indexes again
+        # gradients of any (and prefetches every table of the next step)
         self._memo: dict[str, Probe] = {}
         self._pre: dict[str, Probe] = {}
         self._closed = False

@@ -153,8 +153,8 @@ class SnapshotPusher:
         for attempt in range(1, self.attempts + 1):
             result.attempts = attempt
             try:
-                # read and check the manifest here: inside the request stream a SnapshotError reached
-                # us as a retryable UNKNOWN ("Exception iterating requests!")
+                # read and check the manifest here: inside the request stream gRPC turns a SnapshotError
+                # into a retryable UNKNOWN ("Exception iterating requests!")
                 read_manifest(snapshot_dir)
                 resp = self.stub.PushSnapshot(snapshot_chunks(snapshot_dir, self.chunk_bytes),
                                               timeout=self.timeout_s, metadata=self.metadata)

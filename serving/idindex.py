@@ -1,9 +1,9 @@
 """An immutable open-addressing hash index: int64 id -> row number, compiled with numba.
 
 Why: resolving a Predict request's ids against the in-memory rows with
-``np.searchsorted`` is a branchy binary search per id (~60 ns each against a few
-thousand rows, worse as the index grows); a Fibonacci-hashed table with linear
-probing answers in a few ns per id, independent of the index size. Built once per
+``np.searchsorted`` is a branchy binary search per id, slower as the index grows; a
+Fibonacci-hashed table with linear probing answers in a few probes per id,
+independent of the index size. Built once per
 served version and only read afterwards, so requests share it without a lock.
 """
 

@@ -1,11 +1,11 @@
 """Request merging: Predict requests that arrive while another is being scored are
 scored together, in one pooling + forward pass (dynamic batching without a timer).
 
-Why: in the running server most of a request's CPU is fixed cost — ~40 small numpy
-and torch calls on caches that gRPC and the other threads keep cold — not the
+Why: in the running server most of a request's CPU is fixed cost (dozens of small
+numpy and torch calls on caches that gRPC and the other threads keep cold), not the
 arithmetic, which grows with the batch. Merging the requests that queue up under
 concurrency pays that cost once per merged batch. A lone request never waits: it
-is scored at once by its own thread, as before.
+is scored at once by its own thread.
 
 Leader/follower, no extra thread: the handler that finds nobody scoring becomes the
 leader and scores a round (queued requests of the same served version, up to

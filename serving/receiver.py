@@ -21,7 +21,7 @@ OPEN_FILES = 16  # files of one push open at once: a stream that interleaves man
 
 def parse_chunks(raw: Iterable[bytes]) -> Iterator:
     """``SnapshotChunk`` messages from the raw bytes of a PushSnapshot stream: bytes that are not one
-    are refused as INVALID_ARGUMENT naming the message (gRPC's own decoding answered INTERNAL)."""
+    are refused as INVALID_ARGUMENT naming the message (gRPC's own decoding answers INTERNAL)."""
     from .pb import pb
 
     for i, blob in enumerate(raw):

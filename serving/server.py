@@ -12,7 +12,7 @@ Hostile and careless clients (every limit is a ``serving.*`` key, named in the r
   at once with RESOURCE_EXHAUSTED; a flood of one kind never takes another's threads.
 - Predict and PushSnapshot take their request bytes raw: size (``max_request_kb``) is checked
   before parsing, and bytes that are not the message are INVALID_ARGUMENT (gRPC's own decoding
-  answered INTERNAL). Events, ids per event and per request are counted before ids are copied,
+  answers INTERNAL). Events, ids per event and per request are counted before ids are copied,
   hashed or looked up; dense values must be finite and within ``ingest.dense_abs_max``.
 - A heavy request (more ids + events than ``heavy_request_cost``) is scored apart from the
   merged rounds of ordinary requests (it would hold back every request merged with it), one at
@@ -72,13 +72,11 @@ CONTROL_LANE = (2, 64)  # Status, health Check: quick
 TARPIT_AFTER = 10  # refusals per second one client address may have (and a burst of as many) before they are delayed
 TARPIT_ADDRESSES = 10_000  # addresses remembered (the table is cleared of drained ones when it grows past this)
 # HTTP/2 flow control: with BDP probing on (gRPC's default) the server widens every stream's receive
-# window to what the link carries, and a client can push a whole over-limit message (measured through a
-# byte-counting proxy: 16.8 MB of a 16 MB message, 67 MB of a 64 MB one) before gRPC refuses it. Off, a
-# stream's window stays at HTTP/2's 64 KiB: gRPC reads the 5-byte length prefix, refuses the message
-# (RESOURCE_EXHAUSTED) and resets the stream after ~0.07 MB whatever the message's size. The cost: a
-# legal request bigger than 64 KiB needs a window update per 64 KiB, one round trip each (no clear
-# difference on loopback; by HTTP/2's rules a 1 MB request over a 10 ms link pays ~16 round trips, not
-# measured). A batch-512 request is ~41 KB, one window. See BENCHMARKS.md, serve.
+# window to what the link carries, so a client can push a whole over-limit message before gRPC refuses
+# it. Off, a stream's window stays at HTTP/2's 64 KiB: gRPC reads the 5-byte length prefix, refuses the
+# message (RESOURCE_EXHAUSTED) and resets the stream after about one window, whatever the message's
+# size. The cost: a legal request bigger than 64 KiB needs a window update per 64 KiB, one round trip
+# each; a batch-512 request fits in one window. See BENCHMARKS.md, serve.
 TRANSPORT_OPTIONS = (("grpc.http2.bdp_probe", 0),)
 HEAVY_REST = 1.0  # while ordinary requests are in progress, the heavy lane rests as long as its last slice ran
 HEAVY_SLICE_IDS = 2048  # a heavy request is scored in slices of about this many ids (whole events), yielding between
@@ -375,14 +373,11 @@ class StreamRecService(pb_grpc.StreamRecServicer):
 
     def _score_heavy(self, v: ServedVersion, request, context) -> tuple[np.ndarray, list]:
         """A heavy request's scores, computed on the one heavy worker thread (so heavy requests run one at a
-        time), which runs at a lower OS priority (``HEAVY_NICE``). Why both: one heavy request is 100-200 ms
-        of work; in one piece, an ordinary request arriving meanwhile waited for most of it (slices bound
-        that), and on a 2-core box the heavy thread competed for the cores with the threads that receive,
-        dispatch and answer ordinary requests (the lower priority lets the OS run those first: measured,
-        the b64 client's p99 under the heaviest legal requests 8.8-11.3 ms at equal priority, 5.0-5.3 ms
-        at nice 19, the heavy client's throughput unchanged, at load ~4; within the noise at load 5-7 from
-        other jobs; BENCHMARKS.md). The risk, not seen in those runs: the low-priority thread descheduled
-        while it holds the GIL, which the others then wait for."""
+        time), which runs at a lower OS priority (``HEAVY_NICE``). Why both: slices bound how long an
+        ordinary request arriving meanwhile waits (one slice, not the whole heavy request), and the lower
+        priority lets the OS run the threads that receive, dispatch and answer ordinary requests first
+        when the heavy thread competes with them for the cores (BENCHMARKS.md, serve). The known risk:
+        the low-priority thread descheduled while it holds the GIL, which the others then wait for."""
         try:
             job = self._heavy_worker.submit(self._heavy_steps, v, request)
         except RuntimeError:  # the worker was shut down: the server is closing

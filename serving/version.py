@@ -108,10 +108,10 @@ def check_dense_state(state: dict) -> None:
 
 def scoring_forward(model: DLRM, model_cfg: ModelConfig, device: torch.device):
     """The forward a version scores with: a frozen TorchScript trace of ``model`` (weights folded in, no
-    Python module calls: 0.24 vs 0.32 ms at batch 512, 0.09 vs 0.15 ms at 64, measured 2026-11-25) when it
-    gives the eager forward's scores bit for bit on a probe batch, run past the executor's profiling runs
-    and at several batch sizes; else ``model`` itself. So scores never depend on which one runs.
-    Costs ~30-40 ms per loaded version (a delta too: its weights are folded in)."""
+    Python module calls, so faster per batch than eager) when it gives the eager forward's scores bit for
+    bit on a probe batch, run past the executor's profiling runs and at several batch sizes; else
+    ``model`` itself. So scores never depend on which one runs. The trace is built once per loaded
+    version (a delta too: its weights are folded in)."""
     import warnings
 
     g = torch.Generator().manual_seed(0)
