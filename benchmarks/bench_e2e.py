@@ -71,7 +71,7 @@ def _config(root: Path, suffix: str):
         "kafka.consumer_mode": "assign",
         "sketch.state_dir": str(root / "sketch"),
         # the rate is read off hot-set publish times: a 1 s interval (tick 0.5 s) bounds the error at ~1 s
-        # (the 5 s default published the covering set up to 5 s late: 1.9x read for a worker at 4.6x per CPU-s)
+        # (the default interval would publish the covering set up to that interval late, reading the rate low)
         "sketch.publish_interval_s": 1.0,
         "store.path": str(root / "store"),
         "trainer.checkpoint_dir": str(root / "ckpt"),
@@ -268,7 +268,7 @@ def _ratio(a: float, b: float) -> float | None:
 def decode_costs(cfg, n: int = 20_000, repeats: int = 5) -> dict:
     """CPU per event of ``Decoder.decode_many`` on one-event JSON records, integer ids and string ids:
     the columnar path, the record-by-record path (orjson + the validator) and the same with the standard
-    library's parser (what decoding cost before orjson was a dependency). Best of ``repeats``."""
+    library's parser (the record-by-record path without orjson). Best of ``repeats``."""
     import json as stdjson
 
     from streamrec.foundation import EventSchema

@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="streamrec bench freshness", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a shorter run (fewer probes)")
     ap.add_argument("--tiny", action="store_true",
-                    help="a smoke run (seconds: 500 events/s, checkpoints every 2 s): checks the bench works, "
+                    help="a smoke run (seconds: 500 events/s, checkpoints every 1 s): checks the bench works, "
                          "its figures mean little")
     ap.add_argument("--checkpoint-every-s", type=float, default=None,
                     help="trainer.checkpoint_every_s of the measured trainer (default: the config's)")
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     from streamrec.ingest import EmbeddedBroker
 
     if args.tiny:
-        rate, seconds, warmup_s, ckpt_s, drain_s = 500.0, 5.0, 5.0, args.checkpoint_every_s or 2.0, 10.0
+        rate, seconds, warmup_s, ckpt_s, drain_s = 500.0, 4.0, 4.0, args.checkpoint_every_s or 1.0, 10.0
     else:
         rate, seconds, warmup_s = args.rate, (15.0 if args.quick else 40.0), (12.0 if args.quick else 15.0)
         ckpt_s, drain_s = args.checkpoint_every_s, 20.0

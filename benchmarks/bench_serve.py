@@ -82,9 +82,9 @@ def isolation(target: str, request, seconds: float, env: dict, threads: int = 4,
     The phases alternate: ``rounds`` times alone then with the abuser (``seconds / rounds`` each, so ``seconds``
     of each in all), the abuser paused between (no call of its in flight during an alone phase).
     ``p99_ratio_under_<name>`` = the p99 of its phases with the abuser / the p99 of the alone phases between
-    them. Why alternate: on a shared machine the load from other jobs drifts over seconds; one long alone phase
-    then one long abused phase measured that drift as much as the abuser (2026-11-25: alone p99 3-12 ms run to
-    run at load 5-9). With ``server_pid``, also the CPU the server (``server_cpu_<phase>``) and the abusive
+    them. Why alternate: on a shared machine the load from other jobs drifts over seconds, so one long alone
+    phase then one long abused phase would measure that drift as much as the abuser; alternating short phases
+    expose both to the same drift. With ``server_pid``, also the CPU the server (``server_cpu_<phase>``) and the abusive
     client (``abuser_cpu_<name>``) spent per second of each phase."""
     import grpc
     import psutil
@@ -178,8 +178,8 @@ def idle_gap_latency(fn, gap_s: float, calls: int) -> dict:
     """p50/p99 (ms) of ``fn()`` called ``calls`` times, the thread idle for ``gap_s`` before each call.
 
     Why: in a one-client ping-pong the server's thread idles while the reply travels, the client reads it and
-    sends the next request; on this VM the same work then costs 1.3-3x what it costs back to back (caches and
-    CPU state gone cold while idle: BENCHMARKS.md, serve). ``gap_s = 0`` is the back-to-back (hot) figure."""
+    sends the next request; the same work then costs more than back to back (caches and CPU state go cold
+    while idle; BENCHMARKS.md, serve, has the figures). ``gap_s = 0`` is the back-to-back (hot) figure."""
     lat = []
     for i in range(calls + 20):
         if gap_s:
@@ -355,8 +355,8 @@ def main(argv: list[str]) -> int:
         say(f"in-process b{b:<4} serving path (memory rows + forward) {base[b]['serving_path_qps']:8.1f} req/s")
 
     env = dict(os.environ, STREAMREC_SERVING__DATA_DIR=str(tmp / "serving"), STREAMREC_SERVING__PUSH_TOKEN="bench",
-               STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")  # a handler thread per client at 16 clients
-    # (best measured, 2026-11-22: 16 workers 647 req/s at b512 x 16 clients against 540-592 with 2, 4 or 8)
+               STREAMREC_SERVING__WORKERS="16", OMP_NUM_THREADS="1")  # a handler thread per client at 16 clients:
+    # no client of the largest cell waits for a handler thread
     proc = start_server(env, str(dev))
     try:
         target = proc.stdout.readline().strip()
@@ -615,7 +615,7 @@ def main(argv: list[str]) -> int:
         f"to back): {handler_bound512:.0f} req/s = {handler_bound512 / bound512:.2f} of the bound")
     say(f"p99_ratio_under_abuse: {out['p99_ratio_under_abuse']} (goal <= 3); under the heaviest legal requests: "
         f"{out['p99_ratio_under_heavy']}")
-    say(f"p99 at batch 64 (1 client): {out['p99_ms_b64']} ms (issue #18's goal <= 2; the first goal <= 10) against a "
+    say(f"p99 at batch 64 (1 client): {out['p99_ms_b64']} ms (goal <= 2; the first goal <= 10) against a "
         f"floor of {floor_p99_b64:.2f} ms (one empty round trip + the served path's p99 when idle between calls)")
     say(f"served/in-process forward at b512: {out['grpc_vs_inproc_b512']}x (goal >= 0.5); vs lookup+forward "
         f"{out['grpc_vs_inproc_predict_b512']}x")

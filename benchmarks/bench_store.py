@@ -8,14 +8,14 @@ subprocess so its peak RSS (``ru_maxrss``) is its own:
 - memory: one ``torch.nn.Embedding(N, 16, sparse=True)`` + ``torch.optim.Adagrad`` (ceiling)
 - rocks:  EmbeddingStore with no hot tier and no host cache (every row from RocksDB; floor)
 - tiered: EmbeddingStore with the top 1% ids in the hot tier, a write-back host cache of
-  ``--cache-pct`` (default 2.5%: 3% put its peak RSS at 0.252x the in-memory
-  set-up's, over the 0.25x goal, measured 2026-11-22) of the ids for recently used cold rows, next batch
+  ``--cache-pct`` (default 2.5%, which keeps its peak RSS under the 0.25x-of-memory goal at 10M
+  ids; BENCHMARKS.md has the figures) of the ids for recently used cold rows, next batch
   prefetched. Its peak RSS includes the cache.
 
 Both store set-ups use the same RocksDB settings (4 shards, 8 MB block cache, 8 MB of
 write buffers in all): random single-row reads over 10M ids gain nothing measurable
 from a larger block cache (the OS page cache, outside the process, holds the files),
-and 32 MB + 16 MB cost ~30 MB more resident memory at the same speed (2026-11-22).
+while a larger cache and larger write buffers add resident memory at the same speed.
 
 Store set-ups start empty: rows are created on first touch, as in online training.
 """
