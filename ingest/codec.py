@@ -268,7 +268,7 @@ class Decoder:
         Many JSON records of the common shape, all valid, are parsed straight into
         columns (``json_columns.decode_json_columns``: Arrow's JSON reader, the
         validator's checks once per column), a fraction of the CPU of the path that
-        follows (BENCHMARKS.md, e2e: JSON decode); any other batch takes that path,
+        follows (``streamrec bench ingest``); any other batch takes that path,
         so each bad record is named.
         There, JSON records are validated one by one but built into columns together
         (one numpy call per column instead of a 1-row batch per record), so the

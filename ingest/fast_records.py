@@ -2,7 +2,7 @@
 
 kafka-python turns the bytes of a fetch response into records in pure Python
 (``Fetcher.PartitionRecords._unpack_records`` over ``kafka.record.DefaultRecordBatch``),
-the largest share of a one-JSON-event-per-message trainer's CPU (BENCHMARKS.md, e2e).
+the largest share of a one-JSON-event-per-message trainer's CPU (``streamrec bench ingest``).
 aiokafka (already installed: faust's client) ships the same record format parsed in
 Cython (``aiokafka.record._crecords``). This module keeps kafka-python for everything
 (metadata, group, fetch requests, positions, pause/resume, commits) and swaps only the
@@ -30,7 +30,7 @@ kafka-python does; ``RunPartitionRecords`` (``install(consumer, runs=True)``, wh
 record objects in a list, no tuple per record -- so the consumer takes values, offsets
 and timestamps a list at a time (its records, when asked for, are the same
 ``ConsumerRecord`` values), which costs the trainer's consumer (``poll_batch``) less CPU
-per one-event JSON record than a record object each (BENCHMARKS.md, e2e).
+per one-event JSON record than a record object each.
 
 Differences, none in the records: ``bytes_read`` (fetch metrics only) counts the
 bytes of the batches that yielded records rather than the sum of record sizes.

@@ -2,7 +2,7 @@
 
 Parsing and validating JSON events one by one is Python work per event (the
 validator about half of it); Arrow's JSON reader parses a newline-joined batch
-straight into columns at a fraction of that CPU (BENCHMARKS.md, e2e: JSON decode),
+straight into columns at a fraction of that CPU (``streamrec bench ingest``),
 and the checks below run once per column. This path is strict: it answers only when the batch has exactly the
 shapes the contract's validator (``EventSchema.validate``) accepts and that map
 one to one onto columns -- ``ts`` int64 without nulls, ``label`` a number in

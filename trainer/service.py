@@ -79,8 +79,7 @@ def freeze_heap() -> None:
     """Freeze what exists now (torch, the model, the store, every module) out of the cyclic GC for a
     training loop's life (``gc.unfreeze()`` when it ends): a full collection no longer walks it.
     Decoding one-event JSON records allocates objects per record, which triggers full collections;
-    frozen, those walk only what the loop itself keeps, not every object of the process
-    (BENCHMARKS.md, e2e: GC frozen in the training loop)."""
+    frozen, those walk only what the loop itself keeps, not every object of the process."""
     gc.collect()
     gc.freeze()
 

@@ -225,9 +225,9 @@ class ShardedTrainerCore(TrainerCore):
         if total == 0:
             return _OK, np.zeros(0, np.float32), np.zeros(0, np.int64), sizes, no_flags
         dev = self.device
-        # one embedding_bag per field, as one trainer pools: one op over all fields pools the same sums, but
-        # its backward adds a row's contributions in another order than one trainer's (BENCHMARKS.md, scale:
-        # "Tried and reverted")
+        # one embedding_bag per field, as one trainer pools: one op over all fields would pool the same sums,
+        # but its backward adds a row's contributions in another order than one trainer's, so the group's
+        # rows would no longer match one trainer's to the last bit
         pooled, leaves = [], {}
         for f in self.fields:
             r = rows[f].to(dev).detach().requires_grad_(True)

@@ -35,7 +35,7 @@ class DLRM(nn.Module):
             n = num_fields + (1 if self.bottom is not None else 0)
             tri = torch.tril_indices(n, n, offset=-1)  # the pairs (i > j) of the interaction
             # as one flat index into the row-major [n, n] interaction matrix: one index_select,
-            # cheaper than advanced indexing with two index tensors (BENCHMARKS.md, serve)
+            # cheaper than advanced indexing with two index tensors
             self.register_buffer("_pairs", tri[0] * n + tri[1], persistent=False)
             top_in = n * (n - 1) // 2 + (embedding_dim if self.bottom is not None else 0)
             self.top = mlp([top_in, *top_mlp, 1], last_activation=False)
