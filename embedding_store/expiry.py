@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -10,16 +11,18 @@ from . import rowpath
 from .export import scan_cold
 
 
-def expire(store, older_than_s: float) -> int:
-    """Delete cold rows whose last write is more than ``older_than_s`` seconds old; returns how
-    many. Hot rows never expire; cached rows are written back first, so the cold tier decides."""
+def expire(store, older_than_s: float, clock: Callable[[], float] = time.time) -> int:
+    """Delete cold rows whose last write is more than ``older_than_s`` seconds before ``clock()``; returns
+    how many. Rows are stamped with ``time.time()``, the default clock; a test passes a clock of its own
+    so that where the cutoff falls does not depend on how long the test took. Hot rows never expire;
+    cached rows are written back first, so the cold tier decides."""
     store._writable()
     rowpath.drain(store)
     store._memo, store._pre = {}, {}
     for t in store.tables.values():  # write cached rows back and forget them
         if t.cache is not None:
             t.cache.clear()
-    cutoff = time.time() - float(older_than_s)
+    cutoff = clock() - float(older_than_s)
     n = 0
     for t, ids, recs in scan_cold(store):
         old = (recs["ts"] < cutoff) & ~t.hot.mask(ids)

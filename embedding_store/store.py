@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -365,9 +365,10 @@ class EmbeddingStore:
         """Store rows exactly as exported (vector, Adagrad state, timestamps); ``ids`` unique."""
         export.import_records(self, table, ids, records)
 
-    def expire(self, older_than_s: float) -> int:
-        """Delete cold rows untouched for ``older_than_s`` seconds; returns how many (``expiry.py``)."""
-        return expiry.expire(self, older_than_s)
+    def expire(self, older_than_s: float, clock: Callable[[], float] = time.time) -> int:
+        """Delete cold rows untouched for ``older_than_s`` seconds by ``clock`` (the clock rows are stamped
+        with; a test passes its own to place the cutoff); returns how many (``expiry.py``)."""
+        return expiry.expire(self, older_than_s, clock)
 
     def stats(self) -> dict:
         return _stats.stats(self)

@@ -1,5 +1,6 @@
 """Waiting on a condition instead of sleeping a fixed time: a test proceeds as soon as what it
-needs is true, and fails saying what it waited for when it never becomes true."""
+needs is true, and fails saying what it waited for when it never becomes true; and an instant that
+splits a test's writes into before and after, for logic that compares stored times with a clock."""
 
 from __future__ import annotations
 
@@ -22,3 +23,12 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: 
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+def instant_between() -> float:
+    """A ``time.time()`` instant that separates the calls around it: every ``time.time()`` read before this call
+    returns is at or before the instant, and every one read after it is later (it spins until the clock moves)."""
+    t = time.time()
+    while time.time() <= t:
+        pass
+    return t

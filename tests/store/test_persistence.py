@@ -5,13 +5,13 @@ and refuses writes; a directory with a shard missing is refused."""
 from __future__ import annotations
 
 import shutil
-import time
 
 import numpy as np
 import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore, StoreError
+from tests.helpers.waiting import instant_between
 
 ROWS = np.arange(0, 400, dtype=np.int64)  # spread over every shard
 DIM = 4
@@ -49,10 +49,10 @@ def test_expire_and_read_only_peek(tmp_path):
     with EmbeddingStore(str(tmp_path / "s"), {"a": 4}, shards=2, hot_capacity_rows=4) as s:
         s.apply_gradients("a", np.arange(20), torch.zeros(20, 4))  # rows are stored by their first write
         s.set_hot({"a": np.arange(4)})
-        time.sleep(0.05)
+        cutoff = instant_between()  # rows written before it are old, rows written after it are fresh
         s.apply_gradients("a", np.array([10, 11]), torch.ones(2, 4))
         fresh = s.lookup("a", np.array([10, 11])).clone()
-        n = s.expire(0.03)
+        n = s.expire(60.0, clock=lambda: cutoff + 60.0)  # the cutoff wherever the test's own time went
         assert n == 14  # 20 rows - 4 hot - 2 recently touched
         assert torch.equal(s.lookup("a", np.array([10, 11])), fresh)
         s.upsert_rows("a", np.array([99]), np.full((1, 4), 2.0, np.float32))

@@ -65,14 +65,14 @@ def test_promotion_takes_the_row_out_of_the_cache(tmp_path):
 
 
 def test_expire_sees_cached_rows(tmp_path):
-    import time
+    from tests.helpers.waiting import instant_between
 
     with EmbeddingStore(str(tmp_path / "s"), {"a": 4}, shards=2, host_cache_rows=50) as s:
         s.apply_gradients("a", np.arange(20), torch.zeros(20, 4))
-        time.sleep(0.05)
+        cutoff = instant_between()  # rows written before it are old, rows written after it are fresh
         s.apply_gradients("a", np.array([10, 11]), torch.ones(2, 4))
         fresh = s.lookup("a", np.array([10, 11])).clone()
-        assert s.expire(0.03) == 18
+        assert s.expire(60.0, clock=lambda: cutoff + 60.0) == 18  # the cutoff wherever the test's own time went
         assert torch.equal(s.lookup("a", np.array([10, 11])), fresh)
         assert torch.equal(s.lookup("a", np.array([3])), torch.from_numpy(s.init_rows("a", np.array([3]))))
 
