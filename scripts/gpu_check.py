@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     device = "cpu" if args.dry_run else "cuda"
-    size = ["--smoke"] if args.dry_run else ["--quick"]
+    size = ["--tiny"] if args.dry_run else ["--quick"]
     out_dir = Path(args.out or os.environ.get("OUT") or ROOT / "runs" / "gpu_check")
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()

@@ -3,6 +3,7 @@
 #
 #   scripts/gpu_check.sh             # CUDA tests + bench train/store/serve --quick on the GPU
 #   scripts/gpu_check.sh --dry-run   # the same steps on the CPU at the smallest sizes (run by the suite)
+#   scripts/gpu_check.sh --prepare-only   # only the virtual environment below (for profiling by hand)
 #
 # On the GPU machine the packages its Python lacks come from .gpu-wheels/ (made on a machine with
 # PyPI by scripts/gpu_wheels.sh): they install, with streamrec itself (editable), into a virtual
@@ -33,4 +34,5 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --no-deps "$WHEELS"/*.whl
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-build-isolation -e .
 fi
+[ "${1:-}" = "--prepare-only" ] && { echo "$VENV/bin/python"; exit 0; }
 exec "$VENV/bin/python" scripts/gpu_check.py --python "$VENV/bin/python" "$@"

@@ -8,6 +8,7 @@ upserts, checkpoints and restores.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -184,11 +185,16 @@ def test_store_matches_reference(cache_rows, admission, ops):
         shutil.rmtree(root, ignore_errors=True)
 
 
+# STREAMREC_TEST_DEVICE=cpu runs the CUDA test's logic on the CPU (scripts/gpu_check.sh --dry-run)
+TEST_DEVICE = os.environ.get("STREAMREC_TEST_DEVICE", "cuda")
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (hot tier on GPU)")
+@pytest.mark.skipif(TEST_DEVICE.startswith("cuda") and not torch.cuda.is_available(),
+                    reason="needs a CUDA device (hot tier on GPU); STREAMREC_TEST_DEVICE=cpu runs its logic on the CPU")
 def test_cuda_hot_tier_matches_reference(tmp_path):
     store = EmbeddingStore(str(tmp_path / "s"), TABLES, shards=2, hot_capacity_rows=20, lr=LR, eps=EPS,
-                           device="cuda")
+                           device=TEST_DEVICE)
     ref = Reference(lambda table, i: store.init_rows(table, np.array([i]))[0])
     rng = np.random.default_rng(0)
     try:
@@ -198,7 +204,7 @@ def test_cuda_hot_tier_matches_reference(tmp_path):
             for table, dim in TABLES.items():
                 ids = rng.choice(40, 12, replace=False).astype(np.int64)
                 g = rng.normal(0, 1, (12, dim)).astype(np.float32)
-                store.apply_gradients(table, ids, torch.from_numpy(g).cuda())
+                store.apply_gradients(table, ids, torch.from_numpy(g).to(TEST_DEVICE))
                 for k, i in enumerate(ids):
                     ref.apply(table, int(i), g[k])
         for table in TABLES:

@@ -1,0 +1,38 @@
+"""``scripts/gpu_check.sh --dry-run``: the GPU check's own steps on the CPU (its CUDA tests with
+``STREAMREC_TEST_DEVICE=cpu``, the benches at ``--tiny``), so the check a GPU machine runs cannot rot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(420)]
+
+
+def test_gpu_check_dry_run(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable}
+    out = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path), "--benches", "train,store"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=400)
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert out.returncode == 0 and summary["ok"], (out.stderr[-3000:], json.dumps(summary)[:3000])
+    assert summary["dry_run"] and summary["machine"]["device"] == "cpu"
+    tests = summary["tests"]
+    # every CUDA test ran its logic (none skipped on CPU) and the check names each one
+    assert tests["passed"] >= 4 and tests["failed"] == tests["errors"] == tests["skipped"] == 0
+    assert any("test_gpu_trainer_matches_cpu_trainer" in name for name in tests["cases"])
+    assert any("test_cuda_hot_tier_matches_reference" in name for name in tests["cases"])
+    # bench serve's --tiny run (the longest) is in tests/project/test_benches.py; the driver's bench step is one code path
+    assert set(summary["benches"]) == {"train", "store"}
+    for name, bench in summary["benches"].items():
+        assert bench["rc"] == 0 and bench["result"]["device"] == "cpu", (name, bench.get("error"))
+        assert "--tiny" in bench["command"] and "--device cpu" in bench["command"]
+        figures = [v for v in bench["result"].values() if isinstance(v, float)]
+        assert figures and all(math.isfinite(v) for v in figures), name
