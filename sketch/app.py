@@ -19,13 +19,15 @@
   snapshot's offset to its consumer group (``kafka.sketch_group``) through the
   Kafka protocol, as Flink and Kafka Streams do on each checkpoint. So
   ``kafka-consumer-groups``, Burrow, Kafka UI and lag alerts see the worker's
-  real position: the group's lag is the records not yet in a snapshot, at most
-  one checkpoint interval (``sketch.checkpoint_interval_s``) behind the
-  ``streamrec_sketch_partition_lag_records`` metric, and equal to it once the
-  worker has caught up and snapshotted. The committed offsets are for
-  monitoring: a restart resumes from the snapshots, never from the group. A
-  failed commit is logged as one warning line, its offsets are retried with
-  the next snapshot, and the worker keeps counting.
+  real position. The group's lag is the records not yet in a snapshot: the
+  ``streamrec_sketch_partition_lag_records`` metric plus what each partition
+  counted since its last snapshot (about one ``sketch.checkpoint_interval_s``
+  of traffic), and equal to the metric once the worker has caught up and
+  snapshotted. The committed offsets are for monitoring: a restart resumes
+  from the snapshots, never from the group, and overwrites the group's
+  offsets with the snapshots' own. A failed commit is logged as one warning
+  line (one per run of failures), its offsets are retried with the next
+  snapshot, and the worker keeps counting.
 * A timer merges the partition sketches, chooses the hot set (FAE policy) and
   publishes it to the compacted ``hot-set`` topic under one constant key every
   ``sketch.publish_interval_s``, or sooner when the set changed by more than
