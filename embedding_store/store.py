@@ -2,8 +2,9 @@
 
 Tiers and ownership: a row is *owned* by the hot tier (device tensor) while it is in
 the hot set; else by the host cache (``cache.py``, bounded, write-back, LRU) while it
-is cached; else by the cold tier (sharded RocksDB). Hot rows keep a backup copy in
-RocksDB, refreshed when they are demoted and at every checkpoint (only rows changed
+is cached; else by the cold tier (a ``ColdTier``, ``store_types.py``: sharded RocksDB,
+``cold.py``, unless another is passed as ``cold=``; the rules below are stated for it).
+Hot rows keep a backup copy in the cold tier, refreshed when they are demoted and at every checkpoint (only rows changed
 since are written); dirty cached rows are written back, batched, when evicted and at
 every checkpoint — so a checkpoint is a set of RocksDB checkpoints plus the hot id
 list. Promotion takes a row out of the cache (no copy is left behind), so every row
@@ -26,6 +27,12 @@ back (a clean reopen of the live directory loses no update, only the hot set);
   cross-shard undo, see cold.py), with hot rows at their last write-back.
 
 Not thread-safe: call it from one thread (the prefetcher is internal).
+
+This class holds the state and the lookup path; each other responsibility reads alone in
+its module: ``table.py`` (one table's state), ``rowpath.py`` (cold rows through cache,
+buffers and cold tier), ``optimizer.py`` (row-wise Adagrad where each row lives),
+``migration.py`` (hot set changes), ``checkpoint.py``, ``export.py`` (Arrow export,
+record import, scans), ``expiry.py``, ``stats.py``.
 """
 
 from __future__ import annotations
