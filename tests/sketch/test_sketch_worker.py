@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from streamrec.ingest import EventProducer, SyntheticStream
-from streamrec.sketch import HotSetFollower
+from streamrec.sketch import HotSetFollower, latest_hotset
+from streamrec.sketch.app import changelog_topic
+from tests.helpers.sketch import end_offsets, snapshot_offsets
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
 
@@ -87,6 +90,13 @@ def produce(cfg, bootstrap, start_chunk: int, n: int, bad: list[bytes] = ()) -> 
     return truth
 
 
+def _wait_snapshots_at_end(cfg, bootstrap, timeout: float = 60.0) -> None:
+    """Until every partition's newest snapshot in the worker's changelog holds the end of the events topic."""
+    ends = end_offsets(bootstrap, cfg.kafka.events_topic, cfg.kafka.partitions)
+    wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg)) == ends, timeout,
+               f"every partition's sketch snapshot at the end of {cfg.kafka.events_topic} ({ends})", interval=0.5)
+
+
 def test_worker_publishes_hottest_ids_and_resumes_after_kill(topics, bootstrap, tmp_path):
     cfg = topics
     cfg.sketch.publish_interval_s = 1.0
@@ -119,8 +129,8 @@ def test_worker_publishes_hottest_ids_and_resumes_after_kill(topics, bootstrap, 
         assert 0 < hs1.coverage <= hs1.hit_rate <= 1
         assert hs1.window_start_ms < hs1.window_end_ms
 
-        # let every partition's snapshot land in the table, then kill -9, produce more, restart
-        time.sleep(6 * cfg.sketch.checkpoint_interval_s)
+        # every partition's snapshot in the table, then kill -9, produce more, restart
+        _wait_snapshots_at_end(cfg, bootstrap)
         proc.kill()
         proc.wait(10)
         produce(cfg, bootstrap, 100, n2)
@@ -131,7 +141,10 @@ def test_worker_publishes_hottest_ids_and_resumes_after_kill(topics, bootstrap, 
         assert hs2 is not None, f"no hot set after restart; worker log:\n{log.read_text()[-3000:]}"
         # every partition resumed from its RocksDB snapshot (none was re-read from offset 0)
         assert log.read_text().count("resumed") == cfg.kafka.partitions
-        time.sleep(2.0)  # let any double counting show up in a later version
+        # once every partition is counted to its end, any double counting shows in a set published within
+        # the next two publish intervals (a set whose counts changed is due at the next one)
+        _wait_snapshots_at_end(cfg, bootstrap)
+        time.sleep(2 * cfg.sketch.publish_interval_s)
         hs3 = follower.latest()
         assert hs3.version >= hs2.version >= hs1.version  # versions never go backwards across restarts
         assert hs2.version == hs1.version + (not hs2.same_rows(hs1))
@@ -165,11 +178,10 @@ def test_a_restarted_worker_publishes_every_partitions_restored_counts(topics, b
     try:
         hs1 = follower.wait_for(1, timeout=60, predicate=lambda h: h.events == n1)
         assert hs1 is not None, f"no hot set covering {n1} events; worker log:\n{log.read_text()[-3000:]}"
-        time.sleep(6 * cfg.sketch.checkpoint_interval_s)  # every partition's snapshot is in the table
+        _wait_snapshots_at_end(cfg, bootstrap)  # every partition's snapshot is in the table
         proc.kill()
         proc.wait(10)
-        time.sleep(1.0)
-        before = follower.latest().version  # the last set the killed worker published
+        before = latest_hotset(bootstrap, cfg.kafka.hotset_topic).version  # the last set the killed worker published
         # after the restart only partition 0 gets new records
         p = make_producer(bootstrap)
         for i in range(5):
