@@ -72,6 +72,25 @@ def run_group(world: int, make_cfg, tmp, fn, timeout: float = 240.0) -> list:
     return [out[r] for r in range(world)]
 
 
+def run_group_scenarios(world: int, make_cfg, tmp, scenarios: dict, timeout: float = 240.0) -> dict[str, list]:
+    """Several rank functions (``name -> fn``) in ONE group of ``world`` spawned ranks, one after another, each with
+    a config and a directory of its own (``tmp / name``): one spawn and one gloo rendezvous for all of them. Returns
+    ``name -> results by rank``. Every scenario must leave the ranks in step (a scenario that ends in an error on
+    every rank at the same collective does); put those that end in errors last."""
+    fn = functools.partial(_each_scenario, make_cfg, tuple(scenarios.items()))
+    ranks = run_group(world, make_cfg, tmp, fn, timeout)
+    return {name: [r[name] for r in ranks] for name in scenarios}
+
+
+def _each_scenario(make_cfg, scenarios, rank, world, _cfg, tmp):
+    out = {}
+    for name, fn in scenarios:
+        sub = Path(tmp) / name
+        sub.mkdir(parents=True, exist_ok=True)
+        out[name] = fn(rank, world, make_cfg(sub), sub)
+    return out
+
+
 def rank1_config_errors(*cases: tuple[str, object]):
     """A ``run_group`` rank function: for each ``(key, value)`` in turn, rank 1 sets ``trainer.<key> = value``,
     then every rank builds its sharded core and trains one idle window; each rank returns the errors it got

@@ -12,7 +12,7 @@ from streamrec.trainer import TrainerCore
 from streamrec.trainer.sharding import owner_of
 
 from ..conftest import small_config
-from ..helpers.group import rank1_config_errors, run_group, split, synthetic
+from ..helpers.group import rank1_config_errors, run_group_scenarios, split, synthetic
 
 N_EVENTS, BATCH = 6144, 256
 
@@ -55,9 +55,9 @@ def _single(tmp):
 
 
 @pytest.mark.subprocess
-def test_two_ranks_train_the_model_one_trainer_would(tmp_path):
+def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs):
     core, store = _single(tmp_path)
-    ranks = run_group(2, _cfg, tmp_path, _train_rank)
+    ranks = group_runs["train"]
     for r in ranks:
         assert abs(r["auc"] - core.metrics.auc) <= 0.001, (r["auc"], core.metrics.auc)
         assert abs(r["logloss"] - core.metrics.logloss) <= 1e-3
@@ -75,9 +75,8 @@ def test_two_ranks_train_the_model_one_trainer_would(tmp_path):
 
 
 @pytest.mark.subprocess
-def test_an_idle_rank_joins_every_step_with_an_empty_batch(tmp_path):
-
-    ranks = run_group(2, _cfg, tmp_path, _idle_rank)
+def test_an_idle_rank_joins_every_step_with_an_empty_batch(group_runs):
+    ranks = group_runs["idle"]
     assert ranks[0]["events"] == N_EVENTS // 2 and ranks[1]["events"] == 0
     assert ranks[0]["steps"] == ranks[1]["steps"] == N_EVENTS // 2 // (BATCH // 2)
     # the group's AUC is known on the idle rank too: a number, the same one the busy rank reports
@@ -96,8 +95,8 @@ def _idle_rank(rank, world, cfg, tmp):
 
 
 @pytest.mark.subprocess
-def test_a_poisoned_event_is_refused_by_the_whole_group(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, _poisoned_rank)
+def test_a_poisoned_event_is_refused_by_the_whole_group(group_runs):
+    ranks = group_runs["poisoned"]
     assert ranks[1]["rejected"] == [5] and ranks[0]["rejected"] == []
     assert ranks[0]["finite"] and ranks[1]["finite"]
     assert ranks[0]["events"] + ranks[1]["events"] == 2 * 512 - 1
@@ -146,20 +145,38 @@ def _out_of_step_rank(rank, world, cfg, tmp):
 
 
 @pytest.mark.subprocess
-def test_ranks_out_of_step_get_a_clear_error(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, _out_of_step_rank)
+def test_ranks_out_of_step_get_a_clear_error(group_runs):
+    ranks = group_runs["out_of_step"]
     assert all("every rank must call train_window once per window" in r for r in ranks), ranks
 
 
 @pytest.mark.subprocess
-def test_ranks_with_different_group_settings_get_a_clear_error_naming_them(tmp_path):
+def test_ranks_with_different_group_settings_get_a_clear_error_naming_them(group_runs):
     """Settings every rank must share (the wire formats, the dense sum's compression, what batch_size counts):
     a rank with another value stops the group at once with the values named, not a gloo size mismatch."""
-    cases = [("exchange_precision", "bf16"), ("dense_allreduce_compression", "powersgd"), ("group_batch", "rank")]
-    ranks = run_group(2, _cfg, tmp_path, rank1_config_errors(*cases))
+    ranks = group_runs["config_errors"]
     for r in ranks:
         assert all("every rank of a group must use the same config" in e for e in r), r
     wire, powersgd, batch = zip(*ranks)
     assert "trainer.exchange_precision='fp32'" in wire[0] and "trainer.exchange_precision='bf16'" in wire[1]
     assert all("dense_allreduce_compression" in e for e in powersgd)
     assert "trainer.group_batch='group'" in batch[0] and "trainer.group_batch='rank'" in batch[1]
+
+
+# rank 1 with another value of a setting every rank must share (test_ranks_with_different_group_settings_...)
+SHARED_SETTING_CASES = [("exchange_precision", "bf16"), ("dense_allreduce_compression", "powersgd"),
+                        ("group_batch", "rank")]
+
+
+@pytest.fixture(scope="module")
+def group_runs(tmp_path_factory):
+    """Every group scenario of this file in one spawned group of two ranks, in turn (each with a config and a
+    directory of its own): one spawn and rendezvous instead of one per test. The scenarios that end in an error
+    on every rank come last."""
+    return run_group_scenarios(2, _cfg, tmp_path_factory.mktemp("sharded-group"), {
+        "train": _train_rank,
+        "idle": _idle_rank,
+        "poisoned": _poisoned_rank,
+        "out_of_step": _out_of_step_rank,
+        "config_errors": rank1_config_errors(*SHARED_SETTING_CASES),
+    })
