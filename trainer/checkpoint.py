@@ -10,6 +10,9 @@ A complete directory can still rot on disk (a flipped bit in an SST, a truncated
 log): :func:`verify_checkpoint` re-reads every file against ``checksums.json``
 and names the first that differs, and :func:`choose_checkpoint` falls back to the
 newest checkpoint that verifies, setting corrupt ones aside as ``corrupt-ckpt-<seq>``.
+A full, read-only or unwritable disk (or no file handle left) is never taken for a
+corrupt checkpoint: writing and verifying raise :class:`~streamrec.foundation.ResourceError`
+naming the checkpoint and the path, and nothing is set aside.
 Store SSTs are immutable and hard-linked from one checkpoint to the next, so
 their digests are cached by inode: each checkpoint hashes only its new files.
 """
@@ -26,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from streamrec.foundation import StreamrecError, sha256_file
+from streamrec.foundation import StreamrecError, as_resource_error, resource_step, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +79,9 @@ def verify_checkpoint(path: str | os.PathLike) -> bool:
     except FileNotFoundError:
         return False
     except (OSError, ValueError) as e:
+        err = as_resource_error(e, f"verifying checkpoint {path.name}", str(path / CHECKSUMS))
+        if err is not None:
+            raise err from e
         raise CheckpointError(f"{path / CHECKSUMS}: unreadable ({e})") from None
     for rel, (size, digest) in sorted(sums.items()):
         p = path / rel
@@ -86,6 +92,9 @@ def verify_checkpoint(path: str | os.PathLike) -> bool:
             if sha256_file(p) != digest:  # never the cache: the point is to read the bytes again
                 raise CheckpointError(f"{p}: sha256 does not match the checkpoint's (corrupt on disk)")
         except OSError as e:
+            err = as_resource_error(e, f"verifying checkpoint {path.name}", str(p))
+            if err is not None:  # no file handle, no permission: the machine's fault, not a corrupt checkpoint
+                raise err from e
             raise CheckpointError(f"{p}: cannot be read ({e.strerror or e})") from None
     return True
 
@@ -109,7 +118,8 @@ def set_aside(path: Path, why: str) -> Path:
     n = 1
     while dest.exists():
         dest, n = path.with_name(f"corrupt-{n}-" + path.name), n + 1
-    os.rename(path, dest)
+    with resource_step(f"setting checkpoint {path.name} aside", path):
+        os.rename(path, dest)
     log.error("checkpoint %s refused: %s; moved to %s, falling back to the previous one", path.name, why, dest.name)
     return dest
 
@@ -158,12 +168,13 @@ def write_checkpoint(root: str | os.PathLike, seq: int, state: dict[str, Any], d
                      write_store: Callable[[Path], Any], keep: int = 3) -> Path:
     """Write ``ckpt-<seq>`` atomically; ``write_store(dir)`` writes the store's own checkpoint into ``dir``."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"ckpt-{seq:09d}"
     tmp = root / f".tmp-ckpt-{seq:09d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    with resource_step(f"writing checkpoint {seq}", root):
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
     try:
         store_info = write_store(tmp / STORE)
         torch.save(dense, tmp / DENSE)
@@ -174,13 +185,18 @@ def write_checkpoint(root: str | os.PathLike, seq: int, state: dict[str, Any], d
         _fsync_tree(tmp)
     except BaseException as e:  # e.g. a full disk: the half-written directory must not keep the space
         shutil.rmtree(tmp, ignore_errors=True)
+        # the machine's fault (disk full, read-only, no file handles): one line naming the checkpoint and the path
+        err = as_resource_error(e, f"writing checkpoint {seq}", str(tmp)) if isinstance(e, Exception) else None
+        if err is not None:
+            raise err from e
         if isinstance(e, Exception) and not isinstance(e, StreamrecError):  # say where (torch's errors do not)
             raise CheckpointError(f"writing checkpoint {final} failed: {type(e).__name__}: {e}") from e
         raise
-    if final.exists():  # a leftover from a run that died after rename but before pruning
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
+    with resource_step(f"writing checkpoint {seq}", final):
+        if final.exists():  # a leftover from a run that died after rename but before pruning
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
     prune(root, keep)
     return final
 

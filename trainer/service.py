@@ -455,9 +455,11 @@ class TrainerService:
             self.publisher.publish(version, mark, None, self.core.model, dict(self.offsets), self._metric_values(),
                                    self.core.newest_event_ms, plan=plan, rows=rows)
             return version
-        except Exception:  # a snapshot failure must never stop training
-            log.exception("building a snapshot failed")
+        except Exception as e:
             self.publisher.request_full()  # the journal may be cut past what serving holds
+            if is_resource_error(e):  # the machine's fault (disk full, read-only, no file handles): the run stops
+                raise  # with the CLI's one line; a restart resumes from the last checkpoint, losing nothing
+            log.exception("building a snapshot failed")  # any other snapshot failure never stops training
             return None
 
     # -- telemetry --------------------------------------------------------------

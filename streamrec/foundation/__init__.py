@@ -12,6 +12,8 @@ Public surface::
     resolve_device(name)                                # "auto" -> cuda if present, else cpu
     hot_budget_rows(cfg), hot_row_bytes(dim)            # device-tier size, one rule for all
     sha256_file(path), save_npz(path, arrays), roc_auc(labels, scores), StreamrecError
+    resource_error_line(exc), is_resource_error(exc)   # disk full, read-only, no file handles: one line
+    ResourceError, resource_step(what, path), as_resource_error(exc, what, path)
     stop_process(proc, grace)                           # SIGTERM, then SIGKILL after a grace period
 """
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .lazy import lazy_exports
     from .npz import save_npz
     from .processes import stop_process
-    from .resources import is_resource_error, resource_error_line
+    from .resources import ResourceError, as_resource_error, is_resource_error, resource_error_line, resource_step
 
 # lazy: config readers (the CLI's --help) must not pay for numpy or torch
 _EXPORTS = {  # submodule: the public names it defines
@@ -45,7 +47,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".metrics": "roc_auc",
     ".npz": "save_npz",
     ".processes": "stop_process",
-    ".resources": "is_resource_error resource_error_line",
+    ".resources": "ResourceError as_resource_error is_resource_error resource_error_line resource_step",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from streamrec.foundation import INT64_MAX, INT64_MIN, sha256_file
+from streamrec.foundation import INT64_MAX, INT64_MIN, as_resource_error, sha256_file
 
 from .errors import SnapshotError
 
@@ -205,13 +206,35 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                    kafka_offsets: dict, metrics: dict, config_hash: str, newest_event_ms: int,
                    model_config: dict, store_config: dict | None = None,
                    rows_per_file: int = ROWS_PER_FILE) -> Path:
-    """Write a complete snapshot directory; the manifest goes last so a half-written one has none."""
-    from safetensors.torch import save_file
+    """Write a complete snapshot directory; the manifest goes last so a half-written one has none.
 
+    A full, read-only or unwritable disk (or no file handle left) raises :class:`~streamrec.foundation.ResourceError`
+    naming the snapshot and the file being written, and the half-written directory is removed so that it
+    keeps no space."""
     out = Path(out_dir)
     if (out / MANIFEST).exists():
         raise SnapshotError(f"{out} already holds a snapshot")
+    where = [out]  # the file being written, for the error line (pyarrow's and safetensors' errors name none)
+    try:
+        return _write_snapshot(out, where, version=version, parent_version=parent_version, kind=kind,
+                               dense_state=dense_state, rows=rows, kafka_offsets=kafka_offsets, metrics=metrics,
+                               config_hash=config_hash, newest_event_ms=newest_event_ms,
+                               model_config=model_config, store_config=store_config, rows_per_file=rows_per_file)
+    except Exception as e:
+        err = as_resource_error(e, f"writing snapshot v{int(version)}", str(where[0]))
+        if err is None:
+            raise
+        if not (out / MANIFEST).exists():
+            shutil.rmtree(out, ignore_errors=True)
+        raise err from e
+
+
+def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, dense_state, rows, kafka_offsets,
+                    metrics, config_hash, newest_event_ms, model_config, store_config, rows_per_file) -> Path:
+    from safetensors.torch import save_file
+
     out.mkdir(parents=True, exist_ok=True)
+    where[0] = out / DENSE
     state = {k: v.detach().cpu().contiguous().clone() for k, v in dense_state.items()}
     save_file(state, str(out / DENSE))
     names = [DENSE]
@@ -236,6 +259,7 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                         writer.close()
                     name = f"rows-{len(names) - 1:05d}.parquet"
                     names.append(name)
+                    where[0] = out / name
                     writer = pq.ParquetWriter(str(out / name), rows_schema(dim), compression="zstd")
                     n_in_file = 0
                 writer.write_batch(b)
@@ -253,7 +277,7 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
         rows=n_rows, files=files, store_config=_plain(store_config or {}),
     )
     m.check()
-    tmp = out / (MANIFEST + ".tmp")
+    tmp = where[0] = out / (MANIFEST + ".tmp")
     tmp.write_bytes(m.to_json())
     os.replace(tmp, out / MANIFEST)
     return out
