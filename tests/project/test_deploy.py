@@ -89,7 +89,8 @@ def test_services_agree_on_ports_tokens_and_the_health_check():
     trainer, _, _ = _load(services["trainer"])
     # serving binds all interfaces on the port compose publishes; the trainer pushes there with the same token
     assert serving.serving.host == "0.0.0.0"
-    assert f"{serving.serving.port}:{serving.serving.port}" in services["serving"]["ports"]
+    published = [_interpolate(p) for p in services["serving"]["ports"]]  # on 127.0.0.1 unless STREAMREC_PUBLISH_ADDR
+    assert f"127.0.0.1:{serving.serving.port}:{serving.serving.port}" in published
     assert trainer.push_targets() == [f"serving:{serving.serving.port}"]
     assert trainer.serving.push_token == serving.serving.push_token != ""
     # no default secret: compose refuses to start without STREAMREC_PUSH_TOKEN; and serving would refuse an
@@ -100,8 +101,8 @@ def test_services_agree_on_ports_tokens_and_the_health_check():
     assert push_exposure(serving) is None and "--insecure-push" not in services["serving"]["command"]
     serving.serving.push_token = ""
     assert push_exposure(serving) is not None
-    assert trainer.trainer.metrics_port and f"{trainer.trainer.metrics_port}:{trainer.trainer.metrics_port}" in [
-        str(p).split("#")[0].strip() for p in services["trainer"]["ports"]]
+    metrics = trainer.trainer.metrics_port
+    assert metrics and f"127.0.0.1:{metrics}:{metrics}" in [_interpolate(p) for p in services["trainer"]["ports"]]
     assert trainer.trainer.metrics_host == "0.0.0.0"  # the published port must be reachable from outside the container
     # the health check runs a module that exists, with a check() over the port serving listens on
     test = services["serving"]["healthcheck"]["test"]
@@ -190,7 +191,7 @@ def test_compose_file_is_well_formed():
             if key in s.get("healthcheck", {}):
                 assert DURATION.match(str(s["healthcheck"][key])), (name, key)
         for p in s.get("ports", []):
-            assert PORT.match(str(p).split("#")[0].strip()), (name, p)
+            assert PORT.match(_interpolate(str(p).split("#")[0].strip())), (name, p)
         for v in s.get("volumes", []):
             source, target = v.split(":")[:2]
             assert target.startswith("/"), (name, v)
@@ -290,7 +291,7 @@ def test_prometheus_scrapes_every_process_on_its_configured_port():
     assert all(":" in s["image"] and not s["image"].endswith(":latest") for s in mon.values())  # pinned
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mon["prometheus"]["volumes"]
     for s in mon.values():  # the UIs stay on the machine unless the operator publishes them
-        assert all(str(p).startswith("127.0.0.1:") for p in s.get("ports", [])), s["ports"]
+        assert all(_interpolate(str(p)).startswith("127.0.0.1:") for p in s.get("ports", [])), s["ports"]
 
 
 def test_grafana_is_provisioned_with_a_dashboard_of_exported_metrics():
