@@ -57,6 +57,39 @@ class SlowTaskFilter(logging.Filter):
         return m is None or float(m.group(1)) > self.keep_above_s
 
 
+def one_line_resource_error(record: logging.LogRecord):
+    """Rewrite a record at ERROR or above whose exception is the machine's (disk full, read-only, no
+    permission, no file handles: :func:`streamrec.foundation.resource_error_line`) as one line, its message
+    and that line, with no traceback. Returns the exception info it took off (None when it left the record
+    as it was)."""
+    exc = record.exc_info[1] if record.levelno >= logging.ERROR and record.exc_info else None
+    if exc is None:
+        return None
+    from streamrec.foundation import resource_error_line
+
+    line = resource_error_line(exc)
+    if line is None:
+        return None
+    exc_info = record.exc_info
+    record.msg, record.args = f"{record.getMessage()}: {line}", None
+    record.exc_info, record.exc_text = None, None
+    return exc_info
+
+
+class StderrHandler(logging.StreamHandler):
+    """Every process's log handler: a resource error logged with its traceback at ERROR (``log.exception``)
+    is written as one line (:func:`one_line_resource_error`) and its traceback follows at DEBUG, so an
+    operator's alerting sees a full disk, never a crash, whichever part of a process logged it."""
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        exc_info = one_line_resource_error(record)
+        handled = super().handle(record)
+        logger = logging.getLogger(record.name)
+        if exc_info is not None and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("the traceback of the error above", exc_info=exc_info)
+        return handled
+
+
 _format = {"value": "text"}
 
 
@@ -75,7 +108,7 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     lvl = logging.getLevelName(str(level).upper())
     if not isinstance(lvl, int):
         raise ValueError(f"--log-level {level!r}: use one of debug, info, warning, error")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else
                          logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
