@@ -9,8 +9,18 @@ reference model in the tests agree float-exactly.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
+
+
+@lru_cache(maxsize=16)
+def _scalars(device: torch.device, lr: float, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lr`` and ``eps`` as float32 tensors on ``device``, made once: ``torch.tensor(x, device=cuda)``
+    would copy from the host (and wait for it) on every call."""
+    return (torch.full((), lr, dtype=torch.float32, device=device),
+            torch.full((), eps, dtype=torch.float32, device=device))
 
 
 def adagrad_rows(w: torch.Tensor, acc: torch.Tensor, g: torch.Tensor, lr: float, eps: float):
@@ -21,8 +31,7 @@ def adagrad_rows(w: torch.Tensor, acc: torch.Tensor, g: torch.Tensor, lr: float,
     for j in range(1, dim):
         s = s + sq[:, j]
     acc_new = acc + s / torch.full_like(s, float(dim))  # a tensor divisor: a scalar one becomes * (1/dim)
-    lr_t = torch.tensor(lr, dtype=torch.float32, device=g.device)
-    eps_t = torch.tensor(eps, dtype=torch.float32, device=g.device)
+    lr_t, eps_t = _scalars(g.device, float(lr), float(eps))
     # same-shape operands: a broadcast divisor takes another (not bit-identical) kernel path
     # torch's vectorised float32 sqrt is not always correctly rounded; float64 sqrt rounded
     # to float32 is (53 >= 2*24 + 2 bits), so it equals IEEE float32 sqrt on every device

@@ -36,8 +36,10 @@ def apply_gradients(store, table: str, ids, grads) -> None:
     if len(ids) == 0:
         return
     grads = grads.detach()
-    gnp = grads.numpy() if grads.device.type == "cpu" else None  # host grads: numpy, no torch dispatch
-    if not bool(np.isfinite(gnp).all() if gnp is not None else torch.isfinite(grads).all()):
+    # one host copy per table: the finite check and the cold rows' update read it, and on a GPU it is the
+    # step's one wait for the device (a device-side check would be a second one)
+    gnp = grads.numpy() if grads.device.type == "cpu" else grads.cpu().numpy()
+    if not bool(np.isfinite(gnp).all()):
         raise StoreError(f"{table}: grads contain NaN or inf; nothing was applied")
     now = time.time()
     memo = store._memo.pop(t.name, None)
@@ -75,10 +77,7 @@ def apply_gradients(store, table: str, ids, grads) -> None:
     else:
         old, found, cslots = rowpath.cold_rows(store, t, cids, touch=True, count=False, known=cslots)
     store.created += len(found) - int(np.count_nonzero(found))
-    if gnp is not None:
-        g = gnp if len(cp) == len(ids) else gnp[cp]
-    else:
-        g = grads[torch.from_numpy(cp).to(grads.device)].cpu().numpy()
+    g = gnp if len(cp) == len(ids) else gnp[cp]
     new = old if cached or refused_out else old.copy()  # old records are not needed again then
     new["w"], new["acc"] = adagrad_rows_np(old["w"], old["acc"], g, store.lr, store.eps)
     new["ts"] = now
@@ -93,21 +92,54 @@ def apply_gradients(store, table: str, ids, grads) -> None:
 
 
 def _apply_hot(store, t, ids: np.ndarray, slots: np.ndarray, is_hot: np.ndarray,
-               grads: torch.Tensor, gnp: np.ndarray | None, now: float) -> None:
-    """The hot rows' part of a step: updated in place on the device."""
+               grads: torch.Tensor, gnp: np.ndarray, now: float) -> None:
+    """The hot rows' part of a step: updated in place on the device (or queued for
+    :func:`flush_hot_updates` inside ``EmbeddingStore.fused_hot_updates``)."""
     hp = np.flatnonzero(is_hot)
     s = slots[hp]
+    every = len(hp) == len(ids)
     if store.device.type == "cpu":  # numpy: same IEEE ops, no per-op dispatch cost
         hw, ha = t.hot.w.numpy(), t.hot.acc.numpy()
-        g = gnp if gnp is not None else grads.cpu().numpy()
-        g = g if len(hp) == len(ids) else g[hp]
+        g = gnp if every else gnp[hp]
         hw[s], ha[s] = adagrad_rows_np(hw[s], ha[s], g, store.lr, store.eps)
     else:
-        st = torch.from_numpy(s).to(store.device)
-        g = grads[torch.from_numpy(hp).to(grads.device)].to(store.device)
-        w, acc = adagrad_rows(t.hot.w[st], t.hot.acc[st], g, store.lr, store.eps)
-        t.hot.w[st] = w
-        t.hot.acc[st] = acc
+        g = (grads if every else grads[torch.from_numpy(hp).to(grads.device)]).to(store.device)
+        if store._hot_queue is not None:
+            store._hot_queue.append((t, s, g))
+        else:
+            fused_hot_update([(t.hot.w, t.hot.acc, s, g)], store.lr, store.eps, store.device)
     t.hot.dirty[s] = True
     t.hot.ep[s] = store.write_epoch
     t.hot.ts[s] = now
+
+
+def fused_hot_update(parts, lr: float, eps: float, device: torch.device) -> None:
+    """Row-wise Adagrad on several tables' device rows with one set of kernels.
+
+    ``parts``: ``(w [rows, dim], acc [rows], slots np.ndarray, grads [len(slots), dim])`` per table,
+    slots unique within a table. The rows of every table of one width are gathered into one
+    batch, updated by one :func:`adagrad_rows` call and scattered back. Adagrad is elementwise
+    per row, so the result is bit-identical to one call per table; only the number of kernel
+    launches changes (one batch instead of one per table), which is what bounds a GPU step.
+    """
+    by_dim: dict[int, list] = {}
+    for part in parts:
+        if len(part[2]):
+            by_dim.setdefault(int(part[0].shape[1]), []).append(part)
+    for group in by_dim.values():
+        sizes = [len(s) for _, _, s, _ in group]
+        slots = torch.split(torch.from_numpy(np.concatenate([s for _, _, s, _ in group])).to(device), sizes)
+        w = torch.cat([w[st] for (w, _, _, _), st in zip(group, slots)])
+        acc = torch.cat([a[st] for (_, a, _, _), st in zip(group, slots)])
+        g = torch.cat([g for _, _, _, g in group])
+        w_new, acc_new = adagrad_rows(w, acc, g, lr, eps)
+        for (w_t, a_t, _, _), st, wn, an in zip(group, slots, torch.split(w_new, sizes), torch.split(acc_new, sizes)):
+            w_t[st] = wn
+            a_t[st] = an
+
+
+def flush_hot_updates(store) -> None:
+    """Apply the device-tier updates queued since ``fused_hot_updates`` began."""
+    queue, store._hot_queue = store._hot_queue, None
+    if queue:
+        fused_hot_update([(t.hot.w, t.hot.acc, s, g) for t, s, g in queue], store.lr, store.eps, store.device)

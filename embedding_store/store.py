@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
@@ -153,6 +154,7 @@ class EmbeddingStore:
         # gradients of any (and prefetches every table of the next step)
         self._memo: dict[str, Probe] = {}
         self._pre: dict[str, Probe] = {}
+        self._hot_queue: list | None = None  # device-tier updates queued inside fused_hot_updates()
         self._closed = False
 
     @classmethod
@@ -299,6 +301,22 @@ class EmbeddingStore:
     def apply_gradients(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> None:
         """Row-wise Adagrad on rows ``ids`` (unique) with ``grads [n, dim]`` float32 (``optimizer.py``)."""
         optimizer.apply_gradients(self, table, ids, grads)
+
+    @contextmanager
+    def fused_hot_updates(self) -> Iterator[None]:
+        """Within the block, the device tier's share of every ``apply_gradients`` is queued and
+        applied at the block's end, for all tables at once (``optimizer.fused_hot_update``: the
+        same values, one batch of kernels instead of one per table). Reads inside the block see
+        the hot rows as they were before it: wrap only code that reads every row before it
+        applies any gradient, as a training step does. On a CPU store this changes nothing."""
+        if self.device.type == "cpu" or self._hot_queue is not None:
+            yield
+            return
+        self._hot_queue = []
+        try:
+            yield
+        finally:
+            optimizer.flush_hot_updates(self)
 
     def upsert_rows(self, table: str, ids: np.ndarray, vectors: np.ndarray) -> None:
         """Overwrite the vectors of rows ``ids`` (unique); optimizer state kept (zero if new)."""

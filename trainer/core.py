@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -140,7 +141,11 @@ class TrainerCore:
         hot_n, trained = 0, 0
         rejected: list[np.ndarray] = []
         reasons: list[str] = []
+        marker = self.step_marker
         for i, (s, sub) in enumerate(zip(steps, subs)):
+            if marker is not None:  # a death from here to the next mark names exactly these events' records
+                at = np.concatenate([s.rows, s.prescore]) if len(s.prescore) else s.rows
+                marker.mark_step(bt.part[at], bt.off[at])
             if len(s.prescore):
                 bt.scores[s.prescore] = self.predict(buf.take(s.prescore))
             if uniqs[i] is None:
@@ -163,6 +168,8 @@ class TrainerCore:
             trained += len(rows)
             if s.kind == "hot":
                 hot_n += len(rows)
+        if marker is not None and steps:
+            marker.step_done()
         out = np.sort(np.concatenate(rejected)) if rejected else np.zeros(0, np.int64)
         # this call's events, in arrival order: their scores (NaN while waiting or when rejected)
         n_buf = len(buf)
@@ -232,12 +239,18 @@ class TrainerCore:
         return scores, out, reason
 
     on_step = None  # called with each training step's seconds (the trainer's Prometheus histogram), if set
+    # the crash-loop marker (the consumer: ``mark_step(partitions, records)`` before each step names the
+    # records of its events, early-scored ones included; ``step_done()`` after the last), if set
+    step_marker = None
 
     def _step(self, sub: EventBatch, uniques) -> np.ndarray:
         t0 = time.perf_counter()
         try:
-            return train_step(self.model, self.opt, sub, self.fields, self.store.lookup, self.store.apply_gradients,
-                              self.device, uniques=uniques)
+            # every table's rows are read before any gradient is applied: the device tier's updates
+            # of all tables go out as one batch of kernels at the step's end
+            with getattr(self.store, "fused_hot_updates", nullcontext)():
+                return train_step(self.model, self.opt, sub, self.fields, self.store.lookup,
+                                  self.store.apply_gradients, self.device, uniques=uniques)
         finally:
             if self.on_step is not None:
                 self.on_step(time.perf_counter() - t0)
