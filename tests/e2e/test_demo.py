@@ -66,13 +66,13 @@ def test_demo_end_to_end(bootstrap, tmp_path, trainers, request):
     assert not [n for n, p in pids.items() if pid_alive(p)], "demo left processes running"
     assert (run_dir / "report.png").exists() and (run_dir / "report.md").exists()
     # the served model judged from outside: held-out events through Predict, next to their Bayes-optimal AUC
-    # the demo's served model reaches 0.73-0.79 against a Bayes-optimal ~0.83 (README, BENCHMARKS.md): the floor,
-    # 60% of the way from chance to Bayes (~0.70), leaves a margin of ~0.03-0.09 below what it measures
+    # the served model measures 0.745 with two trainers on 40k events and 0.77-0.79 with one on 60k, against a
+    # Bayes-optimal 0.84: the floor, 60% of the way from chance to Bayes (~0.705), is 0.04-0.08 below those
     served_floor = 0.5 + 0.6 * (result["bayes_auc"] - 0.5)
     assert served_floor < result["served_auc"] <= result["bayes_auc"] + 0.03, (served_floor, result)
     assert result["predict_latency_ms"]["p50"] > 0
-    # by the Kafka clock; the demo measures a 2-8 s median (README, BENCHMARKS.md), 13 s on a loaded machine:
-    # 30 s is the product's freshness goal for the demo, a margin of 2x over the slowest median seen
+    # by the Kafka clock; the demo measures a 2-8 s median (2.2 s with two trainers; README, BENCHMARKS.md), 13 s
+    # on a loaded machine: 30 s is the product's freshness goal for the demo, over 2x the slowest median seen
     assert result["freshness_s_median"] is not None and result["freshness_s_median"] < 30, result
     report = (run_dir / "report.md").read_text()
     for line in ("## Run settings", "Bayes-optimal AUC", "served model's AUC", "Predict latency", "consumer lag",
