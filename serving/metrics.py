@@ -95,6 +95,13 @@ class ServingMetrics(grpc.ServerInterceptor):
                                   "start)", value=getattr(svc, "swaps", 0))
         yield CounterMetricFamily("streamrec_serving_events_scored", "events scored by Predict",
                                   value=svc.events_served)
+        yield CounterMetricFamily("streamrec_serving_stored_versions_damaged", "stored versions refused because a "
+                                  "file differs from its record at install (at start or before a delta on them)",
+                                  value=getattr(svc, "stored_refused", 0))
+        yield CounterMetricFamily("streamrec_serving_stored_verify_seconds", "time spent hashing stored versions' "
+                                  "files (once per file at start and per delta)", value=getattr(svc, "verify_s", 0.0))
+        yield CounterMetricFamily("streamrec_serving_stored_verify_bytes", "bytes hashed verifying stored versions",
+                                  value=getattr(svc, "verify_bytes", 0))
         v = svc.current
         yield GaugeMetricFamily("streamrec_serving_up", "1 while a model is served", value=1 if v is not None else 0)
         version = GaugeMetricFamily("streamrec_serving_model_version", "version of the served model")

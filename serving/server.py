@@ -61,7 +61,7 @@ from .merge import RequestMerger
 from .pb import SERVICE, pb, pb_grpc
 from .receiver import parse_chunks, receive_snapshot
 from .reflection import V1_SERVICE, V1ALPHA_SERVICE, enable_reflection
-from .version import ServedVersion, check_model_config, load_version, restore_newest
+from .version import ServedVersion, StoredVersionDamaged, check_model_config, load_version, restore_newest
 
 log = logging.getLogger("streamrec.serving")
 
@@ -195,9 +195,23 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.max_snapshot_bytes = int(s.max_snapshot_mb) * 1024**2
         self.merger = RequestMerger(lambda v, b: v.predict(b), lambda v: v.fields, lambda v: v.dense_dim,
                                     cfg.serving.merge_max_events)
-        restored = restore_newest(self.versions, cfg, device)  # a restart serves what it served before
+        # stored versions checked against their install record (version.py): counted, timed, and why none is served
+        self.stored_refused = 0  # stored versions found damaged (at start or before a delta on them)
+        self.verify_bytes = 0  # bytes hashed verifying stored versions, and the seconds it took
+        self.verify_s = 0.0
+        self.last_verify: dict = {}  # the last verification: {"when": "start"|"delta", "bytes", "seconds"}
+        self.not_serving_reason = ""  # set while nothing is served because stored versions failed their checks
+        skipped: list = []
+        restored = restore_newest(self.versions, cfg, device, skipped)  # a restart serves what it served before
+        self.stored_refused += sum(isinstance(e, StoredVersionDamaged) for _, e in skipped)
         if restored is not None:
+            if restored.verified is not None:
+                self._count_verify("start", *restored.verified)
             self._swap(restored)
+        elif skipped:
+            self.not_serving_reason = ("no stored version verifies (" + "; ".join(f"version {n}: {e}" for n, e in skipped)
+                                       + "); not serving until a full snapshot is pushed")
+            log.error("NOT_SERVING: %s", self.not_serving_reason)
 
     # -- versions -------------------------------------------------------
     @property
@@ -211,12 +225,43 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                 return v
             # retired and closed between the read and acquire: the new one is in place, retry
 
+    def _count_verify(self, when: str, n_bytes: int, seconds: float) -> None:
+        with self._count_lock:
+            self.verify_bytes += n_bytes
+            self.verify_s += seconds
+            self.last_verify = {"when": when, "bytes": n_bytes, "seconds": seconds}
+
+    def _verify_parent(self, parent: ServedVersion) -> None:
+        """Before a delta is applied on ``parent``: its stored files as recorded at install. A damaged parent
+        is taken out of service at once (Predict answers UNAVAILABLE, health NOT_SERVING, Status says why)
+        and the delta is refused with DATA_LOSS naming the file, so the trainer sends a full snapshot."""
+        try:
+            n, seconds = parent.verify()
+        except StoredVersionDamaged as e:
+            with self._count_lock:
+                self.stored_refused += 1
+            reason = f"stored version {e.version} is damaged: {e}; not serving until a full snapshot is pushed"
+            log.error("NOT_SERVING: %s", reason)
+            with self._swap_lock:
+                taken = self._current is parent
+                if taken:
+                    self._current = None
+                    self.not_serving_reason = reason
+            if taken:
+                if self.health is not None:
+                    self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+                    self.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+                parent.retire(keep_dir=True)  # left on disk for the operator; a restart skips it (damaged)
+            raise SnapshotError(f"parent_version: {reason}", code="DATA_LOSS") from None
+        self._count_verify("delta", n, seconds)
+
     def _swap(self, new: ServedVersion) -> None:
         with self._swap_lock:
             closed = self._closed
             if not closed:
                 old, self._current = self._current, new
                 self.swaps += 1
+                self.not_serving_reason = ""
         if closed:  # an install that outlived close(): never current; its complete directory is kept for the next start
             new.retire(keep_dir=True)
             raise SnapshotError(f"server is shutting down; version {new.version} is kept for the next start", code="UNAVAILABLE")
@@ -236,6 +281,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             # copies its store (it was closed under the load, or the load failed)
             parent = self._acquire()
             try:
+                if manifest.kind == "delta" and parent is not None and parent.version == manifest.parent_version:
+                    self._verify_parent(parent)
                 v = load_version(staged, manifest, parent, self.versions, self.cfg, self.device)
             finally:
                 if parent is not None:
@@ -395,7 +442,9 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         request = self._parse_predict(request, context)
         v = self._acquire()
         if v is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "no model loaded yet; push a snapshot first")
+            why = self.not_serving_reason
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"not serving: {why}" if why else
+                          "no model loaded yet; push a snapshot first")
         try:
             cost = 0
             # every id takes at least a byte on the wire: a request of few bytes cannot be heavy (and the
@@ -497,7 +546,9 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         resp = pb.StatusResponse(requests_served=self.requests_served, events_served=self.events_served,
                                  process=self.siblings.index if self.siblings is not None else 0,
                                  processes=self.cfg.serving.processes if self.siblings is not None else 1)
-        if v is not None:
+        if v is None:
+            resp.not_serving_reason = self.not_serving_reason
+        else:
             m = v.manifest
             now_ms = time.time() * 1000
             resp.serving = True

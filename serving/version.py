@@ -12,11 +12,21 @@ The swap is one reference assignment; each request holds a reference (refcount)
 to the version it started on, and a retired version's store is closed and its
 directory removed only when its last request has finished.
 
-Restart: a loaded version also writes its merged dense weights, its manifest and
-its memory-row ids into its directory, then ``served.json`` last (atomically), so
-a directory with ``served.json`` is complete. ``restore_newest`` serves the
-newest complete one after a restart and skips (with a log line) any that is
-half-written or fails its checks.
+Immutable once installed (why serving never answers from a damaged copy): a
+version's store is written only while the version loads; then it is closed, and
+every file of the version directory (dense weights, manifest, memory-row ids and
+each RocksDB file of ``store/``) is recorded with its size and sha256 in
+``served.json``, written last (atomically), so a directory with ``served.json``
+is complete. From then on the store is opened read-only. A delta copies its
+parent's store (hard links to the SST files, copies of the small mutable ones)
+and writes only that copy. The record is checked, one hash per file, at every
+start (``restore_version``) and before a delta is applied on a version
+(``ServedVersion.verify``); never per request. RocksDB's ``LOCK`` and info
+``LOG`` files hold no rows and are not recorded; any other file that is missing,
+of another size or content, or not recorded at all, makes the version damaged
+(``StoredVersionDamaged``, DATA_LOSS, naming the file). ``restore_newest`` serves
+the newest complete version that verifies after a restart and skips (with a log
+line) any that is half-written, damaged or fails its checks.
 """
 
 from __future__ import annotations
@@ -33,7 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrec.foundation import Config, ConfigError, ModelConfig, load_config, save_npz, sha256_file
+from streamrec.foundation import (Config, ConfigError, ModelConfig, load_config, resource_error_line, save_npz,
+                                  sha256_file)
 from streamrec.model import DLRM, predict_batch
 from streamrec.snapshot import DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, read_dense
 
@@ -43,6 +54,78 @@ log = logging.getLogger("streamrec.serving")
 
 SERVED = "served.json"  # written last: its presence marks a complete version directory
 MEMORY_IDS = "memory-ids.npz"
+STORED_FORMAT = 2  # served.json records every file of the directory (format 1 recorded three, not the store)
+UNRECORDED = ("LOCK", "LOG")  # RocksDB's lock file and info log: no rows in them, rewritten by any open
+HASH_THREADS = 4  # files hashed at once when a version is verified (hashlib releases the GIL)
+
+
+class StoredVersionDamaged(SnapshotError):
+    """A stored version's file differs from what was recorded when it was installed (DATA_LOSS)."""
+
+    def __init__(self, version: int, file: str, what: str):
+        super().__init__(f"{file}: {what} (corrupt stored version {version})", code="DATA_LOSS")
+        self.version = version
+        self.file = file
+
+
+def _recorded(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return not (name in UNRECORDED or name.startswith("LOG.old") or name in (SERVED, SERVED + ".tmp"))
+
+
+def stored_files(vdir: Path) -> list[str]:
+    """Relative paths (``/``-separated) of the files of a version directory that its record covers."""
+    out = []
+    for p in vdir.rglob("*"):
+        if p.is_file() or p.is_symlink():
+            rel = p.relative_to(vdir).as_posix()
+            if _recorded(rel):
+                out.append(rel)
+    return sorted(out)
+
+
+def record_files(vdir: Path, known: dict[str, tuple] | None = None) -> dict[str, dict]:
+    """``{file: {"bytes", "sha256"}}`` of every recorded file of ``vdir``. ``known``: file -> ((st_dev, st_ino),
+    record) of files hard-linked from a parent whose record was verified just before: the same inode is the
+    same bytes, so its record is reused instead of hashing it again."""
+    out, todo = {}, []
+    for rel in stored_files(vdir):
+        st = os.stat(vdir / rel)
+        k = (known or {}).get(rel)
+        if k is not None and k[0] == (st.st_dev, st.st_ino) and k[1]["bytes"] == st.st_size:
+            out[rel] = dict(k[1])
+        else:
+            todo.append((rel, st.st_size))
+    if todo:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(HASH_THREADS, len(todo))) as pool:
+            for (rel, size), digest in zip(todo, pool.map(lambda t: sha256_file(vdir / t[0]), todo)):
+                out[rel] = {"bytes": int(size), "sha256": digest}
+    return out
+
+
+def verify_files(vdir: Path, recorded: dict[str, dict], version: int) -> int:
+    """Check every file of ``vdir`` against ``recorded`` (sizes first, then one sha256 per file); returns the
+    bytes hashed. Raises ``StoredVersionDamaged`` naming the first file that is missing, differs, or is not
+    recorded (an unrecorded RocksDB log or table would be read as rows)."""
+    present = set(stored_files(vdir))
+    for rel in sorted(present - set(recorded)):
+        raise StoredVersionDamaged(version, rel, f"not recorded in {SERVED} at install")
+    for rel, info in sorted(recorded.items()):
+        if rel not in present:
+            raise StoredVersionDamaged(version, rel, "missing")
+        size = os.stat(vdir / rel).st_size
+        if size != info["bytes"]:
+            raise StoredVersionDamaged(version, rel, f"{size} bytes, {SERVED} recorded {info['bytes']}")
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = sorted(recorded)
+    with ThreadPoolExecutor(max(1, min(HASH_THREADS, len(names)))) as pool:
+        for rel, digest in zip(names, pool.map(lambda r: sha256_file(vdir / r), names)):
+            if digest != recorded[rel]["sha256"]:
+                raise StoredVersionDamaged(version, rel, f"sha256 does not match {SERVED}")
+    return sum(int(i["bytes"]) for i in recorded.values())
 
 
 class Refused(SnapshotError):
@@ -143,8 +226,11 @@ class ServedVersion:
     """
 
     def __init__(self, manifest: Manifest, model: DLRM, store, model_cfg: ModelConfig, dense_state: dict,
-                 directory: Path, rows_held: int, device: torch.device, memory: MemoryRows | None = None):
+                 directory: Path, rows_held: int, device: torch.device, memory: MemoryRows | None = None,
+                 files: dict[str, dict] | None = None):
         self.manifest = manifest
+        self.files = dict(files or {})  # what served.json records: file -> {"bytes", "sha256"}
+        self.verified: tuple[int, float] | None = None  # (bytes, seconds) of the check at restore
         self.version = manifest.version
         self.model = model
         self.forward = scoring_forward(model, model_cfg, device)  # bit-identical to model(...), faster
@@ -189,6 +275,13 @@ class ServedVersion:
     def predict_via_store(self, batch) -> np.ndarray:
         """The trainer's scoring path over the store alone (a cross-check for tests)."""
         return predict_batch(self.model, batch, self.fields, self.lookup, self.device)
+
+    def verify(self) -> tuple[int, float]:
+        """Check this version's directory against its record (``verify_files``); returns (bytes hashed,
+        seconds). Raises ``StoredVersionDamaged`` naming the file."""
+        t0 = time.perf_counter()
+        n = verify_files(self.directory, self.files, self.version)
+        return n, time.perf_counter() - t0
 
     def acquire(self) -> bool:
         with self._lock:
@@ -251,30 +344,72 @@ def _new_store(model_cfg: ModelConfig, cfg: Config, manifest: Manifest, device: 
                           **_store_kwargs(cfg, manifest, device))
 
 
-def _store_from_parent(parent: "ServedVersion", cfg: Config, manifest: Manifest, device: torch.device, path: Path):
-    """A RocksDB checkpoint of the parent's store (hard links), opened as this version's own store."""
+def _store_from_parent(parent: "ServedVersion", cfg: Config, manifest: Manifest, device: torch.device,
+                       path: Path) -> tuple[Any, dict[str, tuple]]:
+    """A copy of the parent's (read-only, closed for writes) store opened writable as this version's own:
+    SST files are hard-linked (RocksDB never writes an SST once made, and the copy's new ones get new
+    names), every other file is copied, so writing the copy never changes a byte of the parent. Returns the
+    store and, per hard-linked file, ((st_dev, st_ino), the parent's record) for ``record_files``."""
     from streamrec.embedding_store import EmbeddingStore
 
+    src = parent.directory / "store"
+    known: dict[str, tuple] = {}
     with parent._store_lock:
-        parent.store.checkpoint(str(path))
-    return EmbeddingStore.restore(str(path), **_store_kwargs(cfg, manifest, device))
+        for p in sorted(src.rglob("*")):
+            rel = p.relative_to(src)
+            dest = path / rel
+            if p.is_dir():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            if not _recorded(rel.as_posix()):
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if p.suffix == ".sst":
+                try:
+                    os.link(p, dest)
+                    st = os.stat(dest)
+                    rec = parent.files.get(f"store/{rel.as_posix()}")
+                    if rec is not None:
+                        known[f"store/{rel.as_posix()}"] = ((st.st_dev, st.st_ino), rec)
+                    continue
+                except OSError as e:
+                    if resource_error_line(e):
+                        raise
+                    # another file system or no hard links there: copy it
+            shutil.copyfile(p, dest)
+    return EmbeddingStore.restore(str(path), **_store_kwargs(cfg, manifest, device)), known
 
 
-def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, rows_held: int) -> None:
-    """What a restart needs to serve this version again; ``served.json`` last."""
+def _open_stored(vdir: Path, cfg: Config, manifest: Manifest, device: torch.device):
+    """A stored version's store, opened read-only: serving never writes an installed version."""
+    from streamrec.embedding_store import EmbeddingStore
+
+    return EmbeddingStore.restore(str(vdir / "store"), read_only=True, **_store_kwargs(cfg, manifest, device))
+
+
+def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, rows_held: int,
+             known: dict[str, tuple] | None = None) -> dict[str, dict]:
+    """What a restart needs to serve this version again, then ``served.json`` last: the record of every file
+    (its store closed before, so no byte changes after). Returns that record."""
     from safetensors.torch import save_file
 
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(vdir / DENSE))
     (vdir / MANIFEST).write_bytes(manifest.to_json())
     save_npz(vdir / MEMORY_IDS, {f: memory.ids[f] for f in memory.fields})  # not np.savez(**): a field may be named "file"
-    info = {"format": 1, "version": manifest.version, "rows_held": int(rows_held),
-            "files": {n: sha256_file(vdir / n) for n in (DENSE, MANIFEST, MEMORY_IDS)}}
+    files = record_files(vdir, known)
+    info = {"format": STORED_FORMAT, "version": manifest.version, "rows_held": int(rows_held), "files": files}
     tmp = vdir / (SERVED + ".tmp")
     with open(tmp, "w") as f:
         json.dump(info, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, vdir / SERVED)
+    fd = os.open(vdir, os.O_RDONLY)  # the rename itself survives a power loss
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return files
 
 
 def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None, versions_root: Path,
@@ -307,8 +442,9 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
         model.to(device).eval()
         fields = list(model_cfg.field_names)
         dim = model_cfg.embedding_dim
+        known = None
         if manifest.kind == "delta":
-            store = _store_from_parent(parent, cfg, manifest, device, vdir / "store")
+            store, known = _store_from_parent(parent, cfg, manifest, device, vdir / "store")
             rows_held = parent.rows_held
             parts = parent.memory.parts()
             old_memory = parent.memory
@@ -348,9 +484,12 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             if take.any():
                 parts.setdefault(table, []).append((ids[take], vectors[take]))
         memory = MemoryRows.build(fields, dim, device, parts)
-        _persist(vdir, manifest, state, memory, rows_held)
+        store.close()  # every write done: from here on the version is recorded and read-only
+        store = None
+        files = _persist(vdir, manifest, state, memory, rows_held, known)
+        store = _open_stored(vdir, cfg, manifest, device)
         return ServedVersion(manifest, model, store, model_cfg, {k: v.detach().clone() for k, v in state.items()},
-                             vdir, rows_held, device, memory)
+                             vdir, rows_held, device, memory, files)
     except BaseException as e:
         if store is not None:
             try:
@@ -373,15 +512,21 @@ def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVers
     """Open a complete version directory a previous server process left; raises on anything amiss."""
     from safetensors.torch import load_file
 
-    from streamrec.embedding_store import EmbeddingStore
-
     marker = vdir / SERVED
     if not marker.exists():
         raise SnapshotError(f"no {SERVED} (half-written)", code="DATA_LOSS")
-    info = json.loads(marker.read_text())
-    for name, digest in info["files"].items():
-        if sha256_file(vdir / name) != digest:
-            raise SnapshotError(f"{name}: sha256 does not match {SERVED} (corrupt)", code="DATA_LOSS")
+    try:
+        info = json.loads(marker.read_text())
+        n = int(info["version"])
+        files = info["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise SnapshotError(f"{SERVED}: unreadable ({type(e).__name__}: {e}) (corrupt)", code="DATA_LOSS") from None
+    if info.get("format") != STORED_FORMAT:
+        raise SnapshotError(f"{SERVED}: format {info.get('format')} records no checksums of the store's files, so "
+                            "the version cannot be verified; it needs a full snapshot", code="DATA_LOSS")
+    t0 = time.perf_counter()
+    n_bytes = verify_files(vdir, files, n)
+    verified = (n_bytes, time.perf_counter() - t0)
     manifest = Manifest.from_json((vdir / MANIFEST).read_bytes())
     if manifest.version != info["version"]:
         raise SnapshotError(f"{MANIFEST} is version {manifest.version}, {SERVED} says {info['version']}", code="DATA_LOSS")
@@ -390,7 +535,7 @@ def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVers
     model = DLRM.from_config(model_cfg)
     model.load_state_dict(state, strict=True)
     model.to(device).eval()
-    store = EmbeddingStore.restore(str(vdir / "store"), **_store_kwargs(cfg, manifest, device))
+    store = _open_stored(vdir, cfg, manifest, device)
     try:
         fields = list(model_cfg.field_names)
         parts = {}
@@ -403,14 +548,19 @@ def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVers
     except BaseException:
         store.close()
         raise
-    return ServedVersion(manifest, model, store, model_cfg, state, vdir, int(info["rows_held"]), device, memory)
+    v = ServedVersion(manifest, model, store, model_cfg, state, vdir, int(info["rows_held"]), device, memory, files)
+    v.verified = verified
+    return v
 
 
-def restore_newest(versions_root: Path, cfg: Config, device: torch.device) -> ServedVersion | None:
-    """The newest complete version under ``versions_root`` (None if there is none).
+def restore_newest(versions_root: Path, cfg: Config, device: torch.device,
+                   skipped: list | None = None) -> ServedVersion | None:
+    """The newest complete version under ``versions_root`` that verifies (None if there is none).
 
     Half-written directories (no ``served.json``) and directories older than the one
-    restored are removed; a complete one that fails to open is skipped and left in place."""
+    restored are removed; a complete one that fails its checks or to open is skipped and
+    left in place (evidence for the operator), and ``(version, exception)`` is appended to
+    ``skipped``."""
     dirs = []
     for p in versions_root.glob("v*"):
         try:
@@ -431,5 +581,9 @@ def restore_newest(versions_root: Path, cfg: Config, device: torch.device) -> Se
             found = restore_version(p, cfg, device)
             log.info("restored version %d from %s (%d rows held)", found.version, p, found.rows_held)
         except Exception as e:  # any failure: skip it, try the next older one
-            log.warning("skipping version directory %s: %s: %s", p, type(e).__name__, e)
+            name = "SnapshotError" if isinstance(e, SnapshotError) else type(e).__name__
+            level = logging.ERROR if isinstance(e, StoredVersionDamaged) else logging.WARNING
+            log.log(level, "skipping version directory %s: %s: %s", p, name, e)
+            if skipped is not None:
+                skipped.append((n, e))
     return found
