@@ -16,11 +16,12 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     )
     from streamrec.foundation import EventBatch, EventError, EventSchema, JaggedIds, hash_id, hash_ids
     from .kafka_io import (
-        ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER, ConsumerStats, OffsetsLostError,
+        ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER, STEP_CRASH_REASON, ConsumerStats,
+        OffsetsLostError,
         offsets_lost_message, topic_id, DeadLetterError, EventConsumer, EventProducer, ProduceError,
         make_producer, read_topic,
     )
-    from .inflight import InflightMarker, InflightRange, probe_decode
+    from .inflight import InflightMarker, InflightRange, exact_ranges, holds_any, probe_decode
     from .inference import DataSchema, infer_schema
     from .movielens import load_movielens, movielens_config, movielens_events, write_movielens
     from .kafka_clients import KafkaSecurityError, client_settings, faust_credentials, redacted
@@ -32,10 +33,11 @@ _EXPORTS = {  # submodule: the public names it defines
     ".codec": "Decoder encode_arrow encode_json encode_messages",
     ".datasets": "DatasetError avazu_config criteo_config detect_format layout_config layout_toml read_events read_file write_events",
     "streamrec.foundation.events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
-    ".kafka_io": "ORIGINAL_SHA256_HEADER ORIGINAL_SIZE_HEADER REASON_HEADER SOURCE_HEADER ConsumerStats DeadLetterError "
+    ".kafka_io": "ORIGINAL_SHA256_HEADER ORIGINAL_SIZE_HEADER REASON_HEADER SOURCE_HEADER STEP_CRASH_REASON ConsumerStats "
+                 "DeadLetterError "
                  "EventConsumer EventProducer OffsetsLostError ProduceError make_producer offsets_lost_message read_topic "
                  "topic_id",
-    ".inflight": "InflightMarker InflightRange probe_decode",
+    ".inflight": "InflightMarker InflightRange exact_ranges holds_any probe_decode",
     ".inference": "DataSchema infer_schema",
     ".movielens": "load_movielens movielens_config movielens_events write_movielens",
     ".kafka_clients": "KafkaSecurityError client_settings faust_credentials redacted",

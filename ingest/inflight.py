@@ -1,11 +1,14 @@
 """The crash-loop breaker: which records were in flight when a consumer process died.
 
-A record that crashes the process (a native crash in a decoder, an abort, an
-out-of-memory kill on one huge record) is read again by the restarted process,
-which dies again, forever. So before a consumer decodes records it writes their
-position ranges to a small marker file, and before it hands records to its
-caller (the trainer) it writes those ranges again, as the ``train`` phase. A clean
-exit removes the marker. A start that finds one knows the previous process died
+A record that crashes the process (a native crash in a decoder or in a training
+step, an abort, an out-of-memory kill on one huge record) is read again by the
+restarted process, which dies again, forever. So the process keeps a small marker
+file naming what it is handling: before a consumer decodes records it writes their
+position ranges (the ``decode`` phase), before it hands records to its caller it
+writes them again (``train``), and before each training step the trainer writes
+exactly the records of that step (``step``: every event carries its record's
+partition and offset through the partition merge and the batcher). A clean exit
+removes the marker. A start that finds one knows the previous process died
 holding exactly those records:
 
 - ``decode``: the records are decoded again, one at a time, in a child process
@@ -13,17 +16,22 @@ holding exactly those records:
   dead-letter topic with reason "crashed the consumer", the rest go on as usual.
   (A crash the probe cannot reproduce that strikes again with the same records in
   flight gets them quarantined together, as below.)
-- ``train``: the process died after decoding, while its caller handled the
-  batch. A process can also die there for reasons of its own (an operator's
-  ``kill -9``, a machine out of memory), so the first such death only counts;
-  if the same records are in flight at the next death too, they are quarantined
-  together (a native crash in training cannot be pinned to one record without
-  dying more often).
+- ``step``: the process died in a training step. The step's records are trained
+  again, one at a time, in a child process (the trainer's probe); the ones that
+  kill it are quarantined ("crashed the trainer") at this first death, wherever
+  they wait: still in Kafka, or restored from the checkpoint into the merge or the
+  batcher. A death the probe cannot reproduce (an operator's ``kill -9``, a machine
+  out of memory) only counts; if a step holding the same records dies again, they
+  are quarantined together.
+- ``train``: the process died after decoding, outside a training step (the
+  merge, a checkpoint); the first such death only counts, and records in flight
+  at the next death too are quarantined together.
 
-So a record that kills its decoder never kills a second process, and one that
-kills training kills at most two: forward progress whatever the input. The marker costs one small file
-write per poll, no fsync (a killed process's writes survive in the page cache;
-a machine crash loses only this hint, never data).
+So a record that kills its decoder or a training step on its own never kills a
+second process, and any other crash kills at most two: forward progress whatever
+the input. The marker costs one small file write per poll and per training step,
+no fsync (a killed process's writes survive in the page cache; a machine crash
+loses only this hint, never data).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ log = logging.getLogger(__name__)
 
 DECODE = "decode"
 TRAIN = "train"
+STEP = "step"
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,35 @@ def ranges_of(runs: Iterable) -> list[InflightRange]:
         s = span.setdefault((r.topic, r.partition), [lo, hi])
         s[0], s[1] = min(s[0], lo), max(s[1], hi)
     return [InflightRange(t, p, lo, hi) for (t, p), (lo, hi) in sorted(span.items())]
+
+
+def exact_ranges(topic: str, partitions, offsets) -> list[InflightRange]:
+    """The records named by per-event ``partitions`` and record ``offsets`` (arrays; several events may
+    share a record), as the fewest ranges that hold exactly those records and no other."""
+    import numpy as np
+
+    p = np.asarray(partitions, np.int64)
+    o = np.asarray(offsets, np.int64)
+    if not len(p):
+        return []
+    keys = np.unique(np.stack([p, o], axis=1), axis=0)  # sorted by partition, then offset
+    brk = np.flatnonzero((np.diff(keys[:, 0]) != 0) | (np.diff(keys[:, 1]) != 1)) + 1
+    starts = np.concatenate([[0], brk])
+    ends = np.concatenate([brk, [len(keys)]]) - 1
+    return [InflightRange(topic, int(keys[a, 0]), int(keys[a, 1]), int(keys[b, 1])) for a, b in zip(starts, ends)]
+
+
+def holds_any(ranges: Sequence[InflightRange], topic: str, partitions, offsets):
+    """Per event (``partitions``, record ``offsets``: arrays): whether one of ``ranges`` holds its record."""
+    import numpy as np
+
+    p = np.asarray(partitions, np.int64)
+    o = np.asarray(offsets, np.int64)
+    hit = np.zeros(len(p), bool)
+    for r in ranges:
+        if r.topic == topic:
+            hit |= (p == r.partition) & (o >= r.first) & (o <= r.last)
+    return hit
 
 
 class InflightMarker:

@@ -43,7 +43,7 @@ from . import fast_records
 from .codec import CODEC_HEADER, Decoder, encode_messages
 from .fast_records import RecordRun
 from .ingest_types import ConsumerMode, OffsetsLostPolicy
-from .inflight import DECODE, TRAIN, InflightMarker, probe_decode, ranges_of
+from .inflight import DECODE, STEP, TRAIN, InflightMarker, exact_ranges, holds_any, probe_decode, ranges_of
 from .kafka_clients import client_settings
 
 log = logging.getLogger(__name__)
@@ -242,12 +242,19 @@ class EventConsumer:
         # the crash-loop breaker (ingest/inflight.py): what a dead predecessor was handling
         self._marker = InflightMarker(inflight_path) if inflight_path else None
         self._suspect = self._marker.found if self._marker is not None else None
+        # a training step's records (kept after _suspect is cleared: a step holding them again counts deaths)
+        self._step_suspect = self._suspect if self._suspect is not None and self._suspect[0] == STEP else None
+        # the trainer's probe of a training step (``STEP`` suspects, first death): record values -> the indices
+        # of those that kill a process training them alone; None: no probe, the first death only counts
+        self.step_probe = None
         if self._suspect is not None:
             phase, ranges, deaths = self._suspect
+            doing = {DECODE: "decoding", STEP: "running a training step on"}.get(phase, "training on")
             log.error("the previous consumer process died while %s records %s (deaths so far: %d); they are %s",
-                      "decoding" if phase == DECODE else "training on", _describe(ranges), deaths + 1,
-                      "probed in a child process" if phase == DECODE else
-                      ("quarantined to the DLQ" if deaths >= 1 else "retried once, quarantined if it dies again"))
+                      doing, _describe(ranges), deaths + 1,
+                      "quarantined to the DLQ" if deaths >= 1 else
+                      "probed in a child process" if phase in (DECODE, STEP) else
+                      "retried once, quarantined if it dies again")
         self._next: dict[tuple[str, int], int] = {}  # the offset after the last record handed out (or sought)
         self._assigned_once = False
         self._fixed: set[int] | None = None  # mode "assign" with explicit partitions: a group rank's static share
@@ -359,6 +366,7 @@ class EventConsumer:
                     self._dead_letter(run.record(i), reason)
                 if b is not None and len(b):
                     b.source_partitions = np.full(len(b), run.partition, np.int32)
+                    b.source_records = _record_offsets(run, values, errors, len(b))
                     parts.append(b)
                     got += len(b)
             self._per_record = max(1.0, got / taken)
@@ -420,10 +428,16 @@ class EventConsumer:
         if phase == DECODE and deaths == 0:
             culprits = {id(suspects[i]) for i in probe_decode(self.schema, [r.value or b"" for r in suspects])}
             why = "crashed the consumer: the process died decoding this record, and so did a probe"
+        elif phase == STEP and deaths == 0:
+            if self.step_probe is None:
+                return recs
+            culprits = {id(suspects[i]) for i in self.step_probe([r.value or b"" for r in suspects])}
+            why = STEP_CRASH_REASON
         elif deaths >= 1:  # died twice with these in flight (a crash the probe could not reproduce, or training)
             culprits = {id(r) for r in suspects}
-            why = (f"crashed the consumer: {deaths + 1} processes died training batches holding this record "
-                   f"(quarantined with the {len(suspects)} records in flight with it)")
+            what = "in training steps" if phase == STEP else "training batches"
+            why = (f"crashed the {'trainer' if phase == STEP else 'consumer'}: {deaths + 1} processes died {what} "
+                   f"holding this record (quarantined with the {len(suspects)} records in flight with it)")
         else:
             return recs  # first death in training: retried once (kept in the marker as a suspect)
         for r in suspects:
@@ -446,6 +460,49 @@ class EventConsumer:
         if not any(x.holds(run.topic, run.partition, r.offset) for run in runs for r in run for x in ranges):
             return 0
         return deaths + 1
+
+    def suspect_step(self) -> tuple[list, int] | None:
+        """``(ranges, deaths before)`` when the previous process died in a training step (the trainer
+        quarantines the restored events among them, which Kafka will not deliver again), else None."""
+        s = self._step_suspect
+        return (list(s[1]), s[2]) if s is not None else None
+
+    def mark_step(self, partitions: np.ndarray, records: np.ndarray) -> None:
+        """Before a training step: the marker names exactly its events' records (per event: partition and
+        record offset, as ``EventBatch.source_partitions`` / ``source_records``; offset -1: not from Kafka,
+        nothing to name), with the deaths already seen holding any of them."""
+        if self._marker is None:
+            return
+        p, o = np.asarray(partitions), np.asarray(records)
+        known = o >= 0
+        if not known.all():
+            p, o = p[known], o[known]
+        deaths = 0
+        s = self._step_suspect
+        if s is not None and holds_any(s[1], self.topic, p, o).any():
+            deaths = s[2] + 1
+        self._marker.mark(STEP, exact_ranges(self.topic, p, o), deaths)
+
+    def step_done(self) -> None:
+        """No training step runs now: a death from here on is not blamed on the last step's records."""
+        if self._marker is not None:
+            self._marker.clear()
+
+    def quarantine_events(self, batch: EventBatch, partitions: np.ndarray, records: np.ndarray, reason: str) -> None:
+        """Dead-letter decoded events whose records crashed the trainer but will not be read again (restored
+        from a checkpoint, their offsets committed): one JSON event per message, with the record's own source
+        (``topic:partition:offset``) so the dead letter names the record it came from."""
+        from types import SimpleNamespace
+
+        from .codec import encode_json
+
+        seen = set()
+        for ev, p, o in zip(batch.to_events(), np.asarray(partitions).tolist(), np.asarray(records).tolist()):
+            if (p, o) not in seen:
+                seen.add((p, o))
+                self.stats.quarantined += 1
+            self._dead_letter(SimpleNamespace(topic=self.topic, partition=p, offset=o, key=None, headers=None,
+                                              value=encode_json(ev)), reason)
 
     # -- the client, rebalances and lost offsets ---------------------------------
 
@@ -732,6 +789,38 @@ class EventConsumer:
             self._dlq.flush(60)
             self._dlq.close()
         self.consumer.close(autocommit=False)
+
+
+STEP_CRASH_REASON = ("crashed the trainer: the process died in a training step holding this record, and so did "
+                     "a probe training it alone")
+
+
+def _record_offsets(run, values: list, errors: list, n: int) -> np.ndarray:
+    """Per decoded event of ``run`` (``n`` events from ``values``, less the ``errors``): its record's offset.
+    One event per record (JSON) is a gather; an Arrow record holds as many events as its rows."""
+    offs = np.fromiter((r.offset for r in run), np.int64, count=len(run))
+    if errors:
+        good = np.ones(len(values), bool)
+        good[[i for i, _ in errors]] = False
+        offs = offs[good]
+        values = [v for v, g in zip(values, good) if g]
+    if len(offs) == n:
+        return offs
+    counts = np.fromiter((_events_in(v) for v in values), np.int64, count=len(values))
+    if int(counts.sum()) != n:  # cannot happen for records the decoder took; never guess a record
+        log.warning("%s[%d]: %d events from %d records do not match their row counts; their records are not "
+                    "tracked", run.topic, run.partition, n, len(values))
+        return np.full(n, -1, np.int64)
+    return np.repeat(offs, counts)
+
+
+def _events_in(value: bytes) -> int:
+    """Events in one record that decoded: an Arrow IPC stream's rows, else one (a JSON event)."""
+    if value[:4] == b"\xff\xff\xff\xff":
+        import pyarrow as pa
+
+        return int(pa.ipc.open_stream(value).read_all().num_rows)
+    return 1
 
 
 def _merge_runs(runs: list) -> list:

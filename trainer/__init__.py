@@ -11,6 +11,7 @@ Public surface::
     HotSetSource                               # the Protocol a hot-set source satisfies
     plan, hot_samples, MiniBatch               # FAE's hot/cold mini-batch schedule
     dense_optimizer, train_step
+    probe_train, probe_records                 # which events (records) kill a process training them alone
     GroupTrainerService(cfg, bootstrap, rank, world, ...).run()  # one rank of a group (torchrun)
     ShardedTrainerCore(cfg, store, device, rank, world)          # TrainerCore with row-wise sharded rows
     owner_of, RowExchange, reshard_into                           # who owns a row; the step's traffic; N -> M
@@ -23,6 +24,7 @@ from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .core import TrainerCore, WindowResult
+    from .crash_probe import probe_records, probe_train
     from .group import GroupError, GroupTrainerService
     from .hotset import SampleHotSource, TopicHotSource, make_hot_source, top_rows
     from .hotset_types import HotSetSource, HotUpdate
@@ -39,6 +41,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 
 _EXPORTS = {  # submodule: the public names it defines
     ".core": "TrainerCore WindowResult",
+    ".crash_probe": "probe_records probe_train",
     ".group": "GroupError GroupTrainerService",
     ".hotset": "SampleHotSource TopicHotSource make_hot_source top_rows",
     ".hotset_types": "HotSetSource HotUpdate",

@@ -66,6 +66,9 @@ class EventBatcher:
     def _reset(self) -> None:
         self.buffer = EventBatch.empty(self.dense_dim, self.fields)
         self.seq = np.zeros(0, np.int64)  # arrival number of each buffered event (for max_wait)
+        # each buffered event's Kafka partition and record offset (-1: unknown): a step's records, by position
+        self.part = np.zeros(0, np.int32)
+        self.off = np.zeros(0, np.int64)
         self.hot = np.zeros(0, bool)
         self.scores = np.zeros(0, np.float32)
         self.scored = np.zeros(0, bool)
@@ -91,6 +94,9 @@ class EventBatcher:
             EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse, batch.request_ids)
         self.seq = np.concatenate([self.seq, self.next_seq + np.arange(n, dtype=np.int64)])
         self.next_seq += n
+        part, off = batch.source_partitions, batch.source_records
+        self.part = np.concatenate([self.part, np.full(n, -1, np.int32) if part is None else np.asarray(part, np.int32)])
+        self.off = np.concatenate([self.off, np.full(n, -1, np.int64) if off is None else np.asarray(off, np.int64)])
         self.hot = np.concatenate([self.hot, hot])
         self.scores = np.concatenate([self.scores, np.full(n, np.nan, np.float32)])
         self.scored = np.concatenate([self.scored, np.zeros(n, bool)])
@@ -178,13 +184,27 @@ class EventBatcher:
     def retire(self) -> None:
         """Forget the trained events (every position not in a queue); call after running the steps."""
         keep = np.asarray(sorted(self.queues["hot"] + self.queues["cold"]), np.int64)
+        self._keep(keep)
+
+    def _keep(self, keep: np.ndarray) -> None:
         if len(keep) == len(self.buffer):
             return
         remap = {int(p): i for i, p in enumerate(keep)}
         self.buffer = self.buffer.take(keep)
-        self.seq, self.hot, self.scores, self.scored = (a[keep] for a in (self.seq, self.hot, self.scores,
-                                                                           self.scored))
-        self.queues = {k: [remap[p] for p in q] for k, q in self.queues.items()}
+        self.seq, self.hot, self.scores, self.scored, self.part, self.off = (
+            a[keep] for a in (self.seq, self.hot, self.scores, self.scored, self.part, self.off))
+        self.queues = {k: [remap[p] for p in q if p in remap] for k, q in self.queues.items()}
+
+    def remove(self, rows: np.ndarray) -> EventBatch:
+        """Take these waiting events (buffer positions) out of their queues, never to be trained (restored
+        events whose records crashed a training step); returns them, with their sources."""
+        rows = np.asarray(rows, np.int64)
+        out = self.buffer.take(rows)
+        out.source_partitions, out.source_records = self.part[rows], self.off[rows]
+        mask = np.ones(len(self.buffer), bool)
+        mask[rows] = False
+        self._keep(np.flatnonzero(mask))
+        return out
 
     # -- checkpoint ------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -193,7 +213,7 @@ class EventBatcher:
         b = self.buffer
         return {"ts": b.ts, "labels": b.labels, "dense": b.dense,
                 "sparse": {f: (b.sparse[f].values, b.sparse[f].offsets) for f in self.fields},
-                "seq": self.seq, "hot": self.hot, "scores": self.scores, "scored": self.scored,
+                "seq": self.seq, "part": self.part, "off": self.off, "hot": self.hot, "scores": self.scores, "scored": self.scored,
                 "queues": {k: list(q) for k, q in self.queues.items()}, "next_seq": self.next_seq,
                 "any_hot": self.any_hot, "recent": self.recent}
 
@@ -206,6 +226,9 @@ class EventBatcher:
                                  {f: JaggedIds(np.asarray(v, np.int64), np.asarray(o, np.int64))
                                   for f, (v, o) in st["sparse"].items()})
         self.seq, self.hot = np.asarray(st["seq"], np.int64), np.asarray(st["hot"], bool)
+        n = len(self.seq)  # checkpoints from before sources were kept: unknown (-1)
+        self.part = np.asarray(st["part"], np.int32) if "part" in st else np.full(n, -1, np.int32)
+        self.off = np.asarray(st["off"], np.int64) if "off" in st else np.full(n, -1, np.int64)
         self.scores, self.scored = np.asarray(st["scores"], np.float32), np.asarray(st["scored"], bool)
         self.queues = {k: [int(p) for p in q] for k, q in st["queues"].items()}
         self.next_seq = int(st["next_seq"])

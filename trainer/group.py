@@ -168,6 +168,8 @@ def check_partitions(bootstrap: str, topic: str, world: int, security: dict | No
 class GroupTrainerService(TrainerService):
     """Rank ``rank`` of a group of ``world``; ``torch.distributed`` must be initialised (torchrun does it)."""
 
+    pins_training_crashes = False  # a step is a collective: a rank must not drop events of it on its own
+
     def __init__(self, cfg, bootstrap: str, rank: int, world: int, stop=None, progress: bool | None = None,
                  pusher_factory=None, group=None):
         self.rank, self.world, self.group = int(rank), int(world), group

@@ -5,7 +5,9 @@ fetch before the next one's), and an unkeyed producer spreads events over partit
 without a merge the training order is far from the stream's time order, and progressive AUC
 pays for it. :class:`PartitionMerger` sits between the consumer and ``TrainerCore.feed``:
 
-- events wait in one buffer, each tagged with its partition (``EventBatch.source_partitions``);
+- events wait in one buffer, each tagged with its partition and its record's offset
+  (``EventBatch.source_partitions``, ``source_records``: int arrays, carried to the batcher, so the
+  crash-loop marker of a training step names exactly its records);
 - each event's *key* is the running maximum of ``ts`` over its partition's waiting events in
   arrival order, so every partition is released in its own offset order (a partition whose
   times are not monotonic is never reordered inside itself) and with one partition the merge
@@ -55,6 +57,7 @@ class PartitionMerger:
     def _reset(self) -> None:
         self.buffer = EventBatch.empty(self.dense_dim, self.fields)
         self.part = np.zeros(0, np.int32)
+        self.off = np.zeros(0, np.int64)  # each event's record offset (-1: unknown)
         self.seq = np.zeros(0, np.int64)  # arrival number (for max_events and ties)
         self.next_seq = 0
 
@@ -76,6 +79,8 @@ class PartitionMerger:
         if parts is None:  # no partition known (not from Kafka): one source
             parts = np.full(n, -1, np.int32)
         parts = np.asarray(parts, np.int32)
+        offs = batch.source_records
+        offs = np.full(n, -1, np.int64) if offs is None else np.asarray(offs, np.int64)
         for p in np.unique(parts):
             p = int(p)
             self.last[p] = now
@@ -83,6 +88,7 @@ class PartitionMerger:
         b = EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse, batch.request_ids)
         self.buffer = EventBatch.concat([self.buffer, b], self.dense_dim, self.fields) if len(self.buffer) else b
         self.part = np.concatenate([self.part, parts])
+        self.off = np.concatenate([self.off, offs])
         self.seq = np.concatenate([self.seq, self.next_seq + np.arange(n, dtype=np.int64)])
         self.next_seq += n
 
@@ -131,10 +137,22 @@ class PartitionMerger:
             return None
         rows = rows[np.lexsort((self.seq[rows], self.part[rows], keys[rows]))]
         out = self.buffer.take(rows)
-        out.source_partitions = self.part[rows]
+        out.source_partitions, out.source_records = self.part[rows], self.off[rows]
         keep = np.flatnonzero(~mask)
         self.buffer = self.buffer.take(keep)
-        self.part, self.seq = self.part[keep], self.seq[keep]
+        self.part, self.off, self.seq = self.part[keep], self.off[keep], self.seq[keep]
+        return out
+
+    def remove(self, rows: np.ndarray) -> EventBatch:
+        """Take these waiting events out (never trained: restored events whose records crashed a training
+        step); returns them, with their sources."""
+        mask = np.zeros(len(self.buffer), bool)
+        mask[rows] = True
+        out = self.buffer.take(np.flatnonzero(mask))
+        out.source_partitions, out.source_records = self.part[mask], self.off[mask]
+        keep = np.flatnonzero(~mask)
+        self.buffer = self.buffer.take(keep)
+        self.part, self.off, self.seq = self.part[keep], self.off[keep], self.seq[keep]
         return out
 
     # -- checkpoint ------------------------------------------------------------------
@@ -142,7 +160,7 @@ class PartitionMerger:
         b = self.buffer
         return {"ts": b.ts, "labels": b.labels, "dense": b.dense,
                 "sparse": {f: (b.sparse[f].values, b.sparse[f].offsets) for f in self.fields},
-                "part": self.part, "seq": self.seq, "next_seq": self.next_seq,
+                "part": self.part, "off": self.off, "seq": self.seq, "next_seq": self.next_seq,
                 "newest": {int(p): int(t) for p, t in self.newest.items()}}
 
     def load_state(self, st: dict[str, Any] | None) -> None:
@@ -158,5 +176,6 @@ class PartitionMerger:
                                  {f: JaggedIds(np.asarray(v, np.int64), np.asarray(o, np.int64))
                                   for f, (v, o) in st["sparse"].items()})
         self.part, self.seq = np.asarray(st["part"], np.int32), np.asarray(st["seq"], np.int64)
+        self.off = np.asarray(st["off"], np.int64) if "off" in st else np.full(n, -1, np.int64)
         self.next_seq = int(st["next_seq"])
         self.newest = {int(p): int(t) for p, t in st.get("newest", {}).items()}

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .checkpoint import (INFLIGHT, STORE, choose_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint, set_aside,
@@ -149,6 +150,8 @@ class TrainerService:
             self.prom.watch_consumer(self.consumer)
         self.consumer.stats.dead_letters = int(state.get("dead_letters", 0))
         self.consumer.stats.quarantined = int(state.get("quarantined", 0))
+        if self.pins_training_crashes:
+            self._arm_crash_breaker()
         self.pos = self._position_consumer()
         self.merger.expect(p for _, p in self.pos)
         self.end_at = self._stream_end() if t.until_end else None  # trainer.until_end: where this run stops
@@ -158,6 +161,59 @@ class TrainerService:
         self._rate.n = self.core.events
         self._hot_at_log = (self.core.events, self.core.hot_events)
         self.last_record: dict[str, Any] = {}
+
+    # -- the crash-loop breaker for training steps (streamrec.ingest.inflight, phase "step") ----
+    pins_training_crashes = True  # a group rank does not: its steps are collectives every rank must run
+
+    def _arm_crash_breaker(self) -> None:
+        """Mark each training step's records; probe a dead predecessor's step records as they are re-read
+        from Kafka; quarantine the restored waiting events among them now (Kafka will not deliver them again)."""
+        from .crash_probe import probe_records
+
+        self.core.step_marker = self.consumer
+        self.consumer.step_probe = lambda values: probe_records(self.cfg, self.core.model.state_dict(), values)
+        self._quarantine_restored()
+
+    def _quarantine_restored(self) -> None:
+        """The events restored into the merge and the batcher whose records a training step died holding:
+        probed (trained one by one in a child process) at the first death, the ones that kill it dead-lettered;
+        at a later death, all of them. The rest stay and train."""
+        from streamrec.foundation import EventBatch
+        from streamrec.ingest import STEP_CRASH_REASON, holds_any
+
+        sus = self.consumer.suspect_step()
+        if sus is None:
+            return
+        ranges, deaths = sus
+        topic = self.consumer.topic
+        holders = [h for h in (self.merger, self.core.batcher) if len(h)]
+        hits = [np.flatnonzero(holds_any(ranges, topic, h.part, h.off)) for h in holders]
+        if not sum(len(x) for x in hits):
+            return
+        if deaths == 0:
+            from .crash_probe import probe_train
+
+            cfg = self.cfg
+            waiting = EventBatch.concat([h.buffer.take(x) for h, x in zip(holders, hits)], cfg.model.dense_dim,
+                                        cfg.model.field_names)
+            src = [(np.asarray(h.part[x], np.int64), np.asarray(h.off[x], np.int64)) for h, x in zip(holders, hits)]
+            part, off = np.concatenate([p for p, _ in src]), np.concatenate([o for _, o in src])
+            log.warning("probing %d restored events whose records a training step died holding", len(waiting))
+            bad = probe_train(cfg, self.core.model.state_dict(), waiting)
+            culprit = {(int(part[i]), int(off[i])) for i in bad}
+            hits = [x[[(int(h.part[i]), int(h.off[i])) in culprit for i in x]] if len(x) else x
+                    for h, x in zip(holders, hits)]
+            why = STEP_CRASH_REASON
+        else:
+            why = (f"crashed the trainer: {deaths + 1} processes died in training steps holding this record "
+                   "(restored from the checkpoint, quarantined with the records in flight with it)")
+        for h, x in zip(holders, hits):
+            if len(x):
+                out = h.remove(x)
+                log.error("quarantined %d restored events of records %s: %s", len(out),
+                          sorted(set(zip(out.source_partitions.tolist(), out.source_records.tolist()))), why)
+                self.consumer.quarantine_events(out, out.source_partitions, out.source_records, why)
+        self.consumer.flush_dead_letters()  # their offsets are committed: the DLQ must hold them before going on
 
     # -- the parts a trainer group's rank replaces (streamrec.trainer.group) -------------
     def _make_core(self) -> TrainerCore:

@@ -113,6 +113,7 @@ class EventBatch:
     source_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     source_newest_ms: int = 0  # newest Kafka record timestamp (ms) among its records: when it entered Kafka; 0 = unknown
     source_partitions: np.ndarray | None = None  # int32 [B]: each event's Kafka partition, when the consumer knows it
+    source_records: np.ndarray | None = None  # int64 [B]: the offset of each event's Kafka record (with its partition)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -149,6 +150,8 @@ class EventBatch:
             source_newest_ms=newest_ms,
             source_partitions=np.concatenate([p.source_partitions for p in parts])
             if all(p.source_partitions is not None for p in parts) else None,
+            source_records=np.concatenate([p.source_records for p in parts])
+            if all(p.source_records is not None for p in parts) else None,
         )
 
     @staticmethod

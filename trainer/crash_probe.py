@@ -1,0 +1,103 @@
+"""The training step's crash probe: which events kill a process that trains them.
+
+After a process died in a training step, the crash-loop marker names the step's records
+(``streamrec.ingest.inflight``). The restarted trainer trains those events again, one event per
+step, in a child process (spawned: nothing of the parent's state but what is passed), on a copy
+of the restored dense model with an in-memory embedding table initialised as the store initialises
+rows (``MemoryDLRM``). An event whose step kills the child is a culprit; the child is restarted
+after each death and goes on with the next event. A crash that does not depend on the event alone
+(an operator's ``kill -9``, memory exhausted by the whole process) is not reproduced, so it pins
+nothing. Cost: one child interpreter start per culprit plus one, then one small step per event.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from streamrec.foundation import EventBatch
+
+log = logging.getLogger(__name__)
+
+
+def _train_each(cfg, model_state, batch: EventBatch, conn) -> None:  # runs in the child process
+    import torch
+
+    from .reference import MemoryDLRM
+
+    torch.set_num_threads(1)
+    fields = cfg.model.field_names
+    vocab = {f: batch.sparse[f].values for f in fields}
+    m = MemoryDLRM(cfg, vocab, device="cpu")
+    if model_state is not None:
+        m.model.load_state_dict(model_state)
+    for i in range(len(batch)):
+        conn.send(i)  # "about to train i": if the child dies now, event i killed it
+        try:
+            m.train_batch(batch.take(np.array([i])))
+        except Exception:  # a non-finite step or any error is the trainer's business, not a crash
+            pass
+    conn.send(-1)
+
+
+def probe_train(cfg, model_state: Mapping[str, Any] | None, batch: EventBatch, timeout_s: float = 300.0) -> list[int]:
+    """Indices of the events of ``batch`` that kill a process training on them alone (``model_state``: the
+    dense model's ``state_dict`` to start from, on the CPU; None: freshly initialised)."""
+    if not len(batch):
+        return []
+    state = None if model_state is None else {k: v.detach().cpu() for k, v in model_state.items()}
+    plain = EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse)  # what the step needs, nothing more
+    ctx = multiprocessing.get_context("spawn")
+    culprits: list[int] = []
+    start = 0
+    while start < len(plain):
+        recv, send = ctx.Pipe(duplex=False)
+        part = plain.take(np.arange(start, len(plain)))
+        child = ctx.Process(target=_train_each, args=(cfg, state, part, send), daemon=True)
+        child.start()
+        send.close()
+        last, done = None, False
+        while recv.poll(timeout_s):
+            try:
+                msg = recv.recv()
+            except EOFError:
+                break
+            if msg == -1:
+                done = True
+                break
+            last = msg
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        if done:
+            break
+        if last is None:  # died before training anything (could not start): pin nothing
+            log.warning("training probe child exited with %s before training; no record pinned", child.exitcode)
+            break
+        culprits.append(start + last)
+        log.error("event %d of %d killed a process training it (exit %s)", start + last, len(plain), child.exitcode)
+        start += last + 1
+    return culprits
+
+
+def probe_records(cfg, model_state: Mapping[str, Any] | None, values: Sequence[bytes]) -> list[int]:
+    """Indices of the Kafka record ``values`` holding an event that kills a process training it alone
+    (records that do not decode hold none: the dead-letter path has them)."""
+    from streamrec.ingest import Decoder, EventSchema
+
+    decoder = Decoder(EventSchema.from_config(cfg))
+    batches, owner = [], []
+    for i, v in enumerate(values):
+        b, _ = decoder.decode_many([v])
+        if b is not None and len(b):
+            batches.append(b)
+            owner.append(np.full(len(b), i, np.int64))
+    if not batches:
+        return []
+    batch = EventBatch.concat(batches, cfg.model.dense_dim, cfg.model.field_names)
+    owner_of = np.concatenate(owner)
+    return sorted({int(owner_of[e]) for e in probe_train(cfg, model_state, batch)})
