@@ -95,8 +95,8 @@ def test_crash_and_resume_loses_nothing(topics, tmp_path, bootstrap):
     assert committed == ends
     assert len(list_checkpoints(cfg.trainer.checkpoint_dir)) <= cfg.trainer.keep_checkpoints
     log = read_jsonl(tmp_path / "metrics.jsonl")
-    # one trainer in process reaches a progressive AUC of 0.73 on these 48k events (Bayes-optimal ~0.84); the floor
-    # leaves a margin of 0.05 for the window replayed after the kill
+    # the killed and resumed trainer measures a progressive AUC of 0.725 on these 48k events (one trainer in process,
+    # never killed: 0.731; Bayes-optimal 0.84): the floor is 0.045 below it
     assert log[-1]["events"] >= EVENTS and log[-1]["auc"] > 0.68, log[-1]
     assert max(r["hot_fraction"] or 0 for r in log) > 0.2  # the in-process hot set took FAE into effect
     assert sorted(Path(cfg.trainer.snapshot_dir).glob("v*/manifest.json")), "no snapshot was built"
