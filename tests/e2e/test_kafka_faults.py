@@ -36,40 +36,50 @@ def _produce(cfg, bootstrap, n, seed):
     prod.close()
 
 
-def _first_run_then_restart_the_broker_empty(cfg, port):
-    """Train 2,048 events, then bring the broker back empty with only 384 new events."""
+@pytest.fixture(scope="module")
+def restarted_empty(tmp_path_factory):
+    """Train 2,048 events, then bring the broker back empty with only 384 new events: the broker (kept up for the
+    module) and the first run's directory (its store and checkpoints). Each test resumes from a copy of that
+    directory (``_resume_dir``), so one test's run never changes what another starts from."""
+    first = tmp_path_factory.mktemp("first-run")
+    cfg = _cfg(first, "fail")
+    port = free_port()
     with EmbeddedBroker(port=port) as broker:
         ensure_topics(broker.bootstrap, pipeline_topics(cfg))
         _produce(cfg, broker.bootstrap, 2048, seed=1)
         summary = TrainerService(cfg, broker.bootstrap, progress=False).run()
         assert summary["events"] == 2048
     broker = EmbeddedBroker(port=port).start()
-    ensure_topics(broker.bootstrap, pipeline_topics(cfg))
-    _produce(cfg, broker.bootstrap, 384, seed=2)
-    return broker
-
-
-def test_a_recreated_topic_stops_the_trainer_with_a_clear_message_by_default(tmp_path):
-    cfg = _cfg(tmp_path, "fail")
-    broker = _first_run_then_restart_the_broker_empty(cfg, free_port())
     try:
-        with pytest.raises(OffsetsLostError) as e:
-            TrainerService(cfg, broker.bootstrap, progress=False).run()
-        msg = str(e.value)
-        assert f"{cfg.kafka.events_topic}[0]" in msg and "expected to resume at offset" in msg
-        assert "deleted and recreated" in msg and "kafka.on_offsets_lost=earliest" in msg
+        ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+        _produce(cfg, broker.bootstrap, 384, seed=2)
+        yield broker, first
     finally:
         broker.stop()
 
 
-def test_with_earliest_every_event_after_the_restart_is_trained(tmp_path):
-    cfg = _cfg(tmp_path, "earliest")
-    broker = _first_run_then_restart_the_broker_empty(cfg, free_port())
-    try:
-        summary = TrainerService(cfg, broker.bootstrap, progress=False).run()
-        assert summary["events"] == 2048 + 384  # the resumed counters plus every new event, once
-    finally:
-        broker.stop()
+def _resume_dir(restarted, tmp_path, policy: str):
+    """The config of a trainer resuming the first run from a copy of its directory in ``tmp_path``."""
+    import shutil
+
+    _broker, first = restarted
+    shutil.copytree(first, tmp_path, dirs_exist_ok=True)
+    return _cfg(tmp_path, policy)
+
+
+def test_a_recreated_topic_stops_the_trainer_with_a_clear_message_by_default(tmp_path, restarted_empty):
+    cfg = _resume_dir(restarted_empty, tmp_path, "fail")
+    with pytest.raises(OffsetsLostError) as e:
+        TrainerService(cfg, restarted_empty[0].bootstrap, progress=False).run()
+    msg = str(e.value)
+    assert f"{cfg.kafka.events_topic}[0]" in msg and "expected to resume at offset" in msg
+    assert "deleted and recreated" in msg and "kafka.on_offsets_lost=earliest" in msg
+
+
+def test_with_earliest_every_event_after_the_restart_is_trained(tmp_path, restarted_empty):
+    cfg = _resume_dir(restarted_empty, tmp_path, "earliest")
+    summary = TrainerService(cfg, restarted_empty[0].bootstrap, progress=False).run()
+    assert summary["events"] == 2048 + 384  # the resumed counters plus every new event, once
 
 
 def test_a_broker_that_comes_back_empty_mid_run_is_caught_up_from_the_start(tmp_path):
