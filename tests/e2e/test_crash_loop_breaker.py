@@ -1,7 +1,8 @@
 """The crash-loop breaker: a record that kills the trainer (here a segfault while it is
 decoded) does not kill the restarted trainer. The restart probes the records that were
 in flight in a child process, quarantines the one that kills it to the DLQ with the
-reason, and trains every other event."""
+reason, and trains every other event. A death in a training step is pinned the same way (the
+real trainer process: tests/trainer/test_crash_pinned_first_death.py)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,51 @@ def test_records_in_flight_at_two_training_deaths_are_quarantined(topics, tmp_pa
     finally:
         c.close()
     assert not marker.exists()  # a clean stop leaves nothing in flight
+
+
+@pytest.mark.parametrize("deaths_before", [0, 1])
+def test_records_of_a_training_step_that_died_are_probed_then_quarantined(topics, tmp_path, bootstrap, deaths_before):
+    """A death in a training step: the marker names exactly the step's records. At the first death the
+    consumer hands the re-read ones to the trainer's probe and dead-letters only those it pins; at a later
+    death holding them again, all of them."""
+    from streamrec.ingest import STEP_CRASH_REASON, EventConsumer
+    from streamrec.ingest.inflight import STEP, InflightMarker, InflightRange
+
+    cfg = topics
+    cfg.kafka.codec, cfg.kafka.partitions = "json", 1
+    prod = EventProducer(bootstrap, cfg)
+    for b in SyntheticStream(cfg).batches(100):
+        prod.send_batch(b)
+    prod.close()
+    marker = tmp_path / "inflight.json"
+    topic = cfg.kafka.events_topic
+    part = sorted({r.partition for r in read_topic(bootstrap, topic, expected=100)})[0]
+    # a step of records 2, 3 and 7 (not contiguous: the merge and the batcher reorder)
+    InflightMarker(marker).mark(STEP, [InflightRange(topic, part, 2, 3), InflightRange(topic, part, 7, 7)],
+                                deaths=deaths_before)
+    c = EventConsumer(bootstrap, cfg, group_id=f"g-{topic}", mode="assign", inflight_path=marker)
+    probed: list = []
+
+    def probe(values):  # the trainer's probe: here, the second record of those re-read kills a training step
+        probed.append(len(values))
+        return [1]
+
+    c.step_probe = probe
+    try:
+        assert c.suspect_step() is not None
+        want = 99 if deaths_before == 0 else 97
+        got = sum(len(b) for b in poll_events(c, want, timeout=30, max_events=10_000))
+        assert got == want
+        c.flush_dead_letters()
+        dlq = read_topic(bootstrap, cfg.kafka.dlq_topic, expected=100 - want)
+        sources = sorted(int(dict(r.headers)["streamrec-source"].decode().rsplit(":", 1)[1]) for r in dlq)
+        reasons = {dict(r.headers)[REASON_HEADER].decode() for r in dlq}
+        if deaths_before == 0:
+            assert probed == [3] and sources == [3] and reasons == {STEP_CRASH_REASON}
+        else:
+            assert probed == [] and sources == [2, 3, 7]
+            assert all(x.startswith("crashed the trainer: 2 processes died in training steps") for x in reasons)
+        assert c.stats.quarantined == 100 - want
+    finally:
+        c.close()
+    assert not marker.exists()
