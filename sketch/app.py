@@ -42,26 +42,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import signal
 import time
 import types
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from streamrec.ingest import client_settings, faust_credentials
+from streamrec.foundation import StreamrecError, is_resource_error
+from streamrec.ingest import OffsetsLostError, client_settings, faust_credentials, offsets_lost_message
 
 from .commits import CheckpointCommits, group_committer
 from .counting import BatchMarker, PartitionReader, aiokafka_security
 from .follower import latest_hotset
 from .peers import PeerSnapshots
 from .state import SketchState
+from .topic_watch import TopicWatch
 
 log = logging.getLogger(__name__)
 
 HOTSET_KEY = b"hot-set"
 TABLE_NAME = "sketch-state"
 INFLIGHT = "inflight.json"  # the batch being counted (sketch/counting.py BatchMarker), in the state dir
+TOPIC_CHECK_MAX_S = 5.0  # the events topic's id is read again at least this often (and every snapshot interval)
+
+
+def is_fatal_line(exc: BaseException) -> bool:
+    """An error the operator fixes and the worker reports as one line, not a crash: a full, read-only or
+    unwritable state directory, out of file handles (:func:`streamrec.foundation.is_resource_error`), or a
+    streamrec error that says what to do (a recreated topic under ``kafka.on_offsets_lost=fail``)."""
+    return is_resource_error(exc) or isinstance(exc, StreamrecError)
 
 
 def faust_settings(cfg, bootstrap: str) -> dict:
@@ -150,9 +162,14 @@ def _keep_paused(consumer, topic: str) -> None:
     consumer._streamrec_keeps_paused = topic
 
 
-def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions: int | None = None, metrics=None):
+def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions: int | None = None, metrics=None,
+              on_fatal=None):
     """The faust App with its table, the batched counting task and the publisher timer; returns (app, state).
-    ``metrics``: a :class:`~.metrics.SketchMetrics` told of the lag and of every published hot set."""
+    ``metrics``: a :class:`~.metrics.SketchMetrics` told of the lag and of every published hot set.
+    ``on_fatal``: called with the error that stops the counting task when that error is the operator's to fix
+    (:func:`is_fatal_line`: a full or read-only disk, a recreated topic under ``kafka.on_offsets_lost=fail``);
+    it is to stop the worker and report the error as one line (:func:`run_worker`). Without it, such an
+    error crashes the app like any other."""
     import faust
     from faust.streams import _current_event
 
@@ -247,14 +264,60 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
         marker.clear()
 
     reader = PartitionReader(bootstrap, cfg.kafka.events_topic, cfg.sketch.batch_records, aiokafka_security(cfg))
+    watch = TopicWatch(bootstrap, cfg.kafka.events_topic, client_settings(cfg))
+    watch_every = max(1.0, min(interval, TOPIC_CHECK_MAX_S))
+    n_partitions = partitions or cfg.kafka.partitions
+
+    async def check_topic() -> None:
+        """Apply ``kafka.on_offsets_lost`` when the events topic was deleted and recreated (a new topic id)
+        to every partition this worker counts: ``fail`` raises :class:`OffsetsLostError` (one line naming
+        each partition's expected and held offsets); ``earliest`` / ``latest`` start each partition's counts
+        afresh at the new log's start / end and log one warning. A topic that is gone, not recreated yet,
+        or whose metadata cannot be read now is checked again at the next round."""
+        try:
+            now = await asyncio.get_running_loop().run_in_executor(None, watch.read)
+        except Exception as e:  # the broker is unreachable: the reader's own errors say so; checked again later
+            log.debug("reading the metadata of %s failed: %s", cfg.kafka.events_topic, e)
+            return
+        if now.topic_id is None or now.topic_id == state.topic_id:
+            return
+        if state.topic_id is None:  # the first id seen (a broker that answered none at start)
+            state.topic_id = now.topic_id
+            return
+        owned = sorted(p for p in ready if state.has(p))
+        if not owned:
+            return  # applied once partitions are assigned again (faust rebalances when a topic goes and comes)
+        topic = cfg.kafka.events_topic
+        why = f"the topic was deleted and recreated: id {state.topic_id} is now {now.topic_id}"
+        if now.partitions != n_partitions:
+            raise StreamrecError(
+                f"{topic} was deleted and recreated with {now.partitions} partitions (the worker's state has "
+                f"{n_partitions}; {why}): restart the worker, it rebuilds its state for the new topic")
+        begin, end = await reader.log_bounds(owned)
+        msgs = [offsets_lost_message(topic, p, state.next_offset[p], begin.get(p), end.get(p), why) for p in owned]
+        policy = cfg.kafka.on_offsets_lost
+        if policy == "fail":
+            raise OffsetsLostError("; ".join(msgs))
+        start = {p: (begin if policy == "earliest" else end).get(p, 0) for p in owned}
+        state.start_over(now.topic_id, start)
+        for p in owned:
+            epoch[p] = epoch.get(p, 0) + 1  # the reader is positioned again; a batch read before is not counted
+            dirty.add(p)  # the next snapshot carries the new topic's id and offset
+            last_ckpt[p] = 0.0
+        log.warning("%s -> counting afresh from %s (kafka.on_offsets_lost=%s)", "; ".join(msgs),
+                    ", ".join(f"{topic}[{p}]@{o}" for p, o in sorted(start.items())), policy)
 
     @app.task
     async def count_batches():
         loop = asyncio.get_running_loop()
         await reader.start()
         positioned: dict[int, int] = {}  # partition -> the epoch the reader was positioned in
+        checked = time.monotonic()
         try:
             while True:  # until the app stops (the task is cancelled)
+                if time.monotonic() - checked >= watch_every:  # before a snapshot records offsets of a new topic
+                    checked = time.monotonic()
+                    await check_topic()
                 owned = set(ready)
                 reseek = {p for p in owned if positioned.get(p) != epoch.get(p)}
                 await reader.follow({p: state.next_offset[p] for p in owned if state.has(p)}, reseek)
@@ -271,16 +334,20 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
                 due = [p for p in dirty if now - last_ckpt.get(p, 0.0) >= interval]
                 if due:  # one partition per round: snapshots spread out instead of all at once
                     await checkpoint(min(due, key=lambda p: last_ckpt.get(p, 0.0)))
-        except Exception:  # a bad record never gets here (apply_many contains it): the disk, the broker, a bug
+        except Exception as e:  # a bad record never gets here (apply_many contains it): the disk, the broker, a bug
+            if on_fatal is not None and is_fatal_line(e):
+                log.debug("the counting task stops", exc_info=True)  # the traceback for a developer only
+                on_fatal(naming_path(e, cfg.sketch.state_dir))
+                return
             log.exception("the counting task failed: the worker stops (a restart resumes from the snapshots)")
             raise  # faust crashes the app on a task's exception: never a worker that silently stopped counting
         finally:
             await commits.close()
             await reader.stop()
+            await asyncio.get_running_loop().run_in_executor(None, watch.close)
 
     pub = {"version": None, "last": None, "at": 0.0, "events": -1}
     tick = max(0.5, min(1.0, cfg.sketch.publish_interval_s / 4))
-    n_partitions = partitions or cfg.kafka.partitions
     peers_box: dict[str, PeerSnapshots] = {}
 
     @app.timer(interval=tick, name="sketch-publish")
@@ -335,9 +402,15 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
 
 
 def run_worker(cfg, bootstrap: str, loglevel: str = "warning") -> int:
-    """Run the worker until SIGINT/SIGTERM (faust's Worker installs the signal handlers)."""
+    """Run the worker until SIGINT/SIGTERM (faust's Worker installs the signal handlers).
+
+    An error the operator must fix (:func:`is_fatal_line`: a full or read-only state directory, a recreated
+    topic under ``kafka.on_offsets_lost=fail``) stops the worker as SIGTERM does and is raised here once faust
+    has shut down, so the CLI prints it as its one line; its traceback is logged at DEBUG only. Nothing is
+    lost: a restart resumes from the last complete partition snapshots."""
     from faust.worker import Worker
 
+    check_writable(cfg.sketch.state_dir)
     partitions, topic_id = check_state(cfg, bootstrap)
     state = SketchState(cfg, topic_id=topic_id)
     metrics = None
@@ -345,13 +418,52 @@ def run_worker(cfg, bootstrap: str, loglevel: str = "warning") -> int:
         from .metrics import SketchMetrics
 
         metrics = SketchMetrics(state, cfg.sketch.metrics_port, cfg.sketch.metrics_host).start()
-    app, _ = build_app(cfg, bootstrap, state, partitions, metrics=metrics)
+    fatal: list[BaseException] = []
+
+    def stop(e: BaseException) -> None:
+        if not fatal:
+            fatal.append(e)
+            os.kill(os.getpid(), signal.SIGTERM)  # faust's own graceful stop (its SIGTERM handler)
+
+    app, _ = build_app(cfg, bootstrap, state, partitions, metrics=metrics, on_fatal=stop)
     worker = Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False, override_logging=False)
+    code = 0
     try:
         worker.execute_from_commandline()
     except SystemExit as e:
-        return int(e.code or 0)
+        code = int(e.code or 0)
     finally:
         if metrics is not None:
             metrics.close()
-    return 0
+    if fatal:
+        raise fatal[0]
+    return code
+
+
+def check_writable(state_dir: str) -> None:
+    """Write, sync and remove a small file in the state directory: a full or read-only one fails here with
+    its OSError (ENOSPC, EROFS, EACCES, naming the path) before faust opens its RocksDB there."""
+    d = Path(state_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    probe = d / f".write-probe-{os.getpid()}"
+    try:
+        f = open(probe, "wb")
+        try:
+            with f:
+                f.write(b"\0" * 65536)
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            probe.unlink(missing_ok=True)
+    except OSError as e:
+        raise naming_path(e, state_dir) from e
+
+
+def naming_path(e: BaseException, path: str) -> BaseException:
+    """``e``, or for an OSError that names no file (a failed write or close says only its errno) the same
+    error naming ``path``, so its one line says where the disk is full."""
+    if isinstance(e, OSError) and e.errno and not e.filename:
+        named = OSError(e.errno, e.strerror or os.strerror(e.errno), str(path))
+        named.__cause__ = e
+        return named
+    return e

@@ -94,6 +94,17 @@ class PartitionReader:
         """The partition's end offset as of the last fetch (None before one): the lag metric's reference."""
         return self._consumer.highwater(tp) if self._consumer is not None else None
 
+    async def log_bounds(self, partitions) -> tuple[dict[int, int], dict[int, int]]:
+        """Each partition's first and end offset (ListOffsets), as ``({partition: first}, {partition: end})``."""
+        from aiokafka import TopicPartition
+
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        if not tps:
+            return {}, {}
+        begin = await self._consumer.beginning_offsets(tps)
+        end = await self._consumer.end_offsets(tps)
+        return {tp.partition: int(o) for tp, o in begin.items()}, {tp.partition: int(o) for tp, o in end.items()}
+
     async def read(self, timeout_ms: int) -> dict[int, list]:
         """Up to ``max_records`` records, by partition, in offset order (empty after ``timeout_ms``)."""
         if not self._owned:

@@ -105,6 +105,18 @@ class SketchState:
         self.sketches.pop(partition, None)
         self.next_offset.pop(partition, None)
 
+    def start_over(self, topic_id: str | None, offsets: dict[int, int]) -> None:
+        """The events topic was deleted and recreated (its id is now ``topic_id``): each partition in
+        ``offsets`` counts afresh from that offset of the new topic, and the event sample is emptied, so
+        the hot set is chosen from the new topic's events only. Snapshots taken from now on carry the new
+        id; one of the old topic restored later is not resumed (:meth:`restore`)."""
+        with self.lock:
+            self.topic_id = topic_id
+            for p, offset in offsets.items():
+                self.sketches[p] = self.new_sketch()
+                self.next_offset[p] = int(offset)
+            self.sample = EventSample(self.cfg.sketch.sample_events, self.cfg.sketch.sample_rate)
+
     def apply(self, partition: int, offset: int, value: bytes | None) -> bool:
         """Count one Kafka record; False when it was skipped (already counted, or malformed)."""
         with self.lock:

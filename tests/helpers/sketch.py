@@ -120,3 +120,61 @@ def scrape_lag(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> dict
             for s in fam.samples:
                 out[int(s.labels["partition"])] = s.value
     return out
+
+
+# -- a sketch worker as a process (`streamrec sketch`) --
+
+def write_config(cfg, path):
+    """``cfg`` as a TOML config file at ``path``; returns the path."""
+    import tomli_w
+
+    path.write_text(tomli_w.dumps(cfg.to_dict()))
+    return path
+
+
+def start_worker(config, bootstrap: str, log, env: dict | None = None):
+    """``streamrec sketch`` with ``config`` as a child process, stdout and stderr appended to ``log``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    streamrec = str(Path(sys.executable).with_name("streamrec"))
+    with open(log, "ab") as f:
+        return subprocess.Popen([streamrec, "sketch", "--config", str(config), "--bootstrap", bootstrap],
+                                stdout=f, stderr=subprocess.STDOUT, env=env)
+
+
+def stop_worker(proc, wait: float = 15.0) -> bool:
+    """SIGTERM, then SIGKILL after ``wait`` s; True when it exited on SIGTERM alone (or had exited)."""
+    import subprocess
+
+    if proc.poll() is not None:
+        return True
+    proc.terminate()
+    try:
+        proc.wait(wait)
+        return True
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        return False
+
+
+def produce_events(cfg, bootstrap: str, n: int, seed: int = 0) -> int:
+    """Send ``n`` synthetic events (event times now) to ``cfg.kafka.events_topic``; returns ``n``."""
+    import time
+
+    from streamrec.ingest import EventProducer, SyntheticStream
+
+    import copy
+
+    cfg = copy.deepcopy(cfg)
+    cfg.generator.seed = seed
+    p = EventProducer(bootstrap, cfg)
+    try:
+        for b in SyntheticStream(cfg).batches(n):
+            b.ts[:] = int(time.time() * 1000)
+            p.send_batch(b)
+    finally:
+        p.close()
+    return n
