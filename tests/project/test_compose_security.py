@@ -198,9 +198,12 @@ def test_a_third_party_linter_finds_no_unbound_port(tmp_path):
     merged = tmp_path / "docker-compose.yml"
     merged.write_text(yaml.safe_dump(_merge(_raw(BASE), _raw(SECURE)), sort_keys=False))
     assert [f for f in _compose_lint(merged) if f["rule_id"] == UNBOUND_PORT] == []
-    # the linter sees the form the stack used to have
-    merged.write_text(BASE.read_text().replace('"${STREAMREC_PUBLISH_ADDR:-127.0.0.1}:50051:50051"', '"50051:50051"'))
-    assert [f["service"] for f in _compose_lint(merged) if f["rule_id"] == UNBOUND_PORT] == ["serving"]
+    # the linter sees a port without its host address, in either syntax
+    for unbound in ("50051:50051", {"target": 50051, "published": "50051"}):
+        doc = _raw(BASE)
+        doc["services"]["serving"]["ports"] = [unbound]
+        merged.write_text(yaml.safe_dump(doc, sort_keys=False))
+        assert [f["service"] for f in _compose_lint(merged) if f["rule_id"] == UNBOUND_PORT] == ["serving"]
 
 
 # -- the secure override ----------------------------------------------------------------------------------------
@@ -238,7 +241,7 @@ def test_secure_kafka_listens_only_with_sasl_ssl_beyond_its_loopback():
     assert "/run/secrets/kafka_jaas" in mounted
     # the health check uses the loopback listener, and the published port is the SASL_SSL one
     assert f"localhost:{listeners['BROKER'][1]}" in kafka["healthcheck"]["test"][1]
-    assert [str(p).rsplit(":", 1)[1] for p in kafka["ports"]] == [str(listeners["EXTERNAL"][1])]
+    assert [(int(p["published"]), p["target"]) for p in kafka["ports"]] == [(listeners["EXTERNAL"][1],) * 2]
 
 
 def _secrets_dir(model: dict) -> dict[str, str]:

@@ -31,6 +31,15 @@ def _interpolate(value: str) -> str:
     return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
 
 
+def _port(entry) -> str:
+    """A ``ports:`` entry, short or long syntax, as ``[HOST_IP:]PUBLISHED:TARGET`` with nothing set in the
+    environment."""
+    if isinstance(entry, dict):
+        host = _interpolate(str(entry.get("host_ip", "")))
+        return f"{host + ':' if host else ''}{_interpolate(str(entry['published']))}:{entry['target']}"
+    return _interpolate(str(entry).split("#")[0].strip())
+
+
 def _streamrec_services() -> dict[str, dict]:
     return {name: s for name, s in COMPOSE["services"].items() if s.get("image", "").startswith("streamrec")}
 
@@ -89,7 +98,7 @@ def test_services_agree_on_ports_tokens_and_the_health_check():
     trainer, _, _ = _load(services["trainer"])
     # serving binds all interfaces on the port compose publishes; the trainer pushes there with the same token
     assert serving.serving.host == "0.0.0.0"
-    published = [_interpolate(p) for p in services["serving"]["ports"]]  # on 127.0.0.1 unless STREAMREC_PUBLISH_ADDR
+    published = [_port(p) for p in services["serving"]["ports"]]  # on 127.0.0.1 unless STREAMREC_PUBLISH_ADDR
     assert f"127.0.0.1:{serving.serving.port}:{serving.serving.port}" in published
     assert trainer.push_targets() == [f"serving:{serving.serving.port}"]
     assert trainer.serving.push_token == serving.serving.push_token != ""
@@ -102,7 +111,7 @@ def test_services_agree_on_ports_tokens_and_the_health_check():
     serving.serving.push_token = ""
     assert push_exposure(serving) is not None
     metrics = trainer.trainer.metrics_port
-    assert metrics and f"127.0.0.1:{metrics}:{metrics}" in [_interpolate(p) for p in services["trainer"]["ports"]]
+    assert metrics and f"127.0.0.1:{metrics}:{metrics}" in [_port(p) for p in services["trainer"]["ports"]]
     assert trainer.trainer.metrics_host == "0.0.0.0"  # the published port must be reachable from outside the container
     # the health check runs a module that exists, with a check() over the port serving listens on
     test = services["serving"]["healthcheck"]["test"]
@@ -191,7 +200,7 @@ def test_compose_file_is_well_formed():
             if key in s.get("healthcheck", {}):
                 assert DURATION.match(str(s["healthcheck"][key])), (name, key)
         for p in s.get("ports", []):
-            assert PORT.match(_interpolate(str(p).split("#")[0].strip())), (name, p)
+            assert PORT.match(_port(p)), (name, p)
         for v in s.get("volumes", []):
             source, target = v.split(":")[:2]
             assert target.startswith("/"), (name, v)
@@ -291,7 +300,7 @@ def test_prometheus_scrapes_every_process_on_its_configured_port():
     assert all(":" in s["image"] and not s["image"].endswith(":latest") for s in mon.values())  # pinned
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mon["prometheus"]["volumes"]
     for s in mon.values():  # the UIs stay on the machine unless the operator publishes them
-        assert all(_interpolate(str(p)).startswith("127.0.0.1:") for p in s.get("ports", [])), s["ports"]
+        assert all(_port(p).startswith("127.0.0.1:") for p in s.get("ports", [])), s["ports"]
 
 
 def test_grafana_is_provisioned_with_a_dashboard_of_exported_metrics():
