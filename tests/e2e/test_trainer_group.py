@@ -173,8 +173,8 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     assert _committed(bootstrap, cfg, ends) == ends  # rank 0 committed every partition after the manifest
     assert state["events"] >= n_events
     log = read_jsonl(tmp_path / "metrics.jsonl")
-    # one trainer in process reaches a progressive AUC of 0.73 on the first 48k events of this stream (Bayes-optimal
-    # ~0.84); the floor leaves a margin of 0.05 for the group's batch order and the windows replayed after kills
+    # the group measures a progressive AUC of 0.74 on these 60k events (a clean group 0.739; the killed one is held
+    # within 0.01 of it below; Bayes-optimal 0.84): the floor is 0.06 below it
     assert log[-1]["auc"] > 0.68, log[-1]
     snaps = sorted(Path(cfg.trainer.snapshot_dir).glob("v*/manifest.json"))
     assert snaps, "no snapshot was built"
