@@ -51,7 +51,8 @@ import numpy as np
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamrec.foundation import Config, ConfigError, resolve_device, resource_error_line
+from streamrec.foundation import (Config, ConfigError, as_resource_error, is_resource_error, resolve_device,
+                                  resource_error_line)
 from streamrec.snapshot import SnapshotError
 from streamrec.snapshot.format import MAX_VERSION
 
@@ -201,6 +202,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.verify_s = 0.0
         self.last_verify: dict = {}  # the last verification: {"when": "start"|"delta", "bytes", "seconds"}
         self.not_serving_reason = ""  # set while nothing is served because stored versions failed their checks
+        self._resource_refusal = None  # (errno, what failed) of the last push refused for the machine's sake
         skipped: list = []
         restored = restore_newest(self.versions, cfg, device, skipped)  # a restart serves what it served before
         self.stored_refused += sum(isinstance(e, StoredVersionDamaged) for _, e in skipped)
@@ -518,19 +520,36 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             if answers:
                 log.info("version %d forwarded to %d of %d sibling processes", v.version,
                          sum(a.ok for a in answers), len(answers))
+            self._resource_refusal = None  # a push installed: the next resource refusal is news again
             return pb.PushResponse(accepted=True, version=v.version, load_seconds=time.perf_counter() - t0)
         except SnapshotError as e:
             cur = self._current
             log.warning("refused snapshot: %s %s (still serving %s)", e.code, e, cur.version if cur else None)
             context.abort(getattr(grpc.StatusCode, e.code), str(e))
-        except OSError as e:  # this machine, not the snapshot: disk full, no file handles (may pass on retry)
-            line = resource_error_line(e)
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED if line else grpc.StatusCode.INTERNAL
-            log.error("push failed on the server: %s", line or e)
-            context.abort(code, f"server: {line or e}")
-        except Exception as e:  # a server fault, not a verdict on the snapshot: INTERNAL (pushers may retry it)
-            log.exception("push failed on the server")
+        except Exception as e:
+            if is_resource_error(e):  # this machine, not the snapshot: disk full, read-only, no file handles
+                self._refuse_for_resources(e, context)
+            if isinstance(e, OSError):
+                log.error("push failed on the server: %s", e)
+                context.abort(grpc.StatusCode.INTERNAL, f"server: {e}")
+            log.exception("push failed on the server")  # a server fault, not a verdict on the snapshot: INTERNAL
             context.abort(grpc.StatusCode.INTERNAL, f"server fault: {type(e).__name__}: {str(e)[:300]}")
+
+    def _refuse_for_resources(self, e: BaseException, context) -> None:
+        """A push that cannot be stored or installed for the machine's sake (disk full, read-only, no file
+        handles): refused with RESOURCE_EXHAUSTED (pushers retry it) and one line naming what failed, the
+        path, the errno and what to do; the served version keeps serving. One ERROR line per condition: a
+        retried push that meets the same one again logs at WARNING, until a push installs."""
+        cur = self._current
+        then = (f"The push is refused and version {cur.version if cur else 'none'} keeps serving; the trainer "
+                "retries it, and the next push once space is back is installed")
+        line = resource_error_line(as_resource_error(e, "storing a pushed snapshot", str(self.staging)), then=then)
+        key = (getattr(e, "errno", None), line.split(" at ", 1)[0])
+        level = logging.WARNING if key == self._resource_refusal else logging.ERROR
+        self._resource_refusal = key
+        log.log(level, "push refused: %s", line)
+        log.debug("the traceback of the refused push", exc_info=e)
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"server: {line}")
 
     def Status(self, request, context):
         s = self.cfg.serving

@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrec.foundation import (Config, ConfigError, ModelConfig, load_config, resource_error_line, save_npz,
-                                  sha256_file)
+from streamrec.foundation import (Config, ConfigError, ModelConfig, as_resource_error, load_config,
+                                  resource_error_line, save_npz, sha256_file)
 from streamrec.model import DLRM, predict_batch
 from streamrec.snapshot import DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, read_dense
 
@@ -497,6 +497,11 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             except Exception:
                 pass
         shutil.rmtree(vdir, ignore_errors=True)
+        # the machine's fault (disk full, read-only, no file handles), not the snapshot's: never a verdict on it
+        err = as_resource_error(e, f"installing version {manifest.version}", str(vdir)) \
+            if isinstance(e, Exception) else None
+        if err is not None:
+            raise err from e
         if isinstance(e, Refused):
             raise
         if isinstance(e, SnapshotError):
