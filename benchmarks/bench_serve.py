@@ -344,6 +344,12 @@ def main(argv: list[str]) -> int:
                                          env={}), dev)
     local.install(snap1, verify_snapshot(snap1))
     served = local.current
+    # what checking a stored version against its install record costs (one sha256 per file, at every start and
+    # before each delta on it); files in the page cache, as right after an install: hashing, not disk reads
+    verify = [served.verify() for _ in range(3)]
+    verify_bytes, verify_s = verify[0][0], float(np.median([s for _, s in verify]))
+    say(f"stored-version verification: {len(served.files)} files, {verify_bytes / 1e6:.1f} MB in "
+        f"{1000 * verify_s:.1f} ms = {verify_s / (verify_bytes / 1e9):.2f} s per GB")
     for b in batches:
         sub = base[b]["sub"]
         served.predict(sub)
@@ -553,6 +559,10 @@ def main(argv: list[str]) -> int:
         "full_push_s": round(full_push_s, 3),
         "delta_push_s": round(delta_push_s, 3),
         "freshness_s": round(freshness_s, 3),
+        # checking the stored version against its install record (at start and before each delta on it)
+        "verify_ms": round(1000 * verify_s, 3),
+        "verify_mb": round(verify_bytes / 1e6, 3),
+        "verify_s_per_gb": round(verify_s / (verify_bytes / 1e9), 3),
         "inproc_predict_qps_b512": round(base[512]["predict_qps"], 2),
         "serving_path_inproc_qps_b512": round(base[512]["serving_path_qps"], 2),
         "grpc_floor_qps": round(floor_qps, 2),
