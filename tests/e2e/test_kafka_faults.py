@@ -36,6 +36,10 @@ def _produce(cfg, bootstrap, n, seed):
     prod.close()
 
 
+# the tests that share ``restarted_empty`` run on one xdist worker, so the broker is restarted once
+RESTARTED_EMPTY_WORKER = pytest.mark.xdist_group("restarted-empty-broker")
+
+
 @pytest.fixture(scope="module")
 def restarted_empty(tmp_path_factory):
     """Train 2,048 events, then bring the broker back empty with only 384 new events: the broker (kept up for the
@@ -67,6 +71,7 @@ def _resume_dir(restarted, tmp_path, policy: str):
     return _cfg(tmp_path, policy)
 
 
+@RESTARTED_EMPTY_WORKER
 def test_a_recreated_topic_stops_the_trainer_with_a_clear_message_by_default(tmp_path, restarted_empty):
     cfg = _resume_dir(restarted_empty, tmp_path, "fail")
     with pytest.raises(OffsetsLostError) as e:
@@ -76,6 +81,7 @@ def test_a_recreated_topic_stops_the_trainer_with_a_clear_message_by_default(tmp
     assert "deleted and recreated" in msg and "kafka.on_offsets_lost=earliest" in msg
 
 
+@RESTARTED_EMPTY_WORKER
 def test_with_earliest_every_event_after_the_restart_is_trained(tmp_path, restarted_empty):
     cfg = _resume_dir(restarted_empty, tmp_path, "earliest")
     summary = TrainerService(cfg, restarted_empty[0].bootstrap, progress=False).run()

@@ -15,6 +15,8 @@ from ..conftest import small_config
 from ..helpers.group import rank1_config_errors, run_group_scenarios, split, synthetic
 
 N_EVENTS, BATCH = 6144, 256
+# the tests that read the shared group's results (``group_runs``) run on one xdist worker, so the group is spawned once
+GROUP_RUNS_WORKER = pytest.mark.xdist_group("sharded-group-runs")
 
 
 def _cfg(tmp):
@@ -55,6 +57,7 @@ def _single(tmp):
 
 
 @pytest.mark.subprocess
+@GROUP_RUNS_WORKER
 def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs):
     core, store = _single(tmp_path)
     ranks = group_runs["train"]
@@ -75,6 +78,7 @@ def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs):
 
 
 @pytest.mark.subprocess
+@GROUP_RUNS_WORKER
 def test_an_idle_rank_joins_every_step_with_an_empty_batch(group_runs):
     ranks = group_runs["idle"]
     assert ranks[0]["events"] == N_EVENTS // 2 and ranks[1]["events"] == 0
@@ -95,6 +99,7 @@ def _idle_rank(rank, world, cfg, tmp):
 
 
 @pytest.mark.subprocess
+@GROUP_RUNS_WORKER
 def test_a_poisoned_event_is_refused_by_the_whole_group(group_runs):
     ranks = group_runs["poisoned"]
     assert ranks[1]["rejected"] == [5] and ranks[0]["rejected"] == []
@@ -145,12 +150,14 @@ def _out_of_step_rank(rank, world, cfg, tmp):
 
 
 @pytest.mark.subprocess
+@GROUP_RUNS_WORKER
 def test_ranks_out_of_step_get_a_clear_error(group_runs):
     ranks = group_runs["out_of_step"]
     assert all("every rank must call train_window once per window" in r for r in ranks), ranks
 
 
 @pytest.mark.subprocess
+@GROUP_RUNS_WORKER
 def test_ranks_with_different_group_settings_get_a_clear_error_naming_them(group_runs):
     """Settings every rank must share (the wire formats, the dense sum's compression, what batch_size counts):
     a rank with another value stops the group at once with the values named, not a gloo size mismatch."""
