@@ -94,6 +94,10 @@ def receive_snapshot(chunks: Iterable, staging_root: Path, max_bytes: int,
         return stage, manifest
     finally:
         for f in handles.values():
-            f.close()
+            try:
+                f.close()
+            except OSError:  # a full disk fails the flush too: the staged files are removed below all the same
+                if ok:
+                    raise
         if not ok:
             shutil.rmtree(stage, ignore_errors=True)

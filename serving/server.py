@@ -549,6 +549,13 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self._resource_refusal = key
         log.log(level, "push refused: %s", line)
         log.debug("the traceback of the refused push", exc_info=e)
+        # the tracebacks' frames hold what the failed install read (the staged dense weights are a mapping of a
+        # deleted file): dropped now, so that the space is free at once and not when the garbage collector runs
+        seen, x = set(), e
+        while x is not None and id(x) not in seen:
+            seen.add(id(x))
+            x.__traceback__ = None
+            x = x.__cause__ or x.__context__
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"server: {line}")
 
     def Status(self, request, context):
