@@ -1,0 +1,143 @@
+"""A sketch worker whose state directory (``sketch.state_dir``) fills up or is read-only stops with one
+line naming the error, the path and what to do, with no traceback in its log; once the disk is writable
+and has space again, a restart loses nothing: its snapshots resume and every event is counted once.
+
+A real `streamrec sketch` process, a real embedded broker and a real small tmpfs (full, then remounted
+read-only, then given its space back)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from streamrec.sketch import HotSetFollower
+from streamrec.sketch.app import changelog_topic
+from tests.helpers.sketch import (end_offsets, produce_events, snapshot_offsets, start_worker, stop_worker,
+                                  write_config)
+from tests.helpers.waiting import wait_until
+
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    # CI runs as root and must run this test: there a tmpfs that cannot be mounted fails it; elsewhere it skips
+    # with the reason printed (-rs)
+    give_up = pytest.fail if os.environ.get("CI") else pytest.skip
+    if os.geteuid() != 0:
+        give_up("mounting a tmpfs needs root; this test environment runs as another user")
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if res.returncode != 0:
+        give_up(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _wait_exit(proc, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return proc.poll()
+
+
+def _run_log(log) -> str:
+    """What the worker process of one run wrote (each run writes its own log file)."""
+    return log.read_text(errors="replace")
+
+
+def _one_line(text: str, needle: str) -> str:
+    """The worker's last line, which must be the only one saying ``needle``; no traceback anywhere."""
+    assert "Traceback" not in text, text[-5000:]
+    assert not [ln for ln in text.splitlines() if " ERROR streamrec" in ln], text[-5000:]  # no second error line
+    hits = [ln for ln in text.splitlines() if needle in ln]
+    assert len(hits) == 1, text[-5000:]
+    assert text.strip().splitlines()[-1] == hits[0], text[-3000:]
+    return hits[0]
+
+
+@pytest.mark.timeout(420)
+def test_a_full_then_read_only_state_dir_is_one_line_and_nothing_is_lost(topics, bootstrap, tmp_path, small_disk):
+    cfg = topics
+    cfg.sketch.state_dir = str(small_disk / "sketch")
+    cfg.sketch.publish_interval_s = 1.0
+    cfg.sketch.checkpoint_interval_s = 0.5
+    cfg.sketch.half_life_s = 1e7
+    config = write_config(cfg, tmp_path / "sketch.toml")
+    n1, n2 = 2000, 1500
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
+    try:
+        # 1. a healthy run: everything so far is in the partition snapshots
+        produce_events(cfg, bootstrap, n1, seed=1)
+        log1 = tmp_path / "run1.log"
+        proc = start_worker(config, bootstrap, log1)
+        try:
+            assert follower.wait_for(1, timeout=120, predicate=lambda h: h.events == n1), _run_log(log1)[-3000:]
+            ends = end_offsets(bootstrap, cfg.kafka.events_topic, cfg.kafka.partitions)
+            wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg)) == ends, 60,
+                       "every partition's snapshot at the topic's end", interval=0.5)
+
+            # 2. the disk fills up under the running worker; new events make it write
+            filler = small_disk / "filler"
+            st = os.statvfs(small_disk)
+            with open(filler, "wb") as f:
+                f.write(b"\0" * (st.f_bavail * st.f_frsize))
+            with pytest.raises(OSError):  # really full
+                with open(small_disk / "probe", "wb") as f:
+                    f.write(b"\0" * 8192)
+            (small_disk / "probe").unlink(missing_ok=True)
+            produce_events(cfg, bootstrap, n2, seed=2)
+            assert _wait_exit(proc, 90) == 1, _run_log(log1)[-5000:]
+        finally:
+            stop_worker(proc)
+        line = _one_line(_run_log(log1), "no space left on the device")
+        assert line.startswith("streamrec sketch: no space left on the device"), line
+        assert f" at {small_disk}" in line and "free space there" in line, line
+
+        # 3. a start on the still-full disk: the same one line, before faust opens its store
+        log2 = tmp_path / "run2.log"
+        proc = start_worker(config, bootstrap, log2)
+        try:
+            assert _wait_exit(proc, 90) == 1, _run_log(log2)[-5000:]
+        finally:
+            stop_worker(proc)
+        line = _one_line(_run_log(log2), "no space left on the device")
+        assert f"at {small_disk}" in line, line
+
+        # 4. the file system turns read-only (remounted as an operator or the kernel does after errors)
+        subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+        log3 = tmp_path / "run3.log"
+        proc = start_worker(config, bootstrap, log3)
+        try:
+            assert _wait_exit(proc, 90) == 1, _run_log(log3)[-5000:]
+        finally:
+            stop_worker(proc)
+        line = _one_line(_run_log(log3), "read-only")
+        assert f" at {small_disk}" in line and "remount it read-write" in line, line
+
+        # 5. writable with space again: the restart resumes from the snapshots and counts every event once
+        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+        filler.unlink()
+        log4 = tmp_path / "run4.log"
+        proc = start_worker(config, bootstrap, log4)
+        try:
+            hs = follower.wait_for(1, timeout=120, predicate=lambda h: h.events == n1 + n2)
+            assert hs is not None, _run_log(log4)[-4000:]
+            ends = end_offsets(bootstrap, cfg.kafka.events_topic, cfg.kafka.partitions)
+            wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg)) == ends, 60,
+                       "the snapshots resumed, at the topic's end", interval=0.5)
+            assert proc.poll() is None
+            text = _run_log(log4)
+            assert "resumed" in text  # from the snapshots of run 1, not from scratch
+        finally:
+            assert stop_worker(proc)
+        assert "Traceback" not in _run_log(log4)
+        assert not follower.wait_for(1, timeout=3, predicate=lambda h: h.events > n1 + n2)  # nothing twice
+    finally:
+        follower.close()
