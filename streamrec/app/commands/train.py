@@ -80,12 +80,15 @@ def cmd_train(args) -> int:
         _startup(cfg, args, bootstrap)
         if is_group_checkpoint(cfg.trainer.checkpoint_dir):  # a group's checkpoint, resumed by one process
             return _finish(_group_of_one(cfg, bootstrap, stop, args))
+        from streamrec.foundation import resource_step
         from streamrec.serving import SnapshotPusher
         from streamrec.trainer import TrainerService
 
-        svc = TrainerService(cfg, bootstrap, stop=stop, progress=False if args.no_progress else None,
-                             pusher_factory=SnapshotPusher.factory(cfg))
-        return _finish(svc.run())
+        # a resource error whose writer named neither itself nor its file still names the data directory
+        with resource_step("a write of the trainer", os.path.dirname(os.path.abspath(cfg.trainer.checkpoint_dir))):
+            svc = TrainerService(cfg, bootstrap, stop=stop, progress=False if args.no_progress else None,
+                                 pusher_factory=SnapshotPusher.factory(cfg))
+            return _finish(svc.run())
 
 
 def _only_configured_pushes(cfg) -> None:
