@@ -28,13 +28,13 @@ def test_eval_prints_both_models_over_every_event(tmp_path):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["events_scored_trainer"] == out["events_scored_reference"] == out["events"] == 12_000
     assert "progressive auc" in r.stdout and "progressive logloss" in r.stdout
+    # on these 12k events one model seed gives an AUC of 0.666-0.701 (trainer and reference, four seeds measured;
+    # the two-seed means 0.684 and 0.676) and a logloss of 0.606-0.622
     for k in ("auc_trainer", "auc_reference"):
-        # both learnt from 12k events: measured 0.571..0.649 over model seeds, the floor 0.02 below the lowest
-        assert 0.55 < out[k] < 1.0, out
-    # on 12k events one model seed moves either AUC by up to +-0.04 (measured 0.571..0.649): the bound on the
-    # difference of the two seed-averaged AUCs is that spread plus a margin of 0.02
-    assert abs(out["auc_trainer"] - out["auc_reference"]) < 0.06, out
-    assert abs(out["logloss_trainer"] - out["logloss_reference"]) < 0.03, out
+        assert 0.62 < out[k] < 1.0, out  # 0.045 below the lowest seed's AUC
+    # the two seed-averaged AUCs differ by 0.008; a seed moves one by about +-0.013: the bound is 3x that spread
+    assert abs(out["auc_trainer"] - out["auc_reference"]) < 0.04, out
+    assert abs(out["logloss_trainer"] - out["logloss_reference"]) < 0.02, out  # differ by 0.002; seeds +-0.008
     assert len(out["per_seed"]["trainer"]) == len(out["per_seed"]["reference"]) == 2
 
 
