@@ -56,8 +56,9 @@ def test_demo_end_to_end(bootstrap, tmp_path, trainers, request):
     assert result["served_version"] >= 1
     assert result["events_trained"] >= events
     bayes = SyntheticStream(load_config(run_dir / "config.toml", env={})).bayes_auc(20_000)
-    # progressive AUC since the first event (cold start included) and over the last window,
-    # against floors set from the generator's Bayes-optimal AUC (~0.83 here)
+    # progressive AUC since the first event (cold start included) and over the last window, against floors set from
+    # the generator's Bayes-optimal AUC (~0.84 here: floors ~0.60 and ~0.67); the demo measures 0.66-0.72 and
+    # 0.74-0.75 (README; a two-trainer run on 40k events)
     assert result["auc"] is not None and result["auc"] > 0.5 + 0.3 * (bayes - 0.5), (result, bayes)
     assert result["window_auc"] is not None and result["window_auc"] > 0.5 + 0.5 * (bayes - 0.5), (result, bayes)
     assert result["scores"] and all(math.isfinite(s) and 0.0 <= s <= 1.0 for s in result["scores"])
