@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 DECODE = "decode"
 TRAIN = "train"
 STEP = "step"
+IDLE = "idle"  # a trainer between training steps
+_IDLE_BODY = json.dumps({"phase": IDLE, "deaths": 0, "ranges": []})
 
 
 @dataclass(frozen=True)
@@ -73,20 +75,30 @@ def ranges_of(runs: Iterable) -> list[InflightRange]:
     return [InflightRange(t, p, lo, hi) for (t, p), (lo, hi) in sorted(span.items())]
 
 
-def exact_ranges(topic: str, partitions, offsets) -> list[InflightRange]:
+def exact_runs(partitions, offsets):
     """The records named by per-event ``partitions`` and record ``offsets`` (arrays; several events may
-    share a record), as the fewest ranges that hold exactly those records and no other."""
+    share a record) as the fewest runs holding exactly those records: an int64 array of rows
+    ``(partition, first, last)``, by partition then offset."""
     import numpy as np
 
     p = np.asarray(partitions, np.int64)
     o = np.asarray(offsets, np.int64)
     if not len(p):
-        return []
-    keys = np.unique(np.stack([p, o], axis=1), axis=0)  # sorted by partition, then offset
-    brk = np.flatnonzero((np.diff(keys[:, 0]) != 0) | (np.diff(keys[:, 1]) != 1)) + 1
+        return np.zeros((0, 3), np.int64)
+    order = np.lexsort((o, p))  # by partition, then offset
+    p, o = p[order], o[order]
+    new = np.ones(len(p), bool)
+    new[1:] = (np.diff(p) != 0) | (np.diff(o) != 0)  # the events of one record: the record once
+    p, o = p[new], o[new]
+    brk = np.flatnonzero((np.diff(p) != 0) | (np.diff(o) != 1)) + 1
     starts = np.concatenate([[0], brk])
-    ends = np.concatenate([brk, [len(keys)]]) - 1
-    return [InflightRange(topic, int(keys[a, 0]), int(keys[a, 1]), int(keys[b, 1])) for a, b in zip(starts, ends)]
+    ends = np.concatenate([brk, [len(p)]]) - 1
+    return np.stack([p[starts], o[starts], o[ends]], axis=1)
+
+
+def exact_ranges(topic: str, partitions, offsets) -> list[InflightRange]:
+    """:func:`exact_runs` as ranges of ``topic``."""
+    return [InflightRange(topic, p, a, b) for p, a, b in exact_runs(partitions, offsets).tolist()]
 
 
 def holds_any(ranges: Sequence[InflightRange], topic: str, partitions, offsets):
@@ -109,12 +121,18 @@ class InflightMarker:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.found: tuple[str, list[InflightRange], int] | None = self._read()  # (phase, ranges, deaths before)
-        self._tmp = self.path.with_name(self.path.name + ".tmp")
+        self._fd: int | None = None  # the marker file, kept open: a mark is one pwrite, not a create and a rename
+        self._size = 0  # bytes in the file: a shorter mark is padded with blanks over the rest
 
     def _read(self) -> tuple[str, list[InflightRange], int] | None:
         try:
             d = json.loads(self.path.read_text())
-            ranges = [InflightRange(str(t), int(p), int(a), int(b)) for t, p, a, b in d["ranges"]]
+            if "runs" in d:  # a training step's (mark_runs): one topic, rows (partition, first, last)
+                ranges = [InflightRange(str(d["topic"]), int(p), int(a), int(b)) for p, a, b in d["runs"]]
+            else:
+                ranges = [InflightRange(str(t), int(p), int(a), int(b)) for t, p, a, b in d["ranges"]]
+            if d["phase"] == IDLE or not ranges:  # between training steps: nothing in flight
+                return None
             return str(d["phase"]), ranges, int(d.get("deaths", 0))
         except FileNotFoundError:
             return None
@@ -122,18 +140,45 @@ class InflightMarker:
             log.warning("ignoring unreadable in-flight marker %s: %s", self.path, e)
             return None
 
+    def _write(self, body: str | bytes) -> None:
+        """The whole marker in one ``pwrite`` at offset 0 (padded with blanks, which JSON ignores, over a
+        longer previous one). A process that dies on its own (a segfault, an abort) dies outside the
+        system call, so its last mark is whole; only a kill from outside during a mark longer than a page
+        could tear it, and a torn marker is ignored (the hint is lost, never data)."""
+        data = body.encode() if isinstance(body, str) else body
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._size = os.fstat(self._fd).st_size
+        if len(data) < self._size:
+            data += b" " * (self._size - len(data))
+        os.pwrite(self._fd, data, 0)
+        self._size = len(data)
+
     def mark(self, phase: str, ranges: Sequence[InflightRange], deaths: int = 0) -> None:
         """Record that these records are being handled (``phase``) from now on; ``deaths``: how many
         processes already died with (some of) them in flight."""
-        body = json.dumps({"pid": os.getpid(), "phase": phase, "deaths": deaths,
-                           "ranges": [[r.topic, r.partition, r.first, r.last] for r in ranges]})
-        with open(self._tmp, "w") as f:  # write + rename: a reader never sees half a marker
-            f.write(body)
-        os.replace(self._tmp, self.path)
+        self._write(json.dumps({"pid": os.getpid(), "phase": phase, "deaths": deaths,
+                                "ranges": [[r.topic, r.partition, r.first, r.last] for r in ranges]}))
+
+    def mark_runs(self, phase: str, topic: str, runs, deaths: int = 0) -> None:
+        """:meth:`mark` for runs of ``topic`` given as an int64 array of rows ``(partition, first, last)``
+        (:func:`exact_runs`), serialised straight from the array (once per training step, so no Python
+        object per range)."""
+        import orjson
+
+        self._write(orjson.dumps({"pid": os.getpid(), "phase": phase, "deaths": deaths, "topic": topic,
+                                  "runs": runs}, option=orjson.OPT_SERIALIZE_NUMPY))
+
+    def idle(self) -> None:
+        """Nothing in flight for now (between training steps); a start that finds this acts on nothing."""
+        self._write(_IDLE_BODY)
 
     def clear(self) -> None:
-        """Nothing in flight (a clean stop)."""
-        for p in (self.path, self._tmp):
+        """Nothing in flight (a clean stop): the file is removed."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        for p in (self.path, self.path.with_name(self.path.name + ".tmp")):
             try:
                 p.unlink()
             except FileNotFoundError:

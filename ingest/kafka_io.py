@@ -43,7 +43,7 @@ from . import fast_records
 from .codec import CODEC_HEADER, Decoder, encode_messages
 from .fast_records import RecordRun
 from .ingest_types import ConsumerMode, OffsetsLostPolicy
-from .inflight import DECODE, STEP, TRAIN, InflightMarker, exact_ranges, holds_any, probe_decode, ranges_of
+from .inflight import DECODE, STEP, TRAIN, InflightMarker, exact_runs, holds_any, probe_decode, ranges_of
 from .kafka_clients import client_settings
 
 log = logging.getLogger(__name__)
@@ -481,12 +481,12 @@ class EventConsumer:
         s = self._step_suspect
         if s is not None and holds_any(s[1], self.topic, p, o).any():
             deaths = s[2] + 1
-        self._marker.mark(STEP, exact_ranges(self.topic, p, o), deaths)
+        self._marker.mark_runs(STEP, self.topic, exact_runs(p, o), deaths)
 
     def step_done(self) -> None:
         """No training step runs now: a death from here on is not blamed on the last step's records."""
         if self._marker is not None:
-            self._marker.clear()
+            self._marker.idle()
 
     def quarantine_events(self, batch: EventBatch, partitions: np.ndarray, records: np.ndarray, reason: str) -> None:
         """Dead-letter decoded events whose records crashed the trainer but will not be read again (restored

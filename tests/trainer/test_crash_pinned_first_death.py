@@ -20,7 +20,7 @@ import tomli_w
 
 from streamrec.foundation import EventBatch
 from streamrec.ingest import REASON_HEADER, SOURCE_HEADER, EventProducer, SyntheticStream, read_topic
-from streamrec.ingest.inflight import STEP, InflightMarker, exact_ranges
+from streamrec.ingest.inflight import STEP, InflightMarker, exact_runs
 from streamrec.trainer.batching import EventBatcher
 from streamrec.trainer.merge import PartitionMerger
 from tests.conftest import small_config
@@ -138,19 +138,19 @@ def test_the_marker_before_each_step_names_exactly_the_records_it_trains(tmp_pat
 
     class StepMarker:  # what the consumer does, on a real marker file
         def mark_step(self, parts, offs):
-            marker.mark(STEP, exact_ranges("events", parts, offs))
+            marker.mark_runs(STEP, "events", exact_runs(parts, offs))
             marks.append({(int(p), int(o)) for p, o in zip(parts, offs)})
 
         def step_done(self):
-            marker.clear()
+            marker.idle()
 
     real_step = core._step
 
     def step(sub, uniques):  # the records of the step that runs, told apart by their ts
         trained.append({by_ts[int(t)] for t in sub.ts})
-        on_disk = json.loads((tmp_path / "inflight.json").read_text())
-        assert on_disk["phase"] == STEP
-        assert {(p, o) for _, p, a, z in on_disk["ranges"] for o in range(a, z + 1)} == trained[-1]
+        phase, ranges, _ = InflightMarker(tmp_path / "inflight.json").found  # what a restart would read
+        assert phase == STEP
+        assert {(r.partition, o) for r in ranges for o in range(r.first, r.last + 1)} == trained[-1]
         return real_step(sub, uniques)
 
     core._step = step
@@ -168,7 +168,7 @@ def test_the_marker_before_each_step_names_exactly_the_records_it_trains(tmp_pat
         store.close()
     assert len(trained) >= 6 and marks == trained  # one mark per step, naming exactly its records
     assert set().union(*trained) == set(by_ts.values())
-    assert not (tmp_path / "inflight.json").exists()  # no step runs: a later death blames none
+    assert InflightMarker(tmp_path / "inflight.json").found is None  # no step runs: a later death blames none
 
 
 def _with_sources(b: EventBatch, rows: np.ndarray) -> EventBatch:
@@ -230,9 +230,9 @@ def test_a_record_that_kills_a_training_step_after_waiting_in_the_merge_is_dead_
            "--idle-exit", "3", "--no-progress"]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == -signal.SIGSEGV, first.stderr[-3000:]
-    marker = json.loads((Path(t.checkpoint_dir) / "inflight.json").read_text())
-    named = {(p, o) for _, p, a, z in marker["ranges"] for o in range(a, z + 1)}
-    assert marker["phase"] == STEP and marker["deaths"] == 0
+    phase, ranges, deaths = InflightMarker(Path(t.checkpoint_dir) / "inflight.json").found
+    named = {(r.partition, o) for r in ranges for o in range(r.first, r.last + 1)}
+    assert phase == STEP and deaths == 0
     assert (crash_p, crash_o) in named and len(named) > 1  # the step held other records too
     # it waited: a checkpoint holding offsets past it was written before the death (it is restored, waiting)
     trace = [json.loads(x) for x in Path(t.trace_path).read_text().splitlines()]
