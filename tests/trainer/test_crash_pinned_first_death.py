@@ -251,3 +251,25 @@ def test_a_record_that_kills_a_training_step_after_waiting_in_the_merge_is_dead_
     assert h[REASON_HEADER].decode().startswith("crashed the trainer: the process died in a training step")
     assert json.loads(dlq[0].value)["dense"][0] == STEP_CRASH_DENSE
     assert not (Path(t.checkpoint_dir) / "inflight.json").exists()
+
+
+def test_each_decoded_event_names_its_record_arrow_records_holding_many(tmp_path):
+    """The consumer's per-event record offsets: one JSON event per record, an Arrow record's rows all
+    naming that record, records that failed to decode naming nothing."""
+    from types import SimpleNamespace
+
+    from streamrec.ingest import Decoder, EventSchema, encode_messages
+    from streamrec.ingest.fast_records import RecordRun
+    from streamrec.ingest.kafka_io import _record_offsets
+
+    cfg = small_config(tmp_path)
+    schema = EventSchema.from_config(cfg)
+    b = next(SyntheticStream(cfg).batches(8)).take(np.arange(8))
+    arrow = encode_messages(b, schema, "arrow", 5)  # 2 records: 5 and 3 events
+    one = encode_messages(b.take(np.array([0])), schema, "json", 1)[0]
+    values = [arrow[0], b"{not json", one, arrow[1]]
+    recs = [SimpleNamespace(topic="events", partition=2, offset=10 + i, value=v) for i, v in enumerate(values)]
+    run = RecordRun.of_records(recs)
+    got, errors = Decoder(schema).decode_many(values)
+    assert [i for i, _ in errors] == [1] and len(got) == 9
+    assert _record_offsets(run, values, errors, len(got)).tolist() == [10] * 5 + [12] + [13] * 3
