@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from streamrec.embedding_store import EmbeddingStore
 from streamrec.embedding_store.rowpath import cold_rows
+from tests.conftest import fuzz_examples
 
 TABLES = {"a": 4, "b": 3}
 LR, EPS = 0.05, 1e-8
@@ -99,7 +100,7 @@ def _check_acc(store, ref):
 # step evicts) and small (12 per table: some hits, bulk evictions of 1 row); frequency
 # admission (the default: refused rows go straight to RocksDB) and plain LRU
 @pytest.mark.parametrize("cache_rows,admission", [(0, "lru"), (6, "frequency"), (24, "frequency"), (24, "lru")])
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=fuzz_examples(40), deadline=None, suppress_health_check=list(HealthCheck))  # 40 in CI
 @given(ops=st.lists(op, min_size=1, max_size=25))
 def test_store_matches_reference(cache_rows, admission, ops):
     root = Path(tempfile.mkdtemp(prefix="store-prop-"))
