@@ -287,19 +287,26 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
         owned = sorted(p for p in ready if state.has(p))
         if not owned:
             return  # applied once partitions are assigned again (faust rebalances when a topic goes and comes)
-        topic = cfg.kafka.events_topic
-        why = f"the topic was deleted and recreated: id {state.topic_id} is now {now.topic_id}"
         if now.partitions != n_partitions:
             raise StreamrecError(
-                f"{topic} was deleted and recreated with {now.partitions} partitions (the worker's state has "
-                f"{n_partitions}; {why}): restart the worker, it rebuilds its state for the new topic")
+                f"{cfg.kafka.events_topic} was deleted and recreated with {now.partitions} partitions (the "
+                f"worker's state has {n_partitions}; id {state.topic_id} is now {now.topic_id}): restart the "
+                f"worker, it rebuilds its state for the new topic")
+        await start_over({p: state.next_offset[p] for p in owned}, state.topic_id, now.topic_id,
+                         "the topic was deleted and recreated")
+
+    async def start_over(expected: dict[int, int], old: str, new: str, what: str) -> None:
+        """Apply ``kafka.on_offsets_lost`` to partitions whose resume offsets (``expected``) are of the topic
+        with id ``old``, now ``new``: the trainer's policy and message (``offsets_lost_message``)."""
+        topic, owned = cfg.kafka.events_topic, sorted(expected)
+        why = f"{what}: id {old} is now {new}"
         begin, end = await reader.log_bounds(owned)
-        msgs = [offsets_lost_message(topic, p, state.next_offset[p], begin.get(p), end.get(p), why) for p in owned]
+        msgs = [offsets_lost_message(topic, p, expected[p], begin.get(p), end.get(p), why) for p in owned]
         policy = cfg.kafka.on_offsets_lost
         if policy == "fail":
             raise OffsetsLostError("; ".join(msgs))
         start = {p: (begin if policy == "earliest" else end).get(p, 0) for p in owned}
-        state.start_over(now.topic_id, start)
+        state.start_over(new, start)
         for p in owned:
             epoch[p] = epoch.get(p, 0) + 1  # the reader is positioned again; a batch read before is not counted
             dirty.add(p)  # the next snapshot carries the new topic's id and offset
@@ -329,6 +336,11 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
                 if time.monotonic() - checked >= watch_every:  # before a snapshot records offsets of a new topic
                     checked = time.monotonic()
                     await check_topic()
+                restored = {p: v for p, v in list(state.recreated.items()) if p in ready}
+                if restored:  # snapshots of a deleted topic (restored at start or at a rebalance)
+                    old = sorted({v[0] for v in restored.values()})
+                    await start_over({p: v[1] for p, v in restored.items()}, ", ".join(old), state.topic_id,
+                                     "the snapshot was taken before the topic was deleted and recreated")
                 owned = set(ready)
                 reseek = {p for p in owned if positioned.get(p) != epoch.get(p)}
                 await reader.follow({p: state.next_offset[p] for p in owned if state.has(p)}, reseek)
@@ -424,7 +436,7 @@ def run_worker(cfg, bootstrap: str, loglevel: str = "warning") -> int:
 
     check_writable(cfg.sketch.state_dir)
     partitions, topic_id = check_state(cfg, bootstrap)
-    state = SketchState(cfg, topic_id=topic_id)
+    state = SketchState(cfg, topic_id=topic_id, on_offsets_lost=cfg.kafka.on_offsets_lost)
     metrics = None
     if cfg.sketch.metrics_port:
         from .metrics import SketchMetrics

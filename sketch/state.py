@@ -44,11 +44,16 @@ class WorkerStats:
 class SketchState:
     """Per-partition sketches of one worker. ``topic_id``: the events topic's id; a snapshot taken
     from a topic with another id (deleted and recreated) is not resumed: its offsets would skip
-    the new topic's first events."""
+    the new topic's first events. Such a partition starts empty at offset 0 and, when
+    ``on_offsets_lost`` is given (the worker's ``kafka.on_offsets_lost``), is listed in
+    :attr:`recreated` for the worker to apply that policy before it counts the partition."""
 
-    def __init__(self, cfg, topic_id: str | None = None):
+    def __init__(self, cfg, topic_id: str | None = None, on_offsets_lost: str | None = None):
         self.cfg = cfg
         self.topic_id = topic_id
+        self.on_offsets_lost = on_offsets_lost
+        # partition -> (the snapshot's topic id, the offset it would have resumed at): restored from another topic
+        self.recreated: dict[int, tuple[str, int]] = {}
         self.quarantine: set[tuple[int, int]] = set()  # (partition, offset) of records that killed a worker
         self.fields = list(cfg.model.field_names)
         self.decoder = Decoder(EventSchema.from_config(cfg))
@@ -77,9 +82,12 @@ class SketchState:
         if blob:
             sk, meta = PopularitySketch.from_bytes_with_meta(blob)
             if self.topic_id and meta.get("topic_id") and meta["topic_id"] != self.topic_id:
-                log.warning("partition %d: the snapshot was taken from another %s topic (id %s, now %s: deleted "
-                            "and recreated); counting it afresh from offset 0", partition,
-                            self.cfg.kafka.events_topic, meta["topic_id"], self.topic_id)
+                if self.on_offsets_lost:  # the worker applies its policy (and logs) before counting the partition
+                    self.recreated[partition] = (str(meta["topic_id"]), int(meta.get("next_offset", 0)))
+                else:
+                    log.warning("partition %d: the snapshot was taken from another %s topic (id %s, now %s: "
+                                "deleted and recreated); counting it afresh from offset 0", partition,
+                                self.cfg.kafka.events_topic, meta["topic_id"], self.topic_id)
                 sk, meta = self.new_sketch(), {"next_offset": 0}
             if meta.get("stale_keys"):  # written before the sketch shared the store's table salt
                 log.warning("partition %d: the snapshot's counts are keyed by an older streamrec; counting afresh "
@@ -90,6 +98,10 @@ class SketchState:
                                  f"the model has {self.fields}: clear {self.cfg.sketch.state_dir}")
             self.sketches[partition] = sk
             self.next_offset[partition] = int(meta.get("next_offset", 0))
+            if partition in self.recreated:
+                log.info("partition %d: the snapshot is of the deleted topic (id %s); kafka.on_offsets_lost decides "
+                         "where counting starts", partition, self.recreated[partition][0])
+                return
             log.info("partition %d: resumed %d events from the snapshot (next offset %d)",
                      partition, sk.events, self.next_offset[partition])
         else:
@@ -104,6 +116,7 @@ class SketchState:
     def _drop(self, partition: int) -> None:
         self.sketches.pop(partition, None)
         self.next_offset.pop(partition, None)
+        self.recreated.pop(partition, None)
 
     def start_over(self, topic_id: str | None, offsets: dict[int, int]) -> None:
         """The events topic was deleted and recreated (its id is now ``topic_id``): each partition in
@@ -115,6 +128,7 @@ class SketchState:
             for p, offset in offsets.items():
                 self.sketches[p] = self.new_sketch()
                 self.next_offset[p] = int(offset)
+                self.recreated.pop(p, None)
             self.sample = EventSample(self.cfg.sketch.sample_events, self.cfg.sketch.sample_rate)
 
     def apply(self, partition: int, offset: int, value: bytes | None) -> bool:

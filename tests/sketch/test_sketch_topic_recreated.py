@@ -122,7 +122,71 @@ def test_with_fail_a_recreated_topic_stops_the_worker_with_one_line(topics, boot
     lines = [ln for ln in text.splitlines() if "deleted and recreated" in ln]
     assert len(lines) == 1, text[-4000:]
     line = lines[0]
-    assert line.startswith("streamrec sketch: OffsetsLostError:"), line
+    assert "streamrec sketch: OffsetsLostError: " in line, line  # (after faust's cursor escapes on stdout)
     assert f"id {old} is now {new}" in line and "expected to resume at offset" in line
     assert "kafka.on_offsets_lost=earliest" in line  # how to go on
     assert text.strip().splitlines()[-1] == line  # the last thing the worker says
+
+
+@pytest.mark.timeout(420)
+def test_a_restarted_worker_applies_the_policy_to_snapshots_of_a_deleted_topic(topics, bootstrap, tmp_path):
+    """The topic is deleted and recreated while no worker runs: the next start finds snapshots of the old
+    topic and applies ``kafka.on_offsets_lost`` to them as the running worker does (fail: one line;
+    latest: the new topic's events from its end on)."""
+    from tests.helpers.sketch import end_offsets, snapshot_offsets
+
+    from streamrec.sketch.app import changelog_topic
+
+    cfg = _cfg(topics, "fail")
+    n1, n2, n3 = 2000, 800, 600
+    produce_events(cfg, bootstrap, n1, seed=1)
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
+    try:
+        log1 = tmp_path / "run1.log"
+        proc = start_worker(write_config(cfg, tmp_path / "fail.toml"), bootstrap, log1)
+        try:
+            hs = follower.wait_for(1, timeout=120, predicate=lambda h: h.events == n1)
+            assert hs is not None, log1.read_text()[-3000:]
+            ends = end_offsets(bootstrap, cfg.kafka.events_topic, cfg.kafka.partitions)
+            wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg)) == ends, 60,
+                       "every partition's snapshot at the topic's end", interval=0.5)
+        finally:
+            assert stop_worker(proc)
+        old, new = _recreate(bootstrap, cfg)
+        produce_events(cfg, bootstrap, n2, seed=2)
+
+        # fail: the restart stops with one line, before counting anything of the new topic
+        log2 = tmp_path / "run2.log"
+        proc = start_worker(tmp_path / "fail.toml", bootstrap, log2)
+        try:
+            deadline = time.monotonic() + 90
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert proc.poll() == 1, log2.read_text()[-4000:]
+        finally:
+            stop_worker(proc)
+        text = log2.read_text()
+        assert "Traceback" not in text, text[-4000:]
+        lines = [ln for ln in text.splitlines() if "deleted and recreated" in ln]
+        assert len(lines) == 1 and "streamrec sketch: OffsetsLostError: " in lines[0], text[-4000:]
+        assert f"id {old} is now {new}" in lines[0]
+
+        # latest: the new topic's events before the start are skipped, those after it are counted
+        cfg.kafka.on_offsets_lost = "latest"
+        log3 = tmp_path / "run3.log"
+        proc = start_worker(write_config(cfg, tmp_path / "latest.toml"), bootstrap, log3)
+        try:
+            wait_until(lambda: "kafka.on_offsets_lost=latest" in log3.read_text(), 90,
+                       "the worker's warning about the recreated topic", interval=0.3)
+            produce_events(cfg, bootstrap, n3, seed=3)
+            hs3 = follower.wait_for(1, timeout=90, predicate=lambda h: h.events == n3)
+            assert hs3 is not None, log3.read_text()[-4000:]
+            assert proc.poll() is None
+        finally:
+            assert stop_worker(proc)
+        text = log3.read_text()
+        assert "Traceback" not in text, text[-4000:]
+        warned = [ln for ln in text.splitlines() if "kafka.on_offsets_lost=latest" in ln]
+        assert len(warned) == 1 and "WARNING" in warned[0] and f"id {old} is now {new}" in warned[0], text[-4000:]
+    finally:
+        follower.close()
