@@ -17,7 +17,7 @@ from streamrec.foundation.config import ConfigError, load_config
 from streamrec.trainer.sharding import decode_rows, encode_rows, owner_of, wire_bytes_per_row
 
 from ..conftest import small_config
-from ..helpers.group import run_group, split, synthetic
+from ..helpers.group import run_group_scenarios, split, synthetic
 
 N_EVENTS, BATCH = 6144, 256
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -27,6 +27,10 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 # first steps, ~lr x sign(g), follow the rounded rows); fp16 dAUC 2e-5, dense 0.0007, rows 0.001-0.003
 AUC_TOL, LOGLOSS_TOL = 0.002, 0.002
 WEIGHT_TOL = {"bf16": (0.03, 0.10), "fp16": (0.005, 0.01), "fp16-overflow": (0.005, 0.01)}  # (dense, rows)
+
+
+# the tests that read the shared group's results (``group_runs``) run on one xdist worker, so the group is spawned once
+GROUP_RUNS_WORKER = pytest.mark.xdist_group("compressed-group-runs")
 
 
 def _cfg(tmp):
@@ -70,9 +74,10 @@ def _rel_diff(a: dict, b: dict) -> float:
 
 
 @pytest.mark.subprocess
-@pytest.mark.timeout(500)  # above its own wait: run_group's 400 s for the ranks, then their joins
-def test_a_compressed_wire_cuts_the_bytes_and_stays_near_fp32(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, _train_each_precision, timeout=400.0)
+@pytest.mark.timeout(500)  # above the shared group's own wait (group_runs: 400 s for the ranks, then their joins)
+@GROUP_RUNS_WORKER
+def test_a_compressed_wire_cuts_the_bytes_and_stays_near_fp32(tmp_path, group_runs):
+    ranks = group_runs["precisions"]
     cfg = _cfg(tmp_path)
     dim, n_fields, world = cfg.model.embedding_dim, len(cfg.model.field_names), 2
     total = {p: {k: sum(r[p][k] for r in ranks) for k in ("exchange_bytes", "remote_ids", "dense_bytes", "retries")}
@@ -148,8 +153,10 @@ def _exchange_small_and_large_ids(rank, world, cfg, tmp):
 
 
 @pytest.mark.subprocess
-def test_ids_travel_as_int32_when_every_rank_s_ids_fit(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, _exchange_small_and_large_ids)
+@pytest.mark.timeout(500)  # above the shared group's own wait (group_runs: 400 s for the ranks, then their joins)
+@GROUP_RUNS_WORKER
+def test_ids_travel_as_int32_when_every_rank_s_ids_fit(group_runs):
+    ranks = group_runs["ids"]
     dim, fields, world = 4, 2, 2
     counts = world * (world - 1) * (fields + 2) * 4
     for i, width in ((0, 4), (1, 8)):  # int32 ids; then one large id on one rank: int64 everywhere
@@ -185,3 +192,13 @@ def test_an_unknown_precision_is_refused_with_the_key_named(tmp_path):
     for key in ("exchange_precision", "dense_allreduce_precision"):
         with pytest.raises(ConfigError, match=key):
             load_config(None, {f"trainer.{key}": "int4"})
+
+
+@pytest.fixture(scope="module")
+def group_runs(tmp_path_factory):
+    """The group scenarios of this file in one spawned group of two ranks, in turn (each with a config and a
+    directory of its own): one spawn and rendezvous instead of one per test."""
+    return run_group_scenarios(2, _cfg, tmp_path_factory.mktemp("compressed-group"), {
+        "precisions": _train_each_precision,
+        "ids": _exchange_small_and_large_ids,
+    }, timeout=400.0)

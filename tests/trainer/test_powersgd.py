@@ -18,7 +18,7 @@ from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation.config import ConfigError, load_config
 
 from ..conftest import small_config
-from ..helpers.group import run_group, split, synthetic
+from ..helpers.group import run_group_scenarios, split, synthetic
 from .test_compressed_exchange import _rel_diff
 
 N_EVENTS, BATCH = 6144, 256
@@ -28,6 +28,10 @@ SETUPS = (("exact", "fp32", 4, 0), ("psgd4", "fp32", 4, 3), ("bf16-psgd1", "bf16
 # relative L2 distance of all dense weights. Measured (2026-11-25): psgd4 dAUC -0.00013..-0.00016, dlogloss 3e-5,
 # dense 0.032; fp16-psgd4 -0.00035, 2e-5, 0.045; bf16-psgd1 -0.0029, +0.0036, 0.114 (rank 1 from the first step)
 AUC_TOL, LOGLOSS_TOL, DENSE_TOL = 0.006, 0.006, 0.2
+
+
+# the tests that read the shared group's results (``group_runs``) run on one xdist worker, so the group is spawned once
+GROUP_RUNS_WORKER = pytest.mark.xdist_group("powersgd-group-runs")
 
 
 def _cfg(tmp):
@@ -77,9 +81,10 @@ def _train_setups(rank, world, cfg, tmp):
 
 
 @pytest.mark.subprocess
-@pytest.mark.timeout(500)  # above its own wait: run_group's 400 s for the ranks, then their joins
-def test_powersgd_sends_the_formula_s_bytes_and_every_rank_takes_the_same_step(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, _train_setups, timeout=400.0)
+@pytest.mark.timeout(500)  # above the shared group's own wait (group_runs: 400 s for the ranks, then their joins)
+@GROUP_RUNS_WORKER
+def test_powersgd_sends_the_formula_s_bytes_and_every_rank_takes_the_same_step(tmp_path, group_runs):
+    ranks = group_runs["setups"]
     cfg, world = _cfg(tmp_path), 2
     exact = ranks[0]["exact"]
     steps, shapes = exact["steps"], exact["shapes"]
@@ -175,8 +180,10 @@ def _guard(rank, world, cfg, tmp):
 
 
 @pytest.mark.subprocess
-def test_a_refused_step_leaves_the_error_feedback_and_q_as_they_were(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, _guard)
+@pytest.mark.timeout(500)  # above the shared group's own wait (group_runs: 400 s for the ranks, then their joins)
+@GROUP_RUNS_WORKER
+def test_a_refused_step_leaves_the_error_feedback_and_q_as_they_were(group_runs):
+    ranks = group_runs["guard"]
     for r in ranks:
         assert r["first"]["iter"] == 1 and r["first"]["finite"] and r["first"]["error_norm"] > 0
         assert r["flagged"]["flags"] == [0.0, 0.0, 1.0] and r["flagged"]["same"]
@@ -231,9 +238,10 @@ def _resume(rank, world, cfg, tmp):
 
 
 @pytest.mark.subprocess
-@pytest.mark.timeout(500)  # above its own wait: run_group's 400 s for the ranks, then their joins
-def test_a_resumed_group_continues_the_same_trajectory(tmp_path):
-    ranks = run_group(2, _cfg, tmp_path, _resume, timeout=400.0)
+@pytest.mark.timeout(500)  # above the shared group's own wait (group_runs: 400 s for the ranks, then their joins)
+@GROUP_RUNS_WORKER
+def test_a_resumed_group_continues_the_same_trajectory(group_runs):
+    ranks = group_runs["resume"]
     for r in ranks:
         for k, v in r["straight"].items():
             np.testing.assert_array_equal(r["resumed"][k], v, err_msg=k)
@@ -282,3 +290,14 @@ def test_a_rank_gets_its_own_shard_s_error_feedback_back(tmp_path):
             assert torch.equal(svc._rank_dense["dense_sync_rank"]["error"], error)
         else:
             assert svc._rank_dense == {}
+
+
+@pytest.fixture(scope="module")
+def group_runs(tmp_path_factory):
+    """The group scenarios of this file in one spawned group of two ranks, in turn (each with a config and a
+    directory of its own): one spawn and rendezvous instead of one per test. The refused steps come last."""
+    return run_group_scenarios(2, _cfg, tmp_path_factory.mktemp("powersgd-group"), {
+        "setups": _train_setups,
+        "resume": _resume,
+        "guard": _guard,
+    }, timeout=400.0)
