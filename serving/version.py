@@ -45,7 +45,7 @@ import torch
 
 from streamrec.foundation import (Config, ConfigError, ModelConfig, as_resource_error, load_config,
                                   resource_error_line, save_npz, sha256_file)
-from streamrec.model import DLRM, predict_batch
+from streamrec.model import RankingModel, build_model, predict_batch
 from streamrec.snapshot import DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, read_dense
 
 from .rows import MemoryRows
@@ -189,7 +189,7 @@ def check_dense_state(state: dict) -> None:
             raise Refused(f"{DENSE}: tensor {k!r} holds non-finite values (NaN or inf)", code="INVALID_ARGUMENT")
 
 
-def scoring_forward(model: DLRM, model_cfg: ModelConfig, device: torch.device):
+def scoring_forward(model: RankingModel, model_cfg: ModelConfig, device: torch.device):
     """The forward a version scores with: a frozen TorchScript trace of ``model`` (weights folded in, no
     Python module calls, so faster per batch than eager) when it gives the eager forward's scores bit for
     bit on a probe batch, run past the executor's profiling runs and at several batch sizes; else
@@ -225,7 +225,7 @@ class ServedVersion:
     brings it.
     """
 
-    def __init__(self, manifest: Manifest, model: DLRM, store, model_cfg: ModelConfig, dense_state: dict,
+    def __init__(self, manifest: Manifest, model: RankingModel, store, model_cfg: ModelConfig, dense_state: dict,
                  directory: Path, rows_held: int, device: torch.device, memory: MemoryRows | None = None,
                  files: dict[str, dict] | None = None):
         self.manifest = manifest
@@ -434,7 +434,7 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             merged = dict(parent.dense_state)
             merged.update(state)
             state = merged
-        model = DLRM.from_config(model_cfg)
+        model = build_model(model_cfg)
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:
@@ -537,7 +537,7 @@ def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVers
         raise SnapshotError(f"{MANIFEST} is version {manifest.version}, {SERVED} says {info['version']}", code="DATA_LOSS")
     model_cfg = model_config_from_dict(manifest.model_config)
     state = load_file(str(vdir / DENSE))
-    model = DLRM.from_config(model_cfg)
+    model = build_model(model_cfg)
     model.load_state_dict(state, strict=True)
     model.to(device).eval()
     store = _open_stored(vdir, cfg, manifest, device)

@@ -20,7 +20,7 @@ import torch
 from streamrec.foundation import EventBatch
 
 from .metrics import StreamingMetrics
-from streamrec.model import DLRM, predict_batch, unique_ids
+from streamrec.model import build_model, predict_batch, unique_ids
 from .batching import EventBatcher, Step
 from .schedule import MiniBatch, hot_samples, plan
 from .step import NonFiniteStep, dense_optimizer, train_step
@@ -46,7 +46,7 @@ class TrainerCore:
         self.store = store
         self.device = device
         self.fields = cfg.model.field_names
-        self.model = DLRM.from_config(cfg.model).to(device)
+        self.model = build_model(cfg.model).to(device)
         self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
         self.metrics = StreamingMetrics(cfg.trainer.metrics_window)
         t = cfg.trainer

@@ -17,7 +17,7 @@ from torch import nn
 
 from streamrec.embedding_store import adagrad_rows, adagrad_rows_np, init_rows
 from streamrec.foundation import table_salt
-from streamrec.model import DLRM, predict_batch
+from streamrec.model import build_model, predict_batch
 
 from .step import dense_optimizer, train_step
 
@@ -29,7 +29,7 @@ class MemoryDLRM:
         self.device = torch.device(device)
         self.fields = cfg.model.field_names
         dim = cfg.model.embedding_dim
-        self.model = DLRM.from_config(cfg.model).to(self.device)
+        self.model = build_model(cfg.model).to(self.device)
         self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
         self.ids: dict[str, np.ndarray] = {}
         self.emb: dict[str, nn.Embedding] = {}

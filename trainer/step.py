@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from streamrec.model import DLRM, embed_batch
+from streamrec.model import RankingModel, embed_batch
 
 from .trainer_types import DenseOptimizer
 
@@ -22,7 +22,7 @@ Lookup = Callable[[str, np.ndarray], torch.Tensor]
 ApplyGrads = Callable[[str, np.ndarray, torch.Tensor], None]
 
 
-def dense_optimizer(model: DLRM, kind: DenseOptimizer, lr: float) -> torch.optim.Optimizer:
+def dense_optimizer(model: RankingModel, kind: DenseOptimizer, lr: float) -> torch.optim.Optimizer:
     if kind == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr)
     if kind == "adagrad":
@@ -46,7 +46,7 @@ class NonFiniteStep(ArithmeticError):
         self.rows = rows
 
 
-def train_step(model: DLRM, opt: torch.optim.Optimizer, batch, fields: Sequence[str], lookup: Lookup,
+def train_step(model: RankingModel, opt: torch.optim.Optimizer, batch, fields: Sequence[str], lookup: Lookup,
                apply_grads: ApplyGrads, device: torch.device, uniques=None) -> np.ndarray:
     """Score (before update) and train on one mini-batch; returns the scores.
     ``uniques``: the batch's ``model.unique_ids`` when the caller already has them.

@@ -16,7 +16,8 @@ def test_architecture_names_each_protocol_with_its_module_and_implementation():
     section = text.split("## Extension points", 1)[1].split("\n## ", 1)[0]
     for protocol, module, impl in [("ColdTier", "embedding_store/store_types.py", "RocksDBColdTier"),
                                    ("HotSetSource", "trainer/hotset_types.py", "TopicHotSource"),
-                                   ("Pusher", "streamrec/snapshot/push_types.py", "SnapshotPusher")]:
+                                   ("Pusher", "streamrec/snapshot/push_types.py", "SnapshotPusher"),
+                                   ("RankingModel", "streamrec/model/model_types.py", "DLRM")]:
         row = next((line for line in section.splitlines() if line.startswith(f"| `{protocol}`")), None)
         assert row is not None, protocol
         assert f"`{module}`" in row and f"`{impl}`" in row, row
@@ -55,3 +56,21 @@ def test_the_grpc_pusher_satisfies_the_pusher_protocol():
     finally:
         pusher.close()
     assert not isinstance(np.zeros(1), Pusher)
+
+
+def test_the_built_in_model_satisfies_the_model_protocol(tmp_path):
+    import torch
+
+    from streamrec.model import DLRM, RankingModel, build_model
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path)
+    model = build_model(cfg.model)
+    assert isinstance(model, DLRM) and isinstance(model, RankingModel)
+    b, f, d = 5, len(cfg.model.fields), cfg.model.embedding_dim
+    logits = model(torch.zeros(b, cfg.model.dense_dim), torch.ones(b, f, d))
+    assert logits.shape == (b,)
+    # deterministic in model.seed: every rank and every restart starts from the same weights
+    again = build_model(cfg.model)
+    assert all(torch.equal(a, c) for a, c in zip(model.state_dict().values(), again.state_dict().values()))
+    assert not isinstance(object(), RankingModel)
