@@ -36,6 +36,18 @@
   worker that owns partition 0 publishes the group's hot set: its own partitions
   live plus the newest snapshot of every other partition, read from the table's
   changelog (``sketch/peers.py``); the others publish nothing.
+* A recreated events topic (deleted and created again: a new topic id) is
+  noticed while the worker runs: the counting task reads the topic's id through
+  a Metadata request every snapshot interval (at most ``TOPIC_CHECK_MAX_S``
+  apart, ``sketch/topic_watch.py``), and a restart compares it with the id its
+  snapshots carry. Either way ``kafka.on_offsets_lost`` decides, as in the
+  trainer: ``fail`` stops the worker with one line naming each partition's
+  expected and held offsets; ``earliest`` / ``latest`` count each partition
+  afresh from the new log's start / end and log one warning.
+* An error the operator fixes -- a full, read-only or unwritable state directory,
+  out of file handles, a recreated topic under ``fail`` -- stops the worker as
+  SIGTERM does and reaches the CLI as its one line (the traceback at DEBUG only);
+  a restart once it is fixed resumes from the last complete partition snapshots.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ _TOTALS = {
     "bad_times": ("streamrec_sketch_events_bad_time", "events not counted: their time is before 1970 or too far "
                                                       "ahead"),
     "quarantined": ("streamrec_sketch_records_quarantined", "records skipped because a worker died handling them"),
+    "offsets_reset": ("streamrec_sketch_offsets_reset", "partitions moved by kafka.on_offsets_lost (the events topic "
+                                                        "was deleted and recreated)"),
 }
 
 

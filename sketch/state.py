@@ -39,6 +39,7 @@ class WorkerStats:
     skipped: int = 0  # records already in a snapshot (redelivered after a restart)
     bad_times: int = 0  # events not counted because their time is before 1970 or too far ahead (MAX_FUTURE_MS)
     quarantined: int = 0  # records skipped because a worker process died handling them
+    offsets_reset: int = 0  # partitions started afresh by kafka.on_offsets_lost (the topic was recreated)
 
 
 class SketchState:
@@ -129,6 +130,7 @@ class SketchState:
                 self.sketches[p] = self.new_sketch()
                 self.next_offset[p] = int(offset)
                 self.recreated.pop(p, None)
+            self.stats.offsets_reset += len(offsets)
             self.sample = EventSample(self.cfg.sketch.sample_events, self.cfg.sketch.sample_rate)
 
     def apply(self, partition: int, offset: int, value: bytes | None) -> bool:

@@ -54,6 +54,21 @@ def _recreate(bootstrap: str, cfg) -> tuple[str, str]:
     return old, new
 
 
+def _scrape(port: int, name: str) -> float | None:
+    """One sample of the worker's ``/metrics`` (Prometheus text, parsed by prometheus_client)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            if sample.name == name:
+                return sample.value
+    return None
+
+
 def _cfg(topics, policy: str):
     cfg = topics
     cfg.kafka.on_offsets_lost = policy
@@ -65,7 +80,10 @@ def _cfg(topics, policy: str):
 
 @pytest.mark.timeout(300)
 def test_with_earliest_a_recreated_topic_is_counted_afresh_from_its_start(topics, bootstrap, tmp_path):
+    from streamrec.ingest import free_port
+
     cfg = _cfg(topics, "earliest")
+    cfg.sketch.metrics_port = free_port()
     n1, n2 = 3000, 1200
     produce_events(cfg, bootstrap, n1, seed=1)
     log = tmp_path / "worker.log"
@@ -85,6 +103,7 @@ def test_with_earliest_a_recreated_topic_is_counted_afresh_from_its_start(topics
         assert len(warned) == 1, text[-4000:]
         assert "WARNING" in warned[0] and f"id {old} is now {new}" in warned[0]
         assert f"{cfg.kafka.events_topic}[0]" in warned[0] and f"{cfg.kafka.events_topic}[1]" in warned[0]
+        assert _scrape(cfg.sketch.metrics_port, "streamrec_sketch_offsets_reset_total") == cfg.kafka.partitions
 
         # still counting the new topic: later events add to it, nothing of the old topic comes back
         produce_events(cfg, bootstrap, 300, seed=3)
