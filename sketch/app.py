@@ -152,6 +152,29 @@ def check_state(cfg, bootstrap: str) -> tuple[int, str | None]:
     return n, (str(events_id) if events_id is not None else None)
 
 
+def _quiet_persisted_offsets(store) -> None:
+    """Make faust's RocksDB store skip, not raise, a resource error when it records a changelog offset.
+
+    faust records the changelog offset of each table write in RocksDB from a producer callback, where an
+    error is an asyncio callback failure of its own. On a full or read-only disk the same error fails the
+    counting task's table write, which reports it as the worker's one line; the recorded offset only
+    shortens a later recovery (without it, recovery replays more of the changelog), so skipping it loses
+    nothing."""
+    set_offset = getattr(store, "set_persisted_offset", None)
+    if set_offset is None:
+        return
+
+    def set_persisted_offset(tp, offset: int) -> None:
+        try:
+            set_offset(tp, offset)
+        except Exception as e:
+            if not is_resource_error(e):
+                raise
+            log.debug("recording changelog offset %s of %s in the state table failed: %s", offset, tp, e)
+
+    store.set_persisted_offset = set_persisted_offset
+
+
 class _PartitionEvent:
     """Stands in for faust's current event while the counting task writes a partition's snapshot: faust
     sends a table write to the changelog partition (and local RocksDB partition) of the current event's."""
@@ -194,6 +217,8 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
                           key_serializer="raw", value_serializer="raw")
     table = app.Table(TABLE_NAME, partitions=partitions or cfg.kafka.partitions, key_type=bytes, value_type=bytes,
                       options={"driver": "rocksdict"})
+    if on_fatal is not None:
+        _quiet_persisted_offsets(table.data)
     interval = cfg.sketch.checkpoint_interval_s
     ready: set[int] = set()  # events partitions this worker owns and has restored: the counting task reads these
     epoch: dict[int, int] = {}  # bumped at each restore/drop: a batch read before that is not counted
@@ -372,6 +397,7 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
         except Exception as e:  # a bad record never gets here (apply_many contains it): the disk, the broker, a bug
             if on_fatal is not None and is_fatal_line(e):
                 log.debug("the counting task stops", exc_info=True)  # the traceback for a developer only
+                pub["stopped"] = True  # counts past the last snapshot are not published (a restart recounts them)
                 await loop.run_in_executor(None, close_store)
                 on_fatal(naming_path(e, cfg.sketch.state_dir))
                 return
@@ -388,6 +414,8 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
 
     @app.timer(interval=tick, name="sketch-publish")
     async def publish():
+        if pub.get("stopped"):
+            return
         if metrics is not None:
             metrics.observe_lag(reader, cfg.kafka.events_topic)  # the counting task's reader fetches the events
         owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == cfg.kafka.events_topic}

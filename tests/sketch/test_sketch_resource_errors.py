@@ -55,15 +55,20 @@ def _run_log(log) -> str:
 def _one_line(text: str, needle: str) -> str:
     """The worker's last line, which must be the only one saying ``needle``; no traceback anywhere."""
     assert "Traceback" not in text, text[-5000:]
-    assert not [ln for ln in text.splitlines() if " ERROR streamrec" in ln], text[-5000:]  # no second error line
+    # no second error line: not from streamrec, not from a failed callback in faust's store
+    assert not [ln for ln in text.splitlines() if " ERROR streamrec" in ln or " ERROR asyncio" in ln], text[-5000:]
     hits = [ln for ln in text.splitlines() if needle in ln]
     assert len(hits) == 1, text[-5000:]
     assert text.strip().splitlines()[-1] == hits[0], text[-3000:]
     return hits[0]
 
 
+# bytes left free when the disk fills: none (the first write fails: the in-flight marker of a batch), or a
+# little (the marker still fits, the state table's RocksDB write of a snapshot does not)
+@pytest.mark.parametrize("leave", [0, 8192], ids=["every-write-fails", "the-table-write-fails"])
 @pytest.mark.timeout(420)
-def test_a_full_then_read_only_state_dir_is_one_line_and_nothing_is_lost(topics, bootstrap, tmp_path, small_disk):
+def test_a_full_then_read_only_state_dir_is_one_line_and_nothing_is_lost(topics, bootstrap, tmp_path, small_disk,
+                                                                           leave):
     cfg = topics
     cfg.sketch.state_dir = str(small_disk / "sketch")
     cfg.sketch.publish_interval_s = 1.0
@@ -87,10 +92,10 @@ def test_a_full_then_read_only_state_dir_is_one_line_and_nothing_is_lost(topics,
             filler = small_disk / "filler"
             st = os.statvfs(small_disk)
             with open(filler, "wb") as f:
-                f.write(b"\0" * (st.f_bavail * st.f_frsize))
-            with pytest.raises(OSError):  # really full
+                f.write(b"\0" * (st.f_bavail * st.f_frsize - leave))
+            with pytest.raises(OSError):  # really full: no room for a snapshot
                 with open(small_disk / "probe", "wb") as f:
-                    f.write(b"\0" * 8192)
+                    f.write(b"\0" * (leave + 8192))
             (small_disk / "probe").unlink(missing_ok=True)
             produce_events(cfg, bootstrap, n2, seed=2)
             assert _wait_exit(proc, 90) == 1, _run_log(log1)[-5000:]
