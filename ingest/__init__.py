@@ -15,12 +15,10 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
         write_events,
     )
     from streamrec.foundation import EventBatch, EventError, EventSchema, JaggedIds, hash_id, hash_ids
-    from .kafka_io import (
-        ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER, STEP_CRASH_REASON, ConsumerStats,
-        OffsetsLostError,
-        offsets_lost_message, topic_id, DeadLetterError, EventConsumer, EventProducer, ProduceError,
-        make_producer, read_topic,
-    )
+    from .kafka_io import ConsumerStats, EventConsumer, EventProducer, ProduceError, make_producer, read_topic
+    from .dead_letters import ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER, DeadLetterError
+    from .step_quarantine import STEP_CRASH_REASON
+    from .topic_guard import OffsetsLostError, offsets_lost_message, topic_id
     from .inflight import InflightMarker, InflightRange, exact_ranges, holds_any, probe_decode
     from .inference import DataSchema, infer_schema
     from .movielens import load_movielens, movielens_config, movielens_events, write_movielens
@@ -33,10 +31,10 @@ _EXPORTS = {  # submodule: the public names it defines
     ".codec": "Decoder encode_arrow encode_json encode_messages",
     ".datasets": "DatasetError avazu_config criteo_config detect_format layout_config layout_toml read_events read_file write_events",
     "streamrec.foundation.events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
-    ".kafka_io": "ORIGINAL_SHA256_HEADER ORIGINAL_SIZE_HEADER REASON_HEADER SOURCE_HEADER STEP_CRASH_REASON ConsumerStats "
-                 "DeadLetterError "
-                 "EventConsumer EventProducer OffsetsLostError ProduceError make_producer offsets_lost_message read_topic "
-                 "topic_id",
+    ".kafka_io": "ConsumerStats EventConsumer EventProducer ProduceError make_producer read_topic",
+    ".dead_letters": "ORIGINAL_SHA256_HEADER ORIGINAL_SIZE_HEADER REASON_HEADER SOURCE_HEADER DeadLetterError",
+    ".step_quarantine": "STEP_CRASH_REASON",
+    ".topic_guard": "OffsetsLostError offsets_lost_message topic_id",
     ".inflight": "InflightMarker InflightRange exact_ranges holds_any probe_decode",
     ".inference": "DataSchema infer_schema",
     ".movielens": "load_movielens movielens_config movielens_events write_movielens",

@@ -18,13 +18,15 @@ The consumer also survives what a live cluster does to it:
   range) or a topic that was deleted and recreated (its topic id changed) is never
   skipped silently: ``on_offsets_lost`` says what to do, and the default ``fail``
   stops with a message saying what was expected, what was found, and how to go on.
+
+The consumer's parts live in their own modules: polls, the buffer and positions
+(``partition_reader.py``), the dead-letter writer (``dead_letters.py``), the
+crash-loop breaker's quarantine (``step_quarantine.py``) and the topic checks
+(``topic_guard.py``); this module re-exports their public names.
 """
 
 from __future__ import annotations
 
-import collections
-import hashlib
-import itertools
 import logging
 import os
 import threading
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence, get_args
 
 import numpy as np
-from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka import errors as kafka_errors
 from kafka.structs import OffsetAndMetadata
 
@@ -41,20 +43,20 @@ from streamrec.foundation import EventBatch, EventSchema, StreamrecError
 
 from . import fast_records
 from .codec import CODEC_HEADER, Decoder, encode_messages
+from .dead_letters import (  # noqa: F401  (re-exported: the dead-letter contract's names)
+    ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER, DeadLetterError, DeadLetterWriter,
+)
 from .fast_records import RecordRun
+from .inflight import DECODE, TRAIN
 from .ingest_types import ConsumerMode, OffsetsLostPolicy
-from .inflight import DECODE, STEP, TRAIN, InflightMarker, exact_runs, holds_any, probe_decode, ranges_of
 from .kafka_clients import client_settings
+from .partition_reader import PartitionReader
+from .step_quarantine import STEP_CRASH_REASON, CrashLoopBreaker  # noqa: F401  (STEP_CRASH_REASON re-exported)
+from .topic_guard import (  # noqa: F401  (re-exported: the lost-offsets contract's names)
+    OFFSETS_LOST_POLICIES, OffsetsLostError, TopicGuard, offsets_lost_message, topic_id,
+)
 
 log = logging.getLogger(__name__)
-
-REASON_HEADER = "streamrec-error"
-SOURCE_HEADER = "streamrec-source"
-# a bad record bigger than ingest.dlq_max_bytes is dead-lettered truncated, with these two headers
-ORIGINAL_SIZE_HEADER = "streamrec-original-bytes"
-ORIGINAL_SHA256_HEADER = "streamrec-original-sha256"
-_OWN_HEADERS = (REASON_HEADER, SOURCE_HEADER, ORIGINAL_SIZE_HEADER, ORIGINAL_SHA256_HEADER)
-_MAX_REASON = 2000  # characters of the reason kept in its header
 
 
 def make_producer(bootstrap: str, **overrides) -> KafkaProducer:
@@ -134,41 +136,6 @@ class EventProducer:
             self.producer.close(timeout)
 
 
-class DeadLetterError(StreamrecError, RuntimeError):
-    """The dead-letter topic did not take a bad record: a caller must not record progress past it."""
-
-
-class OffsetsLostError(StreamrecError, RuntimeError):
-    """The log no longer holds the position to resume from (``kafka.on_offsets_lost = fail``)."""
-
-
-OFFSETS_LOST_POLICIES = get_args(OffsetsLostPolicy)  # kafka.on_offsets_lost
-
-
-def topic_id(consumer: KafkaConsumer, topic: str):
-    """The topic's id (uuid) in the client's metadata cache, or None (not seen yet, or a client or broker
-    without topic ids). A topic deleted and recreated under the same name gets a new id."""
-    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)  # kafka-python's metadata cache
-    try:
-        return cluster.topic_id(topic) if cluster is not None else None
-    except Exception:  # an older client without topic ids: the out-of-range check still holds
-        return None
-
-
-def _describe(ranges) -> str:
-    return ", ".join(f"{r.topic}[{r.partition}]@{r.first}" + (f"..{r.last}" if r.last != r.first else "")
-                     for r in ranges)
-
-
-def offsets_lost_message(topic: str, partition: int, expected: int | None, begin: int | None, end: int | None,
-                         why: str) -> str:
-    """One line for the operator: what was expected, what was found, how to go on."""
-    held = f"[{begin}, {end})" if begin is not None else "unknown"
-    return (f"{topic}[{partition}]: expected to resume at offset {expected}, the log now holds offsets {held} "
-            f"({why}); events between may be lost. To go on, set kafka.on_offsets_lost=earliest (re-read the "
-            f"partition from its start) or =latest (skip to its end), e.g. --set kafka.on_offsets_lost=earliest")
-
-
 @dataclass
 class ConsumerStats:
     records: int = 0
@@ -183,20 +150,6 @@ class ConsumerStats:
     partitions_added: int = 0  # partitions the topic gained while this consumer ran (assign mode reads them too)
 
 
-class _Rebalance(ConsumerRebalanceListener):
-    """Notes what a rebalance changed; the consumer acts on it after the poll, on its own thread
-    (kafka-python calls listeners on its network thread, where blocking calls are not allowed)."""
-
-    def __init__(self, owner: "EventConsumer"):
-        self.owner = owner
-
-    def on_partitions_revoked(self, revoked):
-        self.owner._revoked.update(revoked)
-
-    def on_partitions_assigned(self, assigned):
-        self.owner._assigned.update(assigned)
-
-
 class EventConsumer:
     """Consumes the events topic as decoded mini-batches.
 
@@ -205,6 +158,12 @@ class EventConsumer:
     (one consumer, no group join: a quick start on brokers with slow joins);
     ``partitions`` narrows that to a fixed subset (a rank of a trainer group reads
     the partitions the static assignment gives it: the group never moves them).
+
+    This class decodes what it reads and commits what the caller says is durable; its parts do the rest:
+    ``reader`` (polls, the buffer and the positions, :class:`~.partition_reader.PartitionReader`),
+    ``guard`` (the topic's identity, partitions and lost offsets, :class:`~.topic_guard.TopicGuard`),
+    ``dead_letters`` (:class:`~.dead_letters.DeadLetterWriter`) and ``breaker`` (the crash-loop breaker,
+    :class:`~.step_quarantine.CrashLoopBreaker`).
     """
 
     def __init__(
@@ -236,36 +195,15 @@ class EventConsumer:
             raise ValueError(f"on_offsets_lost must be one of {', '.join(OFFSETS_LOST_POLICIES)}, "
                              f"got {self.on_offsets_lost!r}")
         self.max_pending = max_pending  # unread records held before partitions are paused
-        self._pending: collections.deque = collections.deque()  # polled, not yet decoded
-        self._revoked: set = set()  # noted by the rebalance listener, handled after the poll
-        self._assigned: set = set()
-        # the crash-loop breaker (ingest/inflight.py): what a dead predecessor was handling
-        self._marker = InflightMarker(inflight_path) if inflight_path else None
-        self._suspect = self._marker.found if self._marker is not None else None
-        # a training step's records (kept after _suspect is cleared: a step holding them again counts deaths)
-        self._step_suspect = self._suspect if self._suspect is not None and self._suspect[0] == STEP else None
-        # the trainer's probe of a training step (``STEP`` suspects, first death): record values -> the indices
-        # of those that kill a process training them alone; None: no probe, the first death only counts
-        self.step_probe = None
-        if self._suspect is not None:
-            phase, ranges, deaths = self._suspect
-            doing = {DECODE: "decoding", STEP: "running a training step on"}.get(phase, "training on")
-            log.error("the previous consumer process died while %s records %s (deaths so far: %d); they are %s",
-                      doing, _describe(ranges), deaths + 1,
-                      "quarantined to the DLQ" if deaths >= 1 else
-                      "probed in a child process" if phase in (DECODE, STEP) else
-                      "retried once, quarantined if it dies again")
-        self._next: dict[tuple[str, int], int] = {}  # the offset after the last record handed out (or sought)
-        self._assigned_once = False
-        self._fixed: set[int] | None = None  # mode "assign" with explicit partitions: a group rank's static share
-        self._known_partitions: set[int] = set()
-        self.partitions_changed: tuple[int, int] | None = None  # (had, has) when a fixed share no longer fits
-        self.topic_id = None  # the topic's id (uuid) when first seen: a new id means it was recreated
+        # its producer is attached once the consumer exists (a consumer that cannot be built leaves none open)
+        self.dead_letters = DeadLetterWriter(None, self.dlq_topic, cfg.ingest.dlq_max_bytes, self.stats)
+        self.breaker = CrashLoopBreaker(inflight_path, self.schema, self.topic, self.stats, self.dead_letters)
+        self.last_lag: dict[int, int] = {}  # partition -> records not handed out, as of the last ``lag()``
         opts = dict(
             bootstrap_servers=bootstrap,
             group_id=group_id,
             enable_auto_commit=False,
-            # never reset a position silently: out of range raises, and _offsets_lost applies the policy
+            # never reset a position silently: out of range raises, and the guard applies the policy
             auto_offset_reset="none",
             max_poll_records=2000,
             fetch_max_bytes=64 << 20,
@@ -283,33 +221,59 @@ class EventConsumer:
         # parser on any doubt
         self.fast_records = (bool(getattr(cfg.kafka, "fast_records", True))
                              and fast_records.install(self.consumer, runs=True))
+        self.reader = PartitionReader(self.consumer, self.topic, self.stats, max_pending, self.fast_records,
+                                      lambda lost, why: self.guard.apply_offsets_lost(lost, why))
+        fixed = set(partitions) if mode == "assign" and partitions is not None else None
+        self.guard = TopicGuard(self.consumer, self.topic, mode, self.on_offsets_lost, self.stats,
+                                self.reader.positions, self.reader.forget, fixed)
         if mode == "group":
-            self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+            self.reader.subscribe()
         else:
-            parts = None
-            deadline = time.monotonic() + 30
-            while not parts:
-                parts = self.consumer.partitions_for_topic(self.topic)
-                if not parts:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"topic {self.topic!r} does not exist")
-                    time.sleep(0.2)
-            self._fixed = set(partitions) if partitions is not None else None
-            if partitions is not None:
-                missing = sorted(set(partitions) - set(parts))
-                if missing:
-                    raise StreamrecError(f"topic {self.topic!r} has partitions {sorted(parts)}; partitions "
-                                         f"{missing} asked for do not exist")
-                parts = set(partitions)
-            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
-            self.consumer.assign(tps)
-            self._on_assigned(tps)
-        self.topic_id = self._current_topic_id()
-        self._known_partitions = set(self.consumer.partitions_for_topic(self.topic) or ())
-        self._dlq = make_producer(bootstrap, **client_settings(cfg)) if dlq else None
-        self._dlq_sent: list = []  # (send future or the error send raised, "topic:partition:offset") since the last flush
+            self.reader.assign(partitions)
+        self.guard.start()
+        self.dead_letters.producer = make_producer(bootstrap, **client_settings(cfg)) if dlq else None
         self._per_record = 1.0  # events per record seen last time: how many records make max_events
-        self._lock = threading.Lock()
+
+    # -- what the parts hold, under the names callers read ----------------------------
+
+    @property
+    def topic_id(self):
+        """The topic's id (uuid) when first seen: a new id means it was recreated."""
+        return self.guard.topic_id
+
+    @property
+    def partitions_changed(self) -> tuple[int, int] | None:
+        """(had, has) when the topic gained partitions a group rank's fixed share does not cover."""
+        return self.guard.partitions_changed
+
+    @property
+    def step_probe(self):
+        """The trainer's probe of a training step (see :class:`~.step_quarantine.CrashLoopBreaker`)."""
+        return self.breaker.step_probe
+
+    @step_probe.setter
+    def step_probe(self, probe) -> None:
+        self.breaker.step_probe = probe
+
+    @property
+    def _next(self) -> dict[tuple[str, int], int]:  # partition -> the offset after the last record handed out
+        return self.reader.positions
+
+    @property
+    def _pending(self):  # polled records not handed out yet
+        return self.reader.pending
+
+    @property
+    def _dlq(self):  # the dead-letter producer (None: dead letters are counted and logged only)
+        return self.dead_letters.producer
+
+    @_dlq.setter
+    def _dlq(self, producer) -> None:
+        self.dead_letters.producer = producer
+
+    @property
+    def _dlq_sent(self) -> list:  # dead letters sent since the last flush
+        return self.dead_letters.sent
 
     # -- reading ------------------------------------------------------------
 
@@ -326,44 +290,43 @@ class EventConsumer:
         n = 0
         offsets: dict[tuple[str, int], int] = {}
         newest_ms = 0  # the newest record timestamp: when the newest of these events entered Kafka
-        self._check_topic()
-        self._maybe_clear_suspect()
-        if self._pending:  # still holding records: poll anyway (group liveness, rebalances), fetch nothing new
-            self._poll(0, pause=True)
+        reader, breaker, positions = self.reader, self.breaker, self.reader.positions
+        self.guard.check()
+        breaker.maybe_clear(positions)
+        if reader.pending:  # still holding records: poll anyway (group liveness, rebalances), fetch nothing new
+            reader.poll(0, pause=True)
         while n < max_events:
-            if not self._pending:
+            if not reader.pending:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 and (parts or offsets):
                     break
-                polled = self._poll(max(0, int(remaining * 1000)) if not parts else 0, pause=False)
+                polled = reader.poll(max(0, int(remaining * 1000)) if not parts else 0, pause=False)
                 if not polled:
                     if parts or offsets or remaining <= 0:
                         break
                     continue
-                self._pending.extend(run for runs in polled.values() for run in runs)
+                reader.pending.extend(run for runs in polled.values() for run in runs)
             # take about as many records as the events still wanted (Arrow records hold many)
-            runs = self._take_runs(max(1, int((max_events - n) / self._per_record)))
+            runs = reader.take(max(1, int((max_events - n) / self._per_record)))
             taken = 0
             for run in runs:  # a run: consecutive records of one partition in offset order (fast_records.RecordRun)
                 key = (run.topic, run.partition)
-                offsets[key] = self._next[key] = run.last_offset + 1
+                offsets[key] = positions[key] = run.last_offset + 1
                 taken += len(run)
                 newest_ms = max(newest_ms, run.newest_ms())
             self.stats.records += taken
-            if self._suspect is not None:
-                runs = self._quarantine_suspects(runs)
-                if not runs:
-                    continue
+            runs = breaker.quarantine(runs)
+            if not runs:
+                continue
             handed.extend(runs)
-            if self._marker is not None:
-                self._marker.mark(DECODE, ranges_of(runs), self._deaths_of(runs, DECODE))
+            breaker.mark(DECODE, runs)
             got = 0
             for run in _merge_runs(runs):  # each event is tagged with its partition (the trainer's merge)
                 values = run.values()
                 self.stats.bytes += sum(map(len, filter(None, values)))
                 b, errors = self.decoder.decode_many(values)
                 for i, reason in errors:
-                    self._dead_letter(run.record(i), reason)
+                    self.dead_letters.write(run.record(i), reason)
                 if b is not None and len(b):
                     b.source_partitions = np.full(len(b), run.partition, np.int32)
                     b.source_records = _record_offsets(run, values, errors, len(b))
@@ -371,8 +334,7 @@ class EventConsumer:
                     got += len(b)
             self._per_record = max(1.0, got / taken)
             n += got
-        if self._marker is not None and handed:  # the caller handles these now: a death is a "train" death
-            self._marker.mark(TRAIN, ranges_of(handed), self._deaths_of(handed, TRAIN))
+        breaker.mark(TRAIN, handed)  # the caller handles these now: a death is a "train" death
         if not parts and not offsets:
             return None
         if len(parts) == 1:
@@ -383,295 +345,6 @@ class EventConsumer:
         batch.source_newest_ms = int(newest_ms)
         self.stats.events += len(batch)
         return batch
-
-    def partitions_behind(self) -> set[int]:
-        """Partitions of the topic with records not handed out yet, as far as the last fetch's high
-        watermark tells (no broker round trip): they will deliver, so waiting for them is worth it."""
-        out = set()
-        for tp in self.consumer.assignment():
-            hw = self.consumer.highwater(tp)
-            if tp.topic == self.topic and hw is not None and self._next.get((tp.topic, tp.partition), hw) < hw:
-                out.add(tp.partition)
-        return out
-
-    # -- the crash-loop breaker ----------------------------------------------------
-
-    def _take_runs(self, k: int) -> list:
-        """Up to ``k`` records from the front of what was polled, as runs (the last one split if needed)."""
-        out = []
-        pending = self._pending
-        while k > 0 and pending:
-            run = pending[0]
-            if len(run) <= k:
-                out.append(pending.popleft())
-                k -= len(run)
-            else:
-                head, pending[0] = run.split(k)
-                out.append(head)
-                k = 0
-        return out
-
-    def _quarantine_suspects(self, runs: list) -> list:
-        """Dead-letter the records a dead predecessor could not get past; return the others (as runs).
-        Rare (after a crash), so record by record."""
-        if not any(x.topic == r.topic and x.partition == r.partition and x.first <= r.last_offset
-                   and r.offset <= x.last for r in runs for x in self._suspect[1]):
-            return runs
-        kept = self._quarantine_records([rec for r in runs for rec in r.records()])
-        return [RecordRun.of_records(list(g)) for _, g in itertools.groupby(kept, lambda r: (r.topic, r.partition))]
-
-    def _quarantine_records(self, recs: list) -> list:
-        phase, ranges, deaths = self._suspect
-        suspects = [r for r in recs if any(x.holds(r.topic, r.partition, r.offset) for x in ranges)]
-        if not suspects:
-            return recs
-        if phase == DECODE and deaths == 0:
-            culprits = {id(suspects[i]) for i in probe_decode(self.schema, [r.value or b"" for r in suspects])}
-            why = "crashed the consumer: the process died decoding this record, and so did a probe"
-        elif phase == STEP and deaths == 0:
-            if self.step_probe is None:
-                return recs
-            culprits = {id(suspects[i]) for i in self.step_probe([r.value or b"" for r in suspects])}
-            why = STEP_CRASH_REASON
-        elif deaths >= 1:  # died twice with these in flight (a crash the probe could not reproduce, or training)
-            culprits = {id(r) for r in suspects}
-            what = "in training steps" if phase == STEP else "training batches"
-            why = (f"crashed the {'trainer' if phase == STEP else 'consumer'}: {deaths + 1} processes died {what} "
-                   f"holding this record (quarantined with the {len(suspects)} records in flight with it)")
-        else:
-            return recs  # first death in training: retried once (kept in the marker as a suspect)
-        for r in suspects:
-            if id(r) in culprits:
-                self.stats.quarantined += 1
-                self._dead_letter(r, why)
-        return [r for r in recs if id(r) not in culprits]
-
-    def _maybe_clear_suspect(self) -> None:
-        """Back to normal once every suspect record was handled (probed, quarantined or retried)."""
-        if self._suspect is not None and all(self._next.get((x.topic, x.partition), -1) > x.last
-                                             for x in self._suspect[1]):
-            self._suspect = None
-
-    def _deaths_of(self, runs: list, phase: str) -> int:
-        """Deaths already seen with any of these records (runs) in flight in ``phase`` (0 when none is a suspect)."""
-        if self._suspect is None or self._suspect[0] != phase:
-            return 0
-        _, ranges, deaths = self._suspect
-        if not any(x.holds(run.topic, run.partition, r.offset) for run in runs for r in run for x in ranges):
-            return 0
-        return deaths + 1
-
-    def suspect_step(self) -> tuple[list, int] | None:
-        """``(ranges, deaths before)`` when the previous process died in a training step (the trainer
-        quarantines the restored events among them, which Kafka will not deliver again), else None."""
-        s = self._step_suspect
-        return (list(s[1]), s[2]) if s is not None else None
-
-    def mark_step(self, partitions: np.ndarray, records: np.ndarray) -> None:
-        """Before a training step: the marker names exactly its events' records (per event: partition and
-        record offset, as ``EventBatch.source_partitions`` / ``source_records``; offset -1: not from Kafka,
-        nothing to name), with the deaths already seen holding any of them."""
-        if self._marker is None:
-            return
-        p, o = np.asarray(partitions), np.asarray(records)
-        known = o >= 0
-        if not known.all():
-            p, o = p[known], o[known]
-        deaths = 0
-        s = self._step_suspect
-        if s is not None and holds_any(s[1], self.topic, p, o).any():
-            deaths = s[2] + 1
-        self._marker.mark_runs(STEP, self.topic, exact_runs(p, o), deaths)
-
-    def step_done(self) -> None:
-        """No training step runs now: a death from here on is not blamed on the last step's records."""
-        if self._marker is not None:
-            self._marker.idle()
-
-    def quarantine_events(self, batch: EventBatch, partitions: np.ndarray, records: np.ndarray, reason: str) -> None:
-        """Dead-letter decoded events whose records crashed the trainer but will not be read again (restored
-        from a checkpoint, their offsets committed): one JSON event per message, with the record's own source
-        (``topic:partition:offset``) so the dead letter names the record it came from."""
-        from types import SimpleNamespace
-
-        from .codec import encode_json
-
-        seen = set()
-        for ev, p, o in zip(batch.to_events(), np.asarray(partitions).tolist(), np.asarray(records).tolist()):
-            if (p, o) not in seen:
-                seen.add((p, o))
-                self.stats.quarantined += 1
-            self._dead_letter(SimpleNamespace(topic=self.topic, partition=p, offset=o, key=None, headers=None,
-                                              value=encode_json(ev)), reason)
-
-    # -- the client, rebalances and lost offsets ---------------------------------
-
-    def _poll(self, timeout_ms: int, pause: bool) -> dict:
-        """One client poll. ``pause``: hold every partition (we still have unread records) so the
-        poll keeps the group membership without fetching more; else resume them and fetch."""
-        kc = self.consumer
-        owned = kc.assignment()
-        if pause:
-            if owned:
-                kc.pause(*owned)
-        elif kc.paused():
-            kc.resume(*kc.paused())
-        try:
-            polled = kc.poll(timeout_ms=timeout_ms, max_records=2000)
-        except kafka_errors.OffsetOutOfRangeError as e:
-            lost = e.args[0] if e.args and isinstance(e.args[0], dict) else {}
-            self._offsets_lost(lost, "the broker says the offset is out of range")
-            return {}
-        except kafka_errors.NoOffsetForPartitionError:  # assigned, never committed: position it ourselves
-            self._assigned.update(kc.assignment())
-            polled = {}
-        if self._revoked or self._assigned:
-            revoked, self._revoked = self._revoked, set()
-            assigned, self._assigned = self._assigned, set()
-            self._forget(revoked)
-            if assigned:
-                self._on_assigned(sorted(assigned, key=lambda tp: (tp.topic, tp.partition)))
-            # records fetched from positions we just replaced (the group's older commit) are not ours
-            polled = {tp: recs for tp, recs in polled.items() if tp not in assigned and tp not in revoked}
-        if not self.fast_records:  # kafka-python's ConsumerRecord lists: one run each
-            polled = {tp: [RecordRun.of_records(recs)] for tp, recs in polled.items() if recs}
-        if pause:  # fetched before the pause took effect: keep them, in order, after what we hold
-            self._pending.extend(run for runs in polled.values() for run in runs)
-            return {}
-        if sum(map(len, self._pending)) > self.max_pending and owned:
-            kc.pause(*owned)
-        return polled
-
-    def _forget(self, partitions) -> None:
-        """Drop unread records of partitions this consumer no longer owns (or will re-seek)."""
-        gone = {(tp.topic, tp.partition) for tp in partitions}
-        if gone and self._pending:
-            self._pending = collections.deque(r for r in self._pending if (r.topic, r.partition) not in gone)
-
-    def _on_assigned(self, partitions) -> None:
-        """Position newly assigned partitions: where this consumer left off, else the committed offset,
-        else the start of the log."""
-        kc = self.consumer
-        tps = [tp for tp in partitions if tp.topic == self.topic]
-        if self._assigned_once:
-            self.stats.rebalances += 1
-        self._assigned_once = True
-        self._forget(tps)
-        begin = None
-        for tp in tps:
-            key = (tp.topic, tp.partition)
-            off = self._next.get(key)
-            if off is None:
-                try:
-                    off = kc.committed(tp)
-                except kafka_errors.KafkaError as e:
-                    log.warning("committed offset of %s[%d] unavailable (%s); starting at the log start",
-                                tp.topic, tp.partition, e)
-                    off = None
-            if off is None:
-                if begin is None:
-                    begin = kc.beginning_offsets(tps)
-                off = begin[tp]
-            kc.seek(tp, off)
-            self._next[key] = int(off)
-
-    def wait_for_assignment(self, timeout_s: float, stop: threading.Event | None = None) -> list:
-        """Poll (fetching nothing) until the group assigns this consumer partitions; [] when ``stop`` is set.
-        Raises RuntimeError after ``timeout_s`` without an assignment."""
-        deadline = time.monotonic() + timeout_s
-        while not self.consumer.assignment():
-            if stop is not None and stop.is_set():
-                return []
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no partitions of {self.topic!r} assigned within {timeout_s:.0f} s")
-            self._poll(200, pause=True)
-        return sorted(self.consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
-
-    def set_positions(self, offsets: dict[tuple[str, int], int]) -> None:
-        """Resume these partitions at these offsets (a restored checkpoint's), now and after any rebalance."""
-        self._forget([TopicPartition(t, p) for t, p in offsets])
-        owned = self.consumer.assignment()
-        for (t, p), o in offsets.items():
-            self._next[(t, p)] = int(o)
-            tp = TopicPartition(t, p)
-            if tp in owned:
-                self.consumer.seek(tp, int(o))
-
-    def _current_topic_id(self):
-        return topic_id(self.consumer, self.topic)
-
-    def _check_topic(self) -> None:
-        """A topic deleted and recreated gets a new id: every position in it is meaningless now. A topic that
-        gained partitions (added, or auto-created anew with the broker's default count) has records nobody
-        reads unless they are assigned: in assign mode they are taken too (from their start)."""
-        self._check_partitions()
-        now = self._current_topic_id()
-        if now is None:
-            return
-        if self.topic_id is None:
-            self.topic_id = now
-            return
-        if now != self.topic_id:
-            old, self.topic_id = self.topic_id, now
-            owned = [tp for tp in self.consumer.assignment() if tp.topic == self.topic]
-            self._offsets_lost({tp: self._next.get((tp.topic, tp.partition)) for tp in owned},
-                               f"the topic was deleted and recreated: id {old} is now {now}")
-
-    def _check_partitions(self) -> None:
-        if self.mode != "assign":
-            return  # the consumer group assigns new partitions itself
-        parts = set(self.consumer.partitions_for_topic(self.topic) or ())  # the client's metadata cache
-        added = parts - self._known_partitions
-        if not parts or not added:
-            return
-        had = len(self._known_partitions)
-        self._known_partitions = parts
-        if self._fixed is not None:  # a group rank's static share: the group must re-plan (it restarts)
-            self.partitions_changed = (had, len(parts))
-            log.warning("topic %s now has %d partitions (had %d): this rank's static share no longer covers them",
-                        self.topic, len(parts), had)
-            return
-        tps = [TopicPartition(self.topic, p) for p in sorted(added)]
-        self.consumer.assign(sorted(self.consumer.assignment() | set(tps), key=lambda tp: (tp.topic, tp.partition)))
-        self.consumer.seek_to_beginning(*tps)
-        for tp in tps:
-            self._next[(tp.topic, tp.partition)] = int(self.consumer.position(tp))
-        self.stats.partitions_added += len(tps)
-        log.warning("topic %s gained partitions %s (now %d): reading them from their start", self.topic,
-                    sorted(added), len(parts))
-
-    def _offsets_lost(self, lost: dict, why: str) -> None:
-        self.apply_offsets_lost(lost, why)
-
-    def apply_offsets_lost(self, lost: dict, why: str, begin: dict | None = None,
-                           end: dict | None = None) -> dict:
-        """Apply ``on_offsets_lost`` to partitions whose position the log no longer holds (``lost``:
-        TopicPartition -> the offset expected there). ``fail`` raises :class:`OffsetsLostError` naming
-        them all; else each is moved to the log's start or end: ``{TopicPartition: offset}``."""
-        kc = self.consumer
-        tps = [tp for tp in lost if isinstance(tp, TopicPartition)]
-        if not tps:
-            return {}
-        if begin is None or end is None:
-            try:
-                begin, end = kc.beginning_offsets(tps), kc.end_offsets(tps)
-            except kafka_errors.KafkaError:
-                begin, end = {}, {}
-        msgs = [offsets_lost_message(tp.topic, tp.partition, lost[tp], begin.get(tp), end.get(tp), why) for tp in tps]
-        if self.on_offsets_lost == "fail":
-            raise OffsetsLostError("; ".join(msgs))
-        self._forget(tps)
-        moved = {}
-        for tp, msg in zip(tps, msgs):
-            if self.on_offsets_lost == "earliest":
-                kc.seek_to_beginning(tp)
-            else:
-                kc.seek_to_end(tp)
-            moved[tp] = self._next[(tp.topic, tp.partition)] = int(kc.position(tp))
-            self.stats.offsets_reset += 1
-            log.warning("%s -> resuming at offset %d (kafka.on_offsets_lost=%s)", msg, moved[tp],
-                        self.on_offsets_lost)
-        return moved
 
     def batches(self, max_events: int, timeout: float = 1.0, idle_exit_s: float = 0.0) -> Iterator[EventBatch]:
         """Yield batches forever, or until nothing arrived for ``idle_exit_s`` seconds (if > 0)."""
@@ -684,45 +357,72 @@ class EventConsumer:
             elif idle_exit_s and time.monotonic() - last > idle_exit_s:
                 return
 
-    def _dead_letter(self, rec, reason: str) -> None:
-        self.stats.dead_letters += 1
-        key = reason.split(":")[0][:60]
-        self.stats.dead_letter_reasons[key] = self.stats.dead_letter_reasons.get(key, 0) + 1
-        log.warning("dead letter %s:%d@%d: %s", rec.topic, rec.partition, rec.offset, reason)
-        if self._dlq is None:
-            return
-        source = f"{rec.topic}:{rec.partition}:{rec.offset}"
-        value = rec.value if rec.value is not None else b""
-        headers = [
-            # backslashreplace: a reason quoting a lone surrogate must not fail the dead letter itself
-            (REASON_HEADER, reason[:_MAX_REASON].encode("utf-8", "backslashreplace")),
-            (SOURCE_HEADER, source.encode()),
-        ]
-        limit = self.cfg.ingest.dlq_max_bytes
-        if len(value) > limit:  # the DLQ topic would refuse it: keep a prefix, and say what the whole was
-            headers += [(ORIGINAL_SIZE_HEADER, str(len(value)).encode()),
-                        (ORIGINAL_SHA256_HEADER, hashlib.sha256(value).hexdigest().encode())]
-            value = value[:limit]
-        headers += [(k, v) for k, v in (rec.headers or []) if k not in _OWN_HEADERS]
-        try:
-            sent = self._dlq.send(self.dlq_topic, value, key=rec.key, headers=headers)
-        except Exception as e:  # e.g. bigger than the producer's max_request_size: reported at the next flush
-            sent = e
-        self._dlq_sent.append((sent, source))
+    # -- positions ---------------------------------------------------------------------
+
+    def partitions_behind(self) -> set[int]:
+        """Partitions of the topic with records not handed out yet, as far as the last fetch's high
+        watermark tells (no broker round trip): they will deliver, so waiting for them is worth it."""
+        return self.reader.partitions_behind()
+
+    def wait_for_assignment(self, timeout_s: float, stop: threading.Event | None = None) -> list:
+        """Poll (fetching nothing) until the group assigns this consumer partitions; [] when ``stop`` is set.
+        Raises RuntimeError after ``timeout_s`` without an assignment."""
+        return self.reader.wait_for_assignment(timeout_s, stop)
+
+    def set_positions(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Resume these partitions at these offsets (a restored checkpoint's), now and after any rebalance."""
+        self.reader.set_positions(offsets)
+
+    def seek(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Move the read position (after restoring a checkpoint that is newer than the commits)."""
+        self.reader.set_positions(offsets)
+
+    def apply_offsets_lost(self, lost: dict, why: str, begin: dict | None = None,
+                           end: dict | None = None) -> dict:
+        """Apply ``on_offsets_lost`` to partitions whose position the log no longer holds (``lost``:
+        TopicPartition -> the offset expected there). ``fail`` raises :class:`OffsetsLostError` naming
+        them all; else each is moved to the log's start or end: ``{TopicPartition: offset}``."""
+        return self.guard.apply_offsets_lost(lost, why, begin, end)
+
+    def lag(self) -> int:
+        """Records not yet handed out: up to the topic head, over assigned partitions (-1: the broker could
+        not say). Each partition's share is kept in ``last_lag`` (partition -> records), for a metrics
+        endpoint to read from its thread."""
+        per = self.reader.lag()
+        if per is None:
+            return -1
+        self.last_lag = per
+        return int(sum(per.values()))
+
+    # -- training steps (the crash-loop breaker) -----------------------------------------
+
+    def suspect_step(self) -> tuple[list, int] | None:
+        """``(ranges, deaths before)`` when the previous process died in a training step (the trainer
+        quarantines the restored events among them, which Kafka will not deliver again), else None."""
+        return self.breaker.suspect_step()
+
+    def mark_step(self, partitions: np.ndarray, records: np.ndarray) -> None:
+        """Before a training step: the marker names exactly its events' records (per event: partition and
+        record offset, as ``EventBatch.source_partitions`` / ``source_records``; offset -1: not from Kafka,
+        nothing to name), with the deaths already seen holding any of them."""
+        self.breaker.mark_step(partitions, records)
+
+    def step_done(self) -> None:
+        """No training step runs now: a death from here on is not blamed on the last step's records."""
+        self.breaker.step_done()
+
+    def quarantine_events(self, batch: EventBatch, partitions: np.ndarray, records: np.ndarray, reason: str) -> None:
+        """Dead-letter decoded events whose records crashed the trainer but will not be read again (restored
+        from a checkpoint, their offsets committed): one JSON event per message, with the record's own source
+        (``topic:partition:offset``) so the dead letter names the record it came from."""
+        self.breaker.quarantine_events(batch, partitions, records, reason)
+
+    # -- dead letters and offsets ------------------------------------------------------
 
     def dead_letter_events(self, batch: EventBatch, reason: str, source: str) -> None:
         """Dead-letter decoded events a later stage refused (e.g. a non-finite training step), one JSON
         event per message: they are no longer the bytes they arrived as, but nothing is dropped silently."""
-        from types import SimpleNamespace
-
-        from .codec import encode_json
-
-        for ev in batch.to_events():
-            rec = SimpleNamespace(topic=source, partition=-1, offset=-1, key=None, headers=None,
-                                  value=encode_json(ev))
-            self._dead_letter(rec, reason)
-
-    # -- offsets ------------------------------------------------------------
+        self.dead_letters.write_events(batch, reason, source)
 
     def flush_dead_letters(self) -> None:
         """Wait until the DLQ producer has sent every dead letter so far (flush: the broker answered each).
@@ -730,16 +430,7 @@ class EventConsumer:
         A caller that records offsets durably on its own (a checkpoint) calls this before it does.
         Raises ``DeadLetterError`` when a dead letter was not acknowledged: the bad record then
         exists only in the source topic, so progress past it must not be recorded."""
-        if self._dlq is None or not self._dlq_sent:
-            return
-        self._dlq.flush(60)
-        sent, self._dlq_sent = self._dlq_sent, []
-        failed = [(src, s if isinstance(s, Exception) else s.exception or "not acknowledged within 60 s")
-                  for s, src in sent if isinstance(s, Exception) or not s.succeeded()]
-        if failed:
-            src, why = failed[0]
-            raise DeadLetterError(f"dead-letter topic {self.dlq_topic!r} did not take {len(failed)} bad record(s), "
-                                  f"the first {src}: {why}; not recording progress past them")
+        self.dead_letters.flush()
 
     def mark_durable(self, offsets: dict[tuple[str, int], int]) -> None:
         """Commit offsets whose effect is durable. Dead letters are flushed first."""
@@ -758,41 +449,10 @@ class EventConsumer:
         parts = self.consumer.partitions_for_topic(self.topic) or set()
         return {(self.topic, p): self.consumer.committed(TopicPartition(self.topic, p)) for p in sorted(parts)}
 
-    def seek(self, offsets: dict[tuple[str, int], int]) -> None:
-        """Move the read position (after restoring a checkpoint that is newer than the commits)."""
-        self.set_positions(offsets)
-
-    def lag(self) -> int:
-        """Records not yet handed out: up to the topic head, over assigned partitions. Each partition's
-        share is kept in ``last_lag`` (partition -> records), for a metrics endpoint to read from its thread."""
-        assigned = list(self.consumer.assignment())
-        if not assigned:
-            self.last_lag = {}
-            return 0
-        try:
-            ends = self.consumer.end_offsets(assigned)
-            held = collections.Counter()  # polled but not yet handed out
-            for run in list(self._pending):
-                held[run.partition] += len(run)
-            # the last fetch's high watermark too: tansu answers ListOffsets with less than the log end
-            per = {tp.partition: max(0, max(ends[tp], self.consumer.highwater(tp) or 0) - self.consumer.position(tp))
-                   + held.get(tp.partition, 0) for tp in assigned}
-        except Exception:  # lag is informational only
-            return -1
-        self.last_lag = per
-        return int(sum(per.values()))
-
     def close(self) -> None:
-        if self._marker is not None:
-            self._marker.clear()  # a clean stop: nothing was in flight
-        if self._dlq is not None:
-            self._dlq.flush(60)
-            self._dlq.close()
+        self.breaker.close()  # a clean stop: nothing was in flight
+        self.dead_letters.close()
         self.consumer.close(autocommit=False)
-
-
-STEP_CRASH_REASON = ("crashed the trainer: the process died in a training step holding this record, and so did "
-                     "a probe training it alone")
 
 
 def _record_offsets(run, values: list, errors: list, n: int) -> np.ndarray:
