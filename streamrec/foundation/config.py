@@ -111,7 +111,7 @@ class KafkaConfig:
     events_per_message: int = 512  # events per Arrow IPC message a producer writes (kafka.codec = arrow)
     max_poll_interval_ms: int = 15_000  # ms a group consumer may go between polls before the group drops it; also the rebalance timeout (long values slow group joins)
     consumer_mode: ConsumerMode = "group"  # group (join the consumer group) | assign (take every partition, no group join)
-    on_offsets_lost: OffsetsLostPolicy = "fail"  # a resume position the log no longer holds (out of range, or the topic deleted and recreated): fail (stop, one line) | earliest | latest (resume there)
+    on_offsets_lost: OffsetsLostPolicy = "fail"  # trainer and sketch worker: a resume position the log no longer holds (out of range, or the topic deleted and recreated): fail (stop, one line) | earliest | latest (resume there)
     connect_timeout_s: float = 30.0  # seconds a process waits for a broker at kafka.bootstrap before it gives up (one clear line, exit 1)
     security_protocol: SecurityProtocol = "PLAINTEXT"  # how every Kafka client connects (producers, consumers, admin, the sketch's faust app): PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
     sasl_mechanism: SaslMechanism = "PLAIN"  # SASL mechanism of the SASL_* protocols: PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
