@@ -22,40 +22,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from .checkpoint import (INFLIGHT, STORE, choose_checkpoint, offsets_from_json, offsets_to_json, read_checkpoint, set_aside,
-                         write_checkpoint)
-from .changes import ChangeJournal
-from .core import TrainerCore
-from streamrec.foundation import StreamrecError, hot_budget_rows, is_resource_error, resolve_device
+from streamrec.foundation import is_resource_error, resolve_device
 from streamrec.snapshot import PusherFactory
 
+from .changes import ChangeJournal
+from .checkpoint import INFLIGHT, offsets_from_json, offsets_to_json, write_checkpoint
+from .core import TrainerCore
 from .hotset import HotUpdate, SampleHotSource, make_hot_source
 from .merge import PartitionMerger
+from .positions import StreamEnd, position_consumer
+from .resume import open_store, restore_point  # noqa: F401  (open_store: importable from here too)
 from .snapshots import SnapshotPublisher
+from .step_breaker import arm_step_breaker
 from .telemetry import Freshness, MetricsLog, ProgressLine, PrometheusExporter, Rate
 
 log = logging.getLogger(__name__)
 
 VERSION_FILE = "snapshot-version.json"  # the newest snapshot version built, next to the checkpoints (durable)
-
-
-def open_store(cfg, device, restore_from: Path | None):
-    """Open the tiered store; after a crash roll it back to the checkpoint's copy first.
-
-    The hot tier's size comes from the config (``hot.budget_*``), not the checkpoint's
-    manifest: after a raised budget, the hot source's bigger sets must fit the store.
-    """
-    from streamrec.embedding_store import EmbeddingStore
-
-    if restore_from is not None and (restore_from / STORE).exists():
-        s = cfg.store
-        return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, lr=s.adagrad_lr,
-                                      eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale), block_cache_mb=s.block_cache_mb,
-                                      host_cache_rows=s.host_cache_rows, hot_capacity_rows=hot_budget_rows(cfg))
-    return EmbeddingStore.from_config(cfg, device)
 
 
 class Trace:
@@ -154,7 +139,7 @@ class TrainerService:
             self._arm_crash_breaker()
         self.pos = self._position_consumer()
         self.merger.expect(p for _, p in self.pos)
-        self.end_at = self._stream_end() if t.until_end else None  # trainer.until_end: where this run stops
+        self.end_at = StreamEnd(self.consumer.consumer, self.pos) if t.until_end else None  # where this run stops
         self.trace.write({"start": True, "pid": os.getpid(), "seq": self.seq,
                           "positions": offsets_to_json(self.pos)})
         self._rate = Rate()
@@ -166,54 +151,8 @@ class TrainerService:
     pins_training_crashes = True  # a group rank does not: its steps are collectives every rank must run
 
     def _arm_crash_breaker(self) -> None:
-        """Mark each training step's records; probe a dead predecessor's step records as they are re-read
-        from Kafka; quarantine the restored waiting events among them now (Kafka will not deliver them again)."""
-        from .crash_probe import probe_records
-
-        self.core.step_marker = self.consumer
-        self.consumer.step_probe = lambda values: probe_records(self.cfg, self.core.model.state_dict(), values)
-        self._quarantine_restored()
-
-    def _quarantine_restored(self) -> None:
-        """The events restored into the merge and the batcher whose records a training step died holding:
-        probed (trained one by one in a child process) at the first death, the ones that kill it dead-lettered;
-        at a later death, all of them. The rest stay and train."""
-        from streamrec.foundation import EventBatch
-        from streamrec.ingest import STEP_CRASH_REASON, holds_any
-
-        sus = self.consumer.suspect_step()
-        if sus is None:
-            return
-        ranges, deaths = sus
-        topic = self.consumer.topic
-        holders = [h for h in (self.merger, self.core.batcher) if len(h)]
-        hits = [np.flatnonzero(holds_any(ranges, topic, h.part, h.off)) for h in holders]
-        if not sum(len(x) for x in hits):
-            return
-        if deaths == 0:
-            from .crash_probe import probe_train
-
-            cfg = self.cfg
-            waiting = EventBatch.concat([h.buffer.take(x) for h, x in zip(holders, hits)], cfg.model.dense_dim,
-                                        cfg.model.field_names)
-            src = [(np.asarray(h.part[x], np.int64), np.asarray(h.off[x], np.int64)) for h, x in zip(holders, hits)]
-            part, off = np.concatenate([p for p, _ in src]), np.concatenate([o for _, o in src])
-            log.warning("probing %d restored events whose records a training step died holding", len(waiting))
-            bad = probe_train(cfg, self.core.model.state_dict(), waiting)
-            culprit = {(int(part[i]), int(off[i])) for i in bad}
-            hits = [x[[(int(h.part[i]), int(h.off[i])) in culprit for i in x]] if len(x) else x
-                    for h, x in zip(holders, hits)]
-            why = STEP_CRASH_REASON
-        else:
-            why = (f"crashed the trainer: {deaths + 1} processes died in training steps holding this record "
-                   "(restored from the checkpoint, quarantined with the records in flight with it)")
-        for h, x in zip(holders, hits):
-            if len(x):
-                out = h.remove(x)
-                log.error("quarantined %d restored events of records %s: %s", len(out),
-                          sorted(set(zip(out.source_partitions.tolist(), out.source_records.tolist()))), why)
-                self.consumer.quarantine_events(out, out.source_partitions, out.source_records, why)
-        self.consumer.flush_dead_letters()  # their offsets are committed: the DLQ must hold them before going on
+        """Mark each training step's records; probe a dead predecessor's step records (trainer/step_breaker.py)."""
+        arm_step_breaker(self.cfg, self.core, self.consumer, self.merger)
 
     # -- the parts a trainer group's rank replaces (streamrec.trainer.group) -------------
     def _make_core(self) -> TrainerCore:
@@ -231,114 +170,21 @@ class TrainerService:
                              inflight_path=os.path.join(self.cfg.trainer.checkpoint_dir, INFLIGHT))
 
     def _restore_point(self, root: str) -> tuple[Path | None, dict[str, Any], dict[str, Any]]:
-        """Open the store at the newest checkpoint that verifies and loads; ``(dir, state, dense)``.
-
-        A checkpoint whose files do not match their checksums, or that fails to load, is set aside
-        (``corrupt-ckpt-*``) and the previous one is tried: the trainer then re-reads Kafka from that
-        checkpoint's offsets, so nothing is lost."""
+        """Open ``self.store`` at the newest checkpoint that verifies and loads; ``(dir, state, dense)``.
+        Checkpoints refused on the way are set aside and listed in ``refused_checkpoints`` (trainer/resume.py)."""
         self.refused_checkpoints: list[str] = []
-        while True:
-            ckpt, refused = choose_checkpoint(root)
-            self.refused_checkpoints += refused
-            if ckpt is None:
-                if self.refused_checkpoints:
-                    self._set_live_store_aside()
-                self.store = open_store(self.cfg, self.device, None)
-                return None, {}, {}
-            try:
-                state, dense = read_checkpoint(ckpt, map_location=str(self.device))
-                if "world" not in state:  # a group's manifest holds no store: its shards are per rank
-                    self.store = open_store(self.cfg, self.device, ckpt)
-                    return ckpt, state, dense
-            except (StreamrecError, OSError, ValueError, RuntimeError, KeyError) as e:  # torch.load, json, RocksDB
-                if is_resource_error(e):  # a full or read-only disk is not a corrupt checkpoint: stop, keep it
-                    raise
-                why = f"cannot be loaded: {type(e).__name__}: {e}"
-                self.refused_checkpoints.append(f"{ckpt}: {why}")
-                set_aside(ckpt, why)
-                continue
-            raise StreamrecError(f"{ckpt} was written by a trainer group of {state['world']} ranks: resume it with "
-                                 "`streamrec train --nproc N` (any N; its rows are resharded when N differs)")
+        ckpt, state, dense, self.store = restore_point(self.cfg, self.device, root, self.refused_checkpoints)
+        return ckpt, state, dense
 
-    def _set_live_store_aside(self) -> None:
-        """Every checkpoint was refused: the live store holds rows of events the restart will train again
-        (and may share the corrupt file by hard link), so training starts from an empty store. The old
-        one is moved aside, not deleted."""
-        live = Path(self.cfg.store.path)
-        if live.exists():
-            aside = live.with_name(f"corrupt-{live.name}-{int(time.time())}")
-            live.rename(aside)
-            log.error("no checkpoint could be restored: the live store is set aside at %s and training "
-                      "starts from an empty store", aside)
-
-    # -- consumer position -------------------------------------------------------
+    # -- consumer position (trainer/positions.py) ---------------------------------
     def _position_consumer(self) -> dict[tuple[str, int], int]:
-        """Resume every assigned partition at the checkpoint's offset, else the committed one, else the start.
-
-        The checkpoint's offsets mean something only in the topic they were read from: when the
-        topic's id differs from the checkpoint's (deleted and recreated), ``kafka.on_offsets_lost``
-        decides (fail, or start over at the log's start or end)."""
-        from kafka import TopicPartition
-
-        c = self.consumer
-        kc = c.consumer
-        tps = c.wait_for_assignment(max(60.0, self.cfg.kafka.max_poll_interval_ms / 1000 * 3), self.stop)
-        if not tps:  # stopped (SIGTERM) before the group assigned anything: run() exits as "stopped"
-            return {}
-        begin, end = kc.beginning_offsets(tps), kc.end_offsets(tps)
-        recreated = (self.topic_ids.get(c.topic) and c.topic_id is not None
-                     and str(c.topic_id) != self.topic_ids[c.topic])
-        moved = {}
-        if recreated:  # the checkpoint's offsets are of another topic: kafka.on_offsets_lost decides
-            lost = {tp: self.offsets[(tp.topic, tp.partition)] for tp in tps if (tp.topic, tp.partition) in self.offsets}
-            why = f"the topic was deleted and recreated since the checkpoint: id {self.topic_ids[c.topic]} is now " \
-                  f"{c.topic_id}"
-            moved = c.apply_offsets_lost(lost, why, begin, end)
-        pos = {}
-        for tp in tps:
-            key = (tp.topic, tp.partition)
-            if tp in moved:
-                off = moved[tp]
-            elif key in self.offsets:
-                off = self.offsets[key]  # beyond the log end, the first fetch says so and on_offsets_lost decides
-            elif self.fell_back:  # commits may come from the refused, newer checkpoint: never skip past them
-                off = begin[tp]
-            else:
-                committed = kc.committed(TopicPartition(tp.topic, tp.partition))
-                off = committed if committed is not None else begin[tp]
-            pos[key] = int(off)
-        c.set_positions(pos)
-        return pos
-
-    def _stream_end(self) -> dict[tuple[str, int], int]:
-        """The end offset of every assigned partition now: a finite replay is over once all are reached.
-
-        Raised to the high watermark of each partition's first fetch (``_at_end``): some brokers (the
-        embedded tansu) answer ListOffsets with less than the log end after batched produces."""
-        from kafka import TopicPartition
-
-        tps = [TopicPartition(t, p) for t, p in self.pos]
-        ends = self.consumer.consumer.end_offsets(tps) if tps else {}
-        self._end_seen: set = set()  # partitions whose first fetch's high watermark is in end_at
-        end_at = {(tp.topic, tp.partition): int(off) for tp, off in ends.items()}
-        log.info("until_end: stopping at the end of the stream as of now: %s",
-                 {f"{t}:{p}": o for (t, p), o in sorted(end_at.items())})
-        return end_at
+        """Resume every assigned partition at the checkpoint's offset, else the committed one, else the start."""
+        return position_consumer(self.consumer, self.cfg, self.offsets, self.topic_ids, self.fell_back, self.stop)
 
     def _at_end(self, quiet: bool = False) -> bool:
-        """Every partition read up to its end as of start; ``quiet`` (the last poll brought nothing) also
-        counts a partition whose high watermark was never seen."""
-        if self.end_at is None:
-            return False
-        from kafka import TopicPartition
-
-        for key in self.end_at:
-            if key not in self._end_seen:
-                hw = self.consumer.consumer.highwater(TopicPartition(*key))
-                if hw is not None:
-                    self.end_at[key] = max(self.end_at[key], int(hw))
-                    self._end_seen.add(key)
-        return all(self.pos.get(k, 0) >= end and (quiet or k in self._end_seen) for k, end in self.end_at.items())
+        """``trainer.until_end``: every partition read up to its end as of start (``quiet``: the last poll
+        brought nothing, so a partition whose high watermark was never seen counts too)."""
+        return self.end_at is not None and self.end_at.reached(self.pos, quiet)
 
     # -- the loop ---------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -1,0 +1,75 @@
+"""Where a trainer resumes from: the store and state of the newest checkpoint that verifies and loads.
+
+A checkpoint whose files do not match their checksums, or that fails to load, is set aside
+(``corrupt-ckpt-*``) and the previous one is tried; the trainer then re-reads Kafka from that
+checkpoint's offsets, so nothing is lost. A resource error (a full or read-only disk) is the machine's
+fault, not a corrupt checkpoint: it stops the start and every checkpoint is kept. When every checkpoint
+is refused the live store is moved aside (never deleted) and training starts from an empty store.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from streamrec.foundation import StreamrecError, hot_budget_rows, is_resource_error
+
+from .checkpoint import STORE, choose_checkpoint, read_checkpoint, set_aside
+
+log = logging.getLogger(__name__)
+
+
+def open_store(cfg, device, restore_from: Path | None):
+    """Open the tiered store; after a crash roll it back to the checkpoint's copy first.
+
+    The hot tier's size comes from the config (``hot.budget_*``), not the checkpoint's
+    manifest: after a raised budget, the hot source's bigger sets must fit the store.
+    """
+    from streamrec.embedding_store import EmbeddingStore
+
+    if restore_from is not None and (restore_from / STORE).exists():
+        s = cfg.store
+        return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, lr=s.adagrad_lr,
+                                      eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale), block_cache_mb=s.block_cache_mb,
+                                      host_cache_rows=s.host_cache_rows, hot_capacity_rows=hot_budget_rows(cfg))
+    return EmbeddingStore.from_config(cfg, device)
+
+
+def restore_point(cfg, device, root: str, refused: list[str]) -> tuple[Path | None, dict[str, Any], dict[str, Any], Any]:
+    """Open the store at the newest checkpoint under ``root`` that verifies and loads:
+    ``(dir, state, dense, store)``, or ``(None, {}, {}, a fresh store)`` when there is none. Each checkpoint
+    refused on the way is appended to ``refused`` (``"<dir>: <why>"``)."""
+    while True:
+        ckpt, skipped = choose_checkpoint(root)
+        refused += skipped
+        if ckpt is None:
+            if refused:
+                set_live_store_aside(cfg)
+            return None, {}, {}, open_store(cfg, device, None)
+        try:
+            state, dense = read_checkpoint(ckpt, map_location=str(device))
+            if "world" not in state:  # a group's manifest holds no store: its shards are per rank
+                return ckpt, state, dense, open_store(cfg, device, ckpt)
+        except (StreamrecError, OSError, ValueError, RuntimeError, KeyError) as e:  # torch.load, json, RocksDB
+            if is_resource_error(e):  # a full or read-only disk is not a corrupt checkpoint: stop, keep it
+                raise
+            why = f"cannot be loaded: {type(e).__name__}: {e}"
+            refused.append(f"{ckpt}: {why}")
+            set_aside(ckpt, why)
+            continue
+        raise StreamrecError(f"{ckpt} was written by a trainer group of {state['world']} ranks: resume it with "
+                             "`streamrec train --nproc N` (any N; its rows are resharded when N differs)")
+
+
+def set_live_store_aside(cfg) -> None:
+    """Every checkpoint was refused: the live store holds rows of events the restart will train again
+    (and may share the corrupt file by hard link), so training starts from an empty store. The old
+    one is moved aside, not deleted."""
+    live = Path(cfg.store.path)
+    if live.exists():
+        aside = live.with_name(f"corrupt-{live.name}-{int(time.time())}")
+        live.rename(aside)
+        log.error("no checkpoint could be restored: the live store is set aside at %s and training "
+                  "starts from an empty store", aside)
