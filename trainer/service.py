@@ -33,6 +33,7 @@ from .core import TrainerCore
 from .hotset import HotUpdate, SampleHotSource, make_hot_source
 from .merge import PartitionMerger
 from .positions import StreamEnd, position_consumer
+from .reporting import TrainerReporting
 from .resume import open_store, restore_point  # noqa: F401  (open_store: importable from here too)
 from .snapshots import SnapshotPublisher
 from .step_breaker import arm_step_breaker
@@ -70,8 +71,8 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-class TrainerService:
-    """One trainer process. ``pusher_factory(target)`` delivers its snapshots to serving
+class TrainerService(TrainerReporting):
+    """One trainer process (its metrics records: :class:`~.reporting.TrainerReporting`). ``pusher_factory(target)`` delivers its snapshots to serving
     (needed when ``trainer.push_snapshots`` is on; the CLI passes serving's gRPC pusher)."""
 
     def __init__(self, cfg, bootstrap: str, stop: threading.Event | None = None, progress: bool | None = None,
@@ -363,56 +364,6 @@ class TrainerService:
                 raise  # with the CLI's one line; a restart resumes from the last checkpoint, losing nothing
             log.exception("building a snapshot failed")  # any other snapshot failure never stops training
             return None
-
-    # -- telemetry --------------------------------------------------------------
-    def _metric_values(self) -> dict[str, float]:
-        m = self.core.metrics
-        return {"auc": m.auc, "logloss": m.logloss, "window_auc": m.window_auc(), "events": float(self.core.events),
-                "newest_kafka_ms": float(self.freshness.newest_kafka_ms)}  # serving's Status: age by the Kafka clock
-
-    def emit(self) -> dict[str, Any]:
-        m = self.core.metrics
-        ev0, hot0 = self._hot_at_log
-        dn = self.core.events - ev0
-        hot_fraction = (self.core.hot_events - hot0) / dn if dn else float("nan")
-        self._hot_at_log = (self.core.events, self.core.hot_events)
-        rec = {
-            "ts": time.time(), "events": self.core.events, "auc": m.auc, "logloss": m.logloss, "events_scored": m.count,
-            "window_auc": m.window_auc(), "window_logloss": m.window_logloss(),
-            "events_per_s": self._rate.tick(self.core.events), "hot_fraction": hot_fraction,
-            "hot_coverage": self.hot_coverage, "hit_rate": self._hit_rate(), "hot_version": self.core.hot_version,
-            "hot_rows": self.core.hot_rows, "dead_letters": self.consumer.stats.dead_letters,
-            "snapshot_version": self.publisher.version if self.publisher else 0,
-            "replicas_behind": len(self.publisher.left_behind) if self.publisher else 0,
-            "checkpoint": self.seq, "lag": self.consumer.lag(), "rows_expired": self.rows_expired,
-            "nonfinite_batches": self.core.nonfinite_batches, "rejected_events": self.core.rejected_events,
-            "commit_failures": self.consumer.stats.commit_failures, "rebalances": self.consumer.stats.rebalances,
-            "offsets_reset": self.consumer.stats.offsets_reset, "quarantined": self.consumer.stats.quarantined,
-            **self.freshness.record(self.core.newest_event_ms),
-        }
-        self._publish_record(rec)
-        return rec
-
-    def _publish_record(self, rec: dict[str, Any]) -> None:
-        """One metrics record to every sink: the JSON-lines log, Prometheus, the progress line."""
-        self.last_record = rec
-        self.metrics_log.write(rec)
-        if self.prom is not None:
-            self.prom.update(rec)
-        self.progress.update(rec)
-
-    def _hit_rate(self) -> float:
-        try:
-            st = self.store.stats()
-        except Exception:
-            return self.hit_rate
-        if isinstance(st, dict) and st.get("hot_hits", 0) + st.get("cold_hits", 0) == 0:
-            return self.hit_rate  # no lookup yet: the store's 0.0 would read as "every lookup missed"
-        for k in ("hot_hit_rate", "hit_rate"):
-            v = st.get(k) if isinstance(st, dict) else getattr(st, k, None)
-            if isinstance(v, (int, float)):
-                return float(v)
-        return self.hit_rate
 
     def close(self) -> None:
         if self.publisher is not None:
