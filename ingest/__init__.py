@@ -15,7 +15,8 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
         write_events,
     )
     from streamrec.foundation import EventBatch, EventError, EventSchema, JaggedIds, hash_id, hash_ids
-    from .kafka_io import ConsumerStats, EventConsumer, EventProducer, ProduceError, make_producer, read_topic
+    from .consumer_stats import ConsumerStats
+    from .kafka_io import EventConsumer, EventProducer, ProduceError, make_producer, read_topic
     from .dead_letters import ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER, DeadLetterError
     from .step_quarantine import STEP_CRASH_REASON
     from .topic_guard import OffsetsLostError, offsets_lost_message, topic_id
@@ -31,7 +32,8 @@ _EXPORTS = {  # submodule: the public names it defines
     ".codec": "Decoder encode_arrow encode_json encode_messages",
     ".datasets": "DatasetError avazu_config criteo_config detect_format layout_config layout_toml read_events read_file write_events",
     "streamrec.foundation.events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
-    ".kafka_io": "ConsumerStats EventConsumer EventProducer ProduceError make_producer read_topic",
+    ".consumer_stats": "ConsumerStats",
+    ".kafka_io": "EventConsumer EventProducer ProduceError make_producer read_topic",
     ".dead_letters": "ORIGINAL_SHA256_HEADER ORIGINAL_SIZE_HEADER REASON_HEADER SOURCE_HEADER DeadLetterError",
     ".step_quarantine": "STEP_CRASH_REASON",
     ".topic_guard": "OffsetsLostError offsets_lost_message topic_id",

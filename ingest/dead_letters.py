@@ -22,7 +22,7 @@ from .codec import encode_json
 if TYPE_CHECKING:
     from kafka import KafkaProducer
 
-    from .kafka_io import ConsumerStats
+    from .consumer_stats import ConsumerStats
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Iterator, Sequence, get_args
 
 import numpy as np
@@ -43,6 +42,7 @@ from streamrec.foundation import EventBatch, EventSchema, StreamrecError
 
 from . import fast_records
 from .codec import CODEC_HEADER, Decoder, encode_messages
+from .consumer_stats import ConsumerStats
 from .dead_letters import (  # noqa: F401  (re-exported: the dead-letter contract's names)
     ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER, DeadLetterError, DeadLetterWriter,
 )
@@ -134,20 +134,6 @@ class EventProducer:
             self.flush(timeout)
         finally:
             self.producer.close(timeout)
-
-
-@dataclass
-class ConsumerStats:
-    records: int = 0
-    events: int = 0
-    bytes: int = 0
-    dead_letters: int = 0
-    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
-    quarantined: int = 0  # records dead-lettered because a process died handling them (crash-loop breaker)
-    commit_failures: int = 0  # commits refused (rebalance, coordinator moved); retried at the next one
-    rebalances: int = 0  # partition assignments after the first
-    offsets_reset: int = 0  # partitions moved by kafka.on_offsets_lost (earliest/latest)
-    partitions_added: int = 0  # partitions the topic gained while this consumer ran (assign mode reads them too)
 
 
 class EventConsumer:

@@ -24,7 +24,7 @@ from streamrec.foundation import StreamrecError
 from .fast_records import RecordRun
 
 if TYPE_CHECKING:
-    from .kafka_io import ConsumerStats
+    from .consumer_stats import ConsumerStats
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from .inflight import DECODE, STEP, InflightMarker, InflightRange, exact_runs, h
 
 if TYPE_CHECKING:
     from .dead_letters import DeadLetterWriter
-    from .kafka_io import ConsumerStats
+    from .consumer_stats import ConsumerStats
 
 log = logging.getLogger(__name__)
 

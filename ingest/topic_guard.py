@@ -21,7 +21,7 @@ from streamrec.foundation import StreamrecError
 from .ingest_types import OffsetsLostPolicy
 
 if TYPE_CHECKING:
-    from .kafka_io import ConsumerStats
+    from .consumer_stats import ConsumerStats
 
 log = logging.getLogger(__name__)
 
