@@ -23,8 +23,8 @@ Hostile and careless clients (every limit is a ``serving.*`` key, named in the r
 - BDP probing is off (``TRANSPORT_OPTIONS``): a message over ``max_message_mb`` is refused after
   one 64 KiB flow-control window, not after the client has pushed all of it.
 - A client address refused more often than ``TARPIT_AFTER`` times a second (past a burst of as
-  many) gets its further refusals ``refusal_delay_ms`` late: a flood of bad calls slows to the
-  pace of the delay.
+  many) gets its further refusals ``refusal_delay_ms`` late (``refusals.py``): a flood of bad
+  calls slows to the pace of the delay.
 - A score is never NaN: a request whose scores are not finite is refused, naming the event.
 - Pushes: the manifest's shape, names, sizes and model dimensions are checked before a byte
   of the snapshot is stored or a tensor allocated; every tensor must be finite; a version must
@@ -51,8 +51,7 @@ import numpy as np
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamrec.foundation import (Config, ConfigError, as_resource_error, is_resource_error, resolve_device,
-                                  resource_error_line)
+from streamrec.foundation import Config, ConfigError, is_resource_error, resolve_device
 from streamrec.snapshot import SnapshotError
 from streamrec.snapshot.format import MAX_VERSION
 
@@ -62,6 +61,7 @@ from .merge import RequestMerger
 from .pb import SERVICE, pb, pb_grpc
 from .receiver import parse_chunks, receive_snapshot
 from .reflection import V1_SERVICE, V1ALPHA_SERVICE, enable_reflection
+from .refusals import Refusals
 from .version import ServedVersion, StoredVersionDamaged, check_model_config, load_version, restore_newest
 
 log = logging.getLogger("streamrec.serving")
@@ -70,8 +70,6 @@ log = logging.getLogger("streamrec.serving")
 PUSH_LANE = (2, 4)  # pushes are installed one at a time anyway
 STREAM_LANE = (4, 4)  # health Watch and reflection streams: long-lived, need no token
 CONTROL_LANE = (2, 64)  # Status, health Check: quick
-TARPIT_AFTER = 10  # refusals per second one client address may have (and a burst of as many) before they are delayed
-TARPIT_ADDRESSES = 10_000  # addresses remembered (the table is cleared of drained ones when it grows past this)
 # HTTP/2 flow control: with BDP probing on (gRPC's default) the server widens every stream's receive
 # window to what the link carries, so a client can push a whole over-limit message before gRPC refuses
 # it. Off, a stream's window stays at HTTP/2's 64 KiB: gRPC reads the 5-byte length prefix, refuses the
@@ -174,10 +172,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self._heavy_last_s = 0.0  # how long the heavy lane's last slice ran
         self.heavy_slices = 0  # heavy-request slices scored (tests, benchmarks)
         self._light_active = 0  # ordinary Predict calls being decoded or scored
-        self.refused: dict[str, int] = {}  # refusals by status code name (Predict), for tests and benchmarks
-        self._recent: dict[str, tuple] = {}  # client address -> (refusals in its bucket, when last refused)
-        self._tarpit = threading.BoundedSemaphore(max(1, s.workers // 2))  # delayed refusals at once
-        self.delayed = 0  # refusals answered late
+        self.refusals = Refusals(cfg, s.workers // 2)  # at most half the Predict threads wait in a late refusal
         root = Path(cfg.serving.data_dir)
         self.staging = root / "staging"
         self.versions = root / "versions"
@@ -202,7 +197,6 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.verify_s = 0.0
         self.last_verify: dict = {}  # the last verification: {"when": "start"|"delta", "bytes", "seconds"}
         self.not_serving_reason = ""  # set while nothing is served because stored versions failed their checks
-        self._resource_refusal = None  # (errno, what failed) of the last push refused for the machine's sake
         skipped: list = []
         restored = restore_newest(self.versions, cfg, device, skipped)  # a restart serves what it served before
         self.stored_refused += sum(isinstance(e, StoredVersionDamaged) for _, e in skipped)
@@ -344,31 +338,18 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                 self.Status, response_serializer=pb.StatusResponse.SerializeToString),
         })
 
+    @property
+    def refused(self) -> dict[str, int]:
+        """Predict refusals by status code name (tests, benchmarks)."""
+        return self.refusals.refused
+
+    @property
+    def delayed(self) -> int:
+        """Predict refusals answered late (a flooding client address, see refusals.py)."""
+        return self.refusals.delayed
+
     def _refuse(self, context, code: grpc.StatusCode, details: str):
-        """Refuse a Predict. A client address refused more often than ``TARPIT_AFTER`` times a second (past a
-        burst of as many) gets the refusal ``serving.refusal_delay_ms`` later: a flood of bad calls (or token
-        guesses) slows to the pace of the delay instead of taking the server's CPU. Only refusals wait, never
-        a good call; at most half the Predict threads wait at once (beyond that, refusals are answered at once)."""
-        address = (context.peer() or "").rpartition(":")[0]  # "ipv4:10.0.0.5:40112" -> "ipv4:10.0.0.5"
-        now = time.monotonic()
-        with self._count_lock:
-            self.refused[code.name] = self.refused.get(code.name, 0) + 1
-            if len(self._recent) > TARPIT_ADDRESSES:  # forget addresses whose bucket has drained
-                self._recent = {a: b for a, b in self._recent.items() if b[0] - (now - b[1]) * TARPIT_AFTER > 0}
-            # a leaky bucket per address: drains TARPIT_AFTER refusals a second, holds a burst of TARPIT_AFTER
-            level, last = self._recent.get(address, (0.0, now))
-            level = max(0.0, level - (now - last) * TARPIT_AFTER) + 1
-            self._recent[address] = (level, now)
-            late = level > TARPIT_AFTER
-        delay = self.cfg.serving.refusal_delay_ms / 1000
-        if late and delay > 0 and self._tarpit.acquire(blocking=False):
-            try:
-                with self._count_lock:
-                    self.delayed += 1
-                time.sleep(delay)
-            finally:
-                self._tarpit.release()
-        context.abort(code, details)
+        self.refusals.refuse(context, code, details)
 
     def _parse_predict(self, request, context):
         if not isinstance(request, (bytes, bytearray, memoryview)):
@@ -520,7 +501,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             if answers:
                 log.info("version %d forwarded to %d of %d sibling processes", v.version,
                          sum(a.ok for a in answers), len(answers))
-            self._resource_refusal = None  # a push installed: the next resource refusal is news again
+            self.refusals.push_installed()
             return pb.PushResponse(accepted=True, version=v.version, load_seconds=time.perf_counter() - t0)
         except SnapshotError as e:
             cur = self._current
@@ -528,35 +509,13 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             context.abort(getattr(grpc.StatusCode, e.code), str(e))
         except Exception as e:
             if is_resource_error(e):  # this machine, not the snapshot: disk full, read-only, no file handles
-                self._refuse_for_resources(e, context)
+                cur = self._current
+                self.refusals.refuse_push_for_resources(e, context, cur.version if cur else None, self.staging)
             if isinstance(e, OSError):
                 log.error("push failed on the server: %s", e)
                 context.abort(grpc.StatusCode.INTERNAL, f"server: {e}")
             log.exception("push failed on the server")  # a server fault, not a verdict on the snapshot: INTERNAL
             context.abort(grpc.StatusCode.INTERNAL, f"server fault: {type(e).__name__}: {str(e)[:300]}")
-
-    def _refuse_for_resources(self, e: BaseException, context) -> None:
-        """A push that cannot be stored or installed for the machine's sake (disk full, read-only, no file
-        handles): refused with RESOURCE_EXHAUSTED (pushers retry it) and one line naming what failed, the
-        path, the errno and what to do; the served version keeps serving. One ERROR line per condition: a
-        retried push that meets the same one again logs at WARNING, until a push installs."""
-        cur = self._current
-        then = (f"The push is refused and version {cur.version if cur else 'none'} keeps serving; the trainer "
-                "retries it, and the next push once space is back is installed")
-        line = resource_error_line(as_resource_error(e, "storing a pushed snapshot", str(self.staging)), then=then)
-        key = (getattr(e, "errno", None), line.split(" at ", 1)[0])
-        level = logging.WARNING if key == self._resource_refusal else logging.ERROR
-        self._resource_refusal = key
-        log.log(level, "push refused: %s", line)
-        log.debug("the traceback of the refused push", exc_info=e)
-        # the tracebacks' frames hold what the failed install read (the staged dense weights are a mapping of a
-        # deleted file): dropped now, so that the space is free at once and not when the garbage collector runs
-        seen, x = set(), e
-        while x is not None and id(x) not in seen:
-            seen.add(id(x))
-            x.__traceback__ = None
-            x = x.__cause__ or x.__context__
-        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"server: {line}")
 
     def Status(self, request, context):
         s = self.cfg.serving
@@ -575,21 +534,26 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         if v is None:
             resp.not_serving_reason = self.not_serving_reason
         else:
-            m = v.manifest
-            now_ms = time.time() * 1000
-            resp.serving = True
-            resp.version = v.version
-            resp.parent_version = m.parent_version or 0
-            resp.kind = m.kind
-            resp.created_ms = m.created_ms
-            resp.newest_event_ms = m.newest_event_ms
-            resp.freshness_s = max(0.0, (now_ms - m.newest_event_ms) / 1000.0) if m.newest_event_ms else 0.0
-            resp.rows_held = v.rows_held
-            resp.config_hash = m.config_hash
-            resp.loaded_ms = v.loaded_ms
-            for k, x in m.metrics.items():
-                resp.metrics[k] = float(x)
+            version_status(resp, v)
         return resp
+
+
+def version_status(resp, v: ServedVersion) -> None:
+    """Fill a ``StatusResponse`` with the served version ``v``: its manifest's identity, freshness and metrics."""
+    m = v.manifest
+    now_ms = time.time() * 1000
+    resp.serving = True
+    resp.version = v.version
+    resp.parent_version = m.parent_version or 0
+    resp.kind = m.kind
+    resp.created_ms = m.created_ms
+    resp.newest_event_ms = m.newest_event_ms
+    resp.freshness_s = max(0.0, (now_ms - m.newest_event_ms) / 1000.0) if m.newest_event_ms else 0.0
+    resp.rows_held = v.rows_held
+    resp.config_hash = m.config_hash
+    resp.loaded_ms = v.loaded_ms
+    for k, x in m.metrics.items():
+        resp.metrics[k] = float(x)
 
 
 class ServingServer:
