@@ -140,14 +140,18 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
         raise SnapshotError(f"manifest.model_config: {e}", code="INVALID_ARGUMENT") from None
 
 
-def dlrm_params(mc: ModelConfig) -> int:
-    """Dense parameters ``DLRM.from_config(mc)`` would allocate, counted without allocating."""
-    def mlp(sizes):
-        return sum((a + 1) * b for a, b in zip(sizes, sizes[1:]))
-
-    n = len(mc.fields) + (1 if mc.dense_dim else 0)
-    top_in = n * (n - 1) // 2 + (mc.embedding_dim if mc.dense_dim else 0)
-    return (mlp([mc.dense_dim, *mc.bottom_mlp]) if mc.dense_dim else 0) + mlp([top_in, *mc.top_mlp, 1])
+def model_params(mc: ModelConfig) -> int:
+    """Dense parameters ``build_model(mc)`` would allocate, counted by building it on the ``meta`` device
+    (shapes only, no memory), so every architecture and a user's module are counted by their own code.
+    A ``model.module`` that cannot be imported here, or builds no ranking model, is refused: serving
+    builds the same model to load the snapshot."""
+    try:
+        with torch.device("meta"):
+            model = build_model(mc)
+    except ConfigError as e:
+        raise SnapshotError(f"manifest.model_config: {e}; serving builds the model it loads, so the module must be "
+                            "importable where serving runs", code="INVALID_ARGUMENT") from None
+    return sum(p.numel() for p in model.parameters())
 
 
 def check_model_config(d: Any, limits) -> ModelConfig:
@@ -170,11 +174,12 @@ def check_model_config(d: Any, limits) -> ModelConfig:
     for key in ("bottom_mlp", "top_mlp"):
         if any(x < 1 for x in getattr(mc, key)):
             bad(f"{key}: every layer needs at least 1 unit, got {getattr(mc, key)}")
-    if mc.dense_dim and not mc.bottom_mlp and mc.dense_dim != mc.embedding_dim:
+    dlrm = mc.architecture == "dlrm" and not mc.module  # the dot interaction needs the dense vector at embedding_dim
+    if dlrm and mc.dense_dim and not mc.bottom_mlp and mc.dense_dim != mc.embedding_dim:
         bad(f"dense_dim {mc.dense_dim} without a bottom MLP must equal embedding_dim {mc.embedding_dim}")
     if not 0 <= mc.seed < 2**63:
         bad(f"seed must be in 0..2^63-1, got {mc.seed}")
-    params = dlrm_params(mc)
+    params = model_params(mc)
     if params > limits.max_model_params:
         bad(f"the model has {params} dense parameters, serving.max_model_params allows {limits.max_model_params}")
     return mc

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from streamrec.embedding_store.store_types import CacheAdmission
 from streamrec.ingest.ingest_types import Codec, ConsumerMode, OffsetsLostPolicy, SaslMechanism, SecurityProtocol
+from streamrec.model.model_types import Architecture
 from streamrec.trainer.trainer_types import Compression, DenseOptimizer, GroupBatch, HotSource, Precision, Schedule
 
 from .errors import StreamrecError
@@ -77,6 +78,10 @@ class GeneratedField:
 
 GENERATED_FIELD_KEYS = ("cardinality", "zipf", "multi")
 
+MODEL_HASH_OPTIONAL = {"architecture": "dlrm", "module": "", "cross_layers": 3}
+"""``[model]`` keys that enter ``model_hash`` only when set away from their default: a DLRM's hash does
+not depend on keys that did not exist when its checkpoints were written."""
+
 
 @dataclass
 class ModelConfig:
@@ -87,7 +92,13 @@ class ModelConfig:
     embedding_dim: int = 16  # embedding row width (all tables)
     bottom_mlp: list[int] = field(default_factory=lambda: [32, 16])  # bottom MLP layer sizes over dense features; last = embedding_dim
     top_mlp: list[int] = field(default_factory=lambda: [64, 32])  # top MLP hidden sizes (a 1-unit output layer is added)
-    seed: int = 0  # seeds embedding initialisation: rows are a function of (table, id, seed)
+    seed: int = 0  # seeds embedding initialisation: rows are a function of (table, id, seed); also the dense network's initial weights
+    architecture: Architecture = "dlrm"  # the built-in dense network: dlrm (bottom MLP, pairwise dot interaction, top MLP) | dcn_v2 (cross network, then top_mlp) | deepfm (FM + first-order terms + a top_mlp deep part) | mlp (concatenate, then top_mlp)
+    module: str = ""  # a user's own model builder as "package.module:function" (called with this section, returns a RankingModel); replaces architecture; must be importable where the trainer and serving run ("" = the built-in architecture)
+    cross_layers: int = 3  # dcn_v2: full-rank cross layers x_{l+1} = x0 * (W x_l + b) + x_l before the top_mlp deep part (0 = none)
+
+    def __post_init__(self) -> None:
+        _check_choice("model", self, "architecture", Architecture)
 
     @property
     def field_names(self) -> list[str]:
@@ -305,7 +316,11 @@ class Config:
 
     def model_hash(self) -> str:
         """Hash of what makes two models compatible (fields, sizes, seed)."""
-        blob = json.dumps(dataclasses.asdict(self.model), sort_keys=True).encode()
+        model = dataclasses.asdict(self.model)
+        for key, default in MODEL_HASH_OPTIONAL.items():  # at their defaults they leave an older model's hash as it was
+            if model.get(key) == default:
+                del model[key]
+        blob = json.dumps(model, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def serving_target(self) -> str:
@@ -451,8 +466,13 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("dense_dim", "must be >= 0")
         if obj.embedding_dim <= 0:
             bad("embedding_dim", "must be > 0")
-        if obj.bottom_mlp and obj.bottom_mlp[-1] != obj.embedding_dim:
+        if (obj.architecture == "dlrm" and not obj.module and obj.bottom_mlp
+                and obj.bottom_mlp[-1] != obj.embedding_dim):
             bad("bottom_mlp", f"last layer must equal embedding_dim ({obj.embedding_dim}) for the dot interaction")
+        if obj.cross_layers < 0:
+            bad("cross_layers", "must be >= 0")
+        if obj.module and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", obj.module):
+            bad("module", f"{obj.module!r} is not an import path of the form 'package.module:builder'")
     elif isinstance(obj, FieldSpec):
         if not obj.name or not obj.name.replace("_", "").replace("-", "").isalnum():
             bad("name", f"{obj.name!r} is not a valid field name")

@@ -3,20 +3,37 @@
 Public surface::
 
     RankingModel, ModelBuilder        # the extension point (model_types.py)
-    build_model(model_cfg)            # the built-in builder: DLRM (bottom MLP, pooled embeddings,
-                                      # pairwise dot interaction, top MLP)
-    DLRM, mlp                         # the built-in architecture
+    Architecture                      # model.architecture's values (a Literal alias)
+    build_model(model_cfg)            # the one builder: model.module (a user's), else model.architecture
+    load_builder("pkg.mod:build")     # a user's ModelBuilder by import path
+    DLRM, DCNv2, DeepFM, MLPRanker    # the built-in architectures (one module each)
+    mlp                               # a ReLU MLP of given sizes
     embed_batch, pool_sum, unique_ids, predict_batch   # batch -> tensors -> scores
+
+Names load on first use (PEP 562): the config imports ``model_types`` for ``Architecture``
+without loading torch.
 """
 
-from .dlrm import DLRM, embed_batch, mlp, pool_sum, predict_batch, unique_ids
-from .model_types import ModelBuilder, RankingModel
+from typing import TYPE_CHECKING
 
+from streamrec.foundation.lazy import lazy_exports
 
-def build_model(model_cfg) -> RankingModel:
-    """The dense network the ``[model]`` section describes (a :class:`RankingModel`)."""
-    return DLRM.from_config(model_cfg)
+if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
+    from .dcn_v2 import DCNv2
+    from .deepfm import DeepFM
+    from .dlrm import DLRM, embed_batch, mlp, pool_sum, predict_batch, unique_ids
+    from .mlp_model import MLPRanker
+    from .model_types import Architecture, ModelBuilder, RankingModel
+    from .registry import BUILTINS, build_model, load_builder
 
+_EXPORTS = {  # submodule: the public names it defines
+    ".dcn_v2": "DCNv2",
+    ".deepfm": "DeepFM",
+    ".dlrm": "DLRM embed_batch mlp pool_sum predict_batch unique_ids",
+    ".mlp_model": "MLPRanker",
+    ".model_types": "Architecture ModelBuilder RankingModel",
+    ".registry": "BUILTINS build_model load_builder",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["DLRM", "ModelBuilder", "RankingModel", "build_model", "embed_batch", "mlp", "pool_sum", "predict_batch",
-           "unique_ids"]
+__all__ = [name for names in _EXPORTS.values() for name in names.split()]

@@ -14,13 +14,21 @@ the dense optimizer and the group's all-reduce, ``state_dict``/``load_state_dict
 checkpoints and snapshots (safetensors of the state dict), ``train``/``eval`` and ``to``.
 The same module scores for the trainer and for serving, so a served score equals the
 trainer's score for the same weights.
+
+This module imports only the standard library when it runs (torch only for type checkers): it is
+the one piece of ``streamrec.model`` the foundation's config imports, for the ``model.architecture``
+alias (an ``ignore_imports`` entry in pyproject.toml's import-linter contracts).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+Architecture = Literal["dlrm", "dcn_v2", "deepfm", "mlp"]
+"""``model.architecture``: the built-in dense network ``build_model`` makes (``model.module`` names a user's own)."""
 
 
 @runtime_checkable

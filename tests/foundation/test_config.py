@@ -160,6 +160,7 @@ CHOICE_KEYS = [
     ("trainer", "dense_allreduce_compression", "streamrec.trainer.trainer_types", "Compression"),
     ("trainer", "group_batch", "streamrec.trainer.trainer_types", "GroupBatch"),
     ("trainer", "hot_source", "streamrec.trainer.trainer_types", "HotSource"),
+    ("model", "architecture", "streamrec.model.model_types", "Architecture"),
 ]
 
 
@@ -233,7 +234,7 @@ def test_the_users_of_a_choice_check_the_same_alias():
 
 @pytest.mark.subprocess
 def test_reading_the_config_loads_no_part_above_the_foundation():
-    """The config imports the stdlib-only *_types leaves of ingest, embedding_store and trainer, and
+    """The config imports the stdlib-only *_types leaves of ingest, embedding_store, trainer and model, and
     nothing else of theirs: a config reader (the CLI's --help, a sketch worker) loads no torch or numpy."""
     import subprocess
     import sys
@@ -242,12 +243,13 @@ def test_reading_the_config_loads_no_part_above_the_foundation():
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('streamrec') or m in ('torch', 'numpy'))))")
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                               check=True).stdout.split())
-    assert {"streamrec.ingest.ingest_types", "streamrec.embedding_store.store_types",
-            "streamrec.trainer.trainer_types"} <= mods
+    leaves = {"streamrec.ingest.ingest_types", "streamrec.embedding_store.store_types",
+              "streamrec.trainer.trainer_types", "streamrec.model.model_types"}
+    assert leaves <= mods
     assert not {"torch", "numpy"} & mods
     above = {m for m in mods if m.startswith("streamrec.") and not m.startswith("streamrec.foundation")}
-    assert above - {"streamrec.ingest", "streamrec.embedding_store", "streamrec.trainer"} == {  # lazy __init__s
-        "streamrec.ingest.ingest_types", "streamrec.embedding_store.store_types", "streamrec.trainer.trainer_types"}
+    assert above - {"streamrec.ingest", "streamrec.embedding_store", "streamrec.trainer",
+                    "streamrec.model"} == leaves  # lazy __init__s
 
 
 def test_a_type_leaf_that_imports_beyond_the_stdlib_fails_the_import_lint(tmp_path):

@@ -1,0 +1,42 @@
+"""DCN-v2 (Wang et al. 2021, "DCN V2: Improved Deep & Cross Network"), the stacked form.
+
+The input ``x0`` is the concatenation of the dense part (the bottom MLP's output, or the raw dense
+features when ``model.bottom_mlp`` is empty) and every field's pooled embedding, flattened.
+``model.cross_layers`` full-rank cross layers ``x_{l+1} = x0 * (W_l x_l + b_l) + x_l`` model
+explicit feature crosses of growing degree; a deep MLP (``model.top_mlp``, ReLU after every layer)
+and a final linear layer map the crossed vector to one logit.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .dlrm import mlp
+
+
+class DCNv2(nn.Module):
+    def __init__(self, num_fields: int, dense_dim: int, embedding_dim: int, bottom_mlp: list[int],
+                 top_mlp: list[int], cross_layers: int, seed: int = 0):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):  # the same weights for the same seed, the caller's RNG untouched
+            torch.manual_seed(seed)
+            self.bottom = mlp([dense_dim, *bottom_mlp], last_activation=True) if dense_dim else None
+            width = ([dense_dim, *bottom_mlp][-1] if dense_dim else 0) + num_fields * embedding_dim
+            self.cross = nn.ModuleList(nn.Linear(width, width) for _ in range(cross_layers))
+            self.deep = mlp([width, *top_mlp], last_activation=True)
+            self.out = nn.Linear([width, *top_mlp][-1], 1)
+
+    @classmethod
+    def from_config(cls, model_cfg) -> "DCNv2":
+        return cls(len(model_cfg.fields), model_cfg.dense_dim, model_cfg.embedding_dim, list(model_cfg.bottom_mlp),
+                   list(model_cfg.top_mlp), model_cfg.cross_layers, model_cfg.seed)
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """Logits ``[batch]`` from dense ``[batch, dense_dim]`` and pooled embeddings ``[batch, fields, dim]``."""
+        flat = pooled.flatten(1)
+        x0 = torch.cat([self.bottom(dense), flat], dim=1) if self.bottom is not None else flat
+        x = x0
+        for layer in self.cross:
+            x = x0 * layer(x) + x
+        return self.out(self.deep(x)).squeeze(1)

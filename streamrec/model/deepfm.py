@@ -1,0 +1,53 @@
+"""DeepFM (Guo et al. 2017): a factorization machine and a deep network over the same embeddings,
+their logits summed.
+
+- FM second-order term: ``0.5 * sum_d((sum_f v_fd)^2 - sum_f v_fd^2)`` over the fields' pooled
+  embeddings ``v [batch, fields, dim]``: every pairwise dot product ``<v_i, v_j>``, i < j, in
+  O(fields * dim).
+- First-order term: a linear layer over the dense features, plus a learned weight per field on the
+  sum of that field's pooled vector, plus a bias. The paper's first-order term is a 1-wide
+  embedding per id; here a field's ids contribute through their (already learned) embedding rows
+  instead, so the store holds one table of one width per field and nothing model-specific.
+- Deep part: an MLP (``model.top_mlp`` hidden layers, then one unit) over the concatenation of the
+  dense part (the bottom MLP's output, or the raw dense features when ``model.bottom_mlp`` is
+  empty) and the flattened pooled embeddings.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .dlrm import mlp
+
+
+class DeepFM(nn.Module):
+    def __init__(self, num_fields: int, dense_dim: int, embedding_dim: int, bottom_mlp: list[int],
+                 top_mlp: list[int], seed: int = 0):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):  # the same weights for the same seed, the caller's RNG untouched
+            torch.manual_seed(seed)
+            self.bottom = mlp([dense_dim, *bottom_mlp], last_activation=True) if dense_dim else None
+            self.dense_linear = nn.Linear(dense_dim, 1, bias=False) if dense_dim else None
+            self.field_weight = nn.Parameter(torch.zeros(num_fields))
+            self.bias = nn.Parameter(torch.zeros(1))
+            width = ([dense_dim, *bottom_mlp][-1] if dense_dim else 0) + num_fields * embedding_dim
+            self.deep = mlp([width, *top_mlp, 1], last_activation=False)
+
+    @classmethod
+    def from_config(cls, model_cfg) -> "DeepFM":
+        return cls(len(model_cfg.fields), model_cfg.dense_dim, model_cfg.embedding_dim, list(model_cfg.bottom_mlp),
+                   list(model_cfg.top_mlp), model_cfg.seed)
+
+    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """Logits ``[batch]`` from dense ``[batch, dense_dim]`` and pooled embeddings ``[batch, fields, dim]``."""
+        total = pooled.sum(dim=1)
+        fm = 0.5 * (total * total - (pooled * pooled).sum(dim=1)).sum(dim=1)
+        first = (pooled.sum(dim=2) * self.field_weight).sum(dim=1) + self.bias
+        flat = pooled.flatten(1)
+        if self.bottom is not None:
+            first = first + self.dense_linear(dense).squeeze(1)
+            deep_in = torch.cat([self.bottom(dense), flat], dim=1)
+        else:
+            deep_in = flat
+        return first + fm + self.deep(deep_in).squeeze(1)
