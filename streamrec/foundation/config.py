@@ -90,8 +90,8 @@ class ModelConfig:
     )
     dense_dim: int = 4  # width of the dense feature vector of every event
     embedding_dim: int = 16  # embedding row width (all tables)
-    bottom_mlp: list[int] = field(default_factory=lambda: [32, 16])  # bottom MLP layer sizes over dense features; last = embedding_dim
-    top_mlp: list[int] = field(default_factory=lambda: [64, 32])  # top MLP hidden sizes (a 1-unit output layer is added)
+    bottom_mlp: list[int] = field(default_factory=lambda: [32, 16])  # bottom MLP layer sizes over dense features (empty: the raw features); dlrm: last = embedding_dim
+    top_mlp: list[int] = field(default_factory=lambda: [64, 32])  # top MLP hidden sizes (a 1-unit output layer is added); dcn_v2's deep part, deepfm's deep part, mlp's layers
     seed: int = 0  # seeds embedding initialisation: rows are a function of (table, id, seed); also the dense network's initial weights
     architecture: Architecture = "dlrm"  # the built-in dense network: dlrm (bottom MLP, pairwise dot interaction, top MLP) | dcn_v2 (cross network, then top_mlp) | deepfm (FM + first-order terms + a top_mlp deep part) | mlp (concatenate, then top_mlp)
     module: str = ""  # a user's own model builder as "package.module:function" (called with this section, returns a RankingModel); replaces architecture; must be importable where the trainer and serving run ("" = the built-in architecture)
