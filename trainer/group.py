@@ -379,10 +379,16 @@ class GroupTrainerService(TrainerService):
                 "dead_letters": self.last_record.get("dead_letters", 0)}
 
     def _train(self, ready) -> None:
-        """Train this rank's window (a collective: every rank calls it, ``ready`` may be None)."""
+        """Train this rank's window (a collective: every rank calls it, ``ready`` may be None).
+
+        Afterwards the crash-loop marker says idle: the records handed out are in flight only until
+        their window is trained, so a death later (in a checkpoint, a snapshot, a restart's first
+        checkpoint) is not counted against them, and records that a run of such deaths happened to
+        hold are never quarantined for it."""
         res = self.core.train_window(ready)
         if len(res.rejected):
             self.consumer.dead_letter_events(ready.take(res.rejected), res.reject_reason, source="trainer")
+        self.consumer.step_done()
 
     def _train_held(self) -> None:
         """Before a checkpoint (a collective): train what waits in every rank's merge, so a group's
