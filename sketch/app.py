@@ -57,6 +57,7 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import time
 import types
 import weakref
@@ -152,8 +153,10 @@ def check_state(cfg, bootstrap: str) -> tuple[int, str | None]:
     return n, (str(events_id) if events_id is not None else None)
 
 
-def _quiet_persisted_offsets(store) -> None:
-    """Make faust's RocksDB store skip, not raise, a resource error when it records a changelog offset.
+def _quiet_persisted_offsets(store, closing: threading.Event) -> None:
+    """Make faust's RocksDB store skip, not raise, a resource error when it records a changelog offset,
+    and skip recording altogether once ``closing`` is set (the worker is closing the table's databases
+    in another thread; a write racing that close would fail in RocksDB's binding).
 
     faust records the changelog offset of each table write in RocksDB from a producer callback, where an
     error is an asyncio callback failure of its own. On a full or read-only disk the same error fails the
@@ -165,6 +168,9 @@ def _quiet_persisted_offsets(store) -> None:
         return
 
     def set_persisted_offset(tp, offset: int) -> None:
+        if closing.is_set():  # set on the event loop, where faust calls this: no write can start after it
+            log.debug("changelog offset %s of %s not recorded: the state table is closing", offset, tp)
+            return
         try:
             set_offset(tp, offset)
         except Exception as e:
@@ -217,8 +223,9 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
                           key_serializer="raw", value_serializer="raw")
     table = app.Table(TABLE_NAME, partitions=partitions or cfg.kafka.partitions, key_type=bytes, value_type=bytes,
                       options={"driver": "rocksdict"})
+    closing = threading.Event()  # the table's databases are being closed (a resource error stops the worker)
     if on_fatal is not None:
-        _quiet_persisted_offsets(table.data)
+        _quiet_persisted_offsets(table.data, closing)
     interval = cfg.sketch.checkpoint_interval_s
     ready: set[int] = set()  # events partitions this worker owns and has restored: the counting task reads these
     epoch: dict[int, int] = {}  # bumped at each restore/drop: a batch read before that is not counted
@@ -398,6 +405,7 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
             if on_fatal is not None and is_fatal_line(e):
                 log.debug("the counting task stops", exc_info=True)  # the traceback for a developer only
                 pub["stopped"] = True  # counts past the last snapshot are not published (a restart recounts them)
+                closing.set()
                 await loop.run_in_executor(None, close_store)
                 on_fatal(naming_path(e, cfg.sketch.state_dir))
                 return
