@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .dead_letters import ORIGINAL_SHA256_HEADER, ORIGINAL_SIZE_HEADER, REASON_HEADER, SOURCE_HEADER, DeadLetterError
     from .step_quarantine import STEP_CRASH_REASON
     from .topic_guard import OffsetsLostError, offsets_lost_message, topic_id
-    from .inflight import InflightMarker, InflightRange, exact_ranges, holds_any, probe_decode
+    from .inflight import InflightMarker, InflightRange, exact_ranges, holds_any, probe_decode, probe_in_children
     from .inference import DataSchema, infer_schema
     from .movielens import load_movielens, movielens_config, movielens_events, write_movielens
     from .kafka_clients import KafkaSecurityError, client_settings, faust_credentials, redacted
@@ -37,7 +37,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".dead_letters": "ORIGINAL_SHA256_HEADER ORIGINAL_SIZE_HEADER REASON_HEADER SOURCE_HEADER DeadLetterError",
     ".step_quarantine": "STEP_CRASH_REASON",
     ".topic_guard": "OffsetsLostError offsets_lost_message topic_id",
-    ".inflight": "InflightMarker InflightRange exact_ranges holds_any probe_decode",
+    ".inflight": "InflightMarker InflightRange exact_ranges holds_any probe_decode probe_in_children",
     ".inference": "DataSchema infer_schema",
     ".movielens": "load_movielens movielens_config movielens_events write_movielens",
     ".kafka_clients": "KafkaSecurityError client_settings faust_credentials redacted",

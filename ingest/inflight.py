@@ -42,7 +42,7 @@ import multiprocessing
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -201,12 +201,26 @@ def _decode_each(schema, values: list[bytes], conn) -> None:  # runs in the chil
 def probe_decode(schema, values: list[bytes], timeout_s: float = 120.0) -> list[int]:
     """Indices of ``values`` that kill a process decoding them (decoded one by one in a child process,
     restarted after each death). Costs one child interpreter start per culprit plus one."""
+    return probe_in_children(lambda start: (_decode_each, (schema, values[start:])), len(values),
+                             "record", "decoding", timeout_s)
+
+
+def probe_in_children(job: Callable[[int], tuple[Callable, tuple]], n: int, item: str, doing: str,
+                      timeout_s: float) -> list[int]:
+    """Indices in ``0..n-1`` of the items that kill a process handling them one at a time.
+
+    ``job(start)`` gives ``(target, args)`` for a spawned child that handles the items from ``start`` on:
+    ``target(*args, conn)`` sends each item's index (relative to ``start``) before handling it and -1 when
+    done, so the index last sent when the child dies names the item that killed it. The child is restarted
+    after each death with the next item. A child that dies before its first item (it could not start)
+    names nothing and ends the probe: nothing is blamed on an item it never reached."""
     ctx = multiprocessing.get_context("spawn")
     culprits: list[int] = []
     start = 0
-    while start < len(values):
+    while start < n:
         recv, send = ctx.Pipe(duplex=False)
-        child = ctx.Process(target=_decode_each, args=(schema, values[start:], send), daemon=True)
+        target, args = job(start)
+        child = ctx.Process(target=target, args=(*args, send), daemon=True)
         child.start()
         send.close()
         last, done = None, False
@@ -225,10 +239,10 @@ def probe_decode(schema, values: list[bytes], timeout_s: float = 120.0) -> list[
             child.join()
         if done:
             break
-        if last is None:  # died before decoding anything (could not start): give up probing, trust nothing
-            log.warning("decode probe child exited with %s before decoding; no record quarantined", child.exitcode)
+        if last is None:
+            log.warning("%s probe child exited with %s before %s; no %s blamed", doing, child.exitcode, doing, item)
             break
         culprits.append(start + last)
-        log.error("record %d of %d killed a decoding process (exit %s)", start + last, len(values), child.exitcode)
+        log.error("%s %d of %d killed a process %s it (exit %s)", item, start + last, n, doing, child.exitcode)
         start += last + 1
     return culprits

@@ -12,15 +12,12 @@ nothing. Cost: one child interpreter start per culprit plus one, then one small 
 
 from __future__ import annotations
 
-import logging
-import multiprocessing
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from streamrec.foundation import EventBatch
-
-log = logging.getLogger(__name__)
+from streamrec.ingest import probe_in_children
 
 
 def _train_each(cfg, model_state, batch: EventBatch, conn) -> None:  # runs in the child process
@@ -50,38 +47,8 @@ def probe_train(cfg, model_state: Mapping[str, Any] | None, batch: EventBatch, t
         return []
     state = None if model_state is None else {k: v.detach().cpu() for k, v in model_state.items()}
     plain = EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse)  # what the step needs, nothing more
-    ctx = multiprocessing.get_context("spawn")
-    culprits: list[int] = []
-    start = 0
-    while start < len(plain):
-        recv, send = ctx.Pipe(duplex=False)
-        part = plain.take(np.arange(start, len(plain)))
-        child = ctx.Process(target=_train_each, args=(cfg, state, part, send), daemon=True)
-        child.start()
-        send.close()
-        last, done = None, False
-        while recv.poll(timeout_s):
-            try:
-                msg = recv.recv()
-            except EOFError:
-                break
-            if msg == -1:
-                done = True
-                break
-            last = msg
-        child.join(5)
-        if child.is_alive():
-            child.kill()
-            child.join()
-        if done:
-            break
-        if last is None:  # died before training anything (could not start): pin nothing
-            log.warning("training probe child exited with %s before training; no record pinned", child.exitcode)
-            break
-        culprits.append(start + last)
-        log.error("event %d of %d killed a process training it (exit %s)", start + last, len(plain), child.exitcode)
-        start += last + 1
-    return culprits
+    return probe_in_children(lambda start: (_train_each, (cfg, state, plain.take(np.arange(start, len(plain))))),
+                             len(plain), "event", "training", timeout_s)
 
 
 def probe_records(cfg, model_state: Mapping[str, Any] | None, values: Sequence[bytes]) -> list[int]:
