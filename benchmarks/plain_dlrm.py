@@ -29,6 +29,15 @@ def _mlp(sizes: Sequence[int], relu_last: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+
+@torch.no_grad()
+def row_adagrad_(weight: torch.Tensor, acc: torch.Tensor, rows, g: torch.Tensor, lr: float, eps: float) -> None:
+    """Row-wise Adagrad in place on ``weight[rows]`` with accumulators ``acc[rows]``: ``acc += mean(g**2)``,
+    ``w -= lr * g / (sqrt(acc) + eps)`` (textbook torch ops: the references' own arithmetic)."""
+    a = acc[rows] + (g * g).mean(dim=1)
+    acc[rows] = a
+    weight[rows] -= lr * g / (a.sqrt() + eps)[:, None]
+
 class PlainDLRM(nn.Module):
     """``vocab``: per field, every id it will see (any order). ``init_scale``: per field, or None for sqrt(1/rows)."""
 
@@ -90,12 +99,8 @@ class PlainDLRM(nn.Module):
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        with torch.no_grad():
-            for f, rows, leaf in leaves:
-                g = leaf.grad
-                acc = self.acc[f][rows] + (g * g).mean(dim=1)
-                self.acc[f][rows] = acc
-                self.bags[f].weight[rows] -= self.sparse_lr * g / (acc.sqrt() + self.eps)[:, None]
+        for f, rows, leaf in leaves:
+            row_adagrad_(self.bags[f].weight, self.acc[f], rows, leaf.grad, self.sparse_lr, self.eps)
         return torch.sigmoid(logits.detach()).numpy()
 
 

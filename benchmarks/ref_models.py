@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .plain_dlrm import auc, logloss, progressive
+from .plain_dlrm import auc, logloss, progressive, row_adagrad_
 
 NAMES = ("dcn_v2", "deepfm", "mlp")
 
@@ -208,12 +208,8 @@ class PlainRanker:
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        with torch.no_grad():
-            for f, rows, leaf in leaves:
-                g = leaf.grad
-                acc = self.acc[f][rows] + (g * g).mean(dim=1)
-                self.acc[f][rows] = acc
-                self.table[f][rows] -= self.sparse_lr * g / (acc.sqrt() + self.eps)[:, None]
+        for f, rows, leaf in leaves:
+            row_adagrad_(self.table[f], self.acc[f], rows, leaf.grad, self.sparse_lr, self.eps)
         return torch.sigmoid(out.detach()).numpy()
 
     @torch.no_grad()
