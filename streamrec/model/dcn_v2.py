@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .concat import concat_input, concat_width, dense_bottom
 from .dlrm import mlp
 
 
@@ -21,8 +22,8 @@ class DCNv2(nn.Module):
         super().__init__()
         with torch.random.fork_rng(devices=[]):  # the same weights for the same seed, the caller's RNG untouched
             torch.manual_seed(seed)
-            self.bottom = mlp([dense_dim, *bottom_mlp], last_activation=True) if dense_dim else None
-            width = ([dense_dim, *bottom_mlp][-1] if dense_dim else 0) + num_fields * embedding_dim
+            self.bottom = dense_bottom(dense_dim, bottom_mlp)
+            width = concat_width(num_fields, dense_dim, embedding_dim, bottom_mlp)
             self.cross = nn.ModuleList(nn.Linear(width, width) for _ in range(cross_layers))
             self.deep = mlp([width, *top_mlp], last_activation=True)
             self.out = nn.Linear([width, *top_mlp][-1], 1)
@@ -34,8 +35,7 @@ class DCNv2(nn.Module):
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """Logits ``[batch]`` from dense ``[batch, dense_dim]`` and pooled embeddings ``[batch, fields, dim]``."""
-        flat = pooled.flatten(1)
-        x0 = torch.cat([self.bottom(dense), flat], dim=1) if self.bottom is not None else flat
+        x0 = concat_input(self.bottom, dense, pooled)
         x = x0
         for layer in self.cross:
             x = x0 * layer(x) + x

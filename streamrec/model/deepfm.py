@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .concat import concat_input, concat_width, dense_bottom
 from .dlrm import mlp
 
 
@@ -27,11 +28,11 @@ class DeepFM(nn.Module):
         super().__init__()
         with torch.random.fork_rng(devices=[]):  # the same weights for the same seed, the caller's RNG untouched
             torch.manual_seed(seed)
-            self.bottom = mlp([dense_dim, *bottom_mlp], last_activation=True) if dense_dim else None
+            self.bottom = dense_bottom(dense_dim, bottom_mlp)
             self.dense_linear = nn.Linear(dense_dim, 1, bias=False) if dense_dim else None
             self.field_weight = nn.Parameter(torch.zeros(num_fields))
             self.bias = nn.Parameter(torch.zeros(1))
-            width = ([dense_dim, *bottom_mlp][-1] if dense_dim else 0) + num_fields * embedding_dim
+            width = concat_width(num_fields, dense_dim, embedding_dim, bottom_mlp)
             self.deep = mlp([width, *top_mlp, 1], last_activation=False)
 
     @classmethod
@@ -44,10 +45,6 @@ class DeepFM(nn.Module):
         total = pooled.sum(dim=1)
         fm = 0.5 * (total * total - (pooled * pooled).sum(dim=1)).sum(dim=1)
         first = (pooled.sum(dim=2) * self.field_weight).sum(dim=1) + self.bias
-        flat = pooled.flatten(1)
-        if self.bottom is not None:
+        if self.dense_linear is not None:
             first = first + self.dense_linear(dense).squeeze(1)
-            deep_in = torch.cat([self.bottom(dense), flat], dim=1)
-        else:
-            deep_in = flat
-        return first + fm + self.deep(deep_in).squeeze(1)
+        return first + fm + self.deep(concat_input(self.bottom, dense, pooled)).squeeze(1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .concat import concat_input, concat_width, dense_bottom
 from .dlrm import mlp
 
 
@@ -18,8 +19,8 @@ class MLPRanker(nn.Module):
         super().__init__()
         with torch.random.fork_rng(devices=[]):  # the same weights for the same seed, the caller's RNG untouched
             torch.manual_seed(seed)
-            self.bottom = mlp([dense_dim, *bottom_mlp], last_activation=True) if dense_dim else None
-            width = ([dense_dim, *bottom_mlp][-1] if dense_dim else 0) + num_fields * embedding_dim
+            self.bottom = dense_bottom(dense_dim, bottom_mlp)
+            width = concat_width(num_fields, dense_dim, embedding_dim, bottom_mlp)
             self.top = mlp([width, *top_mlp, 1], last_activation=False)
 
     @classmethod
@@ -29,6 +30,4 @@ class MLPRanker(nn.Module):
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """Logits ``[batch]`` from dense ``[batch, dense_dim]`` and pooled embeddings ``[batch, fields, dim]``."""
-        flat = pooled.flatten(1)
-        x = torch.cat([self.bottom(dense), flat], dim=1) if self.bottom is not None else flat
-        return self.top(x).squeeze(1)
+        return self.top(concat_input(self.bottom, dense, pooled)).squeeze(1)
