@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import subprocess
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 
 from streamrec.app.logs import StderrHandler
 from streamrec.serving import SnapshotPusher
+from tests.helpers.disks import fill, tmpfs
 from tests.helpers.serving import events_to_batch, serving_version_1
 
 pytestmark = [pytest.mark.grpc, pytest.mark.subprocess]  # mount, umount
@@ -22,18 +22,8 @@ pytestmark = [pytest.mark.grpc, pytest.mark.subprocess]  # mount, umount
 @pytest.fixture
 def disk(tmp_path):
     """A real 16 MB tmpfs (CI runs as root and must run this: there a mount failure fails the test)."""
-    give_up = pytest.fail if os.environ.get("CI") else pytest.skip
-    if os.geteuid() != 0:
-        give_up("mounting a tmpfs needs root; this test environment runs as another user")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        give_up(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "16m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 @pytest.fixture
@@ -57,17 +47,6 @@ def log_lines():
     yield since_last
     log.removeHandler(handler)
     log.setLevel(old)
-
-
-def _fill(mnt, leave: int):
-    filler = mnt / "filler"
-    st = os.statvfs(mnt)
-    with open(filler, "ab") as f:
-        try:
-            f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
-        except OSError:  # tmpfs rounds to pages
-            pass
-    return filler
 
 
 def _errors(lines: list[str]) -> list[str]:
@@ -96,7 +75,7 @@ def test_a_full_then_read_only_data_dir_refuses_pushes_with_one_line_and_keeps_s
         want2 = trainer.scores(events_to_batch(cfg, events))
 
         # 1. full: the push is refused, twice (a pusher retries it), with one ERROR line, and v1 keeps serving
-        filler = _fill(disk, leave=0)
+        filler = fill(disk, leave=0)
         for _ in range(2):
             r = _push(srv.target, v2)
             assert not r.ok and r.code == "RESOURCE_EXHAUSTED", (r.code, r.reason)
@@ -116,7 +95,7 @@ def test_a_full_then_read_only_data_dir_refuses_pushes_with_one_line_and_keeps_s
 
         # 2. room for the received snapshot but not for installing it
         filler.unlink()
-        filler = _fill(disk, leave=2 * sum(f.stat().st_size for f in v2.iterdir()) + 64 * 1024)
+        filler = fill(disk, leave=2 * sum(f.stat().st_size for f in v2.iterdir()) + 64 * 1024)
         r = _push(srv.target, v2)
         assert not r.ok and r.code == "RESOURCE_EXHAUSTED", (r.code, r.reason)
         assert f"installing version 2 failed: no space left on the device (ENOSPC) at {srv.service.versions}" \

@@ -15,6 +15,7 @@ import pytest
 
 from streamrec.sketch import HotSetFollower
 from streamrec.sketch.app import changelog_topic
+from tests.helpers.disks import tmpfs
 from tests.helpers.sketch import (end_offsets, produce_events, snapshot_offsets, start_worker, stop_worker,
                                   write_config)
 from tests.helpers.waiting import wait_until
@@ -24,20 +25,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    # CI runs as root and must run this test: there a tmpfs that cannot be mounted fails it; elsewhere it skips
-    # with the reason printed (-rs)
-    give_up = pytest.fail if os.environ.get("CI") else pytest.skip
-    if os.geteuid() != 0:
-        give_up("mounting a tmpfs needs root; this test environment runs as another user")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        give_up(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def _wait_exit(proc, timeout: float) -> int | None:

@@ -23,6 +23,7 @@ from streamrec.foundation import ResourceError, is_resource_error, resource_erro
 from streamrec.ingest import EventProducer, SyntheticStream
 from streamrec.snapshot import rows_batch, write_snapshot
 from streamrec.trainer.checkpoint import list_checkpoints, verify_checkpoint, write_checkpoint
+from tests.helpers.disks import fill, tmpfs
 
 
 def test_resource_errors_become_one_line_naming_the_path_and_the_errno():
@@ -96,50 +97,16 @@ def test_a_resource_error_logged_at_error_with_its_traceback_is_one_line_and_the
         log.propagate = True
 
 
-def _mount(mnt: Path, size: str) -> None:
-    # CI runs as root and must run these tests: there a tmpfs that cannot be mounted fails them; elsewhere they
-    # skip with the reason printed (-rs)
-    give_up = pytest.fail if os.environ.get("CI") else pytest.skip
-    if os.geteuid() != 0:
-        give_up("mounting a tmpfs needs root; this test environment runs as another user")
-    mnt.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True,
-                         text=True)
-    if res.returncode != 0:
-        give_up(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-
-
-def _fill(mnt: Path, leave: int = 0) -> Path:
-    """Fill ``mnt`` up to ``leave`` free bytes with one file; returns it (unlink it: space is back)."""
-    filler = mnt / "filler"
-    st = os.statvfs(mnt)
-    free = st.f_bavail * st.f_frsize
-    with open(filler, "ab") as f:
-        try:
-            f.write(b"\0" * max(0, free - leave))
-        except OSError:  # tmpfs rounds to pages: the last page may not fit
-            pass
-    return filler
-
-
 @pytest.fixture
 def small_disk(tmp_path):
-    mnt = tmp_path / "disk"
-    _mount(mnt, "3m")
-    try:
+    with tmpfs(tmp_path / "disk", "3m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 @pytest.fixture
 def snap_disk(tmp_path):
-    mnt = tmp_path / "snapdisk"
-    _mount(mnt, "1m")
-    try:
+    with tmpfs(tmp_path / "snapdisk", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def _snapshot_args(cfg, version=1):
@@ -153,7 +120,7 @@ def _snapshot_args(cfg, version=1):
 
 @pytest.mark.subprocess  # mount, umount
 def test_a_snapshot_on_a_full_disk_is_one_resource_error_naming_it_and_leaves_no_half_written_directory(snap_disk, cfg):
-    filler = _fill(snap_disk, leave=100_000)  # room for the dense weights, not for the rows
+    filler = fill(snap_disk, leave=100_000)  # room for the dense weights, not for the rows
     out = snap_disk / "v000000003"
     with pytest.raises(ResourceError) as info:
         write_snapshot(out, **_snapshot_args(cfg, 3))
@@ -180,7 +147,7 @@ def test_a_checkpoint_on_a_full_or_read_only_disk_is_a_resource_error_and_nothin
 
     root = snap_disk / "ckpt"
     first = write_checkpoint(root, 1, {"offsets": []}, {"w": torch.ones(4)}, store)
-    filler = _fill(snap_disk, leave=50_000)
+    filler = fill(snap_disk, leave=50_000)
     with pytest.raises(ResourceError) as info:
         write_checkpoint(root, 2, {"offsets": []}, {"w": torch.ones(4)}, store)
     assert str(info.value).startswith(f"writing checkpoint 2 failed: no space left on the device (ENOSPC) at {root}")
@@ -306,7 +273,7 @@ def test_a_full_then_read_only_data_dir_stops_with_one_line_and_resumes_losing_n
     prod.close()
 
     # 1. the snapshot disk is full (the data disk is not): the snapshot's write is the one line, not a traceback
-    snap_filler = _fill(snap_disk, leave=20_000)
+    snap_filler = fill(snap_disk, leave=20_000)
     run = _train(cfg_path, bootstrap)
     _assert_one_line(run, "text", "writing snapshot v", f"no space left on the device (ENOSPC) at {snap_disk}",
                      "free space there")
@@ -317,7 +284,7 @@ def test_a_full_then_read_only_data_dir_stops_with_one_line_and_resumes_losing_n
     snap_filler.unlink()
 
     # 2. the data disk fills up mid-run (shared with something else that leaves the trainer ~400 KB)
-    filler = _fill(small_disk, leave=400_000)
+    filler = fill(small_disk, leave=400_000)
     run = _train(cfg_path, bootstrap)
     _assert_one_line(run, "text", "failed: no space left on the device (ENOSPC) at " + str(small_disk))
     seq2, offs2 = _newest_checkpoint(t.checkpoint_dir)
