@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -248,7 +247,7 @@ class TrainerCore:
         try:
             # every table's rows are read before any gradient is applied: the device tier's updates
             # of all tables go out as one batch of kernels at the step's end
-            with getattr(self.store, "fused_hot_updates", nullcontext)():
+            with self.store.fused_hot_updates():
                 return train_step(self.model, self.opt, sub, self.fields, self.store.lookup,
                                   self.store.apply_gradients, self.device, uniques=uniques)
         finally:
