@@ -141,9 +141,8 @@ def _start_serving(cfg, tmp_path):
 # the clean group and the 3-rank resume, 60 s each for serving to come up and the producer to finish)
 @pytest.mark.timeout(1560)
 @pytest.mark.xdist_group(HEAVY_GROUP)
-# Known flaky, under investigation: once in about 20 runs (beside the suite's other worker) the 3-rank resume set
-# the 2-rank checkpoints aside and relaunched from the committed offsets until its limit (23 launches, each training
-# a few windows). Not reproduced in 8 runs since; a rerun is reported in CI's summary (-rR) with this reason.
+# Known flaky, cause open: rarely the 3-rank resume sets the 2-rank checkpoints aside and relaunches from the
+# committed offsets until its limit. A launch past its limit fails with its stderr; a rerun shows in CI's summary (-rR).
 @pytest.mark.flaky(reruns=1, reason="3-rank resume after the killed 2-rank group: rare relaunch loop (see comment)")
 def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstrap):
     """Also pushes its snapshots to a real serving endpoint: kills mid-snapshot (rank 1 while its rows are on
