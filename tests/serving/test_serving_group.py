@@ -4,8 +4,6 @@ supervisor. Real ``streamrec serve`` processes, real gRPC on loopback, real Rock
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -103,12 +101,17 @@ def test_group_serves_every_push_on_one_port_and_recovers_a_killed_process(cfg, 
             answered.add(st["process"])
         assert answered == {0, 1}
 
-        # kill -9 process 1: a push meanwhile is accepted by the rest (process 1 gets no connections)
-        old_port = ports[1]
-        os.kill(_pid_listening_on(supervisor, old_port), signal.SIGKILL)
+        # kill -9 process 1: a push meanwhile is accepted by the rest (process 1 gets no connections). The delta
+        # is written first and pushed once the process is gone, inside the supervisor's restart backoff (1 s):
+        # a push that reached the restarted process would find it able to take the delta
         changed = trainer.step()
         touched.add(changed)
-        r = _push(target, trainer.snapshot("delta", changed))
+        delta = trainer.snapshot("delta", changed)
+        old_port = ports[1]
+        victim = psutil.Process(_pid_listening_on(supervisor, old_port))
+        victim.kill()
+        victim.wait(10)
+        r = _push(target, delta)
         assert r.ok and r.version == 2, r
         # the supervisor restarts it; it serves what it held (version 1) on a new loopback port
         _wait(lambda: read_group_file(root).get(1, old_port) != old_port, 60, "process 1's restart")
