@@ -6,7 +6,7 @@ embedding_store and trainer: the ``typing.Literal`` aliases of the config's choi
 the package that acts on each value (pyproject.toml's import-linter contracts allow exactly those).
 Public surface::
 
-    Config, load_config(path, overrides, env), ConfigError, FieldSpec, GeneratedField
+    Config, load_config(path, overrides, env), ConfigError, FieldSpec, TaskSpec, GeneratedField
     EventBatch, JaggedIds, EventSchema, EventError      # the event contract
     hash_id, hash_ids, table_salt, splitmix64, salted_mix, INT64_MIN, INT64_MAX
     resolve_device(name)                                # "auto" -> cuda if present, else cpu
@@ -24,7 +24,7 @@ from .lazy import lazy_exports
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .budget import hot_budget_rows, hot_row_bytes
     from .checksum import sha256_file
-    from .config import Config, ConfigError, FieldSpec, GeneratedField, ModelConfig, load_config, parse_overrides, save_config
+    from .config import Config, ConfigError, FieldSpec, GeneratedField, ModelConfig, TaskSpec, load_config, parse_overrides, save_config
     from .device import DeviceError, resolve_device
     from .errors import EventError, StreamrecError
     from .events import FLOAT32_MAX, EventBatch, EventSchema, JaggedIds
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 _EXPORTS = {  # submodule: the public names it defines
     ".budget": "hot_budget_rows hot_row_bytes",
     ".checksum": "sha256_file",
-    ".config": "Config ConfigError FieldSpec GeneratedField ModelConfig load_config parse_overrides save_config",
+    ".config": "Config ConfigError FieldSpec GeneratedField ModelConfig TaskSpec load_config parse_overrides save_config",
     ".device": "DeviceError resolve_device",
     ".errors": "EventError StreamrecError",
     ".events": "FLOAT32_MAX EventBatch EventSchema JaggedIds",

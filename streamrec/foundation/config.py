@@ -53,6 +53,8 @@ class FieldSpec:
     """One sparse field of the model: one embedding table, one or more ids per event."""
 
     name: str
+    dim: int = 0  # embedding row width of this field's table (0 = model.embedding_dim)
+    table: str = ""  # the embedding table this field looks its ids up in ("" = its own table, named as the field); fields naming the same table share its rows and must have the same dim
     expected_ids: int = 0  # distinct ids expected in this table: rows start uniform in +-sqrt(1/expected_ids) (DLRM's rule); 0 = store.init_scale
     init_scale: float = 0.0  # explicit init scale of this table's rows (> 0 overrides expected_ids)
 
@@ -63,6 +65,14 @@ class FieldSpec:
         if self.expected_ids > 0:
             return float((1.0 / self.expected_ids) ** 0.5)
         return float(default)
+
+
+@dataclass
+class TaskSpec:
+    """One prediction task of the model: a label name, one logit, one weighted loss term."""
+
+    name: str
+    weight: float = 1.0  # weight of this task's masked mean logloss in the training loss
 
 
 @dataclass
@@ -78,9 +88,12 @@ class GeneratedField:
 
 GENERATED_FIELD_KEYS = ("cardinality", "zipf", "multi")
 
-MODEL_HASH_OPTIONAL = {"architecture": "dlrm", "module": "", "cross_layers": 3}
+MODEL_HASH_OPTIONAL = {"architecture": "dlrm", "module": "", "cross_layers": 3,
+                       "tasks": [{"name": "click", "weight": 1.0}]}
 """``[model]`` keys that enter ``model_hash`` only when set away from their default: a DLRM's hash does
 not depend on keys that did not exist when its checkpoints were written."""
+FIELD_HASH_OPTIONAL = {"dim": 0, "table": ""}
+"""``[[model.fields]]`` keys that enter ``model_hash`` only when set away from their default."""
 
 
 @dataclass
@@ -96,6 +109,7 @@ class ModelConfig:
     architecture: Architecture = "dlrm"  # the built-in dense network: dlrm (bottom MLP, pairwise dot interaction, top MLP) | dcn_v2 (cross network, then top_mlp) | deepfm (FM + first-order terms + a top_mlp deep part) | mlp (concatenate, then top_mlp)
     module: str = ""  # a user's own model builder as "package.module:function" (called with this section, returns a RankingModel); replaces architecture; must be importable where the trainer and serving run ("" = the built-in architecture)
     cross_layers: int = 3  # dcn_v2: full-rank cross layers x_{l+1} = x0 * (W x_l + b) + x_l before the top_mlp deep part (0 = none)
+    tasks: list[TaskSpec] = field(default_factory=lambda: [TaskSpec("click")])  # the model's prediction tasks, one logit each, in output order; an event's `label` is the first task's label, `labels` names them
 
     def __post_init__(self) -> None:
         _check_choice("model", self, "architecture", Architecture)
@@ -104,9 +118,43 @@ class ModelConfig:
     def field_names(self) -> list[str]:
         return [f.name for f in self.fields]
 
+    @property
+    def task_names(self) -> list[str]:
+        """The tasks' names in output order: column ``t`` of the logits is task ``task_names[t]``."""
+        return [t.name for t in self.tasks]
+
+    @property
+    def field_dims(self) -> dict[str, int]:
+        """Per field, in field order, the width of its pooled embedding (its table's row width)."""
+        return {f.name: f.dim or self.embedding_dim for f in self.fields}
+
+    @property
+    def field_tables(self) -> dict[str, str]:
+        """Per field, the embedding table its ids are looked up in."""
+        return {f.name: f.table or f.name for f in self.fields}
+
+    @property
+    def tables(self) -> dict[str, int]:
+        """Every embedding table once, in order of first use, with its row width."""
+        out: dict[str, int] = {}
+        for f in self.fields:
+            out.setdefault(f.table or f.name, f.dim or self.embedding_dim)
+        return out
+
+    @property
+    def pooled_dim(self) -> int:
+        """Width of the model's ``pooled`` input: the field dims summed."""
+        return sum(self.field_dims.values())
+
     def init_scales(self, default: float) -> dict[str, float]:
-        """Per table, the half-width of its uniform initial rows (``default``: ``store.init_scale``)."""
-        return {f.name: f.row_init_scale(default) for f in self.fields}
+        """Per table, the half-width of its uniform initial rows (``default``: ``store.init_scale``);
+        a shared table takes the first of its fields that sets a scale."""
+        out: dict[str, float] = {}
+        for f in self.fields:
+            t = f.table or f.name
+            if t not in out or (out[t] == float(default) and (f.init_scale > 0 or f.expected_ids > 0)):
+                out[t] = f.row_init_scale(default)
+        return out
 
 
 @dataclass
@@ -320,6 +368,10 @@ class Config:
         for key, default in MODEL_HASH_OPTIONAL.items():  # at their defaults they leave an older model's hash as it was
             if model.get(key) == default:
                 del model[key]
+        for f in model["fields"]:  # per-field keys likewise
+            for key, default in FIELD_HASH_OPTIONAL.items():
+                if f.get(key) == default:
+                    del f[key]
         blob = json.dumps(model, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -473,9 +525,35 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("cross_layers", "must be >= 0")
         if obj.module and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", obj.module):
             bad("module", f"{obj.module!r} is not an import path of the form 'package.module:builder'")
+        if not obj.tasks:
+            bad("tasks", "at least one task is needed")
+        task_names = [t.name for t in obj.tasks]
+        if len(set(task_names)) != len(task_names):
+            bad("tasks", f"duplicate task names in {task_names}")
+        table_dims: dict[str, tuple[str, int]] = {}
+        for f in obj.fields:
+            t, d = f.table or f.name, f.dim or obj.embedding_dim
+            if t in table_dims and table_dims[t][1] != d:
+                bad("fields", f"fields {table_dims[t][0]!r} and {f.name!r} share table {t!r} but have dims "
+                              f"{table_dims[t][1]} and {d}: a shared table has one row width")
+            table_dims.setdefault(t, (f.name, d))
+        own = {f.name for f in obj.fields if not f.table or f.table == f.name}
+        for f in obj.fields:
+            if f.table and f.table != f.name and f.table in obj.field_names and f.table not in own:
+                bad("fields", f"field {f.name!r} names table {f.table!r}, which is a field that looks up another "
+                              "table: name that table instead")
+    elif isinstance(obj, TaskSpec):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", obj.name):
+            bad("name", f"{obj.name!r} is not a valid task name (letters, digits, _; at most 64)")
+        if not (0 < obj.weight <= 1e6):
+            bad("weight", f"must be in (0, 1e6], got {obj.weight!r}")
     elif isinstance(obj, FieldSpec):
         if not obj.name or not obj.name.replace("_", "").replace("-", "").isalnum():
             bad("name", f"{obj.name!r} is not a valid field name")
+        if obj.dim < 0:
+            bad("dim", "must be >= 0 (0 = model.embedding_dim)")
+        if obj.table and not obj.table.replace("_", "").replace("-", "").isalnum():
+            bad("table", f"{obj.table!r} is not a valid table name")
         if obj.expected_ids < 0:
             bad("expected_ids", "must be >= 0 (0 = use store.init_scale)")
         if not 0 <= obj.init_scale <= 1e3:
