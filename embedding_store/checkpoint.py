@@ -18,7 +18,7 @@ from streamrec.foundation import save_npz
 
 from . import migration, rowpath
 from .cold import read_manifest, write_manifest
-from .errors import StoreError
+from .errors import StoreError, StoreMismatchError
 
 HOT_FILE = "hot.npz"
 
@@ -41,7 +41,8 @@ def checkpoint(store, path: str) -> int:
     store.cold.checkpoint(dest)
     hot = {name: t.hot.slot_ids() for name, t in store.tables.items()}
     save_npz(dest / HOT_FILE, hot)  # not np.savez(**hot): tables may be named "file"
-    write_manifest(dest, {**store._manifest, "epoch": epoch, "hot_capacity_rows": store.hot_capacity_rows})
+    write_manifest(dest, {**store._manifest, "epoch": epoch, "hot_capacity_rows": store.hot_capacity_rows,
+                          "hot_capacity_bytes": store.hot_capacity_bytes})
     store._epoch = epoch
     store._manifest["epoch"] = epoch
     write_manifest(store.path, store._manifest)
@@ -54,12 +55,17 @@ def restore(cls, checkpoint_path: str, path: str | None = None, **kwargs):
     With ``path``, the checkpoint is copied there (replacing what is there) and the
     copy becomes the live store; without, the checkpoint directory itself is opened
     and becomes live. Tables, shards and seed come from the checkpoint's manifest
-    unless given; the checkpoint's hot set is re-promoted (cut to ``hot_capacity_rows``).
+    unless given; the checkpoint's hot set is re-promoted (cut to ``hot_capacity_rows`` and
+    ``hot_capacity_bytes``). Tables given must have the checkpoint's width where the checkpoint
+    has them: a table of another width is refused (:class:`StoreMismatchError`, one line naming
+    the table and both widths) before anything is copied or opened.
     """
     src = Path(checkpoint_path)
     man = read_manifest(src)
     if man is None:
         raise StoreError(f"{src} is not a store checkpoint (no manifest.json)")
+    if kwargs.get("tables") is not None:
+        check_dims(src, man, kwargs["tables"])
     if path is not None and Path(path).resolve() != src.resolve():
         if Path(path).exists():
             shutil.rmtree(path)
@@ -70,17 +76,32 @@ def restore(cls, checkpoint_path: str, path: str | None = None, **kwargs):
     kwargs.setdefault("shards", man["shards"])
     kwargs.setdefault("seed", man["seed"])
     kwargs.setdefault("hot_capacity_rows", man.get("hot_capacity_rows", 0))
+    kwargs.setdefault("hot_capacity_bytes", man.get("hot_capacity_bytes", 0))
     store = cls(str(path), **kwargs)
     hot_file = Path(path) / HOT_FILE
     if hot_file.exists():
         with np.load(hot_file) as z:
             hot = {k: z[k] for k in z.files if k in store.tables}
         budget = store.hot_capacity_rows  # a smaller hot tier than the checkpoint's keeps a prefix
+        nbytes = store.hot_capacity_bytes or None
         for k in hot:
-            hot[k] = hot[k][:budget]
-            budget -= len(hot[k])
+            n = min(len(hot[k]), budget)
+            if nbytes is not None:
+                n = min(n, nbytes // store.hot_row_bytes(k))
+                nbytes -= n * store.hot_row_bytes(k)
+            hot[k] = hot[k][:n]
+            budget -= n
         if sum(len(v) for v in hot.values()) and not store.read_only:
             store.set_hot(hot)
             for t in store.tables.values():
                 t.hot.dirty[:] = False  # identical to the cold tier's copy just read
     return store
+
+
+def check_dims(src, manifest: dict, tables) -> None:
+    """Refuse ``tables`` ({name: dim}) whose width differs from the checkpoint's for the same table."""
+    have = manifest.get("tables", {})
+    bad = [(n, int(have[n]), int(d)) for n, d in tables.items() if n in have and int(have[n]) != int(d)]
+    if bad:
+        raise StoreMismatchError(f"checkpoint {src} cannot be restored with this config: " + "; ".join(
+            f"table {n!r} has dim {old} in the checkpoint, the config asks for dim {new}" for n, old, new in bad))

@@ -35,6 +35,11 @@ def set_hot(store, hot: dict[str, np.ndarray]) -> dict:
     total = sum(len(v) for v in want.values())
     if total > store.hot_capacity_rows:
         raise StoreError(f"hot set of {total} rows exceeds hot_capacity_rows={store.hot_capacity_rows}")
+    if store.hot_capacity_bytes > 0:  # rows of different tables cost their own width
+        need = store.hot_bytes_of({n: len(v) for n, v in want.items()})
+        if need > store.hot_capacity_bytes:
+            raise StoreError(f"hot set of {total} rows takes {need} device bytes, more than "
+                             f"hot_capacity_bytes={store.hot_capacity_bytes}")
     rowpath.drain(store)
     store._memo, store._pre = {}, {}
     stats = {"promoted": 0, "demoted": 0, "kept": 0, "created": 0, "hot_rows": total}

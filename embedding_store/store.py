@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 import numpy as np
 import torch
 
-from streamrec.foundation import hot_budget_rows, resolve_device
+from streamrec.foundation import hot_budget, hot_row_bytes, resolve_device
 
 from . import checkpoint as _checkpoint
 from . import export, expiry, migration, optimizer, rowpath
@@ -69,7 +69,10 @@ class EmbeddingStore:
     (sum them first, e.g. with ``np.unique`` + ``index_add``). Unseen ids read as their
     deterministic init; a row is stored on its first write; ``peek`` never touches
     the buffers either. ``memtable_mb`` bounds RocksDB write buffers over all shards.
-    ``max_id`` optionally bounds a table's ids to ``[0, max_id)``. ``host_cache_rows``
+    ``max_id`` optionally bounds a table's ids to ``[0, max_id)``. The hot tier holds at most
+    ``hot_capacity_rows`` rows and, when ``hot_capacity_bytes`` > 0, at most that many device bytes,
+    a row of a table of width ``dim`` costing ``hot_row_bytes(dim)`` (tables may differ in width).
+    ``host_cache_rows``
     bounds the write-back host cache over all tables (split evenly; 0 = off, every
     cold write goes straight to RocksDB).
     """
@@ -79,7 +82,7 @@ class EmbeddingStore:
                  lr: float = 0.05, eps: float = 1e-8, init_scale: float | Mapping[str, float] = 0.05,
                  block_cache_mb: int = 256, host_cache_rows: int = 0, read_only: bool = False,
                  max_id: dict[str, int] | None = None, sync: bool = False, memtable_mb: int = 64,
-                 cache_admission: str = "frequency", cold: ColdTier | None = None):
+                 cache_admission: str = "frequency", cold: ColdTier | None = None, hot_capacity_bytes: int = 0):
         if not tables:
             raise StoreError("an EmbeddingStore needs at least one table")
         for name, dim in tables.items():
@@ -103,6 +106,7 @@ class EmbeddingStore:
         self.lr, self.eps = float(lr), float(eps)
         self.init_scale = float(init_scale) if not isinstance(init_scale, Mapping) else 0.05
         self.hot_capacity_rows = int(hot_capacity_rows)
+        self.hot_capacity_bytes = max(0, int(hot_capacity_bytes))
         if host_cache_rows < 0:
             raise StoreError(f"host_cache_rows must be >= 0, got {host_cache_rows}")
         self.host_cache_rows = int(host_cache_rows)
@@ -160,12 +164,13 @@ class EmbeddingStore:
     @classmethod
     def from_config(cls, cfg, device, path: str | None = None, read_only: bool = False,
                     cold: ColdTier | None = None) -> EmbeddingStore:
-        dim = cfg.model.embedding_dim
-        tables = {f.name: dim for f in cfg.model.fields}
-        cap = hot_budget_rows(cfg)
+        """The store of ``cfg``: one table per ``cfg.model.tables`` entry (a table shared by several fields
+        once, at its own width; by default one per field, named as it, at ``model.embedding_dim``), its
+        rows initialised at ``cfg.model.init_scales`` per table, its hot tier sized by ``hot_budget``."""
+        budget = hot_budget(cfg)
         s = cfg.store
-        return cls(path or s.path, tables, shards=s.shards, seed=cfg.model.seed, device=device,
-                   hot_capacity_rows=cap, lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),
+        return cls(path or s.path, dict(cfg.model.tables), shards=s.shards, seed=cfg.model.seed, device=device,
+                   hot_capacity_rows=budget.rows, hot_capacity_bytes=budget.bytes, lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),
                    block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows, read_only=read_only,
                    cache_admission=s.cache_admission, cold=cold)
 
@@ -363,6 +368,14 @@ class EmbeddingStore:
         read from it (or initialised). No update is lost.
         """
         return migration.set_hot(self, hot)
+
+    def hot_row_bytes(self, table: str) -> int:
+        """Device bytes one hot row of ``table`` costs (its width's weights + its Adagrad sum)."""
+        return hot_row_bytes(self._table(table).dim)
+
+    def hot_bytes_of(self, counts: Mapping[str, int]) -> int:
+        """Device bytes of ``counts[t]`` hot rows of each table ``t``, each at its table's width."""
+        return sum(int(n) * self.hot_row_bytes(t) for t, n in counts.items())
 
     def checkpoint(self, path: str) -> int:
         """Write a consistent, durable point to ``path`` (must not exist yet); returns its epoch

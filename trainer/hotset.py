@@ -6,23 +6,31 @@
   sample, not a full pass), optionally re-counted every N events. For runs
   without the sketch worker: tests, benchmarks, a single-process trainer.
 - ``none``: no hot tier; every row stays in the store.
+
+Hot sets are per TABLE (``model.tables``): a table shared by several fields (``user``
+and ``last_clicked_user`` looking ids up in table ``user``) counts an id once per lookup
+from any of its fields, so its hot rows are those hottest over all of them, and each
+hot row is held once. With a byte budget (``hot.budget_bytes``) a row costs its own
+table's width (``foundation.HotBudget``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import get_args
+from typing import Mapping, get_args
 
 import numpy as np
 
-from streamrec.foundation import EventBatch, hot_budget_rows
+from streamrec.foundation import EventBatch, HotBudget, hot_budget
 
 from .hotset_types import HotSetSource, HotUpdate
 from .trainer_types import HotSource
 
 
-def top_rows(counts: dict[str, tuple[np.ndarray, np.ndarray]], budget: int) -> tuple[dict[str, np.ndarray], float]:
-    """The ``budget`` most frequent (table, id) over all tables, and the share of lookups they cover."""
+def top_rows(counts: dict[str, tuple[np.ndarray, np.ndarray]], budget: int | HotBudget) -> tuple[dict[str, np.ndarray], float]:
+    """The most frequent (table, id) over all tables that fit ``budget`` (a row count, or a
+    :class:`HotBudget` whose bytes are spent at each table's width, hottest first), and the share
+    of lookups they cover."""
     tabs, ids, cnts = [], [], []
     for i, (t, (u, c)) in enumerate(sorted(counts.items())):
         tabs.append(np.full(len(u), i, np.int32))
@@ -32,23 +40,31 @@ def top_rows(counts: dict[str, tuple[np.ndarray, np.ndarray]], budget: int) -> t
         return {}, float("nan")
     tab, idv, cnt = np.concatenate(tabs), np.concatenate(ids), np.concatenate(cnts)
     total = float(cnt.sum())
-    if budget < len(cnt):
-        keep = np.argpartition(-cnt, budget)[:budget] if budget > 0 else np.zeros(0, np.int64)
-    else:
-        keep = np.arange(len(cnt))
     names = sorted(counts)
+    if isinstance(budget, HotBudget) and budget.bytes > 0:
+        order = np.lexsort((idv, tab, -cnt))  # hottest first, ties in a fixed order
+        keep = order[:budget.fit(tab[order], names)]
+    else:
+        budget = budget.rows if isinstance(budget, HotBudget) else int(budget)
+        if budget < len(cnt):
+            keep = np.argpartition(-cnt, budget)[:budget] if budget > 0 else np.zeros(0, np.int64)
+        else:
+            keep = np.arange(len(cnt))
     out = {n: np.sort(idv[keep][tab[keep] == i]) for i, n in enumerate(names)}
     return out, (float(cnt[keep].sum()) / total if total else float("nan"))
 
 
 @dataclass
 class SampleHotSource:
-    """Exact id counts over a sample of the stream -> the top ``budget`` rows."""
+    """Exact id counts over a sample of the stream -> the top rows that fit ``budget`` (a row
+    count or a :class:`HotBudget`). Counted per table: ``field_tables`` maps each field to its
+    table (a field not in it is its own table), so a shared table's counts are its fields' summed."""
 
     fields: list[str]
-    budget: int
+    budget: int | HotBudget
     sample_events: int = 50_000
     refresh_events: int = 0  # 0 = decide once
+    field_tables: Mapping[str, str] | None = None
     version: int = 0
     _seen: int = 0
     _counts: dict = field(default_factory=dict)
@@ -57,15 +73,17 @@ class SampleHotSource:
     def observe(self, batch: EventBatch) -> None:
         if self.version and not self.refresh_events:
             return
+        tables = self.field_tables or {}
         for f in self.fields:
+            t = tables.get(f, f)
             u, c = np.unique(batch.sparse[f].values, return_counts=True)
-            if f in self._counts:
-                pu, pc = self._counts[f]
+            if t in self._counts:
+                pu, pc = self._counts[t]
                 allu = np.concatenate([pu, u])
                 allc = np.concatenate([pc, c])
                 u, inv = np.unique(allu, return_inverse=True)
                 c = np.bincount(inv.reshape(-1), weights=allc, minlength=len(u)).astype(np.int64)
-            self._counts[f] = (u, c)
+            self._counts[t] = (u, c)
         self._seen += len(batch)
         need = self.sample_events if not self.version else self.refresh_events
         if self._seen >= need:
@@ -121,11 +139,12 @@ class NoHotSource:
 
 def make_hot_source(cfg, bootstrap: str | None) -> HotSetSource:
     kind = cfg.trainer.hot_source
-    if kind == "none" or hot_budget_rows(cfg) == 0:
+    budget = hot_budget(cfg)
+    if kind == "none" or budget.rows == 0:
         return NoHotSource()
     if kind == "sample":
-        return SampleHotSource(cfg.model.field_names, hot_budget_rows(cfg), cfg.trainer.hot_sample_events,
-                               cfg.trainer.hot_refresh_events)
+        return SampleHotSource(cfg.model.field_names, budget, cfg.trainer.hot_sample_events,
+                               cfg.trainer.hot_refresh_events, field_tables=dict(cfg.model.field_tables))
     if kind == "topic":
         if not bootstrap:
             raise ValueError("trainer.hot_source='topic' needs a Kafka bootstrap")

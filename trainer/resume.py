@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamrec.foundation import StreamrecError, hot_budget_rows, is_resource_error
+from streamrec.foundation import StreamrecError, hot_budget, is_resource_error
 
 from .checkpoint import STORE, choose_checkpoint, read_checkpoint, set_aside
 
@@ -25,15 +25,19 @@ def open_store(cfg, device, restore_from: Path | None):
     """Open the tiered store; after a crash roll it back to the checkpoint's copy first.
 
     The hot tier's size comes from the config (``hot.budget_*``), not the checkpoint's
-    manifest: after a raised budget, the hot source's bigger sets must fit the store.
+    manifest: after a raised budget, the hot source's bigger sets must fit the store. The tables are
+    the config's (``model.tables``, each once): a checkpoint holding a table at another width is
+    refused with a ``StoreMismatchError`` naming it.
     """
     from streamrec.embedding_store import EmbeddingStore
 
     if restore_from is not None and (restore_from / STORE).exists():
         s = cfg.store
-        return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, lr=s.adagrad_lr,
-                                      eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale), block_cache_mb=s.block_cache_mb,
-                                      host_cache_rows=s.host_cache_rows, hot_capacity_rows=hot_budget_rows(cfg))
+        budget = hot_budget(cfg)
+        return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, tables=dict(cfg.model.tables),
+                                      lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),
+                                      block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows,
+                                      hot_capacity_rows=budget.rows, hot_capacity_bytes=budget.bytes)
     return EmbeddingStore.from_config(cfg, device)
 
 
@@ -54,6 +58,10 @@ def restore_point(cfg, device, root: str, refused: list[str]) -> tuple[Path | No
                 return ckpt, state, dense, open_store(cfg, device, ckpt)
         except (StreamrecError, OSError, ValueError, RuntimeError, KeyError) as e:  # torch.load, json, RocksDB
             if is_resource_error(e):  # a full or read-only disk is not a corrupt checkpoint: stop, keep it
+                raise
+            from streamrec.embedding_store import StoreMismatchError
+
+            if isinstance(e, StoreMismatchError):  # the config's table widths differ: not corruption, keep it
                 raise
             why = f"cannot be loaded: {type(e).__name__}: {e}"
             refused.append(f"{ckpt}: {why}")
