@@ -10,6 +10,8 @@ Public surface::
     SnapshotError(message, code)        # every failure, with its gRPC status name
     is_retryable(code), needs_full(code)  # what a pusher does after a refusal
     PushResult, PushError, Pusher, PusherFactory  # the push side, transport-free (the pusher Protocol)
+    export_dense(model, dense_dim, pooled_dim, num_tasks) -> ExportedDense   # the dense network as a program
+    load_program(program_json, weights, constants) -> nn.Module ; probe_inputs ; task_logits
 """
 
 from typing import TYPE_CHECKING
@@ -22,6 +24,9 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
         DENSE, KINDS, MANIFEST, Manifest, iter_rows, read_dense, read_manifest, rows_batch, rows_schema, verify_snapshot,
         write_snapshot,
     )
+    from .program import (
+        PROGRAM, PROGRAM_CONSTANTS, ExportedDense, export_dense, load_program, probe_inputs, task_logits,
+    )
     from .push_types import Pusher, PusherFactory, PushError, PushResult
 
 # lazy: the error types must not load pyarrow and torch (the format does)
@@ -29,6 +34,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".errors": "NEEDS_FULL RETRYABLE SnapshotError is_retryable needs_full",
     ".format": "DENSE KINDS MANIFEST Manifest iter_rows read_dense read_manifest rows_batch rows_schema verify_snapshot "
                "write_snapshot",
+    ".program": "PROGRAM PROGRAM_CONSTANTS ExportedDense export_dense load_program probe_inputs task_logits",
     ".push_types": "Pusher PusherFactory PushError PushResult",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

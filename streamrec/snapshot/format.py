@@ -3,8 +3,17 @@
 A snapshot is a directory::
 
     manifest.json        version, parent, kind, offsets, metrics, hashes, per-file sha256
-    dense.safetensors    the DLRM state_dict (all of it, also in a delta)
-    rows-00000.parquet   embedding rows: table (string), id (int64), vector (fixed_size_list<float32>[dim])
+    dense.safetensors    the model's state_dict (all of it, also in a delta)
+    program.json         the dense network exported with torch.export (a full snapshot; see program.py)
+    program-constants.safetensors   tensors the program holds outside the state dict (when it has any)
+    rows-00000.parquet   embedding rows: table (string), id (int64), vector (fixed_size_list<float32>[dim]);
+                         one width per file (tables of different widths go to different files)
+
+``manifest.tasks`` names the model's tasks in output order (column t of the logits is task t);
+``manifest.program`` describes the exported program (file, sha256, input and output shapes, the logits
+it gave on the probe batch), or is null when the model could not be exported: serving then builds the
+module from ``model_config`` (which needs its code importable there). A delta's ``program`` names its
+parent's program (same sha256) and carries no program file: only the weights change.
 
 A *full* snapshot holds every row the model has; a *delta* holds the rows that
 changed since ``parent_version``. ``manifest.json`` is written last (atomically),
@@ -87,6 +96,8 @@ class Manifest:
     rows: int = 0
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {"sha256", "bytes"}
     store_config: dict[str, Any] = field(default_factory=dict)  # init settings the store used (init_scale, ...)
+    tasks: list[str] = field(default_factory=list)  # task names in output order; empty: model_config's tasks
+    program: dict[str, Any] | None = None  # the exported dense network (see program.py), null: none
     format: int = FORMAT
 
     def to_json(self) -> bytes:
@@ -177,6 +188,67 @@ class Manifest:
                 bad("files", f"{name!r} has a negative size")
         if not isinstance(self.model_config, dict) or not self.model_config.get("fields"):
             bad("model_config", "must describe the model (fields, sizes)")
+        if (not isinstance(self.tasks, list) or len(self.tasks) > 1024
+                or any(not isinstance(t, str) or not 0 < len(t) <= 128 for t in self.tasks)
+                or len(set(self.tasks)) != len(self.tasks)):
+            bad("tasks", "must be a list of distinct task names (1-128 characters each, at most 1024)")
+        if self.program is not None:
+            self._check_program(bad)
+
+    def _check_program(self, bad) -> None:
+        p = self.program
+        if not isinstance(p, dict):
+            bad("program", f"must be an object or null, got {type(p).__name__}")
+        known = {"format", "file", "sha256", "constants", "inputs", "outputs", "probe_rows", "probe_logits", "torch"}
+        extra = sorted(set(p) - known)
+        if extra:
+            bad("program", f"unknown key {extra[0]!r}")
+        if p.get("format") != 1:
+            bad("program.format", f"{p.get('format')!r} is not supported (expected 1)")
+        for key in ("file", "sha256"):
+            if not isinstance(p.get(key), str) or not p[key]:
+                bad(f"program.{key}", "must be a non-empty string")
+        if p.get("constants") is not None and not isinstance(p["constants"], str):
+            bad("program.constants", "must be a file name or null")
+        for key in ("file", "constants"):
+            name = p.get(key)
+            if name is not None and (not FILE_NAME.fullmatch(name) or name in (MANIFEST, DENSE)):
+                bad(f"program.{key}", f"bad file name {name[:80]!r}")
+        if self.kind == "full":  # a delta's program is its parent's: no file of its own
+            info = self.files.get(p["file"])
+            if info is None:
+                bad("program.file", f"{p['file']!r} is not among the snapshot's files")
+            if info["sha256"] != p["sha256"]:
+                bad("program.sha256", f"differs from the sha256 of {p['file']!r} in files")
+            if p.get("constants") is not None and p["constants"] not in self.files:
+                bad("program.constants", f"{p['constants']!r} is not among the snapshot's files")
+
+        def shape2(key: str, items: Any, n: int) -> list[int]:
+            if not isinstance(items, list) or len(items) != n:
+                bad(f"program.{key}", f"must be a list of {n}")
+            dims = []
+            for it in items:
+                shp = it.get("shape") if isinstance(it, dict) else None
+                if (not isinstance(shp, list) or len(shp) != 2 or shp[0] != "batch" or type(shp[1]) is not int
+                        or not 0 <= shp[1] <= 1 << 24 or not isinstance(it.get("name"), str)):
+                    bad(f"program.{key}", 'each needs a name and a shape ["batch", width]')
+                dims.append(shp[1])
+            return dims
+
+        shape2("inputs", p.get("inputs"), 2)
+        (num_tasks,) = shape2("outputs", p.get("outputs"), 1)
+        if self.tasks and num_tasks != len(self.tasks):
+            bad("program.outputs", f"{num_tasks} logits per event, the manifest names {len(self.tasks)} tasks")
+        rows = p.get("probe_rows")
+        if type(rows) is not int or not 1 <= rows <= 1024:
+            bad("program.probe_rows", f"must be an integer in 1..1024, got {rows!r}")
+        logits = p.get("probe_logits")
+        if (not isinstance(logits, list) or len(logits) != rows
+                or any(not isinstance(r, list) or len(r) != num_tasks for r in logits)
+                or any(type(x) not in (int, float) or not math.isfinite(x) for r in logits for x in r)):
+            bad("program.probe_logits", f"must be {rows} rows of {num_tasks} finite numbers")
+        if p.get("torch") is not None and not isinstance(p["torch"], str):
+            bad("program.torch", "must be a string")
 
     @property
     def row_files(self) -> list[str]:
@@ -205,8 +277,14 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                    dense_state: dict[str, torch.Tensor], rows: Iterable[pa.RecordBatch],
                    kafka_offsets: dict, metrics: dict, config_hash: str, newest_event_ms: int,
                    model_config: dict, store_config: dict | None = None,
-                   rows_per_file: int = ROWS_PER_FILE) -> Path:
+                   rows_per_file: int = ROWS_PER_FILE, tasks: list[str] | None = None,
+                   program: dict | None = None, program_data=None) -> Path:
     """Write a complete snapshot directory; the manifest goes last so a half-written one has none.
+
+    ``tasks``: the model's task names in output order. ``program``: the manifest's description of the
+    exported dense network (``ExportedDense.manifest_entry``; a delta passes its parent's, with this
+    version's probe logits), None when there is none; ``program_data``: the ``ExportedDense`` whose files a
+    full snapshot writes (``program.json``, and its constants when it has any).
 
     A full, read-only or unwritable disk (or no file handle left) raises :class:`~streamrec.foundation.ResourceError`
     naming the snapshot and the file being written, and the half-written directory is removed so that it
@@ -219,7 +297,8 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
         return _write_snapshot(out, where, version=version, parent_version=parent_version, kind=kind,
                                dense_state=dense_state, rows=rows, kafka_offsets=kafka_offsets, metrics=metrics,
                                config_hash=config_hash, newest_event_ms=newest_event_ms,
-                               model_config=model_config, store_config=store_config, rows_per_file=rows_per_file)
+                               model_config=model_config, store_config=store_config, rows_per_file=rows_per_file,
+                               tasks=tasks, program=program, program_data=program_data)
     except Exception as e:
         err = as_resource_error(e, f"writing snapshot v{int(version)}", str(where[0]))
         if err is None:
@@ -230,7 +309,8 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
 
 
 def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, dense_state, rows, kafka_offsets,
-                    metrics, config_hash, newest_event_ms, model_config, store_config, rows_per_file) -> Path:
+                    metrics, config_hash, newest_event_ms, model_config, store_config, rows_per_file,
+                    tasks, program, program_data) -> Path:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -238,7 +318,16 @@ def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, de
     state = {k: v.detach().cpu().contiguous().clone() for k, v in dense_state.items()}
     save_file(state, str(out / DENSE))
     names = [DENSE]
-    writer, n_in_file, n_rows, dim = None, 0, 0, None
+    if program_data is not None and kind == "full":
+        where[0] = out / program["file"]
+        (out / program["file"]).write_bytes(program_data.program_json)
+        names.append(program["file"])
+        if program.get("constants"):
+            where[0] = out / program["constants"]
+            save_file(program_data.constants, str(out / program["constants"]))
+            names.append(program["constants"])
+    n_rows, n_files = 0, 0
+    writers: dict[int, list] = {}  # vector width -> [ParquetWriter, rows in its file]: one width per file
     try:
         for batch in rows:
             if isinstance(batch, pa.Table):
@@ -248,26 +337,23 @@ def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, de
             for b in batches:
                 if len(b) == 0:
                     continue
-                d = b.schema.field("vector").type.list_size
-                if dim is None:
-                    dim = d
-                elif d != dim:
-                    raise SnapshotError(f"rows have vectors of width {d} and {dim}; one width per snapshot")
+                dim = b.schema.field("vector").type.list_size
                 b = b.select(["table", "id", "vector"]).cast(rows_schema(dim))
-                if writer is None or n_in_file >= rows_per_file:
-                    if writer is not None:
-                        writer.close()
-                    name = f"rows-{len(names) - 1:05d}.parquet"
+                w = writers.get(dim)
+                if w is None or w[1] >= rows_per_file:
+                    if w is not None:
+                        w[0].close()
+                    name = f"rows-{n_files:05d}.parquet"
+                    n_files += 1
                     names.append(name)
                     where[0] = out / name
-                    writer = pq.ParquetWriter(str(out / name), rows_schema(dim), compression="zstd")
-                    n_in_file = 0
-                writer.write_batch(b)
-                n_in_file += len(b)
+                    w = writers[dim] = [pq.ParquetWriter(str(out / name), rows_schema(dim), compression="zstd"), 0]
+                w[0].write_batch(b)
+                w[1] += len(b)
                 n_rows += len(b)
     finally:
-        if writer is not None:
-            writer.close()
+        for w in writers.values():
+            w[0].close()
     files = {n: {"sha256": sha256_file(out / n), "bytes": (out / n).stat().st_size} for n in names}
     m = Manifest(
         version=int(version), parent_version=None if parent_version is None else int(parent_version),
@@ -275,6 +361,7 @@ def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, de
         config_hash=str(config_hash), model_config=_plain(model_config),
         kafka_offsets=_plain(kafka_offsets), metrics={k: float(v) for k, v in (metrics or {}).items()},
         rows=n_rows, files=files, store_config=_plain(store_config or {}),
+        tasks=[str(t) for t in (tasks or [])], program=_plain(program) if program is not None else None,
     )
     m.check()
     tmp = where[0] = out / (MANIFEST + ".tmp")
@@ -334,10 +421,12 @@ MAX_EXPANSION = 64  # a row file may decode to at most this many times its size 
 
 
 def iter_rows(snapshot_dir, manifest: Manifest | None = None,
-              dim: int | None = None) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+              dim: int | dict[str, int] | None = None) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
     """Yield ``(table, ids int64[n], vectors float32[n, dim])`` groups from the row files.
 
-    ``dim``: the width every vector must have, checked from each file's schema before any row is read."""
+    ``dim``: the width every vector must have, checked from each file's schema before any row is read; a
+    ``{table: width}`` mapping checks each table's rows against its own width (a file of a width no table
+    has is refused before its rows are read)."""
     d = Path(snapshot_dir)
     m = manifest or read_manifest(d)
     for name in m.row_files:
@@ -352,7 +441,11 @@ def iter_rows(snapshot_dir, manifest: Manifest | None = None,
                     or vt is None or not pa.types.is_fixed_size_list(vt) or vt.value_type != pa.float32()):
                 raise SnapshotError(f"{name}: not in the row schema (table: string, id: int64, "
                                     f"vector: fixed_size_list<float32>), got {sch}")
-            if dim is not None and vt.list_size != dim:
+            if isinstance(dim, dict):
+                if vt.list_size not in set(dim.values()):
+                    raise SnapshotError(f"{name}: vectors of width {vt.list_size}, no table of the model has it "
+                                        f"(widths {sorted(set(dim.values()))})")
+            elif dim is not None and vt.list_size != dim:
                 raise SnapshotError(f"{name}: vectors of width {vt.list_size}, the model's embedding_dim is {dim}")
             decoded = pf.metadata.num_rows * (vt.list_size * 4 + 8)
             if decoded > MAX_EXPANSION * (d / name).stat().st_size + (64 << 20):
@@ -362,9 +455,12 @@ def iter_rows(snapshot_dir, manifest: Manifest | None = None,
                 tables = b.column("table").to_numpy(zero_copy_only=False)
                 ids = b.column("id").to_numpy()
                 vec = b.column("vector")
-                dim = vec.type.list_size
-                vectors = vec.flatten().to_numpy().reshape(-1, dim)
+                width = vec.type.list_size
+                vectors = vec.flatten().to_numpy().reshape(-1, width)
                 for t in np.unique(tables):
+                    if isinstance(dim, dict) and str(t) in dim and dim[str(t)] != width:
+                        raise SnapshotError(f"{name}: table {str(t)!r} has vectors of width {width}, the model's "
+                                            f"table has {dim[str(t)]}")
                     mask = tables == t
                     yield str(t), ids[mask], vectors[mask]
         except (pa.ArrowException, OSError) as e:
