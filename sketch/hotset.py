@@ -198,42 +198,60 @@ def choose_hot_set(
     row_bytes: int | Mapping[str, int] = 0,
     sample: EventSample | None = None,
     min_count: float = 0.0,
+    field_tables: Mapping[str, str] | None = None,
 ) -> HotChoice:
     """FAE's hot-set choice: the hottest candidates, by sampled count, that fit the budget.
 
-    ``tables``/``ids``/``counts`` are candidates (field index, id, access count);
-    the budget is ``budget_bytes`` when > 0 (each row costs ``row_bytes``, per
-    field or one number), else ``budget_rows``. One threshold over all tables,
-    as FAE does. Coverage and hit rate are computed on ``sample`` (0 without one).
+    ``tables``/``ids``/``counts`` are candidates (field index, id, access count), as the
+    sketch counts them: per field. The choice is per TABLE: ``field_tables`` maps a field to
+    the table its ids are looked up in (a field not in it, or no mapping, is its own table), and
+    a table shared by several fields gets, per id, the sum of its fields' counts (each field's
+    count estimates that field's lookups, so the sum estimates the table's), one row per id.
+    The budget is ``budget_bytes`` when > 0 (each row costs ``row_bytes``, per table or one
+    number), else ``budget_rows``. One threshold over all tables, as FAE does. The result's
+    tables are keyed by table name. Coverage and hit rate are computed on ``sample`` (0 without one).
     """
+    fmap = dict(field_tables or {})
+    names = list(dict.fromkeys(fmap.get(f, f) for f in fields))  # every table once, in first-use order
+    table_of = np.array([names.index(fmap.get(f, f)) for f in fields], dtype=np.int64)
     if budget_bytes > 0:
         if isinstance(row_bytes, Mapping):
-            missing = [f for f in fields if f not in row_bytes]
+            missing = [t for t in names if t not in row_bytes]
             if missing:
-                raise ValueError(f"row_bytes has no size for field {missing[0]!r}")
-            per_field = np.array([row_bytes[f] for f in fields], dtype=np.int64)
+                raise ValueError(f"row_bytes has no size for table {missing[0]!r}")
+            per_table = np.array([row_bytes[t] for t in names], dtype=np.int64)
         else:
             if row_bytes <= 0:
                 raise ValueError("a byte budget needs row_bytes > 0")
-            per_field = np.full(len(fields), int(row_bytes), dtype=np.int64)
+            per_table = np.full(len(names), int(row_bytes), dtype=np.int64)
     elif budget_rows < 0:
         raise ValueError(f"budget_rows must be >= 0, got {budget_rows}")
     tables = np.asarray(tables, dtype=np.int64)
     ids = np.asarray(ids, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.float64)
+    if len(tables):
+        tables = table_of[tables]
+    if len(names) < len(fields) and len(ids):  # a shared table: one candidate per (table, id), counts summed
+        by = np.lexsort((ids, tables))
+        t_s, i_s = tables[by], ids[by]
+        first = np.ones(len(by), bool)
+        first[1:] = (t_s[1:] != t_s[:-1]) | (i_s[1:] != i_s[:-1])
+        grp = np.cumsum(first) - 1
+        counts = np.bincount(grp, weights=counts[by], minlength=int(first.sum()))
+        tables, ids = t_s[first], i_s[first]
     order = np.argsort(-counts, kind="stable")
     order = order[counts[order] > min_count]
     if budget_bytes > 0:
-        cost = np.cumsum(per_field[tables[order]])
+        cost = np.cumsum(per_table[tables[order]])
         order = order[cost <= budget_bytes]
-        used = int(per_field[tables[order]].sum())
+        used = int(per_table[tables[order]].sum())
     else:
         order = order[:budget_rows]
         used = 0
     threshold = float(counts[order[-1]]) if len(order) else float("inf")
-    out = {f: np.sort(ids[order][tables[order] == i]) for i, f in enumerate(fields)}
+    out = {t: np.sort(ids[order][tables[order] == i]) for i, t in enumerate(names)}
     coverage = hit_rate = 0.0
-    if sample is not None and sample.events:
-        hot = np.concatenate([make_keys(f, out[f]) for f in fields]) if fields else np.zeros(0, np.uint64)
+    if sample is not None and sample.events:  # the sample's keys are per field: a field's hot ids are its table's
+        hot = np.concatenate([make_keys(f, out[fmap.get(f, f)]) for f in fields]) if fields else np.zeros(0, np.uint64)
         coverage, hit_rate = sample.coverage(hot)
     return HotChoice(out, threshold, coverage, hit_rate, int(len(order)), used)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamrec.foundation import EventError, EventSchema, hot_budget_rows
+from streamrec.foundation import EventError, EventSchema, hot_budget
 from streamrec.ingest import Decoder
 
 from .hotset import EventSample, HotSet, choose_hot_set
@@ -276,8 +276,11 @@ class SketchState:
         if m is None:
             return None
         tables, ids, counts = m.candidates()
-        # the device tier's own size (hot.budget_bytes over the store's row cost), so the set fills it exactly
-        c = choose_hot_set(self.fields, tables, ids, counts, budget_rows=hot_budget_rows(self.cfg), sample=sample)
+        # the device tier's own budget (hot.budget_bytes spent at each table's row cost), so the set fills it
+        # exactly; chosen per table, a shared table's fields' counts summed
+        b = hot_budget(self.cfg)
+        c = choose_hot_set(self.fields, tables, ids, counts, budget_rows=b.rows, budget_bytes=b.bytes,
+                           row_bytes=dict(b.row_bytes), sample=sample, field_tables=dict(self.cfg.model.field_tables))
         hs = HotSet(version=version, tables=c.tables, coverage=c.coverage, hit_rate=c.hit_rate,
                     window_start_ms=int(m.first_ms or 0), window_end_ms=int(m.now_ms or 0),
                     created_ms=int(time.time() * 1000), threshold=c.threshold, events=m.events)

@@ -75,3 +75,27 @@ def test_an_unchanged_hot_set_never_gets_a_new_version():
     assert same.publish_as(None, due=False, change_fraction=0.2, counted_more=True) == 5  # nothing published yet
     subset = HotSet(version=5, tables={"a": np.arange(50)}, coverage=0.5, hit_rate=0.6)
     assert not subset.same_rows(last) and subset.publish_as(last, True, 0.2, True) == 5
+
+
+def test_a_shared_table_is_chosen_once_from_its_fields_summed_counts():
+    """``user`` and ``last_clicked_user`` share table ``user``: an id's counts from both fields add up,
+    the set is keyed by table, and a byte budget charges each table's own row width."""
+    fields = ["user", "last_clicked_user", "item"]
+    ft = {"user": "user", "last_clicked_user": "user", "item": "item"}
+    t = np.array([0, 1, 2, 0])
+    i = np.array([1, 1, 7, 2])
+    c = np.array([5.0, 5.0, 8.0, 9.0])
+    ch = choose_hot_set(fields, t, i, c, budget_rows=2, field_tables=ft)
+    assert set(ch.tables) == {"user", "item"}
+    assert ch.tables["user"].tolist() == [1, 2] and ch.tables["item"].tolist() == []  # 5 + 5 beats item's 8
+    assert ch.threshold == 9.0
+    per_field = choose_hot_set(fields, t, i, c, budget_rows=2)  # without the mapping: three tables, no sums
+    assert per_field.tables["user"].tolist() == [2] and per_field.tables["item"].tolist() == [7]
+    # byte budget: user rows (dim 8) cost 36 B, item rows (dim 32) 132 B
+    chb = choose_hot_set(fields, t, i, c, budget_bytes=36 * 2 + 132, row_bytes={"user": 36, "item": 132}, field_tables=ft)
+    assert chb.tables["user"].tolist() == [1, 2] and chb.tables["item"].tolist() == [7]
+    assert chb.bytes == 36 * 2 + 132
+    chb = choose_hot_set(fields, t, i, c, budget_bytes=36 * 2 + 131, row_bytes={"user": 36, "item": 132}, field_tables=ft)
+    assert chb.tables["item"].tolist() == [] and chb.bytes == 72
+    with pytest.raises(ValueError, match="table 'item'"):
+        choose_hot_set(fields, t, i, c, budget_bytes=100, row_bytes={"user": 36}, field_tables=ft)
