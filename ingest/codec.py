@@ -2,8 +2,10 @@
 
 The Arrow form is the fast path: a record batch with columns ``ts`` (int64),
 ``label`` (float32), ``dense`` (fixed-size list of float32; absent when the model has no dense features), one ``list<int64>``
-column per sparse field, and an optional ``request_id`` (string). Decoding
-sniffs the form from the first byte, so one topic may carry both.
+column per sparse field, an optional ``request_id`` (string), and an optional ``labels``
+(struct with one nullable float32 child per task, named as the task; null = missing, and
+``label``, the first task's, may then be null or absent). Decoding sniffs the form from
+the first byte, so one topic may carry both.
 
 Whatever the bytes, decoding one record raises nothing but :class:`EventError`
 (the dead-letter path's business): anything else going wrong inside is turned
@@ -128,11 +130,22 @@ def _show_type(t: pa.DataType) -> str:
         return f"<a {type(t).__name__} type that cannot be printed>"
 
 
-def arrow_schema(schema: EventSchema) -> pa.Schema:
+def labels_type(schema: EventSchema) -> pa.StructType:
+    """The ``labels`` column's type: one nullable float32 child per task, in task order."""
+    return pa.struct([pa.field(t, pa.float32(), nullable=True) for t in schema.tasks])
+
+
+def arrow_schema(schema: EventSchema, with_labels: bool | None = None) -> pa.Schema:
+    """The Arrow wire columns; ``labels`` (and a nullable ``label``) when ``with_labels``, by default when
+    the model has several tasks."""
+    if with_labels is None:
+        with_labels = len(schema.tasks) > 1
     cols = [
         pa.field("ts", pa.int64(), nullable=False),
-        pa.field("label", pa.float32(), nullable=False),
+        pa.field("label", pa.float32(), nullable=with_labels),
     ]
+    if with_labels:
+        cols.append(pa.field("labels", labels_type(schema)))
     if schema.dense_dim:  # no dense column when the model has no dense features
         cols.append(pa.field("dense", pa.list_(pa.float32(), schema.dense_dim)))
     cols += [pa.field(f, pa.list_(pa.int64())) for f in schema.fields]
@@ -140,12 +153,27 @@ def arrow_schema(schema: EventSchema) -> pa.Schema:
     return pa.schema(cols)
 
 
-def batch_to_arrow(batch: EventBatch, schema: EventSchema) -> pa.RecordBatch:
+def batch_to_arrow(batch: EventBatch, schema: EventSchema, with_labels: bool | None = None) -> pa.RecordBatch:
+    """The batch in the Arrow wire columns; with ``labels`` when ``with_labels``, by default when the batch
+    has ``task_labels`` or the model several tasks (``label`` is then null where the first task's is missing)."""
     n = len(batch)
-    arrays = [
-        pa.array(batch.ts, type=pa.int64()),
-        pa.array(batch.labels, type=pa.float32()),
-    ]
+    if with_labels is None:
+        with_labels = batch.task_labels is not None or len(schema.tasks) > 1
+    if with_labels:
+        matrix = batch.label_matrix(len(schema.tasks))
+        missing = np.isnan(matrix)
+        arrays = [
+            pa.array(batch.ts, type=pa.int64()),
+            pa.array(batch.labels, type=pa.float32(), mask=missing[:, 0]),
+            pa.StructArray.from_arrays(
+                [pa.array(matrix[:, k], type=pa.float32(), mask=missing[:, k]) for k in range(matrix.shape[1])],
+                fields=list(labels_type(schema))),
+        ]
+    else:
+        arrays = [
+            pa.array(batch.ts, type=pa.int64()),
+            pa.array(batch.labels, type=pa.float32()),
+        ]
     if schema.dense_dim:
         dense_flat = pa.array(np.ascontiguousarray(batch.dense, dtype=np.float32).reshape(-1), type=pa.float32())
         arrays.append(pa.FixedSizeListArray.from_arrays(dense_flat, schema.dense_dim))
@@ -156,7 +184,7 @@ def batch_to_arrow(batch: EventBatch, schema: EventSchema) -> pa.RecordBatch:
         )
     rids = batch.request_ids if batch.request_ids is not None else [None] * n
     arrays.append(pa.array(rids, type=pa.string()))
-    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(schema))
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(schema, with_labels))
 
 
 def encode_arrow(batch: EventBatch, schema: EventSchema) -> bytes:
@@ -193,8 +221,9 @@ def encode_json(event: dict[str, Any]) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode("utf-8")
 
 
-def encode_json_batch(batch: EventBatch) -> list[bytes]:
-    return [encode_json(ev) for ev in batch.to_events()]
+def encode_json_batch(batch: EventBatch, tasks: Sequence[str] | None = None) -> list[bytes]:
+    """One JSON message per event (``tasks``: the names of ``task_labels``' columns, when the batch lacks them)."""
+    return [encode_json(ev) for ev in batch.to_events(tasks)]
 
 
 def _list_column(col: pa.Array, name: str) -> JaggedIds:
@@ -234,7 +263,7 @@ class Decoder:
 
     def __init__(self, schema: EventSchema):
         self.schema = schema
-        self._columns = frozenset({"ts", "label", "dense", "request_id", *schema.fields})
+        self._columns = frozenset({"ts", "label", "labels", "dense", "request_id", *schema.fields})
         self._schemas_ok: dict[bytes, pa.Schema] = {}  # schema messages whose columns passed _check_columns
         self._columns_failed = False  # the last JSON batch was refused as columns, beyond a few bad records
 
@@ -497,6 +526,8 @@ class Decoder:
             elif name == "label":
                 if not _is_number(t):
                     raise EventError(f"label must be numeric, got {_show_type(t)}")
+            elif name == "labels":
+                self._check_labels_type(t)
             elif name == "dense":
                 if not (_is_list(t) or pa.types.is_fixed_size_list(t)):
                     raise EventError(f"dense must be a list of float32, got {_show_type(t)}")
@@ -509,6 +540,28 @@ class Decoder:
                 raise EventError(f"column {name!r} must be a list of int64 ids, got {_show_type(t)}")
             elif not pa.types.is_integer(t.value_type):
                 raise EventError(f"column {name!r} must hold integer ids, got {_show_type(t.value_type)}")
+
+    def _check_labels_type(self, t: pa.DataType) -> None:
+        """``labels``: a struct of numeric (or all-null) children, each named as one of the model's tasks."""
+        tasks = self.schema.tasks
+        if not pa.types.is_struct(t):
+            raise EventError(f"labels must be a struct with one float32 child per task ({', '.join(tasks)}), "
+                             f"got {_show_type(t)}")
+        seen = set()
+        for k in range(t.num_fields):
+            child = t.field(k)
+            try:
+                name = child.name
+            except UnicodeDecodeError:
+                raise EventError("labels: a child name is not valid UTF-8") from None
+            if name not in tasks:
+                raise EventError(f"labels: unknown task {name!r}; model tasks: {', '.join(tasks)}")
+            if name in seen:
+                raise EventError(f"labels: duplicate task {name!r}")
+            seen.add(name)
+            if not (_is_number(child.type) or pa.types.is_null(child.type)):
+                raise EventError(f"labels: {name!r} must be float32 (a number in [0, 1] or null), "
+                                 f"got {_show_type(child.type)}")
 
     def batch_from_table(self, table: pa.Table | pa.RecordBatch) -> EventBatch:
         """An EventBatch of a table or record batch (Parquet's, say); raises EventError only."""
@@ -532,7 +585,10 @@ class Decoder:
             c = table.column(name)
             return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
 
-        if "label" not in names:
+        task_labels = None
+        if "labels" in names:
+            labels, task_labels = self._task_label_columns(col("labels"), col("label") if "label" in names else None, n)
+        elif "label" not in names:
             if s.require_label:
                 raise EventError("missing label column")
             labels = np.zeros(n, np.float32)
@@ -541,9 +597,14 @@ class Decoder:
             if lc.null_count and s.require_label:
                 raise EventError("missing label (null) in label column")
             labels = lc.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+            first = _with_nulls(lc, labels)  # NaN where null: the first task's label is missing there
             labels = np.nan_to_num(labels, nan=0.0) if lc.null_count else labels
             if n and not (labels.min() >= 0 and labels.max() <= 1):  # written so that NaN fails too
                 raise EventError("label must be in [0, 1]")
+        if task_labels is None and len(s.tasks) > 1:  # the first task's labels alone: the others are missing
+            task_labels = np.full((n, len(s.tasks)), np.nan, np.float32)
+            if "label" in names:
+                task_labels[:, 0] = first
         if "ts" in names:
             tc = col("ts")
             if tc.null_count:
@@ -603,7 +664,57 @@ class Decoder:
                 if not _is_text(rc.type):
                     # non-string ids (ints...) became str in JSON but stayed ints here: convert the same way
                     rids = [None if r is None else str(r) for r in rids]
-        return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids)
+        return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids,
+                          task_labels=task_labels, task_names=s.tasks if task_labels is not None else None)
+
+    def _task_label_columns(self, lsc: pa.Array, lc: pa.Array | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``labels`` (and ``label``, when the table has it) as the first task's labels (0.0 where missing)
+        and the task-label matrix (NaN = missing); the type passed :meth:`_check_labels_type`."""
+        s = self.schema
+        matrix = np.full((n, len(s.tasks)), np.nan, np.float32)
+        index = {t: k for k, t in enumerate(s.tasks)}
+        # flatten(): each child with the struct's own nulls applied (a row without labels has none)
+        for child_field, child in zip(lsc.type, lsc.flatten()):
+            if pa.types.is_null(child.type) or child.null_count == n:
+                continue
+            v = child.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+            given = v[child.is_valid().to_numpy(zero_copy_only=False)] if child.null_count else v
+            if len(given) and not (given.min() >= 0 and given.max() <= 1):  # a NaN value (not a null) fails too
+                raise EventError(f"labels: {child_field.name!r} must be a number in [0, 1] or null")
+            matrix[:, index[child_field.name]] = _with_nulls(child, v)
+        if lc is not None:
+            lab = lc.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+            if lc.null_count:
+                lab = _with_nulls(lc, lab)
+                given = lc.is_valid().to_numpy(zero_copy_only=False)
+            else:
+                given = np.ones(n, bool)
+            g = lab[given]
+            if len(g) and not (g.min() >= 0 and g.max() <= 1):  # NaN fails too
+                raise EventError("label must be in [0, 1]")
+            first = matrix[:, 0]
+            both = given & ~np.isnan(first)
+            if (lab[both] != first[both]).any():
+                row = int(np.flatnonzero(both & (lab != first))[0])
+                raise EventError(f"label ({float(lab[row])!r}) and labels[{s.tasks[0]!r}] ({float(first[row])!r}) "
+                                 f"disagree (row {row}); label is the first task's label")
+            fill = given & np.isnan(first)
+            matrix[fill, 0] = lab[fill]
+        if s.require_label and n:
+            none = np.isnan(matrix).all(axis=1)
+            if none.any():
+                raise EventError(f"missing label: no task has one in row {int(np.flatnonzero(none)[0])} "
+                                 f"(model tasks: {', '.join(s.tasks)})")
+        return np.nan_to_num(matrix[:, 0], nan=0.0), matrix
+
+
+def _with_nulls(col: pa.Array, values: np.ndarray) -> np.ndarray:
+    """``values`` (a numeric column's, as float32) with NaN where ``col`` is null."""
+    if not col.null_count:
+        return values
+    out = np.array(values, dtype=np.float32, copy=True)
+    out[~col.is_valid().to_numpy(zero_copy_only=False)] = np.nan
+    return out
 
 
 def events_to_arrow_messages(
@@ -620,5 +731,5 @@ def encode_messages(batch: EventBatch, schema: EventSchema, codec: Codec, events
     if codec == ARROW:
         return list(events_to_arrow_messages(batch, schema, events_per_message))
     if codec == JSON:
-        return encode_json_batch(batch)
+        return encode_json_batch(batch, schema.tasks if batch.task_labels is not None else None)
     raise ValueError(f"unknown codec {codec!r}; expected one of {', '.join(get_args(Codec))}")

@@ -6,9 +6,10 @@ straight into columns at a fraction of that CPU (``streamrec bench ingest``),
 and the checks below run once per column. This path is strict: it answers only when the batch has exactly the
 shapes the contract's validator (``EventSchema.validate``) accepts and that map
 one to one onto columns -- ``ts`` int64 without nulls, ``label`` a number in
-[0, 1], ``dense`` lists of ``dense_dim`` finite numbers, ``sparse`` an object of
-model fields, each an int64 or string id or a list of them, ``request_id`` a
-string -- and returns the very batch the validator's path builds. Anything else
+[0, 1], ``labels`` an object of model tasks, each a number in [0, 1] or null (agreeing
+with ``label`` where both are given), ``dense`` lists of ``dense_dim`` finite numbers,
+``sparse`` an object of model fields, each an int64 or string id or a list of them,
+``request_id`` a string -- and returns the very batch the validator's path builds. Anything else
 (one bad record, a float where an id goes, a key it does not know, ``user``/
 ``item`` given at the top level, ids beyond int64, a message holding two objects
 or a newline, ...) returns None, and the caller decodes the batch record by
@@ -26,7 +27,7 @@ import xxhash
 
 from streamrec.foundation import EventBatch, EventSchema, JaggedIds
 
-_TOP = frozenset({"ts", "label", "dense", "sparse", "request_id"})
+_TOP = frozenset({"ts", "label", "labels", "dense", "sparse", "request_id"})
 
 
 def _flat(col) -> pa.Array:
@@ -75,6 +76,75 @@ def _ids(col: pa.Array, n: int) -> JaggedIds | None:
     return None
 
 
+def _labels(schema: EventSchema, lc: pa.Array | None, n: int) -> np.ndarray | None:
+    """The ``label`` column as float32 (0.0 where absent, when labels are optional); None when refused."""
+    if lc is None or pa.types.is_null(lc.type) or lc.null_count:
+        if schema.require_label:
+            return None
+        if lc is not None and not pa.types.is_null(lc.type):
+            if not (pa.types.is_int64(lc.type) or pa.types.is_float64(lc.type)):
+                return None
+            lc = lc.fill_null(0)
+        else:
+            lc = pa.array(np.zeros(n), pa.float64())
+    if not (pa.types.is_int64(lc.type) or pa.types.is_float64(lc.type)):
+        return None
+    lab = lc.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    if n and not (lab.min() >= 0.0 and lab.max() <= 1.0):  # NaN fails too
+        return None
+    labels = lab.astype(np.float32)
+    return labels
+
+
+def _task_labels(schema: EventSchema, lsc: pa.Array, lc: pa.Array | None,
+                 n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The first task's labels (0.0 where missing) and the task-label matrix (NaN = missing) of the
+    ``labels`` column and the ``label`` column (when given); None when refused."""
+    if not pa.types.is_struct(lsc.type):
+        return None
+    index = {t: k for k, t in enumerate(schema.tasks)}
+    names = [lsc.type.field(i).name for i in range(lsc.type.num_fields)]
+    if len(set(names)) != len(names) or not set(names) <= set(index):
+        return None
+    matrix = np.full((n, len(schema.tasks)), np.nan, np.float32)
+    # flatten(): each task with the struct's own nulls applied (a row without labels has none)
+    for name, child in zip(names, lsc.flatten()):
+        t = child.type
+        if pa.types.is_null(t):
+            continue
+        if not (pa.types.is_int64(t) or pa.types.is_float64(t)):
+            return None
+        v = child.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        valid = child.is_valid().to_numpy(zero_copy_only=False)
+        given = v[valid]
+        if len(given) and not (given.min() >= 0.0 and given.max() <= 1.0):  # NaN fails too
+            return None
+        col = v.astype(np.float32)
+        col[~valid] = np.nan
+        matrix[:, index[name]] = col
+    if lc is not None and not pa.types.is_null(lc.type):
+        if not (pa.types.is_int64(lc.type) or pa.types.is_float64(lc.type)):
+            return None
+        lab = lc.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        given = lc.is_valid().to_numpy(zero_copy_only=False)
+        g = lab[given]
+        if len(g) and not (g.min() >= 0.0 and g.max() <= 1.0):  # NaN fails too
+            return None
+        first = matrix[:, 0]
+        lab32 = lab.astype(np.float32)
+        both = given & ~np.isnan(first)
+        if (lab32[both] != first[both]).any():  # label and labels[first task] disagree: the validator names it
+            return None
+        fill = given & np.isnan(first)
+        matrix[fill, 0] = lab32[fill]
+    if schema.require_label and n and np.isnan(matrix).all(axis=1).any():
+        return None
+    if len(schema.tasks) == 1:  # as the validator's batch: a row without labels has its label, 0.0 when absent
+        without = ~lsc.is_valid().to_numpy(zero_copy_only=False) & np.isnan(matrix[:, 0])
+        matrix[without, 0] = 0.0
+    return np.nan_to_num(matrix[:, 0], nan=0.0), matrix
+
+
 def decode_json_columns(schema: EventSchema, values: Sequence[bytes]) -> EventBatch | None:
     """The batch of ``values`` (each one JSON object) when every record is valid and of the common shape;
     else None (the caller decodes record by record)."""
@@ -110,22 +180,25 @@ def decode_json_columns(schema: EventSchema, values: Sequence[bytes]) -> EventBa
     else:
         ts = np.zeros(n, np.int64)
 
-    lc = col.get("label")
-    if lc is None or pa.types.is_null(lc.type) or lc.null_count:
-        if schema.require_label:
+    task_labels = None
+    lsc = col.get("labels")
+    if lsc is not None and not pa.types.is_null(lsc.type):
+        got = _task_labels(schema, lsc, col.get("label"), n)
+        if got is None:
             return None
-        if lc is not None and not pa.types.is_null(lc.type):
-            if not (pa.types.is_int64(lc.type) or pa.types.is_float64(lc.type)):
-                return None
-            lc = lc.fill_null(0)
-        else:
-            lc = pa.array(np.zeros(n), pa.float64())
-    if not (pa.types.is_int64(lc.type) or pa.types.is_float64(lc.type)):
-        return None
-    lab = lc.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-    if n and not (lab.min() >= 0.0 and lab.max() <= 1.0):  # NaN fails too
-        return None
-    labels = lab.astype(np.float32)
+        labels, task_labels = got
+    else:
+        labels = _labels(schema, col.get("label"), n)
+        if labels is None:
+            return None
+        if len(schema.tasks) > 1:  # the first task's label alone: the others are missing
+            task_labels = np.full((n, len(schema.tasks)), np.nan, np.float32)
+            lc = col.get("label")
+            task_labels[:, 0] = labels
+            if lc is not None and not pa.types.is_null(lc.type) and lc.null_count:
+                task_labels[~lc.is_valid().to_numpy(zero_copy_only=False), 0] = np.nan
+            elif lc is None or pa.types.is_null(lc.type):
+                task_labels[:, 0] = np.nan
 
     dim = schema.dense_dim
     dc = col.get("dense")
@@ -182,4 +255,5 @@ def decode_json_columns(schema: EventSchema, values: Sequence[bytes]) -> EventBa
             return None
         if rc.null_count < n:
             rids = rc.to_pylist()
-    return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids)
+    return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids,
+                      task_labels=task_labels, task_names=schema.tasks if task_labels is not None else None)

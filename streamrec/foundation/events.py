@@ -2,9 +2,12 @@
 
 An event is one interaction: ``ts`` (ms), ``label``, ``dense`` (fixed width),
 ``sparse`` (field -> id or list of ids; ints or strings), optional ``user``,
-``item``, ``request_id``. Batches are columnar: one jagged id array per field
-(values + offsets, like TorchRec's KeyedJaggedTensor), a dense matrix, labels
-and timestamps, and the Kafka offsets they came from.
+``item``, ``request_id``, and optional ``labels`` (task name -> label or null) for a
+model with several tasks: ``label`` is the first task's label, ``labels`` names them,
+and a task without a label is masked (NaN), never 0. Batches are columnar: one jagged
+id array per field (values + offsets, like TorchRec's KeyedJaggedTensor), a dense
+matrix, labels (and a task-label matrix when the model has several tasks) and
+timestamps, and the Kafka offsets they came from.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids
 __all__ = ["EventBatch", "EventError", "EventSchema", "JaggedIds", "hash_id", "hash_ids", "INT64_MAX", "INT64_MIN",
            "FLOAT32_MAX"]
 
-_ALLOWED_KEYS = frozenset({"ts", "label", "dense", "sparse", "user", "item", "request_id"})
+_ALLOWED_KEYS = frozenset({"ts", "label", "labels", "dense", "sparse", "user", "item", "request_id"})
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 _SHORT = reprlib.Repr()  # a bad value in an error message: bounded in length and depth
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 2, 60, 60, 60
@@ -101,6 +104,11 @@ class JaggedIds:
 class EventBatch:
     """A columnar mini-batch of events and where in Kafka they came from.
 
+    ``labels`` is the first task's label, 0.0 where it is missing (what a
+    single-task reader needs). ``task_labels`` (float32 [B, T], NaN = missing) holds
+    every task's label; None means a single task whose labels are ``labels``.
+    ``task_names`` names its columns (the model's tasks, in order) when known.
+
     ``source_offsets`` maps ``(topic, partition)`` to the offset *after* the last
     record in this batch from that partition: committing it marks the batch done.
     """
@@ -114,9 +122,26 @@ class EventBatch:
     source_newest_ms: int = 0  # newest Kafka record timestamp (ms) among its records: when it entered Kafka; 0 = unknown
     source_partitions: np.ndarray | None = None  # int32 [B]: each event's Kafka partition, when the consumer knows it
     source_records: np.ndarray | None = None  # int64 [B]: the offset of each event's Kafka record (with its partition)
+    task_labels: np.ndarray | None = None  # float32 [B, T]: every task's label, NaN = missing; None: labels alone
+    task_names: tuple[str, ...] | None = None  # the T tasks of task_labels' columns, when known
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def label_matrix(self, num_tasks: int) -> np.ndarray:
+        """Every task's label, float32 [B, num_tasks], NaN where missing.
+
+        ``task_labels`` when the batch has it (its width must be ``num_tasks``); otherwise
+        ``labels`` is the first task's and every other task is missing.
+        """
+        if self.task_labels is not None:
+            if self.task_labels.shape[1] != num_tasks:
+                raise ValueError(f"the batch has labels for {self.task_labels.shape[1]} tasks, not {num_tasks}")
+            return self.task_labels
+        out = np.full((len(self), num_tasks), np.nan, np.float32)
+        if num_tasks:
+            out[:, 0] = self.labels
+        return out
 
     def take(self, rows: np.ndarray) -> "EventBatch":
         """A sub-batch of the given rows (Kafka offsets are not carried over)."""
@@ -126,10 +151,14 @@ class EventBatch:
             dense=self.dense[rows],
             sparse={k: v.take(rows) for k, v in self.sparse.items()},
             request_ids=[self.request_ids[i] for i in rows] if self.request_ids is not None else None,
+            task_labels=self.task_labels[rows] if self.task_labels is not None else None,
+            task_names=self.task_names,
         )
 
     @staticmethod
     def concat(parts: Sequence["EventBatch"], dense_dim: int, fields: Sequence[str]) -> "EventBatch":
+        """One batch of ``parts`` in order. When any part has ``task_labels``, the result has them: a part
+        without them contributes its ``labels`` as the first task's, the other tasks missing."""
         if not parts:
             return EventBatch.empty(dense_dim, fields)
         offsets: dict[tuple[str, int], int] = {}
@@ -140,6 +169,12 @@ class EventBatch:
         rids = None
         if any(p.request_ids is not None for p in parts):
             rids = [r for p in parts for r in (p.request_ids or [None] * len(p))]
+        task_labels, names = None, None
+        with_tasks = [p for p in parts if p.task_labels is not None]
+        if with_tasks:
+            width = with_tasks[0].task_labels.shape[1]
+            names = next((p.task_names for p in with_tasks if p.task_names is not None), None)
+            task_labels = np.concatenate([p.label_matrix(width) for p in parts])
         return EventBatch(
             ts=np.concatenate([p.ts for p in parts]),
             labels=np.concatenate([p.labels for p in parts]),
@@ -152,28 +187,48 @@ class EventBatch:
             if all(p.source_partitions is not None for p in parts) else None,
             source_records=np.concatenate([p.source_records for p in parts])
             if all(p.source_records is not None for p in parts) else None,
+            task_labels=task_labels,
+            task_names=names,
         )
 
     @staticmethod
-    def empty(dense_dim: int, fields: Sequence[str]) -> "EventBatch":
+    def empty(dense_dim: int, fields: Sequence[str], tasks: Sequence[str] = ("click",)) -> "EventBatch":
+        """No events; with several ``tasks`` it has an empty [0, T] ``task_labels``."""
         z = np.zeros(1, dtype=np.int64)
         return EventBatch(
             ts=np.zeros(0, np.int64),
             labels=np.zeros(0, np.float32),
             dense=np.zeros((0, dense_dim), np.float32),
             sparse={f: JaggedIds(np.zeros(0, np.int64), z) for f in fields},
+            task_labels=np.zeros((0, len(tasks)), np.float32) if len(tasks) > 1 else None,
+            task_names=tuple(tasks) if len(tasks) > 1 else None,
         )
 
-    def to_events(self) -> list[dict[str, Any]]:
-        """Back to plain event dicts (ids as ints); for tests and the JSON codec."""
+    def to_events(self, tasks: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Back to plain event dicts (ids as ints); for tests and the JSON codec.
+
+        With ``task_labels``, each event has ``labels`` holding only its present tasks (named by
+        ``tasks``, else ``task_names``) and ``label`` only when its first task's label is present.
+        """
+        names = None
+        if self.task_labels is not None:
+            names = tuple(tasks) if tasks is not None else self.task_names
+            if names is None or len(names) != self.task_labels.shape[1]:
+                raise ValueError(f"task_labels has {self.task_labels.shape[1]} columns; to_events needs their "
+                                 f"task names (got {names!r})")
+            present = ~np.isnan(self.task_labels)
         out = []
         for i in range(len(self)):
-            ev: dict[str, Any] = {
-                "ts": int(self.ts[i]),
-                "label": float(self.labels[i]),
-                "dense": [float(x) for x in self.dense[i]],
-                "sparse": {f: [int(x) for x in j.row(i)] for f, j in self.sparse.items()},
-            }
+            ev: dict[str, Any] = {"ts": int(self.ts[i])}
+            if names is None:
+                ev["label"] = float(self.labels[i])
+            else:
+                row = self.task_labels[i]
+                if present[i, 0]:
+                    ev["label"] = float(row[0])
+                ev["labels"] = {t: float(row[k]) for k, t in enumerate(names) if present[i, k]}
+            ev["dense"] = [float(x) for x in self.dense[i]]
+            ev["sparse"] = {f: [int(x) for x in j.row(i)] for f, j in self.sparse.items()}
             if self.request_ids is not None and self.request_ids[i] is not None:
                 ev["request_id"] = self.request_ids[i]
             out.append(ev)
@@ -182,22 +237,29 @@ class EventBatch:
 
 @dataclass(frozen=True)
 class EventSchema:
-    """What a valid event looks like for one model config: field names and dense width."""
+    """What a valid event looks like for one model config: field names, dense width and task names."""
 
     fields: tuple[str, ...]
     dense_dim: int
     require_label: bool = True
     dense_abs_max: float = FLOAT32_MAX  # |dense value| above this is refused (config: ingest.dense_abs_max)
+    tasks: tuple[str, ...] = ("click",)  # the model's tasks in output order; an event's ``label`` is the first's
 
     @classmethod
     def from_config(cls, cfg: Any, require_label: bool = True) -> "EventSchema":
-        return cls(tuple(cfg.model.field_names), cfg.model.dense_dim, require_label, float(cfg.ingest.dense_abs_max))
+        return cls(tuple(cfg.model.field_names), cfg.model.dense_dim, require_label, float(cfg.ingest.dense_abs_max),
+                   tuple(cfg.model.task_names))
 
-    def validate(self, ev: Any) -> tuple[int, float, list[float], dict[str, list[int]], str | None]:
+    def validate(self, ev: Any) -> tuple[int, float, list[float], dict[str, list[int]], str | None,
+                                         tuple[float, ...] | None]:
         """Check one decoded JSON event; return its normalised parts or raise EventError.
 
-        Written for speed (it runs once per JSON record): common cases take the
-        shortest path, everything unusual falls through to an exact check.
+        The parts: ``(ts, label, dense, ids, request_id, task_labels)``. ``label`` is the
+        first task's label (0.0 when missing); ``task_labels`` is every task's label in
+        task order (NaN = missing), or None when the event has only the single-task form
+        and the model one task. Written for speed (it runs once per JSON record): common
+        cases take the shortest path (an event without ``labels`` pays nothing for it),
+        everything unusual falls through to an exact check.
         """
         if type(ev) is not dict:
             if not isinstance(ev, Mapping):
@@ -210,10 +272,16 @@ class EventSchema:
         if type(ts) is not int or not INT64_MIN <= ts <= INT64_MAX:  # beyond int64 the batch build overflowed
             raise EventError(f"ts must be an integer (ms since epoch) within int64, got {_show(ts)}")
         label = ev.get("label")
-        if label is None:
+        task = None
+        labels = ev.get("labels")  # null: no task labels, as an absent key (as for dense and sparse)
+        if labels is not None:
+            label, task = self._task_labels(labels, label)
+        elif label is None:
             if self.require_label:
                 raise EventError("missing label")
             label = 0.0
+            if len(self.tasks) > 1:
+                task = self._no_labels
         else:
             tl = type(label)
             if tl is not float and tl is not int:
@@ -224,6 +292,8 @@ class EventSchema:
             if not 0.0 <= label <= 1.0:  # also rejects NaN
                 raise EventError(f"label must be a number in [0, 1], got {_show(label)}")
             label = float(label)
+            if len(self.tasks) > 1:
+                task = (label,) + self._no_labels[1:]
         dense = ev.get("dense")
         if dense is None:
             dense = []
@@ -281,7 +351,63 @@ class EventSchema:
                 rid = str(rid)
             else:
                 raise EventError(f"request_id must be a string or a number, got {type(rid).__name__}")
-        return ts, label, dense, ids, rid
+        return ts, label, dense, ids, rid, task
+
+    def _task_labels(self, labels: Any, label: Any) -> tuple[float, tuple[float, ...]]:
+        """The first task's label (0.0 when missing) and every task's (NaN = missing) of an event's
+        ``labels`` object and its ``label`` (None when absent), or EventError."""
+        tasks = self.tasks
+        if not isinstance(labels, Mapping):
+            raise EventError(f"labels must be an object mapping task name to a number in [0, 1] or null, "
+                             f"got {type(labels).__name__}")
+        out = list(self._no_labels)
+        for name, v in labels.items():
+            k = self._task_index.get(name) if isinstance(name, str) else None
+            if k is None:
+                raise EventError(f"labels: unknown task {_show(name)}; model tasks: {', '.join(tasks)}")
+            if v is None:
+                continue
+            tv = type(v)
+            if tv is bool:
+                v = float(v)
+            elif tv is not float and tv is not int:
+                raise EventError(f"labels: {name!r} must be a number in [0, 1] or null, got {_show(v)}")
+            if not 0.0 <= v <= 1.0:  # also rejects NaN
+                raise EventError(f"labels: {name!r} must be a number in [0, 1] or null, got {_show(v)}")
+            out[k] = float(v)
+        if label is not None:
+            tl = type(label)
+            if tl is bool:
+                label = float(label)
+            elif (tl is not float and tl is not int) or not 0.0 <= label <= 1.0:
+                raise EventError(f"label must be a number in [0, 1], got {_show(label)}")
+            first = out[0]
+            if first != first:  # NaN: the first task's label is given by ``label`` alone
+                out[0] = float(label)
+            elif first != label:
+                raise EventError(f"label ({_show(label)}) and labels[{tasks[0]!r}] ({_show(first)}) disagree; "
+                                 f"label is the first task's label")
+        if self.require_label and all(x != x for x in out):
+            raise EventError(f"missing label: no task has one (model tasks: {', '.join(tasks)})")
+        first = out[0]
+        return (0.0 if first != first else first), tuple(out)
+
+    @property
+    def _no_labels(self) -> tuple[float, ...]:
+        """Every task's label missing (NaN)."""
+        t = self.__dict__.get("_nl")
+        if t is None:
+            t = (float("nan"),) * len(self.tasks)
+            object.__setattr__(self, "_nl", t)
+        return t
+
+    @property
+    def _task_index(self) -> dict[str, int]:
+        ti = self.__dict__.get("_ti")
+        if ti is None:
+            ti = {t: k for k, t in enumerate(self.tasks)}
+            object.__setattr__(self, "_ti", ti)
+        return ti
 
     @property
     def _field_set(self) -> frozenset[str]:
@@ -295,13 +421,27 @@ class EventSchema:
         """Validate plain event dicts into one batch; raises EventError on the first bad one."""
         return self.batch_from_parsed([self.validate(ev) for ev in events])
 
-    def batch_from_parsed(
-        self, rows: Sequence[tuple[int, float, list[float], dict[str, list[int]], str | None]]
-    ) -> EventBatch:
-        """Build one columnar batch from :meth:`validate` results (flat lists, one numpy call per column)."""
+    def batch_from_parsed(self, rows: Sequence[tuple]) -> EventBatch:
+        """Build one columnar batch from :meth:`validate` results (flat lists, one numpy call per column).
+
+        The batch has ``task_labels`` when the model has several tasks or any event named its tasks.
+        """
         n = len(rows)
         ts = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
         labels = np.fromiter((r[1] for r in rows), dtype=np.float32, count=n)
+        task_labels = None
+        num_tasks = len(self.tasks)
+        if num_tasks > 1 or any(len(r) > 5 and r[5] is not None for r in rows):
+            per_row = [r[5] if len(r) > 5 else None for r in rows]
+            if all(t is not None for t in per_row):
+                task_labels = np.array(per_row, dtype=np.float32).reshape(n, num_tasks)
+            else:
+                task_labels = np.full((n, num_tasks), np.nan, np.float32)
+                for i, t in enumerate(per_row):
+                    if t is not None:
+                        task_labels[i] = t
+                    else:  # only ``label`` (or a row built by hand): the first task's
+                        task_labels[i, 0] = labels[i]
         if self.dense_dim:
             dense = np.asarray([r[2] for r in rows], dtype=np.float32).reshape(n, self.dense_dim)
         else:
@@ -324,4 +464,6 @@ class EventSchema:
             dense=dense,
             sparse=sparse,
             request_ids=rids if any(r is not None for r in rids) else None,
+            task_labels=task_labels,
+            task_names=self.tasks if task_labels is not None else None,
         )
