@@ -6,6 +6,14 @@ popular ids are not small integers. Labels come from a hidden logistic model:
 per-id weights derived from a hash of ``(field, id)``, a user x item latent
 interaction, and a linear term in the dense features. Because the true click
 probability of each event is known, the Bayes-optimal AUC can be reported.
+
+When the model has a task named ``conversion``, events also carry a conversion
+label: rarer (``generator.conversion_rate`` of the events) and correlated with the
+click, because a conversion is drawn only for a clicked event, from its own hidden
+logistic model of the same features (other per-id weights, other dense weights). It is
+present on ``generator.conversion_labelled`` of the events and missing (NaN) on the
+rest. Its draws come from random streams of their own, so the click labels are the
+same with or without the conversion task.
 """
 
 from __future__ import annotations
@@ -16,6 +24,9 @@ from typing import Iterator
 import numpy as np
 
 from streamrec.foundation import EventBatch, JaggedIds, roc_auc, splitmix64, table_salt
+
+_CONVERSION_SCALE = 1.2  # weight of the per-id terms in the conversion model, relative to the click model's
+
 
 def zipf_ranks(rng: np.random.Generator, n: int, cardinality: int, s: float) -> np.ndarray:
     """Ranks in [0, cardinality) with P(rank r) ~ (r+1)^-s (continuous inverse-CDF approximation)."""
@@ -65,6 +76,25 @@ class SyntheticStream:
         names = [f.name for f in m.fields]
         self.pair = (names[0], names[1]) if len(names) >= 2 else None
         self.bias = float(np.log(g.base_rate / (1 - g.base_rate)))
+        self.tasks = tuple(t.name for t in getattr(m, "tasks", ())) or ("click",)
+        self.conversion = self.tasks.index("conversion") if "conversion" in self.tasks else None
+        if self.conversion == 0:
+            raise ValueError("the synthetic stream's click label is the first task's: 'conversion' cannot be first")
+        if self.conversion is not None:
+            if not 0.0 < g.conversion_rate < g.base_rate:
+                raise ValueError(f"generator.conversion_rate must be in (0, base_rate = {g.base_rate}), "
+                                 f"got {g.conversion_rate}")
+            if not 0.0 <= g.conversion_labelled <= 1.0:
+                raise ValueError(f"generator.conversion_labelled must be in [0, 1], got {g.conversion_labelled}")
+            crng = np.random.default_rng([g.seed, 54321])  # its own stream: the click model's draws are untouched
+            self.conversion_beta = crng.normal(0, 0.3, size=m.dense_dim)
+            # the bias that makes P(conversion | click) about conversion_rate / base_rate: the logit's terms
+            # are ~N(0, var) (unit-normal id weights, standard-normal dense features), and
+            # E[sigmoid(b + N(0, var))] ~ sigmoid(b / sqrt(1 + pi var / 8)) (the probit approximation)
+            var = sum((_CONVERSION_SCALE * self.field_scale[f.name]) ** 2 for f in self.fields)
+            var += float(self.conversion_beta @ self.conversion_beta)
+            q = g.conversion_rate / g.base_rate
+            self.conversion_bias = float(np.log(q / (1 - q)) * np.sqrt(1 + np.pi * var / 8))
 
     def _chunk(self, index: int, n: int) -> tuple[EventBatch, np.ndarray]:
         g = self.cfg.generator
@@ -93,7 +123,30 @@ class SyntheticStream:
         labels = (rng.random(n) < p).astype(np.float32)
         start = index * self.chunk
         ts = g.start_ts_ms + ((start + np.arange(n)) * (1000.0 / g.events_per_s)).astype(np.int64)
-        return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse), p
+        batch = EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse)
+        if len(self.tasks) > 1:
+            batch.task_labels = np.full((n, len(self.tasks)), np.nan, np.float32)
+            batch.task_labels[:, 0] = labels
+            batch.task_names = self.tasks
+            if self.conversion is not None:
+                batch.task_labels[:, self.conversion] = self._conversions(index, n, labels, single, dense)
+        return batch, p
+
+    def _conversions(self, index: int, n: int, clicks: np.ndarray, single: dict[str, np.ndarray],
+                     dense: np.ndarray) -> np.ndarray:
+        """Each event's conversion label (NaN where unlabelled): 1 only for a clicked event, with the probability
+        of the conversion's own hidden logistic model; drawn from a random stream of this chunk's own."""
+        g = self.cfg.generator
+        rng = np.random.default_rng([self.seed, index, 1])
+        logit = np.full(n, self.conversion_bias)
+        for f in self.fields:
+            logit += _CONVERSION_SCALE * self.field_scale[f.name] * id_weight(f.name, single[f.name], self.seed + 101)
+        if dense.shape[1]:
+            logit += dense.astype(np.float64) @ self.conversion_beta
+        q = 1.0 / (1.0 + np.exp(-logit))
+        conv = ((clicks > 0) & (rng.random(n) < q)).astype(np.float32)
+        conv[rng.random(n) >= g.conversion_labelled] = np.nan
+        return conv
 
     def batches(self, n_events: int, with_truth: bool = False) -> Iterator[EventBatch] | Iterator[tuple[EventBatch, np.ndarray]]:
         """Yield the first ``n_events`` events in chunks (optionally with each event's true probability)."""

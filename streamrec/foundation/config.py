@@ -330,6 +330,8 @@ class GeneratorConfig:
     base_rate: float = 0.25  # approximate click rate
     start_ts_ms: int = 1_700_000_000_000  # event time of the first generated event
     events_per_s: float = 1000.0  # events per second of simulated event time (ts advances 1000 / events_per_s ms per event)
+    conversion_rate: float = 0.03  # approximate share of events that convert, when the model has a task named "conversion" (a conversion is drawn only for a clicked event, from its own hidden logistic model)
+    conversion_labelled: float = 0.1  # share of events that carry the conversion label, when the model has a "conversion" task; the others have it missing (masked)
     fields: list[GeneratedField] = field(  # per model field: id cardinality, Zipf skew, ids per event
         default_factory=lambda: [
             GeneratedField("user", cardinality=200_000, zipf=1.05),
