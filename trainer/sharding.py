@@ -106,12 +106,14 @@ def owned_part(tables: Mapping[str, np.ndarray], rank: int, world: int) -> dict[
 class _Route:
     """One step's routing, kept between the row fetch and the gradient return."""
 
-    order: np.ndarray  # local unique ids (all fields concatenated) -> position sorted by (owner, field)
-    sizes: list[int]  # per field, how many unique ids this rank has
-    send: list[int]  # ids sent to each rank
-    recv: list[int]  # ids received from each rank
-    owned_ids: np.ndarray  # the distinct (field, id) this rank owns and was asked for, by field then id
-    owned_bounds: np.ndarray  # field fi's owned ids: owned_ids[owned_bounds[fi]:owned_bounds[fi + 1]]
+    order: np.ndarray  # local unique ids (all tables concatenated) -> position sorted by (owner, table)
+    sizes: list[int]  # per table, how many unique ids this rank has
+    send: np.ndarray  # [world, tables]: ids sent to each rank, per table
+    recv: np.ndarray  # [world, tables]: ids received from each rank, per table
+    field: np.ndarray  # the table index of each local unique id (concatenated order)
+    rfield: np.ndarray  # the table index of each received id (received order)
+    owned_ids: np.ndarray  # the distinct (table, id) this rank owns and was asked for, by table then id
+    owned_bounds: np.ndarray  # table ti's owned ids: owned_ids[owned_bounds[ti]:owned_bounds[ti + 1]]
     inverse: np.ndarray  # each received id -> its position in owned_ids
     batch_sizes: np.ndarray  # every rank's events in this step
 
@@ -119,23 +121,41 @@ class _Route:
 class RowExchange:
     """Fetch rows from, and return row gradients to, their owner ranks.
 
-    ``lookup(table, unique_ids) -> Tensor`` and ``apply_gradients(table, unique_ids, grads)``
+    ``tables`` is ``{table: dim}`` (each table once, at its own row width), or a list of table names
+    that all have width ``dim``. Keyed by TABLE: a table shared by several fields is one entry, its
+    unique ids over all of them. ``lookup(table, unique_ids) -> Tensor`` and
+    ``apply_gradients(table, unique_ids, grads)``
     are the rank's own store (tiered: its hot rows on the device, cold ones in its RocksDB
     shard). Every rank of the group must call :meth:`fetch` and :meth:`give_back` the same
     number of times, in the same order, even with nothing to send (an idle rank joins
     with an empty batch): they are collectives. ``bytes_sent`` counts this rank's payload
     (what leaves it for other ranks). ``precision`` is the wire format of rows and row
     gradients (module docstring); every rank of a group must use the same.
+
+    Ids of every table travel in one ``all_to_all``; rows and gradients in one per distinct row
+    width (tables of one width share it), so with one width for every table a step costs exactly
+    one collective for ids, one for rows and one for gradients.
     """
 
-    def __init__(self, fields: Sequence[str], dim: int, lookup: Callable, apply_gradients: Callable,
-                 rank: int, world: int, group=None, comm_device: torch.device | str = "cpu",
-                 precision: str = "fp32"):
+    def __init__(self, tables: Sequence[str] | Mapping[str, int], dim: int | None, lookup: Callable,
+                 apply_gradients: Callable, rank: int, world: int, group=None,
+                 comm_device: torch.device | str = "cpu", precision: str = "fp32"):
         if precision not in PRECISIONS:
             raise ValueError(f"exchange precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.precision = precision
-        self.fields = list(fields)
-        self.dim = int(dim)
+        if isinstance(tables, Mapping):
+            dims = {str(t): int(d) for t, d in tables.items()}
+        else:
+            if dim is None:
+                raise ValueError("RowExchange: a list of tables needs their dim")
+            dims = {str(t): int(dim) for t in tables}
+        self.tables = list(dims)
+        self.dims = dims
+        self.fields = self.tables  # the name the exchange's callers knew it by: one entry per table
+        # tables grouped by row width: one rows/gradients collective per width, tables in their order
+        widths = list(dict.fromkeys(dims.values()))
+        self._width_of = np.array([widths.index(dims[t]) for t in self.tables], dtype=np.int64)
+        self._widths = widths
         self.lookup = lookup
         self.apply_gradients = apply_gradients
         self.rank, self.world = int(rank), int(world)
@@ -145,6 +165,13 @@ class RowExchange:
         self.remote_ids_sent = 0  # ids this rank asked other ranks for (each: an id out, a row back, a gradient out)
         self._route: _Route | None = None
 
+    @property
+    def dim(self) -> int:
+        """The one row width of every table (a group whose tables differ in width has no single one)."""
+        if len(self._widths) != 1:
+            raise AttributeError("the tables have several row widths: see RowExchange.dims")
+        return self._widths[0]
+
     def _a2a(self, send: torch.Tensor, recv_rows: list[int], send_rows: list[int]) -> torch.Tensor:
         out = torch.empty((sum(recv_rows),) + tuple(send.shape[1:]), dtype=send.dtype, device=self.comm)
         dist.all_to_all_single(out, send.to(self.comm).contiguous(), output_split_sizes=recv_rows, input_split_sizes=send_rows,
@@ -153,19 +180,37 @@ class RowExchange:
         self.bytes_sent += (sum(send_rows) - send_rows[self.rank]) * row_bytes  # what leaves this rank
         return out
 
-    def fetch(self, uniques: Mapping[str, np.ndarray], batch_size: int) -> tuple[dict[str, torch.Tensor], np.ndarray]:
-        """Rows for this rank's unique ids of every field; and every rank's batch size this step.
+    def _class_parts(self, r: _Route, c: int):
+        """For width class ``c``: the positions (in send order) of the local ids, the received positions,
+        per-rank send/receive counts, and the class-local index of each owned id and each local id."""
+        in_c = self._width_of == c
+        send_pos = r.order[in_c[r.field[r.order]]]  # local concatenated positions, by (owner, table)
+        recv_pos = np.flatnonzero(in_c[r.rfield])  # received ids of this class, in received order
+        send = r.send[:, in_c].sum(1).tolist()
+        recv = r.recv[:, in_c].sum(1).tolist()
+        owned_c = np.full(len(r.owned_ids), -1, np.int64)
+        b = r.owned_bounds
+        n_owned = 0
+        for ti in np.flatnonzero(in_c):
+            k = int(b[ti + 1] - b[ti])
+            owned_c[b[ti]:b[ti + 1]] = np.arange(n_owned, n_owned + k)
+            n_owned += k
+        local_c = np.cumsum(in_c[r.field]) - 1  # class-local index of each local id (valid where in class)
+        return in_c, send_pos, recv_pos, send, recv, owned_c, n_owned, local_c
 
-        Every field is handled in whole-step numpy/torch ops (one hash for the owners, one sort for the
-        distinct ids asked of this rank, one gather of the rows); only the store is called per field."""
-        W, F = self.world, len(self.fields)
-        ids_all = [np.asarray(uniques[f], dtype=np.int64) for f in self.fields]
+    def fetch(self, uniques: Mapping[str, np.ndarray], batch_size: int) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+        """Rows for this rank's unique ids of every table; and every rank's batch size this step.
+
+        Every table is handled in whole-step numpy/torch ops (one hash for the owners, one sort for the
+        distinct ids asked of this rank, one gather of the rows per width); only the store is called per table."""
+        W, F = self.world, len(self.tables)
+        ids_all = [np.asarray(uniques[f], dtype=np.int64) for f in self.tables]
         sizes = [len(u) for u in ids_all]
         ids = np.concatenate(ids_all) if ids_all else np.zeros(0, np.int64)
         field = np.repeat(np.arange(F, dtype=np.int64), sizes)
-        owner = owners_of_fields(self.fields, ids, field, W)
-        order = np.lexsort((field, owner))  # by owner, then field; stable within a field
-        # the counts message: per destination, ids per field, then this rank's batch size and whether all its
+        owner = owners_of_fields(self.tables, ids, field, W)
+        order = np.lexsort((field, owner))  # by owner, then table; stable within a table
+        # the counts message: per destination, ids per table, then this rank's batch size and whether all its
         # ids fit int32 (so every rank learns every rank's batch size and the step's id width in one message)
         counts = np.zeros((W, F + 2), np.int64)
         counts[:, :F] = np.bincount(owner * F + field, minlength=W * F).reshape(W, F)
@@ -186,8 +231,8 @@ class RowExchange:
         out_ids = ids[order].astype(np.int32) if narrow else ids[order]
         rids = self._a2a(torch.from_numpy(out_ids), recv, send).cpu().numpy().astype(np.int64, copy=False)
         self.remote_ids_sent += sum(send) - send[self.rank]
-        # received ids are grouped by source rank, then field: label each with its field, then one sort by
-        # (field, id) gives every field's distinct ids (one read per row, however many ranks ask)
+        # received ids are grouped by source rank, then table: label each with its table, then one sort by
+        # (table, id) gives every table's distinct ids (one read per row, however many ranks ask)
         rfield = np.repeat(np.tile(np.arange(F, dtype=np.int64), W), recv_counts.reshape(-1))
         by = np.lexsort((rids, rfield))
         sf, sid = rfield[by], rids[by]
@@ -197,18 +242,22 @@ class RowExchange:
         bounds = np.searchsorted(sf[first], np.arange(F + 1))
         inverse = np.empty(len(by), np.int64)
         inverse[by] = np.cumsum(first) - 1
-        parts = [self.lookup(self.fields[fi], owned_ids[bounds[fi]:bounds[fi + 1]]).detach().to(self.comm, torch.float32)
-                 for fi in range(F) if bounds[fi + 1] > bounds[fi]]
-        rows_u = torch.cat(parts) if parts else torch.zeros((0, self.dim), device=self.comm)
-        rows_out = rows_u[torch.from_numpy(inverse).to(self.comm)]
-        back = decode_rows(self._a2a(encode_rows(rows_out, self.precision), send, recv), self.precision)
-        mine = torch.empty_like(back)
-        mine[torch.from_numpy(order).to(self.comm)] = back
-        out, at = {}, 0
-        for f, n in zip(self.fields, sizes):
-            out[f] = mine[at:at + n]
-            at += n
-        self._route = _Route(order, sizes, send, recv, owned_ids, bounds, inverse, batch_sizes)
+        r = _Route(order, sizes, counts[:, :F], recv_counts, field, rfield, owned_ids, bounds, inverse, batch_sizes)
+        out: dict[str, torch.Tensor] = {}
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        for c, d in enumerate(self._widths):
+            in_c, send_pos, recv_pos, c_send, c_recv, owned_c, n_owned, local_c = self._class_parts(r, c)
+            parts = [self.lookup(self.tables[ti], owned_ids[bounds[ti]:bounds[ti + 1]]).detach().to(self.comm, torch.float32)
+                     for ti in np.flatnonzero(in_c) if bounds[ti + 1] > bounds[ti]]
+            rows_u = torch.cat(parts) if parts else torch.zeros((0, d), device=self.comm)
+            rows_out = rows_u[torch.from_numpy(owned_c[inverse[recv_pos]]).to(self.comm)]
+            back = decode_rows(self._a2a(encode_rows(rows_out, self.precision), c_send, c_recv), self.precision)
+            mine = torch.empty((int(in_c[field].sum()), d), dtype=back.dtype, device=self.comm)
+            mine[torch.from_numpy(local_c[send_pos]).to(self.comm)] = back
+            for ti in np.flatnonzero(in_c):
+                at = int(local_c[starts[ti]]) if sizes[ti] else 0
+                out[self.tables[ti]] = mine[at:at + sizes[ti]]
+        self._route = r
         return out, batch_sizes
 
     def give_back(self, grads: Mapping[str, torch.Tensor | None]) -> None:
@@ -218,21 +267,25 @@ class RowExchange:
         if r is None:
             raise RuntimeError("give_back without a fetch")
         self._route = None
-        parts = []
-        for f, n in zip(self.fields, r.sizes):
-            g = grads.get(f)
-            parts.append(torch.zeros((n, self.dim), device=self.comm) if g is None
-                         else g.detach().to(self.comm, torch.float32).reshape(n, self.dim))
-        g_all = torch.cat(parts) if parts else torch.zeros((0, self.dim), device=self.comm)
-        wire = encode_rows(g_all[torch.from_numpy(r.order).to(self.comm)], self.precision)
-        got = decode_rows(self._a2a(wire, r.recv, r.send), self.precision)
-        if not len(r.owned_ids):
-            return
-        # every rank's contribution to a row summed in one op (in the order they arrived, so the sum is
-        # the same on every run), then applied once per field
-        summed = torch.zeros((len(r.owned_ids), self.dim), dtype=torch.float32, device=self.comm)
-        summed.index_add_(0, torch.from_numpy(r.inverse).to(self.comm), got)
-        b = r.owned_bounds
-        for fi, f in enumerate(self.fields):
-            if b[fi + 1] > b[fi]:
-                self.apply_gradients(f, r.owned_ids[b[fi]:b[fi + 1]], summed[b[fi]:b[fi + 1]])
+        for c, d in enumerate(self._widths):
+            in_c, send_pos, recv_pos, c_send, c_recv, owned_c, n_owned, local_c = self._class_parts(r, c)
+            parts = []
+            for ti in np.flatnonzero(in_c):
+                n, g = r.sizes[ti], grads.get(self.tables[ti])
+                parts.append(torch.zeros((n, d), device=self.comm) if g is None
+                             else g.detach().to(self.comm, torch.float32).reshape(n, d))
+            g_all = torch.cat(parts) if parts else torch.zeros((0, d), device=self.comm)
+            wire = encode_rows(g_all[torch.from_numpy(local_c[send_pos]).to(self.comm)], self.precision)
+            got = decode_rows(self._a2a(wire, c_recv, c_send), self.precision)
+            if not n_owned:
+                continue
+            # every rank's contribution to a row summed in one op (in the order they arrived, so the sum is
+            # the same on every run), then applied once per table
+            summed = torch.zeros((n_owned, d), dtype=torch.float32, device=self.comm)
+            summed.index_add_(0, torch.from_numpy(owned_c[r.inverse[recv_pos]]).to(self.comm), got)
+            b = r.owned_bounds
+            for ti in np.flatnonzero(in_c):
+                if b[ti + 1] > b[ti]:
+                    lo = int(owned_c[b[ti]])
+                    self.apply_gradients(self.tables[ti], r.owned_ids[b[ti]:b[ti + 1]],
+                                         summed[lo:lo + int(b[ti + 1] - b[ti])])
