@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from streamrec.embedding_store.store_types import CacheAdmission
 from streamrec.ingest.ingest_types import Codec, ConsumerMode, OffsetsLostPolicy, SaslMechanism, SecurityProtocol
+from streamrec.joiner.join_types import JoinMode
 from streamrec.model.model_types import Architecture
 from streamrec.trainer.trainer_types import Compression, DenseOptimizer, GroupBatch, HotSource, Precision, Schedule
 
@@ -350,6 +351,38 @@ class GeneratorConfig:
 
 
 @dataclass
+class JoinConfig:
+    mode: JoinMode = "window"  # window (one example per impression: a positive when its action arrives in the window, a negative when the window closes in event time) | fake_negative (a negative at once, a positive when the action arrives)
+    impressions_topic: str = "impressions"  # topic of unlabelled events (request_id required), keyed by request_id
+    actions_topic: str = "actions"  # topic of actions (request_id, ts, type, optional value), keyed by request_id; co-partitioned with impressions_topic
+    group: str = "streamrec-joiner"  # consumer group (faust app id) of the joiner workers
+    label_action: str = "click"  # the action type that makes an impression a positive (single-task output: `label`)
+    task_actions: str = ""  # multi-task output: "task=action_type,..." (e.g. "click=click,conversion=conversion"); each task's label is 1 when its action arrived in the window ("" = label_action only)
+    window_s: float = 3600.0  # attribution window: an action counts when its ts is at most this many seconds after the impression's ts (event time)
+    allowed_lateness_s: float = 60.0  # the window closes when the actions' event-time watermark passes impression ts + window_s + this
+    orphan_wait_s: float = 300.0  # an action that arrives before its impression waits until the impressions' watermark passes its ts + this (event time)
+    state_dir: str = "data/joiner"  # faust table state (RocksDB) of the joiner
+    exactly_once: bool = True  # Kafka transactions (faust processing_guarantee=exactly_once): output, state and offsets commit together; false: at least once
+    metrics_port: int = 0  # Prometheus HTTP port of the joiner, 0 = off
+    metrics_host: str = "127.0.0.1"  # address the joiner's Prometheus endpoint binds (0.0.0.0 to publish it)
+
+    def __post_init__(self) -> None:
+        _check_choice("join", self, "mode", JoinMode)
+
+    @property
+    def tasks(self) -> dict[str, str]:
+        """Task name -> the action type that labels it, in output order (``task_actions``, else the one
+        ``label_action`` task named as its action type)."""
+        if not self.task_actions.strip():
+            return {self.label_action: self.label_action}
+        out: dict[str, str] = {}
+        for item in self.task_actions.split(","):
+            task, _, action = item.strip().partition("=")
+            out[task.strip()] = action.strip()
+        return out
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
@@ -360,6 +393,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    join: JoinConfig = field(default_factory=JoinConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -582,6 +616,29 @@ def _validate(obj: Any, prefix: str) -> None:
             name = getattr(obj, key)  # the first dead letter or hot set, long after start-up
             if not (0 < len(name) <= 249 and name not in (".", "..") and re.fullmatch(r"[A-Za-z0-9._-]+", name)):
                 bad(key, f"{name!r} is not a legal Kafka topic name (1-249 of ASCII letters, digits, '.', '_', '-')")
+    elif isinstance(obj, JoinConfig):
+        _check_metrics_endpoint(obj, bad)
+        for key in ("impressions_topic", "actions_topic"):
+            name = getattr(obj, key)
+            if not (0 < len(name) <= 249 and name not in (".", "..") and re.fullmatch(r"[A-Za-z0-9._-]+", name)):
+                bad(key, f"{name!r} is not a legal Kafka topic name (1-249 of ASCII letters, digits, '.', '_', '-')")
+        if obj.impressions_topic == obj.actions_topic:
+            bad("actions_topic", "must differ from join.impressions_topic")
+        if not obj.label_action:
+            bad("label_action", "must name an action type")
+        if obj.task_actions.strip():
+            for item in obj.task_actions.split(","):
+                task, eq, action = item.strip().partition("=")
+                if not eq or not task.strip() or not action.strip():
+                    bad("task_actions", f"{item.strip()!r} is not task=action_type")
+            tasks = [i.strip().partition("=")[0].strip() for i in obj.task_actions.split(",")]
+            if len(set(tasks)) != len(tasks):
+                bad("task_actions", f"duplicate task names in {tasks}")
+        if obj.window_s <= 0:
+            bad("window_s", "must be > 0")
+        for key in ("allowed_lateness_s", "orphan_wait_s"):
+            if getattr(obj, key) < 0:
+                bad(key, "must be >= 0")
     elif isinstance(obj, IngestConfig):
         if not 0 < obj.dense_abs_max <= 3e38:
             bad("dense_abs_max", "must be in (0, 3e38] (float32's range)")

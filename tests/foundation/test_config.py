@@ -161,6 +161,7 @@ CHOICE_KEYS = [
     ("trainer", "group_batch", "streamrec.trainer.trainer_types", "GroupBatch"),
     ("trainer", "hot_source", "streamrec.trainer.trainer_types", "HotSource"),
     ("model", "architecture", "streamrec.model.model_types", "Architecture"),
+    ("join", "mode", "streamrec.joiner.join_types", "JoinMode"),
 ]
 
 

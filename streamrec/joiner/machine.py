@@ -1,0 +1,347 @@
+"""The join of impressions with the actions that follow them, as a deterministic state machine.
+
+One :class:`JoinState` holds one partition of the two co-partitioned topics (both keyed by
+``request_id``, so an impression and its actions share a partition number). It is fed that
+partition's impressions and actions in any interleaving of the two topics' own orders, and emits
+labelled :class:`Example` s. Its state lives in a key-value mapping it is given (a faust Table on
+RocksDB in the worker, a dict in tests); the heaps that find what is due are rebuilt from it by
+:meth:`JoinState.restore`.
+
+Event time, two watermarks per partition: ``wi`` is the largest impression ``ts`` seen, ``wa`` the
+largest action ``ts`` seen. With ``W`` = ``join.window_s``, ``L`` = ``join.allowed_lateness_s``, ``O`` =
+``join.orphan_wait_s`` (all in ms here) and ``H = W + L + O`` (the dedupe horizon):
+
+* an impression older than ``wi - H`` when it arrives is late: counted and dropped (its duplicates could no
+  longer be recognised); a second impression of a ``request_id`` already held is a duplicate (counted once);
+* an action of a label type counts for impression ``I`` (``ts`` ``t``, ``wi`` at its arrival ``wi_I``) when
+  ``a.ts <= t + W`` (else: after the window), ``wa`` through the action is ``<= t + W + L`` (else: late)
+  and ``a.ts + O >= wi_I`` (else: an orphan that expired before its impression came);
+* an action whose impression has not arrived waits (an orphan) until ``wi`` passes ``a.ts + O``;
+* the window of ``I`` closes when ``wa`` passes ``t + W + L``: every action that can count has arrived.
+
+Each rule reads only the order of records within one topic partition, never how the two topics were
+interleaved, so the examples (not their emission times) are the same for every interleaving: a replay from
+the start gives what a live run gave. Modes (``join.mode``):
+
+* ``window``: one example per impression, a positive as soon as every task has a counting action, else at
+  the close (label 1 for tasks with a counting action, 0 for the rest);
+* ``fake_negative``: a negative at once (kind ``fake_negative``), then for each task a positive when its
+  first counting action arrives (kind ``positive``; other tasks' labels missing, in multi-task output).
+
+Each example's kind travels with it in the Kafka header :data:`FEEDBACK_HEADER` (``positive``,
+``negative``, ``fake_negative``): the fake-negative correction of the trainer reads it; the event body
+stays today's event contract.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+FEEDBACK_HEADER = "streamrec-feedback"
+KINDS = ("positive", "negative", "fake_negative")
+
+
+@dataclass(frozen=True)
+class JoinRules:
+    """The join's parameters, in ms; ``tasks``: task name -> the action type that labels it (output order)."""
+
+    mode: str
+    window_ms: int
+    lateness_ms: int
+    orphan_ms: int
+    tasks: tuple[tuple[str, str], ...]
+    single: bool = True  # one task: the output carries ``label``, else ``labels``
+
+    @classmethod
+    def from_config(cls, join) -> "JoinRules":
+        tasks = tuple(join.tasks.items())
+        return cls(join.mode, int(round(join.window_s * 1000)), int(round(join.allowed_lateness_s * 1000)),
+                   int(round(join.orphan_wait_s * 1000)), tasks, single=not join.task_actions.strip())
+
+    @property
+    def horizon_ms(self) -> int:
+        return self.window_ms + self.lateness_ms + self.orphan_ms
+
+    @property
+    def task_names(self) -> list[str]:
+        return [t for t, _ in self.tasks]
+
+    def tasks_of(self, action_type: str) -> list[str]:
+        return [t for t, a in self.tasks if a == action_type]
+
+
+@dataclass(frozen=True)
+class Action:
+    request_id: str
+    ts: int
+    type: str
+    value: float | None = None
+
+
+@dataclass
+class Example:
+    """One labelled event: ``event`` is the impression with ``label`` (one task) or ``labels`` set."""
+
+    request_id: str
+    kind: str  # positive | negative | fake_negative
+    event: dict[str, Any]
+
+
+@dataclass
+class JoinStats:
+    impressions: int = 0  # impressions joined (first of their request_id, not late)
+    duplicate_impressions: int = 0
+    late_impressions: int = 0  # older than the dedupe horizon when they arrived: dropped
+    actions: int = 0  # actions of a label type
+    ignored_actions: int = 0  # actions of a type no task is labelled by
+    duplicate_actions: int = 0  # a task's second counting action (or an identical waiting action)
+    late_actions: int = 0  # in the window, but after the window closed in event time
+    after_window_actions: int = 0  # later than the window after the impression
+    orphan_actions: int = 0  # never matched an impression within join.orphan_wait_s
+    examples: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
+    rows: int = 0  # state rows held (impressions, closed impressions kept for dedupe, waiting actions' keys)
+
+
+def parse_action(obj: Any) -> Action:
+    """An action from its decoded JSON object, or ValueError naming what is wrong."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"action must be a JSON object, got {type(obj).__name__}")
+    extra = sorted(set(obj) - {"request_id", "ts", "type", "value"})
+    if extra:
+        raise ValueError(f"unknown key {extra[0]!r} in an action; allowed: request_id, ts, type, value")
+    rid = obj.get("request_id")
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise ValueError("action: request_id must be a non-empty string or an integer")
+    ts = obj.get("ts")
+    if type(ts) is not int or not -(2**63) <= ts < 2**63:
+        raise ValueError(f"action: ts must be an integer (ms since epoch), got {ts!r}")
+    typ = obj.get("type")
+    if not isinstance(typ, str) or not typ:
+        raise ValueError("action: type must be a non-empty string")
+    value = obj.get("value")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value)):
+        raise ValueError(f"action: value must be a finite number, got {value!r}")
+    return Action(str(rid), ts, typ, None if value is None else float(value))
+
+
+def _wm_key() -> str:
+    return "wm"
+
+
+class JoinState:
+    """The join of one partition. ``store``: a mutable mapping from str keys to JSON-able values;
+    ``on_delay``: called with each counting action's delay after its impression (ms)."""
+
+    def __init__(self, rules: JoinRules, store: MutableMapping | None = None,
+                 on_delay: Callable[[int], None] | None = None):
+        self.rules = rules
+        self.store: MutableMapping = store if store is not None else {}
+        self.stats = JoinStats()
+        self.on_delay = on_delay
+        self.wi: int | None = None
+        self.wa: int | None = None
+        self._closing: list[tuple[int, str]] = []  # (close time, rid) of open impressions
+        self._purge: list[tuple[int, str]] = []  # (dedupe horizon end, rid) of closed impressions
+        self._orphans: list[tuple[int, str]] = []  # (expiry, rid) of waiting actions
+        self.restore()
+
+    # -- state ---------------------------------------------------------------------------------------
+    def restore(self) -> None:
+        """Read the watermarks and rebuild the due-time heaps from the store (after a restart)."""
+        self._closing, self._purge, self._orphans = [], [], []
+        wm = self.store.get(_wm_key())
+        self.wi, self.wa = (wm["i"], wm["a"]) if wm else (None, None)
+        rows = 0
+        r = self.rules
+        for key, val in list(self.store.items()):
+            if key.startswith("i/"):
+                rows += 1
+                rid = key[2:]
+                if val["open"]:
+                    self._closing.append((val["ts"] + r.window_ms + r.lateness_ms, rid))
+                else:
+                    self._purge.append((val["ts"] + r.horizon_ms, rid))
+            elif key.startswith("a/"):
+                rows += 1
+                for ats, _typ, _wa in val:
+                    self._orphans.append((ats + r.orphan_ms, key[2:]))
+        for h in (self._closing, self._purge, self._orphans):
+            heapq.heapify(h)
+        self.stats.rows = rows
+
+    def _save_wm(self) -> None:
+        self.store[_wm_key()] = {"i": self.wi, "a": self.wa}
+
+    def _put(self, key: str, val: Any) -> None:
+        if key not in self.store:
+            self.stats.rows += 1
+        self.store[key] = val
+
+    def _del(self, key: str) -> None:
+        if key in self.store:
+            del self.store[key]
+            self.stats.rows -= 1
+
+    # -- output --------------------------------------------------------------------------------------
+    def _example(self, rid: str, rec: dict, kind: str, labels: dict[str, float | None]) -> Example:
+        ev = dict(rec["ev"])
+        if self.rules.single:
+            ev["label"] = labels[self.rules.task_names[0]]
+        else:
+            ev["labels"] = labels
+        self.stats.examples[kind] += 1
+        return Example(rid, kind, ev)
+
+    # -- input ---------------------------------------------------------------------------------------
+    def impression(self, rid: str, ts: int, event: dict[str, Any]) -> list[Example]:
+        """One impression (``event``: the unlabelled event, ``ts`` its time); the examples it completes."""
+        r = self.rules
+        self.wi = ts if self.wi is None else max(self.wi, ts)
+        self._save_wm()
+        self._expire_orphans()
+        self._purge_closed()
+        if ts + r.horizon_ms < self.wi:
+            self.stats.late_impressions += 1
+            return []
+        key = "i/" + rid
+        if key in self.store:
+            self.stats.duplicate_impressions += 1
+            return []
+        self.stats.impressions += 1
+        rec = {"ts": ts, "wi": self.wi, "ev": event, "open": True, "pos": [], "done": False}
+        out: list[Example] = []
+        if r.mode == "fake_negative":
+            out.append(self._example(rid, rec, "fake_negative", {t: 0 for t in r.task_names}))
+        waiting = self.store.get("a/" + rid)
+        if waiting:
+            self._del("a/" + rid)
+            for ats, typ, wa in waiting:
+                out += self._count(rid, rec, ats, typ, wa)
+        if self.wa is not None and self.wa > ts + r.window_ms + r.lateness_ms:
+            out += self._close(rid, rec)
+        else:
+            heapq.heappush(self._closing, (ts + r.window_ms + r.lateness_ms, rid))
+        self._put(key, rec)
+        return out
+
+    def action(self, action: Action) -> list[Example]:
+        """One action; the examples it completes (its own positive, and negatives whose window it closed)."""
+        r = self.rules
+        self.wa = action.ts if self.wa is None else max(self.wa, action.ts)
+        self._save_wm()
+        out: list[Example] = []
+        if not r.tasks_of(action.type):
+            self.stats.ignored_actions += 1
+        else:
+            self.stats.actions += 1
+            rid = action.request_id
+            rec = self.store.get("i/" + rid)
+            if rec is not None and rec["open"]:
+                out += self._count(rid, rec, action.ts, action.type, self.wa)
+                self.store["i/" + rid] = rec
+            elif rec is not None:
+                if action.ts > rec["ts"] + r.window_ms:
+                    self.stats.after_window_actions += 1
+                else:
+                    self.stats.late_actions += 1
+            elif self.wi is not None and action.ts + r.orphan_ms < self.wi:
+                self.stats.orphan_actions += 1  # its impression can no longer match it
+            else:
+                key = "a/" + rid
+                waiting = list(self.store.get(key) or [])
+                if any(ats == action.ts and typ == action.type for ats, typ, _ in waiting):
+                    self.stats.duplicate_actions += 1
+                else:
+                    waiting.append([action.ts, action.type, self.wa])
+                    self._put(key, waiting)
+                    heapq.heappush(self._orphans, (action.ts + r.orphan_ms, rid))
+        out += self._close_due()
+        return out
+
+    # -- rules ---------------------------------------------------------------------------------------
+    def _count(self, rid: str, rec: dict, ats: int, typ: str, wa: int) -> list[Example]:
+        """Apply one label-type action to an open impression ``rec`` (updated in place)."""
+        r = self.rules
+        t = rec["ts"]
+        if ats > t + r.window_ms:
+            self.stats.after_window_actions += 1
+            return []
+        if wa > t + r.window_ms + r.lateness_ms:
+            self.stats.late_actions += 1
+            return []
+        if ats + r.orphan_ms < rec["wi"]:
+            self.stats.orphan_actions += 1
+            return []
+        out: list[Example] = []
+        for task in r.tasks_of(typ):
+            if task in rec["pos"]:
+                self.stats.duplicate_actions += 1
+                continue
+            rec["pos"].append(task)
+            if self.on_delay is not None:
+                self.on_delay(max(0, ats - t))
+            if r.mode == "fake_negative":
+                labels = {n: (1 if n == task else None) for n in r.task_names}
+                out.append(self._example(rid, rec, "positive", labels))
+            elif not rec["done"] and len(rec["pos"]) == len(r.tasks):
+                rec["done"] = True
+                out.append(self._example(rid, rec, "positive", {n: 1 for n in r.task_names}))
+        return out
+
+    def _close(self, rid: str, rec: dict) -> list[Example]:
+        """Close ``rec``'s window (updated in place): window mode's negative if it has no example yet."""
+        out: list[Example] = []
+        rec["open"] = False
+        if self.rules.mode == "window" and not rec["done"]:
+            rec["done"] = True
+            out.append(self._example(rid, rec, "negative",
+                                     {n: (1 if n in rec["pos"] else 0) for n in self.rules.task_names}))
+        heapq.heappush(self._purge, (rec["ts"] + self.rules.horizon_ms, rid))
+        return out
+
+    def _close_due(self) -> list[Example]:
+        out: list[Example] = []
+        while self._closing and self.wa is not None and self._closing[0][0] < self.wa:
+            _, rid = heapq.heappop(self._closing)
+            rec = self.store.get("i/" + rid)
+            if rec is None or not rec["open"]:
+                continue
+            out += self._close(rid, rec)
+            self.store["i/" + rid] = rec
+        return out
+
+    def _expire_orphans(self) -> None:
+        r = self.rules
+        while self._orphans and self._orphans[0][0] < self.wi:
+            _, rid = heapq.heappop(self._orphans)
+            key = "a/" + rid
+            waiting = self.store.get(key)
+            if not waiting:
+                continue
+            keep = [w for w in waiting if w[0] + r.orphan_ms >= self.wi]
+            self.stats.orphan_actions += len(waiting) - len(keep)
+            if keep:
+                self.store[key] = keep
+            else:
+                self._del(key)
+
+    def _purge_closed(self) -> None:
+        while self._purge and self._purge[0][0] < self.wi:
+            _, rid = heapq.heappop(self._purge)
+            rec = self.store.get("i/" + rid)
+            if rec is not None and not rec["open"] and rec["ts"] + self.rules.horizon_ms < self.wi:
+                self._del("i/" + rid)
+
+
+def encode_value(val: Any) -> bytes:
+    return json.dumps(val, separators=(",", ":")).encode()
+
+
+def decode_value(raw: bytes) -> Any:
+    return json.loads(raw)
