@@ -11,7 +11,8 @@ Layouts (what a reader expects; the model config's fields must match):
   are an error.
 * ``jsonl`` -- one event object per line, exactly the JSON wire form.
 * ``parquet`` -- the Arrow wire form's columns (``ts``, ``label``, ``dense``,
-  one ``list<int64>`` per field, ``request_id``); plain integer or string
+  one ``list<int64>`` per field, ``request_id``, and ``labels``, a struct of one
+  nullable float32 per task, for a model with several tasks); plain integer or string
   columns are accepted for single-valued fields.
 * ``criteo`` -- the Criteo display-advertising TSV: no header, ``label``, 13 integer
   columns ``I1..I13``, 26 hexadecimal categorical columns ``C1..C26``. Model:
@@ -448,8 +449,13 @@ def _read_parquet(path: Path, schema: EventSchema, chunk: int) -> Iterator[Event
         raise DatasetError(f"{path}: not a readable Parquet file: {e}") from None
 
 
-def _rechunk(batches: Iterable[EventBatch], chunk: int) -> Iterator[EventBatch]:
+def _rechunk(batches: Iterable[EventBatch], chunk: int, schema: EventSchema) -> Iterator[EventBatch]:
+    """Batches of at most ``chunk`` events; for a model with several tasks each has ``task_labels`` (a layout
+    with one label column gives the first task's, the other tasks missing)."""
+    num_tasks = len(schema.tasks)
     for b in batches:
+        if num_tasks > 1 and b.task_labels is None:
+            b.task_labels, b.task_names = b.label_matrix(num_tasks), schema.tasks
         if len(b) <= chunk:
             if len(b):
                 yield b
@@ -499,7 +505,7 @@ def read_events(
         src = _read_jsonl(p, schema, chunk)
     else:
         src = _read_parquet(p, schema, chunk)
-    return _rechunk(src, chunk)
+    return _rechunk(src, chunk, schema)
 
 
 # -- writers -----------------------------------------------------------------------
@@ -523,14 +529,16 @@ def write_events(path: str | os.PathLike, batches: Iterable[EventBatch], cfg=Non
     if fmt == "parquet":
         from .codec import arrow_schema
 
-        with pq.ParquetWriter(str(tmp), arrow_schema(schema), compression="zstd") as w:
+        with_labels = len(schema.tasks) > 1  # one schema for the whole file: labels when the model has tasks
+        with pq.ParquetWriter(str(tmp), arrow_schema(schema, with_labels), compression="zstd") as w:
             for b in batches:
-                w.write_batch(batch_to_arrow(b, schema))
+                w.write_batch(batch_to_arrow(b, schema, with_labels))
                 n += len(b)
     else:
         with pa.output_stream(str(tmp), compression="detect") as f:
             for b in batches:
-                f.write("".join(json.dumps(ev, separators=(",", ":")) + "\n" for ev in b.to_events()).encode())
+                events = b.to_events(schema.tasks if b.task_labels is not None and b.task_names is None else None)
+                f.write("".join(json.dumps(ev, separators=(",", ":")) + "\n" for ev in events).encode())
                 n += len(b)
     os.replace(tmp, p)
     return n
