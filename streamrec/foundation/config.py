@@ -231,7 +231,7 @@ class SketchConfig:
 @dataclass
 class HotConfig:
     budget_rows: int = 20_000  # rows kept on the device, over all tables
-    budget_bytes: int = 0  # device bytes for hot rows, each (embedding_dim + 1) * 4 (weights + Adagrad); 0 = use budget_rows
+    budget_bytes: int = 0  # device bytes for hot rows, each row (its table's dim + 1) * 4 (weights + Adagrad); 0 = use budget_rows
 
 
 @dataclass
@@ -431,7 +431,7 @@ _REMOVED: dict[tuple[type, str], str] = {
     (KafkaConfig, "sasl_password"): "is not a config key (a config is printed and copied to child processes): put "
                                     "the password in env STREAMREC_KAFKA_SASL_PASSWORD or a file named by "
                                     "kafka.sasl_password_file",
-    (HotConfig, "row_bytes"): "removed; a hot row costs (model.embedding_dim + 1) * 4 device bytes (weights + "
+    (HotConfig, "row_bytes"): "removed; a hot row costs (its table's dim + 1) * 4 device bytes (weights + "
                               "Adagrad), the size the store allocates, and hot.budget_bytes is divided by that",
     **{(FieldSpec, k): "belongs to the synthetic generator: set it in [[generator.fields]] (same name), not on "
                        "[[model.fields]]" for k in GENERATED_FIELD_KEYS},
