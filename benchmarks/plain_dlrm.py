@@ -83,13 +83,18 @@ class PlainDLRM(nn.Module):
             feats.append(F.embedding_bag(inverse, leaf, torch.from_numpy(np.asarray(offsets[:-1], np.int64)),
                                          mode="sum"))
             leaves.append((f, rows, leaf))
+        return self.dense_forward(dense, torch.cat(feats, dim=1)), leaves
+
+    def dense_forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """Logits from dense features and the flat pooled embeddings ``[B, fields * dim]`` (field order)."""
+        feats = list(pooled.view(len(pooled), len(self.fields), -1).unbind(1))
         if self.bottom is not None:
             x = self.bottom(dense)
             feats.insert(0, x)
         z = torch.stack(feats, dim=1)
         inter = torch.bmm(z, z.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
         top_in = torch.cat([x, inter], dim=1) if self.bottom is not None else inter
-        return self.top(top_in).squeeze(1), leaves
+        return self.top(top_in).squeeze(1)
 
     def train_batch(self, dense: np.ndarray, labels: np.ndarray, sparse) -> np.ndarray:
         """Score (before the update), then one step; returns the scores."""

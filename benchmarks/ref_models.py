@@ -3,8 +3,8 @@
 code. Nothing here imports ``streamrec.model``, ``streamrec.trainer`` or ``streamrec.embedding_store``:
 a bug shared by the product's module and the trainer cannot hide in both.
 
-Each network takes the dense features and the per-field sum-pooled embeddings and returns a logit per
-event; :class:`PlainRanker` holds one ``nn.EmbeddingBag`` (sum) per field over a vocabulary fixed up
+Each network takes the dense features and the sum-pooled embeddings of every field concatenated in field
+order (``[B, fields * dim]``, the product's flat ``pooled`` input) and returns a logit per event; :class:`PlainRanker` holds one ``nn.EmbeddingBag`` (sum) per field over a vocabulary fixed up
 front, trains the network with Adam and the touched rows with row-wise Adagrad (the accumulator adds
 the mean squared gradient of a row), and scores each mini-batch before it trains on it (progressive
 validation).
@@ -63,16 +63,16 @@ class _Dense(nn.Module):
 
 
 class _Inputs(nn.Module):
-    """The dense part (bottom MLP output, or raw features without one) beside the flattened embeddings."""
+    """The dense part (bottom MLP output, or raw features without one) beside the flat pooled embeddings."""
 
     def __init__(self, num_fields: int, dense_dim: int, dim: int, bottom: Sequence[int]):
         super().__init__()
+        self.dim = dim
         self.bottom = _Dense([dense_dim, *bottom], relu_last=True) if dense_dim else None
         self.width = num_fields * dim + (([dense_dim, *bottom])[-1] if dense_dim else 0)
 
-    def concat(self, dense: torch.Tensor, emb: Sequence[torch.Tensor]) -> torch.Tensor:
-        parts = ([self.bottom(dense)] if self.bottom is not None else []) + list(emb)
-        return torch.cat(parts, dim=1)
+    def concat(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.bottom(dense), pooled], dim=1) if self.bottom is not None else pooled
 
 
 class RefDCNv2(_Inputs):
@@ -89,8 +89,8 @@ class RefDCNv2(_Inputs):
         self.deep = _Dense([d, *top], relu_last=True)
         self.out = _Dense([([d, *top])[-1], 1], relu_last=False)
 
-    def forward(self, dense, emb):
-        x0 = self.concat(dense, emb)
+    def forward(self, dense, pooled):
+        x0 = self.concat(dense, pooled)
         x = x0
         for i in range(len(self.cross_w) // 2):
             x = x0 * (x @ self.cross_w[2 * i].t() + self.cross_w[2 * i + 1]) + x
@@ -111,7 +111,8 @@ class RefDeepFM(_Inputs):
                                         if dense_dim else [])
         self.deep = _Dense([self.width, *top, 1], relu_last=False)
 
-    def forward(self, dense, emb):
+    def forward(self, dense, pooled):
+        emb = pooled.split(self.dim, dim=1)  # the fields' vectors
         pairs = 0.0
         for i in range(len(emb)):  # sum over i < j of <v_i, v_j>, written as the pairs themselves
             for j in range(i + 1, len(emb)):
@@ -119,7 +120,7 @@ class RefDeepFM(_Inputs):
         first = self.b[0] + sum(self.w_field[i] * emb[i].sum(dim=1) for i in range(len(emb)))
         if len(self.w_dense):
             first = first + dense @ self.w_dense[0][0]
-        return first + pairs + self.deep(self.concat(dense, emb))[:, 0]
+        return first + pairs + self.deep(self.concat(dense, pooled))[:, 0]
 
 
 class RefMLP(_Inputs):
@@ -129,8 +130,8 @@ class RefMLP(_Inputs):
         super().__init__(num_fields, dense_dim, dim, bottom)
         self.top = _Dense([self.width, *top, 1], relu_last=False)
 
-    def forward(self, dense, emb):
-        return self.top(self.concat(dense, emb))[:, 0]
+    def forward(self, dense, pooled):
+        return self.top(self.concat(dense, pooled))[:, 0]
 
 
 def make_net(name: str, num_fields: int, dense_dim: int, dim: int, bottom: Sequence[int], top: Sequence[int],
@@ -198,7 +199,7 @@ class PlainRanker:
             bag, leaf = self._pool(f, *sparse[f])
             emb.append(bag)
             leaves.append(leaf)
-        return self.net(torch.from_numpy(np.asarray(dense, np.float32)), emb), leaves
+        return self.net(torch.from_numpy(np.asarray(dense, np.float32)), torch.cat(emb, dim=1)), leaves
 
     def train_batch(self, dense: np.ndarray, labels: np.ndarray, sparse) -> np.ndarray:
         """Score (before the update), then one step; returns the scores."""

@@ -50,13 +50,14 @@ class EventBatcher:
     """Queues of waiting events and the steps they form (no model here: the trainer runs the steps)."""
 
     def __init__(self, batch_size: int, max_wait: int, dense_dim: int, fields: Sequence[str],
-                 hot_wait: int | None = None):
+                 hot_wait: int | None = None, num_tasks: int = 1):
         self.batch_size = max(1, int(batch_size))
         self.max_wait = max(self.batch_size, int(max_wait))
         # a hot event waits at most this many arrivals for a full hot batch, then joins the cold queue;
         # >= max_wait: never (the hot queue then trains as it is after max_wait, a partial hot batch)
         self.hot_wait = self.max_wait if hot_wait is None else max(1, int(hot_wait))
         self.dense_dim, self.fields = int(dense_dim), list(fields)
+        self.num_tasks = max(1, int(num_tasks))  # the width of ``scores``: one progressive score per task
         # False only to measure what progressive validation's early scores cost (``bench train
         # --without-early-scores``): waiting events are then scored in their own later step, so the
         # progressive metrics peek at later events
@@ -70,7 +71,7 @@ class EventBatcher:
         self.part = np.zeros(0, np.int32)
         self.off = np.zeros(0, np.int64)
         self.hot = np.zeros(0, bool)
-        self.scores = np.zeros(0, np.float32)
+        self.scores = np.zeros((0, self.num_tasks), np.float32)
         self.scored = np.zeros(0, bool)
         self.queues: dict[str, list[int]] = {"hot": [], "cold": []}  # "cold" is the mixed queue without a hot set
         self.next_seq = 0
@@ -91,14 +92,15 @@ class EventBatcher:
         self.any_hot = self.any_hot or bool(hot.any())
         hot = self._gate(hot)
         self.buffer = EventBatch.concat([self.buffer, batch], self.dense_dim, self.fields) if n_old else \
-            EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse, batch.request_ids)
+            EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse, batch.request_ids,
+                       task_labels=batch.task_labels, task_names=batch.task_names)
         self.seq = np.concatenate([self.seq, self.next_seq + np.arange(n, dtype=np.int64)])
         self.next_seq += n
         part, off = batch.source_partitions, batch.source_records
         self.part = np.concatenate([self.part, np.full(n, -1, np.int32) if part is None else np.asarray(part, np.int32)])
         self.off = np.concatenate([self.off, np.full(n, -1, np.int64) if off is None else np.asarray(off, np.int64)])
         self.hot = np.concatenate([self.hot, hot])
-        self.scores = np.concatenate([self.scores, np.full(n, np.nan, np.float32)])
+        self.scores = np.concatenate([self.scores, np.full((n, self.num_tasks), np.nan, np.float32)])
         self.scored = np.concatenate([self.scored, np.zeros(n, bool)])
         steps: list[Step] = []
         pos, end, bs = n_old, n_old + n, self.batch_size
@@ -211,7 +213,7 @@ class EventBatcher:
         """The waiting events, their early scores and queues: a checkpoint holds them, so the offsets it
         commits may cover events not trained yet and a resumed trainer forms the same batches."""
         b = self.buffer
-        return {"ts": b.ts, "labels": b.labels, "dense": b.dense,
+        return {"ts": b.ts, "labels": b.labels, "dense": b.dense, "task_labels": b.task_labels,
                 "sparse": {f: (b.sparse[f].values, b.sparse[f].offsets) for f in self.fields},
                 "seq": self.seq, "part": self.part, "off": self.off, "hot": self.hot, "scores": self.scores, "scored": self.scored,
                 "queues": {k: list(q) for k, q in self.queues.items()}, "next_seq": self.next_seq,
@@ -225,11 +227,16 @@ class EventBatcher:
                                  np.asarray(st["dense"], np.float32).reshape(len(st["labels"]), self.dense_dim),
                                  {f: JaggedIds(np.asarray(v, np.int64), np.asarray(o, np.int64))
                                   for f, (v, o) in st["sparse"].items()})
+        if st.get("task_labels") is not None:
+            self.buffer.task_labels = np.asarray(st["task_labels"], np.float32).reshape(len(st["labels"]), -1) \
+                if len(st["labels"]) else np.zeros((0, self.num_tasks), np.float32)
         self.seq, self.hot = np.asarray(st["seq"], np.int64), np.asarray(st["hot"], bool)
         n = len(self.seq)  # checkpoints from before sources were kept: unknown (-1)
         self.part = np.asarray(st["part"], np.int32) if "part" in st else np.full(n, -1, np.int32)
         self.off = np.asarray(st["off"], np.int64) if "off" in st else np.full(n, -1, np.int64)
-        self.scores, self.scored = np.asarray(st["scores"], np.float32), np.asarray(st["scored"], bool)
+        # [N] in a checkpoint from before tasks: [N, 1]
+        self.scores = np.asarray(st["scores"], np.float32).reshape(len(self.seq), self.num_tasks)
+        self.scored = np.asarray(st["scored"], bool)
         self.queues = {k: [int(p) for p in q] for k, q in st["queues"].items()}
         self.next_seq = int(st["next_seq"])
         self.any_hot = bool(st.get("any_hot", self.hot.any()))

@@ -4,6 +4,11 @@ plans FAE hot/cold mini-batches, prefetches the next cold batch's rows while the
 current one trains, and scores every event before training on it.
 
 Kafka, checkpoints and snapshots are wired around this in ``streamrec.trainer.service``.
+
+Several tasks: scores are ``[N, T]`` (column ``t`` is task ``model.task_names[t]``). Progressive
+metrics are kept per task (``task_metrics``, one :class:`StreamingMetrics` each), and each task's
+are updated only with the events that carry its label; ``metrics`` is the first task's, so the
+single-task figures (``auc``, ``logloss``) keep their meaning.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ class WindowResult:
     events: int  # events handed over in this call
     hot_events: int  # events trained in hot mini-batches
     minibatches: int
-    scores: np.ndarray  # progressive scores of this call's events, arrival order (NaN: rejected or still waiting)
+    scores: np.ndarray  # [N, T] progressive scores of this call's events, arrival order (NaN rows: rejected or waiting)
     rejected: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # not trained (non-finite): positions among this call's events
     reject_reason: str = ""
     trained: int = 0  # events trained in this call (may include events handed over earlier)
@@ -45,12 +50,16 @@ class TrainerCore:
         self.store = store
         self.device = device
         self.fields = cfg.model.field_names
+        self.field_tables = cfg.model.field_tables  # {field: table}: the store and the hot set are keyed by table
+        self.task_names = cfg.model.task_names
         self.model = build_model(cfg.model).to(device)
         self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
-        self.metrics = StreamingMetrics(cfg.trainer.metrics_window)
+        # one per task, each updated with the events that carry its label; ``metrics`` is the first task's
+        self.task_metrics = {name: StreamingMetrics(cfg.trainer.metrics_window) for name in self.task_names}
+        self.metrics = self.task_metrics[self.task_names[0]]
         t = cfg.trainer
         self.batcher = EventBatcher(t.batch_size, t.batch_size * t.window_batches, cfg.model.dense_dim, self.fields,
-                                    hot_wait=round(t.batch_size * t.hot_wait_batches))
+                                    hot_wait=round(t.batch_size * t.hot_wait_batches), num_tasks=len(self.task_names))
         self.events = 0
         self.hot_events = 0
         self.hot_version = 0
@@ -67,7 +76,8 @@ class TrainerCore:
         lowered while the compacted topic still holds the old set) is cut to fit, each table in
         proportion, instead of raising: the follower would hand the same set over after every restart.
         """
-        tables = {t: np.unique(np.asarray(ids, dtype=np.int64)) for t, ids in tables.items() if t in self.fields}
+        known = set(self.field_tables.values())
+        tables = {t: np.unique(np.asarray(ids, dtype=np.int64)) for t, ids in tables.items() if t in known}
         total, cap = sum(len(v) for v in tables.values()), int(self.store.hot_capacity_rows)
         if total > cap:
             log.warning("hot set v%d has %d rows, over the hot tier's %d: cut to fit", version, total, cap)
@@ -79,7 +89,8 @@ class TrainerCore:
         return stats
 
     def hot_mask(self, field: str, ids: np.ndarray) -> np.ndarray:
-        return self.store.hot_mask(field, ids)
+        """Which of a field's ids are hot (in its table's hot set)."""
+        return self.store.hot_mask(self.field_tables.get(field, field), ids)
 
     # -- training ------------------------------------------------------------
     def plan(self, batch: EventBatch) -> list[MiniBatch]:
@@ -122,10 +133,9 @@ class TrainerCore:
         return len(self.batcher)
 
     def _prefetch(self, uniques: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
-        for f in self.fields:
-            ids = uniques[f][0]
+        for table, (ids, _) in uniques.items():
             if len(ids):
-                self.store.prefetch(f, ids)
+                self.store.prefetch(table, ids)
 
     def _run_steps(self, steps: list[Step], n_new: int, base: int) -> WindowResult:
         """Run planned steps in order: score the early ones, then train (prefetching the next cold step).
@@ -136,6 +146,7 @@ class TrainerCore:
         buf = bt.buffer
         self.model.train()
         subs = [buf.take(s.rows) for s in steps]
+        labels = buf.label_matrix(len(self.task_names))
         uniqs: list = [None] * len(steps)
         hot_n, trained = 0, 0
         rejected: list[np.ndarray] = []
@@ -148,14 +159,14 @@ class TrainerCore:
             if len(s.prescore):
                 bt.scores[s.prescore] = self.predict(buf.take(s.prescore))
             if uniqs[i] is None:
-                uniqs[i] = unique_ids(sub, self.fields)
+                uniqs[i] = unique_ids(sub, self.cfg.model)
             nxt = i + 1
             if nxt < len(steps) and steps[nxt].kind != "hot":
-                uniqs[nxt] = unique_ids(subs[nxt], self.fields)
+                uniqs[nxt] = unique_ids(subs[nxt], self.cfg.model)
                 self._prefetch(uniqs[nxt])  # cold rows load in the background while this batch trains
             p, bad, why = self._guarded_step(sub, uniqs[i])
             uniqs[i] = None
-            own = np.isnan(bt.scores[s.rows])  # an event scored early keeps that score: this one has peeked
+            own = np.isnan(bt.scores[s.rows, 0])  # an event scored early keeps that score: this one has peeked
             bt.scores[s.rows[own]] = p[own]
             keep = np.ones(len(s.rows), bool)
             keep[bad] = False
@@ -163,7 +174,7 @@ class TrainerCore:
                 rejected.append(s.rows[bad])
                 reasons.append(why)
             rows = s.rows[keep]
-            self.metrics.update(buf.labels[rows], bt.scores[rows])
+            self.update_metrics(labels[rows], bt.scores[rows])
             trained += len(rows)
             if s.kind == "hot":
                 hot_n += len(rows)
@@ -173,7 +184,7 @@ class TrainerCore:
         # this call's events, in arrival order: their scores (NaN while waiting or when rejected)
         n_buf = len(buf)
         mine = np.flatnonzero(bt.seq >= base) if n_new else np.zeros(0, np.int64)
-        scores = bt.scores[mine].copy() if n_new else np.zeros(0, np.float32)
+        scores = bt.scores[mine].copy() if n_new else np.zeros((0, len(self.task_names)), np.float32)
         if len(out):
             scores[np.isin(mine, out)] = np.nan
         rejected_batch = buf.take(out) if len(out) else None
@@ -193,7 +204,7 @@ class TrainerCore:
         out = np.sort(np.concatenate(rejected)) if rejected else np.zeros(0, np.int64)
         keep = np.ones(len(batch), bool)
         keep[out] = False
-        self.metrics.update(batch.labels[keep], scores[keep])
+        self.update_metrics(batch.label_matrix(len(self.task_names))[keep], scores[keep])
         self.events += int(keep.sum())
         self.hot_events += hot_n
         self.rejected_events += len(out)
@@ -209,7 +220,7 @@ class TrainerCore:
         events whose own loss is not finite are set aside and the rest retried; when only
         the gradients are bad, the batch is halved until the culprits are single events.
         Poisoned batches are rare, so the extra steps cost nothing in the common case."""
-        scores = np.full(len(sub), np.nan, np.float32)
+        scores = np.full((len(sub), len(self.task_names)), np.nan, np.float32)
         bad: list[np.ndarray] = []
         why: list[str] = []
         todo = [(np.arange(len(sub)), uniques)]
@@ -248,16 +259,30 @@ class TrainerCore:
             # every table's rows are read before any gradient is applied: the device tier's updates
             # of all tables go out as one batch of kernels at the step's end
             with self.store.fused_hot_updates():
-                return train_step(self.model, self.opt, sub, self.fields, self.store.lookup,
+                return train_step(self.model, self.opt, sub, self.cfg.model, self.store.lookup,
                                   self.store.apply_gradients, self.device, uniques=uniques)
         finally:
             if self.on_step is not None:
                 self.on_step(time.perf_counter() - t0)
 
+    def update_metrics(self, labels: np.ndarray, scores: np.ndarray) -> None:
+        """Add trained events' labels and progressive scores (both ``[n, T]``, NaN label: missing) to each
+        task's metrics, over the events that carry that task's label."""
+        scores = np.asarray(scores, np.float32).reshape(len(labels), len(self.task_names))
+        for t, name in enumerate(self.task_names):
+            has = ~np.isnan(labels[:, t])
+            self.task_metrics[name].update(labels[has, t], scores[has, t])
+
+    def task_figures(self) -> dict[str, dict[str, Any]]:
+        """Per task: since-start ``auc``, ``logloss`` and the events with its label scored (``labelled``)."""
+        return {name: {"auc": m.auc, "logloss": m.logloss, "labelled": m.count}
+                for name, m in self.task_metrics.items()}
+
     def predict(self, batch: EventBatch) -> np.ndarray:
+        """Probabilities ``[B, T]``."""
         self.model.eval()
         try:
-            return predict_batch(self.model, batch, self.fields, self.store.lookup, self.device)
+            return predict_batch(self.model, batch, self.cfg.model, self.store.lookup, self.device)
         finally:
             self.model.train()
 
@@ -273,6 +298,7 @@ class TrainerCore:
     def counters(self) -> dict[str, Any]:
         return {"events": self.events, "hot_events": self.hot_events, "hot_version": self.hot_version,
                 "newest_event_ms": self.newest_event_ms, "metrics": self.metrics.state(),
+                "task_metrics": {name: m.state() for name, m in self.task_metrics.items()},
                 "nonfinite_batches": self.nonfinite_batches, "rejected_events": self.rejected_events}
 
     def load_counters(self, d: Mapping[str, Any]) -> None:
@@ -282,3 +308,6 @@ class TrainerCore:
         self.nonfinite_batches = int(d.get("nonfinite_batches", 0))
         self.rejected_events = int(d.get("rejected_events", 0))
         self.metrics.load_state(d.get("metrics", {}))
+        for name, st in (d.get("task_metrics") or {}).items():
+            if name in self.task_metrics and name != self.task_names[0]:
+                self.task_metrics[name].load_state(st)

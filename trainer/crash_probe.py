@@ -46,7 +46,8 @@ def probe_train(cfg, model_state: Mapping[str, Any] | None, batch: EventBatch, t
     if not len(batch):
         return []
     state = None if model_state is None else {k: v.detach().cpu() for k, v in model_state.items()}
-    plain = EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse)  # what the step needs, nothing more
+    plain = EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse,  # what the step needs, nothing more
+                       task_labels=batch.task_labels, task_names=batch.task_names)
     return probe_in_children(lambda start: (_train_each, (cfg, state, plain.take(np.arange(start, len(plain))))),
                              len(plain), "event", "training", timeout_s)
 

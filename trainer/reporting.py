@@ -9,12 +9,19 @@ snapshots), ``store``, ``freshness``, ``seq``, ``rows_expired``, ``hot_coverage`
 hot source's, the fallback while the store has seen no lookup), and the sinks ``metrics_log``,
 ``progress``, ``prom`` (None: no Prometheus endpoint), with ``_rate`` and ``_hot_at_log`` (events and
 hot events at the previous record).
+
+Tasks: ``auc``, ``logloss``, ``events_scored`` and the window figures are the first task's (a single-task
+model's record is what it always was). A model of several tasks adds ``tasks: {name: {"auc", "logloss",
+"labelled"}}`` to the record (each over the events that carry that task's label; null where not finite) and
+flat ``auc.<task>`` / ``logloss.<task>`` keys to the snapshot's metrics (a manifest's metrics are numbers).
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+from .metrics import finite
 
 
 class TrainerReporting:
@@ -23,8 +30,13 @@ class TrainerReporting:
     def _metric_values(self) -> dict[str, float]:
         """The metrics a snapshot's manifest carries (serving's Status reads them)."""
         m = self.core.metrics
-        return {"auc": m.auc, "logloss": m.logloss, "window_auc": m.window_auc(), "events": float(self.core.events),
-                "newest_kafka_ms": float(self.freshness.newest_kafka_ms)}  # serving's Status: age by the Kafka clock
+        out = {"auc": m.auc, "logloss": m.logloss, "window_auc": m.window_auc(), "events": float(self.core.events),
+               "newest_kafka_ms": float(self.freshness.newest_kafka_ms)}  # serving's Status: age by the Kafka clock
+        figures = self.core.task_figures()
+        if len(figures) > 1:
+            for name, f in figures.items():
+                out[f"auc.{name}"], out[f"logloss.{name}"] = f["auc"], f["logloss"]
+        return out
 
     def emit(self) -> dict[str, Any]:
         """Build the record of the trainer's state now, publish it to every sink, and return it."""
@@ -47,6 +59,10 @@ class TrainerReporting:
             "offsets_reset": self.consumer.stats.offsets_reset, "quarantined": self.consumer.stats.quarantined,
             **self.freshness.record(self.core.newest_event_ms),
         }
+        figures = self.core.task_figures()
+        if len(figures) > 1:
+            rec["tasks"] = {name: {k: finite(float(v)) if k != "labelled" else int(v) for k, v in f.items()}
+                            for name, f in figures.items()}
         self._publish_record(rec)
         return rec
 

@@ -5,8 +5,12 @@ the group with one ``all_reduce`` per step, so every rank takes the same optimiz
 step) on its own events, and owns the embedding rows :func:`owner_of` gives it, in
 its own store (hot rows on its device, cold rows in its RocksDB shard). A step
 fetches rows from their owners and returns the gradients to them
-(:class:`RowExchange`); the loss is the group's mean, so N ranks whose batches
-together make one trainer's batch apply the update that trainer would.
+(:class:`RowExchange`, keyed by table: a table shared by several fields is fetched
+once); the loss is the group's mean, so N ranks whose batches together make one
+trainer's batch apply the update that trainer would. With several tasks the mean is
+per task: each rank divides its masked sum of task ``t``'s losses by the group's
+count of events labelled for ``t`` (one all-reduce of the per-task counts), so the
+sum over ranks is one trainer's masked mean.
 
 Steps are collectives: every rank runs the same number per window (the largest
 plan of any rank); a rank with fewer mini-batches, or none, joins with empty ones.
@@ -34,13 +38,13 @@ import torch.nn.functional as F
 
 from streamrec.foundation import EventBatch
 from streamrec.foundation.failpoints import hit
-from streamrec.model import pool_sum, unique_ids
+from streamrec.model import pool_sum, task_logits, unique_ids
 
 from .core import TrainerCore, WindowResult
 from .dense_sync import COMPRESSIONS, WIRE as _WIRE, DenseSync
 from .schedule import hot_samples, plan
 from .sharding import RowExchange, owned_part
-from .step import GRAD_ABS_MAX
+from .step import GRAD_ABS_MAX, label_matrix, masked_task_losses
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,12 @@ class ShardedTrainerCore(TrainerCore):
         self.comm = torch.device(comm_device)
         self.local_batch = local_batch(cfg.trainer, self.world)
         t = cfg.trainer
-        self.exchange = RowExchange(self.fields, cfg.model.embedding_dim, store.lookup, store.apply_gradients,
+        self.tables = list(cfg.model.tables)  # the exchange's keys: each table once, in order of first use
+        self.table_fields: dict[str, list[str]] = {}
+        for f, tb in self.field_tables.items():
+            self.table_fields.setdefault(tb, []).append(f)
+        self.task_weights = [float(tk.weight) for tk in cfg.model.tasks]
+        self.exchange = RowExchange(self.tables, cfg.model.embedding_dim, store.lookup, store.apply_gradients,
                                     self.rank, self.world, group, comm_device=self.comm,
                                     precision=t.exchange_precision)
         self._hot_all: dict[str, np.ndarray] = {}  # the whole group's hot set (plans need it; rows live with owners)
@@ -96,7 +105,8 @@ class ShardedTrainerCore(TrainerCore):
     # -- hot set ---------------------------------------------------------------
     def apply_hot_set(self, version: int, tables: Mapping[str, np.ndarray]):
         """The group's hot set: this rank's store takes the rows it owns; plans use the whole set."""
-        tables = {t: np.unique(np.asarray(ids, dtype=np.int64)) for t, ids in tables.items() if t in self.fields}
+        known = set(self.field_tables.values())
+        tables = {t: np.unique(np.asarray(ids, dtype=np.int64)) for t, ids in tables.items() if t in known}
         mine = owned_part(tables, self.rank, self.world)
         total, cap = sum(len(v) for v in mine.values()), int(self.store.hot_capacity_rows)
         if total > cap:
@@ -112,7 +122,7 @@ class ShardedTrainerCore(TrainerCore):
         return stats
 
     def hot_mask(self, field: str, ids: np.ndarray) -> np.ndarray:
-        hot = self._hot_all.get(field)
+        hot = self._hot_all.get(self.field_tables.get(field, field))
         if hot is None or not len(hot):
             return np.zeros(len(ids), bool)
         at = np.minimum(np.searchsorted(hot, ids), len(hot) - 1)
@@ -159,7 +169,7 @@ class ShardedTrainerCore(TrainerCore):
         if batch is None:
             batch = EventBatch.empty(self.cfg.model.dense_dim, self.fields)
         self.model.train()
-        scores = np.zeros(len(batch), np.float32)
+        scores = np.zeros((len(batch), len(self.task_names)), np.float32)
         mbs = self.plan(batch)
         steps = self._steps_for(len(mbs))
         empty = np.zeros(0, np.int64)
@@ -179,7 +189,7 @@ class ShardedTrainerCore(TrainerCore):
     def _guarded_step(self, sub: EventBatch, uniques) -> tuple[np.ndarray, np.ndarray, str]:
         """The collective form of ``TrainerCore._guarded_step``: every decision is taken on
         group-wide figures, so every rank runs the same number of retries."""
-        scores = np.full(len(sub), np.nan, np.float32)
+        scores = np.full((len(sub), len(self.task_names)), np.nan, np.float32)
         bad: list[np.ndarray] = []
         why: list[str] = []
         todo = [np.arange(len(sub))]
@@ -217,33 +227,50 @@ class ShardedTrainerCore(TrainerCore):
     def _step_group(self, sub: EventBatch):
         """One synchronous step of the group: ``(status, scores, local culprits, every rank's batch size,
         which ranks saw non-finite gradients of their own)``."""
-        uniq = unique_ids(sub, self.fields)
-        rows, sizes = self.exchange.fetch({f: uniq[f][0] for f in self.fields}, len(sub))
+        T = len(self.task_names)
+        uniq = unique_ids(sub, self.cfg.model)
+        rows, sizes = self.exchange.fetch({tb: uniq[tb][0] for tb in self.tables}, len(sub))
         hit("group.mid_step")  # rows fetched from their owners, gradients not returned
         total = int(sizes.sum())
         no_flags = np.zeros(self.world, bool)
         if total == 0:
-            return _OK, np.zeros(0, np.float32), np.zeros(0, np.int64), sizes, no_flags
+            return _OK, np.zeros((0, T), np.float32), np.zeros(0, np.int64), sizes, no_flags
         dev = self.device
+        labels = torch.from_numpy(label_matrix(sub, T)).to(dev)
+        if T == 1:  # every event carries the one task's label: the group's count is its events
+            counts = [total]
+        else:  # the group's labelled events per task (a collective: every rank of a group has the same tasks)
+            c = (~torch.isnan(labels)).sum(dim=0).to(torch.int64).to(self.comm)
+            dist.all_reduce(c, group=self.group)
+            counts = [int(v) for v in c.cpu()]
         # one embedding_bag per field, as one trainer pools: one op over all fields would pool the same sums,
         # but its backward adds a row's contributions in another order than one trainer's, so the group's
         # rows would no longer match one trainer's to the last bit
-        pooled, leaves = [], {}
-        for f in self.fields:
-            r = rows[f].to(dev).detach().requires_grad_(True)
-            leaves[f] = r
-            j = sub.sparse[f]
-            index = torch.from_numpy(uniq[f][1].astype(np.int64, copy=False)).to(dev)
-            pooled.append(pool_sum(r, index, torch.from_numpy(j.offsets).to(dev)))
-        pooled_t = torch.stack(pooled, dim=1) if pooled else torch.zeros((len(sub), 0, self.cfg.model.embedding_dim))
-        logits = self.model(torch.from_numpy(sub.dense).to(dev), pooled_t)
-        per_event = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(sub.labels).to(dev), reduction="none")
+        pooled, leaves = {}, {}
+        for tb in self.tables:
+            r = rows[tb].to(dev).detach().requires_grad_(True)
+            leaves[tb] = r
+            index = torch.from_numpy(uniq[tb][1].astype(np.int64, copy=False)).to(dev)
+            at = 0
+            for f in self.table_fields[tb]:
+                j = sub.sparse[f]
+                n = len(j.values)
+                idx = index if len(self.table_fields[tb]) == 1 else index[at:at + n]
+                at += n
+                pooled[f] = pool_sum(r, idx, torch.from_numpy(j.offsets).to(dev))
+        pooled_t = torch.cat([pooled[f] for f in self.fields], dim=1) if self.fields else \
+            torch.zeros((len(sub), 0), device=dev)
+        logits = task_logits(self.model(torch.from_numpy(sub.dense).to(dev), pooled_t), T)
+        per, _ = masked_task_losses(logits, labels)
+        per_event = per.sum(dim=1)
         finite = torch.isfinite(per_event)
         culprits = np.flatnonzero(~finite.cpu().numpy())
         self.opt.zero_grad(set_to_none=True)
         grad_bad = 0
         if not len(culprits):
-            (per_event.sum() / total).backward()  # the group's mean loss: ranks' gradients sum to one trainer's
+            # the group's mean loss per task: ranks' gradients sum to one trainer's
+            loss = sum(self.task_weights[t] * (per[:, t].sum() / max(1, counts[t])) for t in range(T))
+            loss.backward()
             local = [r.grad for r in leaves.values() if r.grad is not None and len(r.grad)]
             local += [p.grad for p in self._params if p.grad is not None]
             grad_bad = int(bool(local) and not bool(torch.stack([(g.abs() <= GRAD_ABS_MAX).all() for g in local]).all()))
@@ -256,17 +283,17 @@ class ShardedTrainerCore(TrainerCore):
         flags = flags.cpu().numpy()
         if flags[0] > 0:
             self.opt.zero_grad(set_to_none=True)
-            return _BAD_LOSS, np.zeros(0, np.float32), culprits, sizes, no_flags
+            return _BAD_LOSS, np.zeros((0, T), np.float32), culprits, sizes, no_flags
         if flags[1:].any() or not bool((grads.abs() <= GRAD_ABS_MAX).all()):
             self.opt.zero_grad(set_to_none=True)
-            return _BAD_GRAD, np.zeros(0, np.float32), culprits, sizes, flags[1:] > 0
+            return _BAD_GRAD, np.zeros((0, T), np.float32), culprits, sizes, flags[1:] > 0
         at = 0
         for p in self._params:
             n = p.numel()
             p.grad = grads[at:at + n].view_as(p).to(p.device)
             at += n
         self.opt.step()
-        self.exchange.give_back({f: leaves[f].grad for f in self.fields})
+        self.exchange.give_back({tb: leaves[tb].grad for tb in self.tables})
         return _OK, torch.sigmoid(logits.detach()).float().cpu().numpy(), culprits, sizes, no_flags
 
     # -- state: the dense sum's (PowerSGD's Q and step count are the group's, its error feedback this rank's) --------

@@ -1,9 +1,16 @@
 """One training step, PERSIA-style hybrid: the dense network is updated
-synchronously by a torch optimizer; each embedding field hands its unique rows'
+synchronously by a torch optimizer; each embedding table hands its unique rows'
 gradients to whoever owns the rows (the tiered store, or an in-memory table).
 
 The step scores the batch in the same forward pass it trains on, *before* any
-update, so the returned probabilities are progressive-validation scores.
+update, so the returned probabilities ``[B, T]`` are progressive-validation scores.
+
+The loss of several tasks is ``sum_t weight_t * masked_mean_t``: task ``t``'s binary
+cross-entropy averaged over the events that carry its label (NaN in the label matrix
+is a missing label). A missing label is masked out of the loss (its term is selected
+away, so its gradient is exactly zero), never read as 0; a task without any labelled
+event in the batch adds nothing. An event's own loss, for the numerical guard, is the
+sum of its present tasks' terms.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from streamrec.model import RankingModel, embed_batch
+from streamrec.model import RankingModel, embed_batch, task_logits
 
 from .trainer_types import DenseOptimizer
 
@@ -46,23 +53,58 @@ class NonFiniteStep(ArithmeticError):
         self.rows = rows
 
 
-def train_step(model: RankingModel, opt: torch.optim.Optimizer, batch, fields: Sequence[str], lookup: Lookup,
-               apply_grads: ApplyGrads, device: torch.device, uniques=None) -> np.ndarray:
-    """Score (before update) and train on one mini-batch; returns the scores.
-    ``uniques``: the batch's ``model.unique_ids`` when the caller already has them.
+def label_matrix(batch, num_tasks: int) -> np.ndarray:
+    """The batch's labels as float32 ``[B, num_tasks]``, NaN where a task's label is missing."""
+    lm = getattr(batch, "label_matrix", None)
+    if lm is not None:
+        return np.asarray(lm(num_tasks), np.float32)
+    tl = getattr(batch, "task_labels", None)
+    if tl is not None:
+        return np.asarray(tl, np.float32)
+    if num_tasks != 1:
+        raise ValueError(f"a batch without task labels for a model of {num_tasks} tasks")
+    return np.asarray(batch.labels, np.float32).reshape(-1, 1)
+
+
+def task_weights(fields, weights: Sequence[float] | None) -> list[float]:
+    """The tasks' loss weights: ``weights``, else the model config's (``fields`` is one), else one task of 1."""
+    if weights is not None:
+        return [float(w) for w in weights]
+    tasks = getattr(fields, "tasks", None)
+    return [float(t.weight) for t in tasks] if tasks is not None else [1.0]
+
+
+def masked_task_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(per-event per-task loss [B, T], 0 where the label is missing; labelled mask [B, T])``."""
+    present = ~torch.isnan(labels)
+    per = F.binary_cross_entropy_with_logits(logits, torch.where(present, labels, torch.zeros_like(labels)),
+                                             reduction="none")
+    return torch.where(present, per, torch.zeros_like(per)), present
+
+
+def train_step(model: RankingModel, opt: torch.optim.Optimizer, batch, fields, lookup: Lookup,
+               apply_grads: ApplyGrads, device: torch.device, uniques=None,
+               weights: Sequence[float] | None = None) -> np.ndarray:
+    """Score (before update) and train on one mini-batch; returns the scores ``[B, T]``.
+    ``fields``: the model config (its tables and tasks), ``{field: table}`` or field names;
+    ``uniques``: the batch's ``model.unique_ids`` when the caller already has them;
+    ``weights``: the tasks' loss weights (default: the config's, or one task of weight 1).
 
     Raises :class:`NonFiniteStep`, having changed nothing (no optimizer step, no row
     update), when a loss or a gradient is NaN or infinite: one poisoned batch must not
     turn the dense weights or a stored row into NaN for good."""
+    w = task_weights(fields, weights)
     pooled, touched = embed_batch(batch, fields, lookup, device, requires_grad=True, uniques=uniques)
     dense = torch.from_numpy(batch.dense).to(device)
-    labels = torch.from_numpy(batch.labels).to(device)
-    logits = model(dense, pooled)
-    per_event = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    labels = torch.from_numpy(label_matrix(batch, len(w))).to(device)
+    logits = task_logits(model(dense, pooled), len(w))
+    per, present = masked_task_losses(logits, labels)
+    per_event = per.sum(dim=1)
     finite = torch.isfinite(per_event)
     if not bool(finite.all()):
         raise NonFiniteStep(np.flatnonzero(~finite.cpu().numpy()), "the loss of some events is not finite")
-    loss = per_event.mean()
+    counts = present.sum(dim=0).clamp_min(1)
+    loss = sum(w[t] * (per[:, t].sum() / counts[t]) for t in range(len(w)))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -72,7 +114,7 @@ def train_step(model: RankingModel, opt: torch.optim.Optimizer, batch, fields: S
         opt.zero_grad(set_to_none=True)
         raise NonFiniteStep(np.arange(len(per_event)), f"gradients are not finite or beyond +-{GRAD_ABS_MAX:g}")
     opt.step()
-    for f, uniq, rows in touched:
-        if len(uniq):
-            apply_grads(f, uniq, rows.grad)
+    for table, uniq, rows in touched:
+        if len(uniq) and rows.grad is not None:
+            apply_grads(table, uniq, rows.grad)
     return torch.sigmoid(logits.detach()).float().cpu().numpy()

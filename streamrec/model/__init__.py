@@ -8,7 +8,8 @@ Public surface::
     load_builder("pkg.mod:build")     # a user's ModelBuilder by import path
     DLRM, DCNv2, DeepFM, MLPRanker    # the built-in architectures (one module each)
     mlp                               # a ReLU MLP of given sizes
-    embed_batch, pool_sum, unique_ids, predict_batch   # batch -> tensors -> scores
+    embed_batch, pool_sum, unique_ids, predict_batch   # batch -> tensors -> scores (per table, [B, T])
+    task_logits, field_tables                          # a model's output as [B, T]; {field: table}
 
 Names load on first use (PEP 562): the config imports ``model_types`` for ``Architecture``
 without loading torch.
@@ -21,7 +22,7 @@ from streamrec.foundation.lazy import lazy_exports
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .dcn_v2 import DCNv2
     from .deepfm import DeepFM
-    from .dlrm import DLRM, embed_batch, mlp, pool_sum, predict_batch, unique_ids
+    from .dlrm import DLRM, embed_batch, field_tables, mlp, pool_sum, predict_batch, task_logits, unique_ids
     from .mlp_model import MLPRanker
     from .model_types import Architecture, ModelBuilder, RankingModel
     from .registry import BUILTINS, build_model, load_builder
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 _EXPORTS = {  # submodule: the public names it defines
     ".dcn_v2": "DCNv2",
     ".deepfm": "DeepFM",
-    ".dlrm": "DLRM embed_batch mlp pool_sum predict_batch unique_ids",
+    ".dlrm": "DLRM embed_batch field_tables mlp pool_sum predict_batch task_logits unique_ids",
     ".mlp_model": "MLPRanker",
     ".model_types": "Architecture ModelBuilder RankingModel",
     ".registry": "BUILTINS build_model load_builder",

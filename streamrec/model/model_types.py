@@ -5,8 +5,15 @@ A model holds only dense parameters. Embedding rows live in the tiered store and
 the model already looked up and sum-pooled per field (``embed_batch``)::
 
     dense   [B, dense_dim]       float32 ──┐
-                                           ├──► model(dense, pooled) ──► logits [B]
-    pooled  [B, fields, dim]     float32 ──┘
+                                           ├──► model(dense, pooled) ──► logits [B, T]
+    pooled  [B, pooled_dim]      float32 ──┘
+
+``pooled`` is every field's sum-pooled embedding concatenated in ``model.fields`` order: field
+``f`` occupies ``model.field_dims[f]`` columns (its table's row width), like TorchRec's
+``KeyedTensor.values()``; ``pooled_dim`` is their sum. Fields that share a table are looked up
+in it once per step and pool from the same rows. ``T = len(model.tasks)``: column ``t`` is the
+logit of task ``model.task_names[t]``. A model with one task may return ``[B]`` instead;
+``task_logits(out, T)`` makes it ``[B, 1]`` and refuses any other shape.
 
 Everything outside ``streamrec.model`` builds a model with ``build_model(model_cfg)`` and
 then uses only what :class:`RankingModel` names: the forward call, ``parameters()`` for
@@ -33,10 +40,11 @@ Architecture = Literal["dlrm", "dcn_v2", "deepfm", "mlp"]
 
 @runtime_checkable
 class RankingModel(Protocol):
-    """A dense network over pooled embeddings: one logit per event."""
+    """A dense network over pooled embeddings: one logit per event and task."""
 
     def __call__(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B]`` from ``dense [B, dense_dim]`` and ``pooled [B, fields, dim]``."""
+        """Logits ``[B, T]`` (``[B]`` accepted when ``T == 1``) from ``dense [B, dense_dim]`` and
+        ``pooled [B, pooled_dim]``."""
         ...
 
     def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...

@@ -4,8 +4,9 @@
 ``model.architecture``. Otherwise ``model.architecture`` picks a built-in. A user's builder runs with
 torch's global RNG seeded from ``model.seed`` (and restored afterwards), so a builder that only
 constructs layers is deterministic in the seed as the built-ins are. What it returns is checked
-before anyone trains it: a :class:`RankingModel` whose forward gives one logit per event on a probe
-batch of the configured shape; anything else is a :class:`ConfigError` of one line naming
+before anyone trains it: a :class:`RankingModel` whose forward gives one logit per event and task on a
+probe batch of the configured shape (dense ``[2, dense_dim]``, pooled ``[2, pooled_dim]``; logits
+``(2, tasks)``, or ``(2,)`` with one task); anything else is a :class:`ConfigError` of one line naming
 ``model.module``.
 """
 
@@ -61,7 +62,8 @@ def _check_user_model(model, model_cfg, path: str) -> RankingModel:
         raise ConfigError(f"model.module: {path!r} returned a {type(model).__name__}, not a torch.nn.Module "
                           "ranking model")
     dense = torch.zeros(2, model_cfg.dense_dim)
-    pooled = torch.zeros(2, len(model_cfg.fields), model_cfg.embedding_dim)
+    pooled = torch.zeros(2, model_cfg.pooled_dim)
+    tasks = len(model_cfg.tasks)
     was_training = model.training
     model.eval()  # a probe must not move batch-norm statistics
     try:
@@ -69,14 +71,16 @@ def _check_user_model(model, model_cfg, path: str) -> RankingModel:
             out = model(dense, pooled)
     except Exception as e:
         raise ConfigError(f"model.module: the model of {path!r} fails on a probe batch (dense [2, "
-                          f"{model_cfg.dense_dim}], pooled [2, {len(model_cfg.fields)}, {model_cfg.embedding_dim}]):"
-                          f" {_line(e)}") from None
+                          f"{model_cfg.dense_dim}], pooled [2, {model_cfg.pooled_dim}]): {_line(e)}") from None
     finally:
         model.train(was_training)
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2,):
+    ok = (2, tasks) if tasks != 1 else (2, 1)
+    if not isinstance(out, torch.Tensor) or (tuple(out.shape) != ok and not (tasks == 1 and tuple(out.shape) == (2,))):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ConfigError(f"model.module: the model of {path!r} returns {got} for a batch of 2, expected one "
-                          "logit per event: shape (2,)")
+        want = f"shape (2, {tasks})" if tasks != 1 else "shape (2, 1) or (2,)"
+        raise ConfigError(f"model.module: the model of {path!r} returns {got} for a batch of 2 (dense [2, "
+                          f"{model_cfg.dense_dim}], pooled [2, {model_cfg.pooled_dim}]), expected one logit per "
+                          f"event and task ({', '.join(model_cfg.task_names)}): {want}")
     return model
 
 

@@ -57,7 +57,8 @@ class FakeTrainer:
             store_config={"init_scale": self.cfg.store.init_scale})
 
     def scores(self, batch) -> np.ndarray:
-        return predict_batch(self.model, batch, self.fields, lambda f, ids: self.store.peek(f, ids), torch.device("cpu"))
+        # the first task's probabilities [B]: what Predict's ``scores`` field carries
+        return predict_batch(self.model, batch, self.fields, lambda f, ids: self.store.peek(f, ids), torch.device("cpu"))[:, 0]
 
     def close(self):
         self.store.close()

@@ -48,8 +48,8 @@ def test_the_architecture_key_chooses_the_built_in(tmp_path, arch):
     cfg = _cfg(tmp_path, arch)
     model = build_model(cfg.model)
     assert type(model) is CLASSES[arch]
-    out = model(torch.randn(5, cfg.model.dense_dim), torch.randn(5, len(cfg.model.fields), cfg.model.embedding_dim))
-    assert out.shape == (5,) and bool(torch.isfinite(out).all())
+    out = model(torch.randn(5, cfg.model.dense_dim), torch.randn(5, cfg.model.pooled_dim))
+    assert out.shape == (5, 1) and bool(torch.isfinite(out).all())
 
 
 @pytest.mark.parametrize("arch", list(CLASSES))
@@ -74,7 +74,7 @@ def test_dcn_v2_cross_layers_and_a_missing_dense_part(tmp_path):
     cfg = _cfg(tmp_path, "dcn_v2", **{"model.cross_layers": 0, "model.dense_dim": 0})
     m = build_model(cfg.model)
     assert len(m.cross) == 0 and m.bottom is None
-    assert m(torch.zeros(2, 0), torch.randn(2, 3, 8)).shape == (2,)
+    assert m(torch.zeros(2, 0), torch.randn(2, 24)).shape == (2, 1)
 
 
 def test_deepfm_pairwise_term_is_the_sum_of_field_dot_products(tmp_path):
@@ -86,7 +86,7 @@ def test_deepfm_pairwise_term_is_the_sum_of_field_dot_products(tmp_path):
             p.zero_()
     pooled = torch.randn(4, 3, 8, dtype=torch.float32)
     want = sum((pooled[:, i] * pooled[:, j]).sum(1) for i in range(3) for j in range(i + 1, 3))
-    assert torch.allclose(m(torch.randn(4, 3), pooled), want, atol=1e-5)
+    assert torch.allclose(m(torch.randn(4, 3), pooled.flatten(1))[:, 0], want, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", REFERENCED)
@@ -127,6 +127,6 @@ def test_the_reference_scores_as_the_product_model_from_the_same_weights(tmp_pat
     load_by_order(net, [p.detach() for p in m.parameters()])
     dense, pooled = torch.randn(16, mc.dense_dim), torch.randn(16, len(mc.fields), mc.embedding_dim)
     with torch.no_grad():
-        got = net(dense, [pooled[:, i] for i in range(len(mc.fields))])
-        want = m(dense, pooled)
+        got = net(dense, pooled.flatten(1))
+        want = m(dense, pooled.flatten(1))[:, 0]
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()

@@ -37,7 +37,7 @@ def test_a_users_module_is_trained_by_the_trainer(tmp_path):
         core.flush()
         assert core.events == 4096 and np.isfinite(core.metrics.auc) and core.metrics.logloss < 0.75
         assert all(not torch.equal(a, b) for a, b in zip(before, core.model.parameters()))  # it trained
-        assert core.predict(events.take(np.arange(8))).shape == (8,)
+        assert core.predict(events.take(np.arange(8))).shape == (8, 1)  # its [B] made [B, 1]
         store.close()
 
 
@@ -46,8 +46,9 @@ def test_a_users_module_is_trained_by_the_trainer(tmp_path):
     ("{pkg}.ranking:missing", r"model.module: module '\w+\.ranking' has no attribute 'missing'"),
     ("{pkg}.ranking:torch", r"model.module: '\w+\.ranking:torch' is a module, not a callable builder"),
     ("{pkg}.ranking:not_a_model", r"returned a dict, not a torch.nn.Module ranking model"),
-    ("{pkg}.ranking:wrong_shape", r"fails on a probe batch \(dense \[2, 3\], pooled \[2, 3, 8\]\): TypeError"),
-    ("{pkg}.ranking:two_logits", r"returns \(2, 2\) for a batch of 2, expected one logit per event"),
+    ("{pkg}.ranking:wrong_shape", r"fails on a probe batch \(dense \[2, 3\], pooled \[2, 24\]\): TypeError"),
+    ("{pkg}.ranking:two_logits", r"returns \(2, 2\) for a batch of 2 \(dense \[2, 3\], pooled \[2, 24\]\), expected one logit per event and "
+     r"task \(click\): shape \(2, 1\) or \(2,\)"),
     ("{pkg}.ranking:raises", r"raised while building the model \(RuntimeError: the builder is broken on two lines\)"),
 ])
 def test_a_bad_module_is_one_config_error_line(tmp_path, path, message):
@@ -71,15 +72,18 @@ def test_an_unknown_architecture_is_refused_when_the_config_loads(tmp_path):
 
 def test_new_model_keys_at_their_defaults_leave_the_model_hash_alone(tmp_path):
     """A DLRM's checkpoints and snapshots written before ``architecture``/``module``/``cross_layers`` existed keep
-    matching; setting any of them makes another model, another hash."""
+    matching (``tasks`` and a field's ``dim``/``table`` likewise); setting any of them makes another model,
+    another hash."""
     import dataclasses
     import hashlib
     import json
 
     cfg = small_config(tmp_path)
     old = dataclasses.asdict(cfg.model)
-    for key in ("architecture", "module", "cross_layers"):
+    for key in ("architecture", "module", "cross_layers", "tasks"):
         del old[key]
+    for f in old["fields"]:  # a field's own dim and shared table, at their defaults
+        del f["dim"], f["table"]
     assert cfg.model_hash() == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
     hashes = {small_config(tmp_path, **over).model_hash() for over in (
         {}, {"model.architecture": "mlp"}, {"model.architecture": "dcn_v2"},

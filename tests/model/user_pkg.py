@@ -37,7 +37,7 @@ def wrong_shape(model_cfg):
 
 class PerEventPair(nn.Module):
     def forward(self, dense, pooled):
-        return pooled.sum(dim=(1, 2)).unsqueeze(1).repeat(1, 2)  # [B, 2], not [B]
+        return pooled.sum(dim=1, keepdim=True).repeat(1, 2)  # [B, 2], not [B] (one task)
 
 
 def two_logits(model_cfg):

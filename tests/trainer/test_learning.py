@@ -60,7 +60,7 @@ def test_equivalence_with_in_memory_dlrm(tmp_path):
     ref = MemoryDLRM(cfg, vocab)
     for s in range(0, n_train, BS):
         ref.train_batch(train.take(np.arange(s, s + BS)))
-    auc_ref = roc_auc(held.labels, ref.predict(held))
+    auc_ref = roc_auc(held.labels, ref.predict(held)[:, 0])
 
     results = {}
     for name in ("cold", "all_hot", "fae"):
@@ -75,7 +75,7 @@ def test_equivalence_with_in_memory_dlrm(tmp_path):
             src.observe(train.take(np.arange(20_000)))
             hot = src.poll().tables
         core, store = _train_core(c, train, hot)
-        results[name] = (roc_auc(held.labels, core.predict(held)), core.hot_events / core.events)
+        results[name] = (roc_auc(held.labels, core.predict(held)[:, 0]), core.hot_events / core.events)
         store.close()
     assert results["cold"][1] == 0.0 and results["all_hot"][1] == 1.0
     assert 0.2 < results["fae"][1] < 0.95  # FAE really split the stream
