@@ -20,7 +20,7 @@ from pathlib import Path
 from .datasets import LAYOUTS, DatasetError, _csv_header, _open, detect_format, layout_model
 
 SAMPLE_EVENTS = 1000  # JSON lines and Parquet rows read to infer the schema
-_RESERVED = ("label", "ts", "request_id")
+_RESERVED = ("label", "labels", "ts", "request_id")  # event columns that are not sparse fields
 
 
 @dataclass

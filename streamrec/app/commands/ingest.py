@@ -262,11 +262,14 @@ def cmd_generate(args) -> int:
         return 2
     labels: list = []
     probs: list = []
+    task_labels: list = []
 
     def batches():
         for b, p in SyntheticStream(cfg).batches(n, with_truth=True):
             labels.append(b.labels)
             probs.append(p)
+            if b.task_labels is not None:
+                task_labels.append(b.task_labels)
             yield b
 
     t0 = time.monotonic()
@@ -279,4 +282,10 @@ def cmd_generate(args) -> int:
     ctr = float(np.concatenate(labels).mean())
     print(f"wrote {written:,} events to {args.out} in {time.monotonic() - t0:.1f}s "
           f"(seed {cfg.generator.seed}, click rate {ctr:.3f}); Bayes-optimal AUC {auc:.4f}")
+    if task_labels:  # the other tasks: how many events carry each one's label, and its rate among them
+        tl = np.concatenate(task_labels)
+        for k, task in enumerate(cfg.model.task_names[1:], 1):
+            given = ~np.isnan(tl[:, k])
+            rate = float(tl[given, k].mean()) if given.any() else float("nan")
+            print(f"  task {task}: labelled on {given.mean():.3f} of the events, rate {rate:.4f} among them")
     return 0
