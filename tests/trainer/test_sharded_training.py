@@ -3,6 +3,8 @@ collectives between spawned processes on loopback, real RocksDB shards)."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -19,19 +21,45 @@ N_EVENTS, BATCH = 6144, 256
 GROUP_RUNS_WORKER = pytest.mark.xdist_group("sharded-group-runs")
 
 
+ARCHS = ("dlrm", "dcn_v2", "deepfm", "mlp")
+
+
 def _cfg(tmp):
     cfg = small_config(tmp)
     cfg.trainer.batch_size, cfg.trainer.device = BATCH, "cpu"
     return cfg
 
 
-def _train_rank(rank, world, cfg, tmp):
+def _setup(cfg, arch: str = "dlrm", tasks: bool = False):
+    """``cfg`` for architecture ``arch``; ``tasks``: two tasks, ``click`` and a ``conversion`` of weight 0.5."""
+    from streamrec.foundation.config import TaskSpec
+
+    cfg.model.architecture, cfg.model.cross_layers = arch, 2
+    if tasks:
+        cfg.model.tasks = [TaskSpec("click"), TaskSpec("conversion", 0.5)]
+    return cfg
+
+
+def _events(cfg, n: int = N_EVENTS):
+    """The synthetic stream; with two tasks, ``conversion`` labelled on one event in ten (a click that converts
+    with probability one half), missing on the rest."""
+    batch = synthetic(cfg, n)
+    if len(cfg.model.tasks) > 1:
+        rng = np.random.default_rng(5)
+        conv = np.where(rng.random(n) < 0.5, batch.labels, 0.0).astype(np.float32)
+        conv[rng.random(n) >= 0.1] = np.nan
+        batch.task_labels = np.stack([batch.labels, conv], axis=1).astype(np.float32)
+    return batch
+
+
+def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
+    cfg = _setup(cfg, arch, tasks)
     torch.manual_seed(0)
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
     core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
-    batch = split(synthetic(cfg, N_EVENTS), rank, world)
+    batch = split(_events(cfg), rank, world)
     core.train_window(batch)
     # the rank's own rows: every id it was asked for that it owns
     owned = {}
@@ -47,20 +75,25 @@ def _train_rank(rank, world, cfg, tmp):
     return out
 
 
-def _single(tmp):
-    cfg = _cfg(tmp)
+def _single(tmp, arch: str = "dlrm", tasks: bool = False):
+    cfg = _setup(_cfg(tmp), arch, tasks)
     torch.manual_seed(0)
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / "single"))
     core = TrainerCore(cfg, store, torch.device("cpu"))
-    core.train_window(synthetic(cfg, N_EVENTS))
+    core.train_window(_events(cfg))
     return core, store
 
 
 @pytest.mark.subprocess
 @GROUP_RUNS_WORKER
-def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs):
-    core, store = _single(tmp_path)
-    ranks = group_runs["train"]
+@pytest.mark.parametrize("scenario", ["train", *(f"train_{a}" for a in ARCHS[1:]), "train_two_tasks"])
+def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs, scenario):
+    """For every built-in architecture, and for two tasks (one labelled on a tenth of the events: each task's
+    loss is the group's mean over the events labelled for it, not each rank's): the same dense weights, rows
+    and AUC as one trainer."""
+    arch = scenario.removeprefix("train_") if scenario in (f"train_{a}" for a in ARCHS) else "dlrm"
+    core, store = _single(tmp_path, arch, tasks=scenario == "train_two_tasks")
+    ranks = group_runs[scenario]
     for r in ranks:
         assert abs(r["auc"] - core.metrics.auc) <= 0.001, (r["auc"], core.metrics.auc)
         assert abs(r["logloss"] - core.metrics.logloss) <= 1e-3
@@ -182,6 +215,8 @@ def group_runs(tmp_path_factory):
     on every rank come last."""
     return run_group_scenarios(2, _cfg, tmp_path_factory.mktemp("sharded-group"), {
         "train": _train_rank,
+        **{f"train_{a}": functools.partial(_train_rank, arch=a) for a in ARCHS[1:]},
+        "train_two_tasks": functools.partial(_train_rank, tasks=True),
         "idle": _idle_rank,
         "poisoned": _poisoned_rank,
         "out_of_step": _out_of_step_rank,
