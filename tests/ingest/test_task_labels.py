@@ -308,3 +308,41 @@ def test_generated_conversion_labels_survive_the_wire(tmp_path: Path):
         got, errors = Decoder(schema).decode_many(encode_messages(b, schema, codec, 64))
         assert errors == []
         _same_labels(got, b)
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("codec", ["json", "arrow"])
+def test_task_labels_through_the_broker(bootstrap, tmp_path: Path, codec):
+    """Generated two-task events and a third-party producer's JSON with ``labels`` arrive with every task
+    label and every missing one; a record with an unknown task goes to the dead-letter topic."""
+    import uuid
+
+    from confluent_kafka import Producer
+
+    from streamrec.ingest import EventProducer, ensure_topics, pipeline_topics
+    from tests.helpers.ingest import consume_all, events_of
+
+    cfg = small_config(tmp_path, **{"model.tasks": [{"name": "click"}, {"name": "conversion"}]})
+    sfx = uuid.uuid4().hex[:8]
+    cfg.kafka.events_topic, cfg.kafka.dlq_topic = f"tl-{sfx}", f"tl-{sfx}.dlq"
+    cfg.kafka.events_per_message = 100
+    ensure_topics(bootstrap, pipeline_topics(cfg))
+    synth = list(SyntheticStream(cfg, chunk=150).batches(300))
+    p = EventProducer(bootstrap, cfg, codec=codec)
+    for b in synth:
+        p.send_batch(b)
+    p.close()
+    hand = [{"ts": 10_000 + i, "labels": {"conversion": i % 2}, "dense": [0, 0, 0], "sparse": {"user": i}}
+            for i in range(3)]
+    third = Producer({"bootstrap.servers": bootstrap})
+    for ev in [*hand, {"ts": 1, "labels": {"like": 1}, "dense": [0, 0, 0]}]:
+        third.produce(cfg.kafka.events_topic, json.dumps(ev).encode())
+    assert third.flush(30) == 0
+    batches, stats = consume_all(bootstrap, cfg, 303)
+    assert stats.dead_letters == 1
+    schema = EventSchema.from_config(cfg)
+    assert events_of(batches) == events_of([*synth, schema.batch_from_events(hand)])
+    got = EventBatch.concat(batches, schema.dense_dim, schema.fields)
+    assert got.task_labels.shape == (303, 2)
+    assert np.isnan(got.task_labels[:, 1]).sum() == np.isnan(
+        np.concatenate([b.task_labels[:, 1] for b in synth])).sum()
