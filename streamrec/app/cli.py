@@ -32,6 +32,7 @@ from .preflight import apply_data_dir
 COMMAND_MODULES = [
     "streamrec.app.commands.ingest",
     "streamrec.app.commands.sketch",
+    "streamrec.app.commands.join",
     "streamrec.app.commands.train",
     "streamrec.app.commands.eval",
     "streamrec.app.commands.serve",

@@ -362,7 +362,7 @@ class JoinConfig:
     allowed_lateness_s: float = 60.0  # the window closes when the actions' event-time watermark passes impression ts + window_s + this
     orphan_wait_s: float = 300.0  # an action that arrives before its impression waits until the impressions' watermark passes its ts + this (event time)
     state_dir: str = "data/joiner"  # faust table state (RocksDB) of the joiner
-    exactly_once: bool = True  # Kafka transactions (faust processing_guarantee=exactly_once): output, state and offsets commit together; false: at least once
+    exactly_once: bool = False  # Kafka transactions (faust processing_guarantee=exactly_once): examples, state and input offsets commit together; needs a cluster with transactions (Apache Kafka; the embedded broker refuses a transactional producer); false: at least once, see docs/joining.md
     metrics_port: int = 0  # Prometheus HTTP port of the joiner, 0 = off
     metrics_host: str = "127.0.0.1"  # address the joiner's Prometheus endpoint binds (0.0.0.0 to publish it)
 

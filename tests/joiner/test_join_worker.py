@@ -1,0 +1,115 @@
+"""`streamrec join` as a process against the real embedded broker (faust, RocksDB tables): the labelled
+events it writes equal the oracle's for every request_id, malformed records go to the DLQ with a reason, and
+topics that are not co-partitioned are refused at start-up in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from streamrec.ingest import TopicSpec, ensure_topics
+from streamrec.joiner import FEEDBACK_HEADER, JoinRules
+from tests.helpers.waiting import wait_until
+from tests.joiner.test_join_oracle import make_streams, oracle
+from tests.sketch.test_sketch_worker import stop, write_config
+
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+
+STREAMREC = str(Path(sys.executable).with_name("streamrec"))
+P = 2
+
+
+def join_config(cfg, mode: str):
+    s = uuid.uuid4().hex[:8]
+    cfg.join.impressions_topic, cfg.join.actions_topic = f"imp-{s}", f"act-{s}"
+    cfg.join.group = f"join-{s}"
+    cfg.join.mode = mode
+    cfg.join.window_s, cfg.join.allowed_lateness_s, cfg.join.orphan_wait_s = 0.1, 0.02, 0.05  # the oracle's W, L, O
+    cfg.kafka.codec = "json"
+    cfg.kafka.partitions = P
+    return cfg
+
+
+def produce(bootstrap, cfg, imps, acts, bad=()) -> None:
+    from kafka import KafkaProducer
+
+    prod = KafkaProducer(bootstrap_servers=bootstrap)
+    for p in range(P):
+        for rid, ts, ev in imps[p]:
+            ev = {"ts": ts, "dense": [0.5, 0.25, 1.0], "sparse": {"user": ev["sparse"]["user"]}, "request_id": rid}
+            prod.send(cfg.join.impressions_topic, json.dumps(ev).encode(), key=rid.encode(), partition=p)
+        for a in acts[p]:
+            prod.send(cfg.join.actions_topic, json.dumps({"request_id": a.request_id, "ts": a.ts, "type": a.type})
+                      .encode(), key=a.request_id.encode(), partition=p)
+    for topic, value in bad:
+        prod.send(topic, value, key=b"x", partition=0)
+    prod.flush()
+    prod.close()
+
+
+def read_all(bootstrap, topic: str, timeout_ms: int = 2000) -> list:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      auto_offset_reset="earliest", consumer_timeout_ms=timeout_ms)
+    parts = c.partitions_for_topic(topic) or set()
+    c.assign([TopicPartition(topic, p) for p in parts])
+    out = list(c)
+    c.close()
+    return out
+
+
+def examples(bootstrap, cfg, r: JoinRules) -> Counter:
+    got: Counter = Counter()
+    for m in read_all(bootstrap, cfg.kafka.events_topic):
+        ev = json.loads(m.value)
+        kind = dict(m.headers)[FEEDBACK_HEADER].decode()
+        assert m.key.decode() == ev["request_id"]
+        got[(ev["request_id"], kind, (("click", ev["label"]),))] += 1
+    return got
+
+
+@pytest.mark.parametrize("mode", ["window", "fake_negative"])
+def test_worker_output_equals_the_oracle(topics, bootstrap, tmp_path, mode):
+    cfg = join_config(topics, mode)
+    cfg.join.state_dir = str(tmp_path / "join")
+    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
+    r = JoinRules.from_config(cfg.join)
+    imps, acts = make_streams(11, P)
+    want: Counter = Counter()
+    for p in range(P):
+        want += oracle(r, imps[p], acts[p])
+    assert sum(want.values()) > 10
+    bad = [(cfg.join.impressions_topic, b"not json"), (cfg.join.actions_topic, b'{"request_id": "x", "ts": "no"}')]
+    produce(bootstrap, cfg, imps, acts, bad)
+    log = tmp_path / "join.log"
+    proc = subprocess.Popen([STREAMREC, "join", "--config", str(write_config(cfg, tmp_path / "j.toml")),
+                             "--bootstrap", bootstrap], stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: sum(examples(bootstrap, cfg, r).values()) >= sum(want.values()) or proc.poll() is not None,
+                   120, "the joiner's examples", interval=1.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert examples(bootstrap, cfg, r) == want
+        dlq = read_all(bootstrap, cfg.kafka.dlq_topic)
+        reasons = sorted(dict(m.headers)["streamrec-error"].decode() for m in dlq)
+        assert len(reasons) == 2 and any("not JSON" in x for x in reasons) and any("ts" in x for x in reasons)
+        assert '"process": "join"' in log.read_text() or "join" in log.read_text()
+    finally:
+        stop(proc)
+
+
+def test_topics_not_copartitioned_are_refused(topics, bootstrap, tmp_path):
+    cfg = join_config(topics, "window")
+    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, 3), TopicSpec(cfg.join.actions_topic, 2)])
+    cfg.join.state_dir = str(tmp_path / "join")
+    out = subprocess.run([STREAMREC, "join", "--config", str(write_config(cfg, tmp_path / "j.toml")),
+                          "--bootstrap", bootstrap], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    line = [x for x in out.stderr.strip().splitlines() if "co-partitioned" in x]
+    assert len(line) == 1 and "3 partitions" in line[0] and "--partitions 3" in line[0], out.stderr[-2000:]
