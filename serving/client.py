@@ -71,6 +71,17 @@ class ServingClient:
         resp = self.stub.Predict(request, timeout=self.timeout, metadata=_metadata(self.token))
         return np.asarray(resp.scores, dtype=np.float32), int(resp.model_version)
 
+    def predict_tasks(self, events: Iterable[Mapping[str, Any]],
+                      columns: bool = True) -> tuple[dict[str, np.ndarray], int]:
+        """Every task's scores (task name -> float32, one per event, in the model's task order) and the model
+        version that produced them."""
+        return self.predict_request_tasks(events_to_request(events, columns=columns))
+
+    def predict_request_tasks(self, request) -> tuple[dict[str, np.ndarray], int]:
+        resp = self.stub.Predict(request, timeout=self.timeout, metadata=_metadata(self.token))
+        return ({t.task: np.asarray(t.scores, dtype=np.float32) for t in resp.task_scores},
+                int(resp.model_version))
+
     def status(self) -> dict[str, Any]:
         resp = self.stub.Status(pb.StatusRequest(), timeout=self.timeout, metadata=_metadata(self.token))
         return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)

@@ -312,7 +312,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                                 f"the served {cur.version}", code="INVALID_ARGUMENT")
         if manifest.version > MAX_VERSION:  # Manifest.check refuses it too; here for manifests built in-process
             raise SnapshotError(f"version {manifest.version} is above 2^62", code="INVALID_ARGUMENT")
-        check_model_config(manifest.model_config, self.cfg.serving)
+        check_model_config(manifest.model_config, self.cfg.serving, program=manifest.program is not None)
         if manifest.kind == "delta" and (cur is None or cur.version != manifest.parent_version):
             have = "none" if cur is None else cur.version
             raise SnapshotError(f"parent_version: delta needs parent {manifest.parent_version}, serving {have}; send a full snapshot", code="FAILED_PRECONDITION")
@@ -462,9 +462,12 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                         if not self._light_active:
                             self._light_idle.notify_all()
             version = v.version
+            tasks = v.tasks
         finally:
             v.release()
-        finite = np.isfinite(scores)
+        if scores.ndim == 1:
+            scores = scores[:, None]
+        finite = np.isfinite(scores).all(axis=1)
         if not finite.all():  # the weights are finite (checked on push): extreme features overflowed the model
             i = int(np.argmin(finite))
             log.warning("Predict: score of event %d is not finite (version %d); refused", i, version)
@@ -475,7 +478,11 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             self.requests_served += 1
             self.events_served += len(scores)
         resp = pb.PredictResponse(model_version=version)
-        resp.scores.extend(scores.tolist())
+        resp.scores.extend(scores[:, 0].tolist())  # the first task: what single-task clients read
+        for t, name in enumerate(tasks):
+            ts = resp.task_scores.add()
+            ts.task = name
+            ts.scores.extend(scores[:, t].tolist())
         if rids:
             resp.request_ids.extend(rids)
         return resp
@@ -552,6 +559,8 @@ def version_status(resp, v: ServedVersion) -> None:
     resp.rows_held = v.rows_held
     resp.config_hash = m.config_hash
     resp.loaded_ms = v.loaded_ms
+    resp.tasks.extend(v.tasks)
+    resp.exported_program = v.program is not None
     for k, x in m.metrics.items():
         resp.metrics[k] = float(x)
 

@@ -31,6 +31,7 @@ line) any that is half-written, damaged or fails its checks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -46,7 +47,8 @@ import torch
 from streamrec.foundation import (Config, ConfigError, ModelConfig, as_resource_error, load_config,
                                   resource_error_line, save_npz, sha256_file)
 from streamrec.model import RankingModel, build_model, predict_batch
-from streamrec.snapshot import DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, read_dense
+from streamrec.snapshot import (DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, load_program, probe_inputs,
+                                read_dense)
 
 from .rows import MemoryRows
 
@@ -140,11 +142,18 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
         raise SnapshotError(f"manifest.model_config: {e}", code="INVALID_ARGUMENT") from None
 
 
-def model_params(mc: ModelConfig) -> int:
+def model_params(mc: ModelConfig, program: bool = False) -> int:
     """Dense parameters ``build_model(mc)`` would allocate, counted by building it on the ``meta`` device
     (shapes only, no memory), so every architecture and a user's module are counted by their own code.
     A ``model.module`` that cannot be imported here, or builds no ranking model, is refused: serving
-    builds the same model to load the snapshot."""
+    builds the same model to load the snapshot.
+
+    ``program``: the snapshot carries an exported program, so serving never imports or builds the module;
+    its parameters are counted from ``dense.safetensors`` when it arrives (``check_program_weights``), and
+    here only a lower bound is given: a network reading ``dense_dim + pooled_dim`` inputs has at least
+    that many weights."""
+    if program:
+        return int(mc.dense_dim) + int(mc.pooled_dim)
     try:
         with torch.device("meta"):
             model = build_model(mc)
@@ -154,7 +163,7 @@ def model_params(mc: ModelConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def check_model_config(d: Any, limits) -> ModelConfig:
+def check_model_config(d: Any, limits, program: bool = False) -> ModelConfig:
     """A pushed manifest's ``model_config`` within the serving limits (``serving.max_model_fields``,
     ``max_embedding_dim``, ``max_model_params``), checked before anything is allocated for it."""
     def bad(msg: str):
@@ -174,12 +183,15 @@ def check_model_config(d: Any, limits) -> ModelConfig:
     for key in ("bottom_mlp", "top_mlp"):
         if any(x < 1 for x in getattr(mc, key)):
             bad(f"{key}: every layer needs at least 1 unit, got {getattr(mc, key)}")
-    dlrm = mc.architecture == "dlrm" and not mc.module  # the dot interaction needs the dense vector at embedding_dim
+    for t, dim in mc.tables.items():
+        if dim > limits.max_embedding_dim:
+            bad(f"table {t!r} has dim {dim}, serving.max_embedding_dim allows {limits.max_embedding_dim}")
+    dlrm = mc.architecture == "dlrm" and not mc.module and not program  # the dot interaction needs the dense vector at embedding_dim
     if dlrm and mc.dense_dim and not mc.bottom_mlp and mc.dense_dim != mc.embedding_dim:
         bad(f"dense_dim {mc.dense_dim} without a bottom MLP must equal embedding_dim {mc.embedding_dim}")
     if not 0 <= mc.seed < 2**63:
         bad(f"seed must be in 0..2^63-1, got {mc.seed}")
-    params = model_params(mc)
+    params = model_params(mc, program)
     if params > limits.max_model_params:
         bad(f"the model has {params} dense parameters, serving.max_model_params allows {limits.max_model_params}")
     return mc
@@ -194,21 +206,118 @@ def check_dense_state(state: dict) -> None:
             raise Refused(f"{DENSE}: tensor {k!r} holds non-finite values (NaN or inf)", code="INVALID_ARGUMENT")
 
 
-def scoring_forward(model: RankingModel, model_cfg: ModelConfig, device: torch.device):
+def check_program_weights(state: dict, limits) -> None:
+    """A program's weights (``dense.safetensors``) within ``serving.max_model_params``."""
+    params = sum(t.numel() for t in state.values())
+    if params > limits.max_model_params:
+        raise Refused(f"{DENSE}: {params} dense parameters, serving.max_model_params allows {limits.max_model_params}",
+                      code="INVALID_ARGUMENT")
+
+
+class Program:
+    """A version's exported dense network: the serialized program and constants (as received, persisted with
+    the version) and its module with the version's weights."""
+
+    def __init__(self, entry: dict, program_json: bytes, constants: dict[str, torch.Tensor], module):
+        self.entry = entry
+        self.sha256 = entry["sha256"]
+        self.program_json = program_json
+        self.constants = constants
+        self.module = module
+
+
+def _program_files(directory: Path, manifest: Manifest) -> tuple[bytes, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    p = manifest.program
+    blob = (directory / p["file"]).read_bytes()
+    consts = {}
+    if p.get("constants"):
+        try:
+            consts = load_file(str(directory / p["constants"]))
+        except Exception as e:  # safetensors raises several types on bad bytes
+            raise Refused(f"{p['constants']}: cannot be read: {str(e)[:200]}", code="INVALID_ARGUMENT") from None
+    return blob, consts
+
+
+def load_checked_program(manifest: Manifest, model_cfg: ModelConfig, program_json: bytes,
+                         constants: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
+                         device: torch.device) -> Program:
+    """The manifest's program with ``state`` as its weights, checked before it may serve: its declared inputs
+    are the model config's ``[B, dense_dim]`` and ``[B, pooled_dim]``, its output one logit per task, and run on
+    the probe batch it gives logits ``[rows, tasks]`` equal (within ``PROBE_RTOL``/``PROBE_ATOL``) to those the
+    trainer recorded. Anything else is ``Refused`` (INVALID_ARGUMENT) naming the problem."""
+    from streamrec.snapshot.program import PROBE_ATOL, PROBE_RTOL
+
+    p = manifest.program
+    tasks = manifest.tasks or list(model_cfg.task_names)
+
+    def bad(msg: str):
+        raise Refused(f"program: {msg}", code="INVALID_ARGUMENT")
+
+    if tasks != list(model_cfg.task_names):
+        bad(f"the manifest's tasks {tasks} differ from model_config's {list(model_cfg.task_names)}")
+    widths = [i["shape"][1] for i in p["inputs"]]
+    if widths != [model_cfg.dense_dim, model_cfg.pooled_dim]:
+        bad(f"inputs of widths {widths}, the model config gives dense_dim {model_cfg.dense_dim} and pooled_dim "
+            f"{model_cfg.pooled_dim}")
+    if p["outputs"][0]["shape"][1] != len(tasks):
+        bad(f"{p['outputs'][0]['shape'][1]} logits per event, the model has {len(tasks)} tasks ({', '.join(tasks)})")
+    if hashlib.sha256(program_json).hexdigest() != p["sha256"]:
+        bad(f"{p['file']}: sha256 differs from the manifest's program.sha256")
+    try:
+        module = load_program(program_json, state, constants)
+    except SnapshotError as e:
+        raise Refused(str(e), code="INVALID_ARGUMENT") from None
+    if device.type != "cpu":
+        module = module.to(device)
+    rows = int(p["probe_rows"])
+    dense, pooled = probe_inputs(model_cfg.dense_dim, model_cfg.pooled_dim, rows=rows, device=device)
+    try:
+        with torch.no_grad():
+            out = module(dense, pooled)
+    except Exception as e:  # the program's own failure on valid inputs
+        bad(f"raises on the probe batch [{rows}, {model_cfg.dense_dim}], [{rows}, {model_cfg.pooled_dim}]: "
+            f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}")
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (rows, len(tasks)):
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        bad(f"returns {shape} on the probe batch of {rows}, expected [{rows}, {len(tasks)}] (one logit per task)")
+    want = torch.tensor(p["probe_logits"], dtype=torch.float32)
+    got = out.detach().float().cpu()
+    if not torch.allclose(got, want, rtol=PROBE_RTOL, atol=PROBE_ATOL):
+        bad(f"its logits on the probe batch differ from the trainer's (max |diff| "
+            f"{float((got - want).abs().max()):.3g})")
+    return Program(dict(p), program_json, constants, module)
+
+
+def _strip_input_check(module):
+    """``module`` without torch.export's input-constraint pre-hook, which the TorchScript tracer cannot run
+    (serving checks a request's widths itself, before any forward)."""
+    hooks = getattr(module, "_forward_pre_hooks", {})
+    for k, h in list(hooks.items()):
+        if getattr(h, "__name__", "") == "_check_input_constraints_pre_hook":
+            del hooks[k]
+    return module
+
+
+def scoring_forward(model: RankingModel, model_cfg: ModelConfig, device: torch.device, traced=None):
     """The forward a version scores with: a frozen TorchScript trace of ``model`` (weights folded in, no
     Python module calls, so faster per batch than eager) when it gives the eager forward's scores bit for
     bit on a probe batch, run past the executor's profiling runs and at several batch sizes; else
     ``model`` itself. So scores never depend on which one runs. The trace is built once per loaded
-    version (a delta too: its weights are folded in)."""
+    version (a delta too: its weights are folded in). ``traced``: the module to trace when it is not
+    ``model`` itself (an exported program's module without its input check), its scores compared with
+    ``model``'s."""
     import warnings
 
     g = torch.Generator().manual_seed(0)
     dense = torch.randn(64, model_cfg.dense_dim, generator=g).to(device)
-    pooled = torch.randn(64, len(model_cfg.fields), model_cfg.embedding_dim, generator=g).to(device)
+    pooled = torch.randn(64, model_cfg.pooled_dim, generator=g).to(device)
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracer's notes on constants: the probe below is the check
-            frozen = torch.jit.freeze(torch.jit.trace(model, (dense, pooled), check_trace=False))
+            frozen = torch.jit.freeze(torch.jit.trace(traced if traced is not None else model, (dense, pooled),
+                                                      check_trace=False).eval())
             for _ in range(3):
                 for b in (1, 5, 64):
                     if not torch.equal(frozen(dense[:b], pooled[:b]), model(dense[:b], pooled[:b])):
@@ -232,13 +341,17 @@ class ServedVersion:
 
     def __init__(self, manifest: Manifest, model: RankingModel, store, model_cfg: ModelConfig, dense_state: dict,
                  directory: Path, rows_held: int, device: torch.device, memory: MemoryRows | None = None,
-                 files: dict[str, dict] | None = None):
+                 files: dict[str, dict] | None = None, program: Program | None = None):
         self.manifest = manifest
+        self.program = program  # the exported dense network it scores with; None: the module built from config
+        self.tasks = list(manifest.tasks or model_cfg.task_names)
         self.files = dict(files or {})  # what served.json records: file -> {"bytes", "sha256"}
         self.verified: tuple[int, float] | None = None  # (bytes, seconds) of the check at restore
         self.version = manifest.version
         self.model = model
-        self.forward = scoring_forward(model, model_cfg, device)  # bit-identical to model(...), faster
+        # bit-identical to model(...), faster
+        self.forward = scoring_forward(model, model_cfg, device,
+                                       traced=_strip_input_check(_program_copy(program, device)) if program else None)
         self.store = store
         self.model_cfg = model_cfg
         self.fields = list(model_cfg.field_names)
@@ -248,7 +361,7 @@ class ServedVersion:
         self.rows_held = rows_held
         self.device = device
         self.memory = memory if memory is not None else MemoryRows.build(
-            self.fields, model_cfg.embedding_dim, device, {})
+            model_cfg.field_tables, model_cfg.tables, device, {})
         self.loaded_ms = int(time.time() * 1000)
         self._refs = 0
         self._retired = False
@@ -259,27 +372,31 @@ class ServedVersion:
 
     LOOKUP_CHUNK = 4096  # ids read under one hold of the store lock: a big request does not hold up small ones
 
-    def lookup(self, field: str, ids: np.ndarray) -> torch.Tensor:
-        """Rows of ``ids`` from the store (every row this version holds; init for unseen ids)."""
+    def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor:
+        """Rows of table ``table``'s ``ids`` from the store (every row this version holds; init for unseen ids)."""
         if len(ids) <= self.LOOKUP_CHUNK:
             with self._store_lock:
-                return self.store.peek(field, ids)
+                return self.store.peek(table, ids)
         parts = []
         for i in range(0, len(ids), self.LOOKUP_CHUNK):
             with self._store_lock:
-                parts.append(self.store.peek(field, ids[i:i + self.LOOKUP_CHUNK]))
+                parts.append(self.store.peek(table, ids[i:i + self.LOOKUP_CHUNK]))
         return torch.cat(parts)
 
     @torch.inference_mode()
     def predict(self, batch) -> np.ndarray:
-        """Click probabilities: memory rows + one batched store read for the rest, then the forward pass."""
+        """Probabilities ``[events, tasks]`` (column t: task ``tasks[t]``): memory rows + one batched store
+        read for the rest, then the forward pass."""
         pooled = self.memory.pooled(batch, self.lookup)
         dense = torch.from_numpy(batch.dense).to(self.device)
-        return torch.sigmoid(self.forward(dense, pooled)).float().cpu().numpy()
+        logits = self.forward(dense, pooled)
+        if logits.dim() == 1:  # a one-task module returning [B]
+            logits = logits.unsqueeze(1)
+        return torch.sigmoid(logits).float().cpu().numpy()
 
     def predict_via_store(self, batch) -> np.ndarray:
         """The trainer's scoring path over the store alone (a cross-check for tests)."""
-        return predict_batch(self.model, batch, self.fields, self.lookup, self.device)
+        return predict_batch(self.model, batch, self.model_cfg, self.lookup, self.device)
 
     def verify(self) -> tuple[int, float]:
         """Check this version's directory against its record (``verify_files``); returns (bytes hashed,
@@ -341,10 +458,16 @@ def _store_kwargs(cfg: Config, manifest: Manifest, device: torch.device) -> dict
     return kw
 
 
+def _program_copy(program: Program, device: torch.device):
+    """A second module of ``program`` (the traced one may be altered; the checked one stays as it is)."""
+    m = load_program(program.program_json, dict(program.module.state_dict()), program.constants)
+    return m.to(device) if device.type != "cpu" else m
+
+
 def _new_store(model_cfg: ModelConfig, cfg: Config, manifest: Manifest, device: torch.device, path: Path):
     from streamrec.embedding_store import EmbeddingStore
 
-    tables = {f.name: model_cfg.embedding_dim for f in model_cfg.fields}
+    tables = dict(model_cfg.tables)  # a table several fields share is stored once
     return EmbeddingStore(str(path), tables, shards=cfg.store.shards, seed=model_cfg.seed,
                           **_store_kwargs(cfg, manifest, device))
 
@@ -393,14 +516,19 @@ def _open_stored(vdir: Path, cfg: Config, manifest: Manifest, device: torch.devi
 
 
 def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, rows_held: int,
-             known: dict[str, tuple] | None = None) -> dict[str, dict]:
+             known: dict[str, tuple] | None = None, program: Program | None = None) -> dict[str, dict]:
     """What a restart needs to serve this version again, then ``served.json`` last: the record of every file
     (its store closed before, so no byte changes after). Returns that record."""
     from safetensors.torch import save_file
 
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(vdir / DENSE))
+    if program is not None:  # a delta's program is its parent's: each version directory holds its own copy
+        (vdir / program.entry["file"]).write_bytes(program.program_json)
+        if program.entry.get("constants"):
+            save_file({k: v.detach().cpu().contiguous() for k, v in program.constants.items()},
+                      str(vdir / program.entry["constants"]))
     (vdir / MANIFEST).write_bytes(manifest.to_json())
-    save_npz(vdir / MEMORY_IDS, {f: memory.ids[f] for f in memory.fields})  # not np.savez(**): a field may be named "file"
+    save_npz(vdir / MEMORY_IDS, {t: memory.ids[t] for t in memory.tables})  # not np.savez(**): a table may be named "file"
     files = record_files(vdir, known)
     info = {"format": STORED_FORMAT, "version": manifest.version, "rows_held": int(rows_held), "files": files}
     tmp = vdir / (SERVED + ".tmp")
@@ -420,13 +548,17 @@ def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, ro
 def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None, versions_root: Path,
                  cfg: Config, device: torch.device) -> ServedVersion:
     """Build a served version from a verified snapshot directory (and its parent for a delta)."""
-    model_cfg = check_model_config(manifest.model_config, cfg.serving)
+    model_cfg = check_model_config(manifest.model_config, cfg.serving, program=manifest.program is not None)
     if manifest.kind == "delta":
         if parent is None or parent.version != manifest.parent_version:
             have = "none" if parent is None else parent.version
             raise SnapshotError(f"delta {manifest.version} needs parent {manifest.parent_version}, serving {have}; send a full snapshot", code="FAILED_PRECONDITION")
         if parent.model_cfg != model_cfg:
             raise SnapshotError("delta's model_config differs from its parent's; send a full snapshot", code="FAILED_PRECONDITION")
+        have = parent.program.sha256 if parent.program is not None else None
+        if have != (manifest.program or {}).get("sha256"):
+            raise SnapshotError("delta's program differs from its parent's (a delta carries only weights); send a full "
+                                "snapshot", code="FAILED_PRECONDITION")
     vdir = versions_root / f"v{manifest.version:012d}"
     if vdir.exists():
         shutil.rmtree(vdir)
@@ -439,14 +571,23 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             merged = dict(parent.dense_state)
             merged.update(state)
             state = merged
-        model = build_model(model_cfg)
-        try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as e:
-            raise SnapshotError(f"dense.safetensors does not fit the model: {str(e)[:300]}", code="INVALID_ARGUMENT") from None
-        model.to(device).eval()
-        fields = list(model_cfg.field_names)
-        dim = model_cfg.embedding_dim
+        program = None
+        if manifest.program is not None:  # the exported network: the user's code is never imported
+            check_program_weights(state, cfg.serving)
+            if manifest.kind == "delta":
+                blob, consts = parent.program.program_json, parent.program.constants
+            else:
+                blob, consts = _program_files(staged, manifest)
+            program = load_checked_program(manifest, model_cfg, blob, consts, state, device)
+            model = program.module
+        else:
+            model = build_model(model_cfg)
+            try:
+                model.load_state_dict(state, strict=True)
+            except RuntimeError as e:
+                raise SnapshotError(f"dense.safetensors does not fit the model: {str(e)[:300]}", code="INVALID_ARGUMENT") from None
+            model.to(device).eval()
+        dims = dict(model_cfg.tables)
         known = None
         if manifest.kind == "delta":
             store, known = _store_from_parent(parent, cfg, manifest, device, vdir / "store")
@@ -459,12 +600,11 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             parts = {}
             old_memory = None
         room = int(cfg.serving.hot_rows) - sum(len(p[0]) for ps in parts.values() for p in ps)
-        tables = set(fields)
-        for table, ids, vectors in iter_rows(staged, manifest, dim=dim):
-            if table not in tables:
-                raise SnapshotError(f"rows: table {table!r} is not a model field", code="INVALID_ARGUMENT")
-            if vectors.shape[1] != dim:
-                raise SnapshotError(f"rows: table {table!r} has width {vectors.shape[1]}, model has {dim}", code="INVALID_ARGUMENT")
+        for table, ids, vectors in iter_rows(staged, manifest, dim=dims):
+            if table not in dims:
+                raise SnapshotError(f"rows: table {table!r} is not a table of the model", code="INVALID_ARGUMENT")
+            if vectors.shape[1] != dims[table]:
+                raise SnapshotError(f"rows: table {table!r} has width {vectors.shape[1]}, model has {dims[table]}", code="INVALID_ARGUMENT")
             vectors = np.ascontiguousarray(vectors, dtype=np.float32)
             finite = np.isfinite(vectors).all(axis=1)
             if not finite.all():
@@ -488,13 +628,13 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
                 room -= len(new_pos)
             if take.any():
                 parts.setdefault(table, []).append((ids[take], vectors[take]))
-        memory = MemoryRows.build(fields, dim, device, parts)
+        memory = MemoryRows.build(model_cfg.field_tables, dims, device, parts)
         store.close()  # every write done: from here on the version is recorded and read-only
         store = None
-        files = _persist(vdir, manifest, state, memory, rows_held, known)
+        files = _persist(vdir, manifest, state, memory, rows_held, known, program)
         store = _open_stored(vdir, cfg, manifest, device)
         return ServedVersion(manifest, model, store, model_cfg, {k: v.detach().clone() for k, v in state.items()},
-                             vdir, rows_held, device, memory, files)
+                             vdir, rows_held, device, memory, files, program)
     except BaseException as e:
         if store is not None:
             try:
@@ -542,23 +682,29 @@ def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVers
         raise SnapshotError(f"{MANIFEST} is version {manifest.version}, {SERVED} says {info['version']}", code="DATA_LOSS")
     model_cfg = model_config_from_dict(manifest.model_config)
     state = load_file(str(vdir / DENSE))
-    model = build_model(model_cfg)
-    model.load_state_dict(state, strict=True)
-    model.to(device).eval()
+    program = None
+    if manifest.program is not None:
+        blob, consts = _program_files(vdir, manifest)
+        program = load_checked_program(manifest, model_cfg, blob, consts, state, device)
+        model = program.module
+    else:
+        model = build_model(model_cfg)
+        model.load_state_dict(state, strict=True)
+        model.to(device).eval()
     store = _open_stored(vdir, cfg, manifest, device)
     try:
-        fields = list(model_cfg.field_names)
         parts = {}
         with np.load(vdir / MEMORY_IDS) as z:
-            for f in fields:
-                if f in z.files and len(z[f]):
-                    ids = z[f]
-                    parts[f] = [(ids, store.peek(f, ids).cpu().numpy())]
-        memory = MemoryRows.build(fields, model_cfg.embedding_dim, device, parts)
+            for t in model_cfg.tables:
+                if t in z.files and len(z[t]):
+                    ids = z[t]
+                    parts[t] = [(ids, store.peek(t, ids).cpu().numpy())]
+        memory = MemoryRows.build(model_cfg.field_tables, model_cfg.tables, device, parts)
     except BaseException:
         store.close()
         raise
-    v = ServedVersion(manifest, model, store, model_cfg, state, vdir, int(info["rows_held"]), device, memory, files)
+    v = ServedVersion(manifest, model, store, model_cfg, state, vdir, int(info["rows_held"]), device, memory, files,
+                      program)
     v.verified = verified
     return v
 

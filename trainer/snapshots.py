@@ -28,6 +28,14 @@ that snapshot on that replica: it is not pushed there again. When no replica too
 dropped (logged) and the next snapshot is built on the last accepted version, so it carries
 the dropped one's rows too; when others took it, the refusing replica is left behind.
 
+Every snapshot carries the dense network as an exported program (``streamrec.snapshot.export_dense``), so
+serving scores it without importing the model's code. The model is exported once per publisher (the graph
+does not hold the weights); a full snapshot writes the program's files, a delta names the same program.
+Before each snapshot is written the program, with that snapshot's weights, must give the module's logits
+on the probe batch bit for bit; those logits go into the manifest, and serving checks the program against
+them. A model that cannot be exported (or whose program scores differently) is logged as one error line and
+its snapshots carry ``program: null``: serving then builds the module from the model config, as before.
+
 The transport is not the trainer's: it pushes through ``pusher_factory(target)``
 (:class:`streamrec.snapshot.Pusher`; the CLI passes serving's gRPC
 ``SnapshotPusher``), and decides what a refusal means with
@@ -97,6 +105,8 @@ class SnapshotPublisher:
         self._pushers: dict = {}  # target -> the Pusher pusher_factory made for it
         self.version_file = Path(version_file) if version_file else None
         self._served_floor = 0  # the newest version a replica said it serves when it refused ours as not newer
+        self._exported = None  # (ExportedDense, its loaded program module), built on the first snapshot
+        self.program_error = ""  # why the model has no exported program ("" = it has one, or none tried yet)
         if self.version_file is not None and self.version_file.exists():
             try:
                 self.st.built_version = int(json.loads(self.version_file.read_text())["version"])
@@ -188,6 +198,7 @@ class SnapshotPublisher:
             shutil.rmtree(out)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         dense_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        program, program_data = self._program(model, dense_state)
         write_snapshot(
             out, version=version, parent_version=parent, kind="full" if full else "delta",
             dense_state=dense_state, rows=rows,
@@ -197,6 +208,7 @@ class SnapshotPublisher:
             config_hash=self.cfg.model_hash(), newest_event_ms=int(newest_event_ms),
             model_config=dataclasses.asdict(self.cfg.model),
             store_config=dataclasses.asdict(self.cfg.store),
+            tasks=list(self.cfg.model.task_names), program=program, program_data=program_data,
         )
         with self._lock:
             self.st.built += 1
@@ -213,6 +225,58 @@ class SnapshotPublisher:
             self._ensure_thread()
             self._wake.set()
         return out
+
+    def _program(self, model, dense_state: dict) -> tuple[dict | None, Any]:
+        """The manifest's ``program`` entry for a snapshot of ``model`` with ``dense_state``, and the
+        ``ExportedDense`` whose files a full snapshot writes; ``(None, None)`` when the model has no program."""
+        import copy
+
+        import torch
+
+        from streamrec.snapshot import SnapshotError, export_dense, probe_inputs, task_logits
+
+        mc = self.cfg.model
+        tasks = list(mc.task_names)
+        if self._exported is None and not self.program_error:
+            try:
+                cpu_model = copy.deepcopy(model).cpu()
+                ex = export_dense(cpu_model, mc.dense_dim, mc.pooled_dim, len(tasks))
+                from streamrec.snapshot import load_program
+
+                mod = load_program(ex.program_json, {k: dense_state[k] for k in ex.weight_keys}, ex.constants)
+                self._exported = (ex, mod)
+            except SnapshotError as e:
+                self.program_error = str(e)
+            except Exception as e:  # a model's own code may raise anything while it is traced
+                self.program_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e) else ''}"
+            if self.program_error:
+                log.error("snapshots carry no exported program (serving will build the model from its config "
+                          "and must import its code): %s", self.program_error)
+        if self._exported is None:
+            return None, None
+        ex, mod = self._exported
+        dense, pooled = probe_inputs(mc.dense_dim, mc.pooled_dim)
+        weights = {k: dense_state[k] for k in ex.weight_keys}
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                mod.load_state_dict(weights, strict=False)
+                dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+                want = task_logits(model(dense.to(dev), pooled.to(dev)), len(tasks), len(dense)).float().cpu()
+                got = task_logits(mod(dense, pooled), len(tasks), len(dense))
+        finally:
+            model.train(was_training)
+        exact = torch.equal(got, want) if dev.type == "cpu" else torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+        if not exact:
+            self.program_error = (f"the exported program's logits on the probe batch differ from the module's "
+                                  f"(max |diff| {float((got - want).abs().max()):.3g})")
+            log.error("snapshots carry no exported program from now on: %s", self.program_error)
+            self._exported = None
+            return None, None
+        entry = ex.manifest_entry(mc.dense_dim, mc.pooled_dim, tasks)
+        entry["probe_logits"] = got.tolist()
+        return entry, ex
 
     def _prune(self) -> None:
         dirs = sorted(p for p in self.out_dir.glob("v*") if p.is_dir())

@@ -1,0 +1,394 @@
+"""Serving a snapshot's exported dense program: a user's model whose code the server never imports, every
+task's score in ``Predict``, and programs that do not match their manifest refused while the old version
+keeps serving. Real files, real RocksDB stores, real gRPC servers on 127.0.0.1 (one of them a separate
+``streamrec serve`` process without the user's package on its path)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from streamrec.foundation import TaskSpec, sha256_file
+from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.serving import pb as _pb  # noqa: F401  (the generated messages load with the package)
+from streamrec.snapshot import (MANIFEST, SnapshotError, export_dense, read_manifest, rows_batch, verify_snapshot,
+                                write_snapshot)
+from streamrec.trainer import SnapshotPublisher
+from tests.helpers.serving import events_to_batch, make_events
+
+pytestmark = [pytest.mark.grpc, pytest.mark.subprocess]
+
+USER_MODEL = '''
+import torch
+from torch import nn
+
+
+class TwoTower(nn.Module):
+    """dense and pooled through their own layer, then one head per task."""
+
+    def __init__(self, dense_dim, pooled_dim, tasks, hidden=16):
+        super().__init__()
+        self.d = nn.Linear(dense_dim, hidden)
+        self.p = nn.Linear(pooled_dim, hidden)
+        self.heads = nn.Linear(2 * hidden, tasks)
+        self.register_buffer("mix", torch.linspace(0.5, 1.5, 2 * hidden), persistent=False)
+
+    def forward(self, dense, pooled):
+        h = torch.cat([torch.relu(self.d(dense)), torch.tanh(self.p(pooled))], dim=1) * self.mix
+        return self.heads(h)
+
+
+def build(model_cfg):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(model_cfg.seed)
+        return TwoTower(model_cfg.dense_dim, model_cfg.pooled_dim, len(model_cfg.tasks))
+'''
+
+
+@pytest.fixture
+def user_module(cfg, tmp_path):
+    """A user's model in a package that only this (trainer-side) process can import: two tasks."""
+    name = f"userrank_{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "userpkgs"
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text("")
+    (root / name / "ranking.py").write_text(textwrap.dedent(USER_MODEL))
+    sys.path.insert(0, str(root))
+    cfg.model.module = f"{name}.ranking:build"
+    cfg.model.tasks = [TaskSpec("click"), TaskSpec("conversion", 0.5)]
+    try:
+        yield name
+    finally:
+        sys.path.remove(str(root))
+        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[mod]
+
+
+class Trainer:
+    """The trainer's side of a snapshot: a real model and store, written by the trainer's SnapshotPublisher."""
+
+    def __init__(self, cfg, tmp_path, seed: int = 0):
+        from streamrec.embedding_store import EmbeddingStore
+        from streamrec.model import build_model
+
+        self.cfg = cfg
+        self.model = build_model(cfg.model).eval()
+        self.store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp_path / "trainer-store"))
+        self.publisher = SnapshotPublisher(cfg, tmp_path / "snapshots", push=False, keep=100)
+        self.rng = np.random.default_rng(seed)
+        self.version = 0
+        self.touched: dict[str, set] = {}
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.add_(torch.from_numpy(self.rng.standard_normal(tuple(p.shape)).astype(np.float32)) * 0.05)
+        for t, dim in self.cfg.model.tables.items():
+            ids = np.unique(self.rng.integers(0, 3000, 200).astype(np.int64))
+            self.store.upsert_rows(t, ids, torch.from_numpy(self.rng.standard_normal((len(ids), dim)).astype(np.float32)))
+            self.touched.setdefault(t, set()).update(ids.tolist())
+
+    def snapshot(self, full: bool) -> Path:
+        parent = self.version or None
+        self.version += 1
+        rows = [rows_batch(t, np.array(sorted(ids), np.int64), self.store.peek(t, np.array(sorted(ids), np.int64)))
+                for t, ids in self.touched.items()]
+        return self.publisher.publish(self.version, 0, self.store, self.model, {}, {"auc": 0.5},
+                                      1_700_000_000_000 + self.version,
+                                      plan=(full, None if full else parent, 0), rows=rows)
+
+    def scores(self, batch) -> np.ndarray:
+        from streamrec.model import predict_batch
+
+        return predict_batch(self.model, batch, self.cfg.model, self.store.peek, torch.device("cpu"))
+
+
+class ServeProcess:
+    """``streamrec serve`` as its own process, its environment without the user's package."""
+
+    def __init__(self, data_dir: Path):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(STREAMREC_SERVING__DATA_DIR=str(data_dir), STREAMREC_SERVING__PUSH_TOKEN="tok",
+                   OMP_NUM_THREADS="1")
+        self.env = env
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", "cpu"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        self.err: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True)
+        self._reader.start()
+        self.target = self.proc.stdout.readline().strip()
+        assert self.target, f"server did not start: {''.join(self.err)}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self._reader.join(5)
+
+
+def test_a_users_model_is_served_by_a_process_that_cannot_import_it(cfg, tmp_path, user_module):
+    trainer = Trainer(cfg, tmp_path)
+    trainer.step()
+    full = trainer.snapshot(full=True)
+    m = read_manifest(full)
+    assert m.tasks == ["click", "conversion"] and m.program is not None
+    assert m.program["file"] in m.files and m.program["outputs"][0]["shape"] == ["batch", 2]
+    assert m.program["inputs"][1]["shape"] == ["batch", cfg.model.pooled_dim]
+    for name in m.files:  # safetensors and JSON only: nothing a server would unpickle
+        assert name.endswith((".safetensors", ".json", ".parquet")), name
+    json.loads((full / m.program["file"]).read_bytes())
+    events = make_events(cfg, 40, seed=7)
+    batch = events_to_batch(cfg, events)
+    want1 = trainer.scores(batch)
+    assert want1.shape == (40, 2)
+    trainer.step()
+    delta = trainer.snapshot(full=False)
+    md = read_manifest(delta)
+    assert md.kind == "delta" and md.program["sha256"] == m.program["sha256"] and m.program["file"] not in md.files
+    want2 = trainer.scores(batch)
+
+    srv = ServeProcess(tmp_path / "serving")
+    try:
+        # the server's environment really cannot import the user's package
+        probe = subprocess.run([sys.executable, "-c", f"import {user_module}"], env=srv.env, capture_output=True)
+        assert probe.returncode != 0 and b"ModuleNotFoundError" in probe.stderr
+        with SnapshotPusher(srv.target, token="tok") as p:
+            r = p.push(full)
+            assert r.ok, r.reason
+        with ServingClient(srv.target) as c:
+            per_task, v = c.predict_tasks(events)
+            first, _ = c.predict(events)
+            st = c.status()
+        assert v == 1 and list(per_task) == ["click", "conversion"]
+        np.testing.assert_allclose(per_task["click"], want1[:, 0], atol=1e-6, rtol=0)
+        np.testing.assert_allclose(per_task["conversion"], want1[:, 1], atol=1e-6, rtol=0)
+        assert np.array_equal(first, per_task["click"])  # today's field: the first task
+        assert st["tasks"] == ["click", "conversion"] and st["exported_program"] is True
+        with SnapshotPusher(srv.target, token="tok") as p:
+            r = p.push(delta)
+            assert r.ok, r.reason
+        with ServingClient(srv.target) as c:
+            per_task, v = c.predict_tasks(events)
+        assert v == 2
+        np.testing.assert_allclose(np.stack([per_task["click"], per_task["conversion"]], 1), want2, atol=1e-6, rtol=0)
+        assert np.abs(want2 - want1).max() > 1e-3  # the delta's weights are what changed the scores
+    finally:
+        srv.stop()
+    assert "Traceback" not in "".join(srv.err), "".join(srv.err)
+
+
+# -- refusals: an in-process server on 127.0.0.1, serving a good version 1 -------------------------------
+
+
+class WideDense(nn.Module):
+    """Reads one more dense column than the model config gives."""
+
+    def __init__(self, dense_dim, pooled_dim, tasks):
+        super().__init__()
+        self.lin = nn.Linear(dense_dim + 1 + pooled_dim, tasks)
+
+    def forward(self, dense, pooled):
+        return self.lin(torch.cat([dense, pooled], dim=1))
+
+
+class Guarded(nn.Module):
+    """Asserts on its inputs at run time against a weight: with ``limit`` 0 every batch fails."""
+
+    def __init__(self, dense_dim, pooled_dim, tasks):
+        super().__init__()
+        self.lin = nn.Linear(dense_dim + pooled_dim, tasks)
+        self.register_buffer("limit", torch.tensor(1e9))
+
+    def forward(self, dense, pooled):
+        torch._assert_async(dense.abs().max() < self.limit, "dense feature above the limit")
+        return self.lin(torch.cat([dense, pooled], dim=1))
+
+
+def _rewrite(src: Path, dst: Path, edit_manifest=None, files: dict[str, bytes] | None = None) -> Path:
+    """A copy of snapshot ``src`` with files replaced and the manifest edited, its checksums recomputed (so the
+    refusal is the program's, not the transfer's)."""
+    shutil.copytree(src, dst)
+    for name, data in (files or {}).items():
+        (dst / name).write_bytes(data)
+    d = json.loads((dst / MANIFEST).read_bytes())
+    d["version"] = 2
+    if edit_manifest:
+        edit_manifest(d)
+    for name in d["files"]:
+        d["files"][name] = {"sha256": sha256_file(dst / name), "bytes": (dst / name).stat().st_size}
+    if d["program"] and d["program"]["file"] in d["files"]:
+        d["program"]["sha256"] = d["files"][d["program"]["file"]]["sha256"]
+    (dst / MANIFEST).write_text(json.dumps(d))
+    read_manifest(dst)  # a well-formed manifest: the refusal comes from the program
+    return dst
+
+
+def _program_snapshot(cfg, out: Path, model: nn.Module, *, export_dims=None, tasks=None, weights=None) -> Path:
+    """A full version-2 snapshot whose program is ``model``'s (exported at ``export_dims``: (dense, pooled)) and
+    whose manifest describes the model config's inputs and ``tasks``."""
+    mc = cfg.model
+    tasks = tasks or list(mc.task_names)
+    dd, pd = export_dims or (mc.dense_dim, mc.pooled_dim)
+    ex = export_dense(model, dd, pd, len(model.lin.bias))
+    entry = ex.manifest_entry(mc.dense_dim, mc.pooled_dim, tasks)
+    entry["probe_logits"] = [[0.0] * len(tasks) for _ in entry["probe_logits"]]
+    return write_snapshot(out, version=2, parent_version=None, kind="full",
+                          dense_state=weights or model.state_dict(), rows=[], kafka_offsets={}, metrics={},
+                          config_hash=cfg.model_hash(), newest_event_ms=1, model_config=cfg.to_dict()["model"],
+                          tasks=tasks, program=entry, program_data=ex)
+
+
+@pytest.fixture
+def serving_v1(cfg, tmp_path, user_module):
+    cfg.serving.push_token = "tok"
+    trainer = Trainer(cfg, tmp_path)
+    trainer.step()
+    v1 = trainer.snapshot(full=True)
+    srv = serve(cfg, device="cpu")
+    events = make_events(cfg, 24, seed=3)
+    with SnapshotPusher(srv.target, token="tok") as p:
+        assert p.push(v1).ok
+    with ServingClient(srv.target) as c:
+        before, _ = c.predict_tasks(events)
+    yield srv, v1, events, before
+    srv.stop(0.5)
+
+
+def _still_v1(srv, events, before) -> None:
+    with ServingClient(srv.target) as c:
+        got, v = c.predict_tasks(events)
+    assert v == 1
+    for t in before:
+        assert np.array_equal(got[t], before[t])
+
+
+def _refused(srv, snap: Path, *words: str) -> str:
+    with SnapshotPusher(srv.target, token="tok", attempts=1) as p:
+        r = p.push(snap)
+    assert not r.ok and r.code == "INVALID_ARGUMENT", (r.code, r.reason)
+    for w in words:
+        assert w in r.reason, r.reason
+    return r.reason
+
+
+def test_a_program_reading_another_input_width_is_refused(cfg, tmp_path, serving_v1):
+    srv, v1, events, before = serving_v1
+    mc = cfg.model
+    bad = _program_snapshot(cfg, tmp_path / "wide", WideDense(mc.dense_dim, mc.pooled_dim, 2),
+                            export_dims=(mc.dense_dim + 1, mc.pooled_dim))
+    _refused(srv, bad, "raises on the probe batch")
+    _still_v1(srv, events, before)
+
+
+def test_a_program_with_another_task_count_is_refused(cfg, tmp_path, serving_v1):
+    srv, v1, events, before = serving_v1
+    mc = cfg.model
+
+    class OneTask(WideDense):
+        def __init__(self):
+            nn.Module.__init__(self)
+            self.lin = nn.Linear(mc.dense_dim + mc.pooled_dim, 1)
+
+    bad = _program_snapshot(cfg, tmp_path / "onetask", OneTask())
+    _refused(srv, bad, "returns [8, 1]", "expected [8, 2]")
+    # the manifest itself claiming one output for two tasks is refused before any file is stored
+    d = tmp_path / "claims-one"
+
+    def one_output(m):
+        m["program"]["outputs"][0]["shape"] = ["batch", 1]
+        m["program"]["probe_logits"] = [[0.0] for _ in m["program"]["probe_logits"]]
+
+    with pytest.raises(SnapshotError, match="1 logits per event, the manifest names 2 tasks"):
+        _rewrite(v1, d, one_output)
+    _still_v1(srv, events, before)
+
+
+def test_a_program_json_that_does_not_deserialize_is_refused(cfg, tmp_path, serving_v1):
+    srv, v1, events, before = serving_v1
+    name = read_manifest(v1).program["file"]
+    for i, blob in enumerate([b'{"graph_module": {"graph": 7}}', b"[1, 2", json.dumps({"schema_version": 1}).encode()]):
+        bad = _rewrite(v1, tmp_path / f"garbage-{i}", files={name: blob})
+        _refused(srv, bad, "program.json")
+    _still_v1(srv, events, before)
+
+
+def test_a_program_that_raises_at_run_time_is_refused(cfg, tmp_path, serving_v1):
+    srv, v1, events, before = serving_v1
+    mc = cfg.model
+    model = Guarded(mc.dense_dim, mc.pooled_dim, 2)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    weights["limit"] = torch.tensor(0.0)  # the pushed weights make the program's own check fail
+    bad = _program_snapshot(cfg, tmp_path / "raises", model, weights=weights)
+    _refused(srv, bad, "raises on the probe batch", "dense feature above the limit")
+    _still_v1(srv, events, before)
+
+
+def test_a_program_whose_scores_differ_from_the_trainers_is_refused(cfg, tmp_path, serving_v1):
+    srv, v1, events, before = serving_v1
+
+    def other_logits(m):
+        m["program"]["probe_logits"][0][0] += 0.5
+
+    bad = _rewrite(v1, tmp_path / "other-logits", other_logits)
+    _refused(srv, bad, "differ from the trainer's")
+    _still_v1(srv, events, before)
+
+
+def test_a_program_file_changed_after_the_manifest_fails_its_checksum(cfg, tmp_path, serving_v1):
+    srv, v1, events, before = serving_v1
+    bad = tmp_path / "tampered"
+    shutil.copytree(v1, bad)
+    d = json.loads((bad / MANIFEST).read_bytes())
+    d["version"] = 2
+    (bad / MANIFEST).write_text(json.dumps(d))
+    name = d["program"]["file"]
+    blob = bytearray((bad / name).read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    (bad / name).write_bytes(bytes(blob))
+    with pytest.raises(SnapshotError, match=f"{name}: sha256 does not match"):
+        verify_snapshot(bad)
+    with SnapshotPusher(srv.target, token="tok", attempts=1) as p:
+        r = p.push(bad)
+    assert not r.ok and "sha256" in r.reason and name in r.reason, r.reason
+    _still_v1(srv, events, before)
+
+
+def test_a_model_that_cannot_be_exported_is_snapshotted_without_a_program(cfg, tmp_path, caplog):
+    """``program: null`` and one error line; serving then builds the module (it can import the built-ins)."""
+    from streamrec.model import build_model
+
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = build_model(cfg.model)
+
+        def forward(self, dense, pooled):
+            out = self.inner(dense, pooled)
+            if float(out.sum()) > 1e30:  # Python control flow on a tensor's value: torch.export refuses it
+                return out * 2
+            return out
+
+    trainer = Trainer(cfg, tmp_path)
+    trainer.model = DataDependent().eval()
+    trainer.step()
+    with caplog.at_level("ERROR"):
+        snap = trainer.snapshot(full=True)
+    assert read_manifest(snap).program is None
+    errors = [r for r in caplog.records if "no exported program" in r.getMessage()]
+    assert len(errors) == 1 and "\n" not in errors[0].getMessage()
+    assert trainer.publisher.program_error
