@@ -392,3 +392,36 @@ def test_a_model_that_cannot_be_exported_is_snapshotted_without_a_program(cfg, t
     errors = [r for r in caplog.records if "no exported program" in r.getMessage()]
     assert len(errors) == 1 and "\n" not in errors[0].getMessage()
     assert trainer.publisher.program_error
+
+
+def _old_predict_response():
+    """``PredictResponse`` as a client built from the ``.proto`` before per-task scores knows it (fields 1-3)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    f = descriptor_pb2.FileDescriptorProto(name="old_streamrec_test.proto", package="oldclient", syntax="proto3")
+    m = f.message_type.add(name="PredictResponse")
+    lab, T = descriptor_pb2.FieldDescriptorProto, descriptor_pb2.FieldDescriptorProto
+    m.field.add(name="scores", number=1, label=lab.LABEL_REPEATED, type=T.TYPE_FLOAT)
+    m.field.add(name="model_version", number=2, label=lab.LABEL_OPTIONAL, type=T.TYPE_UINT64)
+    m.field.add(name="request_ids", number=3, label=lab.LABEL_REPEATED, type=T.TYPE_STRING)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("oldclient.PredictResponse"))
+
+
+def test_a_client_built_before_per_task_scores_reads_the_first_task(cfg, serving_v1):
+    import grpc
+
+    from streamrec.serving import events_to_request
+    from streamrec.serving.pb import pb
+
+    srv, v1, events, before = serving_v1
+    old_cls = _old_predict_response()
+    with grpc.insecure_channel(srv.target) as ch:
+        call = ch.unary_unary("/streamrec.v1.StreamRec/Predict", request_serializer=pb.PredictRequest.SerializeToString,
+                              response_deserializer=old_cls.FromString)
+        for columns in (True, False):
+            old = call(events_to_request(events, columns=columns), timeout=30)
+            assert old.model_version == 1
+            assert np.array_equal(np.asarray(old.scores, np.float32), before["click"])
+            assert list(old.request_ids) == [e.get("request_id", "") for e in events]
