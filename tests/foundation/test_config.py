@@ -138,7 +138,7 @@ def test_removed_keys_say_what_to_do_instead(tmp_path):
 
     from streamrec.foundation import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match=r"hot\.row_bytes removed; a hot row costs \(model.embedding_dim \+ 1\) \* 4"):
+    with pytest.raises(ConfigError, match=r"hot\.row_bytes removed; a hot row costs \(its table's dim \+ 1\) \* 4"):
         load_config(None, {"hot.row_bytes": 64}, env={})
     with pytest.raises(ConfigError, match=r"generator: set it in \[\[generator.fields\]\]"):
         load_config(None, {"model.fields": '[{"name": "user", "multi": 2}]'}, env={})
