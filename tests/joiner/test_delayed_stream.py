@@ -48,3 +48,15 @@ def test_window_join_of_the_stream_never_labels_an_unclicked_impression_positive
     assert all(truth[r] == 1 for r, y in labels.items() if y == 1)
     missed = sum(1 for r, y in labels.items() if y == 0 and truth[r] == 1)
     assert missed > 0  # clicks after the 10-minute window: the cost of waiting only so long
+
+
+def test_generate_delayed_feedback_command(tmp_path):
+    from streamrec.app.cli import main
+
+    out = tmp_path / "delayed"
+    assert main(["generate", "--delayed-feedback", "--events", "300", "--seed", "4", "--out", str(out)]) == 0
+    imps = [json.loads(x) for x in (out / "impressions.jsonl").read_text().splitlines()]
+    truth = [json.loads(x) for x in (out / "truth.jsonl").read_text().splitlines()]
+    acts = [json.loads(x) for x in (out / "actions.jsonl").read_text().splitlines()]
+    assert len(imps) == len(truth) == 300 and all("label" not in e for e in imps)
+    assert {a["request_id"] for a in acts if a["type"] == "click"} == {t["request_id"] for t in truth if t["label"]}

