@@ -7,10 +7,9 @@ its own store (hot rows on its device, cold rows in its RocksDB shard). A step
 fetches rows from their owners and returns the gradients to them
 (:class:`RowExchange`, keyed by table: a table shared by several fields is fetched
 once); the loss is the group's mean, so N ranks whose batches together make one
-trainer's batch apply the update that trainer would. With several tasks the mean is
-per task: each rank divides its masked sum of task ``t``'s losses by the group's
-count of events labelled for ``t`` (one all-reduce of the per-task counts), so the
-sum over ranks is one trainer's masked mean.
+trainer's batch apply the update that trainer would. With several tasks each rank
+divides its masked sum of task ``t``'s losses by the group's batch size, as one
+trainer divides by its own (``trainer/step.py``).
 
 Steps are collectives: every rank runs the same number per window (the largest
 plan of any rank); a rank with fewer mini-batches, or none, joins with empty ones.
@@ -237,12 +236,7 @@ class ShardedTrainerCore(TrainerCore):
             return _OK, np.zeros((0, T), np.float32), np.zeros(0, np.int64), sizes, no_flags
         dev = self.device
         labels = torch.from_numpy(label_matrix(sub, T)).to(dev)
-        if T == 1:  # every event carries the one task's label: the group's count is its events
-            counts = [total]
-        else:  # the group's labelled events per task (a collective: every rank of a group has the same tasks)
-            c = (~torch.isnan(labels)).sum(dim=0).to(torch.int64).to(self.comm)
-            dist.all_reduce(c, group=self.group)
-            counts = [int(v) for v in c.cpu()]
+        counts = [total] * T  # every task's masked sum over the group's batch size, as one trainer's step
         # one embedding_bag per field, as one trainer pools: one op over all fields would pool the same sums,
         # but its backward adds a row's contributions in another order than one trainer's, so the group's
         # rows would no longer match one trainer's to the last bit

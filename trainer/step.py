@@ -5,12 +5,15 @@ gradients to whoever owns the rows (the tiered store, or an in-memory table).
 The step scores the batch in the same forward pass it trains on, *before* any
 update, so the returned probabilities ``[B, T]`` are progressive-validation scores.
 
-The loss of several tasks is ``sum_t weight_t * masked_mean_t``: task ``t``'s binary
-cross-entropy averaged over the events that carry its label (NaN in the label matrix
-is a missing label). A missing label is masked out of the loss (its term is selected
-away, so its gradient is exactly zero), never read as 0; a task without any labelled
-event in the batch adds nothing. An event's own loss, for the numerical guard, is the
-sum of its present tasks' terms.
+The loss of several tasks is ``sum_t weight_t * sum_i labelled_it * bce_it / B``: task
+``t``'s binary cross-entropy summed over the events that carry its label (NaN in the label
+matrix is a missing label) and divided by the batch size. A missing label is masked out of
+the loss (its term is selected away, so its gradient is exactly zero), never read as 0. A
+task labelled on a fraction of the events therefore weighs that fraction of a fully
+labelled one: dividing by its own labelled count instead would give each of its rare
+labels the pull of many events, on embedding rows every task shares. With one task every
+event is labelled and this is the mean logloss. An event's own loss, for the numerical
+guard, is the sum of its present tasks' terms.
 """
 
 from __future__ import annotations
@@ -103,8 +106,7 @@ def train_step(model: RankingModel, opt: torch.optim.Optimizer, batch, fields, l
     finite = torch.isfinite(per_event)
     if not bool(finite.all()):
         raise NonFiniteStep(np.flatnonzero(~finite.cpu().numpy()), "the loss of some events is not finite")
-    counts = present.sum(dim=0).clamp_min(1)
-    loss = sum(w[t] * (per[:, t].sum() / counts[t]) for t in range(len(w)))
+    loss = sum(w[t] * per[:, t].sum() for t in range(len(w))) / max(1, len(per))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
