@@ -291,12 +291,29 @@ def load_checked_program(manifest: Manifest, model_cfg: ModelConfig, program_jso
 
 
 def _strip_input_check(module):
-    """``module`` without torch.export's input-constraint pre-hook, which the TorchScript tracer cannot run
-    (serving checks a request's widths itself, before any forward)."""
+    """``module`` (an exported program's) prepared for tracing: without torch.export's input-constraint
+    pre-hook, which the TorchScript tracer cannot run (serving checks a request's widths itself, before any
+    forward), and with each ``view``/``reshape`` of a tensor to ``[its own size(0), n, ...]`` (all ``n`` > 0)
+    written as ``[-1, n, ...]``: the same tensor, but a trace no longer fixes the batch size it saw."""
     hooks = getattr(module, "_forward_pre_hooks", {})
     for k, h in list(hooks.items()):
         if getattr(h, "__name__", "") == "_check_input_constraints_pre_hook":
             del hooks[k]
+    graph = getattr(module, "graph", None)
+    if graph is None:
+        return module
+    aten = torch.ops.aten
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in (aten.view.default, aten.reshape.default):
+            continue
+        src, shape = node.args[0], node.args[1]
+        if not isinstance(shape, (list, tuple)) or not shape or not isinstance(shape[0], torch.fx.Node):
+            continue
+        first = shape[0]
+        if (first.op == "call_function" and first.target == aten.sym_size.int and tuple(first.args) == (src, 0)
+                and all(type(x) is int and x > 0 for x in shape[1:])):
+            node.args = (src, [-1, *shape[1:]])
+    module.recompile()
     return module
 
 
@@ -349,9 +366,10 @@ class ServedVersion:
         self.verified: tuple[int, float] | None = None  # (bytes, seconds) of the check at restore
         self.version = manifest.version
         self.model = model
-        # bit-identical to model(...), faster
-        self.forward = scoring_forward(model, model_cfg, device,
-                                       traced=_strip_input_check(_program_copy(program, device)) if program else None)
+        # bit-identical to model(...), faster. A program scores through a copy without torch.export's Python
+        # input check (it costs as much as a small network's forward; serving checks the widths itself)
+        self.forward = scoring_forward(_strip_input_check(_program_copy(program, device)) if program else model,
+                                       model_cfg, device)
         self.store = store
         self.model_cfg = model_cfg
         self.fields = list(model_cfg.field_names)

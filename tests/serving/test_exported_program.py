@@ -425,3 +425,28 @@ def test_a_client_built_before_per_task_scores_reads_the_first_task(cfg, serving
             assert old.model_version == 1
             assert np.array_equal(np.asarray(old.scores, np.float32), before["click"])
             assert list(old.request_ids) == [e.get("request_id", "") for e in events]
+
+
+@pytest.mark.parametrize("arch", ["dlrm", "deepfm"])
+def test_a_built_in_model_scores_through_its_frozen_program(cfg, tmp_path, arch):
+    """The program path keeps the module path's speed: its forward is frozen TorchScript of the program (the
+    batch-sized reshape of ``pooled`` that DLRM and DeepFM make does not pin the trace to one batch size)."""
+    cfg.model.architecture = arch
+    cfg.serving.push_token = "tok"
+    trainer = Trainer(cfg, tmp_path)
+    trainer.step()
+    snap = trainer.snapshot(full=True)
+    assert read_manifest(snap).program is not None
+    events = make_events(cfg, 33, seed=9)
+    want = trainer.scores(events_to_batch(cfg, events))
+    srv = serve(cfg, device="cpu")
+    try:
+        with SnapshotPusher(srv.target, token="tok") as p:
+            assert p.push(snap).ok
+        v = srv.service.current
+        assert v.program is not None and isinstance(v.forward, torch.jit.ScriptModule)
+        with ServingClient(srv.target) as c:
+            got, _ = c.predict_tasks(events)
+        np.testing.assert_allclose(got["click"], want[:, 0], atol=1e-6, rtol=0)
+    finally:
+        srv.stop(0.5)
