@@ -81,7 +81,7 @@ class ShardedTrainerCore(TrainerCore):
         for f, tb in self.field_tables.items():
             self.table_fields.setdefault(tb, []).append(f)
         self.task_weights = [float(tk.weight) for tk in cfg.model.tasks]
-        self.exchange = RowExchange(self.tables, cfg.model.embedding_dim, store.lookup, store.apply_gradients,
+        self.exchange = RowExchange(dict(cfg.model.tables), None, store.lookup, store.apply_gradients,
                                     self.rank, self.world, group, comm_device=self.comm,
                                     precision=t.exchange_precision)
         self._hot_all: dict[str, np.ndarray] = {}  # the whole group's hot set (plans need it; rows live with owners)

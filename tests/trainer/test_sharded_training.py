@@ -30,13 +30,19 @@ def _cfg(tmp):
     return cfg
 
 
-def _setup(cfg, arch: str = "dlrm", tasks: bool = False):
-    """``cfg`` for architecture ``arch``; ``tasks``: two tasks, ``click`` and a ``conversion`` of weight 0.5."""
+def _setup(cfg, arch: str = "dlrm", tasks: bool = False, tables: bool = False):
+    """``cfg`` for architecture ``arch``; ``tasks``: two tasks, ``click`` and a ``conversion`` of weight 0.5;
+    ``tables``: fields of their own widths (user 8, item 24) and two fields sharing one table (tags looks its
+    ids up in category's)."""
     from streamrec.foundation.config import TaskSpec
 
     cfg.model.architecture, cfg.model.cross_layers = arch, 2
     if tasks:
         cfg.model.tasks = [TaskSpec("click"), TaskSpec("conversion", 0.5)]
+    if tables:
+        for f in cfg.model.fields:
+            f.dim = {"user": 8, "item": 24}.get(f.name, 0)
+            f.table = "category" if f.name == "tags" else ""
     return cfg
 
 
@@ -52,10 +58,10 @@ def _events(cfg, n: int = N_EVENTS):
     return batch
 
 
-def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False):
+def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-    cfg = _setup(cfg, arch, tasks)
+    cfg = _setup(cfg, arch, tasks, tables)
     torch.manual_seed(0)
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
     core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
@@ -63,10 +69,10 @@ def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False):
     core.train_window(batch)
     # the rank's own rows: every id it was asked for that it owns
     owned = {}
-    for f in cfg.model.field_names:
+    for f, tb in cfg.model.field_tables.items():
         ids = np.unique(synthetic(cfg, N_EVENTS).sparse[f].values)
-        mine = ids[owner_of(f, ids, world) == rank]
-        owned[f] = (mine, store.peek(f, mine).numpy())
+        mine = ids[owner_of(tb, ids, world) == rank]
+        owned[f] = (mine, store.peek(tb, mine).numpy())
     g = core.group_metrics()
     out = {"auc": g.auc, "logloss": g.logloss, "window_auc": g.window_auc(), "events": core.events, "steps": core.steps, "owned": owned,
            "binned": float(g.pos.sum() + g.neg.sum()),
@@ -75,8 +81,8 @@ def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False):
     return out
 
 
-def _single(tmp, arch: str = "dlrm", tasks: bool = False):
-    cfg = _setup(_cfg(tmp), arch, tasks)
+def _single(tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False):
+    cfg = _setup(_cfg(tmp), arch, tasks, tables)
     torch.manual_seed(0)
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / "single"))
     core = TrainerCore(cfg, store, torch.device("cpu"))
@@ -86,13 +92,15 @@ def _single(tmp, arch: str = "dlrm", tasks: bool = False):
 
 @pytest.mark.subprocess
 @GROUP_RUNS_WORKER
-@pytest.mark.parametrize("scenario", ["train", *(f"train_{a}" for a in ARCHS[1:]), "train_two_tasks"])
+@pytest.mark.parametrize("scenario", ["train", *(f"train_{a}" for a in ARCHS[1:]), "train_two_tasks",
+                                      "train_tables"])
 def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs, scenario):
-    """For every built-in architecture, and for two tasks (one labelled on a tenth of the events: each task's
-    loss is the group's mean over the events labelled for it, not each rank's): the same dense weights, rows
-    and AUC as one trainer."""
+    """For every built-in architecture, for two tasks (one labelled on a tenth of the events: each task's
+    loss is the group's masked sum over the group's batch, not each rank's) and for fields of their own widths
+    with a shared table: the same dense weights, rows and AUC as one trainer."""
     arch = scenario.removeprefix("train_") if scenario in (f"train_{a}" for a in ARCHS) else "dlrm"
-    core, store = _single(tmp_path, arch, tasks=scenario == "train_two_tasks")
+    core, store = _single(tmp_path, arch, tasks=scenario == "train_two_tasks", tables=scenario == "train_tables")
+    tables = _setup(_cfg(tmp_path), tables=scenario == "train_tables").model.field_tables
     ranks = group_runs[scenario]
     for r in ranks:
         assert abs(r["auc"] - core.metrics.auc) <= 0.001, (r["auc"], core.metrics.auc)
@@ -103,10 +111,10 @@ def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs, scena
         for k, v in core.model.state_dict().items():
             np.testing.assert_allclose(r["dense"][k], v.numpy(), atol=1e-4, err_msg=k)
     assert sum(r["events"] for r in ranks) == N_EVENTS
-    for f in _cfg(tmp_path).model.field_names:  # every row, at its owner, as the single trainer has it
+    for f, tb in tables.items():  # every row, at its owner, as the single trainer has it
         for r in ranks:
             ids, rows = r["owned"][f]
-            np.testing.assert_allclose(rows, store.peek(f, ids).numpy(), atol=1e-4)
+            np.testing.assert_allclose(rows, store.peek(tb, ids).numpy(), atol=1e-4)
     store.close()
 
 
@@ -217,6 +225,7 @@ def group_runs(tmp_path_factory):
         "train": _train_rank,
         **{f"train_{a}": functools.partial(_train_rank, arch=a) for a in ARCHS[1:]},
         "train_two_tasks": functools.partial(_train_rank, tasks=True),
+        "train_tables": functools.partial(_train_rank, tables=True),
         "idle": _idle_rank,
         "poisoned": _poisoned_rank,
         "out_of_step": _out_of_step_rank,
