@@ -190,6 +190,16 @@ def test_a_users_model_is_served_by_a_process_that_cannot_import_it(cfg, tmp_pat
     finally:
         srv.stop()
     assert "Traceback" not in "".join(srv.err), "".join(srv.err)
+    # a restart serves the stored version from its own copy of the program, still without the user's code
+    srv = ServeProcess(tmp_path / "serving")
+    try:
+        with ServingClient(srv.target) as c:
+            per_task, v = c.predict_tasks(events)
+            assert c.status()["exported_program"] is True
+        assert v == 2
+        np.testing.assert_allclose(np.stack([per_task["click"], per_task["conversion"]], 1), want2, atol=1e-6, rtol=0)
+    finally:
+        srv.stop()
 
 
 # -- refusals: an in-process server on 127.0.0.1, serving a good version 1 -------------------------------
@@ -448,5 +458,62 @@ def test_a_built_in_model_scores_through_its_frozen_program(cfg, tmp_path, arch)
         with ServingClient(srv.target) as c:
             got, _ = c.predict_tasks(events)
         np.testing.assert_allclose(got["click"], want[:, 0], atol=1e-6, rtol=0)
+    finally:
+        srv.stop(0.5)
+
+
+@pytest.mark.parametrize("arch", ["mlp", "dlrm"])
+def test_shared_tables_and_per_field_widths_are_stored_once_and_served(tmp_path, arch):
+    """``user`` and ``last_user`` share one table (stored and served once), ``tags`` has its own width: the
+    snapshot has a row file per width, serving holds each table once and scores as the trainer does, with
+    rows split between memory and the store."""
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, **{
+        "model.architecture": arch,
+        "model.fields": [{"name": "user"}, {"name": "last_user", "table": "user"}, {"name": "item"},
+                         {"name": "tags", "dim": 4}],
+        "generator.fields": [{"name": "user", "cardinality": 500}, {"name": "last_user", "cardinality": 500},
+                             {"name": "item", "cardinality": 500}, {"name": "tags", "cardinality": 100, "multi": 2}],
+        "serving.push_token": "tok", "serving.hot_rows": 300})
+    assert cfg.model.tables == {"user": 8, "item": 8, "tags": 4}
+    trainer = Trainer(cfg, tmp_path)
+    trainer.step()
+    snap = trainer.snapshot(full=True)
+    m = read_manifest(snap)
+    assert m.program is not None and len(m.row_files) == 2  # widths 8 and 4
+    events = make_events(cfg, 30, seed=11, id_range=3000)
+    for e in events[::3]:
+        e["sparse"]["last_user"] = list(e["sparse"]["user"])  # the same ids through both fields
+    want = trainer.scores(events_to_batch(cfg, events))
+    srv = serve(cfg, device="cpu")
+    try:
+        with SnapshotPusher(srv.target, token="tok") as p:
+            r = p.push(snap)
+            assert r.ok, r.reason
+        v = srv.service.current
+        assert v.memory.tables == ["user", "item", "tags"] and v.memory.pooled_dim == 8 + 8 + 8 + 4
+        assert 0 < v.memory.rows <= 300 and v.rows_held == m.rows
+        with ServingClient(srv.target) as c:
+            got, _ = c.predict_tasks(events)
+        np.testing.assert_allclose(got["click"], want[:, 0], atol=1e-6, rtol=0)
+    finally:
+        srv.stop(0.5)
+
+
+def test_a_programs_weights_count_against_max_model_params(cfg, tmp_path, user_module):
+    """With a program the module is never built to count its parameters: ``dense.safetensors`` is counted."""
+    trainer = Trainer(cfg, tmp_path)
+    trainer.step()
+    snap = trainer.snapshot(full=True)
+    n = sum(p.numel() for p in trainer.model.parameters())
+    cfg.serving.push_token = "tok"
+    cfg.serving.max_model_params = n - 1
+    srv = serve(cfg, device="cpu")
+    try:
+        reason = _refused(srv, snap, "serving.max_model_params", f"{n} dense parameters")
+        assert "dense.safetensors" in reason
+        with ServingClient(srv.target) as c:
+            assert c.status()["serving"] is False
     finally:
         srv.stop(0.5)
