@@ -257,7 +257,7 @@ class TrainerService(TrainerReporting):
         m = self.core.metrics
         return {"reason": reason, "events": self.core.events, "checkpoint": self.seq,
                 "auc": m.auc, "logloss": m.logloss, "events_scored": m.count, "window_auc": m.window_auc(),
-                "dead_letters": self.consumer.stats.dead_letters}
+                "tasks": self.core.task_figures(), "dead_letters": self.consumer.stats.dead_letters}
 
     def _dead_letter(self, res) -> None:
         if res.rejected_batch is not None:  # a non-finite step: those events were not trained

@@ -42,3 +42,26 @@ def test_eval_of_a_missing_file_is_one_clear_line(tmp_path):
     r = _streamrec("eval", str(tmp_path / "nope.parquet"), timeout=60)
     assert r.returncode != 0
     assert "Traceback" not in r.stderr and "nope.parquet" in (r.stderr + r.stdout)
+
+
+@pytest.mark.timeout(660)
+def test_eval_compares_another_architecture_task_by_task(tmp_path):
+    """dcn_v2 with a click and a rarer conversion task: each task's figures over the events carrying its label,
+    beside a one-task dcn_v2 reference trained on the same events."""
+    data = tmp_path / "events.parquet"
+    model = ["--set", "model.architecture=dcn_v2", "--set",
+             'model.tasks=[{"name":"click"},{"name":"conversion"}]', "--set",
+             'generator.fields=[{"name":"user","cardinality":3000},{"name":"item","cardinality":1000},'
+             '{"name":"category","cardinality":50},{"name":"tags","cardinality":300,"multi":2}]']
+    assert _streamrec("generate", "--events", "8000", "--out", str(data), *model).returncode == 0
+    r = _streamrec("eval", str(data), "--seeds", "1", "--set", "trainer.batch_size=256", "--set",
+                   "trainer.hot_source=none", "--log-level", "WARNING", *model)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["model"] == "dcn_v2" and set(out["tasks"]) == {"click", "conversion"}
+    click, conv = out["tasks"]["click"], out["tasks"]["conversion"]
+    assert click["events_scored_trainer"] == click["events_scored_reference"] == 8000
+    # conversion is labelled on about a tenth of the events: both models score exactly those
+    assert 400 < conv["events_scored_trainer"] == conv["events_scored_reference"] < 1600, conv
+    assert 0.6 < click["auc_trainer"] < 1.0 and abs(click["auc_trainer"] - click["auc_reference"]) < 0.05, click
+    assert "task conversion" in r.stdout

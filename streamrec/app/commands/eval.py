@@ -2,8 +2,13 @@
 
 The file is replayed through the real trainer (Kafka: the configured cluster or an
 embedded broker, one partition so the trainer reads it in file order) and through
-the independent plain-PyTorch DLRM (``streamrec.benchmarks.plain_dlrm``) in the same order;
-both progressive AUCs and loglosses are printed side by side, then one JSON line.
+an independent plain-PyTorch implementation of the configured architecture
+(``streamrec.benchmarks.plain_dlrm`` for dlrm, ``streamrec.benchmarks.ref_models`` for
+the others) in the same order; both progressive AUCs and loglosses are printed side by
+side, then one JSON line. A model of several tasks is compared task by task: the trainer's
+figures for each task (over the events carrying its label) against a one-task reference
+trained on those events. A user's ``model.module``, or fields of different widths, have no
+independent reference: the trainer's figures are printed alone.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("eval", parents=[common], help="replay a data file through the trainer and an independent "
-                       "reference DLRM; print both progressive AUCs and loglosses")
+                       "reference of its architecture; print both progressive AUCs and loglosses (per task)")
     p.add_argument("file", help="events file (csv/tsv, jsonl, parquet, criteo, avazu; see `streamrec produce`)")
     p.add_argument("--layout", help="file layout (criteo, avazu, ...; default: from the file)")
     p.add_argument("--limit", type=int, default=0, metavar="N", help="use the first N events (0 = all)")
@@ -74,15 +79,47 @@ def trainer_progressive(cfg, events, bootstrap: str, work: Path) -> dict:
     prod.close()
     svc = TrainerService(cfg, bootstrap, stop=threading.Event(), progress=False)
     out = svc.run()
-    return {"auc": out["auc"], "logloss": out["logloss"], "events_scored": int(out["events_scored"])}
+    tasks = {name: {"auc": f["auc"], "logloss": f["logloss"], "events_scored": int(f["labelled"])}
+             for name, f in out["tasks"].items()}
+    return {"auc": out["auc"], "logloss": out["logloss"], "events_scored": int(out["events_scored"]), "tasks": tasks}
+
+
+def task_events(events, t: int, num_tasks: int):
+    """The events that carry task ``t``'s label, as a one-task stream of that label."""
+    import dataclasses
+
+    m = events.label_matrix(num_tasks)
+    rows = np.flatnonzero(~np.isnan(m[:, t]))
+    return dataclasses.replace(events.take(rows), labels=m[rows, t].astype(np.float32), task_labels=None,
+                               task_names=None)
+
+
+def reference_for(cfg) -> tuple[object | None, str]:
+    """The independent reference of ``cfg``'s model, ``(progressive(cfg, events), why none)``."""
+    m = cfg.model
+    if m.module:
+        return None, "model.module is the user's own: no independent reference"
+    if len(set(m.field_dims.values())) > 1 or len(m.tables) != len(m.fields):
+        return None, "fields of different widths or shared tables: the references have one table per field, one width"
+    if m.architecture == "dlrm":
+        from streamrec.benchmarks.plain_dlrm import reference_progressive
+
+        return reference_progressive, ""
+    from streamrec.benchmarks.ref_models import reference_progressive as by_name
+
+    def progressive(c, ev) -> dict:
+        r = by_name(c.model.architecture, c, ev)
+        return {k: r[k] for k in ("auc", "logloss", "events_scored")}
+
+    return progressive, ""
 
 
 def cmd_eval(args) -> int:
     from streamrec.app.cli import config_from_args, kafka_bootstrap
-    from streamrec.benchmarks.plain_dlrm import reference_progressive
     from streamrec.ingest import layout_config
 
     cfg = config_from_args(args)
+    reference, why = reference_for(cfg)
     if args.layout:
         cfg = layout_config(args.layout, cfg)
     if args.seeds < 1:
@@ -96,28 +133,55 @@ def cmd_eval(args) -> int:
         if f.expected_ids == 0 and f.init_scale == 0:
             f.expected_ids = max(1, int(len(np.unique(events.sparse[f.name].values))))
     seeds = [cfg.model.seed + i for i in range(args.seeds)]
-    ours, refs = [], []
+    tasks = cfg.model.task_names
+    ours, refs = [], []  # refs: per seed, per task, the one-task reference's figures (empty without a reference)
     with tempfile.TemporaryDirectory(prefix="streamrec-eval-") as tmp, kafka_bootstrap(cfg) as bootstrap:
         for seed in seeds:
             c = copy.deepcopy(cfg)
             c.model.seed = seed
-            refs.append(reference_progressive(c, events))
+            if reference is not None:
+                one = copy.deepcopy(c)
+                one.model.tasks = one.model.tasks[:1]
+                refs.append({name: reference(one, events if len(tasks) == 1 else task_events(events, t, len(tasks)))
+                             for t, name in enumerate(tasks)})
             ours.append(trainer_progressive(c, events, bootstrap, Path(tmp) / f"seed-{seed}"))
-            print(f"seed {seed}: trainer AUC {ours[-1]['auc']:.5f} logloss {ours[-1]['logloss']:.5f} | reference AUC "
-                  f"{refs[-1]['auc']:.5f} logloss {refs[-1]['logloss']:.5f}", flush=True)
-    mean = {(who, k): float(np.mean([r[k] for r in rs])) for who, rs in (("t", ours), ("r", refs))
-            for k in ("auc", "logloss")}
-    print(f"\n{len(events):,} events, mean of {len(seeds)} seed(s)")
+            line = f"seed {seed}: trainer AUC {ours[-1]['auc']:.5f} logloss {ours[-1]['logloss']:.5f}"
+            if refs:
+                line += f" | reference AUC {refs[-1][tasks[0]]['auc']:.5f} logloss {refs[-1][tasks[0]]['logloss']:.5f}"
+            print(line + (f" (task {tasks[0]})" if len(tasks) > 1 else ""), flush=True)
+    if reference is None:
+        print(f"reference: none ({why})")
+
+    def mean(rows: list[dict], key: str) -> float:
+        return float(np.mean([r[key] for r in rows]))
+
+    per_task = {}
+    for name in tasks:
+        t_rows = [o["tasks"][name] for o in ours]
+        r_rows = [r[name] for r in refs]
+        per_task[name] = {"auc_trainer": mean(t_rows, "auc"), "logloss_trainer": mean(t_rows, "logloss"),
+                          "events_scored_trainer": min(r["events_scored"] for r in t_rows)}
+        if r_rows:
+            per_task[name].update(auc_reference=mean(r_rows, "auc"), logloss_reference=mean(r_rows, "logloss"),
+                                  events_scored_reference=min(r["events_scored"] for r in r_rows))
+    print(f"\n{len(events):,} events, model {cfg.model.module or cfg.model.architecture}, mean of {len(seeds)} seed(s)")
     print(f"{'':24}{'trainer':>12}{'reference':>12}{'difference':>12}")
-    for key in ("auc", "logloss"):
-        a, b = mean["t", key], mean["r", key]
-        print(f"progressive {key:<12}{a:>12.5f}{b:>12.5f}{a - b:>+12.5f}")
-    print(f"{'events scored':<24}{ours[0]['events_scored']:>12,}{refs[0]['events_scored']:>12,}")
-    print(json.dumps({"events": len(events), "seeds": seeds, "auc_trainer": mean["t", "auc"],
-                      "auc_reference": mean["r", "auc"], "logloss_trainer": mean["t", "logloss"],
-                      "logloss_reference": mean["r", "logloss"],
-                      "events_scored_trainer": min(o["events_scored"] for o in ours),
-                      "events_scored_reference": min(r["events_scored"] for r in refs),
-                      "per_seed": {"trainer": ours, "reference": refs},
+    for name in tasks:
+        f = per_task[name]
+        if len(tasks) > 1:
+            print(f"task {name}")
+        for key in ("auc", "logloss"):
+            a, b = f[f"{key}_trainer"], f.get(f"{key}_reference")
+            ref_text = f"{b:>12.5f}{a - b:>+12.5f}" if b is not None else f"{'-':>12}{'-':>12}"
+            print(f"progressive {key:<12}{a:>12.5f}{ref_text}")
+        print(f"{'events scored':<24}{f['events_scored_trainer']:>12,}"
+              f"{f.get('events_scored_reference', 0):>12,}")
+    first = per_task[tasks[0]]
+    print(json.dumps({"events": len(events), "seeds": seeds, "model": cfg.model.module or cfg.model.architecture,
+                      "auc_trainer": first["auc_trainer"], "auc_reference": first.get("auc_reference"),
+                      "logloss_trainer": first["logloss_trainer"], "logloss_reference": first.get("logloss_reference"),
+                      "events_scored_trainer": first["events_scored_trainer"],
+                      "events_scored_reference": first.get("events_scored_reference"),
+                      "tasks": per_task, "per_seed": {"trainer": ours, "reference": refs},
                       "schedule": cfg.trainer.schedule, "batch_size": cfg.trainer.batch_size}))
     return 0
