@@ -265,12 +265,11 @@ def load_checked_program(manifest: Manifest, model_cfg: ModelConfig, program_jso
         bad(f"{p['outputs'][0]['shape'][1]} logits per event, the model has {len(tasks)} tasks ({', '.join(tasks)})")
     if hashlib.sha256(program_json).hexdigest() != p["sha256"]:
         bad(f"{p['file']}: sha256 differs from the manifest's program.sha256")
-    try:
-        module = load_program(program_json, state, constants)
+    try:  # every tensor on the device before the module is made: its constants are not all buffers `.to` moves
+        module = load_program(program_json, {k: v.to(device) for k, v in state.items()},
+                              {k: v.to(device) for k, v in constants.items()})
     except SnapshotError as e:
         raise Refused(str(e), code="INVALID_ARGUMENT") from None
-    if device.type != "cpu":
-        module = module.to(device)
     rows = int(p["probe_rows"])
     dense, pooled = probe_inputs(model_cfg.dense_dim, model_cfg.pooled_dim, rows=rows, device=device)
     try:
@@ -478,8 +477,8 @@ def _store_kwargs(cfg: Config, manifest: Manifest, device: torch.device) -> dict
 
 def _program_copy(program: Program, device: torch.device):
     """A second module of ``program`` (the traced one may be altered; the checked one stays as it is)."""
-    m = load_program(program.program_json, dict(program.module.state_dict()), program.constants)
-    return m.to(device) if device.type != "cpu" else m
+    return load_program(program.program_json, dict(program.module.state_dict()),
+                        {k: v.to(device) for k, v in program.constants.items()})
 
 
 def _new_store(model_cfg: ModelConfig, cfg: Config, manifest: Manifest, device: torch.device, path: Path):
