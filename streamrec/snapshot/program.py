@@ -149,6 +149,7 @@ def load_program(program_json: bytes, weights: dict[str, torch.Tensor],
                             code="INVALID_ARGUMENT")
     try:
         prog = S._dict_to_dataclass(S.ExportedProgram, json.loads(program_json))
+        check_operators(prog)
         sig = prog.graph_module.signature
         names = _named_inputs(sig)
         state = {k: torch.nn.Parameter(weights[k], requires_grad=False) for k in names["params"] if k in weights}
@@ -169,6 +170,27 @@ def load_program(program_json: bytes, weights: dict[str, torch.Tensor],
     except Exception as e:  # torch raises many types on a malformed program
         raise SnapshotError(f"{PROGRAM}: not a program this server can load: {type(e).__name__}: "
                             f"{_first_line(e)}", code="INVALID_ARGUMENT") from None
+
+
+ALLOWED_OP_NAMESPACES = ("torch.ops.aten.", "torch.ops.prims.")
+ALLOWED_SYM_PREFIXES = ("_operator.", "math.", "torch.sym_", "torch._sym_")
+DENIED_OPS = ("torch.ops.aten.from_file.",)  # reads a file named by the graph
+
+
+def check_operators(prog) -> None:
+    """Every node of a serialized program calls a tensor operator of ``aten`` or ``prims`` (or a symbolic-size
+    helper of ``operator``/``math``/``torch.sym_*``): the deserializer resolves a target name to any attribute
+    of ``torch``, so a program naming e.g. ``torch.load`` would run it. Control-flow operators (``cond``,
+    ``while_loop``), extension and custom operators are refused too. Raises ``SnapshotError``
+    (INVALID_ARGUMENT) naming the first other target."""
+    for node in prog.graph_module.graph.nodes:
+        t = node.target
+        ok = isinstance(t, str) and (
+            (t.startswith(ALLOWED_OP_NAMESPACES) and not t.startswith(DENIED_OPS))
+            or (t.startswith(ALLOWED_SYM_PREFIXES) and "(" not in t))
+        if not ok:
+            raise SnapshotError(f"{PROGRAM}: calls {str(t)[:120]!r}; a program may call only aten and prims tensor "
+                                "operators", code="INVALID_ARGUMENT")
 
 
 def _named_inputs(sig) -> dict[str, list[str]]:

@@ -517,3 +517,18 @@ def test_a_programs_weights_count_against_max_model_params(cfg, tmp_path, user_m
             assert c.status()["serving"] is False
     finally:
         srv.stop(0.5)
+
+
+def test_a_program_calling_anything_but_tensor_operators_is_refused(cfg, tmp_path, serving_v1):
+    """The deserializer resolves a node's target to any attribute of ``torch``: ``torch.load`` would unpickle."""
+    srv, v1, events, before = serving_v1
+    name = read_manifest(v1).program["file"]
+    prog = json.loads((v1 / name).read_bytes())
+    nodes = prog["graph_module"]["graph"]["nodes"]
+    for i, target in enumerate(["torch.load", "torch.ops.aten.from_file.default", "builtins.exec",
+                                "torch.ops.higher_order.cond"]):
+        bad_prog = json.loads(json.dumps(prog))
+        bad_prog["graph_module"]["graph"]["nodes"][len(nodes) // 2]["target"] = target
+        bad = _rewrite(v1, tmp_path / f"op-{i}", files={name: json.dumps(bad_prog).encode()})
+        _refused(srv, bad, f"calls '{target}'", "only aten and prims")
+    _still_v1(srv, events, before)
