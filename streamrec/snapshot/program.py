@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,7 +149,9 @@ def load_program(program_json: bytes, weights: dict[str, torch.Tensor],
         raise SnapshotError(f"{PROGRAM}: {len(program_json)} bytes, the limit is {MAX_PROGRAM_BYTES}",
                             code="INVALID_ARGUMENT")
     try:
-        prog = S._dict_to_dataclass(S.ExportedProgram, json.loads(program_json))
+        raw = json.loads(program_json)
+        check_expressions(raw)
+        prog = S._dict_to_dataclass(S.ExportedProgram, raw)
         check_operators(prog)
         sig = prog.graph_module.signature
         names = _named_inputs(sig)
@@ -191,6 +194,57 @@ def check_operators(prog) -> None:
         if not ok:
             raise SnapshotError(f"{PROGRAM}: calls {str(t)[:120]!r}; a program may call only aten and prims tensor "
                                 "operators", code="INVALID_ARGUMENT")
+
+
+SYM_FUNCTIONS = frozenset({  # the names in torch's printed (sympy srepr) shape expressions
+    "Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Max", "Min", "FloorDiv", "Mod", "PythonMod",
+    "CeilToInt", "FloorToInt", "TruncToInt", "IntTrueDiv", "FloatTrueDiv", "ToFloat", "Abs", "Eq", "Ne", "Ge", "Gt",
+    "Le", "Lt", "StrictLessThan", "LessThan", "GreaterThan", "StrictGreaterThan", "Equality", "Unequality", "And",
+    "Or", "Not", "true", "false", "True", "False", "oo", "zoo", "nan", "Infinity", "NegativeInfinity",
+    "positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite", "precision",
+})
+_SYM_TOKEN = re.compile(r"\s+|[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d+)?(?:e[+-]?\d+)?|//|[-+*/%(),<>=!]=?"
+                        r"|'(?:[a-z]{1,3}\d{1,9}|-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)'")
+_SYM_NAME = re.compile(r"[a-z]{1,3}\d{1,9}")  # the shape symbols torch.export names: s0, s77, u3, ...
+MAX_EXPR_CHARS = 1000
+
+
+def check_expressions(raw: Any) -> None:
+    """Every symbolic-shape expression (``expr_str``) in a program's JSON is arithmetic over shape symbols and
+    the sympy functions torch prints (``SYM_FUNCTIONS``): the deserializer hands these strings to
+    ``sympy.sympify``, which evaluates Python. No attribute access, strings (but symbol names and numbers),
+    brackets, powers (a huge power takes unbounded time) or other names pass.
+    Raises ``SnapshotError`` (INVALID_ARGUMENT) naming the first other expression."""
+    stack = [raw]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k == "expr_str":
+                    _check_expression(x)
+                else:
+                    stack.append(x)
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+def _check_expression(expr: Any) -> None:
+    def bad(why: str):
+        raise SnapshotError(f"{PROGRAM}: symbolic expression {str(expr)[:80]!r} {why}", code="INVALID_ARGUMENT")
+
+    if not isinstance(expr, str) or len(expr) > MAX_EXPR_CHARS:
+        bad(f"is not a string of at most {MAX_EXPR_CHARS} characters")
+    if "**" in expr:
+        bad("has a power")
+    pos = 0
+    while pos < len(expr):
+        m = _SYM_TOKEN.match(expr, pos)
+        if m is None:
+            bad(f"has {expr[pos]!r} at {pos}: only arithmetic over shape symbols is accepted")
+        tok = m.group(0)
+        if (tok[0].isalpha() or tok[0] == "_") and tok not in SYM_FUNCTIONS and not _SYM_NAME.fullmatch(tok):
+            bad(f"names {tok[:40]!r}, which is neither a shape symbol nor a function of SYM_FUNCTIONS")
+        pos = m.end()
 
 
 def _named_inputs(sig) -> dict[str, list[str]]:

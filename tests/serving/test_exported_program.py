@@ -532,3 +532,19 @@ def test_a_program_calling_anything_but_tensor_operators_is_refused(cfg, tmp_pat
         bad = _rewrite(v1, tmp_path / f"op-{i}", files={name: json.dumps(bad_prog).encode()})
         _refused(srv, bad, f"calls '{target}'", "only aten and prims")
     _still_v1(srv, events, before)
+
+
+def test_a_program_whose_shape_expression_is_python_is_refused_unrun(cfg, tmp_path, serving_v1):
+    """The deserializer hands shape expressions to ``sympy.sympify``, which evaluates Python."""
+    srv, v1, events, before = serving_v1
+    name = read_manifest(v1).program["file"]
+    text = (v1 / name).read_text()
+    marker = tmp_path / "ran"
+    assert '"expr_str": "Symbol(' in text
+    evil = f"__import__('pathlib').Path('{marker}').touch()"
+    for i, expr in enumerate([evil, "Integer(10)**Integer(999999999)", "Symbol('s0').func"]):
+        bad = _rewrite(v1, tmp_path / f"expr-{i}",
+                       files={name: text.replace('"expr_str": "Symbol(', '"expr_str": ' + json.dumps(expr)[:-1] + ' Symbol(', 1).encode()})
+        _refused(srv, bad, "symbolic expression")
+    assert not marker.exists()
+    _still_v1(srv, events, before)
