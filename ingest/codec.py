@@ -34,6 +34,7 @@ from streamrec.foundation import INT64_MAX, EventBatch, EventError, EventSchema,
 
 from .ingest_types import Codec
 from .json_columns import decode_json_columns
+from .label_columns import check_labels_type, is_number, show_type, task_label_columns, with_nulls
 
 CODEC_HEADER = "streamrec-codec"
 ARROW = "arrow"
@@ -72,10 +73,6 @@ def _contained(what: str, fn: Callable, *args) -> Any:
 
 def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t)
-
-
-def _is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t)
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -120,14 +117,6 @@ def _inflated_size(m: pa.ipc.Message) -> int | None:
         if length > 0:  # an int64 uncompressed length first (-1: this buffer is stored as it is)
             total += max(0, _I64.unpack_from(body, offset)[0], length - 8)
     return total
-
-
-def _show_type(t: pa.DataType) -> str:
-    """An Arrow type for an error message (a nested field's name may not be valid UTF-8)."""
-    try:
-        return str(t)
-    except Exception:
-        return f"<a {type(t).__name__} type that cannot be printed>"
 
 
 def labels_type(schema: EventSchema) -> pa.StructType:
@@ -522,46 +511,24 @@ class Decoder:
             t = f.type
             if name == "ts":
                 if not pa.types.is_integer(t):
-                    raise EventError(f"ts must be non-null int64, got {_show_type(t)}")
+                    raise EventError(f"ts must be non-null int64, got {show_type(t)}")
             elif name == "label":
-                if not _is_number(t):
-                    raise EventError(f"label must be numeric, got {_show_type(t)}")
+                if not is_number(t):
+                    raise EventError(f"label must be numeric, got {show_type(t)}")
             elif name == "labels":
-                self._check_labels_type(t)
+                check_labels_type(t, self.schema.tasks)
             elif name == "dense":
                 if not (_is_list(t) or pa.types.is_fixed_size_list(t)):
-                    raise EventError(f"dense must be a list of float32, got {_show_type(t)}")
-                if not _is_number(t.value_type):  # strings, structs, dictionaries...
-                    raise EventError(f"dense must be a list of numbers, got {_show_type(t)}")
+                    raise EventError(f"dense must be a list of float32, got {show_type(t)}")
+                if not is_number(t.value_type):  # strings, structs, dictionaries...
+                    raise EventError(f"dense must be a list of numbers, got {show_type(t)}")
             elif name == "request_id":
                 if not (_is_text(t) or pa.types.is_integer(t) or pa.types.is_null(t)):
-                    raise EventError(f"request_id must be a string column, got {_show_type(t)}")
+                    raise EventError(f"request_id must be a string column, got {show_type(t)}")
             elif not _is_list(t):
-                raise EventError(f"column {name!r} must be a list of int64 ids, got {_show_type(t)}")
+                raise EventError(f"column {name!r} must be a list of int64 ids, got {show_type(t)}")
             elif not pa.types.is_integer(t.value_type):
-                raise EventError(f"column {name!r} must hold integer ids, got {_show_type(t.value_type)}")
-
-    def _check_labels_type(self, t: pa.DataType) -> None:
-        """``labels``: a struct of numeric (or all-null) children, each named as one of the model's tasks."""
-        tasks = self.schema.tasks
-        if not pa.types.is_struct(t):
-            raise EventError(f"labels must be a struct with one float32 child per task ({', '.join(tasks)}), "
-                             f"got {_show_type(t)}")
-        seen = set()
-        for k in range(t.num_fields):
-            child = t.field(k)
-            try:
-                name = child.name
-            except UnicodeDecodeError:
-                raise EventError("labels: a child name is not valid UTF-8") from None
-            if name not in tasks:
-                raise EventError(f"labels: unknown task {name!r}; model tasks: {', '.join(tasks)}")
-            if name in seen:
-                raise EventError(f"labels: duplicate task {name!r}")
-            seen.add(name)
-            if not (_is_number(child.type) or pa.types.is_null(child.type)):
-                raise EventError(f"labels: {name!r} must be float32 (a number in [0, 1] or null), "
-                                 f"got {_show_type(child.type)}")
+                raise EventError(f"column {name!r} must hold integer ids, got {show_type(t.value_type)}")
 
     def batch_from_table(self, table: pa.Table | pa.RecordBatch) -> EventBatch:
         """An EventBatch of a table or record batch (Parquet's, say); raises EventError only."""
@@ -587,7 +554,7 @@ class Decoder:
 
         task_labels = None
         if "labels" in names:
-            labels, task_labels = self._task_label_columns(col("labels"), col("label") if "label" in names else None, n)
+            labels, task_labels = task_label_columns(self.schema, col("labels"), col("label") if "label" in names else None, n)
         elif "label" not in names:
             if s.require_label:
                 raise EventError("missing label column")
@@ -597,7 +564,7 @@ class Decoder:
             if lc.null_count and s.require_label:
                 raise EventError("missing label (null) in label column")
             labels = lc.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-            first = _with_nulls(lc, labels)  # NaN where null: the first task's label is missing there
+            first = with_nulls(lc, labels)  # NaN where null: the first task's label is missing there
             labels = np.nan_to_num(labels, nan=0.0) if lc.null_count else labels
             if n and not (labels.min() >= 0 and labels.max() <= 1):  # written so that NaN fails too
                 raise EventError("label must be in [0, 1]")
@@ -666,56 +633,6 @@ class Decoder:
                     rids = [None if r is None else str(r) for r in rids]
         return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids,
                           task_labels=task_labels, task_names=s.tasks if task_labels is not None else None)
-
-    def _task_label_columns(self, lsc: pa.Array, lc: pa.Array | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """``labels`` (and ``label``, when the table has it) as the first task's labels (0.0 where missing)
-        and the task-label matrix (NaN = missing); the type passed :meth:`_check_labels_type`."""
-        s = self.schema
-        matrix = np.full((n, len(s.tasks)), np.nan, np.float32)
-        index = {t: k for k, t in enumerate(s.tasks)}
-        # flatten(): each child with the struct's own nulls applied (a row without labels has none)
-        for child_field, child in zip(lsc.type, lsc.flatten()):
-            if pa.types.is_null(child.type) or child.null_count == n:
-                continue
-            v = child.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-            given = v[child.is_valid().to_numpy(zero_copy_only=False)] if child.null_count else v
-            if len(given) and not (given.min() >= 0 and given.max() <= 1):  # a NaN value (not a null) fails too
-                raise EventError(f"labels: {child_field.name!r} must be a number in [0, 1] or null")
-            matrix[:, index[child_field.name]] = _with_nulls(child, v)
-        if lc is not None:
-            lab = lc.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-            if lc.null_count:
-                lab = _with_nulls(lc, lab)
-                given = lc.is_valid().to_numpy(zero_copy_only=False)
-            else:
-                given = np.ones(n, bool)
-            g = lab[given]
-            if len(g) and not (g.min() >= 0 and g.max() <= 1):  # NaN fails too
-                raise EventError("label must be in [0, 1]")
-            first = matrix[:, 0]
-            both = given & ~np.isnan(first)
-            if (lab[both] != first[both]).any():
-                row = int(np.flatnonzero(both & (lab != first))[0])
-                raise EventError(f"label ({float(lab[row])!r}) and labels[{s.tasks[0]!r}] ({float(first[row])!r}) "
-                                 f"disagree (row {row}); label is the first task's label")
-            fill = given & np.isnan(first)
-            matrix[fill, 0] = lab[fill]
-        if s.require_label and n:
-            none = np.isnan(matrix).all(axis=1)
-            if none.any():
-                raise EventError(f"missing label: no task has one in row {int(np.flatnonzero(none)[0])} "
-                                 f"(model tasks: {', '.join(s.tasks)})")
-        return np.nan_to_num(matrix[:, 0], nan=0.0), matrix
-
-
-def _with_nulls(col: pa.Array, values: np.ndarray) -> np.ndarray:
-    """``values`` (a numeric column's, as float32) with NaN where ``col`` is null."""
-    if not col.null_count:
-        return values
-    out = np.array(values, dtype=np.float32, copy=True)
-    out[~col.is_valid().to_numpy(zero_copy_only=False)] = np.nan
-    return out
-
 
 def events_to_arrow_messages(
     batch: EventBatch, schema: EventSchema, events_per_message: int
