@@ -13,6 +13,9 @@ client process spend per request (``server_cpu_us``, ``client_cpu_us``): on a sh
 2-core box, throughput is bounded by their sum, not by latency.
 ``grpc_vs_inproc_b512`` = served events/s over bare-forward events/s at batch 512.
 
+``--model NAME`` (or ``all``) measures instead the exported dense program as serving runs it against the
+Python module it came from, at batch 512 (``exported_vs_module_b512``; the lowest over the models run).
+
 A serving group (``serving.processes``, ``--processes``, default one per core) is measured at batch 512 against
 the one-process server, both with a connection per client thread (a group spreads connections), in two
 alternating rounds: ``group_qps_b512``, ``one_own_connections_qps_b512``, ``group_vs_one_b512`` and
@@ -253,6 +256,80 @@ def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0, device: torc
     return model, store, rng
 
 
+MODELS = ("dlrm", "dcn_v2", "deepfm", "mlp")  # model.architecture's built-ins
+
+
+def _rate(fn, dense, pooled, seconds: float) -> float:
+    """Events/s of ``fn(dense, pooled)``, back to back for about ``seconds``."""
+    with torch.no_grad():
+        for _ in range(3):
+            fn(dense, pooled)
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn(dense, pooled)
+            n += 1
+            if time.perf_counter() - t0 >= seconds:
+                break
+        sync(dense.device)
+    return n * len(dense) / (time.perf_counter() - t0)
+
+
+def exported_vs_module(args, dev) -> int:
+    """Scoring throughput at batch 512 of the dense network as serving runs an exported program (the program
+    read back from its JSON, frozen by ``scoring_forward``) against the Python module it was exported from
+    (eager, as a trainer scores) and against the module as serving runs it when no program comes (frozen), in
+    alternating rounds; embedding lookups are the same work on either path and are left out."""
+    from streamrec.foundation import load_config
+    from streamrec.model import build_model
+    from streamrec.serving.version import _strip_input_check, scoring_forward
+    from streamrec.snapshot.program import export_dense, load_program
+
+    torch.set_num_threads(1)
+    names = list(MODELS) if args.model == "all" else [args.model]
+    seconds = 0.1 if args.tiny else 0.5 if args.quick else 2.0
+    rounds = 2 if args.tiny else 5
+    out: dict = {"models": {}, "batch": 512, "device": str(dev), "rounds": rounds}
+    for name in names:
+        cfg = load_config(None, {"model.architecture": name}, env={})
+        mc = cfg.model
+        module = build_model(mc).to(dev).eval()
+        exp = export_dense(module.cpu(), mc.dense_dim, mc.pooled_dim, len(mc.tasks))
+        module = module.to(dev)
+        weights = {k: v.detach().to(dev) for k, v in module.state_dict().items()}
+        consts = {k: v.to(dev) for k, v in exp.constants.items()}
+        program = load_program(exp.program_json, weights, consts)
+        served_program = scoring_forward(program, mc, dev, traced=_strip_input_check(
+            load_program(exp.program_json, weights, consts)))
+        served_module = scoring_forward(module, mc, dev)
+        g = torch.Generator().manual_seed(1)
+        dense = torch.randn(512, mc.dense_dim, generator=g).to(dev)
+        pooled = torch.randn(512, mc.pooled_dim, generator=g).to(dev)
+        with torch.no_grad():
+            same = torch.equal(served_program(dense, pooled), module(dense, pooled))
+        r = {"program": [], "module": [], "module_frozen": []}
+        for _ in range(rounds):
+            r["program"].append(_rate(served_program, dense, pooled, seconds))
+            r["module"].append(_rate(module, dense, pooled, seconds))
+            r["module_frozen"].append(_rate(served_module, dense, pooled, seconds))
+        med = {k: float(np.median(v)) for k, v in r.items()}
+        row = {"program_events_per_s": med["program"], "module_events_per_s": med["module"],
+               "module_frozen_events_per_s": med["module_frozen"],
+               "exported_vs_module_b512": med["program"] / med["module"],
+               "exported_vs_frozen_module_b512": med["program"] / med["module_frozen"],
+               "program_frozen": served_program is not program, "scores_equal_module": bool(same),
+               "program_bytes": len(exp.program_json)}
+        out["models"][name] = row
+        print(f"{name:>7}: program as served {med['program']:>10,.0f} events/s  module {med['module']:>10,.0f}  "
+              f"(frozen {med['module_frozen']:>10,.0f})  exported/module {row['exported_vs_module_b512']:.2f}x  "
+              f"scores equal: {same}", file=sys.stderr if args.json else sys.stdout, flush=True)
+    out["exported_vs_module_b512"] = min(r["exported_vs_module_b512"] for r in out["models"].values())
+    out["model"] = args.model
+    out["goals"] = {"exported_vs_module_b512 >= 0.9": out["exported_vs_module_b512"] >= 0.9}
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="streamrec bench serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short run (< 60 s)")
@@ -262,9 +339,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--processes", type=int, default=os.cpu_count() or 1,
                     help="also measure a serving group of this many processes at batch 512 (1 = skip; default: "
                          "one per core)")
+    ap.add_argument("--model", choices=[*MODELS, "all"],
+                    help="instead: the exported program as serving runs it against the Python module, at batch "
+                         "512, for this model.architecture (all: every built-in): exported_vs_module_b512")
     add_device_arg(ap)
     args = ap.parse_args(argv)
     dev = bench_device(args.device, ap)
+    if args.model:
+        return exported_vs_module(args, dev)
 
     from streamrec.benchmarks import grpc_floor
     from streamrec.ingest import SyntheticStream

@@ -9,6 +9,9 @@ on the same skewed Criteo-like stream (26 sparse fields, 10M ids in all, dim 16,
   fae:    the trainer with FAE hot/cold mini-batches, hot tier <= 5% of the rows,
           host cache of cold rows as the default config has it
 
+``--model NAME`` (or ``all``) runs the fae set-up once per architecture instead (dlrm always), on
+the same stream, and reports each one's events/s against the DLRM's (``vs_dlrm``).
+
 Each set-up runs in its own subprocess so its peak RSS is its own, with the same
 torch thread count (``--threads``). Kafka is left out of all three (same
 pre-generated events in memory), so the numbers compare training paths only.
@@ -36,6 +39,7 @@ import numpy as np
 from .common import add_device_arg, bench_device
 
 FIELDS = 26
+MODELS = ("dlrm", "dcn_v2", "deepfm", "mlp")  # model.architecture's built-ins
 TOTAL_IDS = 10_000_000
 # Criteo Kaggle's 26 categorical cardinalities, scaled so they sum to --ids: a few huge
 # fields and many tiny ones, which is what makes whole samples hot (FAE's premise)
@@ -209,7 +213,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # training's peak, before evaluation
     hb = EventBatch.concat(held, cfg.model.dense_dim, fields)
     scores = [predict(hb.take(np.arange(s, min(len(hb), s + batch)))) for s in range(0, len(hb), batch)]
-    held_auc = roc_auc(hb.labels, np.concatenate(scores)) if len(hb) else float("nan")
+    held_auc = roc_auc(hb.labels, np.concatenate(scores)[:, 0]) if len(hb) else float("nan")  # the first task
     out = {"setup": setup, "events": events, "timed_events": timed, "events_per_s": timed / dt, "train_s": dt,
            "cpu_s": cpu, "setup_s": setup_s, "gen_s": gen_s, "threads": threads, "device": str(dev), "auc": held_auc,
            "held_out_events": len(hb), "progressive_auc": metrics.auc,
@@ -243,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--without-early-scores", action="store_true",
                    help="diagnostic: FAE and cold without progressive validation's early scores (their "
                         "progressive AUC then peeks at later events; the held-out AUC is unchanged)")
+    p.add_argument("--model", choices=[*MODELS, "all"],
+                   help="instead of the three set-ups: the fae set-up with this model.architecture (all: every "
+                        "built-in) and with dlrm, in one run: each one's events/s and its ratio to the DLRM's")
     add_device_arg(p)
     args = p.parse_args(argv)
     device = str(bench_device(args.device, p))
@@ -262,17 +269,25 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_one(args.run_one, events, ids, args.batch, sample, args.threads, args.profile, sets,
                                  early_scores=not args.without_early_scores, device=device)))
         return 0
-    res = {}
-    for setup in args.setups.split(","):
+    def run_setup(setup: str, extra_sets: list[str]) -> dict | None:
         cmd = [sys.executable, "-m", "streamrec.benchmarks.bench_train", "--run-one", setup, "--events", str(events),
                "--ids", str(ids), "--batch", str(args.batch), "--threads", str(args.threads), "--device", device]
-        cmd += [a for kv in args.set for a in ("--set", kv)] + (["--without-early-scores"] if args.without_early_scores else [])
+        cmd += [a for kv in [*args.set, *extra_sets] for a in ("--set", kv)]
+        cmd += ["--without-early-scores"] if args.without_early_scores else []
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)
+            return None
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    if args.model:
+        return _compare_models(args, run_setup, events, ids, device)
+    res = {}
+    for setup in args.setups.split(","):
+        r = run_setup(setup, [])
+        if r is None:
             return 1
-        res[setup] = json.loads(proc.stdout.strip().splitlines()[-1])
-        r = res[setup]
+        res[setup] = r
         print(f"{setup:>6}: {r['events_per_s']:>9,.0f} events/s  held-out auc {r['auc']:.4f} "
               f"(progressive {r['progressive_auc']:.4f})  "
               f"peak RSS {r['peak_rss_mb']:,.0f} MB (after set-up {r['rss_after_setup_mb']:,.0f})  "
@@ -299,6 +314,28 @@ def main(argv: list[str] | None = None) -> int:
           f"(goal >= 3), |auc fae - memory| {abs(f['auc'] - m['auc']):.4f} (goal <= 0.002), "
           f"fae RSS / memory RSS {summary['fae_rss_vs_memory']:.2f} (goal <= 0.30)"
           + ("; WITHOUT early scores (diagnostic: the progressive AUCs peek)" if args.without_early_scores else ""))
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def _compare_models(args, run_setup, events: int, ids: int, device: str) -> int:
+    """The fae set-up per architecture, on the same stream: events/s and the ratio to dlrm's (``vs_dlrm``)."""
+    names = ["dlrm", *(m for m in MODELS if m != "dlrm")] if args.model == "all" else list(dict.fromkeys(["dlrm", args.model]))
+    res = {}
+    for name in names:
+        r = run_setup("fae", [f"model.architecture={name}"])
+        if r is None:
+            return 1
+        res[name] = r
+        print(f"{name:>7}: {r['events_per_s']:>9,.0f} events/s  held-out auc {r['auc']:.4f}  "
+              f"(train {r['train_s']:.1f}s, cpu {r['cpu_s']:.1f}s)", flush=True)
+    base = res["dlrm"]["events_per_s"]
+    summary = {"model": args.model, "events_per_s": {k: v["events_per_s"] for k, v in res.items()},
+               "vs_dlrm": {k: v["events_per_s"] / base for k, v in res.items()},
+               "auc": {k: v["auc"] for k, v in res.items()},
+               "events": events, "ids": ids, "batch": args.batch, "threads": args.threads, "device": device}
+    print("events/s vs dlrm: " + ", ".join(f"{k} {v:.2f}x" for k, v in summary["vs_dlrm"].items()))
     if args.json:
         print(json.dumps(summary))
     return 0

@@ -105,6 +105,28 @@ def test_bench_runs_tiny_and_reports_its_goal_figures(name):
         assert set(out["synthetic"]) >= {"auc_trainer", "auc_reference", "auc_fae", "goals"}
 
 
+# a bench's other modes, each with the keys its goals name: (name, arguments, keys)
+VARIANTS = [
+    ("train", ["--model", "mlp"], ["events_per_s", "vs_dlrm", "auc"]),
+    ("quality", ["--tasks", "click,conversion"], ["click_auc_multi", "click_auc_single", "click_auc_multi_minus_single",
+                                                  "conversion_auc_multi", "conversion_auc_single", "goals"]),
+    ("serve", ["--model", "deepfm"], ["exported_vs_module_b512", "models", "goals"]),
+]
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("name,extra,keys", VARIANTS, ids=[f"{n}{'_'.join(a)}" for n, a, _ in VARIANTS])
+def test_bench_modes_run_tiny_and_report_their_goal_figures(name, extra, keys):
+    out = _run(name, extra)
+    missing = [k for k in keys if k not in out]
+    assert not missing, f"bench {name} {' '.join(extra)}: JSON lacks {missing}; has {sorted(out)}"
+    assert not _bad_numbers(out), _bad_numbers(out)
+    if name == "train":
+        assert set(out["vs_dlrm"]) == {"dlrm", "mlp"} and out["vs_dlrm"]["dlrm"] == 1.0
+    if name == "serve":  # the program as served scores exactly as the module
+        assert out["models"]["deepfm"]["scores_equal_module"] is True
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize("name", sorted(BROKER))
 def test_broker_bench_runs_tiny_and_reports_its_goal_figures(name, bootstrap):

@@ -73,7 +73,8 @@ def test_every_cli_command_is_in_the_tour():
 def shown_commands(text: str) -> list[list[str]]:
     """The argv after ``streamrec`` of every command line in the ``bash`` blocks of a page.
 
-    Continuation lines are joined, ``&&`` chains split, a trailing ``&`` and ``# comments`` dropped; a line runs
+    Continuation lines are joined, ``&&`` chains split, a trailing ``&``, ``# comments`` and leading ``VAR=value``
+    environment assignments dropped; a line runs
     streamrec when it starts with ``streamrec`` / ``.venv/bin/streamrec`` or holds ``-m streamrec`` (torchrun).
     """
     out = []
@@ -84,6 +85,8 @@ def shown_commands(text: str) -> list[list[str]]:
                 if not part or part.startswith("#"):
                     continue
                 argv = shlex.split(part, comments=True)
+                while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):  # VAR=value prefixes
+                    argv = argv[1:]
                 if argv and argv[0] in ("streamrec", ".venv/bin/streamrec"):
                     out.append(argv[1:])
                 elif "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["streamrec"]:

@@ -125,9 +125,15 @@ def cmd_predict(args) -> int:
     try:
         for i in range(0, len(events), args.batch):
             chunk = events[i:i + args.batch]
-            scores, version = client.predict(chunk)
-            for ev, s in zip(chunk, scores):
-                row = {"score": float(s), "version": version}
+            tasks, version = client.predict_tasks(chunk)
+            if not tasks:  # a server without per-task scores
+                scores, version = client.predict(chunk)
+                tasks = {"score": scores}
+            names = list(tasks)
+            for i, ev in enumerate(chunk):
+                row = {"score": float(tasks[names[0]][i]), "version": version}
+                if len(names) > 1:  # several tasks: each one's score; score is the first task's
+                    row = {"score": row["score"], "scores": {t: float(tasks[t][i]) for t in names}, "version": version}
                 if isinstance(ev, dict) and ev.get("request_id") is not None:
                     row["request_id"] = ev["request_id"]
                 print(json.dumps(row))
