@@ -62,7 +62,7 @@ class ServingClient:
         return cls(cfg.serving_target(), token=s.predict_token, tls_ca=s.tls_ca, max_message_mb=s.max_message_mb, **kw)
 
     def predict(self, events: Iterable[Mapping[str, Any]], columns: bool = True) -> tuple[np.ndarray, int]:
-        """Scores (float32, one per event) and the model version that produced them.
+        """The first task's scores (float32, one per event) and the model version that produced them.
 
         ``columns`` sends the column-wise form (the fast path); False sends one message per event."""
         return self.predict_request(events_to_request(events, columns=columns))
