@@ -548,3 +548,34 @@ def test_a_program_whose_shape_expression_is_python_is_refused_unrun(cfg, tmp_pa
         _refused(srv, bad, "symbolic expression")
     assert not marker.exists()
     _still_v1(srv, events, before)
+
+
+def test_every_scoring_path_keeps_each_tasks_scores_with_its_event(cfg, tmp_path, user_module):
+    """Heavy requests (scored in slices) and requests merged into one pass return each event's own scores for
+    every task, the same as a request scored alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cfg.serving.push_token = "tok"
+    cfg.serving.heavy_request_cost = 150  # the bigger requests below are heavy, the small ones are merged
+    trainer = Trainer(cfg, tmp_path)
+    trainer.step()
+    snap = trainer.snapshot(full=True)
+    sets = [make_events(cfg, n, seed=20 + i) for i, n in enumerate([3, 5, 7, 60, 2, 9, 80, 4])]
+    want = [trainer.scores(events_to_batch(cfg, ev)) for ev in sets]
+    srv = serve(cfg, device="cpu")
+    try:
+        with SnapshotPusher(srv.target, token="tok") as p:
+            assert p.push(snap).ok
+        with ServingClient(srv.target) as c:
+            def score(i):
+                got, _ = c.predict_tasks(sets[i])
+                return np.stack([got["click"], got["conversion"]], 1)
+
+            for _ in range(3):
+                with ThreadPoolExecutor(8) as pool:
+                    results = list(pool.map(score, range(len(sets))))
+                for got, w in zip(results, want):
+                    np.testing.assert_allclose(got, w, atol=1e-6, rtol=0)
+        assert srv.service.heavy_slices > 0
+    finally:
+        srv.stop(0.5)
