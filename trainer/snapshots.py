@@ -248,7 +248,7 @@ class SnapshotPublisher:
             except SnapshotError as e:
                 self.program_error = str(e)
             except Exception as e:  # a model's own code may raise anything while it is traced
-                self.program_error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e) else ''}"
+                self.program_error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
             if self.program_error:
                 log.error("snapshots carry no exported program (serving will build the model from its config "
                           "and must import its code): %s", self.program_error)
