@@ -297,9 +297,8 @@ def exported_vs_module(args, dev) -> int:
         module = module.to(dev)
         weights = {k: v.detach().to(dev) for k, v in module.state_dict().items()}
         consts = {k: v.to(dev) for k, v in exp.constants.items()}
-        program = load_program(exp.program_json, weights, consts)
-        served_program = scoring_forward(program, mc, dev, traced=_strip_input_check(
-            load_program(exp.program_json, weights, consts)))
+        program = _strip_input_check(load_program(exp.program_json, weights, consts))
+        served_program = scoring_forward(program, mc, dev)  # as ServedVersion does with a program
         served_module = scoring_forward(module, mc, dev)
         g = torch.Generator().manual_seed(1)
         dense = torch.randn(512, mc.dense_dim, generator=g).to(dev)
