@@ -108,6 +108,11 @@ class PrometheusExporter:
                                             registry=reg, buckets=DURATION_BUCKETS)
         self.push_seconds = Histogram("streamrec_trainer_push_seconds", "pushing one snapshot to one serving replica",
                                       registry=reg, buckets=DURATION_BUCKETS)
+        self.task_gauges = {k: Gauge(f"streamrec_trainer_task_{k}", f"progressive-validation {doc} since start, "
+                                     "per task, over the events that carry the task's label", ["task"], registry=reg)
+                            for k, doc in (("auc", "AUC"), ("logloss", "log loss"))}
+        self.task_labelled = Gauge("streamrec_trainer_task_labelled_events", "events scored for a task (they carry "
+                                   "its label)", ["task"], registry=reg)
         self.pushes = Counter("streamrec_trainer_pushes", "snapshot pushes by outcome (OK, a gRPC status, or error: "
                               "not delivered)", ["result"], registry=reg)
         self._consumer = None
@@ -128,6 +133,13 @@ class PrometheusExporter:
             v = record.get(k)
             if isinstance(v, (int, float)) and finite(float(v)) is not None:
                 g.set(float(v))
+        for task, figures in (record.get("tasks") or {}).items():  # a model of several tasks
+            for k, g in self.task_gauges.items():
+                v = figures.get(k)
+                if isinstance(v, (int, float)) and finite(float(v)) is not None:
+                    g.labels(task=task).set(float(v))
+            if isinstance(figures.get("labelled"), int):
+                self.task_labelled.labels(task=task).set(figures["labelled"])
 
     def watch_consumer(self, consumer) -> None:
         """Export the consumer's counts and ``last_lag`` (plain values: read from the scrape thread, never the

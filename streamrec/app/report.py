@@ -194,6 +194,9 @@ def write_report(run_dir: Path) -> tuple[Path, Path]:
         f"| progressive AUC, last window | {fmt(last.get('window_auc'))} |",
         f"| logloss since start | {fmt(last.get('logloss'))} |",
     ]
+    for task, f in (last.get("tasks") or {}).items():  # a model of several tasks: each over its labelled events
+        lines.append(f"| task {task}: progressive AUC / logloss since start ({fmt(f.get('labelled'), '{:,}')} "
+                     f"labelled events) | {fmt(f.get('auc'))} / {fmt(f.get('logloss'))} |")
     if ev:
         lines.append(f"| served model's AUC, {fmt(ev.get('events'), '{:,}')} {held} events via Predict "
                      f"(v{ev.get('served_version', '-')}) | {fmt(ev.get('served_auc'))} |")

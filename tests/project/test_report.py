@@ -42,3 +42,25 @@ def test_report_without_evaluation_or_config_still_reads(tmp_path):
     _, md = write_report(d)
     text = md.read_text()
     assert "Run settings" not in text and "Bayes-optimal" not in text and "| events trained | 10 |" in text
+
+
+def test_report_and_metrics_endpoint_give_each_task_its_figures(tmp_path):
+    from streamrec.trainer.telemetry import PrometheusExporter
+
+    rec = {"ts": 1.0, "events": 1000, "auc": 0.71, "logloss": 0.6,
+           "tasks": {"click": {"auc": 0.71, "logloss": 0.6, "labelled": 1000},
+                     "conversion": {"auc": 0.64, "logloss": 0.18, "labelled": 97}}}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
+    _, md = write_report(tmp_path)
+    text = md.read_text()
+    assert "| task conversion: progressive AUC / logloss since start (97 labelled events) | 0.6400 / 0.1800 |" in text
+    assert "| task click: progressive AUC / logloss since start (1,000 labelled events) | 0.7100 / 0.6000 |" in text
+    exporter = PrometheusExporter(0)  # in memory: nothing listens
+    try:
+        exporter.update(rec)
+        reg = exporter.endpoint.registry
+        assert reg.get_sample_value("streamrec_trainer_task_auc", {"task": "conversion"}) == 0.64
+        assert reg.get_sample_value("streamrec_trainer_task_logloss", {"task": "click"}) == 0.6
+        assert reg.get_sample_value("streamrec_trainer_task_labelled_events", {"task": "conversion"}) == 97
+    finally:
+        exporter.close()
