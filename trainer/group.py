@@ -487,6 +487,7 @@ class GroupTrainerService(TrainerService):
             return False
         if metrics is None:
             metrics = self.core.group_metrics()  # a collective
+        tasks = self.core.group_task_figures() if len(self.core.task_names) > 1 else {}  # collectives too
         rows, mark = self.store.snapshot_rows(plan[0])
         mine = {"rows": _ipc(rows), "newest_event_ms": self.core.newest_event_ms,
                 "newest_kafka_ms": self.freshness.newest_kafka_ms,
@@ -500,6 +501,7 @@ class GroupTrainerService(TrainerService):
         for g in got:
             offsets.update(offsets_from_json(g["offsets"]))
         values = {"auc": metrics.auc, "logloss": metrics.logloss, "window_auc": metrics.window_auc(),
+                  **{f"{k}.{name}": f[k] for name, f in tasks.items() for k in ("auc", "logloss")},
                   "events": float(self._group_events),
                   # serving's Status: the served model's age by the Kafka clock (the group's newest record)
                   "newest_kafka_ms": float(max(g.get("newest_kafka_ms", 0) for g in got))}
@@ -524,6 +526,7 @@ class GroupTrainerService(TrainerService):
             st.commit_failures, st.quarantined, st.offsets_reset,
             c.exchange.bytes_sent + c.dense_bytes_sent)
         m = c.group_metrics()
+        tasks = c.group_task_figures() if len(c.task_names) > 1 else None  # collectives: every rank calls them
         ev0, hot0 = self._hot_at_log
         dn = events - ev0
         self._hot_at_log = (events, hot_events)
@@ -541,6 +544,8 @@ class GroupTrainerService(TrainerService):
             "quarantined": int(quarantined), "ranks": self.world,
             "collective_bytes_per_event": (bytes_sent - self.bytes_at_log) / dn if dn else float("nan"),
         }
+        if tasks is not None:
+            rec["tasks"] = tasks
         self.bytes_at_log = bytes_sent
         if self.rank == 0:  # the other ranks' sinks are off (rank_config); rank 0 shows the group's figures
             self._publish_record(rec)

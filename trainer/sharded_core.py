@@ -308,13 +308,22 @@ class ShardedTrainerCore(TrainerCore):
         raise NotImplementedError("a rank of a group scores inside its training steps; serving predicts")
 
     # -- group-wide figures ------------------------------------------------------
-    def group_metrics(self):
-        """The group's figures (a collective): since-start AUC/logloss from the histograms and totals summed
-        over ranks; the sliding window from every rank's newest ``window / N`` events (one rank's own window
-        alone reaches N times further back in the stream)."""
+    def group_task_figures(self) -> dict[str, dict]:
+        """Per task, the group's since-start ``auc``, ``logloss`` and ``labelled`` (collectives, one per task;
+        every rank has the same tasks): the group's form of :meth:`task_figures`."""
+        out = {}
+        for name in self.task_names:
+            g = self.group_metrics(name)
+            out[name] = {"auc": g.auc, "logloss": g.logloss, "labelled": int(g.count)}
+        return out
+
+    def group_metrics(self, task: str | None = None):
+        """The group's figures (a collective) of ``task`` (default the first): since-start AUC/logloss from the
+        histograms and totals summed over ranks; the sliding window from every rank's newest ``window / N``
+        events (one rank's own window alone reaches N times further back in the stream)."""
         from .metrics import StreamingMetrics
 
-        m = self.metrics
+        m = self.metrics if task is None else self.task_metrics[task]
         vec = torch.from_numpy(np.concatenate([m.pos, m.neg, [m.loss_total, float(m.count)]])).to(self.comm)
         dist.all_reduce(vec, group=self.group)
         v = vec.cpu().numpy()

@@ -74,7 +74,8 @@ def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, 
         mine = ids[owner_of(tb, ids, world) == rank]
         owned[f] = (mine, store.peek(tb, mine).numpy())
     g = core.group_metrics()
-    out = {"auc": g.auc, "logloss": g.logloss, "window_auc": g.window_auc(), "events": core.events, "steps": core.steps, "owned": owned,
+    tasks_figures = core.group_task_figures()  # a collective: every rank calls it
+    out = {"tasks": tasks_figures, "auc": g.auc, "logloss": g.logloss, "window_auc": g.window_auc(), "events": core.events, "steps": core.steps, "owned": owned,
            "binned": float(g.pos.sum() + g.neg.sum()),
            "dense": {k: v.detach().numpy().copy() for k, v in core.model.state_dict().items()}}
     store.close()
@@ -108,6 +109,9 @@ def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs, scena
         assert abs(r["window_auc"] - core.metrics.window_auc()) <= 0.001  # the group's window, not one rank's
         assert r["steps"] == N_EVENTS // BATCH
         assert r["binned"] == N_EVENTS  # the since-start AUC counts every event once (not the window twice)
+        for name, f in core.task_figures().items():  # every task's group figures are one trainer's
+            assert r["tasks"][name]["labelled"] == f["labelled"], (name, r["tasks"][name], f)
+            assert abs(r["tasks"][name]["auc"] - f["auc"]) <= 0.001, (name, r["tasks"][name], f)
         for k, v in core.model.state_dict().items():
             np.testing.assert_allclose(r["dense"][k], v.numpy(), atol=1e-4, err_msg=k)
     assert sum(r["events"] for r in ranks) == N_EVENTS
