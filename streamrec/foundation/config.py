@@ -362,7 +362,7 @@ class JoinConfig:
     allowed_lateness_s: float = 60.0  # the window closes when the actions' event-time watermark passes impression ts + window_s + this
     orphan_wait_s: float = 300.0  # an action that arrives before its impression waits until the impressions' watermark passes its ts + this (event time)
     state_dir: str = "data/joiner"  # faust table state (RocksDB) of the joiner
-    exactly_once: bool = False  # Kafka transactions (faust processing_guarantee=exactly_once): examples, state and input offsets commit together; needs a cluster with transactions (Apache Kafka; the embedded broker refuses a transactional producer); false: at least once, see docs/joining.md
+    batch_records: int = 500  # input records joined per state commit (one atomic write per partition and batch: its examples are acknowledged before it)
     metrics_port: int = 0  # Prometheus HTTP port of the joiner, 0 = off
     metrics_host: str = "127.0.0.1"  # address the joiner's Prometheus endpoint binds (0.0.0.0 to publish it)
 
@@ -636,6 +636,8 @@ def _validate(obj: Any, prefix: str) -> None:
                 bad("task_actions", f"duplicate task names in {tasks}")
         if obj.window_s <= 0:
             bad("window_s", "must be > 0")
+        if obj.batch_records < 1:
+            bad("batch_records", "must be >= 1")
         for key in ("allowed_lateness_s", "orphan_wait_s"):
             if getattr(obj, key) < 0:
                 bad(key, "must be >= 0")

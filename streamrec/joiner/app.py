@@ -1,42 +1,51 @@
 """The faust-streaming joiner worker (``streamrec join``): impressions and actions in, labelled events out.
 
-* One agent reads ``join.impressions_topic`` and ``join.actions_topic`` (both keyed by ``request_id``,
-  co-partitioned: :func:`check_copartitioned` refuses to start otherwise). Partition ``p`` of both topics is
-  joined by one :class:`~.machine.JoinState`, whose state lives in a faust Table on RocksDB (rocksdict
-  driver, with its changelog topic) under keys prefixed ``<p>/``: state is bounded by the rate times
-  ``join.window_s + join.allowed_lateness_s + join.orphan_wait_s``, never a Python dict of impressions.
-  Several workers of one app (``join.group``) split the partitions; after a rebalance each partition's
-  machine is rebuilt from the recovered table.
-* Examples go to ``kafka.events_topic`` in ``kafka.codec`` (JSON, or one Arrow IPC message per input
-  record's examples), keyed by ``request_id``, with their kind in the ``streamrec-feedback`` header
-  (:data:`~.machine.FEEDBACK_HEADER`). A record that is not a valid impression or action goes to
-  ``kafka.dlq_topic`` with its reason and source (the ``streamrec-error`` / ``streamrec-source`` headers the
-  trainer's dead letters carry) and is counted; it never stops the worker.
-* Delivery: with ``join.exactly_once`` faust's ``processing_guarantee="exactly_once"`` makes the examples,
-  the table's changelog writes and the input offsets one Kafka transaction (a cluster with transactions:
-  Apache Kafka; the embedded broker refuses a transactional producer). Without it faust commits offsets
-  after processing (at least once): a worker killed between its writes and its commit re-reads records
-  whose effects may already be in the changelog, which the join treats as duplicates (an impression
-  already held emits nothing again), while an example sent before a state write that was lost is sent
-  again. docs/joining.md states what each setting guarantees.
+* faust's consumer group decides which partitions of ``join.impressions_topic`` and ``join.actions_topic``
+  (both keyed by ``request_id``, co-partitioned: :func:`check_copartitioned` refuses to start otherwise) this
+  worker owns; several workers of one app (``join.group``) split them. The records are read by the join task
+  with its own reader, positioned where the partition's state says; faust's consumer keeps those topics
+  paused.
+* Partition ``p`` of both topics is joined by one :class:`~.machine.JoinState` whose state lives in a faust
+  Table on RocksDB (rocksdict driver, with its changelog topic), committed per batch of at most
+  ``join.batch_records`` records as one atomic ``tx`` (``txstore.py``): the input offsets after the batch
+  and the output log's end offsets travel in it. State is bounded by the rate times ``join.window_s +
+  join.allowed_lateness_s + join.orphan_wait_s``.
+* Examples go to ``kafka.events_topic`` in ``kafka.codec`` (JSON, or one Arrow IPC message per example),
+  keyed by ``request_id``, their kind in the ``streamrec-feedback`` header (:data:`~.machine.FEEDBACK_HEADER`)
+  and their identity (request id, kind, task) and source partition in ``streamrec-join-id``. A record that
+  is not a valid impression or action goes to ``kafka.dlq_topic`` with its reason and source
+  (``streamrec-error`` / ``streamrec-source``, as the trainer's dead letters) and is counted.
+* Exactly once without Kafka transactions (the embedded broker has none): a batch's examples are sent and
+  acknowledged before its ``tx`` is written, so a durable ``tx`` never lacks its examples; after a crash the
+  partition resumes from its last ``tx`` (the join is deterministic: the same records give the same
+  examples) and first reads the output log from the ends that ``tx`` recorded, so an example already
+  written is not written again. A worker that died uncleanly starts from the changelog, not its local
+  RocksDB copy (which may hold writes the changelog never got). Dead letters are at least once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
 from streamrec.foundation import EventSchema, StreamrecError
 from streamrec.foundation.failpoints import hit
-from streamrec.ingest import REASON_HEADER, SOURCE_HEADER, client_settings, encode_arrow, encode_json, faust_credentials
+from streamrec.ingest import (
+    REASON_HEADER, SOURCE_HEADER, client_settings, encode_arrow, encode_json, faust_credentials,
+)
 
 from .machine import FEEDBACK_HEADER, JoinRules, JoinState, JoinStats, parse_action
+from .txstore import TxStore
 
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "join-state"
+ID_HEADER = "streamrec-join-id"  # "<partition>|<request_id>|<kind>|<task>": one example's identity
+CLEAN = "clean-shutdown"  # in join.state_dir: the local RocksDB copy matches the changelog
 
 
 class JoinSetupError(StreamrecError, RuntimeError):
@@ -45,7 +54,7 @@ class JoinSetupError(StreamrecError, RuntimeError):
 
 def faust_settings(cfg, bootstrap: str, partitions: int) -> dict:
     """faust App settings: quick group joins, raw keys and values, the state in ``join.state_dir``."""
-    out = dict(
+    return dict(
         broker=f"kafka://{bootstrap}",
         broker_credentials=faust_credentials(client_settings(cfg)),
         store="rocksdb://",
@@ -62,8 +71,19 @@ def faust_settings(cfg, bootstrap: str, partitions: int) -> dict:
         producer_max_request_size=32 << 20,
         stream_wait_empty=False,
     )
-    if cfg.join.exactly_once:
-        out["processing_guarantee"] = "exactly_once"
+
+
+def aiokafka_security(cfg) -> dict:
+    """The cluster's security settings as aiokafka keyword arguments."""
+    settings = client_settings(cfg)
+    if not settings:
+        return {}
+    out = {k: settings[k] for k in ("security_protocol", "sasl_mechanism", "sasl_plain_username",
+                                    "sasl_plain_password") if k in settings}
+    creds = faust_credentials(settings)
+    ctx = getattr(creds, "context", None) or getattr(creds, "ssl_context", None)
+    if ctx is not None:
+        out["ssl_context"] = ctx
     return out
 
 
@@ -98,47 +118,11 @@ def check_copartitioned(cfg, bootstrap: str) -> int:
     return len(imp)
 
 
-class _TableKV:
-    """A ``MutableMapping`` view of one partition's keys in the faust table (``<p>/`` prefixed, JSON values).
-    Written from the agent while it handles a record of partition ``p``: faust sends each write to that
-    partition of the changelog."""
-
-    def __init__(self, table, p: int):
-        self.table = table
-        self.prefix = f"{p}/"
-
-    def _k(self, key: str) -> bytes:
-        return (self.prefix + key).encode()
-
-    def get(self, key, default=None):
-        raw = self.table.get(self._k(key))
-        return default if raw is None else json.loads(raw)
-
-    def __getitem__(self, key):
-        raw = self.table.get(self._k(key))
-        if raw is None:
-            raise KeyError(key)
-        return json.loads(raw)
-
-    def __setitem__(self, key, value) -> None:
-        self.table[self._k(key)] = json.dumps(value, separators=(",", ":")).encode()
-
-    def __delitem__(self, key) -> None:
-        del self.table[self._k(key)]
-
-    def __contains__(self, key) -> bool:
-        return self.table.get(self._k(key)) is not None
-
-    def items(self):
-        pre = self.prefix.encode()
-        for k, v in list(self.table.items()):
-            if isinstance(k, bytes) and k.startswith(pre) and v is not None:
-                yield k[len(pre):].decode(), json.loads(v)
 
 
 class Joiner:
-    """What the agent does with one record, apart from faust: parse, join, encode. ``stats``: totals of the
-    machines dropped at rebalances (the live ones keep their own)."""
+    """What the join task does with one record, apart from faust: parse, join, encode. ``retired``: totals
+    of the machines dropped at rebalances (the live ones keep their own)."""
 
     def __init__(self, cfg, metrics=None):
         self.cfg = cfg
@@ -150,29 +134,27 @@ class Joiner:
         self.malformed = 0
         self.metrics = metrics
 
-    def machine(self, table, p: int) -> JoinState:
-        m = self.machines.get(p)
-        if m is None:
-            on_delay = self.metrics.delay if self.metrics is not None else None
-            m = self.machines[p] = JoinState(self.rules, _TableKV(table, p), on_delay=on_delay)
-            log.info("partition %d: join state restored, %d rows", p, m.stats.rows)
+    def add(self, p: int, store) -> JoinState:
+        on_delay = self.metrics.delay if self.metrics is not None else None
+        m = self.machines[p] = JoinState(self.rules, store, on_delay=on_delay)
         return m
 
-    def drop_machines(self) -> None:
-        for m in self.machines.values():
-            for k, v in vars(m.stats).items():
-                if k == "examples":
-                    for kind, n in v.items():
-                        self.retired.examples[kind] += n
-                elif k != "rows":
-                    setattr(self.retired, k, getattr(self.retired, k) + v)
-        self.machines.clear()
+    def drop(self, p: int) -> None:
+        m = self.machines.pop(p, None)
+        if m is None:
+            return
+        for k, v in vars(m.stats).items():
+            if k == "examples":
+                for kind, n in v.items():
+                    self.retired.examples[kind] += n
+            elif k != "rows":
+                setattr(self.retired, k, getattr(self.retired, k) + v)
 
     def totals(self) -> JoinStats:
         out = JoinStats(**{k: v for k, v in vars(self.retired).items() if k != "examples"})
         out.examples = dict(self.retired.examples)
         out.rows = 0
-        for m in self.machines.values():
+        for m in list(self.machines.values()):
             for k, v in vars(m.stats).items():
                 if k == "examples":
                     for kind, n in v.items():
@@ -181,23 +163,34 @@ class Joiner:
                     setattr(out, k, getattr(out, k) + v)
         return out
 
-    def handle(self, table, topic: str, p: int, key: bytes | None, value: bytes | None) -> list:
-        """The examples one record completes, as ``(key, encoded value, kind)``; ValueError: malformed."""
+    def handle(self, p: int, topic: str, key: bytes | None, value: bytes | None) -> list:
+        """The examples one record completes, as ``(key, encoded value, kind, identity)``; ValueError:
+        the record is malformed (the reason)."""
         try:
             obj = json.loads(value) if value else None
         except (ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"not JSON: {e}") from None
         if obj is None:
             raise ValueError("empty record")
+        m = self.machines[p]
         if topic == self.cfg.join.impressions_topic:
             rid, ts, ev = self._impression(obj)
             self._check_key(key, rid)
-            exs = self.machine(table, p).impression(rid, ts, ev)
+            exs = m.impression(rid, ts, ev)
         else:
             action = parse_action(obj)
             self._check_key(key, action.request_id)
-            exs = self.machine(table, p).action(action)
-        return [(ex.request_id.encode(), self.encode(ex.event), ex.kind) for ex in exs]
+            exs = m.action(action)
+        out = []
+        for ex in exs:
+            task = ""
+            if ex.kind == "positive" and self.rules.mode == "fake_negative":
+                labels = ex.event.get("labels") or {}
+                task = next((t for t, y in labels.items() if y == 1), self.rules.task_names[0])
+            kind = "example" if self.rules.mode == "window" else ex.kind
+            ident = f"{p}|{ex.request_id}|{kind}|{task}"
+            out.append((ex.request_id.encode(), self.encode(ex.event), ex.kind, ident))
+        return out
 
     def _impression(self, obj) -> tuple[str, int, dict]:
         if not isinstance(obj, dict):
@@ -222,58 +215,266 @@ class Joiner:
         return encode_arrow(self.schema_out.batch_from_events([ev]), self.schema_out)
 
 
+def _keep_paused(consumer, topics: set[str]) -> None:
+    """Make faust's consumer never fetch ``topics`` (the join task reads them): recovery resumes every
+    assigned partition after each rebalance, so its ``resume_partitions`` leaves theirs out."""
+    if getattr(consumer, "_streamrec_keeps_paused", None) == topics:
+        return
+    resume = consumer.resume_partitions
+
+    def resume_others(tps):
+        return resume({tp for tp in tps if tp.topic not in topics})
+
+    consumer.resume_partitions = resume_others
+    consumer._streamrec_keeps_paused = topics
+
+
+class _Partition:
+    """What the join task holds for one owned partition."""
+
+    def __init__(self, store: TxStore, tx: dict):
+        self.store = store
+        self.off = dict(tx["off"])  # topic -> next offset to read
+        self.ends = {int(q): o for q, o in tx["ends"].items()}  # events partition -> offset after our last example
+        self.seq = tx["seq"]
+        self.written: set[str] = set()  # identities already in the output log past the tx's ends
+        self.epoch = 0
+
+
 def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
-    """The faust App with its table and the join agent; returns (app, joiner)."""
+    """The faust App with its table, the membership agent and the join task; returns (app, joiner)."""
     import faust
 
+    jc = cfg.join
     joiner = Joiner(cfg, metrics)
-    app = faust.App(cfg.join.group, **faust_settings(cfg, bootstrap, partitions))
-    inputs = app.topic(cfg.join.impressions_topic, cfg.join.actions_topic, key_type=bytes, value_type=bytes,
+    app = faust.App(jc.group, **faust_settings(cfg, bootstrap, partitions))
+    inputs = app.topic(jc.impressions_topic, jc.actions_topic, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
-    out = app.topic(cfg.kafka.events_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
-                    value_serializer="raw")
-    dlq = app.topic(cfg.kafka.dlq_topic, key_type=bytes, value_type=bytes, key_serializer="raw",
-                    value_serializer="raw")
     table = app.Table(TABLE_NAME, partitions=partitions, key_type=bytes, value_type=bytes,
                       options={"driver": "rocksdict"})
+    security = aiokafka_security(cfg)
+    topics = {jc.impressions_topic, jc.actions_topic}
+    parts: dict[int, _Partition] = {}
+    epoch: dict[int, int] = {}
+    io: dict = {}
+
+    @app.agent(inputs, name="join-group")
+    async def membership(stream):
+        # faust's stream of both topics keeps this worker in the group that splits the partitions (and the
+        # table's with them); the join task reads the records, their partitions stay paused here
+        async for _ in stream.noack().events():
+            pass
+
+    async def clients() -> None:
+        """Start the reader, the output producer and the output log's scanner once (the first restore can
+        come before the join task starts)."""
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+        if "lock" not in io:
+            io["lock"] = asyncio.Lock()
+        async with io["lock"]:
+            if "prod" in io:
+                return
+            made = dict(
+                scan=AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                      client_id="streamrec-join-scan", **security),
+                reader=AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                        auto_offset_reset="earliest", client_id="streamrec-join-read", **security),
+                prod=AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+                                      max_request_size=32 << 20, client_id="streamrec-join-out", **security))
+            for c in made.values():
+                await c.start()
+            io.update(made)
+
+    async def output_ends() -> dict[int, int]:
+        from aiokafka import TopicPartition
+
+        await clients()
+        c = io["scan"]
+        ps = c.partitions_for_topic(cfg.kafka.events_topic) or set()
+        if not ps:
+            await c._client.force_metadata_update()
+            ps = c.partitions_for_topic(cfg.kafka.events_topic) or set()
+        ends = await c.end_offsets([TopicPartition(cfg.kafka.events_topic, q) for q in ps])
+        return {tp.partition: int(o) for tp, o in ends.items()}
+
+    async def written_since(p: int, ends: dict[int, int]) -> set[str]:
+        """Identities of partition ``p``'s examples in the output log from ``ends`` to its end."""
+        from aiokafka import TopicPartition
+
+        c = io["scan"]
+        now = await output_ends()
+        tps = {TopicPartition(cfg.kafka.events_topic, q): ends.get(q, 0) for q in now if now[q] > ends.get(q, 0)}
+        out: set[str] = set()
+        if not tps:
+            return out
+        c.assign(list(tps))
+        for tp, o in tps.items():
+            c.seek(tp, max(0, o - 1))  # one before: a broker may answer ListOffsets one short of the log end
+        prefix = f"{p}|".encode()
+        idle_since = None
+        while True:
+            got = await c.getmany(timeout_ms=300, max_records=10_000)
+            for recs in got.values():
+                for r in recs:
+                    for k, v in r.headers or ():
+                        if k == ID_HEADER and v.startswith(prefix):
+                            out.add(v.decode())
+            done = True
+            for tp in tps:
+                done = done and await c.position(tp) >= now[tp.partition]
+            if got:
+                idle_since = None
+            elif done:
+                if idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > 0.5:
+                    break
+        c.assign([])
+        return out
+
+    async def restore(p: int) -> None:
+        await clients()
+        store = TxStore(table, p, jc.impressions_topic, on_hit=hit)
+        tx = store.recover()
+        if tx is None:  # a partition never joined: start at the inputs' beginning and the output log's end
+            tx = {"seq": 0, "off": {jc.impressions_topic: None, jc.actions_topic: None},
+                  "ends": {str(q): o for q, o in (await output_ends()).items()}}
+            store.commit(tx)
+            await app.producer.flush()  # durable before any example: a crash after one finds these ends
+            tx = store.last_tx()
+        part = _Partition(store, tx)
+        part.written = await written_since(p, part.ends)
+        epoch[p] = epoch.get(p, 0) + 1
+        part.epoch = epoch[p]
+        joiner.add(p, store)
+        parts[p] = part
+        log.info("partition %d: join state restored at batch %d (%d rows, %d examples already written)", p,
+                 part.seq, joiner.machines[p].stats.rows, len(part.written))
 
     @app.on_rebalance_complete.connect
     async def on_rebalance_complete(sender, **kwargs):
-        joiner.drop_machines()  # rebuilt from the recovered table at each partition's next record
+        _keep_paused(app.consumer, topics)
+        mine = {tp for tp in app.consumer.assignment() if tp.topic in topics}
+        app.consumer.pause_partitions(mine)
+        owned = {tp.partition for tp in mine}
+        for p in list(parts):
+            if p not in owned:
+                parts.pop(p)
+                joiner.drop(p)
+                epoch[p] = epoch.get(p, 0) + 1
+        for p in sorted(owned - set(parts)):
+            await restore(p)
 
-    @app.agent(inputs)
-    async def join(stream):
-        async for event in stream.events():
-            msg = event.message
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender, revoked, **kwargs):
+        for tp in revoked:
+            if tp.topic in topics and tp.partition in parts:
+                parts.pop(tp.partition)
+                joiner.drop(tp.partition)
+                epoch[tp.partition] = epoch.get(tp.partition, 0) + 1
+
+    async def send_all(p: int, part: _Partition, examples: list, bad: list) -> None:
+        """Send a batch's examples (those not already in the log) and dead letters; wait for every ack."""
+        futs = []
+        for key, value, kind, ident in examples:
+            if ident in part.written:
+                part.written.discard(ident)
+                continue
+            futs.append(await io["prod"].send(cfg.kafka.events_topic, value, key=key, headers=[
+                (FEEDBACK_HEADER, kind.encode()), (ID_HEADER, ident.encode())]))
+        for rec, reason in bad:
+            futs.append(await io["prod"].send(cfg.kafka.dlq_topic, rec.value or b"", key=rec.key, headers=[
+                (REASON_HEADER, reason[:2000].encode("utf-8", "backslashreplace")),
+                (SOURCE_HEADER, f"{rec.topic}:{rec.partition}:{rec.offset}".encode())]))
+        for f in futs:
+            meta = await f
+            if meta.topic == cfg.kafka.events_topic:
+                part.ends[meta.partition] = max(part.ends.get(meta.partition, 0), meta.offset + 1)
+
+    async def join_batch(p: int, recs: list) -> None:
+        part = parts.get(p)
+        if part is None:
+            return
+        at = part.epoch
+        examples, bad = [], []
+        for rec in recs:
             hit("join.before_record")
             try:
-                examples = joiner.handle(table, msg.topic, msg.partition, msg.key, msg.value)
+                examples += joiner.handle(p, rec.topic, rec.key, rec.value)
             except ValueError as e:
                 joiner.malformed += 1
-                log.warning("dead letter %s:%d@%d: %s", msg.topic, msg.partition, msg.offset, e)
-                await dlq.send(key=msg.key, value=msg.value or b"", headers={
-                    REASON_HEADER: str(e)[:2000].encode("utf-8", "backslashreplace"),
-                    SOURCE_HEADER: f"{msg.topic}:{msg.partition}:{msg.offset}".encode()})
-                continue
-            hit("join.after_state")
-            for key, value, kind in examples:
-                await out.send(key=key, value=value, headers={FEEDBACK_HEADER: kind.encode()})
-            if examples:
-                hit("join.after_produce")
-            if metrics is not None:
-                m = joiner.machines.get(msg.partition)
-                if m is not None and m.wa is not None:
-                    metrics.watermark(msg.partition, m.wa)
+                log.warning("dead letter %s:%d@%d: %s", rec.topic, rec.partition, rec.offset, e)
+                bad.append((rec, str(e)))
+            part.off[rec.topic] = rec.offset + 1
+        hit("join.before_send")
+        await send_all(p, part, examples, bad)
+        hit("join.after_send")
+        if parts.get(p) is not part or part.epoch != at:
+            return  # revoked meanwhile: the new owner resumes from the last tx
+        part.seq += 1
+        with_ends = {str(q): o for q, o in part.ends.items()}
+        part.store.commit({"seq": part.seq, "off": part.off, "ends": with_ends})
+        await app.producer.flush()  # the batch's state in the changelog: a restart resumes after it
+        hit("join.after_commit")
+        if metrics is not None:
+            m = joiner.machines.get(p)
+            if m is not None and m.wa is not None:
+                metrics.watermark(p, m.wa)
+
+    @app.task
+    async def join_task():
+        from aiokafka import TopicPartition
+
+        await clients()
+        reader = io["reader"]
+        positioned: dict[int, int] = {}
+        try:
+            while True:
+                want = {p: part.epoch for p, part in parts.items()}
+                if want != positioned:
+                    tps = [TopicPartition(t, p) for p in sorted(want) for t in sorted(topics)]
+                    reader.assign(tps)
+                    for p in want:
+                        for t in topics:
+                            o = parts[p].off.get(t)
+                            if o is None:
+                                await reader.seek_to_beginning(TopicPartition(t, p))
+                            else:
+                                reader.seek(TopicPartition(t, p), o)
+                    positioned = want
+                if not want:
+                    await asyncio.sleep(0.2)
+                    continue
+                got = await reader.getmany(timeout_ms=200, max_records=jc.batch_records)
+                by_p: dict[int, list] = {}
+                for tp, recs in got.items():
+                    by_p.setdefault(tp.partition, []).extend(recs)
+                for p, recs in sorted(by_p.items()):
+                    if parts.get(p) is not None and parts[p].epoch == positioned.get(p):
+                        await join_batch(p, recs)
+        finally:
+            for c in (reader, io["scan"], io["prod"]):
+                await c.stop()
 
     return app, joiner
 
 
 def run_worker(cfg, bootstrap: str, loglevel: str = "warning") -> int:
-    """Run the joiner until SIGINT/SIGTERM (faust's Worker installs the signal handlers)."""
+    """Run the joiner until SIGINT/SIGTERM (faust's Worker installs the signal handlers). A state directory
+    left by a worker that did not stop cleanly is emptied first: faust then rebuilds the table from its
+    changelog, which the join's batches were committed to."""
     from faust.worker import Worker
 
     partitions = check_copartitioned(cfg, bootstrap)
-    Path(cfg.join.state_dir).mkdir(parents=True, exist_ok=True)
+    state = Path(cfg.join.state_dir)
+    clean = state / CLEAN
+    if state.exists() and any(state.iterdir()) and not clean.exists():
+        log.info("%s: the last worker did not stop cleanly; the state is rebuilt from %s", state,
+                 changelog_topic(cfg))
+        shutil.rmtree(state)
+    state.mkdir(parents=True, exist_ok=True)
+    clean.unlink(missing_ok=True)
     metrics = None
     if cfg.join.metrics_port:
         from .metrics import JoinMetrics
@@ -292,5 +493,5 @@ def run_worker(cfg, bootstrap: str, loglevel: str = "warning") -> int:
     finally:
         if metrics is not None:
             metrics.close()
+    clean.touch()
     return code
-

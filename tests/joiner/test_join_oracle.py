@@ -25,18 +25,18 @@ def rules(mode: str, multi: bool) -> JoinRules:
     return JoinRules(mode, W, L, O, tasks, single=not multi)
 
 
-def make_streams(seed: int, partitions: int):
+def make_streams(seed: int, partitions: int, n: int | None = None):
     """Per partition: the impressions topic's records and the actions topic's records, each in its own order
     (arrival = event time plus a random delay: out of order), with duplicates, orphans and late actions."""
     rnd = random.Random(seed)
     imps: dict[int, list] = {p: [] for p in range(partitions)}
     acts: dict[int, list] = {p: [] for p in range(partitions)}
-    n = rnd.randint(0, 40)
+    n = rnd.randint(0, 40) if n is None else n
     t0 = 1_000_000
     for i in range(n):
         rid = f"r{i}"
         p = zlib.crc32(rid.encode()) % partitions
-        ts = t0 + rnd.randint(0, 600)
+        ts = t0 + rnd.randint(0, 600) + i * 5
         ev = {"ts": ts, "dense": [float(i)], "sparse": {"user": i}, "request_id": rid}
         has_imp = rnd.random() < 0.85  # else its actions are orphans
         if has_imp:

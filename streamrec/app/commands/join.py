@@ -43,6 +43,6 @@ def cmd_join(args) -> int:
         startup_line("join", args, brokers=bootstrap,
                      topics=f"{j.impressions_topic} + {j.actions_topic} -> {cfg.kafka.events_topic}", group=j.group,
                      mode=j.mode, window=f"{j.window_s:g} s + {j.allowed_lateness_s:g} s lateness",
-                     data=j.state_dir, guarantee="exactly once (transactions)" if j.exactly_once else "at least once",
+                     data=j.state_dir, batch=j.batch_records,
                      metrics=f"{j.metrics_host}:{j.metrics_port}" if j.metrics_port else None)
         return run_worker(cfg, bootstrap, loglevel=args.faust_log_level)

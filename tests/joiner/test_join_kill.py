@@ -1,0 +1,67 @@
+"""kill -9 of the joiner at ten points (mid-batch, between the examples' acknowledgement and the state
+commit, between the commit's atomic record and its applies, after the commit, ...), one after another on the
+same stream: the labelled events read back from the events topic equal the undisturbed join's (the oracle's,
+which tests/joiner/test_join_worker.py shows the undisturbed worker writes): none lost, none doubled."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections import Counter
+
+import pytest
+
+from streamrec.ingest import TopicSpec, ensure_topics
+from streamrec.joiner import JoinRules
+from tests.helpers.waiting import wait_until
+from tests.joiner.test_join_oracle import make_streams, oracle
+from tests.joiner.test_join_worker import P, STREAMREC, examples, join_config, produce
+from tests.sketch.test_sketch_worker import stop, write_config
+
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+
+POINTS = ["join.before_record@*#40", "join.before_send@*#9", "join.after_send@*#12", "join.after_tx@*#10",
+          "join.mid_apply@*#11", "join.after_commit@*#9", "join.after_send@*#15", "join.mid_apply@*#7",
+          "join.before_send@*#16", "join.after_tx@*#13"]
+
+
+@pytest.mark.parametrize("mode", ["window", "fake_negative"])
+def test_kill_at_ten_points_loses_and_doubles_nothing(topics, bootstrap, tmp_path, mode):
+    cfg = join_config(topics, mode)
+    cfg.join.state_dir = str(tmp_path / "join")
+    cfg.join.batch_records = 9
+    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
+    r = JoinRules.from_config(cfg.join)
+    imps, acts = make_streams(5, P, n=400)
+    want: Counter = Counter()
+    for p in range(P):
+        want += oracle(r, imps[p], acts[p])
+    produce(bootstrap, cfg, imps, acts)
+    config = write_config(cfg, tmp_path / "j.toml")
+    log = tmp_path / "join.log"
+    died = 0
+    for point in POINTS:
+        env = dict(os.environ, STREAMREC_FAILPOINTS=point)
+        proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
+                                stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
+        try:
+            proc.wait(45)
+        except subprocess.TimeoutExpired:  # the point was not reached: kill it here instead
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        died += proc.returncode == -signal.SIGKILL
+    assert died == len(POINTS)
+    mid = examples(bootstrap, cfg, r)
+    assert 0 < sum(mid.values()) < sum(want.values()), "the kills left work for the last run"
+    proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: sum(examples(bootstrap, cfg, r).values()) >= sum(want.values()) or proc.poll() is not None,
+                   120, "the joiner's examples after the kills", interval=1.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        got = examples(bootstrap, cfg, r)
+        assert got == want, (f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}; "
+                             f"log:\n{log.read_text()[-3000:]}")
+    finally:
+        stop(proc)
