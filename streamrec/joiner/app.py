@@ -257,6 +257,9 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
     parts: dict[int, _Partition] = {}
     epoch: dict[int, int] = {}
     io: dict = {}
+    # a batch, a restore and a revocation never overlap: a restore reads the output log only once every
+    # example already sent for the partition is acknowledged, and a batch never spans an ownership change
+    batch_lock = asyncio.Lock()
 
     @app.agent(inputs, name="join-group")
     async def membership(stream):
@@ -358,21 +361,23 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
         mine = {tp for tp in app.consumer.assignment() if tp.topic in topics}
         app.consumer.pause_partitions(mine)
         owned = {tp.partition for tp in mine}
-        for p in list(parts):
-            if p not in owned:
-                parts.pop(p)
-                joiner.drop(p)
-                epoch[p] = epoch.get(p, 0) + 1
-        for p in sorted(owned - set(parts)):
-            await restore(p)
+        async with batch_lock:
+            for p in list(parts):
+                if p not in owned:
+                    parts.pop(p)
+                    joiner.drop(p)
+                    epoch[p] = epoch.get(p, 0) + 1
+            for p in sorted(owned - set(parts)):
+                await restore(p)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender, revoked, **kwargs):
-        for tp in revoked:
-            if tp.topic in topics and tp.partition in parts:
-                parts.pop(tp.partition)
-                joiner.drop(tp.partition)
-                epoch[tp.partition] = epoch.get(tp.partition, 0) + 1
+        async with batch_lock:
+            for tp in revoked:
+                if tp.topic in topics and tp.partition in parts:
+                    parts.pop(tp.partition)
+                    joiner.drop(tp.partition)
+                    epoch[tp.partition] = epoch.get(tp.partition, 0) + 1
 
     async def send_all(p: int, part: _Partition, examples: list, bad: list) -> None:
         """Send a batch's examples (those not already in the log) and dead letters; wait for every ack."""
@@ -451,8 +456,9 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
                 for tp, recs in got.items():
                     by_p.setdefault(tp.partition, []).extend(recs)
                 for p, recs in sorted(by_p.items()):
-                    if parts.get(p) is not None and parts[p].epoch == positioned.get(p):
-                        await join_batch(p, recs)
+                    async with batch_lock:
+                        if parts.get(p) is not None and parts[p].epoch == positioned.get(p):
+                            await join_batch(p, recs)
         finally:
             for c in (reader, io["scan"], io["prod"]):
                 await c.stop()
