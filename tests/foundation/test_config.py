@@ -235,7 +235,7 @@ def test_the_users_of_a_choice_check_the_same_alias():
 
 @pytest.mark.subprocess
 def test_reading_the_config_loads_no_part_above_the_foundation():
-    """The config imports the stdlib-only *_types leaves of ingest, embedding_store, trainer and model, and
+    """The config imports the stdlib-only *_types leaves of ingest, embedding_store, trainer, model and joiner, and
     nothing else of theirs: a config reader (the CLI's --help, a sketch worker) loads no torch or numpy."""
     import subprocess
     import sys
@@ -245,12 +245,12 @@ def test_reading_the_config_loads_no_part_above_the_foundation():
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                               check=True).stdout.split())
     leaves = {"streamrec.ingest.ingest_types", "streamrec.embedding_store.store_types",
-              "streamrec.trainer.trainer_types", "streamrec.model.model_types"}
+              "streamrec.trainer.trainer_types", "streamrec.model.model_types", "streamrec.joiner.join_types"}
     assert leaves <= mods
     assert not {"torch", "numpy"} & mods
     above = {m for m in mods if m.startswith("streamrec.") and not m.startswith("streamrec.foundation")}
     assert above - {"streamrec.ingest", "streamrec.embedding_store", "streamrec.trainer",
-                    "streamrec.model"} == leaves  # lazy __init__s
+                    "streamrec.model", "streamrec.joiner"} == leaves  # lazy __init__s
 
 
 def test_a_type_leaf_that_imports_beyond_the_stdlib_fails_the_import_lint(tmp_path):

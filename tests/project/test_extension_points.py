@@ -67,9 +67,9 @@ def test_the_built_in_model_satisfies_the_model_protocol(tmp_path):
     cfg = small_config(tmp_path)
     model = build_model(cfg.model)
     assert isinstance(model, DLRM) and isinstance(model, RankingModel)
-    b, f, d = 5, len(cfg.model.fields), cfg.model.embedding_dim
-    logits = model(torch.zeros(b, cfg.model.dense_dim), torch.ones(b, f, d))
-    assert logits.shape == (b,)
+    b = 5
+    logits = model(torch.zeros(b, cfg.model.dense_dim), torch.ones(b, cfg.model.pooled_dim))
+    assert logits.shape == (b, len(cfg.model.tasks))
     # deterministic in model.seed: every rank and every restart starts from the same weights
     again = build_model(cfg.model)
     assert all(torch.equal(a, c) for a, c in zip(model.state_dict().values(), again.state_dict().values()))

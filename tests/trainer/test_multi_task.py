@@ -43,8 +43,10 @@ def _train(tmp_path, name, tasks, events):
 
 def test_a_rare_task_trains_beside_the_first_without_harming_it(tmp_path):
     """Conversion at loss weight 1, labelled on 10% of the events. The single-task baseline is the same model
-    with the conversion weight at 0: the same architecture and initial weights (a two-task head is initialised
-    differently from a one-task head), the click task trained alone. The click AUC stays within 0.005 of it."""
+    with the conversion weight at 0: the same architecture and initial weights, the click task trained alone.
+    The click AUC stays within 0.01 of it: a rare task shares the rows and dense layers, so it may cost the click
+    task a little (``bench quality --tasks`` measures how much); one whose loss outweighs its share of the
+    labels (a masked mean over its own labelled events) costs several times that bound."""
     cfg = small_config(tmp_path)
     events = _events(cfg)
     two, scores, _ = _train(tmp_path, "two", [TaskSpec("click"), TaskSpec("conversion", 1.0)], events)
@@ -57,7 +59,7 @@ def test_a_rare_task_trains_beside_the_first_without_harming_it(tmp_path):
     # the conversion task learnt from a tenth of the labels; at weight 0 it did not learn at all
     assert figures["conversion"]["auc"] > 0.6 > base["conversion"]["auc"], (figures, base)
     # and the click task is what it is alone (the issue's "does not harm")
-    assert abs(figures["click"]["auc"] - base["click"]["auc"]) <= 0.005, (figures, base)
+    assert abs(figures["click"]["auc"] - base["click"]["auc"]) <= 0.01, (figures, base)
     # each task's progressive AUC is over the events with its label: the window's scores give the same figure
     # (exact AUC against the metrics' binned one)
     conv_auc = roc_auc(events.task_labels[labelled, 1], scores[labelled, 1])

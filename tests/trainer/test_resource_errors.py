@@ -105,7 +105,8 @@ def small_disk(tmp_path):
 
 @pytest.fixture
 def snap_disk(tmp_path):
-    with tmpfs(tmp_path / "snapdisk", "1m") as mnt:
+    # room for the snapshots a run keeps (rows, dense weights and the exported program of each full one)
+    with tmpfs(tmp_path / "snapdisk", "3m") as mnt:
         yield mnt
 
 
