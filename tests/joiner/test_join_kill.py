@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections import Counter
 
 import pytest
@@ -65,3 +66,49 @@ def test_kill_at_ten_points_loses_and_doubles_nothing(topics, bootstrap, tmp_pat
                              f"log:\n{log.read_text()[-3000:]}")
     finally:
         stop(proc)
+
+
+def test_kill_during_a_rebalance_with_two_workers(topics, bootstrap, tmp_path):
+    """Two workers split the partitions; one is killed in the middle of a batch while the other is running,
+    so its partitions move; later it comes back and the partitions move again: the same examples as the
+    undisturbed join."""
+    cfg = join_config(topics, "fake_negative")
+    cfg.join.batch_records = 9
+    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
+    r = JoinRules.from_config(cfg.join)
+    imps, acts = make_streams(9, P, n=400)
+    want: Counter = Counter()
+    for p in range(P):
+        want += oracle(r, imps[p], acts[p])
+    produce(bootstrap, cfg, imps, acts)
+    procs = {}
+    logs = {w: tmp_path / f"join-{w}.log" for w in "ab"}
+
+    def start(w: str, env_extra: dict | None = None):
+        cfg.join.state_dir = str(tmp_path / f"state-{w}")
+        config = write_config(cfg, tmp_path / f"{w}.toml")
+        env = dict(os.environ, **(env_extra or {}))
+        procs[w] = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
+                                    stdout=open(logs[w], "ab"), stderr=subprocess.STDOUT, env=env)
+
+    start("b")
+    start("a", {"STREAMREC_FAILPOINTS": "join.after_send@*#12"})
+    try:
+        procs["a"].wait(90)
+        assert procs["a"].returncode == -signal.SIGKILL, logs["a"].read_text()[-3000:]
+        restores = "partition {}: join state restored"
+        mine = [p for p in range(P) if restores.format(p) in logs["a"].read_text()]
+        assert mine, logs["a"].read_text()[-3000:]
+        wait_until(lambda: all(restores.format(p) in logs["b"].read_text() for p in mine), 60,
+                   f"worker b taking over partitions {mine}", interval=0.5)
+        start("a")  # and the partitions move again
+        wait_until(lambda: sum(examples(bootstrap, cfg, r).values()) >= sum(want.values())
+                   or any(p.poll() is not None for p in procs.values()), 180,
+                   "the two workers' examples", interval=1.0)
+        assert all(p.poll() is None for p in procs.values()), logs["a"].read_text()[-3000:]
+        time.sleep(2)  # nothing more arrives
+        got = examples(bootstrap, cfg, r)
+        assert got == want, f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}"
+    finally:
+        for p in procs.values():
+            stop(p)
