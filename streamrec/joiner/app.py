@@ -241,7 +241,9 @@ class _Partition:
         self.off = dict(tx["off"])  # topic -> next offset to read
         self.ends = {int(q): o for q, o in tx["ends"].items()}  # events partition -> offset after our last example
         self.seq = tx["seq"]
-        self.written: set[str] = set()  # identities already in the output log past the tx's ends
+        # identities already in the output log and not produced again yet: the tx's own (found by an earlier
+        # restore, written by a run whose batches were never committed) and those past the tx's ends
+        self.written: set[str] = set(tx.get("pending", ()))
         self.epoch = 0
 
 
@@ -311,7 +313,9 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
 
         c = io["scan"]
         now = await output_ends()
-        tps = {TopicPartition(cfg.kafka.events_topic, q): ends.get(q, 0) for q in now if now[q] > ends.get(q, 0)}
+        # every partition, also one whose end looks already reached: the end a broker answers may be short of
+        # the log's (the read below goes on until nothing more comes)
+        tps = {TopicPartition(cfg.kafka.events_topic, q): ends.get(q, 0) for q in now}
         out: set[str] = set()
         if not tps:
             return out
@@ -351,7 +355,7 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
             await app.producer.flush()  # durable before any example: a crash after one finds these ends
             tx = store.last_tx()
         part = _Partition(store, tx)
-        part.written = await written_since(p, part.ends)
+        part.written |= await written_since(p, part.ends)
         epoch[p] = epoch.get(p, 0) + 1
         part.epoch = epoch[p]
         joiner.add(p, store)
@@ -423,7 +427,7 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
             return  # revoked meanwhile: the new owner resumes from the last tx
         part.seq += 1
         with_ends = {str(q): o for q, o in part.ends.items()}
-        part.store.commit({"seq": part.seq, "off": part.off, "ends": with_ends})
+        part.store.commit({"seq": part.seq, "off": part.off, "ends": with_ends, "pending": sorted(part.written)})
         await app.producer.flush()  # the batch's state in the changelog: a restart resumes after it
         hit("join.after_commit")
         if metrics is not None:

@@ -131,8 +131,10 @@ class TxStore(MutableMapping):
                 if i == 1:
                     self.hit("join.mid_apply")
                 key = self.prefix + k.encode()
-                if v is None:
-                    if self.table.get(key) is not None:
+                if v is None:  # a tombstone also for a key this copy never saw: an older run's write of it
+                    try:  # may sit in the changelog past where this copy's recovery stopped
                         del self.table[key]
+                    except KeyError:
+                        pass
                 else:
                     self.table[key] = _dumps(v)

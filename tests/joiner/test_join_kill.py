@@ -63,7 +63,7 @@ def test_kill_at_ten_points_loses_and_doubles_nothing(topics, bootstrap, tmp_pat
         assert proc.poll() is None, log.read_text()[-3000:]
         got = examples(bootstrap, cfg, r)
         assert got == want, (f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}; "
-                             f"log:\n{log.read_text()[-3000:]}")
+                             f"{sorted(got - want)} log:\n{log.read_text()[-3000:]}")
     finally:
         stop(proc)
 
