@@ -507,5 +507,6 @@ def run_worker(cfg, bootstrap: str, loglevel: str = "warning") -> int:
     finally:
         if metrics is not None:
             metrics.close()
-    clean.touch()
+    if code == 0:  # faust stopped on a signal and flushed: the local copy matches the changelog
+        clean.touch()
     return code
