@@ -2,7 +2,8 @@
 
 The Arrow form is the fast path: a record batch with columns ``ts`` (int64),
 ``label`` (float32), ``dense`` (fixed-size list of float32; absent when the model has no dense features), one ``list<int64>``
-column per sparse field, an optional ``request_id`` (string), and an optional ``labels``
+column per sparse field, an optional ``request_id`` (string), an optional ``feedback`` (string or
+dictionary of strings: the event's feedback kind, null = plain), and an optional ``labels``
 (struct with one nullable float32 child per task, named as the task; null = missing, and
 ``label``, the first task's, may then be null or absent). Decoding sniffs the form from
 the first byte, so one topic may carry both.
@@ -30,11 +31,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamrec.foundation import INT64_MAX, EventBatch, EventError, EventSchema, JaggedIds
+from streamrec.foundation import FEEDBACK_NAMES, INT64_MAX, EventBatch, EventError, EventSchema, JaggedIds
 
 from .ingest_types import Codec
 from .json_columns import decode_json_columns
-from .label_columns import check_labels_type, is_number, show_type, task_label_columns, with_nulls
+from .label_columns import (check_feedback_type, check_labels_type, feedback_column, is_number, show_type,
+                            task_label_columns, with_nulls)
 
 CODEC_HEADER = "streamrec-codec"
 ARROW = "arrow"
@@ -124,9 +126,9 @@ def labels_type(schema: EventSchema) -> pa.StructType:
     return pa.struct([pa.field(t, pa.float32(), nullable=True) for t in schema.tasks])
 
 
-def arrow_schema(schema: EventSchema, with_labels: bool | None = None) -> pa.Schema:
+def arrow_schema(schema: EventSchema, with_labels: bool | None = None, with_feedback: bool = False) -> pa.Schema:
     """The Arrow wire columns; ``labels`` (and a nullable ``label``) when ``with_labels``, by default when
-    the model has several tasks."""
+    the model has several tasks; ``feedback`` (string, null = plain) when ``with_feedback``."""
     if with_labels is None:
         with_labels = len(schema.tasks) > 1
     cols = [
@@ -139,12 +141,15 @@ def arrow_schema(schema: EventSchema, with_labels: bool | None = None) -> pa.Sch
         cols.append(pa.field("dense", pa.list_(pa.float32(), schema.dense_dim)))
     cols += [pa.field(f, pa.list_(pa.int64())) for f in schema.fields]
     cols.append(pa.field("request_id", pa.string()))
+    if with_feedback:
+        cols.append(pa.field("feedback", pa.string()))
     return pa.schema(cols)
 
 
 def batch_to_arrow(batch: EventBatch, schema: EventSchema, with_labels: bool | None = None) -> pa.RecordBatch:
     """The batch in the Arrow wire columns; with ``labels`` when ``with_labels``, by default when the batch
-    has ``task_labels`` or the model several tasks (``label`` is then null where the first task's is missing)."""
+    has ``task_labels`` or the model several tasks (``label`` is then null where the first task's is missing);
+    with ``feedback`` when the batch has it."""
     n = len(batch)
     if with_labels is None:
         with_labels = batch.task_labels is not None or len(schema.tasks) > 1
@@ -173,7 +178,10 @@ def batch_to_arrow(batch: EventBatch, schema: EventSchema, with_labels: bool | N
         )
     rids = batch.request_ids if batch.request_ids is not None else [None] * n
     arrays.append(pa.array(rids, type=pa.string()))
-    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(schema, with_labels))
+    if batch.feedback is not None:
+        names = np.array([None, *(FEEDBACK_NAMES[c] for c in range(1, len(FEEDBACK_NAMES) + 1))], dtype=object)
+        arrays.append(pa.array(names[batch.feedback.astype(np.int64)], type=pa.string()))
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(schema, with_labels, batch.feedback is not None))
 
 
 def encode_arrow(batch: EventBatch, schema: EventSchema) -> bytes:
@@ -252,7 +260,7 @@ class Decoder:
 
     def __init__(self, schema: EventSchema):
         self.schema = schema
-        self._columns = frozenset({"ts", "label", "labels", "dense", "request_id", *schema.fields})
+        self._columns = frozenset({"ts", "label", "labels", "dense", "request_id", "feedback", *schema.fields})
         self._schemas_ok: dict[bytes, pa.Schema] = {}  # schema messages whose columns passed _check_columns
         self._columns_failed = False  # the last JSON batch was refused as columns, beyond a few bad records
 
@@ -525,6 +533,8 @@ class Decoder:
             elif name == "request_id":
                 if not (_is_text(t) or pa.types.is_integer(t) or pa.types.is_null(t)):
                     raise EventError(f"request_id must be a string column, got {show_type(t)}")
+            elif name == "feedback":
+                check_feedback_type(t)
             elif not _is_list(t):
                 raise EventError(f"column {name!r} must be a list of int64 ids, got {show_type(t)}")
             elif not pa.types.is_integer(t.value_type):
@@ -631,8 +641,10 @@ class Decoder:
                 if not _is_text(rc.type):
                     # non-string ids (ints...) became str in JSON but stayed ints here: convert the same way
                     rids = [None if r is None else str(r) for r in rids]
+        feedback = feedback_column(col("feedback")) if "feedback" in names else None
         return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids,
-                          task_labels=task_labels, task_names=s.tasks if task_labels is not None else None)
+                          task_labels=task_labels, task_names=s.tasks if task_labels is not None else None,
+                          feedback=feedback)
 
 def events_to_arrow_messages(
     batch: EventBatch, schema: EventSchema, events_per_message: int

@@ -9,7 +9,7 @@ one to one onto columns -- ``ts`` int64 without nulls, ``label`` a number in
 [0, 1], ``labels`` an object of model tasks, each a number in [0, 1] or null (agreeing
 with ``label`` where both are given), ``dense`` lists of ``dense_dim`` finite numbers,
 ``sparse`` an object of model fields, each an int64 or string id or a list of them,
-``request_id`` a string -- and returns the very batch the validator's path builds. Anything else
+``request_id`` a string, ``feedback`` one of the feedback kinds or null -- and returns the very batch the validator's path builds. Anything else
 (one bad record, a float where an id goes, a key it does not know, ``user``/
 ``item`` given at the top level, ids beyond int64, a message holding two objects
 or a newline, ...) returns None, and the caller decodes the batch record by
@@ -25,9 +25,11 @@ import pyarrow as pa
 import pyarrow.json as pj
 import xxhash
 
-from streamrec.foundation import EventBatch, EventSchema, JaggedIds
+from streamrec.foundation import EventBatch, EventError, EventSchema, JaggedIds
 
-_TOP = frozenset({"ts", "label", "labels", "dense", "sparse", "request_id"})
+from .label_columns import feedback_column
+
+_TOP = frozenset({"ts", "label", "labels", "dense", "sparse", "request_id", "feedback"})
 
 
 def _flat(col) -> pa.Array:
@@ -255,5 +257,15 @@ def decode_json_columns(schema: EventSchema, values: Sequence[bytes]) -> EventBa
             return None
         if rc.null_count < n:
             rids = rc.to_pylist()
+    feedback = None
+    fc = col.get("feedback")
+    if fc is not None and not pa.types.is_null(fc.type):
+        if not pa.types.is_string(fc.type):  # a number, a list...: the validator names it
+            return None
+        try:
+            feedback = feedback_column(fc)
+        except EventError:  # a value that is not a feedback kind: the validator names the record
+            return None
     return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids,
-                      task_labels=task_labels, task_names=schema.tasks if task_labels is not None else None)
+                      task_labels=task_labels, task_names=schema.tasks if task_labels is not None else None,
+                      feedback=feedback)

@@ -1,5 +1,7 @@
 """The ``labels`` struct column of Arrow IPC and Parquet events: one float32 child per task, null =
-missing, checked and read into the task-label matrix (NaN = missing) beside the ``label`` column."""
+missing, checked and read into the task-label matrix (NaN = missing) beside the ``label`` column;
+and the optional ``feedback`` column (a string or dictionary-of-strings column: ``negative``,
+``fake_negative``, ``positive``, null = a plain event), read into ``EventBatch.feedback`` codes."""
 
 from __future__ import annotations
 
@@ -8,8 +10,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from streamrec.foundation import EventError, EventSchema
-
+from streamrec.foundation import FEEDBACK_CODES, EventError, EventSchema
 
 
 def is_number(t: pa.DataType) -> bool:
@@ -94,3 +95,32 @@ def with_nulls(col: pa.Array, values: np.ndarray) -> np.ndarray:
     out = np.array(values, dtype=np.float32, copy=True)
     out[~col.is_valid().to_numpy(zero_copy_only=False)] = np.nan
     return out
+
+
+def check_feedback_type(t: pa.DataType) -> None:
+    """``feedback``: a string column, a dictionary of strings, or all null."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
+        raise EventError(f"feedback must be a string column ({', '.join(FEEDBACK_CODES)} or null), "
+                         f"got {show_type(t)}")
+
+
+def feedback_column(col: pa.Array) -> np.ndarray | None:
+    """A ``feedback`` column (its type passed :func:`check_feedback_type`) as int8 codes, 0 where null;
+    None when every row is null. A value that is not a feedback kind raises EventError naming it."""
+    n = len(col)
+    if pa.types.is_null(col.type) or col.null_count == n:
+        return None
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    d = col.dictionary_encode()
+    kinds = d.dictionary.to_pylist()
+    codes = np.zeros(len(kinds) + 1, np.int8)  # the last slot: null rows
+    for k, kind in enumerate(kinds):
+        code = FEEDBACK_CODES.get(kind)
+        if code is None:
+            raise EventError(f"feedback must be one of {', '.join(FEEDBACK_CODES)} or null, got {kind[:60]!r}")
+        codes[k] = code
+    idx = d.indices.fill_null(len(kinds)).to_numpy(zero_copy_only=False)
+    return codes[idx]

@@ -8,6 +8,7 @@ Public surface::
 
     Config, load_config(path, overrides, env), ConfigError, FieldSpec, TaskSpec, GeneratedField
     EventBatch, JaggedIds, EventSchema, EventError      # the event contract
+    FEEDBACK_CODES, FEEDBACK_NAMES, feedback_code       # an event's feedback kind <-> its int8 code
     hash_id, hash_ids, table_salt, splitmix64, salted_mix, INT64_MIN, INT64_MAX
     resolve_device(name)                                # "auto" -> cuda if present, else cpu
     hot_budget(cfg), hot_budget_rows(cfg), hot_row_bytes(dim), HotBudget  # device-tier size, one rule for all
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .config import Config, ConfigError, FieldSpec, GeneratedField, ModelConfig, TaskSpec, load_config, parse_overrides, save_config
     from .device import DeviceError, resolve_device
     from .errors import EventError, StreamrecError
-    from .events import FLOAT32_MAX, EventBatch, EventSchema, JaggedIds
+    from .events import FEEDBACK_CODES, FEEDBACK_NAMES, FLOAT32_MAX, EventBatch, EventSchema, JaggedIds, feedback_code
     from .metrics import roc_auc
     from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids, salted_mix, splitmix64, table_salt
     from .lazy import lazy_exports
@@ -42,7 +43,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".config": "Config ConfigError FieldSpec GeneratedField ModelConfig TaskSpec load_config parse_overrides save_config",
     ".device": "DeviceError resolve_device",
     ".errors": "EventError StreamrecError",
-    ".events": "FLOAT32_MAX EventBatch EventSchema JaggedIds",
+    ".events": "FEEDBACK_CODES FEEDBACK_NAMES FLOAT32_MAX EventBatch EventSchema JaggedIds feedback_code",
     ".ids": "INT64_MAX INT64_MIN hash_id hash_ids salted_mix splitmix64 table_salt",
     ".metrics": "roc_auc",
     ".npz": "save_npz",

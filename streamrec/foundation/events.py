@@ -8,6 +8,11 @@ and a task without a label is masked (NaN), never 0. Batches are columnar: one j
 id array per field (values + offsets, like TorchRec's KeyedJaggedTensor), a dense
 matrix, labels (and a task-label matrix when the model has several tasks) and
 timestamps, and the Kafka offsets they came from.
+
+An event may carry its **feedback kind** (``"feedback"``: what the delayed-feedback joiner made
+of it): ``"negative"``, ``"fake_negative"`` or ``"positive"``; absent, it is a plain labelled
+event. In a batch the kinds are the int8 codes of :data:`FEEDBACK_CODES` (0 plain, 1 negative,
+2 fake_negative, 3 positive), the one place those codes are defined.
 """
 
 from __future__ import annotations
@@ -23,9 +28,16 @@ from .errors import EventError
 from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids
 
 __all__ = ["EventBatch", "EventError", "EventSchema", "JaggedIds", "hash_id", "hash_ids", "INT64_MAX", "INT64_MIN",
-           "FLOAT32_MAX"]
+           "FLOAT32_MAX", "FEEDBACK_CODES", "FEEDBACK_NAMES", "FEEDBACK_PLAIN", "FEEDBACK_NEGATIVE",
+           "FEEDBACK_FAKE_NEGATIVE", "FEEDBACK_POSITIVE", "feedback_code"]
 
-_ALLOWED_KEYS = frozenset({"ts", "label", "labels", "dense", "sparse", "user", "item", "request_id"})
+_ALLOWED_KEYS = frozenset({"ts", "label", "labels", "dense", "sparse", "user", "item", "request_id", "feedback"})
+
+# An event's feedback kind as an int8 code in EventBatch.feedback: 0 is a plain labelled event (no kind).
+FEEDBACK_PLAIN, FEEDBACK_NEGATIVE, FEEDBACK_FAKE_NEGATIVE, FEEDBACK_POSITIVE = 0, 1, 2, 3
+FEEDBACK_CODES: dict[str, int] = {"negative": FEEDBACK_NEGATIVE, "fake_negative": FEEDBACK_FAKE_NEGATIVE,
+                                  "positive": FEEDBACK_POSITIVE}
+FEEDBACK_NAMES: dict[int, str] = {c: k for k, c in FEEDBACK_CODES.items()}
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 _SHORT = reprlib.Repr()  # a bad value in an error message: bounded in length and depth
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 2, 60, 60, 60
@@ -37,6 +49,16 @@ def _show(x: Any) -> str:
         return _SHORT.repr(x)
     except Exception:  # an int too long to print, a repr that raises...
         return f"<{type(x).__name__}>"
+
+
+def feedback_code(kind: Any) -> int:
+    """The code of a feedback kind (None: plain, 0), or EventError naming the allowed kinds."""
+    if kind is None:
+        return FEEDBACK_PLAIN
+    code = FEEDBACK_CODES.get(kind) if isinstance(kind, str) else None
+    if code is None:
+        raise EventError(f"feedback must be one of {', '.join(FEEDBACK_CODES)} (or absent), got {_show(kind)}")
+    return code
 
 
 def _check_text(s: str, what: str) -> str:
@@ -108,6 +130,8 @@ class EventBatch:
     single-task reader needs). ``task_labels`` (float32 [B, T], NaN = missing) holds
     every task's label; None means a single task whose labels are ``labels``.
     ``task_names`` names its columns (the model's tasks, in order) when known.
+    ``feedback`` (int8 [B], :data:`FEEDBACK_CODES`, 0 = plain) is each event's feedback kind;
+    None means every event is plain.
 
     ``source_offsets`` maps ``(topic, partition)`` to the offset *after* the last
     record in this batch from that partition: committing it marks the batch done.
@@ -124,6 +148,7 @@ class EventBatch:
     source_records: np.ndarray | None = None  # int64 [B]: the offset of each event's Kafka record (with its partition)
     task_labels: np.ndarray | None = None  # float32 [B, T]: every task's label, NaN = missing; None: labels alone
     task_names: tuple[str, ...] | None = None  # the T tasks of task_labels' columns, when known
+    feedback: np.ndarray | None = None  # int8 [B]: each event's feedback code (FEEDBACK_CODES); None: all plain
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -153,7 +178,12 @@ class EventBatch:
             request_ids=[self.request_ids[i] for i in rows] if self.request_ids is not None else None,
             task_labels=self.task_labels[rows] if self.task_labels is not None else None,
             task_names=self.task_names,
+            feedback=self.feedback[rows] if self.feedback is not None else None,
         )
+
+    def feedback_codes(self) -> np.ndarray:
+        """Every event's feedback code, int8 [B] (zeros when the batch has none)."""
+        return self.feedback if self.feedback is not None else np.zeros(len(self), np.int8)
 
     @staticmethod
     def concat(parts: Sequence["EventBatch"], dense_dim: int, fields: Sequence[str]) -> "EventBatch":
@@ -175,6 +205,9 @@ class EventBatch:
             width = with_tasks[0].task_labels.shape[1]
             names = next((p.task_names for p in with_tasks if p.task_names is not None), None)
             task_labels = np.concatenate([p.label_matrix(width) for p in parts])
+        feedback = None
+        if any(p.feedback is not None for p in parts):
+            feedback = np.concatenate([p.feedback_codes() for p in parts])
         return EventBatch(
             ts=np.concatenate([p.ts for p in parts]),
             labels=np.concatenate([p.labels for p in parts]),
@@ -189,6 +222,7 @@ class EventBatch:
             if all(p.source_records is not None for p in parts) else None,
             task_labels=task_labels,
             task_names=names,
+            feedback=feedback,
         )
 
     @staticmethod
@@ -231,6 +265,8 @@ class EventBatch:
             ev["sparse"] = {f: [int(x) for x in j.row(i)] for f, j in self.sparse.items()}
             if self.request_ids is not None and self.request_ids[i] is not None:
                 ev["request_id"] = self.request_ids[i]
+            if self.feedback is not None and self.feedback[i]:
+                ev["feedback"] = FEEDBACK_NAMES[int(self.feedback[i])]
             out.append(ev)
         return out
 
@@ -251,10 +287,11 @@ class EventSchema:
                    tuple(cfg.model.task_names))
 
     def validate(self, ev: Any) -> tuple[int, float, list[float], dict[str, list[int]], str | None,
-                                         tuple[float, ...] | None]:
+                                         tuple[float, ...] | None, int]:
         """Check one decoded JSON event; return its normalised parts or raise EventError.
 
-        The parts: ``(ts, label, dense, ids, request_id, task_labels)``. ``label`` is the
+        The parts: ``(ts, label, dense, ids, request_id, task_labels, feedback)`` (``feedback``: the
+        event's :data:`FEEDBACK_CODES` code, 0 when it has none). ``label`` is the
         first task's label (0.0 when missing); ``task_labels`` is every task's label in
         task order (NaN = missing), or None when the event has only the single-task form
         and the model one task. Written for speed (it runs once per JSON record): common
@@ -351,7 +388,8 @@ class EventSchema:
                 rid = str(rid)
             else:
                 raise EventError(f"request_id must be a string or a number, got {type(rid).__name__}")
-        return ts, label, dense, ids, rid, task
+        fb = ev.get("feedback")
+        return ts, label, dense, ids, rid, task, (0 if fb is None else feedback_code(fb))
 
     def _task_labels(self, labels: Any, label: Any) -> tuple[float, tuple[float, ...]]:
         """The first task's label (0.0 when missing) and every task's (NaN = missing) of an event's
@@ -458,6 +496,9 @@ class EventSchema:
                 values = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(offsets[-1]))
             sparse[f] = JaggedIds(values, offsets)
         rids = [r[4] for r in rows]
+        feedback = None
+        if any(len(r) > 6 and r[6] for r in rows):
+            feedback = np.fromiter((r[6] if len(r) > 6 else 0 for r in rows), dtype=np.int8, count=n)
         return EventBatch(
             ts=ts,
             labels=labels,
@@ -466,4 +507,5 @@ class EventSchema:
             request_ids=rids if any(r is not None for r in rids) else None,
             task_labels=task_labels,
             task_names=self.tasks if task_labels is not None else None,
+            feedback=feedback,
         )

@@ -28,9 +28,10 @@ the start gives what a live run gave. Modes (``join.mode``):
 * ``fake_negative``: a negative at once (kind ``fake_negative``), then for each task a positive when its
   first counting action arrives (kind ``positive``; other tasks' labels missing, in multi-task output).
 
-Each example's kind travels with it in the Kafka header :data:`FEEDBACK_HEADER` (``positive``,
-``negative``, ``fake_negative``): the fake-negative correction of the trainer reads it; the event body
-stays today's event contract.
+Each example's kind travels with it twice: in the event's ``feedback`` field (the event contract's
+feedback kind, which the trainer's fake-negative correction and progressive validation read) and in
+the Kafka header :data:`FEEDBACK_HEADER` (``positive``, ``negative``, ``fake_negative``), for readers of
+headers alone.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class Action:
 
 @dataclass
 class Example:
-    """One labelled event: ``event`` is the impression with ``label`` (one task) or ``labels`` set."""
+    """One labelled event: ``event`` is the impression with ``label`` (one task) or ``labels`` set, and
+    ``feedback`` set to ``kind``."""
 
     request_id: str
     kind: str  # positive | negative | fake_negative
@@ -195,6 +197,7 @@ class JoinState:
             ev["label"] = labels[self.rules.task_names[0]]
         else:
             ev["labels"] = labels
+        ev["feedback"] = kind
         self.stats.examples[kind] += 1
         return Example(rid, kind, ev)
 
