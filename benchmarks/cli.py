@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-NAMES = ["ingest", "store", "sketch", "train", "serve", "fuzz", "scale", "e2e", "freshness", "quality", "merge"]
+NAMES = ["ingest", "store", "sketch", "train", "serve", "fuzz", "scale", "e2e", "freshness", "quality", "merge", "join"]
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:

@@ -46,8 +46,13 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
         "train_json_vs_arrow", "freshness_p50_s", "freshness_p99_s", "goals"]),
     "freshness": ([], ["freshness_p50_s", "freshness_p99_s", "probes", "checkpoint_interval_s",
                        "freshness_p50_vs_checkpoint_interval", "freshness_p50_vs_configured_checkpoint_every_s"]),
+    "join": ([], ["join_events_per_s", "train_json_events_per_s", "raw_consume_events_per_s", "join_vs_train_json",
+                  "join_vs_raw", "auc_oracle", "auc_window", "auc_fake_negative", "auc_fake_negative_naive",
+                  "auc_gap_best", "calibration_fake_negative", "calibration_fake_negative_naive",
+                  "freshness_p50_s_window", "freshness_p99_s_window", "freshness_p50_s_fake_negative",
+                  "freshness_p99_s_fake_negative", "state_bytes_per_impression", "goals"]),
 }
-BROKER = {"ingest", "merge", "e2e", "freshness"}
+BROKER = {"ingest", "merge", "e2e", "freshness", "join"}
 # JSON paths whose null is part of the figure's meaning, not a failed measurement
 NULL_OK = {
     "scale": ("projection[0].",),  # one rank puts nothing on the wire: no network-bound rate to project
@@ -141,6 +146,10 @@ def test_broker_bench_runs_tiny_and_reports_its_goal_figures(name, bootstrap):
         assert all(g["reason"] for g in goals.values() if g["value"] is None)
     if name == "freshness":
         assert out["checkpoint_interval_s"] > 0 and out["probes"] > 0
+    if name == "join":  # every example the join defines was read back; a fake negative waits for nothing
+        assert out["join_examples"] > out["join_impressions"] > 0 and out["join_events_per_s"] > 0
+        assert out["freshness_p50_s_fake_negative"] < out["freshness_p50_s_window"]
+        assert {g["key"] for g in out["goals"]} == {"join_vs_train_json", "auc_gap_best", "calibration_fake_negative"}
 
 
 def test_device_option_resolves_and_refuses_a_missing_device():
