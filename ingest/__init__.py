@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .inflight import InflightMarker, InflightRange, exact_ranges, holds_any, probe_decode, probe_in_children
     from .inference import DataSchema, infer_schema
     from .movielens import load_movielens, movielens_config, movielens_events, write_movielens
-    from .kafka_clients import KafkaSecurityError, client_settings, faust_credentials, redacted
+    from .kafka_clients import KafkaSecurityError, aiokafka_security, client_settings, faust_credentials, redacted
     from .ingest_types import Codec, ConsumerMode, OffsetsLostPolicy, SaslMechanism, SecurityProtocol
     from .synthetic import SyntheticStream
 
@@ -40,7 +40,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".inflight": "InflightMarker InflightRange exact_ranges holds_any probe_decode probe_in_children",
     ".inference": "DataSchema infer_schema",
     ".movielens": "load_movielens movielens_config movielens_events write_movielens",
-    ".kafka_clients": "KafkaSecurityError client_settings faust_credentials redacted",
+    ".kafka_clients": "KafkaSecurityError aiokafka_security client_settings faust_credentials redacted",
     ".ingest_types": "Codec ConsumerMode OffsetsLostPolicy SaslMechanism SecurityProtocol",  # kafka.* values
     ".synthetic": "SyntheticStream",
 }

@@ -109,3 +109,18 @@ def faust_credentials(settings: Mapping[str, Any]):
     return SASLCredentials(username=settings["sasl_plain_username"], password=settings["sasl_plain_password"],
                            mechanism=settings["sasl_mechanism"],
                            ssl_context=ssl_context(settings) if proto == "SASL_SSL" else None)
+
+
+def aiokafka_security(cfg) -> dict:
+    """The cluster's security settings (``kafka.security_protocol``, ...) as aiokafka keyword arguments, for
+    the faust workers' own aiokafka clients (the sketch's reader, the joiner's reader and producer)."""
+    settings = client_settings(cfg)
+    if not settings:
+        return {}
+    out = {k: settings[k] for k in ("security_protocol", "sasl_mechanism", "sasl_plain_username",
+                                    "sasl_plain_password") if k in settings}
+    creds = faust_credentials(settings)
+    ctx = getattr(creds, "context", None) or getattr(creds, "ssl_context", None)
+    if ctx is not None:
+        out["ssl_context"] = ctx
+    return out

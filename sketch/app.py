@@ -65,10 +65,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from streamrec.foundation import StreamrecError, is_resource_error
-from streamrec.ingest import OffsetsLostError, client_settings, faust_credentials, offsets_lost_message
+from streamrec.ingest import OffsetsLostError, aiokafka_security, client_settings, faust_credentials, offsets_lost_message
 
 from .commits import CheckpointCommits, group_committer
-from .counting import BatchMarker, PartitionReader, aiokafka_security
+from .counting import BatchMarker, PartitionReader
 from .follower import latest_hotset
 from .peers import PeerSnapshots
 from .state import SketchState

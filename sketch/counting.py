@@ -25,25 +25,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from streamrec.ingest import InflightMarker, InflightRange, client_settings, faust_credentials, probe_decode
+from streamrec.ingest import InflightMarker, InflightRange, probe_decode
 
 log = logging.getLogger(__name__)
 
 COUNT = "count"  # the marker phase: decoding and counting a batch
-
-
-def aiokafka_security(cfg) -> dict:
-    """The cluster's security settings (``kafka.security_protocol``, ...) as aiokafka keyword arguments."""
-    settings = client_settings(cfg)
-    if not settings:
-        return {}
-    out = {k: settings[k] for k in ("security_protocol", "sasl_mechanism", "sasl_plain_username",
-                                    "sasl_plain_password") if k in settings}
-    creds = faust_credentials(settings)
-    ctx = getattr(creds, "context", None) or getattr(creds, "ssl_context", None)
-    if ctx is not None:
-        out["ssl_context"] = ctx
-    return out
 
 
 class PartitionReader:

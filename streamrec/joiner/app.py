@@ -35,7 +35,7 @@ from pathlib import Path
 from streamrec.foundation import EventSchema, StreamrecError
 from streamrec.foundation.failpoints import hit
 from streamrec.ingest import (
-    REASON_HEADER, SOURCE_HEADER, client_settings, encode_arrow, encode_json, faust_credentials,
+    REASON_HEADER, SOURCE_HEADER, aiokafka_security, client_settings, encode_arrow, encode_json, faust_credentials,
 )
 
 from .machine import FEEDBACK_HEADER, JoinRules, JoinState, JoinStats, parse_action
@@ -75,20 +75,6 @@ def faust_settings(cfg, bootstrap: str, partitions: int) -> dict:
         # stop cleanly starts from the changelog, run_worker), so nothing is read again instead of a refusal
         recovery_consistency_check=False,
     )
-
-
-def aiokafka_security(cfg) -> dict:
-    """The cluster's security settings as aiokafka keyword arguments."""
-    settings = client_settings(cfg)
-    if not settings:
-        return {}
-    out = {k: settings[k] for k in ("security_protocol", "sasl_mechanism", "sasl_plain_username",
-                                    "sasl_plain_password") if k in settings}
-    creds = faust_credentials(settings)
-    ctx = getattr(creds, "context", None) or getattr(creds, "ssl_context", None)
-    if ctx is not None:
-        out["ssl_context"] = ctx
-    return out
 
 
 def changelog_topic(cfg) -> str:
