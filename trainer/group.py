@@ -510,7 +510,7 @@ class GroupTrainerService(TrainerService):
             version = self.publisher.reserve_version()
             self.publisher.publish(version, mark, None, self.core.model, offsets, values,
                                    max(g["newest_event_ms"] for g in got), plan=plan[0],
-                                   rows=(b for g in got for b in _batches(g["rows"])))
+                                   rows=(b for g in got for b in _batches(g["rows"])), evidence=self._evidence())
         except Exception:  # a snapshot failure must never stop training
             log.exception("building a snapshot failed")
             self.publisher.request_full()

@@ -38,6 +38,13 @@ class TrainerReporting:
                 out[f"auc.{name}"], out[f"logloss.{name}"] = f["auc"], f["logloss"]
         return out
 
+    def _evidence(self) -> dict | None:
+        """The quality evidence of the snapshot being built (``trainer/evidence.py``): what the trainer saw
+        since the previous snapshot; None where this process collects none (a trainer group's other ranks:
+        rank 0's own events are the group's evidence)."""
+        ev = getattr(self, "evidence", None)
+        return ev.take(self.consumer.stats.dead_letters) if ev is not None else None
+
     def emit(self) -> dict[str, Any]:
         """Build the record of the trainer's state now, publish it to every sink, and return it."""
         m = self.core.metrics

@@ -30,6 +30,7 @@ from streamrec.snapshot import PusherFactory
 from .changes import ChangeJournal
 from .checkpoint import INFLIGHT, offsets_from_json, offsets_to_json, write_checkpoint
 from .core import TrainerCore
+from .evidence import collector_for
 from .hotset import HotUpdate, SampleHotSource, make_hot_source
 from .merge import PartitionMerger
 from .positions import StreamEnd, position_consumer
@@ -100,6 +101,9 @@ class TrainerService(TrainerReporting):
                                            give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
                                            version_file=Path(t.checkpoint_dir) / VERSION_FILE,
                                            ) if t.snapshot_every > 0 else None
+        # the quality evidence each snapshot carries (trainer/evidence.py): on the process that publishes
+        self.evidence = collector_for(cfg, self.core) \
+            if self.publisher is not None and getattr(self, "rank", 0) == 0 else None
         self.seq = 0
         self.offsets: dict[tuple[str, int], int] = {}
         self.topic_ids: dict[str, str] = {}  # topic -> its id when the checkpoint's offsets were read
@@ -356,7 +360,7 @@ class TrainerService(TrainerReporting):
             rows, mark = self.store.snapshot_rows(plan)
             version = self.publisher.reserve_version()
             self.publisher.publish(version, mark, None, self.core.model, dict(self.offsets), self._metric_values(),
-                                   self.core.newest_event_ms, plan=plan, rows=rows)
+                                   self.core.newest_event_ms, plan=plan, rows=rows, evidence=self._evidence())
             return version
         except Exception as e:
             self.publisher.request_full()  # the journal may be cut past what serving holds

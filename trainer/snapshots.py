@@ -177,12 +177,15 @@ class SnapshotPublisher:
             return full, (None if full else self.st.accepted_version), (0 if full else self.st.accepted_epoch)
 
     def publish(self, version: int, epoch: int, store, model, kafka_offsets: dict, metrics: dict,
-                newest_event_ms: int, plan: tuple[bool, int | None, int] | None = None, rows=None) -> Path | None:
+                newest_event_ms: int, plan: tuple[bool, int | None, int] | None = None, rows=None,
+                evidence: dict | None = None) -> Path | None:
         """Build snapshot ``version`` (store state as of ``epoch``) and queue it for pushing.
 
         Returns the snapshot dir, or None when skipped because a push is still pending.
         ``plan`` and ``rows``: a :meth:`plan_next` taken earlier and the rows it asked for
         (a group's rows gathered from every rank); by default, decided here and read from ``store``.
+        ``evidence``: the quality evidence the manifest carries (``trainer/evidence.py``; serving's guard
+        refuses a snapshot without it when the guard is on).
         """
         if plan is None:
             plan = self.plan_next()
@@ -209,6 +212,7 @@ class SnapshotPublisher:
             model_config=dataclasses.asdict(self.cfg.model),
             store_config=dataclasses.asdict(self.cfg.store),
             tasks=list(self.cfg.model.task_names), program=program, program_data=program_data,
+            evidence=evidence,
         )
         with self._lock:
             self.st.built += 1

@@ -2,7 +2,7 @@
 
 A snapshot is a directory::
 
-    manifest.json        version, parent, kind, offsets, metrics, hashes, per-file sha256
+    manifest.json        version, parent, kind, offsets, metrics, hashes, per-file sha256, quality evidence
     dense.safetensors    the model's state_dict (all of it, also in a delta)
     program.json         the dense network exported with torch.export (a full snapshot; see program.py)
     program-constants.safetensors   tensors the program holds outside the state dict (when it has any)
@@ -98,6 +98,7 @@ class Manifest:
     store_config: dict[str, Any] = field(default_factory=dict)  # init settings the store used (init_scale, ...)
     tasks: list[str] = field(default_factory=list)  # task names in output order; empty: model_config's tasks
     program: dict[str, Any] | None = None  # the exported dense network (see program.py), null: none
+    evidence: dict[str, Any] | None = None  # the quality evidence serving's guard reads (see evidence.py), null: none
     format: int = FORMAT
 
     def to_json(self) -> bytes:
@@ -194,6 +195,10 @@ class Manifest:
             bad("tasks", "must be a list of distinct task names (1-128 characters each, at most 1024)")
         if self.program is not None:
             self._check_program(bad)
+        if self.evidence is not None:
+            from .evidence import check_evidence
+
+            check_evidence(self.evidence)
 
     def _check_program(self, bad) -> None:
         p = self.program
@@ -278,13 +283,14 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                    kafka_offsets: dict, metrics: dict, config_hash: str, newest_event_ms: int,
                    model_config: dict, store_config: dict | None = None,
                    rows_per_file: int = ROWS_PER_FILE, tasks: list[str] | None = None,
-                   program: dict | None = None, program_data=None) -> Path:
+                   program: dict | None = None, program_data=None, evidence: dict | None = None) -> Path:
     """Write a complete snapshot directory; the manifest goes last so a half-written one has none.
 
     ``tasks``: the model's task names in output order. ``program``: the manifest's description of the
     exported dense network (``ExportedDense.manifest_entry``; a delta passes its parent's, with this
     version's probe logits), None when there is none; ``program_data``: the ``ExportedDense`` whose files a
-    full snapshot writes (``program.json``, and its constants when it has any).
+    full snapshot writes (``program.json``, and its constants when it has any). ``evidence``: the quality
+    evidence the trainer saw since the previous snapshot (``evidence.py``), None when there is none.
 
     A full, read-only or unwritable disk (or no file handle left) raises :class:`~streamrec.foundation.ResourceError`
     naming the snapshot and the file being written, and the half-written directory is removed so that it
@@ -298,7 +304,7 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                                dense_state=dense_state, rows=rows, kafka_offsets=kafka_offsets, metrics=metrics,
                                config_hash=config_hash, newest_event_ms=newest_event_ms,
                                model_config=model_config, store_config=store_config, rows_per_file=rows_per_file,
-                               tasks=tasks, program=program, program_data=program_data)
+                               tasks=tasks, program=program, program_data=program_data, evidence=evidence)
     except Exception as e:
         err = as_resource_error(e, f"writing snapshot v{int(version)}", str(where[0]))
         if err is None:
@@ -310,7 +316,7 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
 
 def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, dense_state, rows, kafka_offsets,
                     metrics, config_hash, newest_event_ms, model_config, store_config, rows_per_file,
-                    tasks, program, program_data) -> Path:
+                    tasks, program, program_data, evidence=None) -> Path:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -362,6 +368,7 @@ def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, de
         kafka_offsets=_plain(kafka_offsets), metrics={k: float(v) for k, v in (metrics or {}).items()},
         rows=n_rows, files=files, store_config=_plain(store_config or {}),
         tasks=[str(t) for t in (tasks or [])], program=_plain(program) if program is not None else None,
+        evidence=_plain(evidence) if evidence is not None else None,
     )
     m.check()
     tmp = where[0] = out / (MANIFEST + ".tmp")

@@ -1,0 +1,146 @@
+"""A snapshot's quality evidence: what the trainer saw while it trained the version (manifest ``evidence``).
+
+Serving's promotion guard decides from this block alone whether a version may reach users, so it is checked
+like the rest of the manifest (types, ranges, sizes) before a byte of the snapshot is stored. It arrives
+inside an authenticated push: a forged block needs the push token like any other push.
+
+Shape (``format`` 1)::
+
+    {"format": 1,
+     "since_previous": WINDOW,   # the events scored since the previous snapshot
+     "recent": WINDOW,           # the last ``trainer.evidence_events`` events scored (a longer window)
+     "input": {"records": n,                     # events that reached the trainer since the previous snapshot
+               "dead_letters": n,                # records dead-lettered meanwhile
+               "dead_letter_share": x,           # dead_letters / (records + dead_letters)
+               "dense_zero_share": x,            # events whose dense vector is all zeros (0 when dense_dim is 0)
+               "dense_column_zero_share": [x],   # per dense column: events where it is exactly 0
+               "field_empty_share": {field: x},  # per field: events with no id
+               "field_novel_share": {field: x}}} # per field: distinct ids not in the trainer's recent memory of ids
+
+    WINDOW = {"events": n, "auc": x|null, "logloss": x|null, "label_rate": x|null, "mean_prediction": x|null,
+              "tasks": {task: {"events", "auc", "logloss", "label_rate", "mean_prediction"}}}
+
+The top-level window figures are the first task's; ``tasks`` holds every task's. A figure is null when it
+cannot be computed (no labelled event, one class only for AUC). Calibration is ``mean_prediction /
+label_rate``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import SnapshotError
+
+EVIDENCE_FORMAT = 1
+MAX_NAMES = 4096  # fields, tasks or dense columns one evidence block may name
+MAX_NAME_CHARS = 128
+WINDOW_KEYS = ("events", "auc", "logloss", "label_rate", "mean_prediction")
+INPUT_KEYS = ("records", "dead_letters", "dead_letter_share", "dense_zero_share", "dense_column_zero_share",
+              "field_empty_share", "field_novel_share")
+MAX_LOGLOSS = 1e3  # a logloss above this is not a figure of a probability model (scores are clipped)
+
+
+def _bad(key: str, msg: str):
+    raise SnapshotError(f"manifest.evidence.{key}: {msg}", code="INVALID_ARGUMENT")
+
+
+def _count(v: Any, key: str) -> int:
+    if type(v) is not int or not 0 <= v < 1 << 62:
+        _bad(key, f"must be a non-negative integer, got {v!r}")
+    return v
+
+
+def _share(v: Any, key: str, null: bool = False) -> None:
+    if v is None and null:
+        return
+    if type(v) not in (int, float) or not math.isfinite(v) or not 0 <= v <= 1:
+        _bad(key, f"must be a number in [0, 1]{' or null' if null else ''}, got {v!r}")
+
+
+def _window_figures(w: Any, key: str) -> None:
+    if not isinstance(w, dict):
+        _bad(key, "must be an object")
+    extra = sorted(set(w) - set(WINDOW_KEYS) - {"tasks"})
+    if extra:
+        _bad(key, f"unknown key {extra[0]!r}")
+    _count(w.get("events"), f"{key}.events")
+    for k in ("auc", "label_rate", "mean_prediction"):
+        _share(w.get(k), f"{key}.{k}", null=True)
+    ll = w.get("logloss")
+    if ll is not None and (type(ll) not in (int, float) or not math.isfinite(ll) or not 0 <= ll <= MAX_LOGLOSS):
+        _bad(f"{key}.logloss", f"must be a number in [0, {MAX_LOGLOSS:g}] or null, got {ll!r}")
+
+
+def _names(d: Any, key: str) -> dict:
+    if not isinstance(d, dict):
+        _bad(key, "must be an object")
+    if len(d) > MAX_NAMES:
+        _bad(key, f"{len(d)} entries, the limit is {MAX_NAMES}")
+    for name in d:
+        if not 0 < len(name) <= MAX_NAME_CHARS:
+            _bad(key, f"name {name[:40]!r} must be 1-{MAX_NAME_CHARS} characters")
+    return d
+
+
+def check_evidence(ev: Any) -> None:
+    """Raise ``SnapshotError`` (INVALID_ARGUMENT) naming the first key of ``ev`` of a wrong type or range."""
+    if not isinstance(ev, dict):
+        raise SnapshotError(f"manifest.evidence: must be an object or null, got {type(ev).__name__}",
+                            code="INVALID_ARGUMENT")
+    extra = sorted(set(ev) - {"format", "since_previous", "recent", "input"})
+    if extra:
+        _bad(extra[0], "unknown key")
+    if ev.get("format") != EVIDENCE_FORMAT:
+        _bad("format", f"{ev.get('format')!r} is not supported (expected {EVIDENCE_FORMAT})")
+    for win in ("since_previous", "recent"):
+        w = ev.get(win)
+        _window_figures(w, win)
+        for task, f in _names(w.get("tasks", {}), f"{win}.tasks").items():
+            _window_figures(f, f"{win}.tasks.{task}")
+            if "tasks" in f:
+                _bad(f"{win}.tasks.{task}", "unknown key 'tasks'")
+    inp = ev.get("input")
+    if not isinstance(inp, dict):
+        _bad("input", "must be an object")
+    extra = sorted(set(inp) - set(INPUT_KEYS))
+    if extra:
+        _bad(f"input.{extra[0]}", "unknown key")
+    _count(inp.get("records"), "input.records")
+    _count(inp.get("dead_letters"), "input.dead_letters")
+    for k in ("dead_letter_share", "dense_zero_share"):
+        _share(inp.get(k), f"input.{k}")
+    cols = inp.get("dense_column_zero_share", [])
+    if not isinstance(cols, list) or len(cols) > MAX_NAMES:
+        _bad("input.dense_column_zero_share", f"must be a list of at most {MAX_NAMES} shares")
+    for i, x in enumerate(cols):
+        _share(x, f"input.dense_column_zero_share[{i}]")
+    for k in ("field_empty_share", "field_novel_share"):
+        for name, x in _names(inp.get(k, {}), f"input.{k}").items():
+            _share(x, f"input.{k}.{name}")
+
+
+def window(events: int = 0, auc: float | None = None, logloss: float | None = None,
+           label_rate: float | None = None, mean_prediction: float | None = None, tasks: dict | None = None) -> dict:
+    """One window's figures in the evidence shape."""
+    w = {"events": int(events), "auc": auc, "logloss": logloss, "label_rate": label_rate,
+         "mean_prediction": mean_prediction}
+    if tasks:
+        w["tasks"] = tasks
+    return w
+
+
+def make_evidence(since_previous: dict, recent: dict, records: int = 0, dead_letters: int = 0,
+                  dense_zero_share: float = 0.0, dense_column_zero_share: list | None = None,
+                  field_empty_share: dict | None = None, field_novel_share: dict | None = None) -> dict:
+    """An evidence block from its parts (checked by :func:`check_evidence`)."""
+    total = records + dead_letters
+    ev = {"format": EVIDENCE_FORMAT, "since_previous": since_previous, "recent": recent,
+          "input": {"records": int(records), "dead_letters": int(dead_letters),
+                    "dead_letter_share": (dead_letters / total) if total else 0.0,
+                    "dense_zero_share": float(dense_zero_share),
+                    "dense_column_zero_share": [float(x) for x in (dense_column_zero_share or [])],
+                    "field_empty_share": {k: float(v) for k, v in (field_empty_share or {}).items()},
+                    "field_novel_share": {k: float(v) for k, v in (field_novel_share or {}).items()}}}
+    check_evidence(ev)
+    return ev

@@ -1,0 +1,191 @@
+"""The quality evidence each snapshot carries (``manifest.evidence``, ``streamrec.snapshot.evidence``).
+
+:class:`EvidenceCollector` watches what the trainer scores and what arrives at it: per task the progressive
+labels and scores (scored before the model trains on them, so they measure the model on data it has not
+seen) over the events since the previous snapshot and over the last ``trainer.metrics_window`` events, and
+the input's health over the events since the previous snapshot: the share of all-zero dense vectors, per
+dense column the share of zeros, per field the share of events with no id and of the distinct ids of each
+batch that are not in the trainer's
+recent memory of that field's ids (two rotating bitsets of hashed ids: an id counts as seen while its bit is
+set in either), and the dead-lettered records (the consumer's counter, passed in).
+
+:meth:`attach` hooks it onto a trainer core's ``score_trained`` (the events trained and their batch) and
+``update_metrics`` (their resolved labels and scores: in a fake-negative stream these arrive when each
+impression's label is final), so every path that scores trained events feeds it. :meth:`take` returns the
+evidence block and starts the next since-previous window.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import numpy as np
+
+from streamrec.foundation import roc_auc
+from streamrec.snapshot.evidence import make_evidence, window
+
+SEEN_BITS = 1 << 19  # bits per field in each of the two rotating id memories
+ROTATE_FILL = 0.10  # the current memory is rotated when this share of its bits is set (false "seen" stays low)
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+EPS = 1e-7
+
+
+def _figures(labels: np.ndarray, scores: np.ndarray) -> dict:
+    n = len(labels)
+    if n == 0:
+        return window(0)
+    p = np.clip(scores.astype(np.float64), EPS, 1 - EPS)
+    y = labels.astype(np.float64)
+    ll = float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
+    auc = roc_auc(y, p)
+    return window(n, auc=None if auc != auc else float(auc), logloss=min(ll, 1e3),
+                  label_rate=float(np.clip(y.mean(), 0, 1)), mean_prediction=float(p.mean()))
+
+
+class _Scores:
+    """Labels and scores of one task, in arrival order, optionally bounded to the newest ``cap`` events."""
+
+    def __init__(self, cap: int | None = None):
+        self.cap = cap
+        self.parts: deque = deque()
+        self.n = 0
+
+    def add(self, labels: np.ndarray, scores: np.ndarray) -> None:
+        if not len(labels):
+            return
+        self.parts.append((labels.copy(), scores.copy()))
+        self.n += len(labels)
+        while self.cap is not None and self.n - len(self.parts[0][0]) >= self.cap:
+            self.n -= len(self.parts.popleft()[0])
+
+    def figures(self) -> dict:
+        if not self.parts:
+            return window(0)
+        y = np.concatenate([p[0] for p in self.parts])
+        s = np.concatenate([p[1] for p in self.parts])
+        if self.cap is not None:
+            y, s = y[-self.cap:], s[-self.cap:]
+        return _figures(y, s)
+
+
+class EvidenceCollector:
+    """See the module docstring. Thread-safe: the trainer's loop feeds it, the snapshot path takes from it."""
+
+    def __init__(self, task_names, fields, dense_dim: int, recent_events: int = 20_000):
+        self.task_names = list(task_names)
+        self.fields = list(fields)
+        self.dense_dim = int(dense_dim)
+        self.recent_events = int(recent_events)
+        self._lock = threading.Lock()
+        self._recent = {t: _Scores(self.recent_events) for t in self.task_names}
+        self._seen = {f: [np.zeros(SEEN_BITS, bool), np.zeros(SEEN_BITS, bool), 0] for f in self.fields}
+        self._dead_at = None  # the dead-letter counter at the previous take
+        self._reset()
+
+    def _reset(self) -> None:
+        self._window = {t: _Scores() for t in self.task_names}
+        self._records = 0
+        self._dense_zero = 0
+        self._col_zero = np.zeros(self.dense_dim, np.int64)
+        self._empty = {f: 0 for f in self.fields}
+        self._ids = {f: 0 for f in self.fields}
+        self._novel = {f: 0 for f in self.fields}
+
+    # -- feeding ---------------------------------------------------------------------------------
+    def observe_inputs(self, batch, rows: np.ndarray | None = None) -> None:
+        """The events ``rows`` of ``batch`` (all when None) reached training: count their input health."""
+        if rows is not None and len(rows) != len(batch):
+            batch = batch.take(np.asarray(rows))
+        n = len(batch)
+        if not n:
+            return
+        with self._lock:
+            self._records += n
+            if self.dense_dim and batch.dense.size:
+                zero = batch.dense == 0
+                self._dense_zero += int(zero.all(axis=1).sum())
+                self._col_zero += zero.sum(axis=0)
+            for f in self.fields:
+                j = batch.sparse.get(f)
+                if j is None:
+                    self._empty[f] += n
+                    continue
+                self._empty[f] += int((j.lengths == 0).sum())
+                if len(j.values):
+                    self._count_novel(f, np.asarray(j.values))
+
+    def _count_novel(self, f: str, ids: np.ndarray) -> None:
+        cur, prev, set_bits = self._seen[f]
+        h = (ids.astype(np.uint64, copy=False) * _MIX) >> np.uint64(64 - 19)
+        h = np.unique(h.astype(np.int64))  # distinct ids of the batch: a repeat within it is not new
+        seen = cur[h] | prev[h]
+        self._ids[f] += len(h)
+        self._novel[f] += int((~seen).sum())
+        fresh = h[~cur[h]]
+        if len(fresh):
+            cur[fresh] = True
+            set_bits += len(fresh)
+        if set_bits > ROTATE_FILL * SEEN_BITS:
+            self._seen[f] = [np.zeros(SEEN_BITS, bool), cur, 0]
+        else:
+            self._seen[f][2] = set_bits
+
+    def observe_scores(self, labels: np.ndarray, scores: np.ndarray) -> None:
+        """Progressive labels and scores ``[n, T]`` (NaN label: that task's label is missing)."""
+        labels = np.asarray(labels, np.float32).reshape(len(labels), -1)
+        scores = np.asarray(scores, np.float32).reshape(len(labels), -1)
+        with self._lock:
+            for t, name in enumerate(self.task_names):
+                if t >= labels.shape[1]:
+                    break
+                has = ~np.isnan(labels[:, t]) & np.isfinite(scores[:, t])
+                y, s = labels[has, t], scores[has, t]
+                self._window[name].add(y, s)
+                self._recent[name].add(y, s)
+
+    def attach(self, core) -> "EvidenceCollector":
+        """Feed this collector from ``core``'s scoring of trained events (see the module docstring)."""
+        score_trained, update_metrics = core.score_trained, core.update_metrics
+
+        def scored(batch, rows, labels, scores):
+            self.observe_inputs(batch, rows)
+            return score_trained(batch, rows, labels, scores)
+
+        def updated(labels, scores):
+            self.observe_scores(labels, scores)
+            return update_metrics(labels, scores)
+
+        core.score_trained = scored
+        core.update_metrics = updated
+        return self
+
+    # -- taking ----------------------------------------------------------------------------------
+    def _windows(self, scores: dict) -> dict:
+        per = {t: s.figures() for t, s in scores.items()}
+        top = dict(per[self.task_names[0]]) if self.task_names else window(0)
+        if len(per) > 1:
+            top["tasks"] = per
+        return top
+
+    def take(self, dead_letters_total: int = 0) -> dict:
+        """The evidence block since the previous take (``dead_letters_total``: the consumer's counter now)."""
+        with self._lock:
+            dead = max(0, int(dead_letters_total) - (self._dead_at if self._dead_at is not None else
+                                                       int(dead_letters_total)))
+            self._dead_at = int(dead_letters_total)
+            n = self._records
+            ev = make_evidence(
+                self._windows(self._window), self._windows(self._recent), records=n, dead_letters=dead,
+                dense_zero_share=self._dense_zero / n if n else 0.0,
+                dense_column_zero_share=(self._col_zero / n).tolist() if n else [0.0] * self.dense_dim,
+                field_empty_share={f: (self._empty[f] / n if n else 0.0) for f in self.fields},
+                field_novel_share={f: (self._novel[f] / self._ids[f] if self._ids[f] else 0.0) for f in self.fields})
+            self._reset()
+        return ev
+
+
+def collector_for(cfg, core) -> EvidenceCollector:
+    """An :class:`EvidenceCollector` for ``cfg``'s model, attached to ``core``."""
+    mc = cfg.model
+    return EvidenceCollector(mc.task_names, mc.field_names, mc.dense_dim, cfg.trainer.metrics_window).attach(core)
