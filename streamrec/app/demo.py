@@ -3,7 +3,9 @@
 Starts the embedded broker (or uses ``--bootstrap``), then the serving endpoint,
 the popularity-sketch worker and the trainer as separate processes, streams a
 generated (or replayed) dataset in, shows one live view, and finally scores a
-few held-out events through the served model's gRPC ``Predict``. Every child is
+few held-out events through the served model's gRPC ``Predict``. With ``--delayed-feedback`` the
+producer sends impressions and the actions that follow them instead of labelled events, and
+``streamrec join`` runs in the pipeline to turn them into the labelled events the trainer reads. Every child is
 stopped on the way out, also on Ctrl-C or when one of them dies (the demo then
 names it and exits non-zero). The last stdout line is one JSON object.
 """
@@ -49,6 +51,10 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
     p.add_argument("--trainers", type=int, default=None, metavar="N",
                    help="train with a group of N trainer ranks (torch.distributed) and run N sketch workers")
+    p.add_argument("--delayed-feedback", action="store_true",
+                   help="produce impressions and their later actions (join.impressions_topic, join.actions_topic) "
+                        "and run `streamrec join` (join.mode) to label them; the live view shows the join's "
+                        "figures (docs/joining.md)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -70,6 +76,7 @@ class View:
     freshness_s: float | None = None  # served model: now - when its newest event entered Kafka
     freshness_event_s: float | None = None  # served model: now - its newest event's own ts
     phase: str = "starting"
+    join: dict[str, Any] | None = None  # --delayed-feedback: the joiner's figures, from its /metrics page
 
     def rows(self) -> list[tuple[str, str]]:
         m = self.metrics
@@ -94,7 +101,50 @@ class View:
             ("served version", str(self.served_version) if self.served_version is not None else "-"),
             ("freshness (since in Kafka / event time)",
              f"{_secs(self.freshness_s)} / {_secs(self.freshness_event_s)}"),
-        ]
+        ] + (_join_rows(self.join) if self.join is not None else [])
+
+
+def _join_rows(j: dict[str, Any]) -> list[tuple[str, str]]:
+    ex = j.get("examples", {})
+    delay = j.get("label_delay_mean_s")
+    return [
+        ("join examples (positive / negative / fake negative)",
+         " / ".join(f"{int(ex.get(k, 0)):,}" for k in ("positive", "negative", "fake_negative"))),
+        ("join state rows", f"{int(j.get('state_rows', 0)):,}"),
+        ("join label delay (mean, event time)", "-" if delay is None else f"{delay:.1f} s"),
+        ("join late / orphan actions", f"{int(j.get('late_actions', 0)):,} / {int(j.get('orphan_actions', 0)):,}"),
+    ]
+
+
+def join_figures(port: int) -> dict[str, Any] | None:
+    """The joiner's figures from its Prometheus page: examples by outcome, state rows, mean label delay
+    (event time), late and orphan actions; None while the page does not answer."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
+    except OSError:
+        return None
+    out: dict[str, Any] = {"examples": {}}
+    dsum = dcount = 0.0
+    for fam in text_string_to_metric_families(body):
+        for smp in fam.samples:
+            if smp.name == "streamrec_join_examples_total":
+                out["examples"][smp.labels.get("outcome", "")] = smp.value
+            elif smp.name == "streamrec_join_state_rows":
+                out["state_rows"] = smp.value
+            elif smp.name == "streamrec_join_label_delay_seconds_sum":
+                dsum = smp.value
+            elif smp.name == "streamrec_join_label_delay_seconds_count":
+                dcount = smp.value
+            elif smp.name == "streamrec_join_actions_late_total":
+                out["late_actions"] = smp.value
+            elif smp.name == "streamrec_join_actions_orphan_total":
+                out["orphan_actions"] = smp.value
+    out["label_delay_mean_s"] = dsum / dcount if dcount else None
+    return out
 
 
 def _secs(v: float | None) -> str:
@@ -136,6 +186,8 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
             cfg = layout_config(layout, cfg)  # every process reads this config, so all agree on the fields
         else:  # the file's own fields and dense width, unless a model config says otherwise (then they must fit)
             cfg = model_for_file(cfg, args, args.data, "demo", format=None if layout == "events" else layout)
+    if getattr(args, "delayed_feedback", False) and args.data:
+        raise ConfigError("--delayed-feedback generates its impressions and actions: leave out --data")
     if args.trainers is not None:
         if args.trainers < 1:
             raise ConfigError(f"--trainers must be >= 1, got {args.trainers}")
@@ -170,7 +222,90 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
     cfg.sketch.publish_interval_s = min(cfg.sketch.publish_interval_s, 3.0)
     cfg.trainer.checkpoint_every_events = min(cfg.trainer.checkpoint_every_events, max(10_000, (args.events or 60_000) // 6))
     cfg.trainer.checkpoint_every_s = min(cfg.trainer.checkpoint_every_s, 10.0)
+    if getattr(args, "delayed_feedback", False):
+        _delayed_config(cfg, args, run_dir)
     return cfg
+
+
+DELAY_MEDIAN_S = 1.0  # the demo's clicks: a lognormal delay of median 1 s (sigma 1.5) after the impression
+
+
+def _delayed_config(cfg: Config, args, run_dir: Path) -> None:
+    """The joiner's state and metrics port in the run; an attribution window that closes within the demo
+    (generated event time is wall time here: a one-hour window would hold every negative past the end); the
+    trainer stops after exactly the examples the join writes for the produced stream (the pure join, per
+    partition as the producer partitions, gives that number: the joiner's output is deterministic)."""
+    from streamrec.ingest import free_port
+    from streamrec.joiner import DelayedStream
+
+    j = cfg.join
+    j.state_dir = str(run_dir / "join")
+    j.metrics_host, j.metrics_port = "127.0.0.1", free_port()
+    j.window_s = min(j.window_s, 10.0)
+    j.allowed_lateness_s = min(j.allowed_lateness_s, 2.0)
+    j.orphan_wait_s = min(j.orphan_wait_s, 5.0)
+    k = max(args.predict, 1, EVAL_EVENTS)
+    imps, acts, truth = DelayedStream(cfg, seed=cfg.generator.seed, delay_median_s=DELAY_MEDIAN_S).generate(
+        args.events + k)
+    held = {ev["request_id"] for ev in imps[args.events:]}
+    acts = [a for a in acts if a["request_id"] not in held]
+    args.delayed = (imps[: args.events], acts, [{**ev, "label": truth[ev["request_id"]]} for ev in imps[args.events:]])
+    cfg.trainer.max_events = expected_examples(cfg, imps[: args.events], acts)
+
+
+def _partition(rid: str, partitions: int) -> int:
+    import zlib
+
+    return zlib.crc32(rid.encode()) % partitions
+
+
+def expected_examples(cfg: Config, imps: list[dict], acts: list[dict]) -> int:
+    """How many labelled events the joiner writes for these impressions and actions, partitioned as
+    :func:`_produce_delayed` sends them."""
+    from streamrec.joiner import Action, JoinRules, JoinState
+
+    rules = JoinRules.from_config(cfg.join)
+    parts = int(cfg.kafka.partitions)
+    states = [JoinState(rules) for _ in range(parts)]
+    n = 0
+    for ev in imps:
+        n += len(states[_partition(ev["request_id"], parts)].impression(ev["request_id"], ev["ts"], ev))
+    for a in acts:
+        n += len(states[_partition(a["request_id"], parts)].action(Action(a["request_id"], a["ts"], a["type"])))
+    return n
+
+
+def _produce_delayed(cfg: Config, bootstrap: str, imps: list[dict], acts: list[dict], rate: float, view: View,
+                     stop: threading.Event, errors: list) -> None:
+    """Impressions and actions, one JSON record each keyed by request_id (partition: a hash of it, the same on
+    both topics), in event-time order, paced at ``rate`` impressions/s; the actions due after the last
+    impression follow it at once."""
+    import orjson
+
+    from streamrec.ingest import client_settings, make_producer
+
+    try:
+        producer = make_producer(bootstrap, **client_settings(cfg))
+        parts = int(cfg.kafka.partitions)
+        timeline = sorted([(ev["ts"], 0, ev) for ev in imps] + [(a["ts"], 1, a) for a in acts],
+                          key=lambda r: (r[0], r[1]))
+        topics = (cfg.join.impressions_topic, cfg.join.actions_topic)
+        t0 = time.monotonic()
+        for _ts, kind, rec in timeline:
+            if stop.is_set():
+                break
+            rid = rec["request_id"]
+            producer.send(topics[kind], orjson.dumps(rec), key=rid.encode(), partition=_partition(rid, parts))
+            if kind == 0:
+                view.produced += 1
+                if rate > 0 and view.produced % 100 == 0:
+                    ahead = view.produced / rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        stop.wait(ahead)
+        producer.flush(60)
+        producer.close()
+    except Exception as e:  # reported by the main loop
+        errors.append(f"producer failed: {e!r}")
 
 
 def _event_source(cfg: Config, args):
@@ -349,6 +484,15 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
     sup.start("sketch", base + ["sketch", *common])
     for i in range(2, cfg.trainer.ranks + 1):  # with a trainer group, as many sketch workers (one app)
         sup.start(f"sketch-{i}", base + ["sketch", *common, "--set", f"sketch.state_dir={cfg.sketch.state_dir}-{i}"])
+    delayed = getattr(args, "delayed_feedback", False)
+    if delayed:
+        from streamrec.ingest import TopicSpec, client_settings, ensure_topics
+
+        ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, cfg.kafka.partitions),
+                                  TopicSpec(cfg.join.actions_topic, cfg.kafka.partitions)],
+                      security=client_settings(cfg))
+        sup.start("join", base + ["join", *common])
+        view.join = {}
     trainer = sup.start("trainer", base + ["train", *common], expected_exit=True)
     client = ServingClient(target, token=cfg.serving.predict_token)
     while True:
@@ -361,10 +505,18 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
                 raise DemoFailure(f"serving did not come up at {target}") from None
     err.print(f"serving endpoint up at [cyan]{target}[/cyan] (no model yet)")
 
-    batches, held, truth = _event_source(cfg, args)
     errors: list[str] = []
-    producer = threading.Thread(target=_produce, args=(cfg, bootstrap, batches, args.rate, view, stop, errors),
-                                daemon=True, name="producer")
+    if delayed:
+        from streamrec.foundation import EventSchema
+
+        imps, acts, held_events = args.delayed
+        held, truth = [EventSchema.from_config(cfg).batch_from_events(held_events)], []
+        producer = threading.Thread(target=_produce_delayed, args=(cfg, bootstrap, imps, acts, args.rate, view, stop,
+                                                                  errors), daemon=True, name="producer")
+    else:
+        batches, held, truth = _event_source(cfg, args)
+        producer = threading.Thread(target=_produce, args=(cfg, bootstrap, batches, args.rate, view, stop, errors),
+                                    daemon=True, name="producer")
     producer.start()
     follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg))
     metrics_path = Path(cfg.trainer.log_path)
@@ -378,6 +530,8 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
 
     def refresh():
         view.metrics = _last_json_line(metrics_path) or view.metrics
+        if delayed:
+            view.join = join_figures(cfg.join.metrics_port) or view.join
         hs = follower.latest()
         if hs is not None:
             view.hot_version = hs.version
@@ -403,7 +557,7 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
             "t": time.time(), "produced": view.produced, "hot_version": view.hot_version,
             "hot_rows": view.hot_rows, "hot_coverage": view.hot_coverage,
             "served_version": view.served_version, "freshness_s": view.freshness_s,
-            "freshness_event_s": view.freshness_event_s,
+            "freshness_event_s": view.freshness_event_s, **({"join": view.join} if delayed else {}),
         }) + "\n")
         view_log.flush()
 
@@ -460,6 +614,7 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
         "predict_latency_ms": ev.get("predict_latency_ms"),
         "scores": scores,
         "run_dir": str(Path(cfg.trainer.log_path).parent),
+        **({"join": view.join, "join_expected_examples": int(cfg.trainer.max_events)} if delayed else {}),
     }
 
 
