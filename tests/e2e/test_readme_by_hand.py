@@ -15,16 +15,15 @@ import json
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from streamrec.app.procs import pid_alive
+from tests.helpers.shown_commands import run_foreground, start_background, stop
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.broker, pytest.mark.grpc]
 
@@ -66,16 +65,6 @@ def _free(port: int) -> bool:
     return True
 
 
-def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 def test_readme_by_hand_commands_end_with_a_served_prediction(tmp_path):
     commands = by_hand_commands()
     names = [argv[3] for argv, _ in commands]
@@ -91,27 +80,9 @@ def test_readme_by_hand_commands_end_with_a_served_prediction(tmp_path):
             name = argv[3]
             log = tmp_path / f"{name}.log"
             if bg:
-                proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-                background.append((name, proc, log))
-                if name == "broker":  # the others need it: wait for its address line
-                    deadline = time.monotonic() + 60
-                    while "Ctrl-C stops it" not in log.read_text():
-                        assert proc.poll() is None, f"broker exited:\n{log.read_text()}"
-                        assert time.monotonic() < deadline, f"broker did not start:\n{log.read_text()}"
-                        time.sleep(0.2)
+                background.append((name, start_background(name, argv, tmp_path, env, log), log))
                 continue
-            for other, p, plog in background:
-                assert p.poll() is None, f"{other} exited with {p.returncode}:\n{plog.read_text()[-3000:]}"
-            deadline = time.monotonic() + 240
-            while True:
-                r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-                if r.returncode == 0 or name != "predict" or time.monotonic() > deadline:
-                    break
-                assert "UNAVAILABLE" in r.stderr, r.stderr  # no model yet: anything else is a failure
-                time.sleep(2)
-            logs = "\n".join(f"--- {n}\n{lp.read_text()[-2000:]}" for n, _, lp in background)
-            assert r.returncode == 0, f"{shlex.join(argv[3:])} -> {r.returncode}\n{r.stderr[-3000:]}\n{logs}"
+            r = run_foreground(name, argv, tmp_path, env, background)
             if name == "produce":
                 assert "produce starting:" in r.stderr and "brokers 127.0.0.1:" in r.stderr, r.stderr[-2000:]
             if name == "predict":
@@ -128,7 +99,7 @@ def test_readme_by_hand_commands_end_with_a_served_prediction(tmp_path):
         assert not (tmp_path / "data").exists()
     finally:
         for name, proc, _ in reversed(background):  # the broker last: the others drain while it is up
-            _stop(proc)
+            stop(proc)
     for name, proc, log in background:
         assert not pid_alive(proc.pid), f"{name} (pid {proc.pid}) still runs"
     train_log = next(log for name, _, log in background if name == "train").read_text()

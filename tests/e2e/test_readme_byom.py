@@ -13,15 +13,14 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from streamrec.app.procs import pid_alive
+from tests.helpers.shown_commands import run_foreground, start_background, stop
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.broker, pytest.mark.grpc, pytest.mark.e2e]
 
@@ -60,16 +59,6 @@ def commands() -> list[tuple[dict[str, str], list[str], bool]]:
     return out
 
 
-def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 def test_readme_own_model_is_trained_from_kafka_and_served_without_its_code(tmp_path):
     work = tmp_path / "work"
     module_path, module = _file("module", "python")
@@ -96,27 +85,9 @@ def test_readme_own_model_is_trained_from_kafka_and_served_without_its_code(tmp_
             env = dict(base_env, **{k: str((work / v).resolve()) if k == "PYTHONPATH" else v for k, v in extra.items()})
             if bg:
                 log = tmp_path / f"{name}.log"
-                proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-                background.append((name, proc, log))
-                if name == "broker":
-                    deadline = time.monotonic() + 60
-                    while "Ctrl-C stops it" not in log.read_text():
-                        assert proc.poll() is None, f"broker exited:\n{log.read_text()}"
-                        assert time.monotonic() < deadline, f"broker did not start:\n{log.read_text()}"
-                        time.sleep(0.2)
+                background.append((name, start_background(name, argv, cwd, env, log), log))
                 continue
-            for other, p, plog in background:
-                assert p.poll() is None, f"{other} exited with {p.returncode}:\n{plog.read_text()[-3000:]}"
-            deadline = time.monotonic() + 240
-            while True:
-                r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
-                if r.returncode == 0 or name != "predict" or time.monotonic() > deadline:
-                    break
-                assert "UNAVAILABLE" in r.stderr, r.stderr  # no model yet: anything else is a failure
-                time.sleep(2)
-            logs = "\n".join(f"--- {n}\n{lp.read_text()[-2500:]}" for n, _, lp in background)
-            assert r.returncode == 0, f"{shlex.join(argv[3:])} -> {r.returncode}\n{r.stderr[-3000:]}\n{logs}"
+            r = run_foreground(name, argv, cwd, env, background)
             if name == "generate":
                 held = [json.loads(x) for x in (work / "runs/byom/held-out.jsonl").read_text().splitlines()]
                 assert len(held) == 5
@@ -131,7 +102,7 @@ def test_readme_own_model_is_trained_from_kafka_and_served_without_its_code(tmp_
         assert "ranking" not in sys.modules and "Traceback" not in serve_log, serve_log[-3000:]
     finally:
         for _, proc, _ in reversed(background):  # the broker last
-            _stop(proc)
+            stop(proc)
     for name, proc, _ in background:
         assert not pid_alive(proc.pid), f"{name} (pid {proc.pid}) still runs"
     train_log = next(log for n, _, log in background if n == "train").read_text()
