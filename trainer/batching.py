@@ -93,7 +93,7 @@ class EventBatcher:
         hot = self._gate(hot)
         self.buffer = EventBatch.concat([self.buffer, batch], self.dense_dim, self.fields) if n_old else \
             EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse, batch.request_ids,
-                       task_labels=batch.task_labels, task_names=batch.task_names)
+                       task_labels=batch.task_labels, task_names=batch.task_names, feedback=batch.feedback)
         self.seq = np.concatenate([self.seq, self.next_seq + np.arange(n, dtype=np.int64)])
         self.next_seq += n
         part, off = batch.source_partitions, batch.source_records
@@ -214,6 +214,7 @@ class EventBatcher:
         commits may cover events not trained yet and a resumed trainer forms the same batches."""
         b = self.buffer
         return {"ts": b.ts, "labels": b.labels, "dense": b.dense, "task_labels": b.task_labels,
+                "feedback": b.feedback, "request_ids": b.request_ids,
                 "sparse": {f: (b.sparse[f].values, b.sparse[f].offsets) for f in self.fields},
                 "seq": self.seq, "part": self.part, "off": self.off, "hot": self.hot, "scores": self.scores, "scored": self.scored,
                 "queues": {k: list(q) for k, q in self.queues.items()}, "next_seq": self.next_seq,
@@ -227,6 +228,10 @@ class EventBatcher:
                                  np.asarray(st["dense"], np.float32).reshape(len(st["labels"]), self.dense_dim),
                                  {f: JaggedIds(np.asarray(v, np.int64), np.asarray(o, np.int64))
                                   for f, (v, o) in st["sparse"].items()})
+        if st.get("feedback") is not None:
+            self.buffer.feedback = np.asarray(st["feedback"], np.int8)
+        if st.get("request_ids") is not None:
+            self.buffer.request_ids = list(st["request_ids"])
         if st.get("task_labels") is not None:
             self.buffer.task_labels = np.asarray(st["task_labels"], np.float32).reshape(len(st["labels"]), -1) \
                 if len(st["labels"]) else np.zeros((0, self.num_tasks), np.float32)

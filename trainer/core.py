@@ -9,6 +9,10 @@ Several tasks: scores are ``[N, T]`` (column ``t`` is task ``model.task_names[t]
 metrics are kept per task (``task_metrics``, one :class:`StreamingMetrics` each), and each task's
 are updated only with the events that carry its label; ``metrics`` is the first task's, so the
 single-task figures (``auc``, ``logloss``) keep their meaning.
+
+A ``join.mode = fake_negative`` stream (the delayed-feedback joiner's): the loss weighs events by
+their feedback kinds (``trainer.fake_negative_correction``, ``step.py``), and the metrics get each
+impression once, against its final label (:class:`~.delayed_metrics.DelayedLabels`, ``delayed``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from streamrec.foundation import EventBatch
 from .metrics import StreamingMetrics
 from streamrec.model import build_model, predict_batch, unique_ids
 from .batching import EventBatcher, Step
+from .delayed_metrics import DelayedLabels
 from .schedule import MiniBatch, hot_samples, plan
 from .step import NonFiniteStep, dense_optimizer, train_step
 
@@ -58,6 +63,12 @@ class TrainerCore:
         self.task_metrics = {name: StreamingMetrics(cfg.trainer.metrics_window) for name in self.task_names}
         self.metrics = self.task_metrics[self.task_names[0]]
         t = cfg.trainer
+        join = getattr(cfg, "join", None)
+        fake_stream = join is not None and join.mode == "fake_negative"
+        # the fake-negative weighted loss (step.py), and each impression scored once against its final label
+        self.fake_negative = fake_stream and bool(getattr(t, "fake_negative_correction", True))
+        self.delayed = DelayedLabels(len(self.task_names), int(round((join.window_s + join.allowed_lateness_s) * 1000)),
+                                     int(getattr(t, "delayed_max_held", 1_000_000))) if fake_stream else None
         self.batcher = EventBatcher(t.batch_size, t.batch_size * t.window_batches, cfg.model.dense_dim, self.fields,
                                     hot_wait=round(t.batch_size * t.hot_wait_batches), num_tasks=len(self.task_names))
         self.events = 0
@@ -174,7 +185,7 @@ class TrainerCore:
                 rejected.append(s.rows[bad])
                 reasons.append(why)
             rows = s.rows[keep]
-            self.update_metrics(labels[rows], bt.scores[rows])
+            self.score_trained(buf, rows, labels[rows], bt.scores[rows])
             trained += len(rows)
             if s.kind == "hot":
                 hot_n += len(rows)
@@ -204,7 +215,7 @@ class TrainerCore:
         out = np.sort(np.concatenate(rejected)) if rejected else np.zeros(0, np.int64)
         keep = np.ones(len(batch), bool)
         keep[out] = False
-        self.update_metrics(batch.label_matrix(len(self.task_names))[keep], scores[keep])
+        self.score_trained(batch, np.flatnonzero(keep), batch.label_matrix(len(self.task_names))[keep], scores[keep])
         self.events += int(keep.sum())
         self.hot_events += hot_n
         self.rejected_events += len(out)
@@ -260,10 +271,21 @@ class TrainerCore:
             # of all tables go out as one batch of kernels at the step's end
             with self.store.fused_hot_updates():
                 return train_step(self.model, self.opt, sub, self.cfg.model, self.store.lookup,
-                                  self.store.apply_gradients, self.device, uniques=uniques)
+                                  self.store.apply_gradients, self.device, uniques=uniques,
+                                  fake_negative=self.fake_negative)
         finally:
             if self.on_step is not None:
                 self.on_step(time.perf_counter() - t0)
+
+    def score_trained(self, batch: EventBatch, rows: np.ndarray, labels: np.ndarray, scores: np.ndarray) -> None:
+        """Progressive validation of the trained events ``rows`` of ``batch`` (their labels and scores given):
+        straight to the metrics, or, in a fake-negative stream, through the held scores (``delayed``), which
+        hand over each impression once, when its final label is known."""
+        if self.delayed is not None:
+            fb = batch.feedback[rows] if batch.feedback is not None else np.zeros(len(rows), np.int8)
+            rids = [batch.request_ids[i] for i in rows] if batch.request_ids is not None and fb.any() else None
+            labels, scores = self.delayed.resolve(labels, scores, batch.ts[rows], fb, rids)
+        self.update_metrics(labels, scores)
 
     def update_metrics(self, labels: np.ndarray, scores: np.ndarray) -> None:
         """Add trained events' labels and progressive scores (both ``[n, T]``, NaN label: missing) to each
@@ -299,7 +321,8 @@ class TrainerCore:
         return {"events": self.events, "hot_events": self.hot_events, "hot_version": self.hot_version,
                 "newest_event_ms": self.newest_event_ms, "metrics": self.metrics.state(),
                 "task_metrics": {name: m.state() for name, m in self.task_metrics.items()},
-                "nonfinite_batches": self.nonfinite_batches, "rejected_events": self.rejected_events}
+                "nonfinite_batches": self.nonfinite_batches, "rejected_events": self.rejected_events,
+                **({"delayed_labels": self.delayed.state()} if self.delayed is not None else {})}
 
     def load_counters(self, d: Mapping[str, Any]) -> None:
         self.events = int(d.get("events", 0))
@@ -311,3 +334,5 @@ class TrainerCore:
         for name, st in (d.get("task_metrics") or {}).items():
             if name in self.task_metrics and name != self.task_names[0]:
                 self.task_metrics[name].load_state(st)
+        if self.delayed is not None:
+            self.delayed.load_state(d.get("delayed_labels"))

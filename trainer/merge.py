@@ -85,7 +85,7 @@ class PartitionMerger:
             p = int(p)
             self.last[p] = now
             self.newest[p] = max(self.newest.get(p, _NONE), int(batch.ts[parts == p].max()))
-        b = EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse, batch.request_ids)
+        b = EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse, batch.request_ids, feedback=batch.feedback)
         self.buffer = EventBatch.concat([self.buffer, b], self.dense_dim, self.fields) if len(self.buffer) else b
         self.part = np.concatenate([self.part, parts])
         self.off = np.concatenate([self.off, offs])
@@ -158,7 +158,7 @@ class PartitionMerger:
     # -- checkpoint ------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         b = self.buffer
-        return {"ts": b.ts, "labels": b.labels, "dense": b.dense,
+        return {"ts": b.ts, "labels": b.labels, "dense": b.dense, "feedback": b.feedback, "request_ids": b.request_ids,
                 "sparse": {f: (b.sparse[f].values, b.sparse[f].offsets) for f in self.fields},
                 "part": self.part, "off": self.off, "seq": self.seq, "next_seq": self.next_seq,
                 "newest": {int(p): int(t) for p, t in self.newest.items()}}
@@ -174,7 +174,9 @@ class PartitionMerger:
         self.buffer = EventBatch(np.asarray(st["ts"], np.int64), np.asarray(st["labels"], np.float32),
                                  np.asarray(st["dense"], np.float32).reshape(n, self.dense_dim),
                                  {f: JaggedIds(np.asarray(v, np.int64), np.asarray(o, np.int64))
-                                  for f, (v, o) in st["sparse"].items()})
+                                  for f, (v, o) in st["sparse"].items()},
+                                 request_ids=list(st["request_ids"]) if st.get("request_ids") is not None else None,
+                                 feedback=np.asarray(st["feedback"], np.int8) if st.get("feedback") is not None else None)
         self.part, self.seq = np.asarray(st["part"], np.int32), np.asarray(st["seq"], np.int64)
         self.off = np.asarray(st["off"], np.int64) if "off" in st else np.full(n, -1, np.int64)
         self.next_seq = int(st["next_seq"])

@@ -9,7 +9,8 @@ fetches rows from their owners and returns the gradients to them
 once); the loss is the group's mean, so N ranks whose batches together make one
 trainer's batch apply the update that trainer would. With several tasks each rank
 divides its masked sum of task ``t``'s losses by the group's batch size, as one
-trainer divides by its own (``trainer/step.py``).
+trainer divides by its own (``trainer/step.py``); a fake-negative stream's events are weighed
+as one trainer weighs them (each event's weight is its own, so the group's sum is one trainer's).
 
 Steps are collectives: every rank runs the same number per window (the largest
 plan of any rank); a rank with fewer mini-batches, or none, joins with empty ones.
@@ -43,7 +44,7 @@ from .core import TrainerCore, WindowResult
 from .dense_sync import COMPRESSIONS, WIRE as _WIRE, DenseSync
 from .schedule import hot_samples, plan
 from .sharding import RowExchange, owned_part
-from .step import GRAD_ABS_MAX, label_matrix, masked_task_losses
+from .step import GRAD_ABS_MAX, label_matrix, masked_task_losses, weighted_losses
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,8 @@ class ShardedTrainerCore(TrainerCore):
         grad_bad = 0
         if not len(culprits):
             # the group's mean loss per task: ranks' gradients sum to one trainer's
-            loss = sum(self.task_weights[t] * (per[:, t].sum() / max(1, counts[t])) for t in range(T))
+            terms = weighted_losses(per, sub, logits, self.fake_negative)  # the fake-negative weights (step.py)
+            loss = sum(self.task_weights[t] * (terms[:, t].sum() / max(1, counts[t])) for t in range(T))
             loss.backward()
             local = [r.grad for r in leaves.values() if r.grad is not None and len(r.grad)]
             local += [p.grad for p in self._params if p.grad is not None]

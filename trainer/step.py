@@ -14,6 +14,18 @@ labelled one: dividing by its own labelled count instead would give each of its 
 labels the pull of many events, on embedding rows every task shares. With one task every
 event is labelled and this is the mean logloss. An event's own loss, for the numerical
 guard, is the sum of its present tasks' terms.
+
+Fake-negative weighted loss (Ktena et al., RecSys 2019 "Addressing delayed feedback for
+continuous training with neural networks in CTR prediction"): in a ``join.mode =
+fake_negative`` stream every impression arrives at once as a ``fake_negative`` (label 0) and
+again as a ``positive`` if it converts, so the stream holds each positive twice, once with the
+wrong label. With ``f`` the model's own probability for the event and task, DETACHED (no
+gradient flows through a weight), a positive's term weighs ``(1 + f)`` and a fake negative's
+``(1 - f)(1 + f)``; the expected gradient then vanishes where the model's probability is the
+true positive rate, where the naive loss settles at ``rate / (1 + rate)``. Every other event
+(no feedback kind, and ``negative`` / ``positive`` of window mode, whose labels are final)
+weighs 1. The weights multiply each task's term, so a task applies them only where the event
+carries its label (a missing label's term stays zero).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from streamrec.foundation.events import FEEDBACK_FAKE_NEGATIVE, FEEDBACK_POSITIVE
 from streamrec.model import RankingModel, embed_batch, task_logits
 
 from .trainer_types import DenseOptimizer
@@ -85,13 +98,43 @@ def masked_task_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torc
     return torch.where(present, per, torch.zeros_like(per)), present
 
 
+def fake_negative_weights(batch, logits: torch.Tensor) -> torch.Tensor | None:
+    """The fake-negative loss weights ``[B, T]`` of a batch of a fake-negative stream (module doc): ``1 + f``
+    for a ``positive``, ``(1 - f)(1 + f)`` for a ``fake_negative``, 1 for the rest, with ``f`` the detached
+    probability; None when no event has one of those two kinds (every weight would be 1)."""
+    fb = getattr(batch, "feedback", None)
+    if fb is None:
+        return None
+    pos, fake = fb == FEEDBACK_POSITIVE, fb == FEEDBACK_FAKE_NEGATIVE
+    if not (pos.any() or fake.any()):
+        return None
+    f = torch.sigmoid(logits.detach())
+    dev = logits.device
+    pos_t = torch.from_numpy(pos).to(dev).unsqueeze(1)
+    fake_t = torch.from_numpy(fake).to(dev).unsqueeze(1)
+    one = torch.ones_like(f)
+    return torch.where(pos_t, 1 + f, torch.where(fake_t, (1 - f) * (1 + f), one))
+
+
+def weighted_losses(per: torch.Tensor, batch, logits: torch.Tensor, fake_negative: bool) -> torch.Tensor:
+    """The per-event per-task loss terms ``[B, T]``, weighed by :func:`fake_negative_weights` when
+    ``fake_negative`` (the same tensor when every weight is 1)."""
+    if fake_negative:
+        w = fake_negative_weights(batch, logits)
+        if w is not None:
+            return per * w
+    return per
+
+
 def train_step(model: RankingModel, opt: torch.optim.Optimizer, batch, fields, lookup: Lookup,
                apply_grads: ApplyGrads, device: torch.device, uniques=None,
-               weights: Sequence[float] | None = None) -> np.ndarray:
+               weights: Sequence[float] | None = None, fake_negative: bool = False) -> np.ndarray:
     """Score (before update) and train on one mini-batch; returns the scores ``[B, T]``.
     ``fields``: the model config (its tables and tasks), ``{field: table}`` or field names;
     ``uniques``: the batch's ``model.unique_ids`` when the caller already has them;
-    ``weights``: the tasks' loss weights (default: the config's, or one task of weight 1).
+    ``weights``: the tasks' loss weights (default: the config's, or one task of weight 1);
+    ``fake_negative``: the batch is of a fake-negative stream, weigh its events by their feedback kinds
+    (module doc).
 
     Raises :class:`NonFiniteStep`, having changed nothing (no optimizer step, no row
     update), when a loss or a gradient is NaN or infinite: one poisoned batch must not
@@ -106,7 +149,8 @@ def train_step(model: RankingModel, opt: torch.optim.Optimizer, batch, fields, l
     finite = torch.isfinite(per_event)
     if not bool(finite.all()):
         raise NonFiniteStep(np.flatnonzero(~finite.cpu().numpy()), "the loss of some events is not finite")
-    loss = sum(w[t] * per[:, t].sum() for t in range(len(w))) / max(1, len(per))
+    terms = weighted_losses(per, batch, logits, fake_negative)
+    loss = sum(w[t] * terms[:, t].sum() for t in range(len(w))) / max(1, len(per))
     opt.zero_grad(set_to_none=True)
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]

@@ -276,6 +276,8 @@ class TrainerConfig:
     until_end: bool = False  # stop at the end of the stream as it was at start (a finite replay), after a final checkpoint
     push_give_up_s: float = 120.0  # a replica still missing a snapshot after this long is left behind (others move on; it gets a full one when back)
     trace_path: str = ""  # JSON-lines debug file of trained Kafka offset ranges ("" = none)
+    fake_negative_correction: bool = True  # join.mode = fake_negative streams: weigh positives (1 + f) and fake negatives (1 - f)(1 + f), f = the model's own detached probability (Ktena et al. 2019); false = the naive loss
+    delayed_max_held: int = 1_000_000  # fake_negative streams: progressive scores held for a possible positive (one per impression, until join.window_s + join.allowed_lateness_s of event time pass); past this, the oldest are counted as negatives
 
     def __post_init__(self) -> None:
         for key, allowed in (("dense_optimizer", DenseOptimizer), ("schedule", Schedule),
@@ -283,6 +285,22 @@ class TrainerConfig:
                              ("dense_allreduce_compression", Compression), ("group_batch", GroupBatch),
                              ("hot_source", HotSource)):
             _check_choice("trainer", self, key, allowed)
+
+
+@dataclass
+class GuardConfig:
+    enabled: bool = True  # promote a pushed version only when its quality evidence passes these checks; a push without evidence is refused (INVALID_ARGUMENT)
+    min_events: int = 500  # labelled events since the previous version needed to judge it on them; fewer: judged on the trainer's longer window (trainer.metrics_window events)
+    logloss_margin: float = 0.1  # hold a version whose logloss is more than this share above the promoted versions' (EWMA); 0.1 = 10% worse
+    calibration_min: float = 0.75  # hold a version whose mean prediction / label rate is below this
+    calibration_max: float = 1.33  # hold a version whose mean prediction / label rate is above this
+    label_rate_tolerance: float = 0.5  # hold a version whose label rate is off the promoted versions' (EWMA) by more than this share of it
+    label_rate_floor: float = 0.02  # ... or by more than this absolute difference, whichever is larger (rare labels)
+    dead_letter_share_max: float = 0.05  # hold a version when more than this share of records since the previous one was dead-lettered
+    zero_share_jump: float = 0.3  # hold when the share of all-zero dense vectors, or of zeros in one dense column, is this much above its history
+    empty_share_jump: float = 0.3  # hold when a field's share of events without ids is this much above its history
+    novel_share_jump: float = 0.3  # hold when a field's share of ids the trainer has not seen lately is this much above its history
+    history_weight: float = 0.2  # weight of each promoted version in the histories (EWMA) the checks compare with
 
 
 @dataclass
@@ -321,6 +339,8 @@ class ServingConfig:
     max_embedding_dim: int = 1024  # embedding_dim a pushed model may have
     max_model_params: int = 100_000_000  # dense parameters a pushed model may have (counted from its config before any allocation)
     max_version_jump: int = 1_000_000  # a push may be at most this many versions ahead of the served one
+    keep_versions: int = 3  # promoted versions kept loaded for `streamrec rollback` (the served one included)
+    guard: GuardConfig = field(default_factory=GuardConfig)  # [serving.guard]: the quality gate on promotion
 
 
 @dataclass
@@ -737,6 +757,19 @@ def _validate(obj: Any, prefix: str) -> None:
             host, _, port = t.rpartition(":")
             if not (host and port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
                 bad("push_targets", f"{t!r} is not host:port (comma-separate several replicas)")
+        if not 1 <= obj.keep_versions <= 100:
+            bad("keep_versions", "must be in 1..100 (promoted versions kept loaded for a rollback)")
+    elif isinstance(obj, GuardConfig):
+        if obj.min_events < 1:
+            bad("min_events", "must be >= 1")
+        for key in ("logloss_margin", "label_rate_tolerance", "label_rate_floor", "dead_letter_share_max",
+                    "zero_share_jump", "empty_share_jump", "novel_share_jump"):
+            if not 0 <= getattr(obj, key) <= 1e3:
+                bad(key, "must be a number >= 0")
+        if not 0 < obj.calibration_min <= 1 <= obj.calibration_max:
+            bad("calibration_min", "calibration bounds must satisfy 0 < calibration_min <= 1 <= calibration_max")
+        if not 0 < obj.history_weight <= 1:
+            bad("history_weight", "must be in (0, 1]")
 
 
 def _check_metrics_endpoint(obj: Any, bad) -> None:
@@ -749,6 +782,8 @@ def _check_metrics_endpoint(obj: Any, bad) -> None:
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
     parts = dotted.split(".")
+    if len(parts) == 3 and all(parts) and _set_nested(data, parts, value, source):
+        return
     if len(parts) != 2 or not all(parts):
         raise ConfigError(f"{source}: expected section.key, got {dotted!r}")
     section, key = parts
@@ -763,6 +798,23 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any, source: str) -> Non
     if key not in keys:
         raise ConfigError(f"{source}: unknown key {key!r} in [{section}]; known keys: {', '.join(sorted(keys))}")
     data.setdefault(section, {})[key] = value
+
+
+def _set_nested(data: dict[str, Any], parts: list[str], value: Any, source: str) -> bool:
+    """``section.table.key`` of a nested table (``serving.guard.enabled``); False when it names none."""
+    section, table, key = parts
+    section_cls = typing.get_type_hints(Config).get(section)
+    inner = typing.get_type_hints(section_cls).get(table) if section_cls is not None else None
+    if inner is None or not dataclasses.is_dataclass(inner):
+        return False
+    keys = {f.name for f in dataclasses.fields(inner)}
+    if key not in keys:
+        raise ConfigError(f"{source}: unknown key {key!r} in [{section}.{table}]; known keys: {', '.join(sorted(keys))}")
+    sec = data.setdefault(section, {})
+    if not isinstance(sec.get(table, {}), dict):
+        sec[table] = {}
+    sec.setdefault(table, {})[key] = value
+    return True
 
 
 def load_config(
@@ -792,7 +844,8 @@ def load_config(
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         section, _, key = name[len(ENV_PREFIX):].lower().partition("__")
-        _set_path(data, f"{section}.{key}", value, f"environment variable {name}")
+        # STREAMREC_SERVING__GUARD__ENABLED: a nested table's key
+        _set_path(data, f"{section}.{key.replace('__', '.')}", value, f"environment variable {name}")
     for dotted, value in (overrides or {}).items():
         _set_path(data, dotted, value, f"override {dotted}")
     _move_generator_keys(data, str(path) if path else "")
