@@ -49,6 +49,16 @@ class StreamRecStub:
                 request_serializer=streamrec_dot_serving_dot_streamrec__pb2.StatusRequest.SerializeToString,
                 response_deserializer=streamrec_dot_serving_dot_streamrec__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Rollback = channel.unary_unary(
+                '/streamrec.v1.StreamRec/Rollback',
+                request_serializer=streamrec_dot_serving_dot_streamrec__pb2.RollbackRequest.SerializeToString,
+                response_deserializer=streamrec_dot_serving_dot_streamrec__pb2.RollbackResponse.FromString,
+                _registered_method=True)
+        self.AcceptVersion = channel.unary_unary(
+                '/streamrec.v1.StreamRec/AcceptVersion',
+                request_serializer=streamrec_dot_serving_dot_streamrec__pb2.AcceptRequest.SerializeToString,
+                response_deserializer=streamrec_dot_serving_dot_streamrec__pb2.AcceptResponse.FromString,
+                _registered_method=True)
 
 
 class StreamRecServicer:
@@ -80,6 +90,19 @@ class StreamRecServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rollback(self, request, context):
+        """Operator commands, authenticated like PushSnapshot (serving.push_token).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcceptVersion(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamRecServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +120,16 @@ def add_StreamRecServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=streamrec_dot_serving_dot_streamrec__pb2.StatusRequest.FromString,
                     response_serializer=streamrec_dot_serving_dot_streamrec__pb2.StatusResponse.SerializeToString,
+            ),
+            'Rollback': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rollback,
+                    request_deserializer=streamrec_dot_serving_dot_streamrec__pb2.RollbackRequest.FromString,
+                    response_serializer=streamrec_dot_serving_dot_streamrec__pb2.RollbackResponse.SerializeToString,
+            ),
+            'AcceptVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcceptVersion,
+                    request_deserializer=streamrec_dot_serving_dot_streamrec__pb2.AcceptRequest.FromString,
+                    response_serializer=streamrec_dot_serving_dot_streamrec__pb2.AcceptResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +213,60 @@ class StreamRec:
             '/streamrec.v1.StreamRec/Status',
             streamrec_dot_serving_dot_streamrec__pb2.StatusRequest.SerializeToString,
             streamrec_dot_serving_dot_streamrec__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rollback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamrec.v1.StreamRec/Rollback',
+            streamrec_dot_serving_dot_streamrec__pb2.RollbackRequest.SerializeToString,
+            streamrec_dot_serving_dot_streamrec__pb2.RollbackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcceptVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamrec.v1.StreamRec/AcceptVersion',
+            streamrec_dot_serving_dot_streamrec__pb2.AcceptRequest.SerializeToString,
+            streamrec_dot_serving_dot_streamrec__pb2.AcceptResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,11 @@ def reference_markdown() -> str:
                 shown = "user, item, category, tags (tags: multi=3)"
                 note = ("how `generate`/`produce --synthetic` draw each model field: list of {name, cardinality, zipf, "
                         "multi}; a model field without an entry gets the defaults below")
+            elif dataclasses.is_dataclass(value):  # a nested table ([serving.guard]): one row per key
+                inner = _comments(type(value))
+                lines += [f"| `{section.name}.{f.name}.{g.name}` | `{getattr(value, g.name)!r}` | "
+                          f"{inner.get(g.name, '').replace('|', '/')} |" for g in dataclasses.fields(value)]
+                continue
             else:
                 shown = f"`{value!r}`" if value != "" else '`""`'
                 note = notes.get(f.name, "")
