@@ -40,7 +40,7 @@ SECURE = ROOT / "deploy" / "compose.secure.yml"
 SCHEMA = json.loads((Path(__file__).parent / "schemas" / "compose-spec.json").read_text())
 # what compose needs set to interpolate the files at all (the ``${VAR:?message}`` secrets)
 TOKENS = {"STREAMREC_PUSH_TOKEN": "push-secret", "STREAMREC_PREDICT_TOKEN": "predict-secret"}
-STREAMREC_SERVICES = {"serving", "sketch", "trainer", "trainer-gpu", "trainer-0", "trainer-1", "producer"}
+STREAMREC_SERVICES = {"serving", "sketch", "join", "trainer", "trainer-gpu", "trainer-0", "trainer-1", "producer"}
 
 
 class MissingVariable(Exception):
