@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
-from streamrec.foundation import EventBatch
+from streamrec.foundation import EventBatch, EventSchema
 from streamrec.foundation.events import FEEDBACK_CODES
 from streamrec.ingest import SyntheticStream
 from streamrec.model import build_model
@@ -218,3 +218,24 @@ def test_held_scores_resolve_out_of_order_and_are_bounded():
                        np.array([0], np.int8), ["q"])
     np.testing.assert_array_equal(y, [[0, 0], [0, nan]])  # the plain event, then r's first task as a negative
     np.testing.assert_allclose(p[1, 0], 0.2)
+
+
+def test_the_joiner_writes_each_examples_kind_into_the_event(tmp_path):
+    """The join machine's examples carry their kind in the event body, which the trainer's decoder reads."""
+    from streamrec.ingest.codec import Decoder, encode_json
+    from streamrec.joiner.machine import Action, JoinRules, JoinState
+
+    cfg = small_config(tmp_path, **{"join.mode": "fake_negative"})
+    schema_in = EventSchema.from_config(cfg)
+    rules = JoinRules.from_config(cfg.join)
+    imp = {"ts": 1000, "dense": [0.0] * cfg.model.dense_dim, "sparse": {"user": 1}, "request_id": "q"}
+    out = []
+    for kind in ("fake_negative", "window"):
+        st = JoinState(JoinRules(kind, rules.window_ms, rules.lateness_ms, rules.orphan_ms, rules.tasks))
+        exs = st.impression("q", 1000, imp) + st.action(Action("q", 1500, cfg.join.label_action))
+        exs += st.action(Action("z", 1000 + rules.window_ms + rules.lateness_ms + 10, "none"))
+        out.append([(e.kind, e.event["feedback"], e.event["label"]) for e in exs])
+        batch, errors = Decoder(schema_in).decode_many([encode_json(e.event) for e in exs])
+        assert errors == [] and batch.feedback.tolist() == [FEEDBACK_CODES[e.kind] for e in exs]
+    assert out == [[("fake_negative", "fake_negative", 0), ("positive", "positive", 1)],
+                   [("positive", "positive", 1)]]
