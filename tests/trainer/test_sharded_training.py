@@ -30,13 +30,15 @@ def _cfg(tmp):
     return cfg
 
 
-def _setup(cfg, arch: str = "dlrm", tasks: bool = False, tables: bool = False):
+def _setup(cfg, arch: str = "dlrm", tasks: bool = False, tables: bool = False, fake: bool = False):
     """``cfg`` for architecture ``arch``; ``tasks``: two tasks, ``click`` and a ``conversion`` of weight 0.5;
     ``tables``: fields of their own widths (user 8, item 24) and two fields sharing one table (tags looks its
-    ids up in category's)."""
+    ids up in category's); ``fake``: a fake-negative stream (the weighted loss, trainer/step.py)."""
     from streamrec.foundation.config import TaskSpec
 
     cfg.model.architecture, cfg.model.cross_layers = arch, 2
+    if fake:
+        cfg.join.mode = "fake_negative"
     if tasks:
         cfg.model.tasks = [TaskSpec("click"), TaskSpec("conversion", 0.5)]
     if tables:
@@ -55,13 +57,19 @@ def _events(cfg, n: int = N_EVENTS):
         conv = np.where(rng.random(n) < 0.5, batch.labels, 0.0).astype(np.float32)
         conv[rng.random(n) >= 0.1] = np.nan
         batch.task_labels = np.stack([batch.labels, conv], axis=1).astype(np.float32)
+    if cfg.join.mode == "fake_negative":  # every event a fake negative or a positive (no request ids: scored as they come)
+        from streamrec.foundation import FEEDBACK_CODES
+
+        batch.feedback = np.where(batch.labels == 1, FEEDBACK_CODES["positive"],
+                                  FEEDBACK_CODES["fake_negative"]).astype(np.int8)
     return batch
 
 
-def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False):
+def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False,
+                fake: bool = False):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-    cfg = _setup(cfg, arch, tasks, tables)
+    cfg = _setup(cfg, arch, tasks, tables, fake)
     torch.manual_seed(0)
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
     core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
@@ -82,8 +90,8 @@ def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, 
     return out
 
 
-def _single(tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False):
-    cfg = _setup(_cfg(tmp), arch, tasks, tables)
+def _single(tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False, fake: bool = False):
+    cfg = _setup(_cfg(tmp), arch, tasks, tables, fake)
     torch.manual_seed(0)
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / "single"))
     core = TrainerCore(cfg, store, torch.device("cpu"))
@@ -94,13 +102,16 @@ def _single(tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False):
 @pytest.mark.subprocess
 @GROUP_RUNS_WORKER
 @pytest.mark.parametrize("scenario", ["train", *(f"train_{a}" for a in ARCHS[1:]), "train_two_tasks",
-                                      "train_tables"])
+                                      "train_tables", "train_fake_negative"])
 def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs, scenario):
     """For every built-in architecture, for two tasks (one labelled on a tenth of the events: each task's
-    loss is the group's masked sum over the group's batch, not each rank's) and for fields of their own widths
-    with a shared table: the same dense weights, rows and AUC as one trainer."""
+    loss is the group's masked sum over the group's batch, not each rank's), for fields of their own widths
+    with a shared table and for a fake-negative stream (each event weighed by its detached probability): the
+    same dense weights, rows and AUC as one trainer."""
     arch = scenario.removeprefix("train_") if scenario in (f"train_{a}" for a in ARCHS) else "dlrm"
-    core, store = _single(tmp_path, arch, tasks=scenario == "train_two_tasks", tables=scenario == "train_tables")
+    core, store = _single(tmp_path, arch, tasks=scenario == "train_two_tasks", tables=scenario == "train_tables",
+                          fake=scenario == "train_fake_negative")
+    assert core.fake_negative == (scenario == "train_fake_negative")
     tables = _setup(_cfg(tmp_path), tables=scenario == "train_tables").model.field_tables
     ranks = group_runs[scenario]
     for r in ranks:
@@ -230,6 +241,7 @@ def group_runs(tmp_path_factory):
         **{f"train_{a}": functools.partial(_train_rank, arch=a) for a in ARCHS[1:]},
         "train_two_tasks": functools.partial(_train_rank, tasks=True),
         "train_tables": functools.partial(_train_rank, tables=True),
+        "train_fake_negative": functools.partial(_train_rank, fake=True),
         "idle": _idle_rank,
         "poisoned": _poisoned_rank,
         "out_of_step": _out_of_step_rank,
