@@ -37,8 +37,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from streamrec.foundation.events import FEEDBACK_FAKE_NEGATIVE, FEEDBACK_POSITIVE
+from streamrec.foundation import FEEDBACK_CODES
 
+FEEDBACK_FAKE_NEGATIVE, FEEDBACK_POSITIVE = FEEDBACK_CODES["fake_negative"], FEEDBACK_CODES["positive"]
 _HELD, _EARLY = 0, 1  # an entry: a fake negative's held scores | positives trained before their fake negative
 
 

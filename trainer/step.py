@@ -36,11 +36,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from streamrec.foundation.events import FEEDBACK_FAKE_NEGATIVE, FEEDBACK_POSITIVE
+from streamrec.foundation import FEEDBACK_CODES
 from streamrec.model import RankingModel, embed_batch, task_logits
 
 from .trainer_types import DenseOptimizer
 
+FEEDBACK_FAKE_NEGATIVE, FEEDBACK_POSITIVE = FEEDBACK_CODES["fake_negative"], FEEDBACK_CODES["positive"]
 Lookup = Callable[[str, np.ndarray], torch.Tensor]
 ApplyGrads = Callable[[str, np.ndarray, torch.Tensor], None]
 
