@@ -69,7 +69,7 @@ DELAY_MEDIAN_S = 30.0
 SIZES = {  # (impressions for quality, seeds, impressions for throughput, JSON events for the trainer, warm-up s,
     # training window s, freshness run s, freshness warm-up s)
     "full": (100_000, 2, 400_000, 1_200_000, 8.0, 30.0, 30.0, 15.0),
-    "quick": (40_000, 1, 150_000, 400_000, 4.0, 10.0, 15.0, 10.0),
+    "quick": (40_000, 1, 150_000, 600_000, 4.0, 10.0, 15.0, 10.0),
     "tiny": (3_000, 1, 6_000, 150_000, 0.3, 1.0, 4.0, 6.0),
 }
 MODES = ("oracle", "window", "fake_negative", "fake_negative_naive")
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
           f"gap {r['auc_gap_best']:+.5f}", flush=True)
     print(f"  calibration fake_negative {r['calibration_fake_negative']:.3f} (naive "
           f"{r['calibration_fake_negative_naive']:.3f}); state {r['state_bytes_per_impression'] or 0:.0f} "
-          f"bytes per open impression", flush=True)
+          f"bytes per impression held", flush=True)
     root = Path(tempfile.mkdtemp(prefix="streamrec-bench-join-"))
     with (nullcontext() if args.bootstrap else EmbeddedBroker()) as broker:
         bs = args.bootstrap or broker.bootstrap
