@@ -85,7 +85,8 @@ class PartitionMerger:
             p = int(p)
             self.last[p] = now
             self.newest[p] = max(self.newest.get(p, _NONE), int(batch.ts[parts == p].max()))
-        b = EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse, batch.request_ids, feedback=batch.feedback)
+        b = EventBatch(batch.ts, batch.labels, batch.dense, batch.sparse, batch.request_ids, feedback=batch.feedback,
+                       task_labels=batch.task_labels, task_names=batch.task_names)
         self.buffer = EventBatch.concat([self.buffer, b], self.dense_dim, self.fields) if len(self.buffer) else b
         self.part = np.concatenate([self.part, parts])
         self.off = np.concatenate([self.off, offs])
@@ -159,6 +160,7 @@ class PartitionMerger:
     def state(self) -> dict[str, Any]:
         b = self.buffer
         return {"ts": b.ts, "labels": b.labels, "dense": b.dense, "feedback": b.feedback, "request_ids": b.request_ids,
+                "task_labels": b.task_labels, "task_names": list(b.task_names) if b.task_names else None,
                 "sparse": {f: (b.sparse[f].values, b.sparse[f].offsets) for f in self.fields},
                 "part": self.part, "off": self.off, "seq": self.seq, "next_seq": self.next_seq,
                 "newest": {int(p): int(t) for p, t in self.newest.items()}}
@@ -176,7 +178,10 @@ class PartitionMerger:
                                  {f: JaggedIds(np.asarray(v, np.int64), np.asarray(o, np.int64))
                                   for f, (v, o) in st["sparse"].items()},
                                  request_ids=list(st["request_ids"]) if st.get("request_ids") is not None else None,
-                                 feedback=np.asarray(st["feedback"], np.int8) if st.get("feedback") is not None else None)
+                                 feedback=np.asarray(st["feedback"], np.int8) if st.get("feedback") is not None else None,
+                                 task_labels=(np.asarray(st["task_labels"], np.float32).reshape(n, -1)
+                                              if st.get("task_labels") is not None else None),
+                                 task_names=tuple(st["task_names"]) if st.get("task_names") else None)
         self.part, self.seq = np.asarray(st["part"], np.int32), np.asarray(st["seq"], np.int64)
         self.off = np.asarray(st["off"], np.int64) if "off" in st else np.full(n, -1, np.int64)
         self.next_seq = int(st["next_seq"])

@@ -185,8 +185,9 @@ class Joiner:
     def _impression(self, obj) -> tuple[str, int, dict]:
         if not isinstance(obj, dict):
             raise ValueError(f"impression must be a JSON object, got {type(obj).__name__}")
-        if "label" in obj or "labels" in obj:
-            raise ValueError("an impression carries no label (the joiner labels it from its actions)")
+        if "label" in obj or "labels" in obj or "feedback" in obj:
+            raise ValueError("an impression carries no label or feedback kind (the joiner sets both from its "
+                             "actions)")
         rid = obj.get("request_id")
         if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
             raise ValueError("impression: request_id must be a non-empty string or an integer")

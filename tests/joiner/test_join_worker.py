@@ -86,7 +86,8 @@ def test_worker_output_equals_the_oracle(topics, bootstrap, tmp_path, mode):
     for p in range(P):
         want += oracle(r, imps[p], acts[p])
     assert sum(want.values()) > 10
-    bad = [(cfg.join.impressions_topic, b"not json"), (cfg.join.actions_topic, b'{"request_id": "x", "ts": "no"}')]
+    bad = [(cfg.join.impressions_topic, b"not json"), (cfg.join.actions_topic, b'{"request_id": "x", "ts": "no"}'),
+           (cfg.join.impressions_topic, b'{"request_id": "x", "ts": 1, "feedback": "positive"}')]
     produce(bootstrap, cfg, imps, acts, bad)
     log = tmp_path / "join.log"
     proc = subprocess.Popen([STREAMREC, "join", "--config", str(write_config(cfg, tmp_path / "j.toml")),
@@ -98,7 +99,8 @@ def test_worker_output_equals_the_oracle(topics, bootstrap, tmp_path, mode):
         assert examples(bootstrap, cfg, r) == want
         dlq = read_all(bootstrap, cfg.kafka.dlq_topic)
         reasons = sorted(dict(m.headers)["streamrec-error"].decode() for m in dlq)
-        assert len(reasons) == 2 and any("not JSON" in x for x in reasons) and any("ts" in x for x in reasons)
+        assert len(reasons) == 3 and any("not JSON" in x for x in reasons) and any("ts" in x for x in reasons)
+        assert any("feedback" in x for x in reasons), reasons
     finally:
         stop(proc)
 

@@ -223,3 +223,26 @@ def test_a_stop_with_events_waiting_in_the_merge_loses_none_and_trains_none_twic
     assert sorted(part1 + part2) == sorted(ts.tolist())  # none lost, none twice
     assert len(part2) >= held[0]  # the held events were trained after the restart
     assert part1 == sorted(part1) and part2 == sorted(part2)
+
+
+def test_task_labels_and_feedback_wait_in_the_merge_and_survive_its_checkpoint(tmp_path):
+    """Every column of an event travels through the merge with it: the task-label matrix (NaN where a task is
+    missing), its task names and the feedback kind, also across a state save and restore."""
+    cfg = small_config(tmp_path)
+    ts = np.arange(40)
+    b = _events(cfg, ts, np.zeros(40, np.int32))
+    b.task_labels = np.stack([b.labels, np.where(ts % 3 == 0, 1.0, np.nan)], axis=1).astype(np.float32)
+    b.task_names = ("click", "conversion")
+    b.feedback = (ts % 4).astype(np.int8)
+    clock = Clock()
+    m = _merger(cfg, clock)
+    m.expect([0, 1])  # partition 1 is silent: partition 0's events wait for it
+    m.add(b)
+    assert m.release(behind={1}) is None
+    again = _merger(cfg, clock)
+    again.expect([0, 1])
+    again.load_state(m.state())
+    out = again.drain()
+    np.testing.assert_array_equal(out.task_labels, b.task_labels)  # NaN in the same places
+    assert out.task_names == ("click", "conversion")
+    np.testing.assert_array_equal(out.feedback, b.feedback)
