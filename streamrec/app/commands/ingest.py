@@ -38,6 +38,12 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--hold", action="store_true",
                    help="with the embedded broker: keep it serving after producing, until Ctrl-C")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--topic", metavar="TOPIC",
+                   help="instead: send each line of a JSON-lines FILE as it is, one record each, to TOPIC (e.g. "
+                        "the joiner's impressions or actions), keyed by --key-field; a line that is not a JSON "
+                        "object holding that field stops the run, naming the line")
+    p.add_argument("--key-field", default="request_id", metavar="FIELD",
+                   help="with --topic: the field whose value keys each record (default request_id)")
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser("generate", parents=[common],
@@ -128,6 +134,57 @@ def _limited(batches, limit: int):
         yield b
 
 
+def produce_keyed(cfg, args) -> int:
+    """``produce FILE.jsonl --topic T``: each line as one record of ``T``, keyed by ``--key-field``. The lines
+    are not events of the model (impressions and actions for the joiner are not): their own consumer checks
+    them; this only checks each is a JSON object with a usable key, so a record never lands unkeyed."""
+    import json
+
+    from streamrec.app.cli import kafka_bootstrap
+    from streamrec.app.logs import startup_line
+    from streamrec.ingest import client_settings, make_producer
+
+    if args.file is None or args.synthetic is not None:
+        print("streamrec produce: --topic sends the lines of a JSON-lines FILE (not --synthetic)", file=sys.stderr)
+        return 2
+    sent = 0
+    t0 = time.monotonic()
+    with kafka_bootstrap(cfg) as bootstrap, open(args.file, "rb") as lines:
+        startup_line("produce", args, brokers=bootstrap, topics=args.topic, source=args.file,
+                     key=args.key_field, rate=f"{args.rate:g} records/s" if args.rate else "as fast as possible")
+        producer = make_producer(bootstrap, **client_settings(cfg))
+        try:
+            for n, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    print(f"streamrec produce: {args.file} line {n}: not JSON ({e}); {sent:,} records were sent",
+                          file=sys.stderr)
+                    return 2
+                key = obj.get(args.key_field) if isinstance(obj, dict) else None
+                if isinstance(key, bool) or not isinstance(key, (str, int)) or key == "":
+                    print(f"streamrec produce: {args.file} line {n}: no usable {args.key_field!r} (a non-empty "
+                          f"string or integer) to key the record by; {sent:,} records were sent", file=sys.stderr)
+                    return 2
+                producer.send(args.topic, line.strip(), key=str(key).encode())
+                sent += 1
+                if args.limit and sent >= args.limit:
+                    break
+                if args.rate:
+                    ahead = sent / args.rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        finally:
+            producer.flush(60)
+            producer.close(60)
+    dt = time.monotonic() - t0
+    print(f"produced {sent:,} records to {args.topic!r} keyed by {args.key_field!r} on {bootstrap} in {dt:.1f}s "
+          f"({sent / max(dt, 1e-9):,.0f} records/s)", flush=True)
+    return 0
+
+
 def cmd_produce(args) -> int:
     from streamrec.app.cli import config_from_args, kafka_bootstrap
 
@@ -137,6 +194,8 @@ def cmd_produce(args) -> int:
     from streamrec.app.logs import IntervalLog, startup_line
 
     cfg = config_from_args(args)
+    if args.topic:
+        return produce_keyed(cfg, args)
     if args.layout:
         cfg = layout_config(args.layout, cfg)
     if args.codec:
