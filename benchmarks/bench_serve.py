@@ -349,7 +349,7 @@ def main(argv: list[str]) -> int:
 
     from streamrec.benchmarks import grpc_floor
     from streamrec.ingest import SyntheticStream
-    from streamrec.snapshot import rows_batch, write_snapshot
+    from streamrec.snapshot import empty_evidence, rows_batch, write_snapshot
     from streamrec.serving import ServingClient, SnapshotPusher, events_to_request
     from streamrec.serving.pb import pb
     from streamrec.foundation import load_config
@@ -413,7 +413,7 @@ def main(argv: list[str]) -> int:
     snap1 = write_snapshot(tmp / "snap-1", version=1, parent_version=None, kind="full", dense_state=model.state_dict(),
                            rows=all_rows, kafka_offsets={}, metrics={"auc": 0.0}, config_hash=cfg.model_hash(),
                            newest_event_ms=int(time.time() * 1000), model_config=cfg.to_dict()["model"],
-                           store_config={"init_scale": cfg.store.init_scale})
+                           store_config={"init_scale": cfg.store.init_scale}, evidence=empty_evidence())
     size_mb = sum(p.stat().st_size for p in snap1.iterdir()) / 1e6
 
     # the serving path in-process: the served version's lookup + forward, no gRPC; the same service (its own
@@ -561,7 +561,7 @@ def main(argv: list[str]) -> int:
             return write_snapshot(tmp / f"snap-{version}", version=version, parent_version=parent, kind="delta",
                                   dense_state=model.state_dict(), rows=rows, kafka_offsets={}, metrics={},
                                   config_hash=cfg.model_hash(), newest_event_ms=newest_ms,
-                                  model_config=cfg.to_dict()["model"])
+                                  model_config=cfg.to_dict()["model"], evidence=empty_evidence())
 
         snap2 = delta(2, 1, int(time.time() * 1000))
         t0 = time.perf_counter()

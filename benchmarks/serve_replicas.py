@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from streamrec.ingest import SyntheticStream
-    from streamrec.snapshot import write_snapshot
+    from streamrec.snapshot import empty_evidence, write_snapshot
     from streamrec.serving import events_to_request
     from streamrec.foundation import load_config
     from streamrec.model import embed_batch
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         snap = write_snapshot(tmp / "snap", version=1, parent_version=None, kind="full", dense_state=model.state_dict(),
                               rows=list(store.changed_rows()), kafka_offsets={}, metrics={},
                               config_hash=cfg.model_hash(), newest_event_ms=int(time.time() * 1000),
-                              model_config=cfg.to_dict()["model"], store_config={"init_scale": cfg.store.init_scale})
+                              model_config=cfg.to_dict()["model"], store_config={"init_scale": cfg.store.init_scale}, evidence=empty_evidence())
         sub = events.take(np.arange(BATCH))
         request = events_to_request(sub.to_events())
 

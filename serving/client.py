@@ -46,19 +46,22 @@ def _metadata(token: str) -> tuple:
 
 
 class ServingClient:
-    """Predict, Status and health against one server."""
+    """Predict, Status and health against one server; ``rollback`` and ``accept`` (the operator's calls, with
+    ``push_token``, which they need like a push)."""
 
     def __init__(self, target: str, token: str = "", tls_ca: str = "", timeout: float = 10.0,
-                 max_message_mb: int = 64, own_connection: bool = False):
+                 max_message_mb: int = 64, own_connection: bool = False, push_token: str = ""):
         self.channel = make_channel(target, tls_ca, max_message_mb, own_connection=own_connection)
         self.stub = pb_grpc.StreamRecStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
         self.token = token
+        self.push_token = push_token
         self.timeout = timeout
 
     @classmethod
     def from_config(cls, cfg, **kw) -> "ServingClient":
         s = cfg.serving
+        kw.setdefault("push_token", s.push_token)
         return cls(cfg.serving_target(), token=s.predict_token, tls_ca=s.tls_ca, max_message_mb=s.max_message_mb, **kw)
 
     def predict(self, events: Iterable[Mapping[str, Any]], columns: bool = True) -> tuple[np.ndarray, int]:
@@ -84,6 +87,19 @@ class ServingClient:
 
     def status(self) -> dict[str, Any]:
         resp = self.stub.Status(pb.StatusRequest(), timeout=self.timeout, metadata=_metadata(self.token))
+        return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+    def rollback(self, to_version: int = 0, release: bool = False) -> dict[str, Any]:
+        """Serve and pin kept version ``to_version`` (0: the one promoted before the served one), or with
+        ``release`` unpin; the answer's ``version``, ``pinned``, ``swap_seconds`` and ``message``."""
+        resp = self.stub.Rollback(pb.RollbackRequest(to_version=int(to_version), release=bool(release)),
+                                  timeout=self.timeout, metadata=_metadata(self.push_token))
+        return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+    def accept(self, version: int = 0) -> dict[str, Any]:
+        """Promote the version the guard holds back (0: the newest held one); ``version`` and ``message``."""
+        resp = self.stub.AcceptVersion(pb.AcceptRequest(version=int(version)), timeout=self.timeout,
+                                       metadata=_metadata(self.push_token))
         return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
     def health(self, service: str = "") -> str:
@@ -191,9 +207,10 @@ class SnapshotPusher:
         return result
 
     def _served_version(self) -> int:
-        """The version the server serves now (0 when it serves none or does not say)."""
+        """The newest version the server holds, served or held back by its guard (0 when none or it does not say)."""
         try:
-            return int(self.stub.Status(pb.StatusRequest(), timeout=10, metadata=_metadata(self.token)).version)
+            st = self.stub.Status(pb.StatusRequest(), timeout=10, metadata=_metadata(self.token))
+            return max(int(st.version), int(st.newest_version))
         except grpc.RpcError:
             return 0
 

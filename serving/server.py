@@ -62,7 +62,9 @@ from .pb import SERVICE, pb, pb_grpc
 from .receiver import parse_chunks, receive_snapshot
 from .reflection import V1_SERVICE, V1ALPHA_SERVICE, enable_reflection
 from .refusals import Refusals
-from .version import ServedVersion, StoredVersionDamaged, check_model_config, load_version, restore_newest
+from .history import VersionBook
+from .operator import operator_handlers
+from .version import ServedVersion, StoredVersionDamaged, check_model_config, load_version
 
 log = logging.getLogger("streamrec.serving")
 
@@ -198,7 +200,10 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.last_verify: dict = {}  # the last verification: {"when": "start"|"delta", "bytes", "seconds"}
         self.not_serving_reason = ""  # set while nothing is served because stored versions failed their checks
         skipped: list = []
-        restored = restore_newest(self.versions, cfg, device, skipped)  # a restart serves what it served before
+        # the head, the kept and the served version, and the guard (history.py); a restart serves what it
+        # served before, pinned or not
+        self.book = VersionBook(root, cfg)
+        restored = self.book.restore(device, skipped)
         self.stored_refused += sum(isinstance(e, StoredVersionDamaged) for _, e in skipped)
         if restored is not None:
             if restored.verified is not None:
@@ -248,6 +253,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                     self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
                     self.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
                 parent.retire(keep_dir=True)  # left on disk for the operator; a restart skips it (damaged)
+            self.book.forget(parent)
             raise SnapshotError(f"parent_version: {reason}", code="DATA_LOSS") from None
         self._count_verify("delta", n, seconds)
 
@@ -264,8 +270,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         if self.health is not None:
             self.health.set("", health_pb2.HealthCheckResponse.SERVING)
             self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
-        if old is not None:
-            old.retire()
+        self.book.settle(new)  # the old one stays loaded while kept for a rollback
 
     def install(self, staged: Path, manifest) -> ServedVersion:
         """Load a verified snapshot directory and swap it in (used by PushSnapshot and tests)."""
@@ -275,7 +280,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             self._precheck(manifest)
             # a reference on the parent while loading: close() may retire it meanwhile, and a delta
             # copies its store (it was closed under the load, or the load failed)
-            parent = self._acquire()
+            parent = self.book.acquire_head(self._current)  # a delta builds on the newest installed version
             try:
                 if manifest.kind == "delta" and parent is not None and parent.version == manifest.parent_version:
                     self._verify_parent(parent)
@@ -283,10 +288,14 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             finally:
                 if parent is not None:
                     parent.release()
-            self._swap(v)
-            log.info("serving version %d (%s, parent %s, %d rows)", v.version, manifest.kind,
-                     manifest.parent_version, v.rows_held)
+            with self.book.lock:  # the guard decides whether users get it (history.py)
+                verdict = self.book.add(v, self._current)
+                self._swap(v) if verdict.ok else self.book.settle(self._current)
+            if verdict.ok:
+                log.info("serving version %d (%s, parent %s, %d rows)", v.version, manifest.kind,
+                         manifest.parent_version, v.rows_held)
             return v
+
 
     def install_from(self, path) -> str | None:
         """``streamrec serve --snapshot DIR``: verify ``DIR`` (a missing or corrupt one raises ``SnapshotError``),
@@ -303,7 +312,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
 
     def _precheck(self, manifest) -> None:
         """What can be decided from the manifest alone, before a byte of the snapshot is stored."""
-        cur = self._current
+        self.book.precheck(manifest)
+        cur = self.book.head or self._current  # versions and deltas follow the newest installed one
         if cur is not None and manifest.version <= cur.version:
             raise SnapshotError(f"version {manifest.version} is not newer than the served {cur.version}", code="FAILED_PRECONDITION")
         jump = self.cfg.serving.max_version_jump
@@ -322,9 +332,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self._heavy_worker.shutdown(wait=False)
         with self._swap_lock:
             self._closed = True  # a push still loading is not swapped in after this (see _swap)
-            old, self._current = self._current, None
-        if old is not None:
-            old.retire(keep_dir=True)
+            self._current = None
+        self.book.close()
 
     # -- RPCs -----------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler:
@@ -336,6 +345,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                 self.PushSnapshot, response_serializer=pb.PushResponse.SerializeToString),
             "Status": grpc.unary_unary_rpc_method_handler(
                 self.Status, response_serializer=pb.StatusResponse.SerializeToString),
+            **operator_handlers(self),
         })
 
     @property
@@ -542,6 +552,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             resp.not_serving_reason = self.not_serving_reason
         else:
             version_status(resp, v)
+        self.book.status(resp, v)
         return resp
 
 

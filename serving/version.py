@@ -727,13 +727,14 @@ def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVers
 
 
 def restore_newest(versions_root: Path, cfg: Config, device: torch.device,
-                   skipped: list | None = None) -> ServedVersion | None:
+                   skipped: list | None = None, keep: set[int] | None = None) -> ServedVersion | None:
     """The newest complete version under ``versions_root`` that verifies (None if there is none).
 
     Half-written directories (no ``served.json``) and directories older than the one
-    restored are removed; a complete one that fails its checks or to open is skipped and
-    left in place (evidence for the operator), and ``(version, exception)`` is appended to
-    ``skipped``."""
+    restored are removed, except the versions in ``keep`` (the served and kept versions a
+    rollback may need, ``history.py``); a complete one that fails its checks or to open is
+    skipped and left in place (evidence for the operator), and ``(version, exception)`` is
+    appended to ``skipped``."""
     dirs = []
     for p in versions_root.glob("v*"):
         try:
@@ -744,7 +745,8 @@ def restore_newest(versions_root: Path, cfg: Config, device: torch.device,
     found = None
     for n, p in dirs:
         if found is not None:
-            shutil.rmtree(p, ignore_errors=True)  # superseded by the one restored
+            if n not in (keep or ()):
+                shutil.rmtree(p, ignore_errors=True)  # superseded by the one restored
             continue
         if not (p / SERVED).exists():
             log.warning("skipping version directory %s: half-written (no %s); removing it", p, SERVED)

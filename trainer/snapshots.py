@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamrec.snapshot import PusherFactory, is_retryable, needs_full, write_snapshot
+from streamrec.snapshot import PusherFactory, empty_evidence, is_retryable, needs_full, write_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +184,8 @@ class SnapshotPublisher:
         Returns the snapshot dir, or None when skipped because a push is still pending.
         ``plan`` and ``rows``: a :meth:`plan_next` taken earlier and the rows it asked for
         (a group's rows gathered from every rank); by default, decided here and read from ``store``.
-        ``evidence``: the quality evidence the manifest carries (``trainer/evidence.py``; serving's guard
-        refuses a snapshot without it when the guard is on).
+        ``evidence``: the quality evidence the manifest carries (``trainer/evidence.py``); None: the caller
+        observed no events for it (a publisher driven by hand), and the manifest says so (no figures).
         """
         if plan is None:
             plan = self.plan_next()
@@ -212,7 +212,7 @@ class SnapshotPublisher:
             model_config=dataclasses.asdict(self.cfg.model),
             store_config=dataclasses.asdict(self.cfg.store),
             tasks=list(self.cfg.model.task_names), program=program, program_data=program_data,
-            evidence=evidence,
+            evidence=evidence if evidence is not None else empty_evidence(),
         )
         with self._lock:
             self.st.built += 1

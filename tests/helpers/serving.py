@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamrec.snapshot import rows_batch, write_snapshot
+from streamrec.snapshot import empty_evidence, rows_batch, write_snapshot
 from streamrec.model import DLRM, predict_batch
 from streamrec.serving import ServingClient, SnapshotPusher, serve
 
@@ -54,7 +54,7 @@ class FakeTrainer:
             kind=kind, dense_state=self.model.state_dict(), rows=rows, kafka_offsets={"events:0": self.version * 100},
             metrics={"auc": 0.5 + self.version / 100, "logloss": 0.6}, config_hash=self.cfg.model_hash(),
             newest_event_ms=self.newest_event_ms, model_config=self.cfg.to_dict()["model"],
-            store_config={"init_scale": self.cfg.store.init_scale})
+            store_config={"init_scale": self.cfg.store.init_scale}, evidence=empty_evidence())
 
     def scores(self, batch) -> np.ndarray:
         # the first task's probabilities [B]: what Predict's ``scores`` field carries

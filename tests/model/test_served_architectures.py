@@ -13,7 +13,7 @@ from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import EventBatch
 from streamrec.ingest import SyntheticStream
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.snapshot import rows_batch, write_snapshot
+from streamrec.snapshot import empty_evidence, rows_batch, write_snapshot
 from tests.conftest import small_config
 from tests.helpers.serving import events_to_batch, make_events
 from tests.model.user_pkg import user_package
@@ -53,7 +53,7 @@ def _snapshot(tmp_path, cfg, core, store, trained, version: int, model_config: d
                           metrics={"auc": float(core.metrics.auc)}, config_hash=cfg.model_hash(),
                           newest_event_ms=1_700_000_000_000 + version,
                           model_config=model_config or cfg.to_dict()["model"],
-                          store_config={"init_scale": cfg.store.init_scale})
+                          store_config={"init_scale": cfg.store.init_scale}, evidence=empty_evidence())
 
 
 def _served_vs_trainer(server, cfg, core, events) -> tuple[float, int]:

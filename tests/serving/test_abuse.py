@@ -473,7 +473,7 @@ def test_refused_pushes_are_not_retried_and_the_old_version_keeps_serving(guarde
         state = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         if dense:
             dense(state)
-        from streamrec.snapshot import rows_batch, write_snapshot
+        from streamrec.snapshot import empty_evidence, rows_batch, write_snapshot
 
         batches = []
         for f, ids in touched.rows():
@@ -484,7 +484,7 @@ def test_refused_pushes_are_not_retried_and_the_old_version_keeps_serving(guarde
         d = write_snapshot(tmp_path / name, version=patch.pop("version", 2) if patch else 2, parent_version=None,
                            kind="full", dense_state=state, rows=batches, kafka_offsets={}, metrics={},
                            config_hash=trainer.cfg.model_hash(), newest_event_ms=0,
-                           model_config=trainer.cfg.to_dict()["model"], store_config={"init_scale": 0.05})
+                           model_config=trainer.cfg.to_dict()["model"], store_config={"init_scale": 0.05}, evidence=empty_evidence())
         if patch:
             m = _manifest(d)
             m.update(patch)

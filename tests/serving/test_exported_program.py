@@ -23,8 +23,8 @@ from torch import nn
 from streamrec.foundation import TaskSpec, sha256_file
 from streamrec.serving import ServingClient, SnapshotPusher, serve
 from streamrec.serving import pb as _pb  # noqa: F401  (the generated messages load with the package)
-from streamrec.snapshot import (MANIFEST, SnapshotError, export_dense, read_manifest, rows_batch, verify_snapshot,
-                                write_snapshot)
+from streamrec.snapshot import (MANIFEST, SnapshotError, empty_evidence, export_dense, read_manifest, rows_batch,
+                                verify_snapshot, write_snapshot)
 from streamrec.trainer import SnapshotPublisher
 from tests.helpers.serving import events_to_batch, make_events
 
@@ -260,7 +260,7 @@ def _program_snapshot(cfg, out: Path, model: nn.Module, *, export_dims=None, tas
     return write_snapshot(out, version=2, parent_version=None, kind="full",
                           dense_state=weights or model.state_dict(), rows=[], kafka_offsets={}, metrics={},
                           config_hash=cfg.model_hash(), newest_event_ms=1, model_config=cfg.to_dict()["model"],
-                          tasks=tasks, program=entry, program_data=ex)
+                          tasks=tasks, program=entry, program_data=ex, evidence=empty_evidence())
 
 
 @pytest.fixture

@@ -75,7 +75,8 @@ def test_push_refusals(loaded):
         assert r.code == "FAILED_PRECONDITION" and "not newer" in r.reason
     data_dir = srv.cfg.serving.data_dir
     assert list((Path(data_dir) / "staging").iterdir()) == []  # refused pushes leave nothing behind
-    assert [d.name for d in (Path(data_dir) / "versions").iterdir()] == ["v000000000002"]  # v1 retired and removed
+    # v1 stays loaded for a rollback (serving.keep_versions)
+    assert sorted(d.name for d in (Path(data_dir) / "versions").iterdir()) == ["v000000000001", "v000000000002"]
     scores, version = client.predict(events)
     assert version == 2 and np.max(np.abs(scores - trainer.scores(events_to_batch(trainer.cfg, events)))) <= 1e-6
 

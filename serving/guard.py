@@ -1,0 +1,168 @@
+"""The promotion guard: whether a pushed version's quality evidence lets it reach users (``[serving.guard]``).
+
+A version is judged on the evidence its manifest carries (``streamrec.snapshot.evidence``): what the trainer
+saw since the previous version. The checks, in the order a hold names them (the first that fails is the
+reason, every failing one is in the detail):
+
+- ``dead_letters``: more than ``dead_letter_share_max`` of the records since the previous version were
+  dead-lettered;
+- ``dense_zeros``: the share of all-zero dense vectors, or of zeros in one dense column, is more than
+  ``zero_share_jump`` above its history;
+- ``field_empty`` / ``field_novel``: a field's share of events without ids, or of ids the trainer has not
+  seen lately (random ids look like this), is more than ``empty_share_jump`` / ``novel_share_jump`` above
+  its history;
+- ``label_rate``: the label rate is off its history by more than ``label_rate_tolerance`` of it (or
+  ``label_rate_floor``, whichever is larger);
+- ``calibration``: mean prediction / label rate outside ``[calibration_min, calibration_max]``;
+- ``logloss``: the progressive logloss is more than ``logloss_margin`` (a share) above its history.
+
+The label and score checks read the since-previous window when it holds at least ``min_events`` labelled
+events, else the trainer's longer window; with fewer than that in both they are skipped (a trainer that has
+just started). The histories are exponentially weighted averages (``history_weight`` per version) over the
+promoted versions only, so a held stretch never moves them: the guard compares every new version with what
+users were last given. ``reset`` (an operator's ``streamrec accept``) starts them again from one version's
+evidence: the stream really changed. The first version a server gets is promoted whatever it holds (nothing
+else could be served) and starts the histories.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+REASONS = ("dead_letters", "dense_zeros", "field_empty", "field_novel", "label_rate", "calibration", "logloss")
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    reason: str = ""  # the first failing check (a label of streamrec_serving_versions_held_total), "" when ok
+    detail: str = ""  # every failing check with its figures, one line
+
+    @property
+    def line(self) -> str:
+        return self.detail or "passes"
+
+
+@dataclass
+class History:
+    """EWMAs over promoted versions' evidence (None: no promoted version with evidence yet)."""
+
+    logloss: float | None = None
+    label_rate: float | None = None
+    dense_zero: float | None = None
+    dense_cols: list = field(default_factory=list)
+    empty: dict = field(default_factory=dict)
+    novel: dict = field(default_factory=dict)
+    promoted: int = 0  # versions folded in since the last reset
+
+
+def _ewma(old, new, w: float):
+    if new is None:
+        return old
+    return float(new) if old is None else float((1 - w) * old + w * new)
+
+
+class Guard:
+    """Judges evidence blocks against ``[serving.guard]`` and the history of promoted versions."""
+
+    def __init__(self, gcfg):
+        self.cfg = gcfg
+        self.history = History()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cfg.enabled)
+
+    def _figures(self, ev: dict) -> dict | None:
+        """The window the label and score checks read (see the module docstring), or None."""
+        for key in ("since_previous", "recent"):
+            w = ev.get(key) or {}
+            if int(w.get("events") or 0) >= self.cfg.min_events:
+                return w
+        return None
+
+    def judge(self, ev: dict | None) -> Verdict:
+        if not self.enabled:
+            return Verdict(True)
+        if ev is None:
+            return Verdict(False, "no_evidence", "the version carries no quality evidence")
+        g, h = self.cfg, self.history
+        fails: list[tuple[str, str]] = []
+        inp = ev.get("input") or {}
+        if int(inp.get("records", 0)) + int(inp.get("dead_letters", 0)):
+            share = float(inp.get("dead_letter_share", 0.0))
+            if share > g.dead_letter_share_max:
+                fails.append(("dead_letters", f"dead-lettered share {share:.3f} > {g.dead_letter_share_max:g}"))
+        if int(inp.get("records", 0)):
+            if h.dense_zero is not None and inp.get("dense_zero_share", 0.0) - h.dense_zero > g.zero_share_jump:
+                fails.append(("dense_zeros", f"all-zero dense vectors {inp['dense_zero_share']:.3f}, history "
+                                             f"{h.dense_zero:.3f}"))
+            for i, x in enumerate(inp.get("dense_column_zero_share") or []):
+                base = h.dense_cols[i] if i < len(h.dense_cols) else None
+                if base is not None and x - base > g.zero_share_jump:
+                    fails.append(("dense_zeros", f"dense[{i}] zero share {x:.3f}, history {base:.3f}"))
+            for key, hist, jump, what in (("field_empty_share", h.empty, g.empty_share_jump, "field_empty"),
+                                          ("field_novel_share", h.novel, g.novel_share_jump, "field_novel")):
+                for name, x in (inp.get(key) or {}).items():
+                    base = hist.get(name)
+                    if base is not None and x - base > jump:
+                        noun = "events without ids" if what == "field_empty" else "unseen ids"
+                        fails.append((what, f"field {name!r} {noun} {x:.3f}, history {base:.3f}"))
+        w = self._figures(ev)
+        if w is not None:
+            lr, mp, ll = w.get("label_rate"), w.get("mean_prediction"), w.get("logloss")
+            if lr is not None and h.label_rate is not None:
+                allowed = max(g.label_rate_tolerance * h.label_rate, g.label_rate_floor)
+                if abs(lr - h.label_rate) > allowed:
+                    fails.append(("label_rate", f"label rate {lr:.3f}, history {h.label_rate:.3f} (+-{allowed:.3f})"))
+            if lr and mp is not None:
+                cal = mp / lr
+                if not g.calibration_min <= cal <= g.calibration_max:
+                    fails.append(("calibration", f"calibration {cal:.3f} outside [{g.calibration_min:g}, "
+                                                 f"{g.calibration_max:g}]"))
+            if ll is not None and h.logloss is not None and ll > h.logloss * (1 + g.logloss_margin):
+                fails.append(("logloss", f"logloss {ll:.4f} > history {h.logloss:.4f} + {g.logloss_margin:.0%}"))
+        if not fails:
+            return Verdict(True)
+        fails.sort(key=lambda f: REASONS.index(f[0]))
+        return Verdict(False, fails[0][0], "; ".join(dict.fromkeys(d for _, d in fails)))
+
+    def promoted(self, ev: dict | None) -> None:
+        """Fold a promoted version's evidence into the histories."""
+        if ev is None:
+            return
+        h, wt = self.history, (1.0 if self.history.promoted == 0 else float(self.cfg.history_weight))
+        w = self._figures(ev)
+        if w is not None:
+            h.logloss = _ewma(h.logloss, w.get("logloss"), wt)
+            h.label_rate = _ewma(h.label_rate, w.get("label_rate"), wt)
+        inp = ev.get("input") or {}
+        if int(inp.get("records", 0)):
+            h.dense_zero = _ewma(h.dense_zero, inp.get("dense_zero_share"), wt)
+            cols = list(inp.get("dense_column_zero_share") or [])
+            h.dense_cols = [_ewma(h.dense_cols[i] if i < len(h.dense_cols) else None, x, wt)
+                            for i, x in enumerate(cols)]
+            for key, hist in (("field_empty_share", h.empty), ("field_novel_share", h.novel)):
+                for name, x in (inp.get(key) or {}).items():
+                    hist[name] = _ewma(hist.get(name), x, wt)
+        h.promoted += 1
+
+    def reset(self, ev: dict | None) -> None:
+        """Start the histories again from ``ev`` alone (an operator accepted a changed stream)."""
+        self.history = History()
+        self.promoted(ev)
+
+    def state(self) -> dict[str, Any]:
+        h = self.history
+        return {"logloss": h.logloss, "label_rate": h.label_rate, "dense_zero": h.dense_zero,
+                "dense_cols": list(h.dense_cols), "empty": dict(h.empty), "novel": dict(h.novel),
+                "promoted": h.promoted}
+
+    def load_state(self, d: dict[str, Any]) -> None:
+        try:
+            self.history = History(d.get("logloss"), d.get("label_rate"), d.get("dense_zero"),
+                                   list(d.get("dense_cols") or []), dict(d.get("empty") or {}),
+                                   dict(d.get("novel") or {}), int(d.get("promoted", 0)))
+        except (TypeError, ValueError, AttributeError):
+            self.history = History()

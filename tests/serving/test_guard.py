@@ -1,0 +1,165 @@
+"""The promotion guard on sequences of evidence blocks: a clean stream passes, each incident is held with its
+reason named, promotion resumes when the evidence recovers, and an accept restarts the history. Also the
+evidence block's own checks (Manifest.check refuses a malformed one) and the trainer's collector."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamrec.foundation import EventBatch, JaggedIds, load_config
+from streamrec.serving.guard import Guard
+from streamrec.snapshot import SnapshotError, check_evidence, make_evidence, window
+from streamrec.trainer.evidence import EvidenceCollector
+
+
+def _ev(label_rate=0.2, mean_pred=0.2, logloss=0.45, events=2000, dense_zero=0.0, cols=(0.0, 0.05),
+        empty=None, novel=None, dead=0):
+    w = window(events, auc=0.75, logloss=logloss, label_rate=label_rate, mean_prediction=mean_pred)
+    return make_evidence(w, dict(w), records=events, dead_letters=dead, dense_zero_share=dense_zero,
+                         dense_column_zero_share=list(cols), field_empty_share=empty or {"user": 0.0, "item": 0.01},
+                         field_novel_share=novel or {"user": 0.1, "item": 0.05})
+
+
+def _guard(**kw) -> Guard:
+    cfg = load_config(None, {f"serving.guard.{k}": v for k, v in kw.items()}, env={})
+    g = Guard(cfg.serving.guard)
+    return g
+
+
+def _run(g: Guard, seq) -> list[str]:
+    """Judge each block; promoted ones go into the history (as serving does). The reasons, "" = promoted."""
+    out = []
+    for ev in seq:
+        v = g.judge(ev)
+        if v.ok:
+            g.promoted(ev)
+        out.append(v.reason)
+    return out
+
+
+def test_a_clean_stream_with_noise_is_always_promoted():
+    rng = np.random.default_rng(0)
+    g = _guard()
+    seq = [_ev(label_rate=0.2 + rng.normal(0, 0.01), mean_pred=0.2 + rng.normal(0, 0.01),
+               logloss=0.45 + rng.normal(0, 0.01)) for _ in range(50)]
+    assert _run(g, seq) == [""] * 50
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (dict(label_rate=1.0, mean_pred=0.25, logloss=1.4), "label_rate"),  # (a) every label 1
+    (dict(dense_zero=1.0, cols=(1.0, 1.0)), "dense_zeros"),  # (b) the dense vector all zeros
+    (dict(cols=(0.95, 0.05)), "dense_zeros"),  # (b) one dense column turned to zeros
+    (dict(novel={"user": 0.1, "item": 0.97}, logloss=0.5), "field_novel"),  # (c) a field's ids random
+    (dict(empty={"user": 0.0, "item": 0.9}), "field_empty"),
+    (dict(dead=500), "dead_letters"),
+    (dict(mean_pred=0.4), "calibration"),
+    (dict(logloss=0.6), "logloss"),
+])
+def test_an_incident_is_held_with_its_reason_and_promotion_resumes_after_it(bad, reason):
+    g = _guard()
+    reasons = _run(g, [_ev() for _ in range(5)] + [_ev(**bad) for _ in range(4)] + [_ev() for _ in range(3)])
+    assert reasons[:5] == [""] * 5
+    assert reasons[5:9] == [reason] * 4, reasons  # held from the first version after the incident began
+    assert reasons[9:] == [""] * 3  # the evidence recovered: promoted again
+
+
+def test_a_held_stretch_does_not_move_the_history():
+    g = _guard()
+    _run(g, [_ev() for _ in range(3)])
+    before = g.state()
+    assert _run(g, [_ev(label_rate=0.9, mean_pred=0.9, logloss=0.3)] * 20) == ["label_rate"] * 20
+    assert g.state() == before
+
+
+def test_accept_restarts_the_history_from_the_accepted_version():
+    g = _guard()
+    _run(g, [_ev() for _ in range(3)])
+    shifted = _ev(label_rate=0.5, mean_pred=0.5, logloss=0.69)
+    assert g.judge(shifted).reason == "label_rate"
+    g.reset(shifted)  # `streamrec accept`: the stream really changed
+    assert _run(g, [shifted] * 3) == [""] * 3
+
+
+def test_few_events_since_the_previous_version_use_the_longer_window():
+    g = _guard()
+    _run(g, [_ev()] * 3)
+    w_small = window(10, auc=0.5, logloss=5.0, label_rate=1.0, mean_prediction=0.01)
+    w_long = window(20000, auc=0.75, logloss=0.45, label_rate=0.2, mean_prediction=0.2)
+    assert g.judge(make_evidence(w_small, w_long, records=10)).ok  # 10 events: judged on the long window
+    w_long_bad = window(20000, auc=0.75, logloss=0.45, label_rate=0.6, mean_prediction=0.2)
+    assert g.judge(make_evidence(w_small, w_long_bad, records=10)).reason == "label_rate"
+
+
+def test_disabled_guard_promotes_everything_and_the_verdict_names_every_failure():
+    assert _run(_guard(enabled=False), [_ev(), _ev(label_rate=1.0)]) == ["", ""]
+    g = _guard()
+    _run(g, [_ev()])
+    v = g.judge(_ev(label_rate=1.0, dense_zero=1.0, cols=(1.0, 1.0)))
+    assert v.reason == "dense_zeros" and "label rate 1.000" in v.detail and "all-zero dense" in v.detail
+
+
+def test_guard_state_round_trips():
+    g = _guard()
+    _run(g, [_ev(), _ev(label_rate=0.25)])
+    h = _guard()
+    h.load_state(g.state())
+    assert h.state() == g.state()
+    assert h.judge(_ev(label_rate=1.0)).reason == "label_rate"
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (("since_previous", "auc"), 1.5, "since_previous.auc"),
+    (("recent", "logloss"), float("nan"), "recent.logloss"),
+    (("input", "dead_letter_share"), -0.1, "input.dead_letter_share"),
+    (("input", "records"), 1.5, "input.records"),
+    (("input", "field_novel_share"), {"user": "x"}, "input.field_novel_share.user"),
+    (("since_previous", "extra"), 1, "unknown key"),
+    (("format",), 2, "format"),
+])
+def test_a_malformed_evidence_block_is_refused_naming_the_key(path, value, message):
+    ev = _ev()
+    d = ev
+    for k in path[:-1]:
+        d = d[k]
+    d[path[-1]] = value
+    with pytest.raises(SnapshotError, match=message.replace(".", r"\.")) as e:
+        check_evidence(ev)
+    assert e.value.code == "INVALID_ARGUMENT"
+
+
+def test_the_collector_measures_labels_scores_and_input_health():
+    c = EvidenceCollector(["click"], ["user", "item"], 2, recent_events=1000)
+    rng = np.random.default_rng(1)
+
+    def batch(n, zero_dense=False, random_item=False):
+        ids = rng.integers(0, 50, n)
+        item = rng.integers(0, 2**62, n) if random_item else rng.integers(0, 50, n)
+        dense = np.zeros((n, 2), np.float32) if zero_dense else rng.normal(size=(n, 2)).astype(np.float32)
+        offs = np.arange(n + 1, dtype=np.int64)
+        return EventBatch(ts=np.zeros(n, np.int64), labels=(rng.random(n) < 0.3).astype(np.float32), dense=dense,
+                          sparse={"user": JaggedIds(ids.astype(np.int64), offs),
+                                  "item": JaggedIds(item.astype(np.int64), offs)})
+
+    for _ in range(5):  # the recent memory of ids fills
+        b = batch(400)
+        c.observe_inputs(b)
+        c.observe_scores(b.labels[:, None], np.full((len(b), 1), 0.3))
+    c.take(0)
+    b = batch(400)
+    c.observe_inputs(b)
+    c.observe_scores(b.labels[:, None], np.full((len(b), 1), 0.3))
+    ev = c.take(4)
+    check_evidence(ev)
+    sp = ev["since_previous"]
+    assert sp["events"] == 400 and abs(sp["label_rate"] - b.labels.mean()) < 1e-9 and sp["mean_prediction"] == \
+        pytest.approx(0.3)
+    assert ev["recent"]["events"] == 1000  # bounded to trainer.metrics_window
+    assert ev["input"]["dense_zero_share"] == 0 and ev["input"]["field_novel_share"]["item"] < 0.05
+    assert ev["input"]["dead_letters"] == 4
+    b = batch(400, zero_dense=True, random_item=True)
+    c.observe_inputs(b)
+    ev = c.take(4)
+    assert ev["input"]["dense_zero_share"] == 1.0 and ev["input"]["dense_column_zero_share"] == [1.0, 1.0]
+    assert ev["input"]["field_novel_share"]["item"] > 0.8 and ev["input"]["field_novel_share"]["user"] < 0.05
+    assert ev["input"]["dead_letters"] == 0 and ev["since_previous"]["events"] == 0
