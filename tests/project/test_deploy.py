@@ -287,7 +287,8 @@ def test_prometheus_scrapes_every_process_on_its_configured_port():
     cfg = load_config(ROOT / "deploy" / "streamrec.toml", env={})
     want = {"streamrec-trainer": (cfg.trainer.metrics_host, cfg.trainer.metrics_port, {"trainer", "trainer-gpu", "trainer-0"}),
             "streamrec-sketch": (cfg.sketch.metrics_host, cfg.sketch.metrics_port, {"sketch"}),
-            "streamrec-serving": (cfg.serving.metrics_host, cfg.serving.metrics_port, {"serving"})}
+            "streamrec-serving": (cfg.serving.metrics_host, cfg.serving.metrics_port, {"serving"}),
+            "streamrec-join": (cfg.join.metrics_host, cfg.join.metrics_port, {"join"})}
     jobs = {j["job_name"]: j for j in PROMETHEUS["scrape_configs"]}
     assert set(jobs) == set(want)
     for job, (host, port, names) in want.items():
