@@ -133,6 +133,8 @@ class EvidenceCollector:
 
     def observe_scores(self, labels: np.ndarray, scores: np.ndarray) -> None:
         """Progressive labels and scores ``[n, T]`` (NaN label: that task's label is missing)."""
+        if not len(labels):  # e.g. a batch of positives whose held fake-negative scores were resolved elsewhere
+            return
         labels = np.asarray(labels, np.float32).reshape(len(labels), -1)
         scores = np.asarray(scores, np.float32).reshape(len(labels), -1)
         with self._lock:
