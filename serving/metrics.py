@@ -121,6 +121,21 @@ class ServingMetrics(grpc.ServerInterceptor):
             if kafka_ms > 0:
                 kafka_age.add_metric([], max(0.0, (now_ms - kafka_ms) / 1000))
         yield from (version, rows, event_age, kafka_age)
+        book = getattr(svc, "book", None)
+        if book is not None:  # the guard, rollbacks and pins (history.py)
+            held = CounterMetricFamily("streamrec_serving_versions_held", "versions the promotion guard held back "
+                                       "(installed, not served), by the check that failed", labels=["reason"])
+            for reason, n in sorted(book.held_total.items()):
+                held.add_metric([reason], n)
+            yield held
+            yield CounterMetricFamily("streamrec_serving_rollbacks", "rollbacks an operator asked for",
+                                      value=book.rollbacks)
+            yield GaugeMetricFamily("streamrec_serving_pinned", "1 while a rollback pins the served version",
+                                    value=1 if book.pinned else 0)
+            yield GaugeMetricFamily("streamrec_serving_held", "1 while the guard holds the newest version back",
+                                    value=1 if book.held_reason else 0)
+            yield GaugeMetricFamily("streamrec_serving_newest_version", "newest version installed (served or not)",
+                                    value=book.head.version if book.head is not None else 0)
 
 
 def _code_name(context) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -112,6 +113,9 @@ def test_rollback_swaps_within_a_second_pins_across_a_restart_and_release_serves
 
 def test_a_held_version_is_not_served_but_deltas_build_on_it_and_accept_promotes(guarded):
     cfg, chain = guarded
+    from streamrec.ingest import free_port
+
+    cfg.serving.metrics_port = free_port()
     with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
             ServingClient(srv.target, push_token="push-tok") as c:
         assert p.push(chain.next()).ok and p.push(chain.next()).ok
@@ -123,6 +127,9 @@ def test_a_held_version_is_not_served_but_deltas_build_on_it_and_accept_promotes
         assert int(st["newest_version"]) == 3 and st["held_reason"].startswith("label_rate:") and \
             int(st["versions_held"]) == 1
         assert srv.service.book.held_total == {"label_rate": 1}
+        scrape = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics.port}/metrics", timeout=5).read().decode()
+        assert 'streamrec_serving_versions_held_total{reason="label_rate"} 1.0' in scrape
+        assert "streamrec_serving_held 1.0" in scrape and "streamrec_serving_newest_version 3.0" in scrape
         assert p.push(chain.next()).ok  # the incident is over: a delta on the held version 3, promoted
         chain.check(c, 4)
         assert c.status()["held_reason"] == ""
