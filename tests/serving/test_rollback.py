@@ -171,3 +171,32 @@ def test_no_evidence_is_refused_and_a_forged_block_or_an_operator_call_needs_the
         with SnapshotPusher(srv.target, token="push-tok") as p:
             r = p.push(bad)
         assert not r.ok and r.code == "INVALID_ARGUMENT" and "evidence.since_previous.label_rate" in r.reason
+
+
+@pytest.mark.subprocess
+def test_the_rollback_and_accept_commands(guarded):
+    import subprocess
+    import sys
+
+    cfg, chain = guarded
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "streamrec.app.cli", *args, "--target", srv.target],
+                              capture_output=True, text=True, timeout=60)
+
+    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+            ServingClient(srv.target) as c:
+        for _ in range(3):
+            assert p.push(chain.next()).ok
+        r = cli("rollback", "--to", "1", "--token", "push-tok")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert int(out["version"]) == 1 and out["pinned"] and "pinned" in out["message"]
+        chain.check(c, 1)
+        r = cli("rollback", "--release", "--set", "serving.push_token=push-tok")
+        assert r.returncode == 0 and int(json.loads(r.stdout)["version"]) == 3, r.stderr
+        r = cli("accept", "--token", "push-tok")
+        assert r.returncode == 1 and "FAILED_PRECONDITION: no version is held back" in r.stderr
+        r = cli("rollback", "--to", "2", "--token", "wrong")
+        assert r.returncode == 1 and "UNAUTHENTICATED" in r.stderr
+        chain.check(c, 3)

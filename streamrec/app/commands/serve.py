@@ -1,4 +1,6 @@
-"""``streamrec serve`` (run the gRPC endpoint) and ``streamrec predict`` (score JSON events)."""
+"""``streamrec serve`` (run the gRPC endpoint), ``streamrec predict`` (score JSON events), and the operator's
+``streamrec rollback [--to VERSION | --release]`` and ``streamrec accept [--version N]`` (both with
+``serving.push_token``, like a push)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,56 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=512, help="events per request")
     p.add_argument("--timeout", type=float, default=30.0)
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("rollback", parents=[common],
+                       help="serve a kept earlier version and pin it (or --release the pin) on a running server")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--to", type=int, default=0, metavar="VERSION",
+                   help="the kept version to serve (default: the one promoted before the served one)")
+    g.add_argument("--release", action="store_true", help="unpin: serve the newest version the guard passes")
+    _operator_args(p)
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("accept", parents=[common],
+                       help="promote the version the quality guard holds back (the stream really changed)")
+    p.add_argument("--version", type=int, default=0, help="the held version (default: the newest held one)")
+    _operator_args(p)
+    p.set_defaults(func=cmd_accept)
+
+
+def _operator_args(p) -> None:
+    p.add_argument("--target", help="host:port (default: serving.target or serving.host:serving.port)")
+    p.add_argument("--token", default=None, help="bearer token (default: serving.push_token)")
+    p.add_argument("--timeout", type=float, default=10.0)
+
+
+def _operator_call(args, call) -> int:
+    """Run ``call(client)`` against the configured server; print its answer as one JSON line."""
+    import grpc
+
+    from streamrec.app.cli import config_from_args
+    from streamrec.serving import ServingClient
+
+    cfg = config_from_args(args)
+    token = cfg.serving.push_token if args.token is None else args.token
+    client = ServingClient(args.target or cfg.serving_target(), token=cfg.serving.predict_token,
+                           tls_ca=cfg.serving.tls_ca, timeout=args.timeout, push_token=token)
+    try:
+        print(json.dumps(call(client)))
+    except grpc.RpcError as e:
+        print(f"streamrec {args.command}: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    return 0
+
+
+def cmd_rollback(args) -> int:
+    return _operator_call(args, lambda c: c.rollback(to_version=args.to, release=args.release))
+
+
+def cmd_accept(args) -> int:
+    return _operator_call(args, lambda c: c.accept(version=args.version))
 
 
 def cmd_serve(args) -> int:
