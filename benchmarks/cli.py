@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-NAMES = ["ingest", "store", "sketch", "train", "serve", "fuzz", "scale", "e2e", "freshness", "quality", "merge", "join"]
+NAMES = ["ingest", "store", "sketch", "train", "serve", "fuzz", "scale", "e2e", "freshness", "quality", "merge", "join",
+         "incidents"]
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:

@@ -9,6 +9,8 @@ Public surface::
     events_to_request(events) / batch_to_request(EventBatch) -> PredictRequest (column-wise, bytes columns)
     serve(cfg) -> ServingServer (.port, .target, .stop()), or a ServingGroup when serving.processes > 1
     ServingGroup(cfg, ...).start(): serving.processes server processes on one port (SO_REUSEPORT)
+    ServingClient(...).rollback(to_version | release=True) / .accept(): the operator's calls (push token)
+    Guard(cfg.serving.guard).judge(evidence) -> Verdict: the promotion guard; VersionBook: head, kept, pinned
 """
 
 from typing import TYPE_CHECKING
@@ -19,6 +21,8 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .client import ServingClient, SnapshotPusher, snapshot_chunks
     from .convert import RequestError, batch_to_request, events_to_request
     from .group import ServingGroup
+    from .guard import Guard, Verdict
+    from .history import VersionBook
     from .launch import serve
     from .server import ServingServer, StreamRecService
 
@@ -26,6 +30,8 @@ _EXPORTS = {  # submodule: the public names it defines
     ".client": "ServingClient SnapshotPusher snapshot_chunks",
     ".convert": "RequestError batch_to_request events_to_request",
     ".group": "ServingGroup",
+    ".guard": "Guard Verdict",
+    ".history": "VersionBook",
     ".launch": "serve",
     ".server": "ServingServer StreamRecService",
 }

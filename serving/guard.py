@@ -14,7 +14,10 @@ reason, every failing one is in the detail):
 - ``label_rate``: the label rate is off its history by more than ``label_rate_tolerance`` of it (or
   ``label_rate_floor``, whichever is larger);
 - ``calibration``: mean prediction / label rate outside ``[calibration_min, calibration_max]``;
-- ``logloss``: the progressive logloss is more than ``logloss_margin`` (a share) above its history.
+- ``logloss``: the progressive logloss is more than ``logloss_margin`` (a share) above its history;
+- ``auc``: the progressive AUC is more than ``auc_margin`` below its history (a model whose ranking was
+  damaged, by an incident it has since been trained past, keeps a worse AUC after its calibration and logloss
+  have recovered).
 
 The label and score checks read the since-previous window when it holds at least ``min_events`` labelled
 events, else the trainer's longer window; with fewer than that in both they are skipped (a trainer that has
@@ -23,6 +26,11 @@ promoted versions only, so a held stretch never moves them: the guard compares e
 users were last given. ``reset`` (an operator's ``streamrec accept``) starts them again from one version's
 evidence: the stream really changed. The first version a server gets is promoted whatever it holds (nothing
 else could be served) and starts the histories.
+
+Recovery (``decide``): after a hold, ``recovery_versions`` versions in a row must pass before the newest is
+promoted (reason ``recovering`` until then). A model an incident damaged recovers gradually while the
+trainer learns from the clean stream again; each version's figures are noisy, and one of them passing by
+chance must not hand users a model that is still damaged.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-REASONS = ("dead_letters", "dense_zeros", "field_empty", "field_novel", "label_rate", "calibration", "logloss")
+REASONS = ("dead_letters", "dense_zeros", "field_empty", "field_novel", "label_rate", "calibration", "logloss",
+           "auc", "recovering")
 
 
 @dataclass
@@ -49,6 +58,7 @@ class History:
     """EWMAs over promoted versions' evidence (None: no promoted version with evidence yet)."""
 
     logloss: float | None = None
+    auc: float | None = None
     label_rate: float | None = None
     dense_zero: float | None = None
     dense_cols: list = field(default_factory=list)
@@ -69,6 +79,7 @@ class Guard:
     def __init__(self, gcfg):
         self.cfg = gcfg
         self.history = History()
+        self.passing: int | None = None  # versions in a row that passed since the last hold (None: no hold)
 
     @property
     def enabled(self) -> bool:
@@ -123,10 +134,29 @@ class Guard:
                                                  f"{g.calibration_max:g}]"))
             if ll is not None and h.logloss is not None and ll > h.logloss * (1 + g.logloss_margin):
                 fails.append(("logloss", f"logloss {ll:.4f} > history {h.logloss:.4f} + {g.logloss_margin:.0%}"))
+            auc = w.get("auc")
+            if auc is not None and h.auc is not None and auc < h.auc - g.auc_margin:
+                fails.append(("auc", f"AUC {auc:.4f} < history {h.auc:.4f} - {g.auc_margin:g}"))
         if not fails:
             return Verdict(True)
         fails.sort(key=lambda f: REASONS.index(f[0]))
         return Verdict(False, fails[0][0], "; ".join(dict.fromkeys(d for _, d in fails)))
+
+    def decide(self, ev: dict | None) -> Verdict:
+        """``judge``, with recovery after a hold (see the module docstring): the verdict serving acts on."""
+        v = self.judge(ev)
+        if not v.ok:
+            self.passing = 0
+            return v
+        if self.passing is None:
+            return v
+        self.passing += 1
+        need = int(self.cfg.recovery_versions)
+        if self.passing < need:
+            return Verdict(False, "recovering", f"passes, {self.passing} of {need} versions in a row since the "
+                                                "last hold")
+        self.passing = None
+        return v
 
     def promoted(self, ev: dict | None) -> None:
         """Fold a promoted version's evidence into the histories."""
@@ -136,6 +166,7 @@ class Guard:
         w = self._figures(ev)
         if w is not None:
             h.logloss = _ewma(h.logloss, w.get("logloss"), wt)
+            h.auc = _ewma(h.auc, w.get("auc"), wt)
             h.label_rate = _ewma(h.label_rate, w.get("label_rate"), wt)
         inp = ev.get("input") or {}
         if int(inp.get("records", 0)):
@@ -151,18 +182,20 @@ class Guard:
     def reset(self, ev: dict | None) -> None:
         """Start the histories again from ``ev`` alone (an operator accepted a changed stream)."""
         self.history = History()
+        self.passing = None
         self.promoted(ev)
 
     def state(self) -> dict[str, Any]:
         h = self.history
-        return {"logloss": h.logloss, "label_rate": h.label_rate, "dense_zero": h.dense_zero,
+        return {"logloss": h.logloss, "auc": h.auc, "label_rate": h.label_rate, "dense_zero": h.dense_zero,
                 "dense_cols": list(h.dense_cols), "empty": dict(h.empty), "novel": dict(h.novel),
-                "promoted": h.promoted}
+                "promoted": h.promoted, "passing": self.passing}
 
     def load_state(self, d: dict[str, Any]) -> None:
         try:
-            self.history = History(d.get("logloss"), d.get("label_rate"), d.get("dense_zero"),
+            self.history = History(d.get("logloss"), d.get("auc"), d.get("label_rate"), d.get("dense_zero"),
                                    list(d.get("dense_cols") or []), dict(d.get("empty") or {}),
                                    dict(d.get("novel") or {}), int(d.get("promoted", 0)))
+            self.passing = None if d.get("passing") is None else int(d["passing"])
         except (TypeError, ValueError, AttributeError):
             self.history = History()

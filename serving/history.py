@@ -104,7 +104,7 @@ class VersionBook:
             served = self.kept[-1] if self.kept and self.held_reason else head
         if served is not head and not self.pinned and head.version > int(st.get("head") or 0):
             # installed after the state was written (a stop during its install): judged now, as a push would be
-            verdict = self.guard.judge(head.manifest.evidence)
+            verdict = self.guard.decide(head.manifest.evidence)
             if verdict.ok:
                 served = head
             else:
@@ -140,7 +140,7 @@ class VersionBook:
             if served is None:
                 self._promote(v, ev, reset=not self.guard.history.promoted)
                 return Verdict(True)
-            verdict = self.guard.judge(ev)
+            verdict = self.guard.decide(ev)
             if verdict.ok:
                 self._promote(v, ev)
                 self.held_reason = ""

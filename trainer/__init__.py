@@ -6,6 +6,7 @@ Public surface::
     TrainerService(cfg, bootstrap, stop=, progress=, pusher_factory=).run() -> summary
     TrainerCore(cfg, store, device)            # train one window of events, no Kafka
     SnapshotPublisher                          # snapshots after checkpoints, pushed in the background
+    EvidenceCollector, collector_for           # the quality evidence each snapshot carries (serving's guard reads it)
     StreamingMetrics, MemoryDLRM               # progressive AUC/logloss; the all-in-memory reference
     make_hot_source(cfg, bootstrap), SampleHotSource, TopicHotSource, HotUpdate
     HotSetSource                               # the Protocol a hot-set source satisfies
@@ -25,6 +26,7 @@ from streamrec.foundation.lazy import lazy_exports
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .core import TrainerCore, WindowResult
     from .crash_probe import probe_records, probe_train
+    from .evidence import EvidenceCollector, collector_for
     from .group import GroupError, GroupTrainerService
     from .hotset import SampleHotSource, TopicHotSource, make_hot_source, top_rows
     from .hotset_types import HotSetSource, HotUpdate
@@ -42,6 +44,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 _EXPORTS = {  # submodule: the public names it defines
     ".core": "TrainerCore WindowResult",
     ".crash_probe": "probe_records probe_train",
+    ".evidence": "EvidenceCollector collector_for",
     ".group": "GroupError GroupTrainerService",
     ".hotset": "SampleHotSource TopicHotSource make_hot_source top_rows",
     ".hotset_types": "HotSetSource HotUpdate",

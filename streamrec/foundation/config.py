@@ -292,6 +292,7 @@ class GuardConfig:
     enabled: bool = True  # promote a pushed version only when its quality evidence passes these checks; a push without evidence is refused (INVALID_ARGUMENT)
     min_events: int = 500  # labelled events since the previous version needed to judge it on them; fewer: judged on the trainer's longer window (trainer.metrics_window events)
     logloss_margin: float = 0.1  # hold a version whose logloss is more than this share above the promoted versions' (EWMA); 0.1 = 10% worse
+    auc_margin: float = 0.03  # hold a version whose progressive AUC is more than this below the promoted versions' (EWMA)
     calibration_min: float = 0.75  # hold a version whose mean prediction / label rate is below this
     calibration_max: float = 1.33  # hold a version whose mean prediction / label rate is above this
     label_rate_tolerance: float = 0.5  # hold a version whose label rate is off the promoted versions' (EWMA) by more than this share of it
@@ -301,6 +302,7 @@ class GuardConfig:
     empty_share_jump: float = 0.3  # hold when a field's share of events without ids is this much above its history
     novel_share_jump: float = 0.3  # hold when a field's share of ids the trainer has not seen lately is this much above its history
     history_weight: float = 0.2  # weight of each promoted version in the histories (EWMA) the checks compare with
+    recovery_versions: int = 3  # after a hold, this many versions in a row must pass before the newest is promoted (a model damaged by an incident recovers gradually; noise lets one version through)
 
 
 @dataclass
@@ -762,7 +764,7 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, GuardConfig):
         if obj.min_events < 1:
             bad("min_events", "must be >= 1")
-        for key in ("logloss_margin", "label_rate_tolerance", "label_rate_floor", "dead_letter_share_max",
+        for key in ("logloss_margin", "auc_margin", "label_rate_tolerance", "label_rate_floor", "dead_letter_share_max",
                     "zero_share_jump", "empty_share_jump", "novel_share_jump"):
             if not 0 <= getattr(obj, key) <= 1e3:
                 bad(key, "must be a number >= 0")
@@ -770,6 +772,8 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("calibration_min", "calibration bounds must satisfy 0 < calibration_min <= 1 <= calibration_max")
         if not 0 < obj.history_weight <= 1:
             bad("history_weight", "must be in (0, 1]")
+        if not 1 <= obj.recovery_versions <= 1000:
+            bad("recovery_versions", "must be in 1..1000")
 
 
 def _check_metrics_endpoint(obj: Any, bad) -> None:

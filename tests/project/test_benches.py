@@ -51,12 +51,14 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
                   "auc_gap_best", "calibration_fake_negative", "calibration_fake_negative_naive",
                   "freshness_p50_s_window", "freshness_p99_s_window", "freshness_p50_s_fake_negative",
                   "freshness_p99_s_fake_negative", "state_bytes_per_impression", "goals"]),
+    "incidents": ([], ["served_auc_drop_max", "served_auc_drop_max_unguarded", "pushes_to_hold_max", "drills"]),
 }
 BROKER = {"ingest", "merge", "e2e", "freshness", "join"}
 # JSON paths whose null is part of the figure's meaning, not a failed measurement
 NULL_OK = {
     "scale": ("projection[0].",),  # one rank puts nothing on the wire: no network-bound rate to project
     "e2e": ("freshness_p50_s", "freshness_p99_s", "goals["),  # --no-freshness: reported as FAIL with its reason
+    "incidents": ("drills[",),  # resumed_after_events: null where promotion did not resume within the run
 }
 
 

@@ -163,3 +163,15 @@ def test_the_collector_measures_labels_scores_and_input_health():
     assert ev["input"]["dense_zero_share"] == 1.0 and ev["input"]["dense_column_zero_share"] == [1.0, 1.0]
     assert ev["input"]["field_novel_share"]["item"] > 0.8 and ev["input"]["field_novel_share"]["user"] < 0.05
     assert ev["input"]["dead_letters"] == 0 and ev["since_previous"]["events"] == 0
+
+
+def test_after_a_hold_several_passing_versions_in_a_row_are_needed():
+    g = _guard(recovery_versions=3)
+    for ev in [_ev()] * 3:
+        assert g.decide(ev).ok
+        g.promoted(ev)
+    assert g.decide(_ev(label_rate=1.0)).reason == "label_rate"
+    assert [g.decide(_ev()).reason for _ in range(2)] == ["recovering"] * 2
+    assert g.decide(_ev(dense_zero=1.0, cols=(1.0, 1.0))).reason == "dense_zeros"  # the streak starts again
+    assert [g.decide(_ev()).reason for _ in range(3)] == ["recovering", "recovering", ""]
+    assert g.decide(_ev()).ok  # no hold since: promoted at once

@@ -116,6 +116,7 @@ def test_a_held_version_is_not_served_but_deltas_build_on_it_and_accept_promotes
     from streamrec.ingest import free_port
 
     cfg.serving.metrics_port = free_port()
+    cfg.serving.guard.recovery_versions = 2
     with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
             ServingClient(srv.target, push_token="push-tok") as c:
         assert p.push(chain.next()).ok and p.push(chain.next()).ok
@@ -130,19 +131,22 @@ def test_a_held_version_is_not_served_but_deltas_build_on_it_and_accept_promotes
         scrape = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics.port}/metrics", timeout=5).read().decode()
         assert 'streamrec_serving_versions_held_total{reason="label_rate"} 1.0' in scrape
         assert "streamrec_serving_held 1.0" in scrape and "streamrec_serving_newest_version 3.0" in scrape
-        assert p.push(chain.next()).ok  # the incident is over: a delta on the held version 3, promoted
-        chain.check(c, 4)
+        assert p.push(chain.next()).ok  # the incident is over: a delta on the held version 3 passes ...
+        chain.check(c, 2)
+        assert c.status()["held_reason"].startswith("recovering:")  # ... but one passing version is not enough
+        assert p.push(chain.next()).ok  # serving.guard.recovery_versions (2 here) in a row: promoted
+        chain.check(c, 5)
         assert c.status()["held_reason"] == ""
         shifted = _evidence(label_rate=0.5, mean_pred=0.5, logloss=0.69)  # the stream really changed
         assert p.push(chain.next(shifted)).ok and p.push(chain.next(shifted)).ok
-        chain.check(c, 4)
+        chain.check(c, 5)
         with pytest.raises(grpc.RpcError) as e:
-            c.accept(version=5)
-        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "newest held version (6)" in e.value.details()
-        assert int(c.accept()["version"]) == 6
-        chain.check(c, 6)
-        assert p.push(chain.next(shifted)).ok  # the history starts from the accepted version
+            c.accept(version=6)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "newest held version (7)" in e.value.details()
+        assert int(c.accept()["version"]) == 7
         chain.check(c, 7)
+        assert p.push(chain.next(shifted)).ok  # the history starts from the accepted version
+        chain.check(c, 8)
         with pytest.raises(grpc.RpcError) as e:
             c.accept()
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
