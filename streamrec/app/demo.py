@@ -73,6 +73,8 @@ class View:
     hot_rows: int = 0
     hot_coverage: float | None = None
     served_version: int | None = None
+    newest_version: int = 0  # the newest version serving installed (above served_version while the guard holds it)
+    held_reason: str = ""  # why serving's guard holds newest_version back ("" = nothing held)
     freshness_s: float | None = None  # served model: now - when its newest event entered Kafka
     freshness_event_s: float | None = None  # served model: now - its newest event's own ts
     phase: str = "starting"
@@ -541,6 +543,8 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
             st = client.status()
             if st.get("serving"):
                 view.served_version = int(st.get("version", 0))
+                view.newest_version = int(st.get("newest_version", 0))
+                view.held_reason = str(st.get("held_reason", ""))
                 if int(st.get("newest_event_ms", 0)) > 0:  # files without event times have no event-time age
                     view.freshness_event_s = float(st.get("freshness_s", 0.0))
                 kafka_ms = float((st.get("metrics") or {}).get("newest_kafka_ms", 0.0))
@@ -582,6 +586,11 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
                 update()
                 if view.served_version is not None and (final_version is None or view.served_version >= final_version):
                     break
+                if view.held_reason and final_version is not None and view.newest_version >= final_version:
+                    # the guard holds the final version back: Predict answers with the last promoted one
+                    log.warning("serving holds version %d back (%s): scoring with version %d", view.newest_version,
+                                view.held_reason, view.served_version)
+                    break
                 _check_children(sup, errors)
                 if time.monotonic() > deadline:
                     raise DemoFailure(f"served version {view.served_version} never reached {final_version}")
@@ -607,6 +616,7 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
         "events_scored": int(m.get("events_scored", 0)),  # progressive validation: each scored before training
         "hot_coverage": _finite(view.hot_coverage if view.hot_coverage is not None else m.get("hot_coverage")),
         "served_version": int(version),
+        **({"held_version": view.newest_version, "held_reason": view.held_reason} if view.held_reason else {}),
         "freshness_s_median": _median(freshness),  # since the newest served event entered Kafka
         "freshness_event_s_median": _median(freshness_event),  # since its own ts
         "served_auc": ev.get("served_auc"),
