@@ -21,8 +21,9 @@ reason, every failing one is in the detail):
 
 The label and score checks read the since-previous window when it holds at least ``min_events`` labelled
 events, else the trainer's longer window; with fewer than that in both they are skipped (a trainer that has
-just started). The histories are exponentially weighted averages (``history_weight`` per version) over the
-promoted versions only, so a held stretch never moves them: the guard compares every new version with what
+just started). The histories are exponentially weighted averages (``history_weight`` per version; an input
+share's history follows a fall at ``DOWN_WEIGHT``, so a fresh trainer's all-new ids do not set a high
+baseline) over the promoted versions only, so a held stretch never moves them: the guard compares every new version with what
 users were last given. ``reset`` (an operator's ``streamrec accept``) starts them again from one version's
 evidence: the stream really changed. The first version a server gets is promoted whatever it holds (nothing
 else could be served) and starts the histories.
@@ -71,6 +72,17 @@ def _ewma(old, new, w: float):
     if new is None:
         return old
     return float(new) if old is None else float((1 - w) * old + w * new)
+
+
+DOWN_WEIGHT = 0.5  # an input share's history follows a fall this fast (a rise at history_weight)
+
+
+def _share_ewma(old, new, w: float):
+    """A "higher is worse" share's history: it falls quickly to a healthier level (the first versions of a
+    fresh trainer see every id as new) and rises slowly, so a jump stands out against the healthy level."""
+    if new is None or old is None:
+        return _ewma(old, new, w)
+    return _ewma(old, new, max(w, DOWN_WEIGHT) if new < old else w)
 
 
 class Guard:
@@ -170,13 +182,13 @@ class Guard:
             h.label_rate = _ewma(h.label_rate, w.get("label_rate"), wt)
         inp = ev.get("input") or {}
         if int(inp.get("records", 0)):
-            h.dense_zero = _ewma(h.dense_zero, inp.get("dense_zero_share"), wt)
+            h.dense_zero = _share_ewma(h.dense_zero, inp.get("dense_zero_share"), wt)
             cols = list(inp.get("dense_column_zero_share") or [])
-            h.dense_cols = [_ewma(h.dense_cols[i] if i < len(h.dense_cols) else None, x, wt)
+            h.dense_cols = [_share_ewma(h.dense_cols[i] if i < len(h.dense_cols) else None, x, wt)
                             for i, x in enumerate(cols)]
             for key, hist in (("field_empty_share", h.empty), ("field_novel_share", h.novel)):
                 for name, x in (inp.get(key) or {}).items():
-                    hist[name] = _ewma(hist.get(name), x, wt)
+                    hist[name] = _share_ewma(hist.get(name), x, wt)
         h.promoted += 1
 
     def reset(self, ev: dict | None) -> None:
