@@ -15,9 +15,7 @@ from .pb import pb
 
 
 def _check(service, context, request, message, what: str):
-    from .server import _authorized
-
-    if not _authorized(context, service.cfg.serving.push_token):
+    if not service.authorized(context, service.cfg.serving.push_token):
         context.abort(grpc.StatusCode.UNAUTHENTICATED,
                       f"{what} needs metadata 'authorization: Bearer <token>' (serving.push_token)")
     try:

@@ -336,6 +336,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.book.close()
 
     # -- RPCs -----------------------------------------------------------
+    authorized = staticmethod(_authorized)  # the bearer-token check, for the operator RPCs (operator.py)
+
     def handler(self) -> grpc.GenericRpcHandler:
         """The service with raw request bytes: each RPC parses (and bounds) its own request."""
         return grpc.method_handlers_generic_handler(SERVICE, {
