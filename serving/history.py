@@ -124,10 +124,11 @@ class VersionBook:
                                 "(a trainer writes it; serving.guard.enabled = false serves versions unchecked)",
                                 code="INVALID_ARGUMENT")
 
-    def acquire_head(self, served: ServedVersion | None) -> ServedVersion | None:
-        """A reference on the head (``served`` while there is none), for a delta to build on."""
+    def acquire_head(self, served) -> ServedVersion | None:
+        """A reference on the head (the served version, ``served()``, while there is none), for a delta to
+        build on."""
         while True:
-            v = self.head or served
+            v = self.head or served()
             if v is None or v.acquire():
                 return v
 

@@ -280,7 +280,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             self._precheck(manifest)
             # a reference on the parent while loading: close() may retire it meanwhile, and a delta
             # copies its store (it was closed under the load, or the load failed)
-            parent = self.book.acquire_head(self._current)  # a delta builds on the newest installed version
+            parent = self.book.acquire_head(lambda: self._current)  # a delta builds on the newest installed one
             try:
                 if manifest.kind == "delta" and parent is not None and parent.version == manifest.parent_version:
                     self._verify_parent(parent)
