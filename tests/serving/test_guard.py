@@ -131,6 +131,7 @@ def test_a_malformed_evidence_block_is_refused_naming_the_key(path, value, messa
 def test_the_collector_measures_labels_scores_and_input_health():
     c = EvidenceCollector(["click"], ["user", "item"], 2, recent_events=1000)
     rng = np.random.default_rng(1)
+    c.observe_scores(np.zeros((0, 1), np.float32), np.zeros((0, 1), np.float32))  # nothing resolved: no-op
 
     def batch(n, zero_dense=False, random_item=False):
         ids = rng.integers(0, 50, n)
