@@ -288,6 +288,18 @@ class TrainerConfig:
 
 
 @dataclass
+class ExperimentSpec:
+    """One arm of the A/B split: a model line and its share of the traffic."""
+
+    line: str
+    share: float = 0.0  # share of requests routed to this line (all entries' shares sum to 1)
+
+
+MODEL_LINE_RE = r"[a-z][a-z0-9_-]{0,31}"
+"""A model line's name: lower-case letters, digits, ``_`` and ``-``, at most 32 characters."""
+
+
+@dataclass
 class GuardConfig:
     enabled: bool = True  # promote a pushed version only when its quality evidence passes these checks; a push without evidence is refused (INVALID_ARGUMENT)
     min_events: int = 500  # labelled events since the previous version needed to judge it on them; fewer: judged on the trainer's longer window (trainer.metrics_window events)
@@ -343,6 +355,11 @@ class ServingConfig:
     max_version_jump: int = 1_000_000  # a push may be at most this many versions ahead of the served one
     keep_versions: int = 3  # promoted versions kept loaded for `streamrec rollback` (the served one included)
     guard: GuardConfig = field(default_factory=GuardConfig)  # [serving.guard]: the quality gate on promotion
+    model_line: str = "main"  # the model line this trainer's pushes name (a snapshot manifest's model_line); serving keeps versions, guard and rollback per line
+    experiments: list[ExperimentSpec] = field(default_factory=list)  # [[serving.experiments]] line + share: the A/B split of Predict traffic over model lines (shares sum to 1; empty = every request on main)
+    split_field: str = "user"  # what routes a request in the split: a sparse field (its first id in the first event) or "request_id"
+    shadow_line: str = ""  # a model line scored on the same requests as the answering line, never returned, compared ("" = none)
+    shadow_max_pending: int = 64  # requests waiting for their shadow scoring at most; more are not shadow-scored (counted)
 
 
 @dataclass
@@ -761,6 +778,7 @@ def _validate(obj: Any, prefix: str) -> None:
                 bad("push_targets", f"{t!r} is not host:port (comma-separate several replicas)")
         if not 1 <= obj.keep_versions <= 100:
             bad("keep_versions", "must be in 1..100 (promoted versions kept loaded for a rollback)")
+        _check_lines(obj, bad)
     elif isinstance(obj, GuardConfig):
         if obj.min_events < 1:
             bad("min_events", "must be >= 1")
@@ -774,6 +792,30 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("history_weight", "must be in (0, 1]")
         if not 1 <= obj.recovery_versions <= 1000:
             bad("recovery_versions", "must be in 1..1000")
+
+
+def _check_lines(obj: "ServingConfig", bad) -> None:
+    """``serving.model_line``, ``experiments``, ``split_field``, ``shadow_line``: names and shares."""
+    for key in ("model_line", "shadow_line"):
+        name = getattr(obj, key)
+        if (name or key == "model_line") and not re.fullmatch(MODEL_LINE_RE, name):
+            bad(key, f"{name!r} is not a model line name (lower-case letters, digits, _ and -; at most 32)")
+    lines = [e.line for e in obj.experiments]
+    for e in obj.experiments:
+        if not re.fullmatch(MODEL_LINE_RE, e.line):
+            bad("experiments", f"line {e.line!r} is not a model line name (lower-case letters, digits, _ and -)")
+        if not 0 < e.share <= 1:
+            bad("experiments", f"line {e.line!r}: share must be in (0, 1], got {e.share!r}")
+    if len(set(lines)) != len(lines):
+        bad("experiments", f"a line is named twice in {lines}")
+    if obj.experiments and abs(sum(e.share for e in obj.experiments) - 1.0) > 1e-6:
+        bad("experiments", f"shares sum to {sum(e.share for e in obj.experiments):g}, not 1")
+    if obj.shadow_line and obj.shadow_line in lines:
+        bad("shadow_line", f"{obj.shadow_line!r} is also in serving.experiments: a line is answered or shadowed, not both")
+    if not obj.split_field.strip():
+        bad("split_field", "must name a sparse field or be request_id")
+    if not 0 <= obj.shadow_max_pending <= 100_000:
+        bad("shadow_max_pending", "must be in 0..100000")
 
 
 def _check_metrics_endpoint(obj: Any, bad) -> None:
