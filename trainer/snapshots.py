@@ -213,6 +213,7 @@ class SnapshotPublisher:
             store_config=dataclasses.asdict(self.cfg.store),
             tasks=list(self.cfg.model.task_names), program=program, program_data=program_data,
             evidence=evidence if evidence is not None else empty_evidence(),
+            model_line=self.cfg.serving.model_line,
         )
         with self._lock:
             self.st.built += 1

@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 import torch
 
 from streamrec.foundation import INT64_MAX, INT64_MIN, as_resource_error, sha256_file
+from streamrec.foundation.config import MODEL_LINE_RE
 
 from .errors import SnapshotError
 
@@ -99,6 +100,7 @@ class Manifest:
     tasks: list[str] = field(default_factory=list)  # task names in output order; empty: model_config's tasks
     program: dict[str, Any] | None = None  # the exported dense network (see program.py), null: none
     evidence: dict[str, Any] | None = None  # the quality evidence serving's guard reads (see evidence.py), null: none
+    model_line: str = "main"  # the model line the version belongs to (serving keeps one chain per line); absent: main
     format: int = FORMAT
 
     def to_json(self) -> bytes:
@@ -145,6 +147,9 @@ class Manifest:
             bad("version", f"must be an integer in 1..2^62, got {self.version!r}")
         if self.parent_version is not None and not int64(self.parent_version):
             bad("parent_version", f"must be an int64 or null, got {self.parent_version!r}")
+        if not isinstance(self.model_line, str) or not re.fullmatch(MODEL_LINE_RE, self.model_line):
+            bad("model_line", f"must be a model line name (lower-case letters, digits, _ and -; at most 32), "
+                              f"got {self.model_line!r}")
         for key in ("created_ms", "newest_event_ms", "rows"):
             if not int64(getattr(self, key)):
                 bad(key, f"must be an int64, got {getattr(self, key)!r}")
@@ -283,7 +288,8 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                    kafka_offsets: dict, metrics: dict, config_hash: str, newest_event_ms: int,
                    model_config: dict, store_config: dict | None = None,
                    rows_per_file: int = ROWS_PER_FILE, tasks: list[str] | None = None,
-                   program: dict | None = None, program_data=None, evidence: dict | None = None) -> Path:
+                   program: dict | None = None, program_data=None, evidence: dict | None = None,
+                   model_line: str = "main") -> Path:
     """Write a complete snapshot directory; the manifest goes last so a half-written one has none.
 
     ``tasks``: the model's task names in output order. ``program``: the manifest's description of the
@@ -291,6 +297,7 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
     version's probe logits), None when there is none; ``program_data``: the ``ExportedDense`` whose files a
     full snapshot writes (``program.json``, and its constants when it has any). ``evidence``: the quality
     evidence the trainer saw since the previous snapshot (``evidence.py``), None when there is none.
+    ``model_line``: the model line the version belongs to (``serving.model_line``).
 
     A full, read-only or unwritable disk (or no file handle left) raises :class:`~streamrec.foundation.ResourceError`
     naming the snapshot and the file being written, and the half-written directory is removed so that it
@@ -304,7 +311,8 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                                dense_state=dense_state, rows=rows, kafka_offsets=kafka_offsets, metrics=metrics,
                                config_hash=config_hash, newest_event_ms=newest_event_ms,
                                model_config=model_config, store_config=store_config, rows_per_file=rows_per_file,
-                               tasks=tasks, program=program, program_data=program_data, evidence=evidence)
+                               tasks=tasks, program=program, program_data=program_data, evidence=evidence,
+                               model_line=model_line)
     except Exception as e:
         err = as_resource_error(e, f"writing snapshot v{int(version)}", str(where[0]))
         if err is None:
@@ -316,7 +324,7 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
 
 def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, dense_state, rows, kafka_offsets,
                     metrics, config_hash, newest_event_ms, model_config, store_config, rows_per_file,
-                    tasks, program, program_data, evidence=None) -> Path:
+                    tasks, program, program_data, evidence=None, model_line="main") -> Path:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -368,7 +376,7 @@ def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, de
         kafka_offsets=_plain(kafka_offsets), metrics={k: float(v) for k, v in (metrics or {}).items()},
         rows=n_rows, files=files, store_config=_plain(store_config or {}),
         tasks=[str(t) for t in (tasks or [])], program=_plain(program) if program is not None else None,
-        evidence=_plain(evidence) if evidence is not None else None,
+        evidence=_plain(evidence) if evidence is not None else None, model_line=str(model_line),
     )
     m.check()
     tmp = where[0] = out / (MANIFEST + ".tmp")
