@@ -1,0 +1,72 @@
+"""A replay labels as the live run did: the joiner running while impressions and actions arrive in chunks
+(their interleaving set by arrival), then a fresh joiner (its own group and state, another output topic)
+reading both topics from the start, write the same examples, the oracle's. The join reads event time,
+never wall time or how the two topics happened to interleave."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from streamrec.ingest import TopicSpec, ensure_topics
+from streamrec.joiner import JoinRules
+from tests.helpers.waiting import wait_until
+from tests.joiner.test_join_oracle import make_streams, oracle
+from tests.joiner.test_join_worker import P, STREAMREC, examples, join_config, produce
+from tests.sketch.test_sketch_worker import stop, write_config
+
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+
+
+def _run_until(cfg, bootstrap, tmp_path, name: str, want_total: int, r, feed=None):
+    config = write_config(cfg, tmp_path / f"{name}.toml")
+    log = tmp_path / f"{name}.log"
+    proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    try:
+        if feed is not None:
+            feed()
+        wait_until(lambda: sum(examples(bootstrap, cfg, r).values()) >= want_total or proc.poll() is not None,
+                   120, f"the {name} joiner's examples", interval=1.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(1.0)  # nothing more comes: a doubled example would show now
+        return examples(bootstrap, cfg, r)
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("mode", ["window", "fake_negative"])
+def test_a_replay_from_the_start_writes_what_the_live_run_wrote(topics, bootstrap, tmp_path, mode):
+    cfg = join_config(topics, mode)
+    cfg.join.state_dir = str(tmp_path / "live")
+    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
+    r = JoinRules.from_config(cfg.join)
+    imps, acts = make_streams(23, P, n=300)
+    want: Counter = Counter()
+    for p in range(P):
+        want += oracle(r, imps[p], acts[p])
+
+    def chunk(records: dict, k: int, n: int = 5) -> dict:
+        return {p: v[k * len(v) // n:(k + 1) * len(v) // n] for p, v in records.items()}
+
+    def feed_live():  # while it runs: two chunks of actions ahead of any impression, then chunk after chunk
+        none = {p: [] for p in range(P)}
+        produce(bootstrap, cfg, none, chunk(acts, 0))
+        produce(bootstrap, cfg, none, chunk(acts, 1))
+        for k in range(5):
+            time.sleep(0.3)
+            produce(bootstrap, cfg, chunk(imps, k), chunk(acts, k + 2) if k + 2 < 5 else none)
+
+    live = _run_until(cfg, bootstrap, tmp_path, "live", sum(want.values()), r, feed_live)
+    assert live == want
+
+    s = uuid.uuid4().hex[:8]
+    cfg.join.group, cfg.join.state_dir = f"replay-{s}", str(tmp_path / "replay")
+    cfg.kafka.events_topic = f"events-replay-{s}"
+    ensure_topics(bootstrap, [TopicSpec(cfg.kafka.events_topic, P)])
+    replay = _run_until(cfg, bootstrap, tmp_path, "replay", sum(want.values()), r)
+    assert replay == live
