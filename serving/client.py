@@ -74,6 +74,18 @@ class ServingClient:
         resp = self.stub.Predict(request, timeout=self.timeout, metadata=_metadata(self.token))
         return np.asarray(resp.scores, dtype=np.float32), int(resp.model_version)
 
+    def predict_line(self, events: Iterable[Mapping[str, Any]], model_line: str = "",
+                     columns: bool = True) -> tuple[np.ndarray, int, str]:
+        """Like ``predict``, plus the model line that answered; ``model_line`` asks for one line (empty: the
+        server's split decides)."""
+        return self.predict_request_line(events_to_request(events, columns=columns), model_line)
+
+    def predict_request_line(self, request, model_line: str = "") -> tuple[np.ndarray, int, str]:
+        if model_line:
+            request.model_line = model_line
+        resp = self.stub.Predict(request, timeout=self.timeout, metadata=_metadata(self.token))
+        return np.asarray(resp.scores, dtype=np.float32), int(resp.model_version), resp.model_line
+
     def predict_tasks(self, events: Iterable[Mapping[str, Any]],
                       columns: bool = True) -> tuple[dict[str, np.ndarray], int]:
         """Every task's scores (task name -> float32, one per event, in the model's task order) and the model
@@ -89,16 +101,20 @@ class ServingClient:
         resp = self.stub.Status(pb.StatusRequest(), timeout=self.timeout, metadata=_metadata(self.token))
         return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
-    def rollback(self, to_version: int = 0, release: bool = False) -> dict[str, Any]:
+    def rollback(self, to_version: int = 0, release: bool = False, model_line: str = "") -> dict[str, Any]:
         """Serve and pin kept version ``to_version`` (0: the one promoted before the served one), or with
-        ``release`` unpin; the answer's ``version``, ``pinned``, ``swap_seconds`` and ``message``."""
-        resp = self.stub.Rollback(pb.RollbackRequest(to_version=int(to_version), release=bool(release)),
+        ``release`` unpin, on ``model_line`` (empty: main); the answer's ``version``, ``pinned``,
+        ``swap_seconds``, ``message`` and ``model_line``."""
+        resp = self.stub.Rollback(pb.RollbackRequest(to_version=int(to_version), release=bool(release),
+                                                     model_line=model_line),
                                   timeout=self.timeout, metadata=_metadata(self.push_token))
         return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
-    def accept(self, version: int = 0) -> dict[str, Any]:
-        """Promote the version the guard holds back (0: the newest held one); ``version`` and ``message``."""
-        resp = self.stub.AcceptVersion(pb.AcceptRequest(version=int(version)), timeout=self.timeout,
+    def accept(self, version: int = 0, model_line: str = "") -> dict[str, Any]:
+        """Promote the version the guard holds back (0: the newest held one) on ``model_line`` (empty: main);
+        ``version``, ``message`` and ``model_line``."""
+        resp = self.stub.AcceptVersion(pb.AcceptRequest(version=int(version), model_line=model_line),
+                                       timeout=self.timeout,
                                        metadata=_metadata(self.push_token))
         return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 

@@ -1,6 +1,7 @@
 """The operator's RPCs: ``Rollback`` (serve and pin a kept version, or release the pin) and ``AcceptVersion``
-(promote the held version: the stream really changed). Both need ``serving.push_token`` like a push: whoever
-may replace the model may choose among its versions. The decisions are the book's (``history.py``); the swap
+(promote the held version: the stream really changed), each on one model line (``model_line``, empty = main;
+each line has its own book). Both need ``serving.push_token`` like a push: whoever may replace the model may
+choose among its versions. The decisions are the book's (``history.py``); the swap
 is the server's, one reference assignment, so a rollback takes effect for the next request."""
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ def _check(service, context, request, message, what: str):
 def rollback(service, request, context):
     req = _check(service, context, request, pb.RollbackRequest, "Rollback")
     t0 = time.perf_counter()
-    book = service.book
     try:
+        service = service.lines.service(req.model_line)  # the line's own book and served version (lines.py)
+        book = service.book
         with book.lock:  # an install decides and swaps under this lock too: never between these steps
             served = service.current
             target = book.release(served) if req.release else book.rollback(int(req.to_version), served)
@@ -40,7 +42,7 @@ def rollback(service, request, context):
         context.abort(getattr(grpc.StatusCode, e.code), str(e))
     v = service.current
     what = "released; serving" if req.release else "rolled back to"
-    return pb.RollbackResponse(version=v.version if v else 0, pinned=book.pinned,
+    return pb.RollbackResponse(version=v.version if v else 0, pinned=book.pinned, model_line=service.line,
                                swap_seconds=time.perf_counter() - t0,
                                message=f"{what} version {v.version if v else 0}"
                                        + (" (pinned until `streamrec rollback --release`)" if book.pinned else ""))
@@ -48,14 +50,15 @@ def rollback(service, request, context):
 
 def accept(service, request, context):
     req = _check(service, context, request, pb.AcceptRequest, "AcceptVersion")
-    book = service.book
     try:
+        service = service.lines.service(req.model_line)
+        book = service.book
         with book.lock:
             target = book.accept(int(req.version), service.current)
             service._swap(target)
     except SnapshotError as e:
         context.abort(getattr(grpc.StatusCode, e.code), str(e))
-    return pb.AcceptResponse(version=target.version,
+    return pb.AcceptResponse(version=target.version, model_line=service.line,
                              message=f"accepted version {target.version}; the guard's history starts from it")
 
 

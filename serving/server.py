@@ -63,6 +63,7 @@ from .receiver import parse_chunks, receive_snapshot
 from .reflection import V1_SERVICE, V1ALPHA_SERVICE, enable_reflection
 from .refusals import Refusals
 from .history import VersionBook
+from .lines import MAIN, ModelLines
 from .operator import operator_handlers
 from .version import ServedVersion, StoredVersionDamaged, check_model_config, load_version
 
@@ -157,11 +158,38 @@ def _authorized(context, token: str) -> bool:
     return False
 
 
+def verify_parent(service, parent: ServedVersion) -> None:
+    """Before a delta is applied on ``parent``: its stored files as recorded at install. A damaged parent
+    is taken out of service at once (Predict answers UNAVAILABLE, health NOT_SERVING, Status says why)
+    and the delta is refused with DATA_LOSS naming the file, so the trainer sends a full snapshot."""
+    try:
+        n, seconds = parent.verify()
+    except StoredVersionDamaged as e:
+        with service._count_lock:
+            service.stored_refused += 1
+        reason = f"stored version {e.version} is damaged: {e}; not serving until a full snapshot is pushed"
+        log.error("NOT_SERVING: %s", reason)
+        with service._swap_lock:
+            taken = service._current is parent
+            if taken:
+                service._current = None
+                service.not_serving_reason = reason
+        if taken:
+            if service.health is not None:
+                service.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+                service.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+            parent.retire(keep_dir=True)  # left on disk for the operator; a restart skips it (damaged)
+        service.book.forget(parent)
+        raise SnapshotError(f"parent_version: {reason}", code="DATA_LOSS") from None
+    service._count_verify("delta", n, seconds)
+
+
 class StreamRecService(pb_grpc.StreamRecServicer):
     """The three RPCs. Predict, PushSnapshot and Status take their request bytes raw (see ``handler``)."""
 
-    def __init__(self, cfg: Config, device: torch.device, health_servicer=None, siblings=None):
+    def __init__(self, cfg: Config, device: torch.device, health_servicer=None, siblings=None, line: str = MAIN):
         self.cfg = cfg
+        self.line = line  # the model line this service holds (lines.py); main's service routes the others
         self.device = device
         self.health = health_servicer
         self.siblings = siblings  # the other processes of a serving group (siblings.py), or None
@@ -213,6 +241,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             self.not_serving_reason = ("no stored version verifies (" + "; ".join(f"version {n}: {e}" for n, e in skipped)
                                        + "); not serving until a full snapshot is pushed")
             log.error("NOT_SERVING: %s", self.not_serving_reason)
+        self.lines = ModelLines(self) if line == MAIN else None  # the other model lines, the split, the shadow
 
     # -- versions -------------------------------------------------------
     @property
@@ -232,30 +261,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             self.verify_s += seconds
             self.last_verify = {"when": when, "bytes": n_bytes, "seconds": seconds}
 
-    def _verify_parent(self, parent: ServedVersion) -> None:
-        """Before a delta is applied on ``parent``: its stored files as recorded at install. A damaged parent
-        is taken out of service at once (Predict answers UNAVAILABLE, health NOT_SERVING, Status says why)
-        and the delta is refused with DATA_LOSS naming the file, so the trainer sends a full snapshot."""
-        try:
-            n, seconds = parent.verify()
-        except StoredVersionDamaged as e:
-            with self._count_lock:
-                self.stored_refused += 1
-            reason = f"stored version {e.version} is damaged: {e}; not serving until a full snapshot is pushed"
-            log.error("NOT_SERVING: %s", reason)
-            with self._swap_lock:
-                taken = self._current is parent
-                if taken:
-                    self._current = None
-                    self.not_serving_reason = reason
-            if taken:
-                if self.health is not None:
-                    self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-                    self.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-                parent.retire(keep_dir=True)  # left on disk for the operator; a restart skips it (damaged)
-            self.book.forget(parent)
-            raise SnapshotError(f"parent_version: {reason}", code="DATA_LOSS") from None
-        self._count_verify("delta", n, seconds)
+    _verify_parent = verify_parent
 
     def _swap(self, new: ServedVersion) -> None:
         with self._swap_lock:
@@ -274,6 +280,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
 
     def install(self, staged: Path, manifest) -> ServedVersion:
         """Load a verified snapshot directory and swap it in (used by PushSnapshot and tests)."""
+        if manifest.model_line != self.line:  # another line's version: that line's chain, guard and book
+            return self.lines.service(manifest.model_line, create=True).install(staged, manifest)
         with self._push_lock:
             if self._closed:
                 raise SnapshotError("server is shutting down", code="UNAVAILABLE")
@@ -312,6 +320,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
 
     def _precheck(self, manifest) -> None:
         """What can be decided from the manifest alone, before a byte of the snapshot is stored."""
+        if manifest.model_line != self.line:
+            return self.lines.service(manifest.model_line, create=True)._precheck(manifest)
         self.book.precheck(manifest)
         cur = self.book.head or self._current  # versions and deltas follow the newest installed one
         if cur is not None and manifest.version <= cur.version:
@@ -334,6 +344,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             self._closed = True  # a push still loading is not swapped in after this (see _swap)
             self._current = None
         self.book.close()
+        if self.lines is not None:
+            self.lines.close()
 
     # -- RPCs -----------------------------------------------------------
     authorized = staticmethod(_authorized)  # the bearer-token check, for the operator RPCs (operator.py)
@@ -435,7 +447,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "Predict needs metadata 'authorization: Bearer <token>'")
         size = len(request) if isinstance(request, (bytes, bytearray, memoryview)) else None
         request = self._parse_predict(request, context)
-        v = self._acquire()
+        t0 = time.perf_counter()
+        line, v = self.lines.acquire(request, context)  # the line that answers: split or named (lines.py)
         if v is None:
             why = self.not_serving_reason
             context.abort(grpc.StatusCode.UNAVAILABLE, f"not serving: {why}" if why else
@@ -489,7 +502,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         with self._count_lock:
             self.requests_served += 1
             self.events_served += len(scores)
-        resp = pb.PredictResponse(model_version=version)
+        self.lines.answered(line, request, scores, rids, t0)  # per-line figures, the shadow after the answer
+        resp = pb.PredictResponse(model_version=version, model_line=line)
         resp.scores.extend(scores[:, 0].tolist())  # the first task: what single-task clients read
         for t, name in enumerate(tasks):
             ts = resp.task_scores.add()
@@ -555,6 +569,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         else:
             version_status(resp, v)
         self.book.status(resp, v)
+        self.lines.status(resp, pb)
         return resp
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!streamrec/serving/streamrec.proto\x12\x0cstreamrec.v1\"#\n\x06IdList\x12\x0b\n\x03ids\x18\x01 \x03(\x03\x12\x0c\n\x04keys\x18\x02 \x03(\t\"\xac\x01\n\x05\x45vent\x12\n\n\x02ts\x18\x01 \x01(\x03\x12\r\n\x05\x64\x65nse\x18\x02 \x03(\x02\x12/\n\x06sparse\x18\x03 \x03(\x0b\x32\x1f.streamrec.v1.Event.SparseEntry\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x1a\x43\n\x0bSparseEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.streamrec.v1.IdList:\x02\x38\x01\"X\n\x0cSparseColumn\x12\x0e\n\x06values\x18\x01 \x03(\x03\x12\x0f\n\x07lengths\x18\x02 \x03(\r\x12\x12\n\nvalues_i64\x18\x03 \x01(\x0c\x12\x13\n\x0blengths_u32\x18\x04 \x01(\x0c\"\xe2\x01\n\x0c\x45ventColumns\x12\x0c\n\x04size\x18\x01 \x01(\r\x12\r\n\x05\x64\x65nse\x18\x02 \x03(\x02\x12\x11\n\tdense_f32\x18\x06 \x01(\x0c\x12\x36\n\x06sparse\x18\x03 \x03(\x0b\x32&.streamrec.v1.EventColumns.SparseEntry\x12\x13\n\x0brequest_ids\x18\x04 \x03(\t\x12\n\n\x02ts\x18\x05 \x03(\x03\x1aI\n\x0bSparseEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.streamrec.v1.SparseColumn:\x02\x38\x01\"b\n\x0ePredictRequest\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.streamrec.v1.Event\x12+\n\x07\x63olumns\x18\x02 \x01(\x0b\x32\x1a.streamrec.v1.EventColumns\"*\n\nTaskScores\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0e\n\x06scores\x18\x02 \x03(\x02\"|\n\x0fPredictResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x02\x12\x15\n\rmodel_version\x18\x02 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x03 \x03(\t\x12-\n\x0btask_scores\x18\x04 \x03(\x0b\x32\x18.streamrec.v1.TaskScores\"7\n\tFileChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"Z\n\rSnapshotChunk\x12\x17\n\rmanifest_json\x18\x01 \x01(\x0cH\x00\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x17.streamrec.v1.FileChunkH\x00\x42\x06\n\x04part\"W\n\x0cPushResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x14\n\x0cload_seconds\x18\x04 \x01(\x01\"\x0f\n\rStatusRequest\"\xdc\x04\n\x0eStatusResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x16\n\x0eparent_version\x18\x03 \x01(\x04\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x12\n\ncreated_ms\x18\x05 \x01(\x03\x12:\n\x07metrics\x18\x06 \x03(\x0b\x32).streamrec.v1.StatusResponse.MetricsEntry\x12\x13\n\x0b\x66reshness_s\x18\x07 \x01(\x01\x12\x17\n\x0fnewest_event_ms\x18\x08 \x01(\x03\x12\x11\n\trows_held\x18\t \x01(\x04\x12\x17\n\x0frequests_served\x18\n \x01(\x04\x12\x15\n\revents_served\x18\x0b \x01(\x04\x12\x13\n\x0b\x63onfig_hash\x18\x0c \x01(\t\x12\x11\n\tloaded_ms\x18\r \x01(\x03\x12\x0f\n\x07process\x18\x0e \x01(\r\x12\x11\n\tprocesses\x18\x0f \x01(\r\x12\x1a\n\x12not_serving_reason\x18\x10 \x01(\t\x12\r\n\x05tasks\x18\x11 \x03(\t\x12\x18\n\x10\x65xported_program\x18\x12 \x01(\x08\x12\x16\n\x0enewest_version\x18\x13 \x01(\x04\x12\x0e\n\x06pinned\x18\x14 \x01(\x08\x12\x13\n\x0bheld_reason\x18\x15 \x01(\t\x12\x15\n\rversions_held\x18\x16 \x01(\x04\x12\x15\n\rkept_versions\x18\x17 \x03(\x04\x12\x15\n\rguard_enabled\x18\x18 \x01(\x08\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"6\n\x0fRollbackRequest\x12\x12\n\nto_version\x18\x01 \x01(\x04\x12\x0f\n\x07release\x18\x02 \x01(\x08\"Z\n\x10RollbackResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\x12\x14\n\x0cswap_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\t\" \n\rAcceptRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"2\n\x0e\x41\x63\x63\x65ptResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0f\n\x07message\x18\x02 \x01(\t2\xfa\x02\n\tStreamRec\x12\x46\n\x07Predict\x12\x1c.streamrec.v1.PredictRequest\x1a\x1d.streamrec.v1.PredictResponse\x12I\n\x0cPushSnapshot\x12\x1b.streamrec.v1.SnapshotChunk\x1a\x1a.streamrec.v1.PushResponse(\x01\x12\x43\n\x06Status\x12\x1b.streamrec.v1.StatusRequest\x1a\x1c.streamrec.v1.StatusResponse\x12I\n\x08Rollback\x12\x1d.streamrec.v1.RollbackRequest\x1a\x1e.streamrec.v1.RollbackResponse\x12J\n\rAcceptVersion\x12\x1b.streamrec.v1.AcceptRequest\x1a\x1c.streamrec.v1.AcceptResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!streamrec/serving/streamrec.proto\x12\x0cstreamrec.v1\"#\n\x06IdList\x12\x0b\n\x03ids\x18\x01 \x03(\x03\x12\x0c\n\x04keys\x18\x02 \x03(\t\"\xac\x01\n\x05\x45vent\x12\n\n\x02ts\x18\x01 \x01(\x03\x12\r\n\x05\x64\x65nse\x18\x02 \x03(\x02\x12/\n\x06sparse\x18\x03 \x03(\x0b\x32\x1f.streamrec.v1.Event.SparseEntry\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x1a\x43\n\x0bSparseEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.streamrec.v1.IdList:\x02\x38\x01\"X\n\x0cSparseColumn\x12\x0e\n\x06values\x18\x01 \x03(\x03\x12\x0f\n\x07lengths\x18\x02 \x03(\r\x12\x12\n\nvalues_i64\x18\x03 \x01(\x0c\x12\x13\n\x0blengths_u32\x18\x04 \x01(\x0c\"\xe2\x01\n\x0c\x45ventColumns\x12\x0c\n\x04size\x18\x01 \x01(\r\x12\r\n\x05\x64\x65nse\x18\x02 \x03(\x02\x12\x11\n\tdense_f32\x18\x06 \x01(\x0c\x12\x36\n\x06sparse\x18\x03 \x03(\x0b\x32&.streamrec.v1.EventColumns.SparseEntry\x12\x13\n\x0brequest_ids\x18\x04 \x03(\t\x12\n\n\x02ts\x18\x05 \x03(\x03\x1aI\n\x0bSparseEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.streamrec.v1.SparseColumn:\x02\x38\x01\"v\n\x0ePredictRequest\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.streamrec.v1.Event\x12+\n\x07\x63olumns\x18\x02 \x01(\x0b\x32\x1a.streamrec.v1.EventColumns\x12\x12\n\nmodel_line\x18\x03 \x01(\t\"*\n\nTaskScores\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x0e\n\x06scores\x18\x02 \x03(\x02\"\x90\x01\n\x0fPredictResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x02\x12\x15\n\rmodel_version\x18\x02 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x03 \x03(\t\x12-\n\x0btask_scores\x18\x04 \x03(\x0b\x32\x18.streamrec.v1.TaskScores\x12\x12\n\nmodel_line\x18\x05 \x01(\t\"7\n\tFileChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"Z\n\rSnapshotChunk\x12\x17\n\rmanifest_json\x18\x01 \x01(\x0cH\x00\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x17.streamrec.v1.FileChunkH\x00\x42\x06\n\x04part\"W\n\x0cPushResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x14\n\x0cload_seconds\x18\x04 \x01(\x01\"\x0f\n\rStatusRequest\"\xb1\x05\n\x0eStatusResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x16\n\x0eparent_version\x18\x03 \x01(\x04\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x12\n\ncreated_ms\x18\x05 \x01(\x03\x12:\n\x07metrics\x18\x06 \x03(\x0b\x32).streamrec.v1.StatusResponse.MetricsEntry\x12\x13\n\x0b\x66reshness_s\x18\x07 \x01(\x01\x12\x17\n\x0fnewest_event_ms\x18\x08 \x01(\x03\x12\x11\n\trows_held\x18\t \x01(\x04\x12\x17\n\x0frequests_served\x18\n \x01(\x04\x12\x15\n\revents_served\x18\x0b \x01(\x04\x12\x13\n\x0b\x63onfig_hash\x18\x0c \x01(\t\x12\x11\n\tloaded_ms\x18\r \x01(\x03\x12\x0f\n\x07process\x18\x0e \x01(\r\x12\x11\n\tprocesses\x18\x0f \x01(\r\x12\x1a\n\x12not_serving_reason\x18\x10 \x01(\t\x12\r\n\x05tasks\x18\x11 \x03(\t\x12\x18\n\x10\x65xported_program\x18\x12 \x01(\x08\x12\x16\n\x0enewest_version\x18\x13 \x01(\x04\x12\x0e\n\x06pinned\x18\x14 \x01(\x08\x12\x13\n\x0bheld_reason\x18\x15 \x01(\t\x12\x15\n\rversions_held\x18\x16 \x01(\x04\x12\x15\n\rkept_versions\x18\x17 \x03(\x04\x12\x15\n\rguard_enabled\x18\x18 \x01(\x08\x12\'\n\x05lines\x18\x19 \x03(\x0b\x32\x18.streamrec.v1.LineStatus\x12*\n\x06shadow\x18\x1a \x03(\x0b\x32\x1a.streamrec.v1.ShadowStatus\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xf4\x01\n\nLineStatus\x12\x12\n\nmodel_line\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x16\n\x0enewest_version\x18\x03 \x01(\x04\x12\x0e\n\x06pinned\x18\x04 \x01(\x08\x12\x13\n\x0bheld_reason\x18\x05 \x01(\t\x12\x15\n\rversions_held\x18\x06 \x01(\x04\x12\x15\n\rkept_versions\x18\x07 \x03(\x04\x12\r\n\x05share\x18\x08 \x01(\x01\x12\x0e\n\x06shadow\x18\t \x01(\x08\x12\x10\n\x08requests\x18\n \x01(\x04\x12\x12\n\nmean_score\x18\x0b \x01(\x01\x12\x11\n\tfallbacks\x18\x0c \x01(\x04\"\x8b\x01\n\x0cShadowStatus\x12\x12\n\nmodel_line\x18\x01 \x01(\t\x12\x13\n\x0bshadow_line\x18\x02 \x01(\t\x12\x0e\n\x06\x65vents\x18\x03 \x01(\x04\x12\x15\n\rmean_abs_diff\x18\x04 \x01(\x01\x12\x16\n\x0e\x64isagree_share\x18\x05 \x01(\x01\x12\x13\n\x0b\x63\x61libration\x18\x06 \x01(\x01\"J\n\x0fRollbackRequest\x12\x12\n\nto_version\x18\x01 \x01(\x04\x12\x0f\n\x07release\x18\x02 \x01(\x08\x12\x12\n\nmodel_line\x18\x03 \x01(\t\"n\n\x10RollbackResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\x12\x14\n\x0cswap_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x12\n\nmodel_line\x18\x05 \x01(\t\"4\n\rAcceptRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nmodel_line\x18\x02 \x01(\t\"F\n\x0e\x41\x63\x63\x65ptResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x12\n\nmodel_line\x18\x03 \x01(\t2\xfa\x02\n\tStreamRec\x12\x46\n\x07Predict\x12\x1c.streamrec.v1.PredictRequest\x1a\x1d.streamrec.v1.PredictResponse\x12I\n\x0cPushSnapshot\x12\x1b.streamrec.v1.SnapshotChunk\x1a\x1a.streamrec.v1.PushResponse(\x01\x12\x43\n\x06Status\x12\x1b.streamrec.v1.StatusRequest\x1a\x1c.streamrec.v1.StatusResponse\x12I\n\x08Rollback\x12\x1d.streamrec.v1.RollbackRequest\x1a\x1e.streamrec.v1.RollbackResponse\x12J\n\rAcceptVersion\x12\x1b.streamrec.v1.AcceptRequest\x1a\x1c.streamrec.v1.AcceptResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,31 +50,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVENTCOLUMNS_SPARSEENTRY']._serialized_start=507
   _globals['_EVENTCOLUMNS_SPARSEENTRY']._serialized_end=580
   _globals['_PREDICTREQUEST']._serialized_start=582
-  _globals['_PREDICTREQUEST']._serialized_end=680
-  _globals['_TASKSCORES']._serialized_start=682
-  _globals['_TASKSCORES']._serialized_end=724
-  _globals['_PREDICTRESPONSE']._serialized_start=726
-  _globals['_PREDICTRESPONSE']._serialized_end=850
-  _globals['_FILECHUNK']._serialized_start=852
-  _globals['_FILECHUNK']._serialized_end=907
-  _globals['_SNAPSHOTCHUNK']._serialized_start=909
-  _globals['_SNAPSHOTCHUNK']._serialized_end=999
-  _globals['_PUSHRESPONSE']._serialized_start=1001
-  _globals['_PUSHRESPONSE']._serialized_end=1088
-  _globals['_STATUSREQUEST']._serialized_start=1090
-  _globals['_STATUSREQUEST']._serialized_end=1105
-  _globals['_STATUSRESPONSE']._serialized_start=1108
-  _globals['_STATUSRESPONSE']._serialized_end=1712
-  _globals['_STATUSRESPONSE_METRICSENTRY']._serialized_start=1666
-  _globals['_STATUSRESPONSE_METRICSENTRY']._serialized_end=1712
-  _globals['_ROLLBACKREQUEST']._serialized_start=1714
-  _globals['_ROLLBACKREQUEST']._serialized_end=1768
-  _globals['_ROLLBACKRESPONSE']._serialized_start=1770
-  _globals['_ROLLBACKRESPONSE']._serialized_end=1860
-  _globals['_ACCEPTREQUEST']._serialized_start=1862
-  _globals['_ACCEPTREQUEST']._serialized_end=1894
-  _globals['_ACCEPTRESPONSE']._serialized_start=1896
-  _globals['_ACCEPTRESPONSE']._serialized_end=1946
-  _globals['_STREAMREC']._serialized_start=1949
-  _globals['_STREAMREC']._serialized_end=2327
+  _globals['_PREDICTREQUEST']._serialized_end=700
+  _globals['_TASKSCORES']._serialized_start=702
+  _globals['_TASKSCORES']._serialized_end=744
+  _globals['_PREDICTRESPONSE']._serialized_start=747
+  _globals['_PREDICTRESPONSE']._serialized_end=891
+  _globals['_FILECHUNK']._serialized_start=893
+  _globals['_FILECHUNK']._serialized_end=948
+  _globals['_SNAPSHOTCHUNK']._serialized_start=950
+  _globals['_SNAPSHOTCHUNK']._serialized_end=1040
+  _globals['_PUSHRESPONSE']._serialized_start=1042
+  _globals['_PUSHRESPONSE']._serialized_end=1129
+  _globals['_STATUSREQUEST']._serialized_start=1131
+  _globals['_STATUSREQUEST']._serialized_end=1146
+  _globals['_STATUSRESPONSE']._serialized_start=1149
+  _globals['_STATUSRESPONSE']._serialized_end=1838
+  _globals['_STATUSRESPONSE_METRICSENTRY']._serialized_start=1792
+  _globals['_STATUSRESPONSE_METRICSENTRY']._serialized_end=1838
+  _globals['_LINESTATUS']._serialized_start=1841
+  _globals['_LINESTATUS']._serialized_end=2085
+  _globals['_SHADOWSTATUS']._serialized_start=2088
+  _globals['_SHADOWSTATUS']._serialized_end=2227
+  _globals['_ROLLBACKREQUEST']._serialized_start=2229
+  _globals['_ROLLBACKREQUEST']._serialized_end=2303
+  _globals['_ROLLBACKRESPONSE']._serialized_start=2305
+  _globals['_ROLLBACKRESPONSE']._serialized_end=2415
+  _globals['_ACCEPTREQUEST']._serialized_start=2417
+  _globals['_ACCEPTREQUEST']._serialized_end=2469
+  _globals['_ACCEPTRESPONSE']._serialized_start=2471
+  _globals['_ACCEPTRESPONSE']._serialized_end=2541
+  _globals['_STREAMREC']._serialized_start=2544
+  _globals['_STREAMREC']._serialized_end=2922
 # @@protoc_insertion_point(module_scope)
