@@ -336,8 +336,6 @@ class ModelLines:
 
     def status(self, resp, pb) -> None:
         """``StatusResponse.lines``: every line's served version, head, pin, hold and answered figures."""
-        from .server import version_status
-
         figs = self.figures()
         for name in self.names:
             svc = self._services[name]
@@ -345,10 +343,8 @@ class ModelLines:
             ls.model_line = name
             st = pb.StatusResponse()
             v = svc.current
-            if v is not None:
-                version_status(st, v)
             svc.book.status(st, v)
-            ls.version = st.version
+            ls.version = v.version if v is not None else 0
             ls.newest_version = st.newest_version
             ls.pinned = st.pinned
             ls.held_reason = st.held_reason

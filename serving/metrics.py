@@ -136,6 +136,50 @@ class ServingMetrics(grpc.ServerInterceptor):
                                     value=1 if book.held_reason else 0)
             yield GaugeMetricFamily("streamrec_serving_newest_version", "newest version installed (served or not)",
                                     value=book.head.version if book.head is not None else 0)
+        lines = getattr(svc, "lines", None)
+        if lines is not None:
+            yield from _line_families(lines.figures(), {n: lines.service(n).current for n in lines.names})
+
+
+def _line_families(figs: dict, served: dict):
+    """Per model line (label ``line``) and per shadow pair (labels ``line``, ``shadow``): see lines.py."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    fams = {
+        "requests": CounterMetricFamily("streamrec_serving_line_requests", "Predict calls each model line answered",
+                                        labels=["line"]),
+        "seconds": CounterMetricFamily("streamrec_serving_line_latency_seconds", "time from a Predict call's "
+                                       "parse to its answer, summed per answering line", labels=["line"]),
+        "events": CounterMetricFamily("streamrec_serving_line_events", "events each line scored for answers",
+                                      labels=["line"]),
+        "mean_score": GaugeMetricFamily("streamrec_serving_line_mean_score", "mean first-task score each line "
+                                        "returned", labels=["line"]),
+        "fallbacks": CounterMetricFamily("streamrec_serving_line_fallbacks", "calls the split routed to a line "
+                                         "without a model yet, answered by main", labels=["line"]),
+    }
+    version = GaugeMetricFamily("streamrec_serving_line_version", "version each line serves (0: none yet)",
+                                labels=["line"])
+    for name, f in figs["lines"].items():
+        for key, fam in fams.items():
+            fam.add_metric([name], f[key])
+    for name, v in served.items():
+        version.add_metric([name], v.version if v is not None else 0)
+    yield from (*fams.values(), version)
+    pair = {"events": CounterMetricFamily("streamrec_serving_shadow_events", "events scored by the shadow line "
+                                          "and the answering line", labels=["line", "shadow"]),
+            "mean_abs_diff": GaugeMetricFamily("streamrec_serving_shadow_mean_abs_diff", "mean |shadow score - "
+                                               "answered score|", labels=["line", "shadow"]),
+            "disagree_share": GaugeMetricFamily("streamrec_serving_shadow_disagree_share", "share of events whose "
+                                                "two scores differ by more than 0.1", labels=["line", "shadow"]),
+            "calibration": GaugeMetricFamily("streamrec_serving_shadow_calibration", "mean shadow score / mean "
+                                             "answered score", labels=["line", "shadow"])}
+    for key, f in figs["shadow"].items():
+        line, shadow = key.split("/")
+        for k, fam in pair.items():
+            fam.add_metric([line, shadow], f[k])
+    yield from pair.values()
+    yield CounterMetricFamily("streamrec_serving_shadow_skipped", "requests not shadow-scored: "
+                              "serving.shadow_max_pending were waiting", value=figs["shadow_skipped"])
 
 
 def _code_name(context) -> str | None:

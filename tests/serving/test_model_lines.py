@@ -1,0 +1,223 @@
+"""Model lines on one endpoint, over real gRPC on 127.0.0.1 with real snapshot files and stores: the A/B
+split's shares and stickiness, each line's answers equal to its own model's scores, a named line, an unknown
+line refused, a line without a model falling back to main, a shadow line scored and compared but never
+returned, each line's own guard, rollback and pin, and all of it across a restart."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+
+from streamrec.foundation import ConfigError, load_config
+from streamrec.foundation.config import ExperimentSpec
+from streamrec.serving import ServingClient, SnapshotPusher, events_to_request, serve
+from streamrec.serving.lines import MAIN, Split, shadow_auc, split_key
+from streamrec.snapshot import rows_batch, write_snapshot
+from streamrec.snapshot import empty_evidence
+from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events
+
+
+class LineTrainer(FakeTrainer):
+    """A fake trainer whose snapshots name a model line (as ``serving.model_line`` makes the real one do)."""
+
+    def __init__(self, cfg, tmp_path, line: str, seed: int):
+        (tmp_path / line).mkdir(exist_ok=True)
+        super().__init__(cfg, tmp_path / line, seed=seed)
+        self.line = line
+        self.touched = Touched()
+
+    def next(self):
+        changed = self.step(n_rows=80)
+        self.touched.add(changed)
+        parent = self.version or None
+        self.version += 1
+        full = parent is None
+        rows = [rows_batch(f, ids, self.store.peek(f, ids)) for f, ids in (self.touched.rows() if full else changed)]
+        return write_snapshot(
+            self.tmp / f"snap-{self.version}", version=self.version, parent_version=None if full else parent,
+            kind="full" if full else "delta", dense_state=self.model.state_dict(), rows=rows,
+            kafka_offsets={"events:0": self.version}, metrics={}, config_hash=self.cfg.model_hash(),
+            newest_event_ms=self.newest_event_ms, model_config=self.cfg.to_dict()["model"],
+            store_config={"init_scale": self.cfg.store.init_scale}, evidence=empty_evidence(), model_line=self.line)
+
+
+def user_events(cfg, users, seed=11):
+    """One event per user id (field ``user`` carries it first), other fields random."""
+    events = make_events(cfg, len(users), seed=seed)
+    for e, u in zip(events, users):
+        e["sparse"]["user"] = [int(u)]
+    return events
+
+
+# -- the split, in process ------------------------------------------------------------------------
+def test_split_shares_are_within_one_percent_over_100k_users_and_a_user_keeps_its_line(cfg):
+    split = Split([ExperimentSpec("main", 0.5), ExperimentSpec("b", 0.3), ExperimentSpec("c", 0.2)], "user")
+    users = np.random.default_rng(0).integers(0, 2**62, 100_000)
+    lines = [split.line_for_key(int(u)) for u in users]
+    counts = {n: lines.count(n) / len(lines) for n in ("main", "b", "c")}
+    assert abs(counts["main"] - 0.5) < 0.01 and abs(counts["b"] - 0.3) < 0.01 and abs(counts["c"] - 0.2) < 0.01
+    assert [split.line_for_key(int(u)) for u in users[:1000]] == lines[:1000]  # deterministic
+    # the key is what the request carries, in both wire forms (and string ids as the trainer hashes them)
+    ev = user_events(cfg, [123456789])
+    assert split_key(events_to_request(ev, columns=True), "user") == 123456789
+    assert split_key(events_to_request(ev, columns=False), "user") == 123456789
+    ev[0]["sparse"]["user"] = ["alice"]
+    from streamrec.foundation import hash_id
+
+    assert split_key(events_to_request(ev, columns=True), "user") == hash_id("alice") == \
+        split_key(events_to_request(ev, columns=False), "user")
+    assert split_key(events_to_request(ev, columns=True), "request_id") == hash_id("r0")
+    assert Split([], "user").line_for_key(5) == MAIN
+
+
+def test_the_split_config_is_validated():
+    with pytest.raises(ConfigError, match="shares sum to 0.9"):
+        load_config(overrides={"serving.experiments": [{"line": "main", "share": 0.5}, {"line": "b", "share": 0.4}]})
+    with pytest.raises(ConfigError, match="not a model line name"):
+        load_config(overrides={"serving.experiments": [{"line": "Main!", "share": 1.0}]})
+    with pytest.raises(ConfigError, match="answered or shadowed"):
+        load_config(overrides={"serving.experiments": [{"line": "main", "share": 0.5}, {"line": "b", "share": 0.5}],
+                               "serving.shadow_line": "b"})
+
+
+def test_shadow_auc_joins_labels_by_request_id():
+    log = [("r1", "main", "s", 0.9, 0.2), ("r2", "main", "s", 0.1, 0.8), ("r3", "main", "s", 0.7, 0.6),
+           ("r4", "main", "s", 0.5, 0.5)]
+    out = shadow_auc(log, {"r1": 1, "r2": 0, "r3": 1})  # r4 has no label yet
+    f = out[("main", "s")]
+    assert f["events"] == 3 and f["auc_line"] == 1.0 and f["auc_shadow"] == 0.0
+
+
+# -- over gRPC ------------------------------------------------------------------------------------
+@pytest.fixture
+def two_lines(cfg, tmp_path):
+    from streamrec.ingest import free_port
+
+    cfg.serving.push_token = "push-tok"
+    cfg.serving.keep_versions = 4
+    cfg.serving.metrics_port = free_port()
+    cfg.serving.experiments = [ExperimentSpec("main", 0.5), ExperimentSpec("b", 0.5)]
+    main, b = LineTrainer(cfg, tmp_path, "main", seed=0), LineTrainer(cfg, tmp_path, "b", seed=1)
+    yield cfg, main, b
+    main.close()
+    b.close()
+
+
+@pytest.mark.grpc
+def test_each_line_answers_with_its_own_model_and_a_user_stays_on_its_line(two_lines):
+    cfg, main, b = two_lines
+    users = list(range(1000, 1060))
+    events = user_events(cfg, users)
+    batch = events_to_batch(cfg, events)
+    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+            ServingClient(srv.target, push_token="push-tok") as c:
+        assert p.push(main.next()).ok
+        # line b has no model yet: its share is answered by main, and counted
+        _, _, line = c.predict_line(events[:1])
+        assert line == MAIN
+        for i in range(len(events)):
+            c.predict_line(events[i:i + 1])
+        fallbacks = srv.service.lines.stats["b"].fallbacks
+        assert fallbacks > 0
+        assert p.push(b.next()).ok
+        want = {MAIN: main.scores(batch), "b": b.scores(batch)}
+        assert np.max(np.abs(want[MAIN] - want["b"])) > 1e-3  # the two models differ: the check below can fail
+        seen = {}
+        for rnd in range(2):
+            for i, u in enumerate(users):
+                scores, version, line = c.predict_line(events[i:i + 1])
+                assert version == 1 and abs(float(scores[0]) - float(want[line][i])) <= 1e-6, (u, line)
+                assert seen.setdefault(u, line) == line  # the same user, the same line
+        assert set(seen.values()) == {MAIN, "b"}
+        # a named line answers whatever the split says; an unknown one is refused
+        for name in (MAIN, "b"):
+            scores, _, line = c.predict_line(events, model_line=name)
+            assert line == name and np.max(np.abs(scores - want[name])) <= 1e-6
+        with pytest.raises(grpc.RpcError) as e:
+            c.predict_line(events, model_line="nope")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'nope'" in e.value.details()
+        st = c.status()
+        lines = {x["model_line"]: x for x in st["lines"]}
+        assert set(lines) == {MAIN, "b"} and lines["b"]["share"] == 0.5 and int(lines["b"]["version"]) == 1
+        assert int(lines["b"]["fallbacks"]) == fallbacks and int(lines["b"]["requests"]) > 0
+        scrape = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics.port}/metrics", timeout=5).read().decode()
+        assert f'streamrec_serving_line_fallbacks_total{{line="b"}} {float(fallbacks)}' in scrape
+        assert 'streamrec_serving_line_requests_total{line="b"}' in scrape
+        assert 'streamrec_serving_line_mean_score{line="main"}' in scrape
+
+
+@pytest.mark.grpc
+def test_each_line_has_its_own_rollback_and_pin_and_they_survive_a_restart(two_lines):
+    cfg, main, b = two_lines
+    events = user_events(cfg, range(20))
+    batch = events_to_batch(cfg, events)
+    want = {}
+    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+            ServingClient(srv.target, push_token="push-tok") as c:
+        for t in (main, b, main, b, b):
+            assert p.push(t.next()).ok
+            want[t.line, t.version] = t.scores(batch)
+        r = c.rollback(to_version=1, model_line="b")
+        assert r["pinned"] and int(r["version"]) == 1 and r["model_line"] == "b"
+        scores, v, _ = c.predict_line(events, model_line="b")
+        assert v == 1 and np.max(np.abs(scores - want["b", 1])) <= 1e-6
+        scores, v, _ = c.predict_line(events, model_line=MAIN)  # main is neither rolled back nor pinned
+        assert v == 2 and np.max(np.abs(scores - want[MAIN, 2])) <= 1e-6
+        assert p.push(b.next()).ok  # b's chain goes on from its head (3) while pinned
+        lines = {x["model_line"]: x for x in c.status()["lines"]}
+        assert lines["b"]["pinned"] and int(lines["b"]["newest_version"]) == 4 and not lines[MAIN]["pinned"]
+        with pytest.raises(grpc.RpcError) as e:
+            c.rollback(model_line="nope")
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    want["b", 4] = b.scores(batch)
+    with serve(cfg, device="cpu") as srv, ServingClient(srv.target, push_token="push-tok") as c:
+        lines = {x["model_line"]: x for x in c.status()["lines"]}
+        assert set(lines) == {MAIN, "b"} and lines["b"]["pinned"] and int(lines["b"]["version"]) == 1
+        scores, v, _ = c.predict_line(events, model_line="b")
+        assert v == 1 and np.max(np.abs(scores - want["b", 1])) <= 1e-6
+        assert int(c.predict_line(events, model_line=MAIN)[1]) == 2
+        r = c.rollback(release=True, model_line="b")
+        assert not r["pinned"] and int(r["version"]) == 4
+        scores, v, _ = c.predict_line(events, model_line="b")
+        assert v == 4 and np.max(np.abs(scores - want["b", 4])) <= 1e-6
+
+
+@pytest.mark.grpc
+def test_a_shadow_line_is_scored_and_compared_but_never_returned(cfg, tmp_path):
+    from streamrec.ingest import free_port
+
+    cfg.serving.push_token = "push-tok"
+    cfg.serving.metrics_port = free_port()
+    cfg.serving.shadow_line = "shadow"
+    main, sh = LineTrainer(cfg, tmp_path, "main", seed=0), LineTrainer(cfg, tmp_path, "shadow", seed=1)
+    events = user_events(cfg, range(40))
+    batch = events_to_batch(cfg, events)
+    try:
+        with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+                ServingClient(srv.target) as c:
+            assert p.push(main.next()).ok and p.push(sh.next()).ok
+            a, b = main.scores(batch), sh.scores(batch)
+            assert np.max(np.abs(a - b)) > 1e-3
+            for _ in range(3):
+                scores, v, line = c.predict_line(events)
+                assert line == MAIN and np.max(np.abs(scores - a)) <= 1e-6  # the shadow's never reach the caller
+            assert srv.service.lines.drain(10)
+            st = c.status()
+            (pair,) = st["shadow"]
+            diff = np.abs(a.astype(np.float64) - b)
+            assert pair["model_line"] == MAIN and pair["shadow_line"] == "shadow" and int(pair["events"]) == 120
+            assert abs(pair["mean_abs_diff"] - diff.mean()) < 1e-5
+            assert abs(pair["disagree_share"] - (diff > 0.1).mean()) < 1e-9
+            assert abs(pair["calibration"] - b.sum() / a.sum()) < 1e-5
+            assert {x["model_line"]: x["shadow"] for x in st["lines"]} == {MAIN: False, "shadow": True}
+            log = list(srv.service.lines.shadow_log)
+            assert len(log) == 120 and log[0][0] == "r0" and abs(log[0][4] - b[0]) < 1e-6
+            scrape = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics.port}/metrics",
+                                            timeout=5).read().decode()
+            assert 'streamrec_serving_shadow_events_total{line="main",shadow="shadow"} 120.0' in scrape
+    finally:
+        main.close()
+        sh.close()
