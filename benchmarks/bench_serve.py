@@ -60,6 +60,7 @@ import torch
 from streamrec.foundation import stop_process
 
 from .common import add_device_arg, bench_device, sync
+from .serve_lines import line_costs
 
 
 def _pct(xs, q):
@@ -608,6 +609,12 @@ def main(argv: list[str]) -> int:
                     fn()
                 chunks[name].append((time.perf_counter() - t0) / 10)
         handler_vs_served512 = float(np.median(chunks["handler"]) / np.median(chunks["served"]))
+        # model lines: a shadow line and a 50/50 split against one line, the whole handler in-process
+        lines = line_costs(tmp, snap1, overrides, dev, requests[512], ctx, 5 if tiny else 15 if quick else 30)
+        say(f"model lines at b512 (whole handler in-process): one line {lines['single_handler_qps_b512']:.1f} "
+            f"req/s, with a shadow {lines['shadow_handler_qps_b512']:.1f} ({lines['shadow_vs_single_b512']:.2f}x, "
+            f"goal >= 0.55; {lines['shadow_skipped']} not shadow-scored), 50/50 split "
+            f"{lines['split_handler_qps_b512']:.1f} ({lines['split_vs_single_b512']:.2f}x, goal >= 0.95)")
         floor_p99_b64 = 1000 * gap_s + idle[("served", True)]["p99"]
         say(f"in-process b64, back to back / idle {1000 * gap_s:.2f} ms (one empty round trip) before each call: "
             f"served path p50 {idle[('served', False)]['p50']:.3f} / {idle[('served', True)]['p50']:.3f} ms, p99 "
@@ -678,6 +685,11 @@ def main(argv: list[str]) -> int:
         "handler_vs_served_path_b512": round(handler_vs_served512, 4),
         "handler_bound_qps_b512": round(handler_bound512, 2),
         "handler_bound_vs_bound_b512": round(handler_bound512 / bound512, 4),
+        # model lines (serve_lines.py): a shadow line / a 50/50 split against one line, the handler in-process
+        "shadow_vs_single_b512": round(lines["shadow_vs_single_b512"], 4),
+        "split_vs_single_b512": round(lines["split_vs_single_b512"], 4),
+        **{k: round(v, 2) for k, v in lines.items() if k.endswith("handler_qps_b512")},
+        "shadow_skipped": lines["shadow_skipped"],
         "errors": sum(v["errors"] for v in res.values()) + sum(r["errors"] for v in group.values() for r in v),
         "cells": {f"b{b}_c{c}": {k: round(x, 3) for k, x in v.items()} for (b, c), v in res.items()},
     }

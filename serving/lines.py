@@ -17,8 +17,8 @@ INVALID_ARGUMENT; one without a model yet: UNAVAILABLE). A routed line without a
 main (counted in ``fallbacks``). ``PredictResponse.model_line`` names the line that answered.
 
 **Shadow** (``serving.shadow_line``): after the answering line's scores are computed, the request goes to one
-shadow worker thread, which scores it with the shadow line's served version (decoded with that version's
-own fields) and compares the first task's scores, per (answering line, shadow line) pair: mean absolute
+shadow worker thread, which scores it with the shadow line's served version (the answer's decoded batch when
+the shadow's model has the same fields and dense width, else the request decoded for the shadow's fields) and compares the first task's scores, per (answering line, shadow line) pair: mean absolute
 difference, share of events whose scores differ by more than ``DISAGREE``, and calibration (mean shadow
 score / mean answering score). The answer never waits for the shadow: at most ``serving.shadow_max_pending``
 requests wait for it, and a request arriving over that is not shadow-scored (``skipped``). Events with a
@@ -256,8 +256,9 @@ class ModelLines:
                 self.stats[name].fallbacks += 1
         return MAIN, self.main._acquire()
 
-    def answered(self, line: str, request, scores: np.ndarray, rids, t0: float) -> None:
-        """Count the answer in ``line``'s figures and hand the request to the shadow (``scores``: [B, T])."""
+    def answered(self, line: str, request, scores: np.ndarray, rids, t0: float, batch=None, fields=()) -> None:
+        """Count the answer in ``line``'s figures and hand the request to the shadow (``scores``: [B, T];
+        ``batch``: the request decoded for ``fields``, reused by a shadow version with the same fields)."""
         first = scores[:, 0]
         with self._lock:
             st = self.stats[line]
@@ -272,7 +273,7 @@ class ModelLines:
                 return
             self._pending += 1
         try:
-            self._worker.submit(self._shadow, line, request, first, list(rids))
+            self._worker.submit(self._shadow, line, request, first, list(rids), batch, list(fields))
         except RuntimeError:  # shut down: the server is closing
             self._done()
 
@@ -282,7 +283,7 @@ class ModelLines:
             if not self._pending:
                 self._idle.notify_all()
 
-    def _shadow(self, line: str, request, primary: np.ndarray, rids: list) -> None:
+    def _shadow(self, line: str, request, primary: np.ndarray, rids: list, batch, fields: list) -> None:
         try:
             svc = self._services.get(self.shadow_line)
             v = svc._acquire() if svc is not None else None
@@ -291,7 +292,8 @@ class ModelLines:
                     self.shadow_unserved += 1
                 return
             try:
-                batch, _ = request_to_batch_ids(request, v.fields, v.dense_dim, self.main.limits)
+                if batch is None or list(v.fields) != fields or batch.dense.shape[1] != v.dense_dim:
+                    batch, _ = request_to_batch_ids(request, v.fields, v.dense_dim, self.main.limits)
                 shadow = v.predict(batch)[:, 0]
             except Exception as e:  # RequestError (its fields differ), a model error: counted, never the answer's
                 with self._lock:

@@ -454,7 +454,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, f"not serving: {why}" if why else
                           "no model loaded yet; push a snapshot first")
         try:
-            cost = 0
+            cost, batch = 0, None
             # every id takes at least a byte on the wire: a request of few bytes cannot be heavy (and the
             # decoding enforces every count limit before it copies ids); others are counted first
             n = request.columns.size if request.HasField("columns") else len(request.events)
@@ -486,8 +486,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                         self._light_active -= 1
                         if not self._light_active:
                             self._light_idle.notify_all()
-            version = v.version
-            tasks = v.tasks
+            version, tasks, fields = v.version, v.tasks, v.fields
         finally:
             v.release()
         if scores.ndim == 1:
@@ -502,7 +501,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         with self._count_lock:
             self.requests_served += 1
             self.events_served += len(scores)
-        self.lines.answered(line, request, scores, rids, t0)  # per-line figures, the shadow after the answer
+        self.lines.answered(line, request, scores, rids, t0, batch, fields)  # per-line figures, the shadow after the answer
         resp = pb.PredictResponse(model_version=version, model_line=line)
         resp.scores.extend(scores[:, 0].tolist())  # the first task: what single-task clients read
         for t, name in enumerate(tasks):

@@ -31,7 +31,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
         "device", "p99_ms_b64", "qps_b512", "inproc_qps_b512", "grpc_vs_inproc_b512", "full_push_s", "delta_push_s",
         "freshness_s", "bound_qps_b512", "grpc_vs_bound_b512", "p99_ratio_under_abuse", "p99_ratio_under_heavy",
         "latency_floor_p99_ms_b64", "handler_bound_vs_bound_b512", "group_qps_b512", "group_vs_one_b512",
-        "group_vs_bound_b512", "verify_ms", "verify_s_per_gb"]),
+        "group_vs_bound_b512", "verify_ms", "verify_s_per_gb", "shadow_vs_single_b512", "split_vs_single_b512"]),
     "fuzz": ([], ["inputs", "other_exceptions", "crashes", "mutated_msgs_per_s", "valid_msgs_per_s",
                   "mutated_vs_valid", "slowest_ms"]),
     "scale": ([], ["auc_n1", "events_per_s_n1", "exact_dauc_n2", "online_dauc_n2", "cpu_inflation_n2",
