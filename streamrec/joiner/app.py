@@ -26,7 +26,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 import time
@@ -35,16 +34,17 @@ from pathlib import Path
 from streamrec.foundation import EventSchema, StreamrecError
 from streamrec.foundation.failpoints import hit
 from streamrec.ingest import (
-    REASON_HEADER, SOURCE_HEADER, aiokafka_security, client_settings, encode_arrow, encode_json, faust_credentials,
+    REASON_HEADER, SOURCE_HEADER, aiokafka_security, client_settings, encode_arrow, faust_credentials,
 )
 
 from .machine import FEEDBACK_HEADER, JoinRules, JoinState, JoinStats, parse_action
-from .txstore import TxStore
+from .txstore import TxStore, dumps, loads
 
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "join-state"
 ID_HEADER = "streamrec-join-id"  # "<partition>|<request_id>|<kind>|<task>": one example's identity
+IDS_HEADER = "streamrec-join-ids"  # a JSON list of the identities of an Arrow message's examples, in order
 CLEAN = "clean-shutdown"  # in join.state_dir: the local RocksDB copy matches the changelog
 
 
@@ -154,10 +154,10 @@ class Joiner:
         return out
 
     def handle(self, p: int, topic: str, key: bytes | None, value: bytes | None) -> list:
-        """The examples one record completes, as ``(key, encoded value, kind, identity)``; ValueError:
-        the record is malformed (the reason)."""
+        """The examples one record completes, as ``(key, event, kind, identity)``; ValueError: the record is
+        malformed (the reason)."""
         try:
-            obj = json.loads(value) if value else None
+            obj = loads(value) if value else None
         except (ValueError, UnicodeDecodeError) as e:
             raise ValueError(f"not JSON: {e}") from None
         if obj is None:
@@ -179,7 +179,7 @@ class Joiner:
                 task = next((t for t, y in labels.items() if y == 1), self.rules.task_names[0])
             kind = "example" if self.rules.mode == "window" else ex.kind
             ident = f"{p}|{ex.request_id}|{kind}|{task}"
-            out.append((ex.request_id.encode(), self.encode(ex.event), ex.kind, ident))
+            out.append((ex.request_id.encode(), ex.event, ex.kind, ident))
         return out
 
     def _impression(self, obj) -> tuple[str, int, dict]:
@@ -201,9 +201,12 @@ class Joiner:
                              "keyed by request_id (co-partitioning)")
 
     def encode(self, ev: dict) -> bytes:
-        if self.cfg.kafka.codec == "json":
-            return encode_json(ev)
-        return encode_arrow(self.schema_out.batch_from_events([ev]), self.schema_out)
+        """One event as one JSON message (``kafka.codec = json``)."""
+        return dumps(ev)
+
+    def encode_many(self, evs: list[dict]) -> bytes:
+        """Events as one Arrow IPC message (``kafka.codec = arrow``)."""
+        return encode_arrow(self.schema_out.batch_from_events(evs), self.schema_out)
 
 
 def _keep_paused(consumer, topics: set[str]) -> None:
@@ -276,7 +279,7 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
                                       client_id="streamrec-join-scan", **security),
                 reader=AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                         auto_offset_reset="earliest", client_id="streamrec-join-read", **security),
-                prod=AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+                prod=AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1 << 20,
                                       max_request_size=32 << 20, client_id="streamrec-join-out", **security))
             for c in made.values():
                 await c.start()
@@ -309,15 +312,20 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
         c.assign(list(tps))
         for tp, o in tps.items():
             c.seek(tp, max(0, o - 1))  # one before: a broker may answer ListOffsets one short of the log end
-        prefix = f"{p}|".encode()
+        prefix = f"{p}|"
         idle_since = None
         while True:
             got = await c.getmany(timeout_ms=300, max_records=10_000)
             for recs in got.values():
                 for r in recs:
                     for k, v in r.headers or ():
-                        if k == ID_HEADER and v.startswith(prefix):
-                            out.add(v.decode())
+                        if k == ID_HEADER:
+                            ids = (v.decode(),)
+                        elif k == IDS_HEADER:
+                            ids = loads(v)
+                        else:
+                            continue
+                        out.update(i for i in ids if i.startswith(prefix))
             done = True
             for tp in tps:
                 done = done and await c.position(tp) >= now[tp.partition]
@@ -331,15 +339,49 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
         c.assign([])
         return out
 
+    async def produce(topic: str, q: int, records: list) -> list:
+        """Queue ``(key, value, headers)`` records, in order, for partition ``q`` of ``topic`` in as few
+        record batches as the producer's batch size allows; the futures of those batches, each with its
+        record count."""
+        prod = io["prod"]
+        futs: list = []
+        b, n = prod.create_batch(), 0
+        for key, value, headers in records:
+            if b.append(timestamp=None, key=key, value=value, headers=headers) is None:
+                futs.append((await prod.send_batch(b, topic, partition=q), n))
+                b, n = prod.create_batch(), 0
+                if b.append(timestamp=None, key=key, value=value, headers=headers) is None:
+                    raise StreamrecError(f"join: a record of {len(value or b'')} bytes does not fit a batch")
+            n += 1
+        if n:
+            futs.append((await prod.send_batch(b, topic, partition=q), n))
+        return futs
+
+    async def write_state(p: int, store: TxStore) -> None:
+        """Produce the store's changelog records to the table's changelog partition ``p`` and wait for
+        every ack: the state written so far is then what a worker rebuilding from the changelog finds."""
+        records = store.take_outbox()
+        if not records:
+            return
+        from faust.types import TP
+
+        topic = table.changelog_topic.get_topic_name()
+        last = -1
+        for fut, n in await produce(topic, p, [(k, v, []) for k, v in records]):
+            meta = await fut
+            last = max(last, meta.offset + n - 1)
+        table.data.set_persisted_offset(TP(topic, p), last)  # what faust's own changelog writes record
+
     async def restore(p: int) -> None:
         await clients()
         store = TxStore(table, p, jc.impressions_topic, on_hit=hit)
         tx = store.recover()
+        await write_state(p, store)  # the last tx's applies again: a changelog cut short in them is completed
         if tx is None:  # a partition never joined: start at the inputs' beginning and the output log's end
             tx = {"seq": 0, "off": {jc.impressions_topic: None, jc.actions_topic: None},
                   "ends": {str(q): o for q, o in (await output_ends()).items()}}
             store.commit(tx)
-            await app.producer.flush()  # durable before any example: a crash after one finds these ends
+            await write_state(p, store)  # durable before any example: a crash after one finds these ends
             tx = store.last_tx()
         part = _Partition(store, tx)
         part.written |= await written_since(p, part.ends)
@@ -375,22 +417,48 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
                     epoch[tp.partition] = epoch.get(tp.partition, 0) + 1
 
     async def send_all(p: int, part: _Partition, examples: list, bad: list) -> None:
-        """Send a batch's examples (those not already in the log) and dead letters; wait for every ack."""
-        futs = []
-        for key, value, kind, ident in examples:
+        """Send a batch's examples (those not already in the log) and dead letters; wait for every ack.
+
+        An example goes to the partition its key (``request_id``) hashes to, as a keyed send would put it.
+        JSON: one example per message, its identity in :data:`ID_HEADER`. Arrow: the examples of one
+        output partition in messages of up to ``kafka.events_per_message`` events, each message with the
+        identities of its examples in :data:`IDS_HEADER` and their kinds (comma-separated, in order) in
+        :data:`FEEDBACK_HEADER`; a message is acknowledged whole or not at all, so the identities found in
+        the log after a crash are exactly the examples written."""
+        prod, topic = io["prod"], cfg.kafka.events_topic
+        if not prod._metadata.partitions_for_topic(topic):
+            await prod.client._wait_on_metadata(topic)
+        by_q: dict[int, list] = {}
+        for key, ev, kind, ident in examples:
             if ident in part.written:
                 part.written.discard(ident)
                 continue
-            futs.append(await io["prod"].send(cfg.kafka.events_topic, value, key=key, headers=[
-                (FEEDBACK_HEADER, kind.encode()), (ID_HEADER, ident.encode())]))
+            q = prod._partition(topic, None, None, None, key, None)
+            by_q.setdefault(q, []).append((key, ev, kind, ident))
+        futs = []
+        for q, exs in sorted(by_q.items()):
+            if cfg.kafka.codec == "json":
+                records = [(key, joiner.encode(ev), [(FEEDBACK_HEADER, kind.encode()), (ID_HEADER, ident.encode())])
+                           for key, ev, kind, ident in exs]
+            else:
+                step = max(1, int(cfg.kafka.events_per_message))
+                records = []
+                for i in range(0, len(exs), step):
+                    chunk = exs[i:i + step]
+                    records.append((None, joiner.encode_many([ev for _, ev, _, _ in chunk]), [
+                        (FEEDBACK_HEADER, ",".join(kind for _, _, kind, _ in chunk).encode()),
+                        (IDS_HEADER, dumps([ident for _, _, _, ident in chunk]))]))
+            futs += [(q, f, n) for f, n in await produce(topic, q, records)]
+        dead = []
         for rec, reason in bad:
-            futs.append(await io["prod"].send(cfg.kafka.dlq_topic, rec.value or b"", key=rec.key, headers=[
+            dead.append(await prod.send(cfg.kafka.dlq_topic, rec.value or b"", key=rec.key, headers=[
                 (REASON_HEADER, reason[:2000].encode("utf-8", "backslashreplace")),
                 (SOURCE_HEADER, f"{rec.topic}:{rec.partition}:{rec.offset}".encode())]))
-        for f in futs:
+        for q, f, n in futs:
             meta = await f
-            if meta.topic == cfg.kafka.events_topic:
-                part.ends[meta.partition] = max(part.ends.get(meta.partition, 0), meta.offset + 1)
+            part.ends[q] = max(part.ends.get(q, 0), meta.offset + n)
+        for f in dead:
+            await f
 
     async def join_batch(p: int, recs: list) -> None:
         part = parts.get(p)
@@ -415,7 +483,7 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
         part.seq += 1
         with_ends = {str(q): o for q, o in part.ends.items()}
         part.store.commit({"seq": part.seq, "off": part.off, "ends": with_ends, "pending": sorted(part.written)})
-        await app.producer.flush()  # the batch's state in the changelog: a restart resumes after it
+        await write_state(p, part.store)  # the batch's state in the changelog: a restart resumes after it
         hit("join.after_commit")
         if metrics is not None:
             m = joiner.machines.get(p)
