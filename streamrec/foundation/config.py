@@ -401,7 +401,7 @@ class JoinConfig:
     allowed_lateness_s: float = 60.0  # the window closes when the actions' event-time watermark passes impression ts + window_s + this
     orphan_wait_s: float = 300.0  # an action that arrives before its impression waits until the impressions' watermark passes its ts + this (event time)
     state_dir: str = "data/joiner"  # faust table state (RocksDB) of the joiner
-    batch_records: int = 500  # input records joined per state commit (one atomic write per partition and batch: its examples are acknowledged before it)
+    batch_records: int = 2000  # input records joined per state commit (one atomic write per partition and batch: its examples are acknowledged before it; that write holds the batch's state changes: they must fit the changelog topic's max.message.bytes)
     metrics_port: int = 0  # Prometheus HTTP port of the joiner, 0 = off
     metrics_host: str = "127.0.0.1"  # address the joiner's Prometheus endpoint binds (0.0.0.0 to publish it)
 
