@@ -17,7 +17,8 @@ INVALID_ARGUMENT; one without a model yet: UNAVAILABLE). A routed line without a
 main (counted in ``fallbacks``). ``PredictResponse.model_line`` names the line that answered.
 
 **Shadow** (``serving.shadow_line``): after the answering line's scores are computed, the request goes to one
-shadow worker thread, which scores it with the shadow line's served version (the answer's decoded batch when
+shadow worker thread, which scores the requests queued meanwhile together in one pass (up to
+``serving.merge_max_events`` events, as answers are merged) with with the shadow line's served version (the answer's decoded batch when
 the shadow's model has the same fields and dense width, else the request decoded for the shadow's fields) and compares the first task's scores, per (answering line, shadow line) pair: mean absolute
 difference, share of events whose scores differ by more than ``DISAGREE``, and calibration (mean shadow
 score / mean answering score). The answer never waits for the shadow: at most ``serving.shadow_max_pending``
@@ -34,16 +35,15 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 import numpy as np
 
-from streamrec.foundation import hash_id, roc_auc
+from streamrec.foundation import EventBatch, hash_id, roc_auc
 from streamrec.snapshot import SnapshotError
 
-from .convert import request_to_batch_ids
+from .convert import RequestError, request_to_batch_ids
 
 log = logging.getLogger("streamrec.serving")
 
@@ -188,9 +188,16 @@ class ModelLines:
         self.shadow_skipped = 0  # requests not shadow-scored: too many waiting
         self.shadow_unserved = 0  # requests not shadow-scored: the shadow line has no model yet
         self.shadow_errors = 0  # requests the shadow could not score (its model refused them)
-        self._pending = 0
+        self.merge_events = max(1, int(s.merge_max_events))
+        self._queue: deque = deque()  # requests waiting for the shadow: (line, request, scores, rids, batch, fields)
+        self._busy = False  # the worker is scoring a round
+        self._stop = False
+        self._wake = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
-        self._worker = futures.ThreadPoolExecutor(1, thread_name_prefix="shadow") if self.shadow_line else None
+        self._thread = None
+        if self.shadow_line:
+            self._thread = threading.Thread(target=self._run, name="shadow", daemon=True)
+            self._thread.start()
         names = {*self.split.lines, *([self.shadow_line] if self.shadow_line else [])}
         if self.root.is_dir():
             names |= {p.name for p in self.root.iterdir() if p.is_dir()}
@@ -266,44 +273,73 @@ class ModelLines:
             st.events += len(first)
             st.score_sum += float(first.sum())
             st.seconds += time.perf_counter() - t0
-            if self._worker is None or line == self.shadow_line:
+            if self._thread is None or line == self.shadow_line:
                 return
-            if self._pending >= self.max_pending:
+            if len(self._queue) >= self.max_pending:
                 self.shadow_skipped += 1
                 return
-            self._pending += 1
-        try:
-            self._worker.submit(self._shadow, line, request, first, list(rids), batch, list(fields))
-        except RuntimeError:  # shut down: the server is closing
-            self._done()
+            self._queue.append((line, request, first, list(rids), batch, list(fields)))
+            self._wake.notify()
 
-    def _done(self) -> None:
-        with self._lock:
-            self._pending -= 1
-            if not self._pending:
-                self._idle.notify_all()
-
-    def _shadow(self, line: str, request, primary: np.ndarray, rids: list, batch, fields: list) -> None:
-        try:
-            svc = self._services.get(self.shadow_line)
-            v = svc._acquire() if svc is not None else None
-            if v is None:
-                with self._lock:
-                    self.shadow_unserved += 1
-                return
-            try:
-                if batch is None or list(v.fields) != fields or batch.dense.shape[1] != v.dense_dim:
-                    batch, _ = request_to_batch_ids(request, v.fields, v.dense_dim, self.main.limits)
-                shadow = v.predict(batch)[:, 0]
-            except Exception as e:  # RequestError (its fields differ), a model error: counted, never the answer's
-                with self._lock:
-                    self.shadow_errors += 1
-                log.debug("shadow line %s could not score a request: %s", self.shadow_line, e)
-                return
-            finally:
-                v.release()
-            diff = np.abs(shadow.astype(np.float64) - primary)
+    def _run(self) -> None:
+        """The shadow worker: takes every queued request (up to ``merge_max_events`` events) and scores them
+        in one pass, as the merger does for answers: a request's fixed cost is paid once per round."""
+        while True:
             with self._lock:
+                while not self._queue and not self._stop:
+                    self._wake.wait()
+                if self._stop:
+                    return
+                take, n = [], 0
+                while self._queue and (not take or n + len(self._queue[0][2]) <= self.merge_events):
+                    take.append(self._queue.popleft())
+                    n += len(take[-1][2])
+                self._busy = True
+            try:
+                self._shadow_round(take)
+            except Exception as e:  # a model error: counted, never the answer's
+                with self._lock:
+                    self.shadow_errors += len(take)
+                log.debug("shadow line %s could not score %d requests: %s", self.shadow_line, len(take), e)
+            finally:
+                with self._lock:
+                    self._busy = False
+                    if not self._queue:
+                        self._idle.notify_all()
+
+    def _shadow_round(self, take: list) -> None:
+        svc = self._services.get(self.shadow_line)
+        v = svc._acquire() if svc is not None else None
+        if v is None:
+            with self._lock:
+                self.shadow_unserved += len(take)
+            return
+        try:
+            batches, kept = [], []
+            for item in take:
+                _, request, _, _, batch, fields = item
+                if batch is None or list(v.fields) != fields or batch.dense.shape[1] != v.dense_dim:
+                    try:  # the shadow's model reads other fields: the request decoded for them
+                        batch, _ = request_to_batch_ids(request, v.fields, v.dense_dim, self.main.limits)
+                    except RequestError:
+                        with self._lock:
+                            self.shadow_errors += 1
+                        continue
+                batches.append(batch)
+                kept.append(item)
+            take = kept
+            if not take:
+                return
+            merged = batches[0] if len(batches) == 1 else EventBatch.concat(batches, v.dense_dim, v.fields)
+            shadow_all = v.predict(merged)[:, 0].astype(np.float64)
+        finally:
+            v.release()
+        at = 0
+        with self._lock:
+            for (line, _, primary, rids, _, _), b in zip(take, batches):
+                shadow = shadow_all[at:at + len(b)]
+                at += len(b)
+                diff = np.abs(shadow - primary)
                 p = self.pairs.setdefault((line, self.shadow_line), ShadowPair())
                 p.requests += 1
                 p.events += len(diff)
@@ -311,19 +347,17 @@ class ModelLines:
                 p.disagree += int((diff > DISAGREE).sum())
                 p.primary_sum += float(primary.sum())
                 p.shadow_sum += float(shadow.sum())
-                for rid, a, b in zip(rids, primary.tolist(), shadow.tolist()):
-                    if rid:
-                        self.shadow_log.append((rid, line, self.shadow_line, a, b))
-        finally:
-            self._done()
+                if rids:
+                    self.shadow_log.extend((rid, line, self.shadow_line, a, b)
+                                           for rid, a, b in zip(rids, primary.tolist(), shadow.tolist()) if rid)
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until no request waits for its shadow scoring (tests, benchmarks); False on timeout."""
         deadline = time.monotonic() + timeout
         with self._idle:
-            while self._pending and (left := deadline - time.monotonic()) > 0:
+            while (self._queue or self._busy) and (left := deadline - time.monotonic()) > 0:
                 self._idle.wait(left)
-            return not self._pending
+            return not (self._queue or self._busy)
 
     # -- reading ------------------------------------------------------------------------------------
     def figures(self) -> dict:
@@ -368,8 +402,11 @@ class ModelLines:
             sp.calibration = f["calibration"]
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown(wait=True, cancel_futures=True)
+        if self._thread is not None:
+            with self._lock:
+                self._stop = True
+                self._wake.notify_all()
+            self._thread.join(10)
         for name, svc in list(self._services.items()):
             if name != MAIN:
                 svc.close()
