@@ -118,6 +118,13 @@ class ServingClient:
                                        metadata=_metadata(self.push_token))
         return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
+    def shadow_scores(self, limit: int = 0) -> list[tuple[str, str, str, float, float]]:
+        """The shadow comparison's newest per-event scores: ``(request_id, line, shadow_line, line_score,
+        shadow_score)``, oldest first (push token)."""
+        resp = self.stub.ShadowScores(pb.ShadowScoresRequest(limit=int(limit)), timeout=self.timeout,
+                                      metadata=_metadata(self.push_token))
+        return [(s.request_id, s.model_line, s.shadow_line, s.line_score, s.shadow_score) for s in resp.scores]
+
     def health(self, service: str = "") -> str:
         resp = self.health_stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=self.timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)

@@ -1,7 +1,8 @@
 """The operator's RPCs: ``Rollback`` (serve and pin a kept version, or release the pin) and ``AcceptVersion``
 (promote the held version: the stream really changed), each on one model line (``model_line``, empty = main;
 each line has its own book). Both need ``serving.push_token`` like a push: whoever may replace the model may
-choose among its versions. The decisions are the book's (``history.py``); the swap
+choose among its versions. ``ShadowScores`` hands out the shadow comparison's per-event scores (``lines.py``)
+with the same token. The decisions are the book's (``history.py``); the swap
 is the server's, one reference assignment, so a rollback takes effect for the next request."""
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ def accept(service, request, context):
                              message=f"accepted version {target.version}; the guard's history starts from it")
 
 
+def shadow_scores(service, request, context):
+    req = _check(service, context, request, pb.ShadowScoresRequest, "ShadowScores")
+    log = list(service.lines.shadow_log)
+    if req.limit:
+        log = log[-int(req.limit):]
+    resp = pb.ShadowScoresResponse()
+    for rid, line, shadow, a, b in log:
+        resp.scores.add(request_id=rid, model_line=line, shadow_line=shadow, line_score=a, shadow_score=b)
+    return resp
+
+
 def operator_handlers(service) -> dict:
     """The operator RPCs' handlers for ``grpc.method_handlers_generic_handler`` (raw request bytes)."""
     return {
@@ -69,4 +81,6 @@ def operator_handlers(service) -> dict:
             lambda r, c: rollback(service, r, c), response_serializer=pb.RollbackResponse.SerializeToString),
         "AcceptVersion": grpc.unary_unary_rpc_method_handler(
             lambda r, c: accept(service, r, c), response_serializer=pb.AcceptResponse.SerializeToString),
+        "ShadowScores": grpc.unary_unary_rpc_method_handler(
+            lambda r, c: shadow_scores(service, r, c), response_serializer=pb.ShadowScoresResponse.SerializeToString),
     }

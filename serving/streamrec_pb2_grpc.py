@@ -59,6 +59,11 @@ class StreamRecStub:
                 request_serializer=streamrec_dot_serving_dot_streamrec__pb2.AcceptRequest.SerializeToString,
                 response_deserializer=streamrec_dot_serving_dot_streamrec__pb2.AcceptResponse.FromString,
                 _registered_method=True)
+        self.ShadowScores = channel.unary_unary(
+                '/streamrec.v1.StreamRec/ShadowScores',
+                request_serializer=streamrec_dot_serving_dot_streamrec__pb2.ShadowScoresRequest.SerializeToString,
+                response_deserializer=streamrec_dot_serving_dot_streamrec__pb2.ShadowScoresResponse.FromString,
+                _registered_method=True)
 
 
 class StreamRecServicer:
@@ -103,6 +108,14 @@ class StreamRecServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShadowScores(self, request, context):
+        """The shadow comparison's newest per-event scores (serving.shadow_line), for joining with labels by
+        request_id; authenticated like PushSnapshot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamRecServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +143,11 @@ def add_StreamRecServicer_to_server(servicer, server):
                     servicer.AcceptVersion,
                     request_deserializer=streamrec_dot_serving_dot_streamrec__pb2.AcceptRequest.FromString,
                     response_serializer=streamrec_dot_serving_dot_streamrec__pb2.AcceptResponse.SerializeToString,
+            ),
+            'ShadowScores': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShadowScores,
+                    request_deserializer=streamrec_dot_serving_dot_streamrec__pb2.ShadowScoresRequest.FromString,
+                    response_serializer=streamrec_dot_serving_dot_streamrec__pb2.ShadowScoresResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +285,33 @@ class StreamRec:
             '/streamrec.v1.StreamRec/AcceptVersion',
             streamrec_dot_serving_dot_streamrec__pb2.AcceptRequest.SerializeToString,
             streamrec_dot_serving_dot_streamrec__pb2.AcceptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShadowScores(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamrec.v1.StreamRec/ShadowScores',
+            streamrec_dot_serving_dot_streamrec__pb2.ShadowScoresRequest.SerializeToString,
+            streamrec_dot_serving_dot_streamrec__pb2.ShadowScoresResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,10 @@ interval: AUC, events/s, lag, freshness) and, when present, the demo's view log
 (``view.jsonl``: hot set, served version and freshness over time), its config
 (``config.toml``: the run settings) and its evaluation (``evaluation.json``: the
 served model's AUC on held-out events, the Bayes-optimal AUC of generated data,
-Predict latency), so that a person can see what the run did. ``streamrec train
+Predict latency), so that a person can see what the run did. ``--lines`` adds the running server's model lines side by side
+(per line: share, served version, requests, mean score; per shadow pair: agreement and calibration);
+``streamrec lines [--auc]`` prints them alone, and with ``--auc`` joins the shadow's per-event scores with the
+events topic's labels by request_id into each side's AUC on the same events. ``streamrec train
 --data-dir DIR`` writes ``DIR/metrics.jsonl``: ``streamrec report DIR`` reads it.
 """
 
@@ -18,15 +21,104 @@ from pathlib import Path
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("report", help="plot and summarise a run directory (metrics.jsonl)")
+    p = sub.add_parser("report", parents=[common], help="plot and summarise a run directory (metrics.jsonl)")
     p.add_argument("run_dir", help="a run directory written by `streamrec demo` or `streamrec train`")
+    p.add_argument("--lines", action="store_true",
+                   help="add the running server's model lines side by side (Status of serving.target)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("lines", parents=[common],
+                       help="a running server's model lines side by side, the shadow comparison, and with --auc "
+                            "each side's AUC on the events whose labels arrived on the events topic")
+    p.add_argument("--target", help="host:port (default: serving.target or serving.host:serving.port)")
+    p.add_argument("--auc", action="store_true", help="join the shadow's per-event scores (ShadowScores, push "
+                   "token) with the events topic's labels by request_id")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to read the events topic")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    p.set_defaults(func=cmd_lines)
 
 
 def cmd_report(args) -> int:
-    png, md = write_report(Path(args.run_dir))
+    table = None
+    if args.lines:
+        from streamrec.app.cli import config_from_args
+        from streamrec.serving import ServingClient
+
+        cfg = config_from_args(args)
+        with ServingClient.from_config(cfg) as c:
+            table = lines_table(c.status())
+    png, md = write_report(Path(args.run_dir), lines=table)
     print(md.read_text())
     print(f"wrote {md} and {png}")
+    return 0
+
+
+def lines_table(status: dict, auc: dict | None = None) -> list[str]:
+    """Markdown: every model line side by side (from a ``Status`` answer as a dict), then each shadow pair;
+    ``auc``: ``shadow_auc``'s figures, added to the pairs."""
+    lines = status.get("lines") or []
+    if not lines:
+        return []
+    out = ["## Model lines", "", "| line | share | served version | newest | pinned | held | requests answered | "
+           "mean score | fallbacks to main |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for x in lines:
+        role = "shadow" if x.get("shadow") else f"{float(x.get('share', 0)):.0%}"
+        out.append(f"| {x['model_line']} | {role} | {x.get('version', 0)} | {x.get('newest_version', 0)} | "
+                   f"{'yes' if x.get('pinned') else 'no'} | {x.get('held_reason') or '-'} | {x.get('requests', 0)} | "
+                   f"{float(x.get('mean_score', 0)):.4f} | {x.get('fallbacks', 0)} |")
+    pairs = status.get("shadow") or []
+    if pairs:
+        out += ["", "| answering line / shadow | events | mean abs diff | share differing > 0.1 | calibration "
+                "(shadow / answer) | AUC answer / shadow (labelled events) |", "| --- | --- | --- | --- | --- | --- |"]
+        for p in pairs:
+            a = (auc or {}).get((p["model_line"], p["shadow_line"]))
+            aucs = f"{a['auc_line']:.4f} / {a['auc_shadow']:.4f} ({a['events']})" if a else "-"
+            out.append(f"| {p['model_line']} / {p['shadow_line']} | {p.get('events', 0)} | "
+                       f"{float(p.get('mean_abs_diff', 0)):.4f} | {float(p.get('disagree_share', 0)):.3f} | "
+                       f"{float(p.get('calibration', 0)):.3f} | {aucs} |")
+    return out + [""]
+
+
+def topic_labels(cfg, request_ids: set, timeout: float) -> dict:
+    """``request_id -> label`` of the events on ``kafka.events_topic`` whose request id is in ``request_ids``."""
+    from streamrec.foundation import EventError
+    from streamrec.ingest import Decoder, EventSchema, client_settings, read_topic
+
+    dec = Decoder(EventSchema.from_config(cfg))
+    out = {}
+    for rec in read_topic(cfg.kafka.bootstrap, cfg.kafka.events_topic, timeout=timeout,
+                          security=client_settings(cfg.kafka)):
+        try:
+            b = dec.decode(rec.value)
+        except EventError:
+            continue  # a record the trainer dead-letters carries no label it learns from
+        for rid, y in zip(b.request_ids or [], b.labels.tolist()):
+            if rid in request_ids:
+                out[rid] = y
+    return out
+
+
+def cmd_lines(args) -> int:
+    from streamrec.app.cli import config_from_args
+    from streamrec.serving import ServingClient
+    from streamrec.serving.lines import shadow_auc
+
+    cfg = config_from_args(args)
+    c = ServingClient(args.target or cfg.serving_target(), token=cfg.serving.predict_token, tls_ca=cfg.serving.tls_ca,
+                      push_token=cfg.serving.push_token)
+    try:
+        st = c.status()
+        auc = None
+        if args.auc:
+            log = c.shadow_scores()
+            auc = shadow_auc(log, topic_labels(cfg, {e[0] for e in log}, args.timeout))
+    finally:
+        c.close()
+    if args.json:
+        print(json.dumps({"lines": st.get("lines", []), "shadow": st.get("shadow", []),
+                          "auc": [{"line": a, "shadow": b, **f} for (a, b), f in (auc or {}).items()]}))
+    else:
+        print("\n".join(lines_table(st, auc)) or "the server reports no model lines")
     return 0
 
 
@@ -81,8 +173,9 @@ def _settings(run_dir: Path, ev: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def write_report(run_dir: Path) -> tuple[Path, Path]:
-    """``report.png`` and ``report.md`` of a run directory: settings, results, and six panels over time."""
+def write_report(run_dir: Path, lines: list[str] | None = None) -> tuple[Path, Path]:
+    """``report.png`` and ``report.md`` of a run directory: settings, results, and six panels over time;
+    ``lines``: the model lines' table (``lines_table``), placed after the results."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,6 +312,7 @@ def write_report(run_dir: Path) -> tuple[Path, Path]:
         f"model) | {fmt(fresh_kafka, '{:.1f} s')} |",
         f"| median age by the events' own time | {fmt(fresh_event, '{:,.1f} s')} |",
         "",
+        *(lines or []),
         f"![run]({png.name})",
         "",
     ]

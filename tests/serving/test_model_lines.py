@@ -197,7 +197,7 @@ def test_a_shadow_line_is_scored_and_compared_but_never_returned(cfg, tmp_path):
     batch = events_to_batch(cfg, events)
     try:
         with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
-                ServingClient(srv.target) as c:
+                ServingClient(srv.target, push_token="push-tok") as c:
             assert p.push(main.next()).ok and p.push(sh.next()).ok
             a, b = main.scores(batch), sh.scores(batch)
             assert np.max(np.abs(a - b)) > 1e-3
@@ -218,6 +218,22 @@ def test_a_shadow_line_is_scored_and_compared_but_never_returned(cfg, tmp_path):
             scrape = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics.port}/metrics",
                                             timeout=5).read().decode()
             assert 'streamrec_serving_shadow_events_total{line="main",shadow="shadow"} 120.0' in scrape
+            # the per-event scores, for the AUC once labels arrive: by request id, over gRPC with the push token
+            got = c.shadow_scores(limit=40)
+            assert len(got) == 40 and all(line == MAIN and s == "shadow" for _, line, s, _, _ in got)
+            assert [rid for rid, *_ in got] == [f"r{i}" for i in range(40)]
+            assert max(abs(x[3] - a[i]) for i, x in enumerate(got)) < 1e-6
+            labels = {f"r{i}": float(a[i] > np.median(a)) for i in range(40)}  # labels the answer ranks perfectly
+            f = shadow_auc(got, labels)[(MAIN, "shadow")]
+            assert f["events"] == 40 and f["auc_line"] == 1.0 and f["auc_shadow"] < 1.0
+            with ServingClient(srv.target) as anon, pytest.raises(grpc.RpcError) as e:
+                anon.shadow_scores()
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            from streamrec.app.report import lines_table
+
+            table = "\n".join(lines_table(c.status()))
+            assert "| main | 100% | 1 |" in table and "| shadow | shadow | 1 |" in table
+            assert f"| main / shadow | 120 | {diff.mean():.4f} |" in table
     finally:
         main.close()
         sh.close()

@@ -50,6 +50,7 @@ def _operator_args(p) -> None:
     p.add_argument("--target", help="host:port (default: serving.target or serving.host:serving.port)")
     p.add_argument("--token", default=None, help="bearer token (default: serving.push_token)")
     p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--line", default="", help="the model line (default: main)")
 
 
 def _operator_call(args, call) -> int:
@@ -74,11 +75,12 @@ def _operator_call(args, call) -> int:
 
 
 def cmd_rollback(args) -> int:
-    return _operator_call(args, lambda c: c.rollback(to_version=args.to, release=args.release))
+    return _operator_call(args, lambda c: c.rollback(to_version=args.to, release=args.release,
+                                                         model_line=args.line))
 
 
 def cmd_accept(args) -> int:
-    return _operator_call(args, lambda c: c.accept(version=args.version))
+    return _operator_call(args, lambda c: c.accept(version=args.version, model_line=args.line))
 
 
 def cmd_serve(args) -> int:
