@@ -22,7 +22,7 @@ import numpy as np
 
 from streamrec.foundation import load_config
 from streamrec.foundation.config import ExperimentSpec
-from streamrec.serving.lines import Split, split_key
+from streamrec.serving import Split, split_key
 
 CHUNK = 10  # calls per timed chunk
 

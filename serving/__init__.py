@@ -11,6 +11,7 @@ Public surface::
     ServingGroup(cfg, ...).start(): serving.processes server processes on one port (SO_REUSEPORT)
     ServingClient(...).rollback(to_version | release=True) / .accept(): the operator's calls (push token)
     Guard(cfg.serving.guard).judge(evidence) -> Verdict: the promotion guard; VersionBook: head, kept, pinned
+    ModelLines: a server's model lines (a book each), the A/B Split, the shadow comparison; shadow_auc(log, labels)
 """
 
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .group import ServingGroup
     from .guard import Guard, Verdict
     from .history import VersionBook
+    from .lines import ModelLines, Split, shadow_auc, split_key
     from .launch import serve
     from .server import ServingServer, StreamRecService
 
@@ -32,6 +34,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".group": "ServingGroup",
     ".guard": "Guard Verdict",
     ".history": "VersionBook",
+    ".lines": "ModelLines Split shadow_auc split_key",
     ".launch": "serve",
     ".server": "ServingServer StreamRecService",
 }

@@ -101,7 +101,7 @@ def topic_labels(cfg, request_ids: set, timeout: float) -> dict:
 def cmd_lines(args) -> int:
     from streamrec.app.cli import config_from_args
     from streamrec.serving import ServingClient
-    from streamrec.serving.lines import shadow_auc
+    from streamrec.serving import shadow_auc
 
     cfg = config_from_args(args)
     c = ServingClient(args.target or cfg.serving_target(), token=cfg.serving.predict_token, tls_ca=cfg.serving.tls_ca,
