@@ -8,12 +8,15 @@
 * Partition ``p`` of both topics is joined by one :class:`~.machine.JoinState` whose state lives in a faust
   Table on RocksDB (rocksdict driver, with its changelog topic), committed per batch of at most
   ``join.batch_records`` records as one atomic ``tx`` (``txstore.py``): the input offsets after the batch
-  and the output log's end offsets travel in it. State is bounded by the rate times ``join.window_s +
-  join.allowed_lateness_s + join.orphan_wait_s``.
-* Examples go to ``kafka.events_topic`` in ``kafka.codec`` (JSON, or one Arrow IPC message per example),
-  keyed by ``request_id``, their kind in the ``streamrec-feedback`` header (:data:`~.machine.FEEDBACK_HEADER`)
-  and their identity (request id, kind, task) and source partition in ``streamrec-join-id``. A record that
-  is not a valid impression or action goes to ``kafka.dlq_topic`` with its reason and source
+  and the output log's end offsets travel in it. The state's writes go to the partition's RocksDB database
+  and, through this worker's producer, to the table's changelog in record batches. State is bounded by the
+  rate times ``join.window_s + join.allowed_lateness_s + join.orphan_wait_s``.
+* Examples go to ``kafka.events_topic``, each to the partition its ``request_id`` hashes to, in
+  ``kafka.codec``: JSON, one example per message keyed by ``request_id``, its kind in the
+  ``streamrec-feedback`` header (:data:`~.machine.FEEDBACK_HEADER`) and its identity (source partition,
+  request id, kind, task) in ``streamrec-join-id``; or Arrow, up to ``kafka.events_per_message`` examples per
+  message, their kinds (comma-separated) and identities (a JSON list in ``streamrec-join-ids``) in order. A
+  record that is not a valid impression or action goes to ``kafka.dlq_topic`` with its reason and source
   (``streamrec-error`` / ``streamrec-source``, as the trainer's dead letters) and is counted.
 * Exactly once without Kafka transactions (the embedded broker has none): a batch's examples are sent and
   acknowledged before its ``tx`` is written, so a durable ``tx`` never lacks its examples; after a crash the
@@ -457,6 +460,7 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
         for q, f, n in futs:
             meta = await f
             part.ends[q] = max(part.ends.get(q, 0), meta.offset + n)
+            hit("join.between_acks")  # some of the batch's messages acknowledged, maybe not all
         for f in dead:
             await f
 

@@ -115,3 +115,70 @@ def test_kill_during_a_rebalance_with_two_workers(topics, bootstrap, tmp_path):
     finally:
         for p in procs.values():
             stop(p)
+
+
+def arrow_examples(bootstrap, cfg) -> Counter:
+    """The examples in the events topic written as Arrow messages: each message's rows, their kinds and
+    identities from its headers (one identity per row, the request id in it equal to the row's)."""
+    import json
+
+    import pyarrow as pa
+
+    from streamrec.joiner import FEEDBACK_HEADER
+    from streamrec.joiner.app import IDS_HEADER
+    from tests.joiner.test_join_worker import read_all
+
+    got: Counter = Counter()
+    for m in read_all(bootstrap, cfg.kafka.events_topic):
+        rows = pa.ipc.open_stream(m.value).read_all().to_pylist()
+        h = dict(m.headers)
+        kinds = h[FEEDBACK_HEADER].decode().split(",")
+        ids = json.loads(h[IDS_HEADER])
+        assert len(rows) == len(kinds) == len(ids) and len(rows) <= cfg.kafka.events_per_message
+        for row, kind, ident in zip(rows, kinds, ids):
+            assert ident.split("|")[1] == row["request_id"]
+            got[(row["request_id"], kind, (("click", row["label"]),))] += 1
+    return got
+
+
+def test_kill_with_arrow_messages_of_several_examples(topics, bootstrap, tmp_path):
+    """Arrow output, a few examples per message: kills after some of a batch's messages were acknowledged
+    (and at other points) leave exactly the undisturbed join's examples, each once."""
+    cfg = join_config(topics, "fake_negative")
+    cfg.kafka.codec = "arrow"
+    cfg.kafka.events_per_message = 3
+    cfg.join.state_dir = str(tmp_path / "join")
+    cfg.join.batch_records = 30
+    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
+    r = JoinRules.from_config(cfg.join)
+    imps, acts = make_streams(7, P, n=400)
+    want: Counter = Counter()
+    for p in range(P):
+        want += oracle(r, imps[p], acts[p])
+    produce(bootstrap, cfg, imps, acts)
+    config = write_config(cfg, tmp_path / "j.toml")
+    log = tmp_path / "join.log"
+    points = ["join.between_acks@*#3", "join.between_acks@*#7", "join.mid_apply@*#4"]
+    for point in points:
+        proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
+                                stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                                env=dict(os.environ, STREAMREC_FAILPOINTS=point))
+        try:
+            proc.wait(45)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    mid = arrow_examples(bootstrap, cfg)
+    assert 0 < sum(mid.values()) < sum(want.values()), "the kills left work for the last run"
+    proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: sum(arrow_examples(bootstrap, cfg).values()) >= sum(want.values())
+                   or proc.poll() is not None, 120, "the joiner's examples after the kills", interval=1.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(2)  # nothing more arrives
+        got = arrow_examples(bootstrap, cfg)
+        assert got == want, f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}"
+    finally:
+        stop(proc)
