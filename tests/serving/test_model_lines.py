@@ -237,3 +237,64 @@ def test_a_shadow_line_is_scored_and_compared_but_never_returned(cfg, tmp_path):
     finally:
         main.close()
         sh.close()
+
+
+def _evidence(label_rate=0.2):
+    from streamrec.snapshot import make_evidence, window
+
+    w = window(2000, auc=0.75, logloss=0.45, label_rate=label_rate, mean_prediction=label_rate)
+    return make_evidence(w, dict(w), records=2000, field_novel_share={"user": 0.1})
+
+
+def _with_evidence(snap, ev):
+    import json
+
+    p = snap / "manifest.json"
+    m = json.loads(p.read_text())
+    m["evidence"] = ev
+    p.write_text(json.dumps(m))
+    return snap
+
+
+@pytest.mark.grpc
+def test_each_line_has_its_own_guard_and_accept(two_lines):
+    cfg, main, b = two_lines
+    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+            ServingClient(srv.target, push_token="push-tok") as c:
+        for t in (main, b, main, b):
+            assert p.push(_with_evidence(t.next(), _evidence())).ok
+        assert p.push(_with_evidence(b.next(), _evidence(label_rate=1.0))).ok  # line b's stream goes wrong
+        lines = {x["model_line"]: x for x in c.status()["lines"]}
+        assert lines["b"]["held_reason"].startswith("label_rate:") and int(lines["b"]["version"]) == 2
+        assert lines[MAIN]["held_reason"] == "" and int(lines[MAIN]["version"]) == 2
+        assert p.push(_with_evidence(main.next(), _evidence())).ok  # main's guard never saw b's evidence
+        assert int(c.predict_line(user_events(cfg, [1]), model_line=MAIN)[1]) == 3
+        assert int(c.predict_line(user_events(cfg, [1]), model_line="b")[1]) == 2
+        with pytest.raises(grpc.RpcError) as e:
+            c.accept()  # main holds nothing back
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        r = c.accept(model_line="b")
+        assert int(r["version"]) == 3 and r["model_line"] == "b"
+        assert int(c.predict_line(user_events(cfg, [1]), model_line="b")[1]) == 3
+        assert srv.service.lines.service("b").book.held_total == {"label_rate": 1}
+        assert not srv.service.book.held_total
+
+
+@pytest.mark.broker
+def test_the_auc_join_reads_labels_by_request_id_from_the_events_topic(cfg, bootstrap):
+    import uuid
+
+    from streamrec.app.report import topic_labels
+    from streamrec.ingest import encode_json, make_producer
+
+    cfg.kafka.bootstrap = bootstrap
+    cfg.kafka.events_topic = f"events-{uuid.uuid4().hex[:8]}"
+    events = make_events(cfg, 30, seed=2)
+    prod = make_producer(bootstrap)
+    for i, e in enumerate(events):
+        prod.send(cfg.kafka.events_topic, encode_json({**e, "ts": 1_700_000_000_000 + i, "label": float(i % 3 == 0)}))
+    prod.send(cfg.kafka.events_topic, b"not json")  # a record the trainer dead-letters: skipped here
+    prod.flush()
+    prod.close()
+    got = topic_labels(cfg, {"r0", "r1", "r3", "r-none"}, timeout=20)
+    assert got == {"r0": 1.0, "r1": 0.0, "r3": 1.0}
