@@ -18,14 +18,16 @@ main (counted in ``fallbacks``). ``PredictResponse.model_line`` names the line t
 
 **Shadow** (``serving.shadow_line``): after the answering line's scores are computed, the request goes to one
 shadow worker thread, which scores the requests queued meanwhile together in one pass (up to
-``serving.merge_max_events`` events, as answers are merged) with with the shadow line's served version (the answer's decoded batch when
-the shadow's model has the same fields and dense width, else the request decoded for the shadow's fields) and compares the first task's scores, per (answering line, shadow line) pair: mean absolute
-difference, share of events whose scores differ by more than ``DISAGREE``, and calibration (mean shadow
-score / mean answering score). The answer never waits for the shadow: at most ``serving.shadow_max_pending``
-requests wait for it, and a request arriving over that is not shadow-scored (``skipped``). Events with a
-request id go to a bounded log (``SHADOW_LOG`` entries, newest kept): ``shadow_auc`` joins it with labels by
-request id (the events topic's labels, read by ``streamrec report --shadow-labels``) into each line's AUC
-on the same events.
+``serving.merge_max_events`` events, as answers are merged) with the shadow line's served version (on the
+answer's decoded batch when the shadow's model has the same fields and dense width, else on the request
+decoded for its own fields), and compares the first task's scores per (answering line, shadow line) pair:
+mean absolute difference, share of events whose scores differ by more than ``DISAGREE``, and calibration
+(mean shadow score / mean answering score). The answer never waits for the shadow: at most
+``serving.shadow_max_pending`` requests wait for it, and a request arriving over that is not shadow-scored
+(``shadow_skipped``). Events with a request id go to a bounded in-memory log (the newest ``SHADOW_LOG``
+entries; a restart empties it), which the ``ShadowScores`` RPC hands out; ``shadow_auc`` joins it with labels
+by request id (``streamrec lines --auc`` reads them from the events topic) into each side's AUC on the same
+events.
 """
 
 from __future__ import annotations

@@ -5,11 +5,13 @@ interval: AUC, events/s, lag, freshness) and, when present, the demo's view log
 (``view.jsonl``: hot set, served version and freshness over time), its config
 (``config.toml``: the run settings) and its evaluation (``evaluation.json``: the
 served model's AUC on held-out events, the Bayes-optimal AUC of generated data,
-Predict latency), so that a person can see what the run did. ``--lines`` adds the running server's model lines side by side
-(per line: share, served version, requests, mean score; per shadow pair: agreement and calibration);
-``streamrec lines [--auc]`` prints them alone, and with ``--auc`` joins the shadow's per-event scores with the
-events topic's labels by request_id into each side's AUC on the same events. ``streamrec train
+Predict latency), so that a person can see what the run did. ``streamrec train
 --data-dir DIR`` writes ``DIR/metrics.jsonl``: ``streamrec report DIR`` reads it.
+
+``--lines`` adds the running server's model lines side by side (per line: share, served version, requests,
+mean score; per shadow pair: agreement and calibration); ``streamrec lines [--auc]`` prints them alone, and
+with ``--auc`` joins the shadow's per-event scores with the events topic's labels by request_id into each
+side's AUC on the same events.
 """
 
 from __future__ import annotations
