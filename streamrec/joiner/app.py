@@ -282,7 +282,7 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
                                       client_id="streamrec-join-scan", **security),
                 reader=AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                         auto_offset_reset="earliest", client_id="streamrec-join-read", **security),
-                prod=AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1 << 20,
+                prod=AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0, max_batch_size=1 << 20,
                                       max_request_size=32 << 20, client_id="streamrec-join-out", **security))
             for c in made.values():
                 await c.start()

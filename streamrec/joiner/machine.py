@@ -36,6 +36,7 @@ headers alone.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import math
@@ -68,12 +69,19 @@ class JoinRules:
     def horizon_ms(self) -> int:
         return self.window_ms + self.lateness_ms + self.orphan_ms
 
-    @property
+    @functools.cached_property
     def task_names(self) -> list[str]:
         return [t for t, _ in self.tasks]
 
+    @functools.cached_property
+    def _by_action(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for t, a in self.tasks:
+            out.setdefault(a, []).append(t)
+        return out
+
     def tasks_of(self, action_type: str) -> list[str]:
-        return [t for t, a in self.tasks if a == action_type]
+        return self._by_action.get(action_type, [])
 
 
 @dataclass(frozen=True)
@@ -230,7 +238,8 @@ class JoinState:
             out += self._close(rid, rec)
         else:
             heapq.heappush(self._closing, (ts + r.window_ms + r.lateness_ms, rid))
-        self._put(key, rec)
+        self.stats.rows += 1  # a new row: ``key`` is not in the store (checked above)
+        self.store[key] = rec
         return out
 
     def action(self, action: Action) -> list[Example]:
