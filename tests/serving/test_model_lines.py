@@ -5,6 +5,7 @@ returned, each line's own guard, rollback and pin, and all of it across a restar
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import grpc
@@ -298,3 +299,41 @@ def test_the_auc_join_reads_labels_by_request_id_from_the_events_topic(cfg, boot
     prod.close()
     got = topic_labels(cfg, {"r0", "r1", "r3", "r-none"}, timeout=20)
     assert got == {"r0": 1.0, "r1": 0.0, "r3": 1.0}
+
+
+@pytest.mark.grpc
+def test_the_trainers_publisher_pushes_to_its_serving_model_line(cfg, tmp_path):
+    """A trainer with ``serving.model_line = "b"`` writes it into every manifest, and serving files its
+    versions under line b: main stays empty, and b answers with the trainer's scores."""
+    import copy
+
+    from streamrec.ingest import free_port
+    from streamrec.snapshot import read_manifest
+    from streamrec.trainer.snapshots import SnapshotPublisher
+
+    cfg.serving.push_token = "tok"
+    cfg.serving.target = f"127.0.0.1:{free_port()}"
+    tcfg = copy.deepcopy(cfg)
+    tcfg.serving.model_line = "b"
+    trainer = FakeTrainer(cfg, tmp_path)
+    pub = SnapshotPublisher(tcfg, tmp_path / "snapshots", push=True, full_every=100, backoff_s=0.05,
+                            max_backoff_s=0.2, pusher_factory=SnapshotPusher.factory(tcfg))
+    events = make_events(cfg, 16)
+    try:
+        with serve(cfg, device="cpu", port=int(cfg.serving.target.rsplit(":", 1)[1])) as srv, \
+                ServingClient(srv.target) as c:
+            trainer.step()
+            epoch = trainer.store.checkpoint(str(tmp_path / "ckpt-1"))
+            out = pub.publish(1, epoch, trainer.store, trainer.model, {}, {"auc": 0.5}, trainer.newest_event_ms)
+            assert read_manifest(out).model_line == "b"
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not ("b" in srv.service.lines.names
+                                                       and srv.service.lines.service("b").current is not None):
+                time.sleep(0.05)
+            scores, v, line = c.predict_line(events, model_line="b")
+            assert v == 1 and line == "b"
+            assert np.max(np.abs(scores - trainer.scores(events_to_batch(cfg, events)))) <= 1e-6
+            assert srv.service.current is None  # nothing was pushed to main
+    finally:
+        pub.close()
+        trainer.close()
