@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 
@@ -105,6 +106,8 @@ def cmd_lines(args) -> int:
     from streamrec.serving import ServingClient
     from streamrec.serving import shadow_auc
 
+    import grpc
+
     cfg = config_from_args(args)
     c = ServingClient(args.target or cfg.serving_target(), token=cfg.serving.predict_token, tls_ca=cfg.serving.tls_ca,
                       push_token=cfg.serving.push_token)
@@ -114,6 +117,9 @@ def cmd_lines(args) -> int:
         if args.auc:
             log = c.shadow_scores()
             auc = shadow_auc(log, topic_labels(cfg, {e[0] for e in log}, args.timeout))
+    except grpc.RpcError as e:
+        print(f"streamrec lines: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 1
     finally:
         c.close()
     if args.json:

@@ -5,6 +5,7 @@ returned, each line's own guard, rollback and pin, and all of it across a restar
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 
@@ -187,7 +188,7 @@ def test_each_line_has_its_own_rollback_and_pin_and_they_survive_a_restart(two_l
 
 
 @pytest.mark.grpc
-def test_a_shadow_line_is_scored_and_compared_but_never_returned(cfg, tmp_path):
+def test_a_shadow_line_is_scored_and_compared_but_never_returned(cfg, tmp_path, capsys):
     from streamrec.ingest import free_port
 
     cfg.serving.push_token = "push-tok"
@@ -235,6 +236,12 @@ def test_a_shadow_line_is_scored_and_compared_but_never_returned(cfg, tmp_path):
             table = "\n".join(lines_table(c.status()))
             assert "| main | 100% | 1 |" in table and "| shadow | shadow | 1 |" in table
             assert f"| main / shadow | 120 | {diff.mean():.4f} |" in table
+            from streamrec.app.cli import main as cli
+
+            capsys.readouterr()
+            assert cli(["lines", "--target", srv.target, "--json"]) == 0
+            out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+            assert [x["model_line"] for x in out["lines"]] == [MAIN, "shadow"] and int(out["shadow"][0]["events"]) == 120
     finally:
         main.close()
         sh.close()
@@ -248,8 +255,6 @@ def _evidence(label_rate=0.2):
 
 
 def _with_evidence(snap, ev):
-    import json
-
     p = snap / "manifest.json"
     m = json.loads(p.read_text())
     m["evidence"] = ev
