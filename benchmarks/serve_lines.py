@@ -25,6 +25,7 @@ from streamrec.foundation.config import ExperimentSpec
 from streamrec.serving import Split, split_key
 
 CHUNK = 10  # calls per timed chunk
+WARM = 5  # untimed passes over the requests before the chunks
 
 
 def _as_line(snap: Path, line: str, out: Path) -> Path:
@@ -81,8 +82,8 @@ def line_costs(tmp: Path, snap: Path, overrides: dict, dev, request, ctx, rounds
                 s = snap if line == "main" else _as_line(snap, line, tmp / f"snap-{name}-{line}")
                 svc.install(s, verify_snapshot(s))
         chunks: dict[str, list[float]] = {k: [] for k in kinds}
-        for name, svc in services.items():  # warm each path once
-            for b in blobs:
+        for name, svc in services.items():  # warm every version (a frozen program specialises on its first calls)
+            for b in blobs * WARM:
                 svc.Predict(b, ctx)
             svc.lines.drain(60)
         for _ in range(rounds):
