@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 import time
+from pathlib import Path
 
 import numpy as np
 
