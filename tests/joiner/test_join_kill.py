@@ -27,6 +27,38 @@ POINTS = ["join.before_record@*#40", "join.before_send@*#9", "join.after_send@*#
           "join.before_send@*#16", "join.after_tx@*#13"]
 
 
+def _kill_runs(points, config, bootstrap: str, log) -> list[int]:
+    """Start the joiner once per failpoint (each run dies there, or is killed after 45 s if it never gets
+    there); the return codes of the runs."""
+    codes = []
+    for point in points:
+        proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
+                                stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                                env=dict(os.environ, STREAMREC_FAILPOINTS=point))
+        try:
+            proc.wait(45)
+        except subprocess.TimeoutExpired:  # the point was not reached: kill it here instead
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        codes.append(proc.returncode)
+    return codes
+
+
+def _final_run(config, bootstrap: str, log, read, want: Counter, settle_s: float = 0.0) -> Counter:
+    """One undisturbed run until ``read()`` (the examples on the events topic) holds as many as ``want``;
+    waits ``settle_s`` more for a doubled example to show; what ``read()`` returns then."""
+    proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: sum(read().values()) >= sum(want.values()) or proc.poll() is not None,
+                   120, "the joiner's examples after the kills", interval=1.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(settle_s)
+        return read()
+    finally:
+        stop(proc)
+
+
 # every point in window mode, in two halves (each start is a faust group join: seconds per point, and the halves
 # run side by side); three of them in fake_negative mode, whose batches take the same code path
 @pytest.mark.parametrize("mode,points", [("window", POINTS[:5]), ("window", POINTS[5:]),
@@ -45,31 +77,13 @@ def test_kill_at_ten_points_loses_and_doubles_nothing(topics, bootstrap, tmp_pat
     produce(bootstrap, cfg, imps, acts)
     config = write_config(cfg, tmp_path / "j.toml")
     log = tmp_path / "join.log"
-    died = 0
-    for point in points:
-        env = dict(os.environ, STREAMREC_FAILPOINTS=point)
-        proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
-                                stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
-        try:
-            proc.wait(45)
-        except subprocess.TimeoutExpired:  # the point was not reached: kill it here instead
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
-        died += proc.returncode == -signal.SIGKILL
-    assert died == len(points)
+    codes = _kill_runs(points, config, bootstrap, log)
+    assert sum(c == -signal.SIGKILL for c in codes) == len(points)
     mid = examples(bootstrap, cfg, r)
     assert 0 < sum(mid.values()) < sum(want.values()), "the kills left work for the last run"
-    proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-    try:
-        wait_until(lambda: sum(examples(bootstrap, cfg, r).values()) >= sum(want.values()) or proc.poll() is not None,
-                   120, "the joiner's examples after the kills", interval=1.0)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        got = examples(bootstrap, cfg, r)
-        assert got == want, (f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}; "
-                             f"{sorted(got - want)} log:\n{log.read_text()[-3000:]}")
-    finally:
-        stop(proc)
+    got = _final_run(config, bootstrap, log, lambda: examples(bootstrap, cfg, r), want)
+    assert got == want, (f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}; "
+                         f"{sorted(got - want)} log:\n{log.read_text()[-3000:]}")
 
 
 def test_kill_during_a_rebalance_with_two_workers(topics, bootstrap, tmp_path):
@@ -160,26 +174,9 @@ def test_kill_with_arrow_messages_of_several_examples(topics, bootstrap, tmp_pat
     config = write_config(cfg, tmp_path / "j.toml")
     log = tmp_path / "join.log"
     points = ["join.between_acks@*#3", "join.between_acks@*#7", "join.mid_apply@*#4"]
-    for point in points:
-        proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
-                                stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                                env=dict(os.environ, STREAMREC_FAILPOINTS=point))
-        try:
-            proc.wait(45)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
-        assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    for code in _kill_runs(points, config, bootstrap, log):
+        assert code == -signal.SIGKILL, log.read_text()[-3000:]
     mid = arrow_examples(bootstrap, cfg)
     assert 0 < sum(mid.values()) < sum(want.values()), "the kills left work for the last run"
-    proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-    try:
-        wait_until(lambda: sum(arrow_examples(bootstrap, cfg).values()) >= sum(want.values())
-                   or proc.poll() is not None, 120, "the joiner's examples after the kills", interval=1.0)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        time.sleep(2)  # nothing more arrives
-        got = arrow_examples(bootstrap, cfg)
-        assert got == want, f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}"
-    finally:
-        stop(proc)
+    got = _final_run(config, bootstrap, log, lambda: arrow_examples(bootstrap, cfg), want, settle_s=2)
+    assert got == want, f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}"
