@@ -158,16 +158,6 @@ def run(events_n: int, seeds: list[int], threads: int, batch: int = 0, stream: s
     return out
 
 
-def _single_task(events, t: int):
-    """The events that carry task ``t``'s label, as a one-task stream of that label."""
-    import dataclasses
-
-    m = events.label_matrix(events.task_labels.shape[1])
-    rows = np.flatnonzero(~np.isnan(m[:, t]))
-    sub = events.take(rows)
-    return dataclasses.replace(sub, labels=m[rows, t].astype(np.float32), task_labels=None, task_names=None)
-
-
 def run_tasks(events_n: int, seeds: list[int], threads: int, tasks: list[str], model: str = "dlrm") -> dict:
     """Several tasks on the synthetic stream: one model of every task against one single-task model per task
     (each trained on the events that carry its label), the same events in the same order. Progressive AUC
@@ -194,7 +184,7 @@ def run_tasks(events_n: int, seeds: list[int], threads: int, tasks: list[str], m
                 single_cfg = _config("synthetic", {"model.seed": seed, "model.architecture": model})
                 for f, g in zip(single_cfg.model.fields, cfg.model.fields):
                     f.expected_ids = g.expected_ids
-                single = _trainer(single_cfg, _single_task(events, t), Path(tmp) / f"single-{name}-{seed}")
+                single = _trainer(single_cfg, events.task_events(t, len(tasks)), Path(tmp) / f"single-{name}-{seed}")
                 add(f"{name}_auc_multi", figures[name]["auc"])
                 add(f"{name}_auc_single", single.metrics.auc)
                 add(f"{name}_logloss_multi", figures[name]["logloss"])

@@ -168,6 +168,16 @@ class EventBatch:
             out[:, 0] = self.labels
         return out
 
+    def task_events(self, t: int, num_tasks: int) -> "EventBatch":
+        """The events that carry task ``t``'s label, as a one-task batch of that label (for a one-task model or
+        reference of that task alone)."""
+        import dataclasses
+
+        m = self.label_matrix(num_tasks)
+        rows = np.flatnonzero(~np.isnan(m[:, t]))
+        return dataclasses.replace(self.take(rows), labels=m[rows, t].astype(np.float32), task_labels=None,
+                                   task_names=None)
+
     def take(self, rows: np.ndarray) -> "EventBatch":
         """A sub-batch of the given rows (Kafka offsets are not carried over)."""
         return EventBatch(

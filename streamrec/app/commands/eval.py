@@ -84,16 +84,6 @@ def trainer_progressive(cfg, events, bootstrap: str, work: Path) -> dict:
     return {"auc": out["auc"], "logloss": out["logloss"], "events_scored": int(out["events_scored"]), "tasks": tasks}
 
 
-def task_events(events, t: int, num_tasks: int):
-    """The events that carry task ``t``'s label, as a one-task stream of that label."""
-    import dataclasses
-
-    m = events.label_matrix(num_tasks)
-    rows = np.flatnonzero(~np.isnan(m[:, t]))
-    return dataclasses.replace(events.take(rows), labels=m[rows, t].astype(np.float32), task_labels=None,
-                               task_names=None)
-
-
 def reference_for(cfg) -> tuple[object | None, str]:
     """The independent reference of ``cfg``'s model, ``(progressive(cfg, events), why none)``."""
     m = cfg.model
@@ -142,7 +132,7 @@ def cmd_eval(args) -> int:
             if reference is not None:
                 one = copy.deepcopy(c)
                 one.model.tasks = one.model.tasks[:1]
-                refs.append({name: reference(one, events if len(tasks) == 1 else task_events(events, t, len(tasks)))
+                refs.append({name: reference(one, events if len(tasks) == 1 else events.task_events(t, len(tasks)))
                              for t, name in enumerate(tasks)})
             ours.append(trainer_progressive(c, events, bootstrap, Path(tmp) / f"seed-{seed}"))
             line = f"seed {seed}: trainer AUC {ours[-1]['auc']:.5f} logloss {ours[-1]['logloss']:.5f}"
