@@ -217,6 +217,18 @@ def _events_at(recs: list[dict], t: float) -> float:
     return float(np.interp(t, ts, ev))
 
 
+def _rate_while_training(recs: list[dict]) -> float:
+    """Events/s between the first metrics record past 0 events and the first at the final count: the
+    rate of a trainer that finished before the measuring window opened (0.0 when fewer than two records
+    fall in that span)."""
+    moving = [r for r in recs if r["events"] > 0]
+    if not moving:
+        return 0.0
+    last = next(r for r in moving if r["events"] >= moving[-1]["events"])
+    span = last["ts"] - moving[0]["ts"]
+    return (last["events"] - moving[0]["events"]) / span if span > 0 else 0.0
+
+
 def train_together(configs: dict[str, Path], logs: dict[str, Path], metrics: dict[str, Path], bootstrap: str,
                    totals: dict[str, int], warmup_s: float, window_s: float) -> dict:
     """Run one trainer per config side by side; each one's events/s and CPU per event over the same window
@@ -252,6 +264,8 @@ def train_together(configs: dict[str, Path], logs: dict[str, Path], metrics: dic
         recs = _records(metrics[k])
         done = _events_at(recs, t1)
         rate = (done - _events_at(recs, t0)) / (t1 - t0)
+        if _events_at(recs, t0) >= totals[k]:  # the whole backlog went before the window opened
+            rate = _rate_while_training(recs)
         out[f"train_{k}_ran_out"] = bool(done >= totals[k])
         if done >= totals[k]:
             print(f"  warning: the {k} trainer ran out of events inside the window: its rate is a lower bound")

@@ -70,7 +70,7 @@ SIZES = {  # (impressions for quality, seeds, impressions for throughput, JSON e
     # training window s, freshness run s, freshness warm-up s)
     "full": (100_000, 2, 400_000, 1_200_000, 8.0, 30.0, 30.0, 15.0),
     "quick": (40_000, 1, 150_000, 600_000, 4.0, 10.0, 15.0, 10.0),
-    "tiny": (3_000, 1, 6_000, 40_000, 0.3, 1.0, 2.0, 3.0),
+    "tiny": (3_000, 1, 6_000, 100_000, 0.3, 1.0, 2.0, 3.0),
 }
 MODES = ("oracle", "window", "fake_negative", "fake_negative_naive")
 
