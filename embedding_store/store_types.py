@@ -19,6 +19,18 @@ CacheAdmission = Literal["frequency", "lru"]
 """``store.cache_admission``: the host cache admits a missed row only when it is seen more often than
 what it would evict (TinyLFU-style), or admits every row (LRU)."""
 
+Unadmitted = Literal["shared", "zero"]
+"""``store.unadmitted``: what an id not yet admitted (``store.admit_min_count``) reads and trains: one
+shared row per table (stored under ``UNADMITTED_ID``), or a zero vector that takes no gradient."""
+
+Eviction = Literal["lfu", "lru"]
+"""``store.eviction``: which rows a table over ``store.max_rows`` loses first: the least often looked up,
+counts decayed by the time since the row's last write (``lfu``), or the least recently written (``lru``)."""
+
+UNADMITTED_ID = -(1 << 63)
+"""The id of a table's shared row for ids not yet admitted (the smallest int64; an event id of that
+value reads the shared row too)."""
+
 
 # -- cold tier: the extension point below the host cache ----------------------------
 #

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from streamrec.embedding_store.store_types import CacheAdmission
+from streamrec.embedding_store.store_types import CacheAdmission, Eviction, Unadmitted
 from streamrec.ingest.ingest_types import Codec, ConsumerMode, OffsetsLostPolicy, SaslMechanism, SecurityProtocol
 from streamrec.joiner.join_types import JoinMode
 from streamrec.model.model_types import Architecture
+from streamrec.snapshot.snapshot_types import RowPrecision
 from streamrec.trainer.trainer_types import Compression, DenseOptimizer, GroupBatch, HotSource, Precision, Schedule
 
 from .errors import StreamrecError
@@ -206,9 +207,18 @@ class StoreConfig:
     adagrad_lr: float = 0.05  # row-wise Adagrad learning rate of embedding rows
     adagrad_eps: float = 1e-8  # row-wise Adagrad epsilon
     init_scale: float = 0.05  # rows start uniform in [-init_scale, init_scale], for a field with neither expected_ids nor init_scale
+    admit_min_count: int = 0  # an id gets its own row once looked up in this many training steps (0 or 1 = every id at once)
+    unadmitted: Unadmitted = "shared"  # what an id not admitted yet reads and trains: shared (one row per table) | zero (nothing, no gradient)
+    admit_counter_mb: float = 8.0  # memory of each table's admission counters (count-min, 1 byte per counter); more = fewer ids admitted by collision
+    max_rows: int = 0  # rows each table may hold over all tiers, RocksDB included (0 = no cap); a trainer group's rank holds its share
+    eviction: Eviction = "lfu"  # which rows a table over max_rows loses: lfu (fewest lookups, decayed by age) | lru (least recently written)
+    lfu_half_life_s: float = 3600.0  # lfu: a row's lookup count halves for every this many seconds since its last write
+    evict_slack: float = 0.1  # a table may grow to max_rows * (1 + evict_slack) before a sweep cuts it back to max_rows
 
     def __post_init__(self) -> None:
         _check_choice("store", self, "cache_admission", CacheAdmission)
+        _check_choice("store", self, "unadmitted", Unadmitted)
+        _check_choice("store", self, "eviction", Eviction)
 
 
 @dataclass
@@ -360,6 +370,10 @@ class ServingConfig:
     split_field: str = "user"  # what routes a request in the split: a sparse field (its first id in the first event) or "request_id"
     shadow_line: str = ""  # a model line scored on the same requests as the answering line, never returned, compared ("" = none)
     shadow_max_pending: int = 64  # requests waiting for their shadow scoring at most; more are not shadow-scored (counted)
+    row_precision: RowPrecision = "fp32"  # embedding rows in snapshots, deltas and serving's memory: fp32 | fp16 | int8 (row-wise scale and bias); training stays fp32
+
+    def __post_init__(self) -> None:
+        _check_choice("serving", self, "row_precision", RowPrecision)
 
 
 @dataclass
@@ -688,6 +702,16 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, StoreConfig):
         if not 1 <= obj.shards <= 256:
             bad("shards", "must be in 1..256")
+        if not 0 <= obj.admit_min_count <= 255:
+            bad("admit_min_count", "must be in 0..255 (0 = admit every id)")
+        if not 0.01 <= obj.admit_counter_mb <= 65_536:
+            bad("admit_counter_mb", "must be in 0.01..65536 MiB")
+        if obj.max_rows < 0:
+            bad("max_rows", "must be >= 0 (0 = no cap)")
+        if obj.lfu_half_life_s <= 0:
+            bad("lfu_half_life_s", "must be > 0")
+        if not 0 <= obj.evict_slack <= 10:
+            bad("evict_slack", "must be in 0..10")
     elif isinstance(obj, SketchConfig):
         _check_metrics_endpoint(obj, bad)
         if not 0 < obj.epsilon < 1:

@@ -153,6 +153,9 @@ CHOICE_KEYS = [
     ("kafka", "security_protocol", "streamrec.ingest.ingest_types", "SecurityProtocol"),
     ("kafka", "sasl_mechanism", "streamrec.ingest.ingest_types", "SaslMechanism"),
     ("store", "cache_admission", "streamrec.embedding_store.store_types", "CacheAdmission"),
+    ("store", "unadmitted", "streamrec.embedding_store.store_types", "Unadmitted"),
+    ("store", "eviction", "streamrec.embedding_store.store_types", "Eviction"),
+    ("serving", "row_precision", "streamrec.snapshot.snapshot_types", "RowPrecision"),
     ("trainer", "dense_optimizer", "streamrec.trainer.trainer_types", "DenseOptimizer"),
     ("trainer", "schedule", "streamrec.trainer.trainer_types", "Schedule"),
     ("trainer", "exchange_precision", "streamrec.trainer.trainer_types", "Precision"),
@@ -235,7 +238,7 @@ def test_the_users_of_a_choice_check_the_same_alias():
 
 @pytest.mark.subprocess
 def test_reading_the_config_loads_no_part_above_the_foundation():
-    """The config imports the stdlib-only *_types leaves of ingest, embedding_store, trainer, model and joiner, and
+    """The config imports the stdlib-only *_types leaves of ingest, embedding_store, trainer, model, joiner and snapshot, and
     nothing else of theirs: a config reader (the CLI's --help, a sketch worker) loads no torch or numpy."""
     import subprocess
     import sys
@@ -245,12 +248,13 @@ def test_reading_the_config_loads_no_part_above_the_foundation():
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                               check=True).stdout.split())
     leaves = {"streamrec.ingest.ingest_types", "streamrec.embedding_store.store_types",
-              "streamrec.trainer.trainer_types", "streamrec.model.model_types", "streamrec.joiner.join_types"}
+              "streamrec.trainer.trainer_types", "streamrec.model.model_types", "streamrec.joiner.join_types",
+              "streamrec.snapshot.snapshot_types"}
     assert leaves <= mods
     assert not {"torch", "numpy"} & mods
     above = {m for m in mods if m.startswith("streamrec.") and not m.startswith("streamrec.foundation")}
     assert above - {"streamrec.ingest", "streamrec.embedding_store", "streamrec.trainer",
-                    "streamrec.model", "streamrec.joiner"} == leaves  # lazy __init__s
+                    "streamrec.model", "streamrec.joiner", "streamrec.snapshot"} == leaves  # lazy __init__s
 
 
 def test_a_type_leaf_that_imports_beyond_the_stdlib_fails_the_import_lint(tmp_path):
