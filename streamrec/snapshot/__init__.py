@@ -13,6 +13,7 @@ Public surface::
     export_dense(model, dense_dim, pooled_dim, num_tasks) -> ExportedDense   # the dense network as a program
     load_program(program_json, weights, constants) -> nn.Module ; probe_inputs ; task_logits
     check_evidence(block), make_evidence(...), window(...)  # a snapshot's quality evidence (manifest.evidence)
+    encode_rows, decode_rows, round_trip, PRECISIONS  # rows in a row precision (fp32, fp16, int8 row-wise)
 """
 
 from typing import TYPE_CHECKING
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
         PROGRAM, PROGRAM_CONSTANTS, ExportedDense, export_dense, load_program, probe_inputs, task_logits,
     )
     from .push_types import Pusher, PusherFactory, PushError, PushResult
+    from .rowcodec import PRECISIONS, decode_rows, encode_rows, round_trip
 
 # lazy: the error types must not load pyarrow and torch (the format does)
 _EXPORTS = {  # submodule: the public names it defines
@@ -39,6 +41,7 @@ _EXPORTS = {  # submodule: the public names it defines
                "write_snapshot",
     ".program": "PROGRAM PROGRAM_CONSTANTS ExportedDense export_dense load_program probe_inputs task_logits",
     ".push_types": "Pusher PusherFactory PushError PushResult",
+    ".rowcodec": "PRECISIONS decode_rows encode_rows round_trip",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -7,7 +7,14 @@ A snapshot is a directory::
     program.json         the dense network exported with torch.export (a full snapshot; see program.py)
     program-constants.safetensors   tensors the program holds outside the state dict (when it has any)
     rows-00000.parquet   embedding rows: table (string), id (int64), vector (fixed_size_list<float32>[dim]);
-                         one width per file (tables of different widths go to different files)
+                         one width per file (tables of different widths go to different files). In the
+                         manifest's ``row_precision`` (``rowcodec.py``): fp32 as above; fp16: vector
+                         fixed_size_list<float16>[dim]; int8: vector fixed_size_list<uint8>[dim] plus
+                         scale and bias (float16) per row. ``iter_rows`` decodes every precision to float32.
+
+``manifest.row_probe`` (or null): up to 8 events built from rows the snapshot carries and the scores the
+trainer computed for them from the rows as serving will hold them (``round_trip`` of the row precision);
+serving scores the events with the loaded version and refuses the push when a score differs.
 
 ``manifest.tasks`` names the model's tasks in output order (column t of the logits is task t);
 ``manifest.program`` describes the exported program (file, sha256, input and output shapes, the logits
@@ -42,6 +49,7 @@ from streamrec.foundation import INT64_MAX, INT64_MIN, as_resource_error, sha256
 from streamrec.foundation.config import MODEL_LINE_RE
 
 from .errors import SnapshotError
+from .rowcodec import PRECISIONS, decode_rows, encode_rows
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -58,6 +66,9 @@ MAX_FILES = 10_000
 MAX_ENTRIES = 65_536  # entries of kafka_offsets, metrics, store_config each
 MAX_KEY_CHARS = 256  # metric names, offset keys
 MAX_VERSION = 1 << 62  # leaves room above any accepted version: a push can never make later ones impossible
+MAX_PROBE_EVENTS = 64  # row_probe events (the trainer sends at most 8)
+MAX_PROBE_IDS = 1024  # ids per field of one row_probe event
+MAX_PROBE_WIDTH = 1 << 16  # dense values of one row_probe event, scores (tasks) per event
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # no path, no leading dot, no control chars, <= 128
 
 
@@ -101,6 +112,8 @@ class Manifest:
     program: dict[str, Any] | None = None  # the exported dense network (see program.py), null: none
     evidence: dict[str, Any] | None = None  # the quality evidence serving's guard reads (see evidence.py), null: none
     model_line: str = "main"  # the model line the version belongs to (serving keeps one chain per line); absent: main
+    row_precision: str = "fp32"  # how the row files hold vectors (rowcodec.py); absent: fp32
+    row_probe: dict[str, Any] | None = None  # events and the trainer's scores on them (see the module doc), null: none
     format: int = FORMAT
 
     def to_json(self) -> bytes:
@@ -200,6 +213,10 @@ class Manifest:
             bad("tasks", "must be a list of distinct task names (1-128 characters each, at most 1024)")
         if self.program is not None:
             self._check_program(bad)
+        if not isinstance(self.row_precision, str) or self.row_precision not in PRECISIONS:
+            bad("row_precision", f"must be one of {', '.join(PRECISIONS)}, got {str(self.row_precision)[:40]!r}")
+        if self.row_probe is not None:
+            self._check_row_probe(bad)
         if self.evidence is not None:
             from .evidence import check_evidence
 
@@ -260,13 +277,66 @@ class Manifest:
         if p.get("torch") is not None and not isinstance(p["torch"], str):
             bad("program.torch", "must be a string")
 
+    def _check_row_probe(self, bad) -> None:
+        p = self.row_probe
+
+        def finite(xs: Any) -> bool:
+            return (isinstance(xs, list) and len(xs) <= MAX_PROBE_WIDTH
+                    and all(type(x) in (int, float) and math.isfinite(x) for x in xs))
+
+        if not isinstance(p, dict) or set(p) != {"events", "scores"}:
+            bad("row_probe", "must be an object with events and scores, or null")
+        events, scores = p["events"], p["scores"]
+        if not isinstance(events, list) or not 1 <= len(events) <= MAX_PROBE_EVENTS:
+            bad("row_probe.events", f"must be a list of 1..{MAX_PROBE_EVENTS} events")
+        if not isinstance(scores, list) or len(scores) != len(events):
+            bad("row_probe.scores", f"must be a list of {len(events)} score lists (one per event)")
+        for i, ev in enumerate(events):
+            if not isinstance(ev, dict) or set(ev) != {"dense", "sparse"}:
+                bad(f"row_probe.events[{i}]", "must be an object with dense and sparse")
+            if not finite(ev["dense"]):
+                bad(f"row_probe.events[{i}].dense", f"must be a list of at most {MAX_PROBE_WIDTH} finite numbers")
+            sp = ev["sparse"]
+            if not isinstance(sp, dict) or len(sp) > 1024:
+                bad(f"row_probe.events[{i}].sparse", "must be an object of at most 1024 fields")
+            for f, ids in sp.items():
+                if (not 0 < len(f) <= 128 or not isinstance(ids, list) or len(ids) > MAX_PROBE_IDS
+                        or any(type(x) is not int or not INT64_MIN <= x <= INT64_MAX for x in ids)):
+                    bad(f"row_probe.events[{i}].sparse", f"field {f[:40]!r}: must be a list of at most "
+                                                         f"{MAX_PROBE_IDS} int64 ids")
+            s = scores[i]
+            if not finite(s) or not 1 <= len(s) <= 1024:
+                bad(f"row_probe.scores[{i}]", "must be a list of 1..1024 finite numbers (one per task)")
+
     @property
     def row_files(self) -> list[str]:
         return sorted(n for n in self.files if n.startswith("rows-") and n.endswith(".parquet"))
 
 
-def rows_schema(dim: int) -> pa.Schema:
-    return pa.schema([("table", pa.string()), ("id", pa.int64()), ("vector", pa.list_(pa.float32(), dim))])
+def rows_schema(dim: int, precision: str = "fp32") -> pa.Schema:
+    """The row files' schema at width ``dim`` in ``precision`` (see the module doc)."""
+    if precision == "fp32":
+        return pa.schema([("table", pa.string()), ("id", pa.int64()), ("vector", pa.list_(pa.float32(), dim))])
+    if precision == "fp16":
+        return pa.schema([("table", pa.string()), ("id", pa.int64()), ("vector", pa.list_(pa.float16(), dim))])
+    if precision == "int8":
+        return pa.schema([("table", pa.string()), ("id", pa.int64()), ("vector", pa.list_(pa.uint8(), dim)),
+                          ("scale", pa.float16()), ("bias", pa.float16())])
+    raise SnapshotError(f"row precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+
+
+def _encode_batch(b: pa.RecordBatch, dim: int, precision: str) -> pa.RecordBatch:
+    """A float32 row batch in ``precision``'s schema."""
+    if precision == "fp32":
+        return b
+    vectors = b.column("vector").flatten().to_numpy().reshape(-1, dim)
+    enc = encode_rows(vectors, precision)
+    vtype = pa.float16() if precision == "fp16" else pa.uint8()
+    cols = [b.column("table"), b.column("id"),
+            pa.FixedSizeListArray.from_arrays(pa.array(enc["vector"].reshape(-1), vtype), dim)]
+    if precision == "int8":
+        cols += [pa.array(enc["scale"], pa.float16()), pa.array(enc["bias"], pa.float16())]
+    return pa.RecordBatch.from_arrays(cols, schema=rows_schema(dim, precision))
 
 
 def rows_batch(table: str, ids: np.ndarray, vectors: np.ndarray | torch.Tensor) -> pa.RecordBatch:
@@ -289,7 +359,7 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                    model_config: dict, store_config: dict | None = None,
                    rows_per_file: int = ROWS_PER_FILE, tasks: list[str] | None = None,
                    program: dict | None = None, program_data=None, evidence: dict | None = None,
-                   model_line: str = "main") -> Path:
+                   model_line: str = "main", row_precision: str = "fp32", row_probe: dict | None = None) -> Path:
     """Write a complete snapshot directory; the manifest goes last so a half-written one has none.
 
     ``tasks``: the model's task names in output order. ``program``: the manifest's description of the
@@ -297,7 +367,8 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
     version's probe logits), None when there is none; ``program_data``: the ``ExportedDense`` whose files a
     full snapshot writes (``program.json``, and its constants when it has any). ``evidence``: the quality
     evidence the trainer saw since the previous snapshot (``evidence.py``), None when there is none.
-    ``model_line``: the model line the version belongs to (``serving.model_line``).
+    ``model_line``: the model line the version belongs to (``serving.model_line``). ``row_precision``: how the
+    row files hold the (float32) rows given (``rowcodec.py``); ``row_probe``: the manifest's row probe, or None.
 
     A full, read-only or unwritable disk (or no file handle left) raises :class:`~streamrec.foundation.ResourceError`
     naming the snapshot and the file being written, and the half-written directory is removed so that it
@@ -312,7 +383,7 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                                config_hash=config_hash, newest_event_ms=newest_event_ms,
                                model_config=model_config, store_config=store_config, rows_per_file=rows_per_file,
                                tasks=tasks, program=program, program_data=program_data, evidence=evidence,
-                               model_line=model_line)
+                               model_line=model_line, row_precision=row_precision, row_probe=row_probe)
     except Exception as e:
         err = as_resource_error(e, f"writing snapshot v{int(version)}", str(where[0]))
         if err is None:
@@ -324,9 +395,12 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
 
 def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, dense_state, rows, kafka_offsets,
                     metrics, config_hash, newest_event_ms, model_config, store_config, rows_per_file,
-                    tasks, program, program_data, evidence=None, model_line="main") -> Path:
+                    tasks, program, program_data, evidence=None, model_line="main", row_precision="fp32",
+                    row_probe=None) -> Path:
     from safetensors.torch import save_file
 
+    if row_precision not in PRECISIONS:
+        raise SnapshotError(f"row precision {row_precision!r} is not one of {', '.join(PRECISIONS)}")
     out.mkdir(parents=True, exist_ok=True)
     where[0] = out / DENSE
     state = {k: v.detach().cpu().contiguous().clone() for k, v in dense_state.items()}
@@ -352,7 +426,7 @@ def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, de
                 if len(b) == 0:
                     continue
                 dim = b.schema.field("vector").type.list_size
-                b = b.select(["table", "id", "vector"]).cast(rows_schema(dim))
+                b = _encode_batch(b.select(["table", "id", "vector"]).cast(rows_schema(dim)), dim, row_precision)
                 w = writers.get(dim)
                 if w is None or w[1] >= rows_per_file:
                     if w is not None:
@@ -361,7 +435,8 @@ def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, de
                     n_files += 1
                     names.append(name)
                     where[0] = out / name
-                    w = writers[dim] = [pq.ParquetWriter(str(out / name), rows_schema(dim), compression="zstd"), 0]
+                    w = writers[dim] = [pq.ParquetWriter(str(out / name), rows_schema(dim, row_precision),
+                                                       compression="zstd"), 0]
                 w[0].write_batch(b)
                 w[1] += len(b)
                 n_rows += len(b)
@@ -377,6 +452,7 @@ def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, de
         rows=n_rows, files=files, store_config=_plain(store_config or {}),
         tasks=[str(t) for t in (tasks or [])], program=_plain(program) if program is not None else None,
         evidence=_plain(evidence) if evidence is not None else None, model_line=str(model_line),
+        row_precision=str(row_precision), row_probe=_plain(row_probe) if row_probe is not None else None,
     )
     m.check()
     tmp = where[0] = out / (MANIFEST + ".tmp")
@@ -441,9 +517,12 @@ def iter_rows(snapshot_dir, manifest: Manifest | None = None,
 
     ``dim``: the width every vector must have, checked from each file's schema before any row is read; a
     ``{table: width}`` mapping checks each table's rows against its own width (a file of a width no table
-    has is refused before its rows are read)."""
+    has is refused before its rows are read). Vectors come decoded to float32 whatever the manifest's
+    ``row_precision``; a file whose schema is not that precision's row schema is refused."""
     d = Path(snapshot_dir)
     m = manifest or read_manifest(d)
+    precision = m.row_precision
+    want_type = {"fp32": pa.float32(), "fp16": pa.float16(), "int8": pa.uint8()}[precision]
     for name in m.row_files:
         try:
             pf = pq.ParquetFile(str(d / name))
@@ -453,9 +532,14 @@ def iter_rows(snapshot_dir, manifest: Manifest | None = None,
             vt = sch.field("vector").type if "vector" in sch.names else None
             if ("table" not in sch.names or not pa.types.is_string(sch.field("table").type)
                     or "id" not in sch.names or sch.field("id").type != pa.int64()
-                    or vt is None or not pa.types.is_fixed_size_list(vt) or vt.value_type != pa.float32()):
-                raise SnapshotError(f"{name}: not in the row schema (table: string, id: int64, "
-                                    f"vector: fixed_size_list<float32>), got {sch}")
+                    or vt is None or not pa.types.is_fixed_size_list(vt) or vt.value_type != want_type
+                    or (precision == "int8") != ("scale" in sch.names and "bias" in sch.names)
+                    or (precision == "int8" and (sch.field("scale").type != pa.float16()
+                                                 or sch.field("bias").type != pa.float16()))):
+                raise SnapshotError(f"{name}: not in the {precision} row schema (table: string, id: int64, "
+                                    f"vector: fixed_size_list<{want_type}>"
+                                    f"{', scale: halffloat, bias: halffloat' if precision == 'int8' else ''}: the "
+                                    f"manifest's row_precision is {precision}), got {sch}")
             if isinstance(dim, dict):
                 if vt.list_size not in set(dim.values()):
                     raise SnapshotError(f"{name}: vectors of width {vt.list_size}, no table of the model has it "
@@ -471,7 +555,11 @@ def iter_rows(snapshot_dir, manifest: Manifest | None = None,
                 ids = b.column("id").to_numpy()
                 vec = b.column("vector")
                 width = vec.type.list_size
-                vectors = vec.flatten().to_numpy().reshape(-1, width)
+                enc = {"vector": vec.flatten().to_numpy().reshape(-1, width)}
+                if precision == "int8":
+                    enc["scale"] = b.column("scale").to_numpy(zero_copy_only=False)
+                    enc["bias"] = b.column("bias").to_numpy(zero_copy_only=False)
+                vectors = decode_rows(enc, precision)
                 for t in np.unique(tables):
                     if isinstance(dim, dict) and str(t) in dim and dim[str(t)] != width:
                         raise SnapshotError(f"{name}: table {str(t)!r} has vectors of width {width}, the model's "
