@@ -56,6 +56,7 @@ log = logging.getLogger("streamrec.serving")
 
 SERVED = "served.json"  # written last: its presence marks a complete version directory
 MEMORY_IDS = "memory-ids.npz"
+MEMORY_ROWS = "memory-rows.npz"  # a compressed version's memory rows as the snapshot carried them (not re-encoded)
 STORED_FORMAT = 2  # served.json records every file of the directory (format 1 recorded three, not the store)
 UNRECORDED = ("LOCK", "LOG")  # RocksDB's lock file and info log: no rows in them, rewritten by any open
 HASH_THREADS = 4  # files hashed at once when a version is verified (hashlib releases the GIL)
@@ -546,6 +547,8 @@ def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, ro
                       str(vdir / program.entry["constants"]))
     (vdir / MANIFEST).write_bytes(manifest.to_json())
     save_npz(vdir / MEMORY_IDS, {t: memory.ids[t] for t in memory.tables})  # not np.savez(**): a table may be named "file"
+    if memory.precision != "fp32":
+        save_npz(vdir / MEMORY_ROWS, memory.encoded())
     files = record_files(vdir, known)
     info = {"format": STORED_FORMAT, "version": manifest.version, "rows_held": int(rows_held), "files": files}
     tmp = vdir / (SERVED + ".tmp")
@@ -572,6 +575,9 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             raise SnapshotError(f"delta {manifest.version} needs parent {manifest.parent_version}, serving {have}; send a full snapshot", code="FAILED_PRECONDITION")
         if parent.model_cfg != model_cfg:
             raise SnapshotError("delta's model_config differs from its parent's; send a full snapshot", code="FAILED_PRECONDITION")
+        if parent.manifest.row_precision != manifest.row_precision:
+            raise SnapshotError(f"delta's row_precision {manifest.row_precision} differs from its parent's "
+                                f"{parent.manifest.row_precision}; send a full snapshot", code="FAILED_PRECONDITION")
         have = parent.program.sha256 if parent.program is not None else None
         if have != (manifest.program or {}).get("sha256"):
             raise SnapshotError("delta's program differs from its parent's (a delta carries only weights); send a full "
@@ -617,7 +623,7 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             parts = {}
             old_memory = None
         room = int(cfg.serving.hot_rows) - sum(len(p[0]) for ps in parts.values() for p in ps)
-        for table, ids, vectors in iter_rows(staged, manifest, dim=dims):
+        for table, ids, vectors, enc in iter_rows(staged, manifest, dim=dims, encoded=True):
             if table not in dims:
                 raise SnapshotError(f"rows: table {table!r} is not a table of the model", code="INVALID_ARGUMENT")
             if vectors.shape[1] != dims[table]:
@@ -644,14 +650,19 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
                 take[new_pos] = True
                 room -= len(new_pos)
             if take.any():
-                parts.setdefault(table, []).append((ids[take], vectors[take]))
-        memory = MemoryRows.build(model_cfg.field_tables, dims, device, parts)
+                parts.setdefault(table, []).append((ids[take], {k: a[take] for k, a in enc.items()}))
+        memory = MemoryRows.build(model_cfg.field_tables, dims, device, parts, manifest.row_precision)
         store.close()  # every write done: from here on the version is recorded and read-only
         store = None
         files = _persist(vdir, manifest, state, memory, rows_held, known, program)
         store = _open_stored(vdir, cfg, manifest, device)
-        return ServedVersion(manifest, model, store, model_cfg, {k: v.detach().clone() for k, v in state.items()},
-                             vdir, rows_held, device, memory, files, program)
+        version = ServedVersion(manifest, model, store, model_cfg, {k: v.detach().clone() for k, v in state.items()},
+                                vdir, rows_held, device, memory, files, program)
+        if manifest.row_probe is not None:  # refused: the except below closes the store and removes vdir
+            from .rowprobe import check_row_probe
+
+            check_row_probe(version, manifest.row_probe)
+        return version
     except BaseException as e:
         if store is not None:
             try:
@@ -712,11 +723,17 @@ def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVers
     try:
         parts = {}
         with np.load(vdir / MEMORY_IDS) as z:
-            for t in model_cfg.tables:
-                if t in z.files and len(z[t]):
-                    ids = z[t]
-                    parts[t] = [(ids, store.peek(t, ids).cpu().numpy())]
-        memory = MemoryRows.build(model_cfg.field_tables, model_cfg.tables, device, parts)
+            ids = {t: z[t] for t in model_cfg.tables if t in z.files}
+        if manifest.row_precision != "fp32":  # the rows as the snapshot carried them: re-encoding may differ
+            with np.load(vdir / MEMORY_ROWS) as z:
+                enc = {k: z[k] for k in z.files}
+            memory = MemoryRows(model_cfg.field_tables, model_cfg.tables, ids, torch.from_numpy(enc["vector"]).to(device),
+                                *[torch.from_numpy(enc[k]).to(device) for k in ("scale", "bias") if k in enc])
+        else:
+            for t, t_ids in ids.items():
+                if len(t_ids):
+                    parts[t] = [(t_ids, store.peek(t, t_ids).cpu().numpy())]
+            memory = MemoryRows.build(model_cfg.field_tables, model_cfg.tables, device, parts)
     except BaseException:
         store.close()
         raise

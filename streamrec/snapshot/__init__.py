@@ -14,6 +14,7 @@ Public surface::
     load_program(program_json, weights, constants) -> nn.Module ; probe_inputs ; task_logits
     check_evidence(block), make_evidence(...), window(...)  # a snapshot's quality evidence (manifest.evidence)
     encode_rows, decode_rows, round_trip, PRECISIONS  # rows in a row precision (fp32, fp16, int8 row-wise)
+    probe_batch(row_probe, fields, dense_dim), PROBE_EVENTS, ROW_PROBE_ATOL  # manifest.row_probe's events
 """
 
 from typing import TYPE_CHECKING
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
         PROGRAM, PROGRAM_CONSTANTS, ExportedDense, export_dense, load_program, probe_inputs, task_logits,
     )
     from .push_types import Pusher, PusherFactory, PushError, PushResult
+    from .row_probe import PROBE_EVENTS, ROW_PROBE_ATOL, probe_batch
     from .rowcodec import PRECISIONS, decode_rows, encode_rows, round_trip
 
 # lazy: the error types must not load pyarrow and torch (the format does)
@@ -42,6 +44,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".program": "PROGRAM PROGRAM_CONSTANTS ExportedDense export_dense load_program probe_inputs task_logits",
     ".push_types": "Pusher PusherFactory PushError PushResult",
     ".rowcodec": "PRECISIONS decode_rows encode_rows round_trip",
+    ".row_probe": "PROBE_EVENTS ROW_PROBE_ATOL probe_batch",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

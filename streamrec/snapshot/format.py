@@ -512,13 +512,14 @@ MAX_EXPANSION = 64  # a row file may decode to at most this many times its size 
 
 
 def iter_rows(snapshot_dir, manifest: Manifest | None = None,
-              dim: int | dict[str, int] | None = None) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+              dim: int | dict[str, int] | None = None, encoded: bool = False) -> Iterator[tuple]:
     """Yield ``(table, ids int64[n], vectors float32[n, dim])`` groups from the row files.
 
     ``dim``: the width every vector must have, checked from each file's schema before any row is read; a
     ``{table: width}`` mapping checks each table's rows against its own width (a file of a width no table
     has is refused before its rows are read). Vectors come decoded to float32 whatever the manifest's
-    ``row_precision``; a file whose schema is not that precision's row schema is refused."""
+    ``row_precision``; a file whose schema is not that precision's row schema is refused. ``encoded``: yield
+    ``(table, ids, vectors, rows)`` where ``rows`` is the group as the file holds it (``encode_rows``'s dict)."""
     d = Path(snapshot_dir)
     m = manifest or read_manifest(d)
     precision = m.row_precision
@@ -565,6 +566,9 @@ def iter_rows(snapshot_dir, manifest: Manifest | None = None,
                         raise SnapshotError(f"{name}: table {str(t)!r} has vectors of width {width}, the model's "
                                             f"table has {dim[str(t)]}")
                     mask = tables == t
-                    yield str(t), ids[mask], vectors[mask]
+                    if encoded:
+                        yield str(t), ids[mask], vectors[mask], {k: a[mask] for k, a in enc.items()}
+                    else:
+                        yield str(t), ids[mask], vectors[mask]
         except (pa.ArrowException, OSError) as e:
             raise SnapshotError(f"{name}: cannot be read: {e}") from None
