@@ -36,6 +36,10 @@ on the probe batch bit for bit; those logits go into the manifest, and serving c
 them. A model that cannot be exported (or whose program scores differently) is logged as one error line and
 its snapshots carry ``program: null``: serving then builds the module from the model config, as before.
 
+Rows are written in ``serving.row_precision`` (fp32, fp16, int8 row-wise); each snapshot carries a row probe
+(``trainer/rowprobe.py``): a few events of rows it carries and the model's scores on them from the rows as
+serving will hold them, which serving checks after it loads the version.
+
 The transport is not the trainer's: it pushes through ``pusher_factory(target)``
 (:class:`streamrec.snapshot.Pusher`; the CLI passes serving's gRPC
 ``SnapshotPusher``), and decides what a refusal means with
@@ -178,7 +182,7 @@ class SnapshotPublisher:
 
     def publish(self, version: int, epoch: int, store, model, kafka_offsets: dict, metrics: dict,
                 newest_event_ms: int, plan: tuple[bool, int | None, int] | None = None, rows=None,
-                evidence: dict | None = None) -> Path | None:
+                evidence: dict | None = None, deleted: dict | None = None) -> Path | None:
         """Build snapshot ``version`` (store state as of ``epoch``) and queue it for pushing.
 
         Returns the snapshot dir, or None when skipped because a push is still pending.
@@ -186,6 +190,7 @@ class SnapshotPublisher:
         (a group's rows gathered from every rank); by default, decided here and read from ``store``.
         ``evidence``: the quality evidence the manifest carries (``trainer/evidence.py``); None: the caller
         observed no events for it (a publisher driven by hand), and the manifest says so (no figures).
+        ``deleted``: ids per table a delta removes (evicted since its parent; ``ChangeJournal.last_deleted``).
         """
         if plan is None:
             plan = self.plan_next()
@@ -202,9 +207,14 @@ class SnapshotPublisher:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         dense_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         program, program_data = self._program(model, dense_state)
+        from .rowprobe import RowSample, build_row_probe
+
+        precision = self.cfg.serving.row_precision
+        sample = RowSample(rows, self.cfg.model.tables)
         write_snapshot(
             out, version=version, parent_version=parent, kind="full" if full else "delta",
-            dense_state=dense_state, rows=rows,
+            dense_state=dense_state, rows=sample, row_precision=precision,
+            row_probe=lambda: build_row_probe(model, self.cfg.model, sample, precision),
             kafka_offsets={f"{t}:{p}": o for (t, p), o in kafka_offsets.items()},
             metrics={k: float(v) for k, v in metrics.items()
                      if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")},
@@ -214,6 +224,7 @@ class SnapshotPublisher:
             tasks=list(self.cfg.model.task_names), program=program, program_data=program_data,
             evidence=evidence if evidence is not None else empty_evidence(),
             model_line=self.cfg.serving.model_line,
+            deleted=None if full else deleted,
         )
         with self._lock:
             self.st.built += 1

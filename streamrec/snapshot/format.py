@@ -11,6 +11,7 @@ A snapshot is a directory::
                          manifest's ``row_precision`` (``rowcodec.py``): fp32 as above; fp16: vector
                          fixed_size_list<float16>[dim]; int8: vector fixed_size_list<uint8>[dim] plus
                          scale and bias (float16) per row. ``iter_rows`` decodes every precision to float32.
+    deleted.parquet      a delta only, when it removes rows: table (string), id (int64) (``deletions.py``)
 
 ``manifest.row_probe`` (or null): up to 8 events built from rows the snapshot carries and the scores the
 trainer computed for them from the rows as serving will hold them (``round_trip`` of the row precision);
@@ -48,6 +49,7 @@ import torch
 from streamrec.foundation import INT64_MAX, INT64_MIN, as_resource_error, sha256_file
 from streamrec.foundation.config import MODEL_LINE_RE
 
+from .deletions import DELETED, write_deleted
 from .errors import SnapshotError
 from .rowcodec import PRECISIONS, decode_rows, encode_rows
 
@@ -114,6 +116,7 @@ class Manifest:
     model_line: str = "main"  # the model line the version belongs to (serving keeps one chain per line); absent: main
     row_precision: str = "fp32"  # how the row files hold vectors (rowcodec.py); absent: fp32
     row_probe: dict[str, Any] | None = None  # events and the trainer's scores on them (see the module doc), null: none
+    deleted: int = 0  # rows this delta removes, listed in deleted.parquet (deletions.py)
     format: int = FORMAT
 
     def to_json(self) -> bytes:
@@ -166,6 +169,8 @@ class Manifest:
         for key in ("created_ms", "newest_event_ms", "rows"):
             if not int64(getattr(self, key)):
                 bad(key, f"must be an int64, got {getattr(self, key)!r}")
+        if not int64(self.deleted) or self.deleted < 0 or (self.deleted and self.kind != "delta"):
+            bad("deleted", f"must be a count >= 0, and 0 in a full snapshot, got {self.deleted!r}")
         if not isinstance(self.config_hash, str):
             bad("config_hash", f"must be a string, got {self.config_hash!r}")
         for key in ("files", "kafka_offsets", "metrics", "store_config"):
@@ -359,7 +364,8 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                    model_config: dict, store_config: dict | None = None,
                    rows_per_file: int = ROWS_PER_FILE, tasks: list[str] | None = None,
                    program: dict | None = None, program_data=None, evidence: dict | None = None,
-                   model_line: str = "main", row_precision: str = "fp32", row_probe: dict | None = None) -> Path:
+                   model_line: str = "main", row_precision: str = "fp32", row_probe: dict | None = None,
+                   deleted: dict | None = None) -> Path:
     """Write a complete snapshot directory; the manifest goes last so a half-written one has none.
 
     ``tasks``: the model's task names in output order. ``program``: the manifest's description of the
@@ -368,7 +374,8 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
     full snapshot writes (``program.json``, and its constants when it has any). ``evidence``: the quality
     evidence the trainer saw since the previous snapshot (``evidence.py``), None when there is none.
     ``model_line``: the model line the version belongs to (``serving.model_line``). ``row_precision``: how the
-    row files hold the (float32) rows given (``rowcodec.py``); ``row_probe``: the manifest's row probe, or None.
+    row files hold the (float32) rows given (``rowcodec.py``); ``row_probe``: the manifest's row probe, or None,
+    or a function called once every row is written that returns it (a probe made of rows seen on the way).
 
     A full, read-only or unwritable disk (or no file handle left) raises :class:`~streamrec.foundation.ResourceError`
     naming the snapshot and the file being written, and the half-written directory is removed so that it
@@ -383,7 +390,8 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
                                config_hash=config_hash, newest_event_ms=newest_event_ms,
                                model_config=model_config, store_config=store_config, rows_per_file=rows_per_file,
                                tasks=tasks, program=program, program_data=program_data, evidence=evidence,
-                               model_line=model_line, row_precision=row_precision, row_probe=row_probe)
+                               model_line=model_line, row_precision=row_precision, row_probe=row_probe,
+                               deleted=deleted)
     except Exception as e:
         err = as_resource_error(e, f"writing snapshot v{int(version)}", str(where[0]))
         if err is None:
@@ -396,7 +404,7 @@ def write_snapshot(out_dir, *, version: int, parent_version: int | None, kind: s
 def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, dense_state, rows, kafka_offsets,
                     metrics, config_hash, newest_event_ms, model_config, store_config, rows_per_file,
                     tasks, program, program_data, evidence=None, model_line="main", row_precision="fp32",
-                    row_probe=None) -> Path:
+                    row_probe=None, deleted=None) -> Path:
     from safetensors.torch import save_file
 
     if row_precision not in PRECISIONS:
@@ -443,6 +451,14 @@ def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, de
     finally:
         for w in writers.values():
             w[0].close()
+    if callable(row_probe):
+        row_probe = row_probe()
+    n_deleted = 0
+    if deleted:
+        where[0] = out / DELETED
+        n_deleted = write_deleted(out, deleted)
+        if n_deleted:
+            names.append(DELETED)
     files = {n: {"sha256": sha256_file(out / n), "bytes": (out / n).stat().st_size} for n in names}
     m = Manifest(
         version=int(version), parent_version=None if parent_version is None else int(parent_version),
@@ -453,6 +469,7 @@ def _write_snapshot(out: Path, where: list, *, version, parent_version, kind, de
         tasks=[str(t) for t in (tasks or [])], program=_plain(program) if program is not None else None,
         evidence=_plain(evidence) if evidence is not None else None, model_line=str(model_line),
         row_precision=str(row_precision), row_probe=_plain(row_probe) if row_probe is not None else None,
+        deleted=n_deleted,
     )
     m.check()
     tmp = where[0] = out / (MANIFEST + ".tmp")
