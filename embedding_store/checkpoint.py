@@ -2,7 +2,8 @@
 
 A checkpoint directory holds the cold tier's copy of every row (hot rows and dirty
 cached rows are written back first), ``hot.npz`` (each table's hot ids) and the
-store's manifest with the checkpoint's epoch. ``restore`` brings back vectors,
+store's manifest with the checkpoint's epoch, and ``admission.npz`` (the admission counters) when a table
+has them. ``restore`` brings back vectors,
 Adagrad state and the hot set bit for bit.
 The functions take the ``EmbeddingStore`` (class, for ``restore``) they act on.
 """
@@ -16,11 +17,12 @@ import numpy as np
 
 from streamrec.foundation import save_npz
 
-from . import migration, rowpath
+from . import admission, migration, rowpath
 from .cold import read_manifest, write_manifest
 from .errors import StoreError, StoreMismatchError
 
 HOT_FILE = "hot.npz"
+ADMISSION_FILE = "admission.npz"  # the admission counters (admission.py), when a table has them
 
 
 def checkpoint(store, path: str) -> int:
@@ -41,6 +43,7 @@ def checkpoint(store, path: str) -> int:
     store.cold.checkpoint(dest)
     hot = {name: t.hot.slot_ids() for name, t in store.tables.items()}
     save_npz(dest / HOT_FILE, hot)  # not np.savez(**hot): tables may be named "file"
+    admission.save(store, dest / ADMISSION_FILE)
     write_manifest(dest, {**store._manifest, "epoch": epoch, "hot_capacity_rows": store.hot_capacity_rows,
                           "hot_capacity_bytes": store.hot_capacity_bytes})
     store._epoch = epoch

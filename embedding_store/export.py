@@ -57,6 +57,8 @@ def import_records(store, table: str, ids: np.ndarray, records: np.ndarray) -> N
         return
     if t.hot.mask(ids).any():
         raise StoreError(f"{table}: import_records into hot rows (import before the hot set is applied)")
+    if t.admission is not None:
+        t.admission.mark(ids)
     old, found, cslots = rowpath.cold_rows(store, t, ids, touch=False)
     rowpath.store_cold(store, t, ids, records, old, found, cslots)
 

@@ -76,7 +76,9 @@ def apply_gradients(store, table: str, ids, grads) -> None:
         found[miss] = memo.refused_found
     else:
         old, found, cslots = rowpath.cold_rows(store, t, cids, touch=True, count=False, known=cslots)
-    store.created += len(found) - int(np.count_nonzero(found))
+    made = len(found) - int(np.count_nonzero(found))
+    store.created += made
+    t.created += made
     g = gnp if len(cp) == len(ids) else gnp[cp]
     new = old if cached or refused_out else old.copy()  # old records are not needed again then
     new["w"], new["acc"] = adagrad_rows_np(old["w"], old["acc"], g, store.lr, store.eps)

@@ -25,4 +25,18 @@ def stats(store) -> dict:
         "hot_bytes": sum(t.hot.nbytes() for t in store.tables.values()),
         "epoch": store._epoch,
         "device": str(store.device),
+        "admission_refused": sum(t.admission.refused for t in store.tables.values() if t.admission is not None),
+        "admission_admitted": sum(t.admission.admitted for t in store.tables.values() if t.admission is not None),
+        "evicted": sum(t.evicted for t in store.tables.values()),
+        "tables": {t.name: table_stats(t) for t in store.tables.values()},
     }
+
+
+def table_stats(t) -> dict:
+    """One table's lean-table figures: ids read as unadmitted (one per step), ids admitted, rows evicted,
+    stored rows after the last sweep (-1: not swept) and the admission counters' bytes."""
+    a = t.admission
+    return {"admission_refused": a.refused if a is not None else 0,
+            "admission_admitted": a.admitted if a is not None else 0,
+            "evicted": t.evicted, "rows_at_sweep": -1 if t.rows_at_sweep is None else t.rows_at_sweep,
+            "admission_bytes": a.nbytes() if a is not None else 0}

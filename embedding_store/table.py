@@ -2,7 +2,7 @@
 
 ``Table`` holds what every part of the store reads for one table: its row identity
 (salt, key tag, record dtype, init scale), its hot tier, its host cache (None when
-the cache is off) and its prefetch buffers.
+the cache is off), its prefetch buffers, and its lean-table state (admission counters, row cap).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .admission import AdmissionCounter
 from .buffers import RowBuffer
 from .cache import HostCache
 from .hot import HotTable
@@ -32,6 +33,11 @@ class Table:
         self.max_id = max_id
         self.init_scale = init_scale
         self.cache: HostCache | None = None
+        self.admission: AdmissionCounter | None = None  # counts of training steps per id (admission, LFU)
+        self.max_rows = 0  # cap on the table's stored rows (0 = none)
+        self.rows_at_sweep: int | None = None  # stored rows after the last eviction sweep (None: not swept yet)
+        self.created = 0  # rows created by training since that sweep
+        self.evicted = 0  # rows deleted by eviction sweeps
 
 
 class Probe(NamedTuple):

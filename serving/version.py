@@ -381,6 +381,10 @@ class ServedVersion:
         self.memory = memory if memory is not None else MemoryRows.build(
             model_cfg.field_tables, model_cfg.tables, device, {})
         self.loaded_ms = int(time.time() * 1000)
+        # the trainer's store.admit_min_count: an id without a row of its own read the shared row (or zeros) there
+        sc = manifest.store_config or {}
+        self.unadmitted = (str(sc.get("unadmitted", "shared")) if int(sc.get("admit_min_count", 0) or 0) >= 2
+                           else None)
         self._refs = 0
         self._retired = False
         self._closed = False
@@ -391,7 +395,10 @@ class ServedVersion:
     LOOKUP_CHUNK = 4096  # ids read under one hold of the store lock: a big request does not hold up small ones
 
     def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor:
-        """Rows of table ``table``'s ``ids`` from the store (every row this version holds; init for unseen ids)."""
+        """Rows of table ``table``'s ``ids`` from the store (every row this version holds; for an id it does not
+        hold: its init, or, when the trainer admits ids by frequency, the table's unadmitted value)."""
+        if self.unadmitted is not None:
+            return unadmitted_lookup(self, table, ids)
         if len(ids) <= self.LOOKUP_CHUNK:
             with self._store_lock:
                 return self.store.peek(table, ids)
@@ -463,6 +470,31 @@ class ServedVersion:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def unadmitted_lookup(version: "ServedVersion", table: str, ids: np.ndarray) -> torch.Tensor:
+    """``ServedVersion.lookup`` for a model trained with admission: held rows as stored, every other id the
+    shared row (``UNADMITTED_ID``'s row, or its init while the trainer has not stored it) or zeros, as the
+    trainer reads them."""
+    from streamrec.embedding_store.store_types import UNADMITTED_ID
+
+    uniq, inv = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)
+    parts, held = [], []
+    for i in range(0, len(uniq), version.LOOKUP_CHUNK):
+        with version._store_lock:
+            r, h = version.store.peek_held(table, uniq[i:i + version.LOOKUP_CHUNK])
+        parts.append(r)
+        held.append(h)
+    rows = torch.cat(parts) if parts else torch.zeros((0, version.store.tables[table].dim))
+    miss = ~np.concatenate(held) if held else np.zeros(0, bool)
+    if miss.any():
+        if version.unadmitted == "zero":
+            fill = torch.zeros(rows.shape[1], dtype=rows.dtype, device=rows.device)
+        else:
+            with version._store_lock:
+                fill = version.store.peek(table, np.array([UNADMITTED_ID], dtype=np.int64))[0]
+        rows[torch.from_numpy(np.flatnonzero(miss)).to(rows.device)] = fill
+    return rows[torch.from_numpy(inv.reshape(-1)).to(rows.device)]
+
+
 def _store_kwargs(cfg: Config, manifest: Manifest, device: torch.device) -> dict:
     """Store settings: the serving config's, with the init settings the trainer used (from the manifest).
 
@@ -524,6 +556,29 @@ def _store_from_parent(parent: "ServedVersion", cfg: Config, manifest: Manifest,
                     # another file system or no hard links there: copy it
             shutil.copyfile(p, dest)
     return EmbeddingStore.restore(str(path), **_store_kwargs(cfg, manifest, device)), known
+
+
+def _apply_deletions(staged: Path, manifest: Manifest, store, parts: dict) -> int:
+    """Drop the rows a delta deletes (``deleted.parquet``) from the version's store copy and from the memory
+    rows it starts from; returns how many rows the store held of them."""
+    from streamrec.snapshot import iter_deleted
+
+    n = 0
+    for table, ids in iter_deleted(staged, manifest):
+        if table not in store.tables:
+            raise SnapshotError(f"deleted: table {table!r} is not a table of the model", code="INVALID_ARGUMENT")
+        n += store.delete_rows(table, ids)
+        if table in parts:
+            parts[table] = [_without(pid, enc, ids) for pid, enc in parts[table]]
+    return n
+
+
+def _without(ids: np.ndarray, enc, drop: np.ndarray) -> tuple:
+    """A memory part ``(ids, encoded arrays)`` without the rows of ``drop``."""
+    keep = ~np.isin(ids, drop)
+    if keep.all():
+        return ids, enc
+    return ids[keep], ({k: a[keep] for k, a in enc.items()} if isinstance(enc, dict) else enc[keep])
 
 
 def _open_stored(vdir: Path, cfg: Config, manifest: Manifest, device: torch.device):
@@ -617,6 +672,7 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             rows_held = parent.rows_held
             parts = parent.memory.parts()
             old_memory = parent.memory
+            rows_held -= _apply_deletions(staged, manifest, store, parts)
         else:
             store = _new_store(model_cfg, cfg, manifest, device, vdir / "store")
             rows_held = 0

@@ -10,6 +10,10 @@ reads the current vectors of the ids written after mark ``m`` (a read that chang
 recency, no counters). In a trainer group every rank's store gets its own journal (a rank's store
 is written only for the rows it owns), and the ranks cut in the same collective, so their marks agree.
 
+Rows deleted by the store's eviction sweep (:meth:`ChangeJournal.evict`) are journaled the same way, so
+that a delta tells serving to drop them (``deleted_since``); a written id the store does not hold (an id
+not admitted yet, whose step trained the shared row) is never read into a delta.
+
 The journal lives in memory only: after a restart the first push is full. It is bounded: past
 ``max_ids`` noted ids it is dropped, and a delta over the lost stretch carries every row of the store
 (a superset of what changed, so still a correct delta).
@@ -20,6 +24,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import numpy as np
+import torch
 
 READ_CHUNK = 65_536  # ids read from the store at once
 
@@ -37,6 +42,9 @@ class ChangeJournal:
         self._sealed: list[tuple[int, dict[str, np.ndarray]]] = []  # (mark, unique ids per table), oldest first
         self._sealed_n = 0
         self._lost_through = -1  # marks <= this are not fully journaled (dropped past max_ids)
+        self._deleted_open: dict[str, list[np.ndarray]] = {}  # ids evicted in the open segment
+        self._deleted: list[tuple[int, dict[str, np.ndarray]]] = []  # (mark, evicted ids per table), oldest first
+        self.last_deleted: dict[str, np.ndarray] = {}  # what the last snapshot_rows' delta deletes
 
     def __getattr__(self, name: str):
         return getattr(self.store, name)
@@ -59,6 +67,14 @@ class ChangeJournal:
             self._note(t, ids)
         return stats
 
+    def evict(self, *args, **kwargs) -> dict[str, np.ndarray]:
+        """The store's eviction sweep, its deleted ids noted for the next delta."""
+        gone = self.store.evict(*args, **kwargs)
+        for t, ids in gone.items():
+            if len(ids):
+                self._deleted_open.setdefault(t, []).append(np.asarray(ids, dtype=np.int64))
+        return gone
+
     def _note(self, table: str, ids) -> None:
         a = np.array(ids, dtype=np.int64, copy=True).reshape(-1)  # a copy: callers refill their arrays
         if not len(a):
@@ -76,6 +92,8 @@ class ChangeJournal:
         self._lost_through = self.mark + 1
         self._open, self._open_n = {}, 0
         self._sealed, self._sealed_n = [], 0
+        self._deleted_open, self._deleted = {}, []  # a delta over the lost stretch carries every row: serving
+        # may then keep rows evicted in it until the next full snapshot
 
     # -- marks -----------------------------------------------------------------
     @property
@@ -91,12 +109,16 @@ class ChangeJournal:
             self._sealed.append((self.mark, seg))
             self._sealed_n += sum(len(v) for v in seg.values())
         self._open, self._open_n = {}, 0
+        if self._deleted_open:
+            self._deleted.append((self.mark, {t: np.unique(np.concatenate(p)) for t, p in self._deleted_open.items()}))
+            self._deleted_open = {}
         return self.mark
 
     def forget_through(self, mark: int) -> None:
         """No delta will be asked for on a base older than ``mark`` any more: drop what it would need."""
         keep = [(m, seg) for m, seg in self._sealed if m > mark]
         self._sealed = keep
+        self._deleted = [(m, seg) for m, seg in self._deleted if m > mark]
         self._sealed_n = sum(len(v) for _m, seg in keep for v in seg.values())
 
     def changed_ids(self, since: int) -> dict[str, np.ndarray] | None:
@@ -110,6 +132,21 @@ class ChangeJournal:
                 for t, ids in seg.items():
                     parts.setdefault(t, []).append(ids)
         return {t: (p[0] if len(p) == 1 else np.unique(np.concatenate(p))) for t, p in parts.items()}
+
+    def deleted_since(self, since: int) -> dict[str, np.ndarray]:
+        """Unique ids per table evicted after mark ``since`` (up to the last cut) and not stored again since."""
+        parts: dict[str, list[np.ndarray]] = {}
+        for m, seg in self._deleted:
+            if m > since:
+                for t, ids in seg.items():
+                    parts.setdefault(t, []).append(ids)
+        out = {}
+        for t, p in parts.items():
+            ids = np.unique(np.concatenate(p))
+            _, held = self.store.peek_held(t, ids)
+            if (~held).any():
+                out[t] = ids[~held]
+        return out
 
     # -- rows ------------------------------------------------------------------
     def rows_since(self, since: int) -> list:
@@ -131,7 +168,14 @@ class ChangeJournal:
         try:
             for lo in range(0, len(ids), READ_CHUNK):
                 part = ids[lo:lo + READ_CHUNK]
-                yield rows_batch(table, part, s.peek(table, part))
+                if hasattr(s, "peek_held"):  # an id whose step trained the shared row has no row of its own
+                    rows, held = s.peek_held(table, part)
+                    if not held.all():
+                        part, rows = part[held], rows[torch.from_numpy(held).to(rows.device)]
+                else:
+                    rows = s.peek(table, part)
+                if len(part):
+                    yield rows_batch(table, part, rows)
         finally:
             for k, v in counters.items():
                 setattr(s, k, v)
@@ -142,8 +186,10 @@ class ChangeJournal:
         full, _parent, since = plan
         mark = self.cut()
         if full:
+            self.last_deleted = {}
             self.forget_through(mark)  # later deltas build on this one (or on a later full)
             return self.store.changed_rows(None), mark
         rows = self.rows_since(since)
+        self.last_deleted = self.deleted_since(since)
         self.forget_through(since)
         return rows, mark

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -70,10 +71,12 @@ def assigned_partitions(n_partitions: int, rank: int, world: int) -> list[int]:
 
 
 def rank_config(cfg, rank: int, world: int):
-    """The config one rank runs with: its own store directory; logs, metrics port, snapshots and the
-    hot-set source on rank 0 only."""
+    """The config one rank runs with: its own store directory and share of ``store.max_rows``; logs, metrics
+    port, snapshots and the hot-set source on rank 0 only."""
     c = copy.deepcopy(cfg)
     c.store.path = str(Path(cfg.store.path) / f"rank-{rank:03d}")
+    if cfg.store.max_rows > 0:  # each rank owns about 1/world of every table's rows: the cap is shared the same way
+        c.store.max_rows = -(-cfg.store.max_rows // world)
     t = c.trainer
     t.ranks = world
     if t.trace_path:
@@ -81,6 +84,15 @@ def rank_config(cfg, rank: int, world: int):
     if rank != 0:
         t.log_path, t.metrics_port, t.snapshot_every = "", 0, 0
     return c
+
+
+def _merged_deletions(parts) -> dict[str, np.ndarray]:
+    """Every rank's evicted ids per table as one sorted array per table (the ranks own disjoint ids)."""
+    out: dict[str, list] = {}
+    for d in parts:
+        for t, ids in d.items():
+            out.setdefault(t, []).extend(ids)
+    return {t: np.unique(np.asarray(v, dtype=np.int64)) for t, v in out.items() if v}
 
 
 def batch_mode(trainer_cfg, world: int) -> dict[str, Any]:
@@ -389,6 +401,7 @@ class GroupTrainerService(TrainerService):
         if len(res.rejected):
             self.consumer.dead_letter_events(ready.take(res.rejected), res.reject_reason, source="trainer")
         self.consumer.step_done()
+        self._maybe_evict()  # this rank's own store: no collective
 
     def _train_held(self) -> None:
         """Before a checkpoint (a collective): train what waits in every rank's merge, so a group's
@@ -433,7 +446,7 @@ class GroupTrainerService(TrainerService):
 
         shard_state = {"rank": self.rank, "world": self.world, "offsets": offsets_to_json(own), "ts": time.time(),
                        "dead_letters": self.consumer.stats.dead_letters, "quarantined": self.consumer.stats.quarantined,
-                       "rows_expired": self.rows_expired, **self.core.counters()}
+                       "rows_expired": self.rows_expired, "rows_evicted": self.rows_evicted, **self.core.counters()}
         shard = write_checkpoint(rank_dir(self.root, self.rank), seq, shard_state, self.core.rank_dense_state(),
                                  write_store, keep=self.cfg.trainer.keep_checkpoints)
         mine = {"rank": self.rank, "digest": sha256_file(shard / CHECKSUMS), "offsets": offsets_to_json(own),
@@ -490,6 +503,7 @@ class GroupTrainerService(TrainerService):
         tasks = self.core.group_task_figures() if len(self.core.task_names) > 1 else {}  # collectives too
         rows, mark = self.store.snapshot_rows(plan[0])
         mine = {"rows": _ipc(rows), "newest_event_ms": self.core.newest_event_ms,
+                "deleted": {t: ids.tolist() for t, ids in self.store.last_deleted.items()},
                 "newest_kafka_ms": self.freshness.newest_kafka_ms,
                 "offsets": offsets_to_json({k: v for k, v in self.offsets.items() if k[1] in self.partitions})}
         hit("group.snapshot_rows")  # mid-snapshot: the rows are read, rank 0 has not got them
@@ -510,7 +524,8 @@ class GroupTrainerService(TrainerService):
             version = self.publisher.reserve_version()
             self.publisher.publish(version, mark, None, self.core.model, offsets, values,
                                    max(g["newest_event_ms"] for g in got), plan=plan[0],
-                                   rows=(b for g in got for b in _batches(g["rows"])), evidence=self._evidence())
+                                   rows=(b for g in got for b in _batches(g["rows"])), evidence=self._evidence(),
+                                   deleted=_merged_deletions(g.get("deleted") or {} for g in got))
         except Exception:  # a snapshot failure must never stop training
             log.exception("building a snapshot failed")
             self.publisher.request_full()
@@ -521,10 +536,11 @@ class GroupTrainerService(TrainerService):
         """The group's figures (a collective); rank 0 logs, exports and shows them."""
         c, st = self.core, self.consumer.stats
         lag = self.consumer.lag()
-        (events, hot_events, dead, nonfinite, rejected, lag_sum, commit_f, quarantined, resets, bytes_sent) = self._sum(
+        (events, hot_events, dead, nonfinite, rejected, lag_sum, commit_f, quarantined, resets, bytes_sent, evicted,
+         unadmitted) = self._sum(
             c.events, c.hot_events, st.dead_letters, c.nonfinite_batches, c.rejected_events, max(lag, 0),
             st.commit_failures, st.quarantined, st.offsets_reset,
-            c.exchange.bytes_sent + c.dense_bytes_sent)
+            c.exchange.bytes_sent + c.dense_bytes_sent, self.rows_evicted, self._unadmitted())
         m = c.group_metrics()
         tasks = c.group_task_figures() if len(c.task_names) > 1 else None  # collectives: every rank calls them
         ev0, hot0 = self._hot_at_log
@@ -539,6 +555,7 @@ class GroupTrainerService(TrainerService):
             "snapshot_version": self.publisher.version if self.publisher else 0,
             "replicas_behind": len(self.publisher.left_behind) if self.publisher else 0,
             "checkpoint": self.seq, "lag": int(lag_sum), "rows_expired": self.rows_expired,
+            "rows_evicted": int(evicted), "ids_unadmitted": int(unadmitted),
             "nonfinite_batches": int(nonfinite), "rejected_events": int(rejected),
             "commit_failures": int(commit_f), "rebalances": 0, "offsets_reset": int(resets),
             "quarantined": int(quarantined), "ranks": self.world,

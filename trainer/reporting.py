@@ -61,6 +61,7 @@ class TrainerReporting:
             "snapshot_version": self.publisher.version if self.publisher else 0,
             "replicas_behind": len(self.publisher.left_behind) if self.publisher else 0,
             "checkpoint": self.seq, "lag": self.consumer.lag(), "rows_expired": self.rows_expired,
+            "rows_evicted": self.rows_evicted, "ids_unadmitted": self._unadmitted(),
             "nonfinite_batches": self.core.nonfinite_batches, "rejected_events": self.core.rejected_events,
             "commit_failures": self.consumer.stats.commit_failures, "rebalances": self.consumer.stats.rebalances,
             "offsets_reset": self.consumer.stats.offsets_reset, "quarantined": self.consumer.stats.quarantined,
@@ -80,6 +81,13 @@ class TrainerReporting:
         if self.prom is not None:
             self.prom.update(rec)
         self.progress.update(rec)
+
+    def _unadmitted(self) -> int:
+        """Ids (one per training step) that read their table's unadmitted value (``store.admit_min_count``)."""
+        try:
+            return int(self.store.stats().get("admission_refused", 0))
+        except Exception:
+            return 0
 
     def _hit_rate(self) -> float:
         """The store's hot-tier hit rate; ``hit_rate`` while the store has seen no lookup or cannot say."""

@@ -37,7 +37,8 @@ def open_store(cfg, device, restore_from: Path | None):
         return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, tables=dict(cfg.model.tables),
                                       lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),
                                       block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows,
-                                      hot_capacity_rows=budget.rows, hot_capacity_bytes=budget.bytes)
+                                      hot_capacity_rows=budget.rows, hot_capacity_bytes=budget.bytes,
+                                      **EmbeddingStore.lean_settings(s))
     return EmbeddingStore.from_config(cfg, device)
 
 

@@ -130,6 +130,7 @@ class TrainerService(TrainerReporting):
         self.hot_coverage = float("nan")
         self.hit_rate = float("nan")
         self.rows_expired = int(state.get("rows_expired", 0))  # totals carry over a resume, like the events
+        self.rows_evicted = int(state.get("rows_evicted", 0))
         self._last_sweep = time.monotonic()
         self.metrics_log = MetricsLog(t.log_path)
         self.progress = ProgressLine(progress)
@@ -228,6 +229,7 @@ class TrainerService(TrainerReporting):
                     ready = self._merge(batch, now)
                     if ready is not None:
                         self._dead_letter(self.core.feed(ready))
+                        self._maybe_evict()
                     self._record_trained(batch)
                     dirty = True
                 elif len(self.merger) or self.core.pending:  # a quiet stream: train what waits, hold nothing back
@@ -309,6 +311,19 @@ class TrainerService(TrainerReporting):
         self.rows_expired += n
         log.info("expired %d rows untouched for %.0f s (sweep took %.2f s)", n, after, self._last_sweep - t0)
 
+    def _maybe_evict(self) -> None:
+        """Cut the tables past ``store.max_rows`` (and its slack) back to the cap; the deleted ids go to the next
+        delta (the journal notes them)."""
+        if self.cfg.store.max_rows <= 0:
+            return
+        t0 = time.monotonic()
+        gone = self.store.evict()
+        n = sum(len(v) for v in gone.values())
+        if n:
+            self.rows_evicted += n
+            log.info("evicted %d rows over store.max_rows (%s; sweep took %.2f s)", n,
+                     ", ".join(f"{t}: {len(v)}" for t, v in sorted(gone.items())), time.monotonic() - t0)
+
     def checkpoint(self) -> int:
         t0 = time.perf_counter()
         self._maybe_expire()  # before the store checkpoint, so the checkpoint holds the sweep
@@ -331,6 +346,7 @@ class TrainerService(TrainerReporting):
             "dead_letters": self.consumer.stats.dead_letters,
             "quarantined": self.consumer.stats.quarantined,
             "rows_expired": self.rows_expired,
+            "rows_evicted": self.rows_evicted,
             "snapshot": self.publisher.state() if self.publisher else {},
             "merge_forced": self.merger.forced,
             **self.core.counters(),
@@ -360,7 +376,8 @@ class TrainerService(TrainerReporting):
             rows, mark = self.store.snapshot_rows(plan)
             version = self.publisher.reserve_version()
             self.publisher.publish(version, mark, None, self.core.model, dict(self.offsets), self._metric_values(),
-                                   self.core.newest_event_ms, plan=plan, rows=rows, evidence=self._evidence())
+                                   self.core.newest_event_ms, plan=plan, rows=rows, evidence=self._evidence(),
+                                   deleted=self.store.last_deleted)
             return version
         except Exception as e:
             self.publisher.request_full()  # the journal may be cut past what serving holds

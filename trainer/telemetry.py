@@ -59,6 +59,9 @@ COUNTERS = {
     "rebalances": ("streamrec_trainer_rebalances_total", "consumer-group partition assignments after the first"),
     "offsets_reset": ("streamrec_trainer_offsets_reset_total", "partitions moved by kafka.on_offsets_lost"),
     "rows_expired": ("streamrec_trainer_rows_expired_total", "cold rows deleted by store.expire_after_s"),
+    "rows_evicted": ("streamrec_trainer_rows_evicted_total", "rows deleted to keep tables within store.max_rows"),
+    "ids_unadmitted": ("streamrec_trainer_ids_unadmitted_total",
+                       "ids that read their table's unadmitted value (one per training step; store.admit_min_count)"),
 }
 GAUGES = {
     "auc": ("streamrec_trainer_auc", "progressive-validation AUC since start"),

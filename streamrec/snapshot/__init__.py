@@ -23,6 +23,7 @@ from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .evidence import EVIDENCE_FORMAT, check_evidence, empty_evidence, make_evidence, window
+    from .deletions import DELETED, iter_deleted
     from .errors import NEEDS_FULL, RETRYABLE, SnapshotError, is_retryable, needs_full
     from .format import (
         DENSE, KINDS, MANIFEST, Manifest, iter_rows, read_dense, read_manifest, rows_batch, rows_schema, verify_snapshot,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 # lazy: the error types must not load pyarrow and torch (the format does)
 _EXPORTS = {  # submodule: the public names it defines
     ".evidence": "EVIDENCE_FORMAT check_evidence empty_evidence make_evidence window",
+    ".deletions": "DELETED iter_deleted",
     ".errors": "NEEDS_FULL RETRYABLE SnapshotError is_retryable needs_full",
     ".format": "DENSE KINDS MANIFEST Manifest iter_rows read_dense read_manifest rows_batch rows_schema verify_snapshot "
                "write_snapshot",

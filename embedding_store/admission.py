@@ -1,0 +1,202 @@
+"""Admission by frequency: an id gets its own row only once it has been trained ``admit_min_count`` times.
+
+Why: in a Zipf stream most ids appear once or twice and never again; a row for each of them costs
+RocksDB space, snapshot bytes and serving memory and learns nothing. Until an id is admitted it reads
+and trains its table's shared row (stored under ``UNADMITTED_ID``, ``store.unadmitted = "shared"``) or
+reads zeros and takes no gradient (``"zero"``); nothing is written under its own id.
+
+Counting: a count-min sketch per table (``DEPTH`` rows of saturating uint8 counters, conservative
+update, no decay) over the ids of each ``apply_gradients`` call, i.e. the training steps an id took
+part in. Estimates only err upwards (collisions), so an id is never admitted later than its true count
+says, and a few are admitted early. The decision for a step is taken before the step's own count is
+added: the step in which an id is seen for the ``admit_min_count``-th time is its first on its own row.
+
+Determinism: the counters are the store's state, written into every checkpoint and at ``close`` and
+read back with it, so a replay from a checkpoint takes the same decisions. In a trainer group the
+rank that owns an id's row counts it, and it sees every step that holds the id, so the counts are the
+ones a single trainer keeps (up to collisions, which only get fewer with more ranks). Every path that
+creates a row outside training (hot-set promotion, ``upsert_rows``, ``import_records``) marks its ids
+admitted, so a stored row is never read as unadmitted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streamrec.foundation import splitmix64
+
+from .store_types import UNADMITTED_ID
+
+__all__ = ["AdmissionCounter", "UNADMITTED_ID"]
+
+DEPTH = 4
+_MULT = tuple(np.uint64(m) for m in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93))
+
+
+class AdmissionCounter:
+    """Training steps per id of one table, approximately, and the admission rule over them."""
+
+    def __init__(self, min_count: int, counter_mb: float, shared: bool):
+        if not 1 <= int(min_count) <= 255:  # 1: every id is admitted, the counts feed LFU eviction only
+            raise ValueError(f"admit_min_count must be in 1..255 for a counter, got {min_count}")
+        self.min_count = int(min_count)
+        self.shared = bool(shared)
+        cells = max(1 << 10, int(counter_mb * (1 << 20)) // DEPTH)
+        bits = cells.bit_length() - 1  # a power of two at most counter_mb
+        self.shift = np.uint64(64 - bits)
+        self.table = np.zeros((DEPTH, 1 << bits), dtype=np.uint8)
+        self.refused = 0  # ids (one per step they appeared in) that read the unadmitted value
+        self.admitted = 0  # ids admitted by their count (their first step on their own row)
+        self._memo: tuple[np.ndarray, np.ndarray] | None = None  # the last lookup's (ids, admitted)
+
+    def _cells(self, ids: np.ndarray) -> list[np.ndarray]:
+        h = splitmix64(np.ascontiguousarray(ids, dtype=np.int64))
+        with np.errstate(over="ignore"):
+            return [((h * m) >> self.shift).astype(np.intp) for m in _MULT]
+
+    def estimate(self, ids: np.ndarray) -> np.ndarray:
+        """Steps each id took part in so far (an upper bound), as int."""
+        if not len(ids):
+            return np.zeros(0, dtype=np.int64)
+        cells = self._cells(ids)
+        out = self.table[0][cells[0]].astype(np.int64)
+        for row, c in zip(self.table[1:], cells[1:]):
+            np.minimum(out, row[c], out=out)
+        return out
+
+    def admitted_mask(self, ids: np.ndarray, training: bool) -> np.ndarray:
+        """Which ids have their own row: counted ``min_count`` times, or (``training``: a step about to be
+        counted) ``min_count - 1`` times. The sentinel id is always its own row."""
+        need = self.min_count - 1 if training else self.min_count
+        ok = self.estimate(ids) >= need
+        ok |= ids == UNADMITTED_ID
+        return ok
+
+    def add(self, ids: np.ndarray) -> None:
+        """Count one step for each of the unique ``ids`` (conservative update: only the cells at the id's
+        current minimum grow, which keeps collisions from inflating other ids' counts)."""
+        if not len(ids):
+            return
+        cells = self._cells(ids)
+        new = np.minimum(self.estimate(ids) + 1, 255).astype(np.uint8)
+        for row, c in zip(self.table, cells):
+            np.maximum.at(row, c, new)
+
+    def mark(self, ids: np.ndarray) -> None:
+        """Count ``ids`` as admitted (their rows exist)."""
+        if not len(ids):
+            return
+        for row, c in zip(self.table, self._cells(ids)):
+            np.maximum.at(row, c, np.uint8(self.min_count))
+
+    # -- one training step: lookup, then apply_gradients ----------------------------------------
+    def decide(self, ids: np.ndarray) -> np.ndarray:
+        """The admitted mask of a training lookup of unique ``ids``, remembered for the apply that follows
+        (the same ids get the same decision even if other steps were counted in between)."""
+        ok = self.admitted_mask(ids, training=True)
+        self._memo = (ids.copy(), ok)
+        self.refused += int(len(ok) - np.count_nonzero(ok))
+        return ok
+
+    def decided(self, ids: np.ndarray) -> np.ndarray:
+        """The mask :meth:`decide` gave these ids, or a fresh decision when the last lookup was of other ids;
+        then counts the step."""
+        memo, self._memo = self._memo, None
+        if memo is not None and np.array_equal(memo[0], ids):
+            ok = memo[1]
+        else:
+            ok = self.admitted_mask(ids, training=True)
+        before = self.estimate(ids)
+        self.admitted += int(np.count_nonzero(ok & (before == self.min_count - 1)))
+        self.add(ids)
+        return ok
+
+    def nbytes(self) -> int:
+        return int(self.table.nbytes)
+
+
+def _unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(sorted unique ids, inverse) of ``ids``; inverse None when ``ids`` already are sorted and unique."""
+    if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return ids, None
+    u, inv = np.unique(ids, return_inverse=True)
+    return u, inv.reshape(-1)
+
+
+def lookup(store, t, ids: np.ndarray):
+    """``EmbeddingStore.lookup`` of a table with admission: admitted ids read their rows, the others the
+    unadmitted value (the shared row, or zeros)."""
+    import torch
+
+    c = t.admission
+    uniq, inv = _unique(ids)
+    ok = c.decide(uniq) | t.hot.mask(uniq)
+    if ok.all():
+        rows = store._get(t.name, uniq, remember=True)
+    elif c.shared:
+        m_uniq, m_inv = np.unique(np.where(ok, uniq, UNADMITTED_ID), return_inverse=True)
+        rows = store._get(t.name, m_uniq, remember=True)[torch.from_numpy(m_inv.reshape(-1)).to(store.device)]
+    else:
+        rows = torch.zeros((len(uniq), t.dim), dtype=torch.float32, device=store.device)
+        keep = np.flatnonzero(ok)
+        if len(keep):
+            rows[torch.from_numpy(keep).to(store.device)] = store._get(t.name, uniq[keep], remember=True)
+    return rows if inv is None else rows[torch.from_numpy(inv).to(store.device)]
+
+
+def apply_gradients(store, t, ids: np.ndarray, grads, apply) -> None:
+    """``EmbeddingStore.apply_gradients`` of a table with admission: the admitted ids' gradients go to their
+    rows; the others' are summed into the shared row (or dropped, ``zero``). ``apply(ids, grads)`` is the
+    plain row-wise update. Counts the step."""
+    import torch
+
+    c = t.admission
+    ok = c.decided(ids) | t.hot.mask(ids)
+    if ok.all():
+        apply(ids, grads)
+    elif c.shared:
+        m_uniq, m_inv = np.unique(np.where(ok, ids, UNADMITTED_ID), return_inverse=True)
+        g = torch.zeros((len(m_uniq), t.dim), dtype=grads.dtype, device=grads.device)
+        g.index_add_(0, torch.from_numpy(m_inv.reshape(-1)).to(grads.device), grads)
+        apply(m_uniq, g)
+    else:
+        keep = np.flatnonzero(ok)
+        if len(keep):
+            apply(ids[keep], grads[torch.from_numpy(keep).to(grads.device)])
+
+
+def save(store, path) -> None:
+    """Every table's counters into ``path`` (npz), beside a checkpoint's rows."""
+    from streamrec.foundation import save_npz
+
+    arrays = {t.name: t.admission.table for t in store.tables.values() if t.admission is not None}
+    if arrays:
+        save_npz(path, arrays)
+
+
+def load(store, path) -> None:
+    """Counters saved by :func:`save`; a table whose counters are missing or of another size keeps fresh ones
+    and has the ids of its stored rows marked admitted instead (so a stored row is never unadmitted)."""
+    from pathlib import Path
+
+    from .export import scan_cold
+
+    have: dict[str, np.ndarray] = {}
+    if Path(path).exists():
+        with np.load(path) as z:
+            have = {k: z[k] for k in z.files}
+    rebuild = []
+    for t in store.tables.values():
+        a = t.admission
+        if a is None:
+            continue
+        got = have.get(t.name)
+        if got is not None and got.shape == a.table.shape and got.dtype == a.table.dtype:
+            a.table[...] = got
+        else:
+            rebuild.append(t)
+    if rebuild:
+        names = {t.name for t in rebuild}
+        for t, ids, _recs in scan_cold(store):
+            if t.name in names:
+                t.admission.mark(ids)
