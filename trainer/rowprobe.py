@@ -59,7 +59,8 @@ class RowSample:
 
 
 def build_row_probe(model, model_cfg, sample: RowSample, precision: str) -> dict[str, Any] | None:
-    """The manifest's ``row_probe`` from the rows ``sample`` kept, or None when it kept none."""
+    """The manifest's ``row_probe`` from the rows ``sample`` kept, or None when it kept none (or the model's
+    scores on them are not finite)."""
     kept = {t: (np.asarray(ids, np.int64), round_trip(np.stack(vecs), precision))
             for t, (ids, vecs) in sample.kept.items() if ids}
     fields = list(model_cfg.field_names)
@@ -91,5 +92,8 @@ def build_row_probe(model, model_cfg, sample: RowSample, precision: str) -> dict
             scores = predict_batch(model, batch, model_cfg, lookup, dev)
     finally:
         model.train(was_training)
-    probe["scores"] = [[float(x) for x in row] for row in np.asarray(scores, dtype=np.float64)]
+    scores = np.asarray(scores, dtype=np.float64)
+    if not np.isfinite(scores).all():  # non-finite weights: serving refuses them on their own, no probe needed
+        return None
+    probe["scores"] = [[float(x) for x in row] for row in scores]
     return probe
