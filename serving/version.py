@@ -715,9 +715,11 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
         version = ServedVersion(manifest, model, store, model_cfg, {k: v.detach().clone() for k, v in state.items()},
                                 vdir, rows_held, device, memory, files, program)
         if manifest.row_probe is not None:  # refused: the except below closes the store and removes vdir
-            from .rowprobe import check_row_probe
+            from .rowprobe import row_probe_problem
 
-            check_row_probe(version, manifest.row_probe)
+            problem = row_probe_problem(version, manifest.row_probe)
+            if problem is not None:
+                raise Refused(problem, code="INVALID_ARGUMENT")
         return version
     except BaseException as e:
         if store is not None:
