@@ -117,3 +117,35 @@ def test_delta_of_another_precision_is_refused(loaded):
     assert not r.ok and r.code == "FAILED_PRECONDITION", r
     assert "row_precision" in r.reason and "full snapshot" in r.reason, r.reason
     still_serving_v1(client, events, want)
+
+
+def test_the_trainers_publisher_sends_int8_rows_with_a_probe_serving_accepts(cfg, tmp_path):
+    """``serving.row_precision = "int8"``: the publisher writes int8 rows and a row probe (a full snapshot,
+    then a delta); serving checks the probe on each and serves them."""
+    from streamrec.serving import ServingClient, SnapshotPusher, serve
+    from streamrec.trainer.snapshots import SnapshotPublisher
+    from tests.helpers.serving import FakeTrainer, make_events
+
+    cfg.serving.push_token = "tok"
+    cfg.serving.row_precision = "int8"
+    trainer = FakeTrainer(cfg, tmp_path)
+    with serve(cfg, device="cpu") as srv:
+        cfg.serving.target = srv.target
+        pub = SnapshotPublisher(cfg, tmp_path / "snapshots", push=True, backoff_s=0.05, max_backoff_s=0.1,
+                                pusher_factory=SnapshotPusher.factory(cfg))
+        try:
+            for version in (1, 2):
+                trainer.step()
+                epoch = trainer.store.checkpoint(str(tmp_path / f"ckpt-{version}"))
+                out = pub.publish(version, epoch, trainer.store, trainer.model, {}, {}, trainer.newest_event_ms)
+                assert out is not None and pub.wait_idle(20)
+                m = json.loads((out / "manifest.json").read_text())
+                assert m["row_precision"] == "int8" and len(m["row_probe"]["events"]) == 8
+                assert pub.version == version, pub.st.last_error
+            assert [k for _, k in pub.st.history] == ["full", "delta"]
+        finally:
+            pub.close()
+        with ServingClient(srv.target) as client:
+            _, v = client.predict(make_events(cfg, 4))
+        assert v == 2
+    trainer.close()
