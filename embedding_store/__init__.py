@@ -4,7 +4,7 @@ Public surface: :class:`EmbeddingStore` (all tables of one model), its errors, t
 cold-tier extension point (:class:`ColdTier`, a Protocol, and its built-in
 :class:`RocksDBColdTier`), and the row rules any replica must share: ``init_rows``
 (deterministic initial rows) and ``adagrad_rows``/``adagrad_rows_np`` (row-wise
-Adagrad). See ``store.py`` for the tiering and durability rules.
+Adagrad); ``lean_settings`` (the admission and row-cap arguments of a ``StoreConfig``). See ``store.py`` for the tiering and durability rules.
 """
 
 from typing import TYPE_CHECKING
@@ -13,6 +13,7 @@ from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .adagrad import adagrad_rows, adagrad_rows_np
+    from .admission import lean_settings
     from .cold import RocksDBColdTier
     from .errors import StoreError, StoreMismatchError
     from .rows import init_rows
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 # lazy: the config imports ``store_types`` (stdlib only) and must not load torch or RocksDB with it
 _EXPORTS = {  # submodule: the public names it defines
     ".adagrad": "adagrad_rows adagrad_rows_np",
+    ".admission": "lean_settings",
     ".cold": "RocksDBColdTier",
     ".errors": "StoreError StoreMismatchError",
     ".rows": "init_rows",

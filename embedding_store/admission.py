@@ -115,6 +115,24 @@ class AdmissionCounter:
         return int(self.table.nbytes)
 
 
+def lean_settings(store_cfg) -> dict:
+    """``EmbeddingStore``'s admission and row-cap arguments from a ``StoreConfig``."""
+    s = store_cfg
+    return dict(admit_min_count=s.admit_min_count, unadmitted=s.unadmitted, admit_counter_mb=s.admit_counter_mb,
+                max_rows=s.max_rows, eviction=s.eviction, lfu_half_life_s=s.lfu_half_life_s, evict_slack=s.evict_slack)
+
+
+def configure(tables, min_count: int, unadmitted: str, counter_mb: float, max_rows: int, eviction: str) -> bool:
+    """Give each table its cap and, when admission or LFU eviction needs them, its counters; True when it did
+    (the caller then loads the saved counts)."""
+    counting = int(min_count) >= 2 or (int(max_rows) > 0 and eviction == "lfu")
+    for t in tables:
+        t.max_rows = max(0, int(max_rows))
+        if counting:
+            t.admission = AdmissionCounter(max(1, int(min_count)), counter_mb, unadmitted == "shared")
+    return counting
+
+
 def _unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """(sorted unique ids, inverse) of ``ids``; inverse None when ``ids`` already are sorted and unique."""
     if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
@@ -144,59 +162,48 @@ def lookup(store, t, ids: np.ndarray):
     return rows if inv is None else rows[torch.from_numpy(inv).to(store.device)]
 
 
-def apply_gradients(store, t, ids: np.ndarray, grads, apply) -> None:
-    """``EmbeddingStore.apply_gradients`` of a table with admission: the admitted ids' gradients go to their
-    rows; the others' are summed into the shared row (or dropped, ``zero``). ``apply(ids, grads)`` is the
-    plain row-wise update. Counts the step."""
+def peek(store, t, ids: np.ndarray):
+    """``EmbeddingStore.peek`` of a table with admission: held rows as stored, every other id the unadmitted
+    value (the shared row, at its init while it is not stored, or zeros)."""
     import torch
 
+    uniq, inv = _unique(ids)
+    rows, held = store.peek_held(t.name, uniq)
+    if not held.all():
+        if t.admission.shared:
+            fill = store._get(t.name, np.array([UNADMITTED_ID], dtype=np.int64), remember=False)[0]
+        else:
+            fill = torch.zeros(t.dim, dtype=rows.dtype, device=rows.device)
+        rows[torch.from_numpy(np.flatnonzero(~held)).to(rows.device)] = fill
+    return rows if inv is None else rows[torch.from_numpy(inv).to(rows.device)]
+
+
+def apply_gradients(store, t, ids: np.ndarray, grads, apply) -> np.ndarray:
+    """``EmbeddingStore.apply_gradients`` of a table with admission: the admitted ids' gradients go to their
+    rows; the others' are summed into the shared row (or dropped, ``zero``). ``apply(ids, grads)`` is the
+    plain row-wise update (which also refuses bad arguments). Counts the step; returns the ids whose rows
+    it wrote (the shared row's ``UNADMITTED_ID`` among them when it took a gradient)."""
+    import torch
+
+    ids = store._unique_ids(t, ids)
+    if isinstance(grads, np.ndarray):
+        grads = torch.from_numpy(grads)
+    if not isinstance(grads, torch.Tensor) or tuple(grads.shape) != (len(ids), t.dim):
+        apply(ids, grads)  # refuses them with the usual message
+        return ids
     c = t.admission
     ok = c.decided(ids) | t.hot.mask(ids)
     if ok.all():
         apply(ids, grads)
-    elif c.shared:
+        return ids
+    if c.shared:
         m_uniq, m_inv = np.unique(np.where(ok, ids, UNADMITTED_ID), return_inverse=True)
         g = torch.zeros((len(m_uniq), t.dim), dtype=grads.dtype, device=grads.device)
         g.index_add_(0, torch.from_numpy(m_inv.reshape(-1)).to(grads.device), grads)
         apply(m_uniq, g)
-    else:
-        keep = np.flatnonzero(ok)
-        if len(keep):
-            apply(ids[keep], grads[torch.from_numpy(keep).to(grads.device)])
+        return m_uniq
+    keep = np.flatnonzero(ok)
+    if len(keep):
+        apply(ids[keep], grads[torch.from_numpy(keep).to(grads.device)])
+    return ids[keep]
 
-
-def save(store, path) -> None:
-    """Every table's counters into ``path`` (npz), beside a checkpoint's rows."""
-    from streamrec.foundation import save_npz
-
-    arrays = {t.name: t.admission.table for t in store.tables.values() if t.admission is not None}
-    if arrays:
-        save_npz(path, arrays)
-
-
-def load(store, path) -> None:
-    """Counters saved by :func:`save`; a table whose counters are missing or of another size keeps fresh ones
-    and has the ids of its stored rows marked admitted instead (so a stored row is never unadmitted)."""
-    from pathlib import Path
-
-    from .export import scan_cold
-
-    have: dict[str, np.ndarray] = {}
-    if Path(path).exists():
-        with np.load(path) as z:
-            have = {k: z[k] for k in z.files}
-    rebuild = []
-    for t in store.tables.values():
-        a = t.admission
-        if a is None:
-            continue
-        got = have.get(t.name)
-        if got is not None and got.shape == a.table.shape and got.dtype == a.table.dtype:
-            a.table[...] = got
-        else:
-            rebuild.append(t)
-    if rebuild:
-        names = {t.name for t in rebuild}
-        for t, ids, _recs in scan_cold(store):
-            if t.name in names:
-                t.admission.mark(ids)

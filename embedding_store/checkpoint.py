@@ -17,7 +17,8 @@ import numpy as np
 
 from streamrec.foundation import save_npz
 
-from . import admission, migration, rowpath
+from . import migration, rowpath
+from .export import scan_cold
 from .cold import read_manifest, write_manifest
 from .errors import StoreError, StoreMismatchError
 
@@ -43,7 +44,7 @@ def checkpoint(store, path: str) -> int:
     store.cold.checkpoint(dest)
     hot = {name: t.hot.slot_ids() for name, t in store.tables.items()}
     save_npz(dest / HOT_FILE, hot)  # not np.savez(**hot): tables may be named "file"
-    admission.save(store, dest / ADMISSION_FILE)
+    save_admission(store, dest / ADMISSION_FILE)
     write_manifest(dest, {**store._manifest, "epoch": epoch, "hot_capacity_rows": store.hot_capacity_rows,
                           "hot_capacity_bytes": store.hot_capacity_bytes})
     store._epoch = epoch
@@ -99,6 +100,37 @@ def restore(cls, checkpoint_path: str, path: str | None = None, **kwargs):
             for t in store.tables.values():
                 t.hot.dirty[:] = False  # identical to the cold tier's copy just read
     return store
+
+
+def save_admission(store, path) -> None:
+    """Every table's counters into ``path`` (npz), beside a checkpoint's rows."""
+    arrays = {t.name: t.admission.table for t in store.tables.values() if t.admission is not None}
+    if arrays:
+        save_npz(path, arrays)
+
+
+def load_admission(store, path) -> None:
+    """Counters saved by :func:`save_admission`; a table whose counters are missing or of another size keeps
+    fresh ones and has the ids of its stored rows marked admitted instead (a stored row is never unadmitted)."""
+    have: dict[str, np.ndarray] = {}
+    if Path(path).exists():
+        with np.load(path) as z:
+            have = {k: z[k] for k in z.files}
+    rebuild = []
+    for t in store.tables.values():
+        a = t.admission
+        if a is None:
+            continue
+        got = have.get(t.name)
+        if got is not None and got.shape == a.table.shape and got.dtype == a.table.dtype:
+            a.table[...] = got
+        else:
+            rebuild.append(t)
+    if rebuild:
+        names = {t.name for t in rebuild}
+        for t, ids, _recs in scan_cold(store):
+            if t.name in names:
+                t.admission.mark(ids)
 
 
 def check_dims(src, manifest: dict, tables) -> None:

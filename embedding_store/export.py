@@ -1,5 +1,6 @@
 """Rows out of and into a store in bulk: Arrow export of changed rows (snapshots), raw
-records with their optimizer state (resharding), and full scans of the cold tier.
+records with their optimizer state (resharding), full scans of the cold tier, which rows are held,
+and deleting rows.
 The functions take the ``EmbeddingStore`` they read or write.
 """
 
@@ -61,6 +62,38 @@ def import_records(store, table: str, ids: np.ndarray, records: np.ndarray) -> N
         t.admission.mark(ids)
     old, found, cslots = rowpath.cold_rows(store, t, ids, touch=False)
     rowpath.store_cold(store, t, ids, records, old, found, cslots)
+
+
+def peek_held(store, table: str, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    """``peek`` of unique ``ids`` and which of them the store holds a row for (a row never stored, or
+    deleted, reads as its init and is not held)."""
+    t = store._table(table)
+    ids = store._unique_ids(t, ids)
+    rows = store._get(table, ids, remember=False)
+    held = t.hot.mask(ids)
+    cold = ~held
+    if cold.any():
+        _, found, _ = rowpath.cold_rows(store, t, ids[cold], touch=False)
+        held[cold] = found
+    return rows, held
+
+
+def delete_rows(store, table: str, ids: np.ndarray) -> int:
+    """Delete the stored rows of unique ``ids`` (not hot); returns how many were stored. Deleted rows read
+    as their init again."""
+    store._writable()
+    t = store._table(table)
+    ids = store._unique_ids(t, ids)
+    if t.hot.mask(ids).any():
+        raise StoreError(f"{table}: delete_rows of hot rows (change the hot set first)")
+    rowpath.drain(store)
+    store._memo, store._pre = {}, {}
+    if t.cache is not None:
+        t.cache.clear()
+    old, found = rowpath.fetch(store, t, ids)
+    if found.any():
+        rowpath.write(store, t, ids[found], None, old[found], found[found])
+    return int(found.sum())
 
 
 def scan_cold(store) -> Iterator[tuple[Table, np.ndarray, np.ndarray]]:

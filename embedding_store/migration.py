@@ -42,6 +42,10 @@ def set_hot(store, hot: dict[str, np.ndarray]) -> dict:
                              f"hot_capacity_bytes={store.hot_capacity_bytes}")
     rowpath.drain(store)
     store._memo, store._pre = {}, {}
+    for name, ids in want.items():  # a promoted row exists from now on: it counts as admitted
+        t = store.tables[name]
+        if t.admission is not None:
+            t.admission.mark(ids)
     stats = {"promoted": 0, "demoted": 0, "kept": 0, "created": 0, "hot_rows": total}
     t0 = time.perf_counter()
     for name, t in store.tables.items():

@@ -13,15 +13,26 @@ import time
 import numpy as np
 import torch
 
-from . import rowpath
+from . import admission, rowpath
 from .adagrad import adagrad_rows, adagrad_rows_np
 from .errors import StoreError
 from .rows import gather, scatter
 
 
-def apply_gradients(store, table: str, ids, grads) -> None:
+def apply_gradients(store, table: str, ids, grads):
     """Row-wise Adagrad on rows ``ids`` (unique) with ``grads [n, dim]`` float32; nothing is
-    applied when a gradient is not finite."""
+    applied when a gradient is not finite. With admission (``admission.py``), an id not admitted yet
+    updates its table's shared row (or nothing) instead of its own, and the ids whose rows were written
+    are returned (None without admission: ``ids``)."""
+    t = store._table(table)
+    if t.admission is None:
+        apply_rows(store, table, ids, grads)
+        return None
+    return admission.apply_gradients(store, t, ids, grads, lambda i, g: apply_rows(store, table, i, g))
+
+
+def apply_rows(store, table: str, ids, grads) -> None:
+    """Row-wise Adagrad on rows ``ids`` themselves (see :func:`apply_gradients`)."""
     store._writable()
     t = store._table(table)
     ids = store._unique_ids(t, ids)

@@ -51,7 +51,6 @@ from streamrec.foundation import hot_budget, hot_row_bytes, resolve_device
 from . import admission as _admission
 from . import checkpoint as _checkpoint
 from . import eviction, export, expiry, migration, optimizer, rowpath
-from .admission import AdmissionCounter
 from . import stats as _stats
 from .cache import HostCache
 from .cold import FORMAT, RocksDBColdTier, check_manifest, read_manifest, write_manifest
@@ -80,9 +79,8 @@ class EmbeddingStore:
     bounds the write-back host cache over all tables (split evenly; 0 = off, every
     cold write goes straight to RocksDB).
 
-    Lean tables: with ``admit_min_count`` >= 2 an id gets its own row only from its ``admit_min_count``-th
-    training step on (``admission.py``; before, it reads and trains the ``unadmitted`` value);
-    ``max_rows`` > 0 caps each table's stored rows (``eviction.py``, swept by :meth:`evict`).
+    Lean tables: ``admit_min_count`` >= 2 gives an id its own row from its ``admit_min_count``-th training step
+    on (``admission.py``); ``max_rows`` > 0 caps each table's stored rows (``eviction.py``, :meth:`evict`).
     """
 
     def __init__(self, path: str, tables: dict[str, int], shards: int = 4, seed: int = 0,
@@ -156,13 +154,8 @@ class EmbeddingStore:
                 raise StoreError(f"table {n!r}: init scale must be in (0, 1000], got {t.init_scale!r}")
         self._by_tag = {t.tag: t for t in self.tables.values()}
         self.eviction, self.lfu_half_life_s, self.evict_slack = str(eviction), float(lfu_half_life_s), float(evict_slack)
-        counting = int(admit_min_count) >= 2 or (int(max_rows) > 0 and self.eviction == "lfu")
-        for t in self.tables.values():
-            t.max_rows = max(0, int(max_rows))
-            if counting:
-                t.admission = AdmissionCounter(max(1, int(admit_min_count)), admit_counter_mb, unadmitted == "shared")
-        if counting:
-            _admission.load(self, self.path / ADMISSION_FILE)
+        if _admission.configure(self.tables.values(), admit_min_count, unadmitted, admit_counter_mb, max_rows, eviction):
+            _checkpoint.load_admission(self, self.path / ADMISSION_FILE)
         if self.host_cache_rows:
             per_table = max(1, self.host_cache_rows // len(self.tables))
             for t in self.tables.values():
@@ -190,15 +183,8 @@ class EmbeddingStore:
         return cls(path or s.path, dict(cfg.model.tables), shards=s.shards, seed=cfg.model.seed, device=device,
                    hot_capacity_rows=budget.rows, hot_capacity_bytes=budget.bytes, lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),
                    block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows, read_only=read_only,
-                   cache_admission=s.cache_admission, cold=cold, **cls.lean_settings(s))
+                   cache_admission=s.cache_admission, cold=cold, **_admission.lean_settings(s))
 
-    @staticmethod
-    def lean_settings(store_cfg) -> dict:
-        """The constructor's admission and cap arguments from a ``StoreConfig``."""
-        s = store_cfg
-        return dict(admit_min_count=s.admit_min_count, unadmitted=s.unadmitted, admit_counter_mb=s.admit_counter_mb,
-                    max_rows=s.max_rows, eviction=s.eviction, lfu_half_life_s=s.lfu_half_life_s,
-                    evict_slack=s.evict_slack)
 
     # -- validation -----------------------------------------------------------------
     def _table(self, table: str) -> Table:
@@ -259,19 +245,18 @@ class EmbeddingStore:
     def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor:
         """Rows of ``ids`` (any order, repeats allowed) as ``[n, dim]`` float32 on the device.
 
-        An unseen id reads as its deterministic init; the row is materialised in RocksDB
-        by its first write (``apply_gradients``/``upsert_rows``/promotion), which is
-        indistinguishable through this API from storing it here and saves one write
-        per new row (new ids are most of the cold traffic under Zipf). Fetched cold
-        rows are kept for the ``apply_gradients`` that usually follows.
+        An unseen id reads as its deterministic init (its row is stored by its first write, which saves a
+        write per new row: most of a Zipf stream's cold traffic); an id not admitted yet reads the unadmitted
+        value. Fetched cold rows are kept for the ``apply_gradients`` that usually follows.
         """
-        t = self._table(table)
-        if t.admission is not None and t.admission.min_count > 1:
+        if (t := self._table(table)).admission is not None and t.admission.min_count > 1:
             return _admission.lookup(self, t, self._ids(t, ids))
         return self._get(table, ids, remember=True)
 
     def peek(self, table: str, ids: np.ndarray) -> torch.Tensor:
-        """Like ``lookup`` but never writes: unseen ids give their init vector."""
+        """Like ``lookup`` but never writes: unseen ids read their init (unadmitted ids: as serving reads them)."""
+        if (t := self._table(table)).admission is not None and t.admission.min_count > 1:
+            return _admission.peek(self, t, self._ids(t, ids))
         return self._get(table, ids, remember=False)
 
     def _get(self, table: str, ids, remember: bool) -> torch.Tensor:
@@ -332,56 +317,21 @@ class EmbeddingStore:
         out[torch.from_numpy(cold_pos).to(self.device)] = cold_rows.to(self.device)
         return out
 
-    def apply_gradients(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> None:
+    def apply_gradients(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> np.ndarray | None:
         """Row-wise Adagrad on rows ``ids`` (unique) with ``grads [n, dim]`` float32 (``optimizer.py``); with
         admission, an unadmitted id's gradient goes to the shared row (or nowhere) instead."""
-        t = self._table(table)
-        if t.admission is None:
-            optimizer.apply_gradients(self, table, ids, grads)
-            return
-        ids = self._unique_ids(t, ids)
-        if isinstance(grads, np.ndarray):
-            grads = torch.from_numpy(grads)
-        if not isinstance(grads, torch.Tensor) or tuple(grads.shape) != (len(ids), t.dim):
-            optimizer.apply_gradients(self, table, ids, grads)  # refuses it with the usual message
-            return
-        _admission.apply_gradients(self, t, ids, grads, lambda i, g: optimizer.apply_gradients(self, table, i, g))
+        return optimizer.apply_gradients(self, table, ids, grads)
 
     def peek_held(self, table: str, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        """``peek`` of unique ``ids`` and which of them the store holds a row for (a row never stored, or
-        deleted, reads as its init and is not held)."""
-        t = self._table(table)
-        ids = self._unique_ids(t, ids)
-        rows = self._get(table, ids, remember=False)
-        held = t.hot.mask(ids)
-        cold = ~held
-        if cold.any():
-            _, found, _ = rowpath.cold_rows(self, t, ids[cold], touch=False)
-            held[cold] = found
-        return rows, held
+        """``peek`` of unique ``ids`` and which of them the store holds a row for (``export.py``)."""
+        return export.peek_held(self, table, ids)
 
     def delete_rows(self, table: str, ids: np.ndarray) -> int:
-        """Delete the stored rows of unique ``ids`` (not hot); returns how many were stored. Deleted rows read
-        as their init again."""
-        self._writable()
-        t = self._table(table)
-        ids = self._unique_ids(t, ids)
-        if t.hot.mask(ids).any():
-            raise StoreError(f"{table}: delete_rows of hot rows (change the hot set first)")
-        rowpath.drain(self)
-        self._memo, self._pre = {}, {}
-        if t.cache is not None:
-            t.cache.clear()
-        old, found = rowpath.fetch(self, t, ids)
-        if found.any():
-            rowpath.write(self, t, ids[found], None, old[found], found[found])
-        return int(found.sum())
+        """Delete the stored rows of unique ``ids`` (not hot); returns how many were stored (``export.py``)."""
+        return export.delete_rows(self, table, ids)
 
     def evict(self, clock: Callable[[], float] = time.time) -> dict[str, np.ndarray]:
-        """Sweep the tables past ``max_rows * (1 + evict_slack)`` back to ``max_rows`` (``eviction.py``);
-        returns the deleted ids per table. Cheap when no table is over: call it as often as convenient."""
-        if not eviction.over_cap(self):
-            return {}
+        """Cut tables past ``max_rows * (1 + evict_slack)`` back to ``max_rows``; the deleted ids per table."""
         return eviction.evict(self, clock=clock)
 
     @contextmanager
@@ -415,7 +365,7 @@ class EmbeddingStore:
             raise StoreError(f"{table}: vectors must have shape ({len(ids)}, {t.dim}), got {v.shape}")
         if len(ids) == 0:
             return
-        if t.admission is not None:
+        if t.admission is not None:  # a row made outside training counts as admitted
             t.admission.mark(ids)
         now = time.time()
         slots = t.hot.find(ids)
@@ -446,10 +396,6 @@ class EmbeddingStore:
         Demoted rows (with their Adagrad state) are written to the cold tier; promoted rows are
         read from it (or initialised). No update is lost.
         """
-        for name, ids in hot.items():
-            t = self.tables.get(name)
-            if t is not None and t.admission is not None and len(ids):
-                t.admission.mark(self._ids(t, ids))
         return migration.set_hot(self, hot)
 
     def hot_row_bytes(self, table: str) -> int:
@@ -508,7 +454,7 @@ class EmbeddingStore:
             if not self.read_only:  # a clean close loses nothing: cached and hot rows go back
                 rowpath.flush_caches(self)
                 migration.write_back_hot(self)
-                _admission.save(self, self.path / ADMISSION_FILE)
+                _checkpoint.save_admission(self, self.path / ADMISSION_FILE)
         finally:
             self._pool.shutdown(wait=True)
             self.cold.close()

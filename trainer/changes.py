@@ -51,8 +51,8 @@ class ChangeJournal:
 
     # -- the writes, noted -----------------------------------------------------
     def apply_gradients(self, table: str, ids: np.ndarray, grads) -> None:
-        self.store.apply_gradients(table, ids, grads)
-        self._note(table, ids)
+        written = self.store.apply_gradients(table, ids, grads)  # with admission: the rows it wrote
+        self._note(table, ids if written is None else written)
 
     def upsert_rows(self, table: str, ids: np.ndarray, vectors) -> None:
         self.store.upsert_rows(table, ids, vectors)

@@ -304,7 +304,7 @@ class TrainerCore:
         """Probabilities ``[B, T]``."""
         self.model.eval()
         try:
-            return predict_batch(self.model, batch, self.cfg.model, self.store.lookup, self.device)
+            return predict_batch(self.model, batch, self.cfg.model, self.store.peek, self.device)
         finally:
             self.model.train()
 
