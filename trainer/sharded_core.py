@@ -72,6 +72,12 @@ class ShardedTrainerCore(TrainerCore):
 
     def __init__(self, cfg, store, device: torch.device, rank: int, world: int, group=None,
                  comm_device: torch.device | str = "cpu"):
+        if cfg.store.admit_min_count >= 2 and cfg.store.unadmitted == "shared" and int(world) > 1:
+            from streamrec.foundation import ConfigError
+
+            # each rank's store would keep a shared row of its own for the ids it owns: not one model any more
+            raise ConfigError("store.unadmitted = \"shared\" needs one trainer; a trainer group admits ids with "
+                              "store.unadmitted = \"zero\" (set it, or store.admit_min_count = 0)")
         super().__init__(cfg, store, device)
         self.rank, self.world, self.group = int(rank), int(world), group
         self.comm = torch.device(comm_device)

@@ -30,11 +30,17 @@ def _cfg(tmp):
     return cfg
 
 
-def _setup(cfg, arch: str = "dlrm", tasks: bool = False, tables: bool = False, fake: bool = False):
+def _setup(cfg, arch: str = "dlrm", tasks: bool = False, tables: bool = False, fake: bool = False,
+           admit: bool = False):
     """``cfg`` for architecture ``arch``; ``tasks``: two tasks, ``click`` and a ``conversion`` of weight 0.5;
     ``tables``: fields of their own widths (user 8, item 24) and two fields sharing one table (tags looks its
-    ids up in category's); ``fake``: a fake-negative stream (the weighted loss, trainer/step.py)."""
+    ids up in category's); ``fake``: a fake-negative stream (the weighted loss, trainer/step.py); ``admit``:
+    ids admitted from their third training step on (store.admit_min_count), the others read zeros (a group
+    admits in zero mode)."""
     from streamrec.foundation.config import TaskSpec
+
+    if admit:
+        cfg.store.admit_min_count, cfg.store.unadmitted = 3, "zero"
 
     cfg.model.architecture, cfg.model.cross_layers = arch, 2
     if fake:
@@ -66,10 +72,10 @@ def _events(cfg, n: int = N_EVENTS):
 
 
 def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False,
-                fake: bool = False):
+                fake: bool = False, admit: bool = False):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-    cfg = _setup(cfg, arch, tasks, tables, fake)
+    cfg = _setup(cfg, arch, tasks, tables, fake, admit)
     torch.manual_seed(0)
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
     core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
@@ -80,7 +86,7 @@ def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, 
     for f, tb in cfg.model.field_tables.items():
         ids = np.unique(synthetic(cfg, N_EVENTS).sparse[f].values)
         mine = ids[owner_of(tb, ids, world) == rank]
-        owned[f] = (mine, store.peek(tb, mine).numpy())
+        owned[f] = (mine, store.peek(tb, mine).numpy(), store.peek_held(tb, mine)[1])
     g = core.group_metrics()
     tasks_figures = core.group_task_figures()  # a collective: every rank calls it
     out = {"tasks": tasks_figures, "auc": g.auc, "logloss": g.logloss, "window_auc": g.window_auc(), "events": core.events, "steps": core.steps, "owned": owned,
@@ -90,8 +96,9 @@ def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, 
     return out
 
 
-def _single(tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False, fake: bool = False):
-    cfg = _setup(_cfg(tmp), arch, tasks, tables, fake)
+def _single(tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False, fake: bool = False,
+            admit: bool = False):
+    cfg = _setup(_cfg(tmp), arch, tasks, tables, fake, admit)
     torch.manual_seed(0)
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / "single"))
     core = TrainerCore(cfg, store, torch.device("cpu"))
@@ -102,15 +109,16 @@ def _single(tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False, 
 @pytest.mark.subprocess
 @GROUP_RUNS_WORKER
 @pytest.mark.parametrize("scenario", ["train", *(f"train_{a}" for a in ARCHS[1:]), "train_two_tasks",
-                                      "train_tables", "train_fake_negative"])
+                                      "train_tables", "train_fake_negative", "train_admission"])
 def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs, scenario):
     """For every built-in architecture, for two tasks (one labelled on a tenth of the events: each task's
     loss is the group's masked sum over the group's batch, not each rank's), for fields of their own widths
     with a shared table and for a fake-negative stream (each event weighed by its detached probability): the
-    same dense weights, rows and AUC as one trainer."""
+    same dense weights, rows and AUC as one trainer. With admission by frequency: the same ids admitted
+    (counted by each id's owner, which sees every step that holds it)."""
     arch = scenario.removeprefix("train_") if scenario in (f"train_{a}" for a in ARCHS) else "dlrm"
     core, store = _single(tmp_path, arch, tasks=scenario == "train_two_tasks", tables=scenario == "train_tables",
-                          fake=scenario == "train_fake_negative")
+                          fake=scenario == "train_fake_negative", admit=scenario == "train_admission")
     assert core.fake_negative == (scenario == "train_fake_negative")
     tables = _setup(_cfg(tmp_path), tables=scenario == "train_tables").model.field_tables
     ranks = group_runs[scenario]
@@ -128,8 +136,12 @@ def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs, scena
     assert sum(r["events"] for r in ranks) == N_EVENTS
     for f, tb in tables.items():  # every row, at its owner, as the single trainer has it
         for r in ranks:
-            ids, rows = r["owned"][f]
+            ids, rows, held = r["owned"][f]
             np.testing.assert_allclose(rows, store.peek(tb, ids).numpy(), atol=1e-4)
+            np.testing.assert_array_equal(held, store.peek_held(tb, ids)[1])  # the same admission decisions
+        if scenario == "train_admission":
+            held_any = np.concatenate([r["owned"][f][2] for r in ranks])
+            assert 0 < held_any.mean() < 1  # some ids admitted, some not: the comparison can fail
     store.close()
 
 
@@ -242,8 +254,24 @@ def group_runs(tmp_path_factory):
         "train_two_tasks": functools.partial(_train_rank, tasks=True),
         "train_tables": functools.partial(_train_rank, tables=True),
         "train_fake_negative": functools.partial(_train_rank, fake=True),
+        "train_admission": functools.partial(_train_rank, admit=True),
         "idle": _idle_rank,
         "poisoned": _poisoned_rank,
         "out_of_step": _out_of_step_rank,
         "config_errors": rank1_config_errors(*SHARED_SETTING_CASES),
     })
+
+
+def test_a_group_refuses_the_shared_unadmitted_row_before_any_collective(tmp_path):
+    """One shared row per rank would split the model: a group admits ids in zero mode, and says so in one line."""
+    from streamrec.foundation import ConfigError
+    from streamrec.trainer.sharded_core import ShardedTrainerCore
+
+    cfg = _cfg(tmp_path)
+    cfg.store.admit_min_count = 2
+    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp_path / "s"))
+    try:
+        with pytest.raises(ConfigError, match='store.unadmitted = "zero"'):
+            ShardedTrainerCore(cfg, store, torch.device("cpu"), 0, 2)  # no process group: nothing else ran
+    finally:
+        store.close()
