@@ -6,7 +6,7 @@ import argparse
 import importlib
 
 NAMES = ["ingest", "store", "sketch", "train", "serve", "fuzz", "scale", "e2e", "freshness", "quality", "merge", "join",
-         "incidents"]
+         "incidents", "tables"]
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:

@@ -52,6 +52,11 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
                   "freshness_p50_s_window", "freshness_p99_s_window", "freshness_p50_s_fake_negative",
                   "freshness_p99_s_fake_negative", "state_bytes_per_impression", "goals"]),
     "incidents": ([], ["served_auc_drop_max", "served_auc_drop_max_unguarded", "pushes_to_hold_max", "drills"]),
+    "tables": ([], ["synthetic", "movielens", "recommended_admit_min_count", "int8_served_auc_diff",
+                    "fp16_served_auc_diff", "int8_table_bytes_ratio", "fp16_table_bytes_ratio", "int8_push_bytes_ratio",
+                    "fp16_push_bytes_ratio", "int8_max_score_diff", "dim32", "cap_rows", "auc_cost_cap_lfu",
+                    "auc_cost_cap_lru", "rows_cap_lfu", "rows_cap_lru", "rows_no_cap", "evicted_lfu", "evicted_lru",
+                    "goals"]),
 }
 BROKER = {"ingest", "merge", "e2e", "freshness", "join"}
 # JSON paths whose null is part of the figure's meaning, not a failed measurement
