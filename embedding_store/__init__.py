@@ -4,7 +4,8 @@ Public surface: :class:`EmbeddingStore` (all tables of one model), its errors, t
 cold-tier extension point (:class:`ColdTier`, a Protocol, and its built-in
 :class:`RocksDBColdTier`), and the row rules any replica must share: ``init_rows``
 (deterministic initial rows) and ``adagrad_rows``/``adagrad_rows_np`` (row-wise
-Adagrad); ``lean_settings`` (the admission and row-cap arguments of a ``StoreConfig``). See ``store.py`` for the tiering and durability rules.
+Adagrad); ``lean_settings`` (the admission and row-cap arguments of a ``StoreConfig``);
+``table_sizes(store)`` (rows and bytes on disk per table). See ``store.py`` for the tiering and durability rules.
 """
 
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .admission import lean_settings
     from .cold import RocksDBColdTier
     from .errors import StoreError, StoreMismatchError
+    from .export import table_sizes
     from .rows import init_rows
     from .store import EmbeddingStore
     from .store_types import ColdTier
@@ -26,6 +28,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".admission": "lean_settings",
     ".cold": "RocksDBColdTier",
     ".errors": "StoreError StoreMismatchError",
+    ".export": "table_sizes",
     ".rows": "init_rows",
     ".store": "EmbeddingStore",
     ".store_types": "ColdTier",

@@ -96,6 +96,29 @@ def delete_rows(store, table: str, ids: np.ndarray) -> int:
     return int(found.sum())
 
 
+def table_sizes(store) -> dict[str, dict[str, int]]:
+    """Per table: ``rows`` stored in the cold tier (a full scan; hot rows have their copy there from the last
+    checkpoint or demotion on), ``row_bytes`` (their keys and records as stored, before RocksDB's compression)
+    and ``disk_bytes``: the store directory's bytes apportioned by each table's share of ``row_bytes`` (RocksDB
+    keeps the tables in the same files, so this is an estimate; the tables' sum is the directory's size)."""
+    from .rows import KEY_BYTES
+
+    out = {name: {"rows": 0, "row_bytes": 0, "disk_bytes": 0} for name in store.tables}
+    for tags, _ids, vals in store.cold.scan():
+        for tag in np.unique(tags):
+            t = store._by_tag.get(int(tag))
+            if t is None:
+                continue
+            sel = np.flatnonzero(tags == tag)
+            out[t.name]["rows"] += len(sel)
+            out[t.name]["row_bytes"] += sum(len(vals[i]) for i in sel.tolist()) + KEY_BYTES * len(sel)
+    total = sum(v["row_bytes"] for v in out.values())
+    disk = sum(f.stat().st_size for f in store.path.rglob("*") if f.is_file())
+    for v in out.values():
+        v["disk_bytes"] = int(round(disk * v["row_bytes"] / total)) if total else 0
+    return out
+
+
 def scan_cold(store) -> Iterator[tuple[Table, np.ndarray, np.ndarray]]:
     """Every row stored in the cold tier, as ``(table, ids, records)`` chunks (a full scan)."""
     for tags, ids, vals in store.cold.scan():

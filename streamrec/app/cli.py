@@ -39,6 +39,7 @@ COMMAND_MODULES = [
     "streamrec.app.demo",
     "streamrec.app.report",
     "streamrec.app.commands.config",
+    "streamrec.app.commands.tables",
     "streamrec.benchmarks.cli",
 ]
 

@@ -161,3 +161,26 @@ def test_a_deleted_row_reads_as_its_init_and_is_not_held(tmp_path):
     assert held.tolist() == [False, True]
     assert torch.equal(rows[0], torch.from_numpy(s.init_rows("u", np.array([1])))[0])
     s.close()
+
+
+def test_streamrec_tables_reports_rows_and_disk_bytes_per_table(tmp_path, capsys):
+    import json
+
+    from streamrec.app.cli import main
+    from streamrec.embedding_store import table_sizes
+
+    s = EmbeddingStore(str(tmp_path / "s"), {"user": 8, "item": 16}, shards=2, host_cache_rows=64)
+    for t, n in (("user", 300), ("item", 100)):
+        ids = np.arange(n, dtype=np.int64)
+        s.lookup(t, ids)
+        s.apply_gradients(t, ids, torch.ones(n, s.tables[t].dim))
+    s.checkpoint(str(tmp_path / "cp"))
+    sizes = table_sizes(s)
+    s.close()
+    assert main(["tables", "--store", str(tmp_path / "cp"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {t: v["rows"] for t, v in out["tables"].items()} == {"user": 300, "item": 100}
+    assert out["tables"]["user"]["row_bytes"] == sizes["user"]["row_bytes"]
+    assert out["tables"]["item"]["disk_bytes"] > 0 and out["tables"]["item"]["dim"] == 16
+    assert main(["tables", "--store", str(tmp_path / "nothing")]) != 0  # one line, no traceback
+    assert "no store at" in capsys.readouterr().err
