@@ -29,7 +29,7 @@ def open_store(cfg, device, restore_from: Path | None):
     the config's (``model.tables``, each once): a checkpoint holding a table at another width is
     refused with a ``StoreMismatchError`` naming it.
     """
-    from streamrec.embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore, lean_settings
 
     if restore_from is not None and (restore_from / STORE).exists():
         s = cfg.store
@@ -38,7 +38,7 @@ def open_store(cfg, device, restore_from: Path | None):
                                       lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),
                                       block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows,
                                       hot_capacity_rows=budget.rows, hot_capacity_bytes=budget.bytes,
-                                      **EmbeddingStore.lean_settings(s))
+                                      **lean_settings(s))
     return EmbeddingStore.from_config(cfg, device)
 
 
