@@ -112,6 +112,8 @@ def test_sigterm_drains_with_final_checkpoint_and_serves_prometheus(topics, tmp_
     cfg.trainer.checkpoint_every_events = 10**9
     cfg.trainer.metrics_port = free_port()
     cfg.store.expire_after_s = 0.001  # the final checkpoint's sweep expires every untouched cold row
+    # lean tables on the live path: ids admitted from their second step, tables capped by eviction sweeps
+    cfg.store.admit_min_count, cfg.store.max_rows = 2, 300
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
     produce(cfg, bootstrap, 8_192)
@@ -141,7 +143,11 @@ def test_sigterm_drains_with_final_checkpoint_and_serves_prometheus(topics, tmp_
         for _t, p, _a, b in r.get("ranges", []):
             trained_to[p] = b
     assert state["events"] == 8_192 and {p: o for _t, p, o in state["offsets"]} == trained_to
-    assert read_jsonl(tmp_path / "metrics.jsonl")[-1]["rows_expired"] > 0
+    last = read_jsonl(tmp_path / "metrics.jsonl")[-1]
+    assert last["rows_expired"] > 0
+    assert last["rows_evicted"] > 0 and last["ids_unadmitted"] > 0
+    assert "streamrec_trainer_rows_evicted_total" in body and "streamrec_trainer_ids_unadmitted_total" in body
+    assert state["rows_evicted"] == last["rows_evicted"]  # the total carries over a resume
 
 
 def test_dead_letters_reach_the_dlq_before_a_checkpoint_moves_past_them(topics, tmp_path, bootstrap):
