@@ -4,7 +4,8 @@ Public surface: :class:`EmbeddingStore` (all tables of one model), its errors, t
 cold-tier extension point (:class:`ColdTier`, a Protocol, and its built-in
 :class:`RocksDBColdTier`), and the row rules any replica must share: ``init_rows``
 (deterministic initial rows) and ``adagrad_rows``/``adagrad_rows_np`` (row-wise
-Adagrad); ``lean_settings`` (the admission and row-cap arguments of a ``StoreConfig``);
+Adagrad); ``lean_settings`` (the admission and row-cap arguments of a ``StoreConfig``) and
+``note_occurrences`` (how often each id occurs in the coming step, for admission);
 ``table_sizes(store)`` (rows and bytes on disk per table). See ``store.py`` for the tiering and durability rules.
 """
 
@@ -14,7 +15,7 @@ from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .adagrad import adagrad_rows, adagrad_rows_np
-    from .admission import lean_settings
+    from .admission import lean_settings, note_occurrences
     from .cold import RocksDBColdTier
     from .errors import StoreError, StoreMismatchError
     from .export import table_sizes
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 # lazy: the config imports ``store_types`` (stdlib only) and must not load torch or RocksDB with it
 _EXPORTS = {  # submodule: the public names it defines
     ".adagrad": "adagrad_rows adagrad_rows_np",
-    ".admission": "lean_settings",
+    ".admission": "lean_settings note_occurrences",
     ".cold": "RocksDBColdTier",
     ".errors": "StoreError StoreMismatchError",
     ".export": "table_sizes",

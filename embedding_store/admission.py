@@ -1,4 +1,4 @@
-"""Admission by frequency: an id gets its own row only once it has been trained ``admit_min_count`` times.
+"""Admission by frequency: an id gets its own row once it has been seen ``admit_min_count`` times.
 
 Why: in a Zipf stream most ids appear once or twice and never again; a row for each of them costs
 RocksDB space, snapshot bytes and serving memory and learns nothing. Until an id is admitted it reads
@@ -6,15 +6,17 @@ and trains its table's shared row (stored under ``UNADMITTED_ID``, ``store.unadm
 reads zeros and takes no gradient (``"zero"``); nothing is written under its own id.
 
 Counting: a count-min sketch per table (``DEPTH`` rows of saturating uint8 counters, conservative
-update, no decay) over the ids of each ``apply_gradients`` call, i.e. the training steps an id took
-part in. Estimates only err upwards (collisions), so an id is never admitted later than its true count
-says, and a few are admitted early. The decision for a step is taken before the step's own count is
-added: the step in which an id is seen for the ``admit_min_count``-th time is its first on its own row.
+update, no decay) of the occurrences of each id in the training steps (``note_occurrences`` tells the
+store how often each id of the coming step occurs in it; a step whose occurrences were not noted counts
+each id once). Estimates only err upwards (collisions), so an id is never admitted later than its true
+count says, and a few are admitted early. A step's own occurrences count for its decision: the step in
+which an id reaches its ``admit_min_count``-th occurrence is its first on its own row, so an id seen
+many times in its first step (a user's burst of events) is admitted at once.
 
 Determinism: the counters are the store's state, written into every checkpoint and at ``close`` and
 read back with it, so a replay from a checkpoint takes the same decisions. In a trainer group the
-rank that owns an id's row counts it, and it sees every step that holds the id, so the counts are the
-ones a single trainer keeps (up to collisions, which only get fewer with more ranks). Every path that
+rank that owns an id's row counts it, with the occurrences every rank sends along with its ids, so the
+counts are the ones a single trainer keeps (up to collisions, which only get fewer with more ranks). Every path that
 creates a row outside training (hot-set promotion, ``upsert_rows``, ``import_records``) marks its ids
 admitted, so a stored row is never read as unadmitted.
 """
@@ -47,7 +49,8 @@ class AdmissionCounter:
         self.table = np.zeros((DEPTH, 1 << bits), dtype=np.uint8)
         self.refused = 0  # ids (one per step they appeared in) that read the unadmitted value
         self.admitted = 0  # ids admitted by their count (their first step on their own row)
-        self._memo: tuple[np.ndarray, np.ndarray] | None = None  # the last lookup's (ids, admitted)
+        self._memo: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # last lookup: ids, admitted, counts
+        self._noted: tuple[np.ndarray, np.ndarray] | None = None  # the coming step's (ids, occurrences)
 
     def _cells(self, ids: np.ndarray) -> list[np.ndarray]:
         h = splitmix64(np.ascontiguousarray(ids, dtype=np.int64))
@@ -64,23 +67,32 @@ class AdmissionCounter:
             np.minimum(out, row[c], out=out)
         return out
 
-    def admitted_mask(self, ids: np.ndarray, training: bool) -> np.ndarray:
-        """Which ids have their own row: counted ``min_count`` times, or (``training``: a step about to be
-        counted) ``min_count - 1`` times. The sentinel id is always its own row."""
-        need = self.min_count - 1 if training else self.min_count
-        ok = self.estimate(ids) >= need
+    def admitted_mask(self, ids: np.ndarray, counts: np.ndarray | int = 0) -> np.ndarray:
+        """Which ids have their own row once ``counts`` more occurrences (a step about to be counted) are
+        added. The sentinel id is always its own row."""
+        ok = self.estimate(ids) + counts >= self.min_count
         ok |= ids == UNADMITTED_ID
         return ok
 
-    def add(self, ids: np.ndarray) -> None:
-        """Count one step for each of the unique ``ids`` (conservative update: only the cells at the id's
-        current minimum grow, which keeps collisions from inflating other ids' counts)."""
+    def add(self, ids: np.ndarray, counts: np.ndarray | int = 1) -> None:
+        """Count ``counts`` occurrences of each of the unique ``ids`` (conservative update: only the cells at
+        the id's current minimum grow, which keeps collisions from inflating other ids' counts)."""
         if not len(ids):
             return
         cells = self._cells(ids)
-        new = np.minimum(self.estimate(ids) + 1, 255).astype(np.uint8)
+        new = np.minimum(self.estimate(ids) + counts, 255).astype(np.uint8)
         for row, c in zip(self.table, cells):
             np.maximum.at(row, c, new)
+
+    def note(self, ids: np.ndarray, counts: np.ndarray) -> None:
+        """How often each of the unique ``ids`` occurs in the coming training step."""
+        self._noted = (np.asarray(ids, dtype=np.int64), np.asarray(counts, dtype=np.int64))
+
+    def _counts(self, ids: np.ndarray) -> np.ndarray:
+        noted = self._noted
+        if noted is not None and np.array_equal(noted[0], ids):
+            return noted[1]
+        return np.ones(len(ids), dtype=np.int64)
 
     def mark(self, ids: np.ndarray) -> None:
         """Count ``ids`` as admitted (their rows exist)."""
@@ -93,8 +105,9 @@ class AdmissionCounter:
     def decide(self, ids: np.ndarray) -> np.ndarray:
         """The admitted mask of a training lookup of unique ``ids``, remembered for the apply that follows
         (the same ids get the same decision even if other steps were counted in between)."""
-        ok = self.admitted_mask(ids, training=True)
-        self._memo = (ids.copy(), ok)
+        counts = self._counts(ids)
+        ok = self.admitted_mask(ids, counts)
+        self._memo = (ids.copy(), ok, counts)
         self.refused += int(len(ok) - np.count_nonzero(ok))
         return ok
 
@@ -103,16 +116,25 @@ class AdmissionCounter:
         then counts the step."""
         memo, self._memo = self._memo, None
         if memo is not None and np.array_equal(memo[0], ids):
-            ok = memo[1]
+            ok, counts = memo[1], memo[2]
         else:
-            ok = self.admitted_mask(ids, training=True)
-        before = self.estimate(ids)
-        self.admitted += int(np.count_nonzero(ok & (before == self.min_count - 1)))
-        self.add(ids)
+            counts = self._counts(ids)
+            ok = self.admitted_mask(ids, counts)
+        self._noted = None
+        self.admitted += int(np.count_nonzero(ok & (self.estimate(ids) < self.min_count)))
+        self.add(ids, counts)
         return ok
 
     def nbytes(self) -> int:
         return int(self.table.nbytes)
+
+
+def note_occurrences(store, table: str, ids: np.ndarray, counts: np.ndarray) -> None:
+    """Tell ``store`` how often each of the unique ``ids`` of ``table`` occurs in the training step whose
+    ``lookup`` comes next (admission counts occurrences, not steps); nothing when the table admits every id."""
+    t = store.tables.get(table)
+    if t is not None and t.admission is not None:
+        t.admission.note(ids, counts)
 
 
 def lean_settings(store_cfg) -> dict:

@@ -266,6 +266,12 @@ class TrainerCore:
 
     def _step(self, sub: EventBatch, uniques) -> np.ndarray:
         t0 = time.perf_counter()
+        if self.cfg.store.admit_min_count >= 2:  # admission counts each id's occurrences in the step
+            from streamrec.embedding_store import note_occurrences
+
+            uniques = uniques if uniques is not None else unique_ids(sub, self.cfg.model)
+            for table, (ids, inverse) in uniques.items():
+                note_occurrences(self.store, table, ids, np.bincount(inverse, minlength=len(ids)))
         try:
             # every table's rows are read before any gradient is applied: the device tier's updates
             # of all tables go out as one batch of kernels at the step's end

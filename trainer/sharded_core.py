@@ -28,6 +28,7 @@ Master weights, the optimizer's state and every owner's rows and Adagrad state s
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Mapping
 
@@ -36,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from streamrec.embedding_store import note_occurrences
 from streamrec.foundation import EventBatch
 from streamrec.foundation.failpoints import hit
 from streamrec.model import pool_sum, task_logits, unique_ids
@@ -90,7 +92,9 @@ class ShardedTrainerCore(TrainerCore):
         self.task_weights = [float(tk.weight) for tk in cfg.model.tasks]
         self.exchange = RowExchange(dict(cfg.model.tables), None, store.lookup, store.apply_gradients,
                                     self.rank, self.world, group, comm_device=self.comm,
-                                    precision=t.exchange_precision)
+                                    precision=t.exchange_precision,
+                                    note=functools.partial(note_occurrences, store)
+                                    if cfg.store.admit_min_count >= 2 else None)
         self._hot_all: dict[str, np.ndarray] = {}  # the whole group's hot set (plans need it; rows live with owners)
         self.steps = 0
         self.windows = 0
@@ -235,7 +239,9 @@ class ShardedTrainerCore(TrainerCore):
         which ranks saw non-finite gradients of their own)``."""
         T = len(self.task_names)
         uniq = unique_ids(sub, self.cfg.model)
-        rows, sizes = self.exchange.fetch({tb: uniq[tb][0] for tb in self.tables}, len(sub))
+        counts = ({tb: np.bincount(uniq[tb][1], minlength=len(uniq[tb][0])) for tb in self.tables}
+                  if self.exchange.note is not None else None)  # admission counts occurrences, at the owners
+        rows, sizes = self.exchange.fetch({tb: uniq[tb][0] for tb in self.tables}, len(sub), counts)
         hit("group.mid_step")  # rows fetched from their owners, gradients not returned
         total = int(sizes.sum())
         no_flags = np.zeros(self.world, bool)

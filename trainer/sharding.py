@@ -139,7 +139,7 @@ class RowExchange:
 
     def __init__(self, tables: Sequence[str] | Mapping[str, int], dim: int | None, lookup: Callable,
                  apply_gradients: Callable, rank: int, world: int, group=None,
-                 comm_device: torch.device | str = "cpu", precision: str = "fp32"):
+                 comm_device: torch.device | str = "cpu", precision: str = "fp32", note: Callable | None = None):
         if precision not in PRECISIONS:
             raise ValueError(f"exchange precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.precision = precision
@@ -158,6 +158,9 @@ class RowExchange:
         self._widths = widths
         self.lookup = lookup
         self.apply_gradients = apply_gradients
+        # note(table, owned unique ids, occurrences in the group's step), called before each owner's lookup when
+        # the store admits ids by frequency: the requesters send their ids' occurrences along
+        self.note = note
         self.rank, self.world = int(rank), int(world)
         self.group = group
         self.comm = torch.device(comm_device)  # where collective buffers live: cpu for gloo, the GPU for NCCL
@@ -198,8 +201,11 @@ class RowExchange:
         local_c = np.cumsum(in_c[r.field]) - 1  # class-local index of each local id (valid where in class)
         return in_c, send_pos, recv_pos, send, recv, owned_c, n_owned, local_c
 
-    def fetch(self, uniques: Mapping[str, np.ndarray], batch_size: int) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    def fetch(self, uniques: Mapping[str, np.ndarray], batch_size: int,
+              occurrences: Mapping[str, np.ndarray] | None = None) -> tuple[dict[str, torch.Tensor], np.ndarray]:
         """Rows for this rank's unique ids of every table; and every rank's batch size this step.
+        ``occurrences``: each unique id's occurrences in this rank's batch, summed per id at its owner and handed to
+        ``note`` (the exchange was built with one); one more all-to-all of the ids' size.
 
         Every table is handled in whole-step numpy/torch ops (one hash for the owners, one sort for the
         distinct ids asked of this rank, one gather of the rows per width); only the store is called per table."""
@@ -242,6 +248,16 @@ class RowExchange:
         bounds = np.searchsorted(sf[first], np.arange(F + 1))
         inverse = np.empty(len(by), np.int64)
         inverse[by] = np.cumsum(first) - 1
+        if self.note is not None:
+            occ = (np.concatenate([np.asarray(occurrences[f], np.int64) for f in self.tables]) if occurrences
+                   else np.ones(len(ids), np.int64))
+            rocc = self._a2a(torch.from_numpy(occ[order].astype(np.int32)), recv, send).cpu().numpy()
+            owned_occ = np.zeros(len(owned_ids), np.int64)
+            np.add.at(owned_occ, inverse, rocc.astype(np.int64))
+            for ti in range(F):
+                if bounds[ti + 1] > bounds[ti]:
+                    self.note(self.tables[ti], owned_ids[bounds[ti]:bounds[ti + 1]],
+                              owned_occ[bounds[ti]:bounds[ti + 1]])
         r = _Route(order, sizes, counts[:, :F], recv_counts, field, rfield, owned_ids, bounds, inverse, batch_sizes)
         out: dict[str, torch.Tensor] = {}
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)

@@ -94,6 +94,21 @@ def test_rows_made_outside_training_count_as_admitted(tmp_path):
     s.close()
 
 
+def test_an_id_seen_often_in_one_step_is_admitted_in_that_step(tmp_path):
+    """Occurrences count, not steps: a burst of one id in its first step gives it its row at once."""
+    from streamrec.embedding_store import note_occurrences
+
+    s = _store(tmp_path / "s", admit_min_count=3)
+    ids = np.array([1, 2], dtype=np.int64)
+    note_occurrences(s, "u", ids, np.array([5, 1]))  # id 1 five times in the step, id 2 once
+    rows = s.lookup("u", ids)
+    s.apply_gradients("u", ids, torch.ones(2, DIM))
+    assert torch.equal(rows[0], torch.from_numpy(s.init_rows("u", ids[:1]))[0])  # its own row, at its init
+    assert _stored(s) == {1, UNADMITTED_ID}
+    assert s.tables["u"].admission.estimate(ids).tolist() == [5, 1]
+    s.close()
+
+
 def test_the_counter_errs_only_upwards_and_saturates():
     c = AdmissionCounter(3, 0.01, shared=True)
     ids = np.arange(5000, dtype=np.int64)
