@@ -207,8 +207,8 @@ class StoreConfig:
     adagrad_lr: float = 0.05  # row-wise Adagrad learning rate of embedding rows
     adagrad_eps: float = 1e-8  # row-wise Adagrad epsilon
     init_scale: float = 0.05  # rows start uniform in [-init_scale, init_scale], for a field with neither expected_ids nor init_scale
-    admit_min_count: int = 0  # an id gets its own row once looked up in this many training steps (0 or 1 = every id at once)
-    unadmitted: Unadmitted = "shared"  # what an id not admitted yet reads and trains: shared (one row per table) | zero (nothing, no gradient)
+    admit_min_count: int = 0  # an id gets its own row once seen this many times in training (0 or 1 = every id at once; 2 on long-tail streams: docs/lean-tables.md)
+    unadmitted: Unadmitted = "zero"  # what an id not admitted yet reads and trains: zero (nothing, no gradient) | shared (one learned row per table; one trainer only)
     admit_counter_mb: float = 8.0  # memory of each table's admission counters (count-min, 1 byte per counter); more = fewer ids admitted by collision
     max_rows: int = 0  # rows each table may hold over all tiers, RocksDB included (0 = no cap); a trainer group's rank holds its share
     eviction: Eviction = "lfu"  # which rows a table over max_rows loses: lfu (fewest lookups, decayed by age) | lru (least recently written)

@@ -268,7 +268,7 @@ def test_a_group_refuses_the_shared_unadmitted_row_before_any_collective(tmp_pat
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
     cfg = _cfg(tmp_path)
-    cfg.store.admit_min_count = 2
+    cfg.store.admit_min_count, cfg.store.unadmitted = 2, "shared"
     store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp_path / "s"))
     try:
         with pytest.raises(ConfigError, match='store.unadmitted = "zero"'):
