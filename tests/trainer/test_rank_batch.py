@@ -38,8 +38,8 @@ def _rank_mode_rank(rank, world, cfg, tmp):
     step_sizes = []  # every rank's events in each step, as the counts message told this rank
     fetch = core.exchange.fetch
 
-    def counting_fetch(uniques, batch_size):
-        rows, sizes = fetch(uniques, batch_size)
+    def counting_fetch(uniques, batch_size, *occurrences):
+        rows, sizes = fetch(uniques, batch_size, *occurrences)
         step_sizes.append(sizes.tolist())
         return rows, sizes
 
