@@ -6,7 +6,7 @@ import argparse
 import importlib
 
 NAMES = ["ingest", "store", "sketch", "train", "serve", "fuzz", "scale", "e2e", "freshness", "quality", "merge", "join",
-         "incidents", "tables"]
+         "incidents", "tables", "cluster"]
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:

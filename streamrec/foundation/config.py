@@ -273,6 +273,7 @@ class TrainerConfig:
     powersgd_start_iter: int = 100  # dense_allreduce_compression=powersgd: applied dense steps summed uncompressed first (torch's start_powerSGD_iter)
     group_batch: GroupBatch = "group"  # trainer groups: what batch_size counts, group (one group step trains batch_size events, batch_size // N per rank: the model one trainer trains) | rank (each rank trains batch_size per step: the global batch is N x batch_size, less CPU per event; learning rates unchanged, see README "Scaling out")
     max_restarts: int = 1000  # times a group restarts from its last checkpoint after a rank dies (torchrun)
+    group_timeout_s: float = 300.0  # a trainer group's collectives and rendezvous store give up on a silent rank after this long (a cut link); the group then restarts from its last checkpoint
     window_batches: int = 8  # an event waits at most batch_size * window_batches arrivals for its hot/cold mini-batch to fill; also the poll size
     hot_wait_batches: float = 2.5  # FAE: a hot event waits at most batch_size * hot_wait_batches arrivals for a full hot mini-batch, else trains with the cold ones in arrival order (>= window_batches: every hot event waits for the hot batch, which may train partial)
     merge_wait_ms: float = 200.0  # ms after which a partition that delivered nothing no longer holds back the merge of partitions by event time (0 = no merge, partition after partition)
@@ -752,6 +753,8 @@ def _validate(obj: Any, prefix: str) -> None:
             bad("ranks", "must be in 1..4096")
         if obj.max_restarts < 0:
             bad("max_restarts", "must be >= 0")
+        if not 5 <= obj.group_timeout_s <= 86_400:
+            bad("group_timeout_s", "must be in 5..86400 seconds")
         if obj.max_events < 0:
             bad("max_events", "must be >= 0 (0 = run forever)")
         if obj.idle_exit_s < 0:

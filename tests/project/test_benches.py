@@ -57,6 +57,9 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
                     "fp16_push_bytes_ratio", "int8_max_score_diff", "dim32", "cap_rows", "auc_cost_cap_lfu",
                     "auc_cost_cap_lru", "rows_cap_lfu", "rows_cap_lru", "rows_no_cap", "evicted_lfu", "evicted_lru",
                     "goals"]),
+    "cluster": ([], ["loopback", "links", "auc_cluster_minus_loopback", "offsets_committed", "kafka_bytes_per_event",
+                     "predicted_vs_measured", "host_loss_detect_s", "host_loss_recover_s", "events_lost",
+                     "events_duplicated", "goals"]),
 }
 BROKER = {"ingest", "merge", "e2e", "freshness", "join"}
 # JSON paths whose null is part of the figure's meaning, not a failed measurement
@@ -64,6 +67,8 @@ NULL_OK = {
     "scale": ("projection[0].",),  # one rank puts nothing on the wire: no network-bound rate to project
     "e2e": ("freshness_p50_s", "freshness_p99_s", "goals["),  # --no-freshness: reported as FAIL with its reason
     "incidents": ("drills[",),  # resumed_after_events: null where promotion did not resume within the run
+    # --tiny: one unshaped link (nothing link-bound to predict) and no host lost, each goal a FAIL naming why
+    "cluster": ("host_loss_", "events_lost", "events_duplicated", "goals["),
 }
 
 
@@ -107,8 +112,18 @@ def test_every_bench_is_in_the_smoke_table():
 @pytest.mark.subprocess
 @pytest.mark.parametrize("name", sorted(set(BENCHES) - BROKER))
 def test_bench_runs_tiny_and_reports_its_goal_figures(name):
+    if name == "cluster":
+        from streamrec.benchmarks import netns
+
+        if netns.available():
+            pytest.skip(f"bench cluster needs network namespaces: {netns.available()}")
     out = _run(name, BENCHES[name][0])
     _check(name, out)
+    if name == "cluster":  # two hosts train the loopback group's model, and every offset ends committed
+        assert abs(out["auc_cluster_minus_loopback"]) <= 0.001 and out["offsets_committed"] is True
+        assert out["links"]["0"]["events"] == out["loopback"]["events"] == 6_000
+        assert out["links"]["0"]["collective_bytes_per_event"] > 0
+        assert all(g["reason"] for g in out["goals"] if g["value"] is None)
     if name == "fuzz":
         assert out["other_exceptions"] == 0 and out["crashes"] == 0
     if name in ("train", "store", "serve"):

@@ -181,7 +181,7 @@ def _run_rank(cfg, args, stop) -> int:
     backend = "nccl" if device.type == "cuda" else "gloo"
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    timeout = datetime.timedelta(seconds=600)
+    timeout = datetime.timedelta(seconds=cfg.trainer.group_timeout_s)  # a silent (cut off) rank fails the step then
     # the rendezvous store outlives a restart: keys of the attempt that died (its ranks' gloo addresses) would
     # be read by the next one and its connections refused, so each attempt gets its own key prefix
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"

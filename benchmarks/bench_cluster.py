@@ -1,0 +1,389 @@
+"""``streamrec bench cluster``: a trainer group across simulated hosts, over shaped links, and a host lost.
+
+The hosts are Linux network namespaces on one machine (``benchmarks/netns.py``: one bridge, a veth link per
+host, shaped each way with a token bucket). Host 0 runs the broker (``EmbeddedBroker`` on its own address);
+the trainer ranks run on hosts 1..N, one per host, each started as a user starts one on a machine of its own:
+``torchrun --nnodes N --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST1:29400 -m streamrec train``
+(``--rdzv-conf is_host=...`` and ``--local-addr`` name the host's address, since the namespaces share the
+machine's hostname). The same synthetic events (the default model) are produced once; every run trains them
+from the start with its own consumer group, store, checkpoints and metrics log.
+
+1. ``loopback``: the N ranks in ONE host (``streamrec train --nproc N``, gloo over that host's loopback): the
+   reference. ``auc_cluster_minus_loopback`` = the N-host run's progressive AUC minus this one's;
+   ``offsets_committed``: the unshaped N-host run committed every partition's offset past its last record,
+   and its final checkpoint holds the same offsets.
+2. Bandwidth: the N-host group with every link at each of ``mbits`` (0 = unshaped). Per run: events/s over
+   the span the metrics log shows training, the group's collective bytes per event (its metrics log), and the
+   Kafka bytes per event (the events' Arrow encoding). The model: each rank sends and receives its share of the
+   collective traffic per event it trains and also receives its events from the broker, so a link of L bytes/s
+   caps the group at ``N x L / (collective + kafka bytes per event)``; ``predicted_events_per_s`` is the smaller
+   of that cap and the unshaped run's rate, and ``predicted_vs_measured`` = predicted / measured at each
+   bandwidth where the cap is the smaller (the link is the bottleneck).
+3. Host loss (``--quick`` and full): the N-host group elastic (``--nnodes 1:N``), ``trainer.group_timeout_s``
+   = ``GROUP_TIMEOUT_S``, checkpoints every ``CHECKPOINT_EVERY_S``; a quarter of the way in, the last host is
+   lost, twice: ``kill`` (SIGKILL to every process it runs) and ``cut`` (its link down: no reset reaches the
+   others). Per way (``host_loss_kill``, ``host_loss_cut``): ``detect_s`` = from the loss to the surviving
+   ranks' restart as a smaller group (its first log line), ``recover_s`` = to training again (the metrics log's
+   events past where they stopped), ``events_lost`` = the events of the records the group's final checkpoint
+   has not consumed (0: every partition's offset at its end), ``events_duplicated`` = events trained minus
+   events produced, against ``duplicates_bound`` (one checkpoint interval at the unshaped rate).
+   ``host_loss_detect_s`` / ``host_loss_recover_s`` are the worse of the two ways, ``events_lost`` their sum.
+
+Goals (``goals``): ``predicted_vs_measured`` within 0.8-1.25 at every link-bound bandwidth,
+``host_loss_detect_s <= 30``, ``events_lost == 0``. Needs root and iproute2 (``netns.available()``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SIZES = {  # events, link Mbit/s (0 = unshaped), ranks, host loss
+    "tiny": (6_000, (0,), 2, False),
+    "quick": (150_000, (0, 1000, 100, 20), 2, True),
+    "full": (400_000, (0, 1000, 100, 50, 20, 10), 2, True),
+}
+PARTITIONS = 4
+RDZV_PORT = 29400
+GROUP_TIMEOUT_S = 15.0  # trainer.group_timeout_s of the host-loss runs: how long a cut link goes unnoticed
+CHECKPOINT_EVERY_S = 2.0  # trainer.checkpoint_every_s of the host-loss runs: what a restart trains again
+TS = re.compile(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(\d{3})")
+
+
+def _streamrec() -> list[str]:
+    return [sys.executable, "-m", "streamrec"]
+
+
+def _records(path: Path) -> list[dict]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def _log_times(path: Path, needle: str) -> list[float]:
+    """Epoch seconds of the log lines of ``path`` holding ``needle`` (python logging's timestamp)."""
+    import datetime
+
+    out = []
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        m = TS.match(line)
+        if m and needle in line:
+            t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1e3
+            out.append(t)
+    return out
+
+
+class ClusterBench:
+    def __init__(self, root: Path, ranks: int, events: int):
+        from .netns import SimulatedCluster
+
+        self.root, self.ranks, self.events = root, ranks, events
+        self.cluster = SimulatedCluster(ranks + 1, root / "hosts")
+        h0 = self.cluster.hosts[0]
+        self.bootstrap = f"{h0.address}:9092"
+        code = ("from streamrec.ingest import EmbeddedBroker; import time; "
+                f"EmbeddedBroker(port=9092, host='{h0.address}').start(); print('broker up', flush=True); "
+                "time.sleep(10**6)")
+        self.cluster.spawn(0, [sys.executable, "-c", code], "broker")
+        deadline = time.monotonic() + 60
+        while "broker up" not in (root / "hosts" / "h0-broker.log").read_text(errors="replace"):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the broker did not start on host 0: " + str(root / "hosts" / "h0-broker.log"))
+            time.sleep(0.2)
+        cfg = self._config("produce")
+        p = self.cluster.spawn(0, [*_streamrec(), "produce", "--synthetic", str(events), "--config", str(cfg),
+                                   "--bootstrap", self.bootstrap, "--quiet"], "produce")
+        if p.wait(300) != 0:
+            raise RuntimeError("producing the events failed: " + str(root / "hosts" / "h0-produce.log"))
+        self.kafka_bytes_per_event = self._kafka_bytes()
+        from streamrec.foundation import load_config
+
+        self.events_per_message = load_config(str(cfg), env={}).kafka.events_per_message
+        self.messages = -(-events // self.events_per_message)  # the producer's records (one Arrow message each)
+
+    def _config(self, name: str, **over) -> Path:
+        import tomli_w
+
+        from streamrec.foundation import load_config
+
+        d = self.root / name
+        d.mkdir(parents=True, exist_ok=True)
+        cfg = load_config(None, {
+            "kafka.events_topic": "events", "kafka.partitions": PARTITIONS, "kafka.trainer_group": f"trainer-{name}",
+            "trainer.device": "cpu", "trainer.idle_exit_s": 6.0, "trainer.checkpoint_every_s": 5.0,
+            "trainer.log_every_s": 0.5, "trainer.log_path": str(d / "metrics.jsonl"),
+            "trainer.checkpoint_dir": str(d / "ckpt"), "trainer.snapshot_dir": str(d / "snapshots"),
+            "trainer.trace_path": str(d / "trace.jsonl"), "trainer.snapshot_every": 0,
+            "serving.push_every_s": 0.0, "store.path": str(d / "store"), "hot.budget_rows": 2_000,
+            "generator.events": self.events, **over}, env={})
+        path = d / "config.toml"
+        path.write_text(tomli_w.dumps(cfg.to_dict()))
+        return path
+
+    def _kafka_bytes(self) -> float:
+        """Bytes of one event on the wire from the broker: the Arrow messages of the same synthetic events."""
+        from streamrec.foundation import load_config
+        from streamrec.foundation import EventSchema
+        from streamrec.ingest import SyntheticStream, encode_messages
+
+        cfg = load_config(str(self.root / "produce" / "config.toml"), env={})
+        schema = EventSchema.from_config(cfg)
+        n = min(self.events, 20_000)
+        total = 0
+        for b in SyntheticStream(cfg).batches(n):
+            total += sum(len(m) for m in encode_messages(b, schema, "arrow", cfg.kafka.events_per_message))
+        return total / n
+
+    def _group_cmd(self, host: int, cfg: Path, nnodes: str) -> list[str]:
+        h1 = self.cluster.hosts[1]
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{h1.address}:{RDZV_PORT}",
+                # the namespaces share the machine's hostname: say which host holds the rendezvous store; a lost
+                # host's rendezvous slot is dropped after 3 missed 2 s heartbeats, and a smaller group forms 2 s later
+                "--rdzv-conf", f"is_host={'true' if host == 1 else 'false'},last_call_timeout=2,"
+                               "keep_alive_interval=2,keep_alive_max_attempt=3",
+                "--local-addr", self.cluster.hosts[host].address, "--max-restarts", "5", "--monitor-interval", "1",
+                "-m", "streamrec", "train", "--config", str(cfg), "--bootstrap", self.bootstrap, "--no-progress"]
+
+    def run_group(self, name: str, mbit: float, timeout_s: float = 600.0) -> dict:
+        """The N-host group over links at ``mbit`` (0: unshaped), to the end of the events."""
+        self.cluster.shape(mbit)
+        cfg = self._config(name)
+        env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+        procs = [self.cluster.spawn(h, self._group_cmd(h, cfg, str(self.ranks)), f"train-{name}", env=env)
+                 for h in range(1, self.ranks + 1)]
+        self._wait(procs, timeout_s, name)
+        return self._figures(name)
+
+    def run_loopback(self) -> dict:
+        """The N ranks in host 1 alone, over its loopback (``streamrec train --nproc N``)."""
+        cfg = self._config("loopback", **{"trainer.ranks": self.ranks})
+        p = self.cluster.spawn(1, [*_streamrec(), "train", "--nproc", str(self.ranks), "--config", str(cfg),
+                                   "--bootstrap", self.bootstrap, "--no-progress"], "train-loopback",
+                               env={"OMP_NUM_THREADS": "1"})
+        self._wait([p], 600, "loopback")
+        return self._figures("loopback")
+
+    def _wait(self, procs, timeout_s: float, name: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            left = max(1.0, deadline - time.monotonic())
+            try:
+                rc = p.wait(left)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"run {name} did not finish in {timeout_s:.0f} s; logs in {self.root / 'hosts'}")
+            if rc != 0:
+                raise RuntimeError(f"run {name}: a rank exited {rc}; logs in {self.root / 'hosts'}")
+
+    def _figures(self, name: str) -> dict:
+        recs = [r for r in _records(self.root / name / "metrics.jsonl") if "events" in r]
+        if not recs:
+            raise RuntimeError(f"run {name} wrote no metrics")
+        moving = [r for r in recs if r["events"] > 0]
+        final = moving[-1]["events"]
+        # steady state: the intervals between two records that both fall inside the training (the first record
+        # comes only after the first window trained, the last one after the stream ran dry)
+        steady = [(b["events"] - a["events"], b["ts"] - a["ts"]) for a, b in zip(moving, moving[1:])
+                  if b["events"] < final and b["ts"] > a["ts"]]
+        if len(steady) >= 2:
+            rate = sum(n for n, _ in steady) / sum(t for _, t in steady)
+        else:  # too short a run for a steady state: the trainer's own rate over its busiest logged interval
+            rate = max(float(r.get("events_per_s") or 0.0) for r in moving)
+        weighted, seen, prev = 0.0, 0, 0
+        for r in recs:
+            dn = r["events"] - prev
+            b = r.get("collective_bytes_per_event")
+            if dn > 0 and isinstance(b, (int, float)) and b == b:
+                weighted += b * dn
+                seen += dn
+            prev = r["events"]
+        return {"events": int(recs[-1]["events"]), "auc": float(recs[-1]["auc"]), "events_per_s": rate,
+                "collective_bytes_per_event": weighted / seen if seen else float("nan")}
+
+    def host_loss(self, how: str = "kill", timeout_s: float = 600.0) -> dict:
+        """Lose the last host mid-run, ``how``: ``kill`` (SIGKILL to every process it runs) or ``cut`` (its link
+        taken down: nothing it sends arrives, nobody gets a reset); the others go on as a smaller group."""
+        self.cluster.shape(0)
+        name = f"loss-{how}"
+        cfg = self._config(name, **{"trainer.group_timeout_s": GROUP_TIMEOUT_S,
+                                    "trainer.checkpoint_every_s": CHECKPOINT_EVERY_S})
+        env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+        last = self.ranks
+        procs = {h: self.cluster.spawn(h, self._group_cmd(h, cfg, f"1:{self.ranks}"), f"train-{name}", env=env)
+                 for h in range(1, self.ranks + 1)}
+        metrics = self.root / name / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while not any(r.get("events", 0) >= self.events // 4 for r in _records(metrics)):  # a quarter trained
+            if time.monotonic() > deadline or procs[1].poll() is not None:
+                raise RuntimeError(f"the host-loss run did not get going; logs in {self.root / 'hosts'}")
+            time.sleep(0.2)
+        stopped_at = max(r["events"] for r in _records(metrics))
+        killed = time.time()
+        if how == "kill":
+            self.cluster.kill_host(last)
+        else:
+            self.cluster.cut(last)
+        rest = [procs[h] for h in range(1, last)]
+        try:
+            self._wait(rest, timeout_s, name)
+        finally:
+            self.cluster.kill_host(last)  # a cut host's ranks wait for a group they cannot reach
+        restarts = [t for h in range(1, last) for t in _log_times(self.root / "hosts" / f"h{h}-train-{name}.log",
+                                                                  "trainer group restarted") if t > killed]
+        resumed = [r["ts"] for r in _records(metrics) if r["ts"] > killed and r["events"] > stopped_at]
+        behind = self.messages - sum(self.checkpoint_offsets(name))
+        trained = sum(r.get("events", 0) for p in (self.root / name).glob("trace.jsonl*")
+                      for r in _records(p) if "ranges" in r)
+        return {"detect_s": (min(restarts) - killed) if restarts else None,
+                "recover_s": (resumed[0] - killed) if resumed else None, "events_at_loss": stopped_at,
+                # records (Arrow messages) the final checkpoint has not consumed, in events at most
+                "events_lost": behind * self.events_per_message,
+                "events_duplicated": max(0, trained - self.events) if trained else None}
+
+    def committed(self, group: str) -> list[int]:
+        """Consumer group ``group``'s committed offset of every partition of the events topic, asked from host 1
+        (the broker is reachable from the hosts only)."""
+        code = ("import json\nfrom kafka import KafkaConsumer, TopicPartition\n"
+                f"c = KafkaConsumer(bootstrap_servers='{self.bootstrap}', group_id='{group}', enable_auto_commit=False)\n"
+                f"print(json.dumps([c.committed(TopicPartition('events', p)) or 0 for p in range({PARTITIONS})]))\n"
+                "c.close()")
+        out = subprocess.run(["ip", "netns", "exec", self.cluster.hosts[1].ns, sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"reading the offsets of {group} failed: {out.stderr[-500:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def checkpoint_offsets(self, name: str) -> list[int]:
+        """Every partition's offset in run ``name``'s newest complete checkpoint."""
+        from streamrec.trainer.checkpoint import latest_checkpoint, read_checkpoint
+
+        latest = latest_checkpoint(str(self.root / name / "ckpt"))
+        if latest is None:
+            return [0] * PARTITIONS
+        state, _ = read_checkpoint(latest)
+        by = {int(p): int(o) for _t, p, o in state["offsets"]}
+        return [by.get(p, 0) for p in range(PARTITIONS)]
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+def goals(r: dict) -> list[dict]:
+    out = []
+    bound = [(m, x) for m, x in r["links"].items() if x.get("link_bound")]
+    vals = [x["predicted_vs_measured"] for _m, x in bound]
+    ok = bool(vals) and all(0.8 <= v <= 1.25 for v in vals)
+    out.append({"goal": "predicted_vs_measured in 0.8-1.25 where the link is the bottleneck",
+                "key": "predicted_vs_measured", "value": vals or None, "status": "PASS" if ok else "FAIL",
+                "ok": ok, "reason": "" if vals else "no shaped link was the bottleneck"})
+    for key, test, goal in (("host_loss_detect_s", lambda v: v <= 30, "host_loss_detect_s <= 30"),
+                            ("events_lost", lambda v: v == 0, "events_lost == 0")):
+        v = r.get(key)
+        ok = v is not None and test(v)
+        out.append({"goal": goal, "key": key, "value": v, "status": "PASS" if ok else "FAIL", "ok": ok,
+                    "reason": "" if v is not None else "not measured at this size"})
+    return out
+
+
+def _s(v) -> str:
+    return "never" if v is None else f"{v:.1f} s"
+
+
+def run(size: str) -> dict:
+    from .netns import available
+
+    why = available()
+    if why:
+        raise RuntimeError(f"streamrec bench cluster needs network namespaces: {why}")
+    events, mbits, ranks, loss = SIZES[size]
+    root = Path(tempfile.mkdtemp(prefix="streamrec-bench-cluster-"))
+    t0 = time.perf_counter()
+    b = ClusterBench(root, ranks, events)
+    r: dict = {"size": size, "ranks": ranks, "events": events, "kafka_bytes_per_event": b.kafka_bytes_per_event}
+    try:
+        print(f"cluster bench: {ranks} trainer hosts + a broker host, {events:,} events, "
+              f"{b.kafka_bytes_per_event:.0f} Kafka B/event", flush=True)
+        lb = b.run_loopback()
+        print(f"  loopback ({ranks} ranks, one host)  AUC {lb['auc']:.5f}  {lb['events_per_s']:,.0f} events/s", flush=True)
+        r["loopback"] = lb
+        links = {}
+        for m in mbits:
+            x = b.run_group(f"link-{m}", m)
+            links[str(m)] = x
+            print(f"  {ranks} hosts, link {m or 'unshaped'} Mbit/s  AUC {x['auc']:.5f}  {x['events_per_s']:,.0f} "
+                  f"events/s  collective {x['collective_bytes_per_event']:,.0f} B/event", flush=True)
+        base = links[str(mbits[0])]
+        r["auc_cluster_minus_loopback"] = base["auc"] - lb["auc"]
+        committed = b.committed(f"trainer-link-{mbits[0]}")
+        # every record trained and its offset committed, as far as the final checkpoint says
+        r["offsets_committed"] = bool(sum(committed) == b.messages and committed == b.checkpoint_offsets(
+            f"link-{mbits[0]}"))
+        for m, x in links.items():
+            if float(m) <= 0:
+                continue
+            per_event = x["collective_bytes_per_event"] + b.kafka_bytes_per_event
+            cap = ranks * float(m) * 1e6 / 8 / per_event
+            x["link_cap_events_per_s"] = cap
+            x["link_bound"] = cap < base["events_per_s"]
+            x["predicted_events_per_s"] = min(cap, base["events_per_s"])
+            x["predicted_vs_measured"] = x["predicted_events_per_s"] / x["events_per_s"]
+            print(f"  link {m} Mbit/s: predicted {x['predicted_events_per_s']:,.0f} events/s (link cap {cap:,.0f}), "
+                  f"measured {x['events_per_s']:,.0f}: {x['predicted_vs_measured']:.2f}x"
+                  f"{' (link-bound)' if x['link_bound'] else ''}", flush=True)
+        r["links"] = links
+        r["predicted_vs_measured"] = {m: x["predicted_vs_measured"] for m, x in links.items() if x.get("link_bound")}
+        r.update({"host_loss_detect_s": None, "host_loss_recover_s": None, "events_lost": None,
+                  "events_duplicated": None})
+        if loss:
+            bound = base["events_per_s"] * CHECKPOINT_EVERY_S  # one checkpoint interval's events
+            r["duplicates_bound"] = bound
+            for how in ("kill", "cut"):
+                x = b.host_loss(how)
+                r[f"host_loss_{how}"] = x
+                print(f"  host lost ({how}): a smaller group formed after {_s(x['detect_s'])}, training again after "
+                      f"{_s(x['recover_s'])}; events lost {x['events_lost']}, trained twice {x['events_duplicated']} "
+                      f"(one checkpoint interval: {bound:,.0f})", flush=True)
+            worst = [r[f"host_loss_{h}"] for h in ("kill", "cut")]
+            det = [x["detect_s"] for x in worst]
+            rec = [x["recover_s"] for x in worst]
+            r["host_loss_detect_s"] = None if None in det else max(det)
+            r["host_loss_recover_s"] = None if None in rec else max(rec)
+            r["events_lost"] = sum(x["events_lost"] for x in worst)
+            r["events_duplicated"] = max((x["events_duplicated"] or 0) for x in worst)
+    finally:
+        b.close()
+    r["seconds"] = round(time.perf_counter() - t0, 1)
+    shutil.rmtree(root, ignore_errors=True)
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="streamrec bench cluster", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="150k events, links 1000/100/20 Mbit/s, a host lost")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run: checks the bench works, its figures mean little")
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = ap.parse_args(argv or [])
+    size = "tiny" if args.tiny else "quick" if args.quick else "full"
+    r = run(size)
+    gs = goals(r)
+    for g in gs:
+        print(f"  goal {g['status']}: {g['goal']} ({g['key']} = {g['value']}){'; ' + g['reason'] if g['reason'] else ''}")
+    r["goals"] = gs
+    results = Path(__file__).resolve().parent / "results"
+    if size != "tiny" and results.is_dir():
+        (results / f"cluster-{size}.json").write_text(json.dumps(r, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(r))
+    return 0
