@@ -18,6 +18,8 @@ from streamrec.foundation import ConfigError, load_config
 from streamrec.ingest import KafkaSecurityError, client_settings, redacted
 from streamrec.ingest.kafka_clients import PASSWORD_ENV
 
+from tests.helpers.source import parse
+
 SECRET = "s3cr3t-Pa55"
 
 
@@ -253,7 +255,7 @@ def test_no_client_is_built_outside_the_settings():
     bare = []
     for d in ("ingest", "sketch", "trainer", "serving", "embedding_store", "streamrec", "benchmarks"):
         for path in (root / d).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for node in ast.walk(parse(path)):
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                         and node.func.id in ("KafkaConsumer", "KafkaProducer", "KafkaAdminClient")
                         and not any(kw.arg is None for kw in node.keywords)):  # no **settings / **opts

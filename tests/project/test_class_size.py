@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.helpers.source import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("ingest", "trainer", "embedding_store", "serving", "sketch", "streamrec")
 MAX_LINES = 400
@@ -19,7 +21,7 @@ def oversized(paths, limit: int = MAX_LINES) -> list[str]:
     for p in paths:
         if "_pb2" in p.name:
             continue
-        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+        for node in ast.walk(parse(p)):
             if isinstance(node, ast.ClassDef):
                 n = node.end_lineno - node.lineno + 1
                 if n > limit:
