@@ -20,9 +20,12 @@ from the start with its own consumer group, store, checkpoints and metrics log.
    of that cap and the unshaped run's rate, and ``predicted_vs_measured`` = predicted / measured at each
    bandwidth where the cap is the smaller (the link is the bottleneck).
 3. Host loss (``--quick`` and full): the N-host group elastic (``--nnodes 1:N``), ``trainer.group_timeout_s``
-   = ``GROUP_TIMEOUT_S``, checkpoints every ``CHECKPOINT_EVERY_S``; a quarter of the way in, the last host is
-   lost, twice: ``kill`` (SIGKILL to every process it runs) and ``cut`` (its link down: no reset reaches the
-   others). Per way (``host_loss_kill``, ``host_loss_cut``): ``detect_s`` = from the loss to the surviving
+   = ``GROUP_TIMEOUT_S``, checkpoints every ``CHECKPOINT_EVERY_S``, links at ``LOSS_MBIT`` (0: unshaped),
+   serving on host 0 (pushed to every second) with a prober calling Predict every 50 ms; at ``LOSS_PHASES`` of
+   the first checkpoint interval after training began, the last host is lost: ``kill`` (SIGKILL to every process it runs) or ``cut``
+   (its link down: no reset reaches the others). Per run (``host_loss_<how>_<percent>``): ``predict_failed``
+   (calls that failed after the first answer), ``predict_max_gap_s``, ``served_versions`` (first and last
+   version answered), ``detect_s`` = from the loss to the surviving
    ranks' restart as a smaller group (its first log line), ``recover_s`` = to training again (the metrics log's
    events past where they stopped), ``events_lost`` = the events of the records the group's final checkpoint
    has not consumed (0: every partition's offset at its end), ``events_duplicated`` = events trained minus
@@ -54,6 +57,8 @@ PARTITIONS = 4
 RDZV_PORT = 29400
 GROUP_TIMEOUT_S = 15.0  # trainer.group_timeout_s of the host-loss runs: how long a cut link goes unnoticed
 CHECKPOINT_EVERY_S = 2.0  # trainer.checkpoint_every_s of the host-loss runs: what a restart trains again
+LOSS_PHASES = (0.1, 0.5, 0.9)  # where in a checkpoint interval the host is lost
+LOSS_MBIT = 0  # the links of the host-loss runs: unshaped (host 0's link carries the broker's and serving's traffic)
 TS = re.compile(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(\d{3})")
 
 
@@ -212,23 +217,42 @@ class ClusterBench:
         return {"events": int(recs[-1]["events"]), "auc": float(recs[-1]["auc"]), "events_per_s": rate,
                 "collective_bytes_per_event": weighted / seen if seen else float("nan")}
 
-    def host_loss(self, how: str = "kill", timeout_s: float = 600.0) -> dict:
-        """Lose the last host mid-run, ``how``: ``kill`` (SIGKILL to every process it runs) or ``cut`` (its link
-        taken down: nothing it sends arrives, nobody gets a reset); the others go on as a smaller group."""
-        self.cluster.shape(0)
-        name = f"loss-{how}"
+    def host_loss(self, how: str, phase: float, timeout_s: float = 600.0) -> dict:
+        """Lose the last host mid-run, ``phase`` of a checkpoint interval after a checkpoint, ``how``: ``kill``
+        (SIGKILL to every process it runs) or ``cut`` (its link down: nothing it sends arrives, nobody gets a
+        reset). The others go on as a smaller group. Serving runs on host 0 (the trainer pushes to it every
+        second) and a prober there calls Predict every 50 ms throughout."""
+        self.cluster.shape(LOSS_MBIT)
+        name = f"loss-{how}-{int(phase * 100)}"
+        h0 = self.cluster.hosts[0]
+        port = 50051 + len(list(self.root.glob("loss-*")))
+        target = f"{h0.address}:{port}"
         cfg = self._config(name, **{"trainer.group_timeout_s": GROUP_TIMEOUT_S,
-                                    "trainer.checkpoint_every_s": CHECKPOINT_EVERY_S})
+                                    "trainer.checkpoint_every_s": CHECKPOINT_EVERY_S, "trainer.snapshot_every": 1,
+                                    "serving.push_every_s": 1.0, "serving.target": target,
+                                    "serving.host": h0.address, "serving.port": port, "serving.push_token": "bench",
+                                    "serving.data_dir": str(self.root / name / "serving")})
+        server = self.cluster.spawn(0, [*_streamrec(), "serve", "--config", str(cfg)], f"serve-{name}")
+        stop, probe_out = self.root / name / "stop-probe", self.root / name / "probe.json"
+        prober = self.cluster.spawn(0, [sys.executable, "-c", PROBER, target, str(cfg), str(stop), str(probe_out)],
+                                    f"probe-{name}")
         env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
         last = self.ranks
         procs = {h: self.cluster.spawn(h, self._group_cmd(h, cfg, f"1:{self.ranks}"), f"train-{name}", env=env)
                  for h in range(1, self.ranks + 1)}
+        logs = [self.root / "hosts" / f"h{h}-train-{name}.log" for h in range(1, last + 1)]
         metrics = self.root / name / "metrics.jsonl"
         deadline = time.monotonic() + 180
-        while not any(r.get("events", 0) >= self.events // 4 for r in _records(metrics)):  # a quarter trained
+        while not (any(r.get("events", 0) > 0 for r in _records(metrics))
+                   and (self.root / name / "probe.ready").exists()):  # training, and serving answers
             if time.monotonic() > deadline or procs[1].poll() is not None:
                 raise RuntimeError(f"the host-loss run did not get going; logs in {self.root / 'hosts'}")
-            time.sleep(0.2)
+            time.sleep(0.1)
+        ckpts = lambda: sorted(t for lg in logs for t in _log_times(lg, "checkpoint "))  # noqa: E731
+        seen = len(ckpts())
+        while len(ckpts()) == seen and time.monotonic() < deadline:  # the next checkpoint starts the cycle
+            time.sleep(0.05)
+        time.sleep(phase * CHECKPOINT_EVERY_S)
         stopped_at = max(r["events"] for r in _records(metrics))
         killed = time.time()
         if how == "kill":
@@ -238,19 +262,27 @@ class ClusterBench:
         rest = [procs[h] for h in range(1, last)]
         try:
             self._wait(rest, timeout_s, name)
+            time.sleep(2.5)  # the final push reaches serving
         finally:
             self.cluster.kill_host(last)  # a cut host's ranks wait for a group they cannot reach
-        restarts = [t for h in range(1, last) for t in _log_times(self.root / "hosts" / f"h{h}-train-{name}.log",
-                                                                  "trainer group restarted") if t > killed]
+            stop.touch()
+            prober.wait(30)
+            server.terminate()
+            server.wait(30)
+        restarts = [t for lg in logs[:-1] for t in _log_times(lg, "trainer group restarted") if t > killed]
         resumed = [r["ts"] for r in _records(metrics) if r["ts"] > killed and r["events"] > stopped_at]
         behind = self.messages - sum(self.checkpoint_offsets(name))
         trained = sum(r.get("events", 0) for p in (self.root / name).glob("trace.jsonl*")
                       for r in _records(p) if "ranges" in r)
-        return {"detect_s": (min(restarts) - killed) if restarts else None,
+        probe = json.loads(probe_out.read_text()) if probe_out.exists() else {}
+        return {"after_end": stopped_at >= self.events,  # every event trained before the loss: nothing to measure
+                "detect_s": (min(restarts) - killed) if restarts else None,
                 "recover_s": (resumed[0] - killed) if resumed else None, "events_at_loss": stopped_at,
                 # records (Arrow messages) the final checkpoint has not consumed, in events at most
                 "events_lost": behind * self.events_per_message,
-                "events_duplicated": max(0, trained - self.events) if trained else None}
+                "events_duplicated": max(0, trained - self.events) if trained else None,
+                "predict_ok": probe.get("ok"), "predict_failed": probe.get("failed"),
+                "predict_max_gap_s": probe.get("max_gap_s"), "served_versions": probe.get("versions")}
 
     def committed(self, group: str) -> list[int]:
         """Consumer group ``group``'s committed offset of every partition of the events topic, asked from host 1
@@ -295,6 +327,38 @@ def goals(r: dict) -> list[dict]:
         out.append({"goal": goal, "key": key, "value": v, "status": "PASS" if ok else "FAIL", "ok": ok,
                     "reason": "" if v is not None else "not measured at this size"})
     return out
+
+
+PROBER = """
+import json, sys, time
+from pathlib import Path
+from streamrec.foundation import load_config
+from streamrec.serving import ServingClient
+target, cfg, stop, out = sys.argv[1], load_config(sys.argv[2], env={}), Path(sys.argv[3]), Path(sys.argv[4])
+events = [{"dense": [0.1] * cfg.model.dense_dim, "sparse": {f: [i] for f in cfg.model.field_names}} for i in range(8)]
+ok = failed = 0
+versions, last_ok, gap = [], None, 0.0
+client = ServingClient(target, timeout=2.0, token=cfg.serving.predict_token)
+while not stop.exists():
+    try:
+        _, v = client.predict(events)
+    except Exception:
+        if last_ok is not None:
+            failed += 1
+        time.sleep(0.05)
+        continue
+    now = time.monotonic()
+    if last_ok is None:
+        (out.parent / "probe.ready").touch()
+    else:
+        gap = max(gap, now - last_ok)
+    last_ok, ok = now, ok + 1
+    if not versions or versions[-1] != v:
+        versions.append(v)
+    time.sleep(0.05)
+out.write_text(json.dumps({"ok": ok, "failed": failed, "max_gap_s": gap, "versions": [versions[0], versions[-1]]
+                           if versions else None, "version_changes": len(versions)}))
+"""  # Predict every 50 ms from host 0 until the stop file exists; failures counted from the first answer on
 
 
 def _s(v) -> str:
@@ -349,19 +413,26 @@ def run(size: str) -> dict:
         if loss:
             bound = base["events_per_s"] * CHECKPOINT_EVERY_S  # one checkpoint interval's events
             r["duplicates_bound"] = bound
+            worst = []
             for how in ("kill", "cut"):
-                x = b.host_loss(how)
-                r[f"host_loss_{how}"] = x
-                print(f"  host lost ({how}): a smaller group formed after {_s(x['detect_s'])}, training again after "
-                      f"{_s(x['recover_s'])}; events lost {x['events_lost']}, trained twice {x['events_duplicated']} "
-                      f"(one checkpoint interval: {bound:,.0f})", flush=True)
-            worst = [r[f"host_loss_{h}"] for h in ("kill", "cut")]
-            det = [x["detect_s"] for x in worst]
-            rec = [x["recover_s"] for x in worst]
-            r["host_loss_detect_s"] = None if None in det else max(det)
-            r["host_loss_recover_s"] = None if None in rec else max(rec)
+                for phase in LOSS_PHASES:
+                    x = b.host_loss(how, phase)
+                    r[f"host_loss_{how}_{int(phase * 100)}"] = x
+                    worst.append(x)
+                    print(f"  host lost ({how}, {phase:.0%} into a checkpoint interval): a smaller group after "
+                          f"{_s(x['detect_s'])}, training again after {_s(x['recover_s'])}; events lost "
+                          f"{x['events_lost']}, trained twice {x['events_duplicated']} (one interval: {bound:,.0f}); "
+                          f"Predict {x['predict_ok']} ok, {x['predict_failed']} failed, longest gap "
+                          f"{_s(x['predict_max_gap_s'])}, versions {x['served_versions']}", flush=True)
+            measured = [x for x in worst if not x["after_end"]]  # a loss after the last event measures nothing
+            det = [x["detect_s"] for x in measured]
+            rec = [x["recover_s"] for x in measured]
+            r["host_loss_runs_measured"] = len(measured)
+            r["host_loss_detect_s"] = None if not det or None in det else max(det)
+            r["host_loss_recover_s"] = None if not rec or None in rec else max(rec)
             r["events_lost"] = sum(x["events_lost"] for x in worst)
             r["events_duplicated"] = max((x["events_duplicated"] or 0) for x in worst)
+            r["predict_failed_during_loss"] = sum(x["predict_failed"] or 0 for x in worst)
     finally:
         b.close()
     r["seconds"] = round(time.perf_counter() - t0, 1)

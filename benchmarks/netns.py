@@ -170,6 +170,12 @@ class SimulatedCluster:
         """Kill every process, delete every namespace (their links go with them)."""
         for h in self.hosts:
             self.kill_host(h.index)
+        for ns in self._made:  # anything still inside (a process that left its process group)
+            for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
         for ns in reversed(self._made):
             _run("ip", "netns", "del", ns, check=False)
         self._made = []
