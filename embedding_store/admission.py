@@ -16,9 +16,9 @@ many times in its first step (a user's burst of events) is admitted at once.
 Determinism: the counters are the store's state, written into every checkpoint and at ``close`` and
 read back with it, so a replay from a checkpoint takes the same decisions. In a trainer group the
 rank that owns an id's row counts it, with the occurrences every rank sends along with its ids, so the
-counts are the ones a single trainer keeps (up to collisions, which only get fewer with more ranks). Every path that
-creates a row outside training (hot-set promotion, ``upsert_rows``, ``import_records``) marks its ids
-admitted, so a stored row is never read as unadmitted.
+counts are the ones a single trainer keeps (up to collisions, which only get fewer with more ranks).
+Every path that creates a row outside training (hot-set promotion, ``upsert_rows``, ``import_records``)
+marks its ids admitted, so a stored row is never read as unadmitted.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _MULT = tuple(np.uint64(m) for m in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x1
 
 
 class AdmissionCounter:
-    """Training steps per id of one table, approximately, and the admission rule over them."""
+    """Occurrences per id of one table in training, approximately, and the admission rule over them."""
 
     def __init__(self, min_count: int, counter_mb: float, shared: bool):
         if not 1 <= int(min_count) <= 255:  # 1: every id is admitted, the counts feed LFU eviction only
@@ -47,7 +47,7 @@ class AdmissionCounter:
         bits = cells.bit_length() - 1  # a power of two at most counter_mb
         self.shift = np.uint64(64 - bits)
         self.table = np.zeros((DEPTH, 1 << bits), dtype=np.uint8)
-        self.refused = 0  # ids (one per step they appeared in) that read the unadmitted value
+        self.refused = 0  # ids (once per step they appeared in) that read the unadmitted value
         self.admitted = 0  # ids admitted by their count (their first step on their own row)
         self._memo: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # last lookup: ids, admitted, counts
         self._noted: tuple[np.ndarray, np.ndarray] | None = None  # the coming step's (ids, occurrences)
@@ -58,7 +58,7 @@ class AdmissionCounter:
             return [((h * m) >> self.shift).astype(np.intp) for m in _MULT]
 
     def estimate(self, ids: np.ndarray) -> np.ndarray:
-        """Steps each id took part in so far (an upper bound), as int."""
+        """Occurrences of each id counted so far (an upper bound), as int."""
         if not len(ids):
             return np.zeros(0, dtype=np.int64)
         cells = self._cells(ids)
