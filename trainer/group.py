@@ -356,13 +356,14 @@ class GroupTrainerService(TrainerService):
                 if ready_group:
                     self._train(ready)
                     hit("group.trained")  # the window is trained, its offsets not recorded
+                if (n_group or ready_group) and r0:  # idle means no events for trainer.idle_exit_s, not training
+                    idle_since = time.monotonic()
                 if n_group:  # events waiting in a rank's merge are trained before the next checkpoint
-                    if r0:
-                        idle_since = now
                     if batch is not None:
                         self._record_trained(batch)
                     self._group_events += int(n_group)
                     dirty = True
+                idle_any = idle_any and not (n_group or ready_group)  # this poll brought events: not idle
                 done = (stop_any and "stopped") or (moved_any and "repartition") or (idle_any and "idle") or (
                     t.max_events and self._group_events >= t.max_events and "max_events")
                 if ckpt_any or (done and dirty):

@@ -232,9 +232,11 @@ class TrainerService(TrainerReporting):
                         self._maybe_evict()
                     self._record_trained(batch)
                     dirty = True
+                    idle_since = time.monotonic()  # idle means no events for trainer.idle_exit_s, not training
                 elif len(self.merger) or self.core.pending:  # a quiet stream: train what waits, hold nothing back
                     ready = self.merger.drain()
                     self._dead_letter(self.core.feed(ready, flush=True) if ready is not None else self.core.flush())
+                    idle_since = time.monotonic()
                 elif t.idle_exit_s and now - idle_since > t.idle_exit_s:
                     reason = "idle"
                     break
