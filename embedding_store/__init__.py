@@ -5,7 +5,8 @@ cold-tier extension point (:class:`ColdTier`, a Protocol, and its built-in
 :class:`RocksDBColdTier`), and the row rules any replica must share: ``init_rows``
 (deterministic initial rows) and ``adagrad_rows``/``adagrad_rows_np`` (row-wise
 Adagrad); ``lean_settings`` (the admission and row-cap arguments of a ``StoreConfig``) and
-``note_occurrences`` (how often each id occurs in the coming step, for admission);
+``note_occurrences`` (how often each id occurs in the coming step, for admission), ``peek_with_admission``
+(rows as a trainer with admission reads them);
 ``table_sizes(store)`` (rows and bytes on disk per table). See ``store.py`` for the tiering and durability rules.
 """
 
@@ -15,7 +16,7 @@ from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .adagrad import adagrad_rows, adagrad_rows_np
-    from .admission import lean_settings, note_occurrences
+    from .admission import lean_settings, note_occurrences, peek_with_admission
     from .cold import RocksDBColdTier
     from .errors import StoreError, StoreMismatchError
     from .export import table_sizes
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 # lazy: the config imports ``store_types`` (stdlib only) and must not load torch or RocksDB with it
 _EXPORTS = {  # submodule: the public names it defines
     ".adagrad": "adagrad_rows adagrad_rows_np",
-    ".admission": "lean_settings note_occurrences",
+    ".admission": "lean_settings note_occurrences peek_with_admission",
     ".cold": "RocksDBColdTier",
     ".errors": "StoreError StoreMismatchError",
     ".export": "table_sizes",

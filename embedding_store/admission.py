@@ -185,17 +185,24 @@ def lookup(store, t, ids: np.ndarray):
 
 
 def peek(store, t, ids: np.ndarray):
-    """``EmbeddingStore.peek`` of a table with admission: held rows as stored, every other id the unadmitted
-    value (the shared row, at its init while it is not stored, or zeros)."""
+    """``EmbeddingStore.peek`` of a table with admission (see :func:`peek_with_admission`)."""
+    return peek_with_admission(store, t.name, ids, t.admission.shared)
+
+
+def peek_with_admission(store, table: str, ids: np.ndarray, shared: bool):
+    """Rows of ``ids`` (any order, repeats allowed) as a trainer that admits ids by frequency reads them: held
+    rows as stored, every other id the unadmitted value, the shared row (``UNADMITTED_ID``'s, at its init while
+    it is not stored) when ``shared``, else zeros. Serving reads a version's store with it, so an id the version
+    holds no row for scores as it did in training."""
     import torch
 
-    uniq, inv = _unique(ids)
-    rows, held = store.peek_held(t.name, uniq)
+    uniq, inv = _unique(np.asarray(ids, dtype=np.int64))
+    rows, held = store.peek_held(table, uniq)
     if not held.all():
-        if t.admission.shared:
-            fill = store._get(t.name, np.array([UNADMITTED_ID], dtype=np.int64), remember=False)[0]
+        if shared:
+            fill = store.peek_held(table, np.array([UNADMITTED_ID], dtype=np.int64))[0][0]
         else:
-            fill = torch.zeros(t.dim, dtype=rows.dtype, device=rows.device)
+            fill = torch.zeros(rows.shape[1], dtype=rows.dtype, device=rows.device)
         rows[torch.from_numpy(np.flatnonzero(~held)).to(rows.device)] = fill
     return rows if inv is None else rows[torch.from_numpy(inv).to(rows.device)]
 

@@ -44,12 +44,7 @@ def evict(store, tables: list[str] | None = None, clock: Callable[[], float] = t
     names = over_cap(store) if tables is None else [n for n in tables if store.tables[n].max_rows > 0]
     if not names:
         return {}
-    rowpath.drain(store)
-    store._memo, store._pre = {}, {}
-    for n in names:
-        c = store.tables[n].cache
-        if c is not None:
-            c.clear()  # writes dirty rows back, so the cold tier holds every cold row
+    rowpath.settle_cold(store, [store.tables[n] for n in names])
     ids_of: dict[str, list] = {n: [] for n in names}
     ts_of: dict[str, list] = {n: [] for n in names}
     for t, ids, recs in scan_cold(store):
@@ -79,8 +74,7 @@ def evict(store, tables: list[str] | None = None, clock: Callable[[], float] = t
         order = np.lexsort((cids, score))[:excess]  # lowest score first, then the smaller id
         gone = np.sort(cids[order])
         if len(gone):
-            old, found = rowpath.fetch(store, t, gone)
-            rowpath.write(store, t, gone, None, old, found)
+            store.delete_rows(n, gone)
         t.rows_at_sweep = total - len(gone)
         t.evicted += len(gone)
         out[n] = gone

@@ -17,11 +17,7 @@ def expire(store, older_than_s: float, clock: Callable[[], float] = time.time) -
     so that where the cutoff falls does not depend on how long the test took. Hot rows never expire;
     cached rows are written back first, so the cold tier decides."""
     store._writable()
-    rowpath.drain(store)
-    store._memo, store._pre = {}, {}
-    for t in store.tables.values():  # write cached rows back and forget them
-        if t.cache is not None:
-            t.cache.clear()
+    rowpath.settle_cold(store, store.tables.values())
     cutoff = clock() - float(older_than_s)
     n = 0
     for t, ids, recs in scan_cold(store):

@@ -86,10 +86,7 @@ def delete_rows(store, table: str, ids: np.ndarray) -> int:
     ids = store._unique_ids(t, ids)
     if t.hot.mask(ids).any():
         raise StoreError(f"{table}: delete_rows of hot rows (change the hot set first)")
-    rowpath.drain(store)
-    store._memo, store._pre = {}, {}
-    if t.cache is not None:
-        t.cache.clear()
+    rowpath.settle_cold(store, [t])
     old, found = rowpath.fetch(store, t, ids)
     if found.any():
         rowpath.write(store, t, ids[found], None, old[found], found[found])
@@ -104,14 +101,9 @@ def table_sizes(store) -> dict[str, dict[str, int]]:
     from .rows import KEY_BYTES
 
     out = {name: {"rows": 0, "row_bytes": 0, "disk_bytes": 0} for name in store.tables}
-    for tags, _ids, vals in store.cold.scan():
-        for tag in np.unique(tags):
-            t = store._by_tag.get(int(tag))
-            if t is None:
-                continue
-            sel = np.flatnonzero(tags == tag)
-            out[t.name]["rows"] += len(sel)
-            out[t.name]["row_bytes"] += sum(len(vals[i]) for i in sel.tolist()) + KEY_BYTES * len(sel)
+    for t, ids, packed in _scan_packed(store):
+        out[t.name]["rows"] += len(ids)
+        out[t.name]["row_bytes"] += sum(len(v) for v in packed) + KEY_BYTES * len(ids)
     total = sum(v["row_bytes"] for v in out.values())
     disk = sum(f.stat().st_size for f in store.path.rglob("*") if f.is_file())
     for v in out.values():
@@ -121,13 +113,19 @@ def table_sizes(store) -> dict[str, dict[str, int]]:
 
 def scan_cold(store) -> Iterator[tuple[Table, np.ndarray, np.ndarray]]:
     """Every row stored in the cold tier, as ``(table, ids, records)`` chunks (a full scan)."""
+    for t, ids, packed in _scan_packed(store):
+        yield t, ids, unpack_records(packed, t.dtype)
+
+
+def _scan_packed(store) -> Iterator[tuple[Table, np.ndarray, list[bytes]]]:
+    """Every row stored in the cold tier, as ``(table, ids, packed records)`` chunks of one table each."""
     for tags, ids, vals in store.cold.scan():
         for tag in np.unique(tags):
             t = store._by_tag.get(int(tag))
             if t is None:
                 continue
             sel = np.flatnonzero(tags == tag)
-            yield t, ids[sel], unpack_records([vals[i] for i in sel.tolist()], t.dtype)
+            yield t, ids[sel], [vals[i] for i in sel.tolist()]
 
 
 def _batch(table: str, ids: np.ndarray, w: np.ndarray) -> pa.RecordBatch:

@@ -122,6 +122,17 @@ def drain(store) -> None:
         t.buffers = []
 
 
+def settle_cold(store, tables) -> None:
+    """Make the cold tier the one place the cold rows of ``tables`` live: background reads finished and
+    buffers forgotten, remembered probes dropped, and the tables' cached rows written back and forgotten.
+    What a scan that deletes rows (expiry, eviction, ``delete_rows``) needs first."""
+    drain(store)
+    store._memo, store._pre = {}, {}
+    for t in tables:
+        if t.cache is not None:
+            t.cache.clear()
+
+
 def prefetch(store, t: Table, ids: np.ndarray) -> None:
     """Start reading the cold rows of ``ids`` on the prefetch thread, for a later lookup/apply."""
     uniq = unique_sorted(ids)  # sorted first: the index searches below are fastest on sorted ids

@@ -397,16 +397,21 @@ class ServedVersion:
     def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor:
         """Rows of table ``table``'s ``ids`` from the store (every row this version holds; for an id it does not
         hold: its init, or, when the trainer admits ids by frequency, the table's unadmitted value)."""
-        if self.unadmitted is not None:
-            return unadmitted_lookup(self, table, ids)
         if len(ids) <= self.LOOKUP_CHUNK:
             with self._store_lock:
-                return self.store.peek(table, ids)
+                return self._peek(table, ids)
         parts = []
         for i in range(0, len(ids), self.LOOKUP_CHUNK):
             with self._store_lock:
-                parts.append(self.store.peek(table, ids[i:i + self.LOOKUP_CHUNK]))
+                parts.append(self._peek(table, ids[i:i + self.LOOKUP_CHUNK]))
         return torch.cat(parts)
+
+    def _peek(self, table: str, ids: np.ndarray) -> torch.Tensor:
+        if self.unadmitted is None:
+            return self.store.peek(table, ids)
+        from streamrec.embedding_store import peek_with_admission
+
+        return peek_with_admission(self.store, table, ids, self.unadmitted == "shared")
 
     @torch.inference_mode()
     def predict(self, batch) -> np.ndarray:
@@ -468,31 +473,6 @@ class ServedVersion:
             log.exception("closing the store of version %s", self.version)
         if not self._keep_dir:
             shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def unadmitted_lookup(version: "ServedVersion", table: str, ids: np.ndarray) -> torch.Tensor:
-    """``ServedVersion.lookup`` for a model trained with admission: held rows as stored, every other id the
-    shared row (``UNADMITTED_ID``'s row, or its init while the trainer has not stored it) or zeros, as the
-    trainer reads them."""
-    from streamrec.embedding_store.store_types import UNADMITTED_ID
-
-    uniq, inv = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)
-    parts, held = [], []
-    for i in range(0, len(uniq), version.LOOKUP_CHUNK):
-        with version._store_lock:
-            r, h = version.store.peek_held(table, uniq[i:i + version.LOOKUP_CHUNK])
-        parts.append(r)
-        held.append(h)
-    rows = torch.cat(parts) if parts else torch.zeros((0, version.store.tables[table].dim))
-    miss = ~np.concatenate(held) if held else np.zeros(0, bool)
-    if miss.any():
-        if version.unadmitted == "zero":
-            fill = torch.zeros(rows.shape[1], dtype=rows.dtype, device=rows.device)
-        else:
-            with version._store_lock:
-                fill = version.store.peek(table, np.array([UNADMITTED_ID], dtype=np.int64))[0]
-        rows[torch.from_numpy(np.flatnonzero(miss)).to(rows.device)] = fill
-    return rows[torch.from_numpy(inv.reshape(-1)).to(rows.device)]
 
 
 def _store_kwargs(cfg: Config, manifest: Manifest, device: torch.device) -> dict:
