@@ -13,11 +13,8 @@ from collections import Counter
 
 import pytest
 
-from streamrec.ingest import TopicSpec, ensure_topics
-from streamrec.joiner import JoinRules
 from tests.helpers.waiting import wait_until
-from tests.joiner.test_join_oracle import make_streams, oracle
-from tests.joiner.test_join_worker import P, STREAMREC, examples, join_config, produce
+from tests.joiner.test_join_worker import P, STREAMREC, examples, join_config, joined_streams, produce
 from tests.sketch.test_sketch_worker import stop, write_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
@@ -68,12 +65,7 @@ def test_kill_at_ten_points_loses_and_doubles_nothing(topics, bootstrap, tmp_pat
     cfg = join_config(topics, mode)
     cfg.join.state_dir = str(tmp_path / "join")
     cfg.join.batch_records = 9
-    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
-    r = JoinRules.from_config(cfg.join)
-    imps, acts = make_streams(5, P, n=400)
-    want: Counter = Counter()
-    for p in range(P):
-        want += oracle(r, imps[p], acts[p])
+    r, imps, acts, want = joined_streams(bootstrap, cfg, 5, n=400)
     produce(bootstrap, cfg, imps, acts)
     config = write_config(cfg, tmp_path / "j.toml")
     log = tmp_path / "join.log"
@@ -92,12 +84,7 @@ def test_kill_during_a_rebalance_with_two_workers(topics, bootstrap, tmp_path):
     undisturbed join."""
     cfg = join_config(topics, "fake_negative")
     cfg.join.batch_records = 9
-    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
-    r = JoinRules.from_config(cfg.join)
-    imps, acts = make_streams(9, P, n=400)
-    want: Counter = Counter()
-    for p in range(P):
-        want += oracle(r, imps[p], acts[p])
+    r, imps, acts, want = joined_streams(bootstrap, cfg, 9, n=400)
     produce(bootstrap, cfg, imps, acts)
     procs = {}
     logs = {w: tmp_path / f"join-{w}.log" for w in "ab"}
@@ -164,12 +151,7 @@ def test_kill_with_arrow_messages_of_several_examples(topics, bootstrap, tmp_pat
     cfg.kafka.events_per_message = 3
     cfg.join.state_dir = str(tmp_path / "join")
     cfg.join.batch_records = 30
-    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
-    r = JoinRules.from_config(cfg.join)
-    imps, acts = make_streams(7, P, n=400)
-    want: Counter = Counter()
-    for p in range(P):
-        want += oracle(r, imps[p], acts[p])
+    r, imps, acts, want = joined_streams(bootstrap, cfg, 7, n=400)
     produce(bootstrap, cfg, imps, acts)
     config = write_config(cfg, tmp_path / "j.toml")
     log = tmp_path / "join.log"

@@ -8,15 +8,12 @@ from __future__ import annotations
 import subprocess
 import time
 import uuid
-from collections import Counter
 
 import pytest
 
 from streamrec.ingest import TopicSpec, ensure_topics
-from streamrec.joiner import JoinRules
 from tests.helpers.waiting import wait_until
-from tests.joiner.test_join_oracle import make_streams, oracle
-from tests.joiner.test_join_worker import P, STREAMREC, examples, join_config, produce
+from tests.joiner.test_join_worker import P, STREAMREC, examples, join_config, joined_streams, produce
 from tests.sketch.test_sketch_worker import stop, write_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
@@ -43,12 +40,7 @@ def _run_until(cfg, bootstrap, tmp_path, name: str, want_total: int, r, feed=Non
 def test_a_replay_from_the_start_writes_what_the_live_run_wrote(topics, bootstrap, tmp_path, mode):
     cfg = join_config(topics, mode)
     cfg.join.state_dir = str(tmp_path / "live")
-    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
-    r = JoinRules.from_config(cfg.join)
-    imps, acts = make_streams(23, P, n=300)
-    want: Counter = Counter()
-    for p in range(P):
-        want += oracle(r, imps[p], acts[p])
+    r, imps, acts, want = joined_streams(bootstrap, cfg, 23, n=300)
 
     def chunk(records: dict, k: int, n: int = 5) -> dict:
         return {p: v[k * len(v) // n:(k + 1) * len(v) // n] for p, v in records.items()}

@@ -25,6 +25,18 @@ STREAMREC = str(Path(sys.executable).with_name("streamrec"))
 P = 2
 
 
+def joined_streams(bootstrap, cfg, seed: int, **kw) -> tuple[JoinRules, dict, dict, Counter]:
+    """The join's two topics created, ``P`` partitions each; its rules, seeded impressions and actions per
+    partition (``make_streams(seed, P, **kw)``) and the examples the oracle says the join writes for them."""
+    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
+    r = JoinRules.from_config(cfg.join)
+    imps, acts = make_streams(seed, P, **kw)
+    want: Counter = Counter()
+    for p in range(P):
+        want += oracle(r, imps[p], acts[p])
+    return r, imps, acts, want
+
+
 def join_config(cfg, mode: str):
     s = uuid.uuid4().hex[:8]
     cfg.join.impressions_topic, cfg.join.actions_topic = f"imp-{s}", f"act-{s}"
@@ -79,12 +91,7 @@ def examples(bootstrap, cfg, r: JoinRules) -> Counter:
 def test_worker_output_equals_the_oracle(topics, bootstrap, tmp_path, mode):
     cfg = join_config(topics, mode)
     cfg.join.state_dir = str(tmp_path / "join")
-    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
-    r = JoinRules.from_config(cfg.join)
-    imps, acts = make_streams(11, P)
-    want: Counter = Counter()
-    for p in range(P):
-        want += oracle(r, imps[p], acts[p])
+    r, imps, acts, want = joined_streams(bootstrap, cfg, 11)
     assert sum(want.values()) > 10
     bad = [(cfg.join.impressions_topic, b"not json"), (cfg.join.actions_topic, b'{"request_id": "x", "ts": "no"}'),
            (cfg.join.impressions_topic, b'{"request_id": "x", "ts": 1, "feedback": "positive"}')]
