@@ -38,7 +38,9 @@ How the trace follows the group:
   when the entry expires (or when the trace ends), so each fetch costs one row in and one gradient out:
   rows, gradients, ids and occurrence counts all shrink by the cache's hit rate; the header does not.
 
-``speedup_bound`` turns a saved fraction of the row bytes into the link-bound events/s ratio.
+``speedup_bound`` turns a saved fraction of the row bytes into the link-bound events/s ratio; ``link_terms``
+gives the other bytes on the link (the dense all-reduce and Kafka). ``python -m streamrec.benchmarks.staleness
+[--events N] [--world W] [--ks 0,1,2] [--hot-set] [--json]`` prints both for the bench cluster's config.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -77,11 +79,12 @@ def config(events: int, overrides: dict | None = None):
 
 @dataclass
 class _RankTrace:
-    """One rank's remote accesses: per step, the dense keys of the (table, id) it asks other ranks for."""
+    """One rank's remote reads: per group step, the keys (dense indices of distinct (table, id)) of the rows
+    it reads from other ranks."""
 
-    steps: list[np.ndarray] = field(default_factory=list)  # per group step: remote keys (unique within the step)
-    key_owner: np.ndarray | None = None  # per key: its owner rank
-    key_bytes: np.ndarray | None = None  # per key: one row's bytes (4 * its table's dim)
+    steps: list[np.ndarray]  # per group step: remote keys, each once
+    key_owner: np.ndarray  # per key: its owner rank
+    key_bytes: np.ndarray  # per key: one fp32 row's bytes (4 * its table's dim)
 
 
 def _rank_of_events(batches: Sequence, cfg, world: int) -> np.ndarray:
@@ -129,7 +132,8 @@ def _hot_tables(batch, cfg) -> dict[str, np.ndarray]:
 
 
 def _trace(cfg, batches: list, world: int, hot_set: bool):
-    """Every rank's remote keys per group step, and the K=0 figures that do not depend on the cache."""
+    """Every rank's remote reads per group step (:class:`_RankTrace`), whether each step's ids all fit int32,
+    the per-rank batch and the number of tables."""
     from streamrec.foundation import EventBatch
     from streamrec.model import field_tables, unique_ids
     from streamrec.trainer import hot_samples, plan
@@ -180,7 +184,7 @@ def _trace(cfg, batches: list, world: int, hot_set: bool):
                 fits = fits and (not len(ids) or (int(ids.min()) >= _I32.min and int(ids.max()) <= _I32.max))
                 raw[r].append((tab, ids))
             narrow.append(fits)
-    # dense keys per rank: (table, id) -> 0..U-1; owners computed once per key
+    # per rank: the remote (table, id) of every step, numbered 0..U-1 over the whole trace
     out = []
     for r in range(world):
         steps = raw[r]
@@ -201,7 +205,7 @@ def _trace(cfg, batches: list, world: int, hot_set: bool):
 
 
 def _fetches(tr: _RankTrace, narrow: np.ndarray, k: int) -> tuple[np.ndarray, int, int, int]:
-    """With a ``k``-step cache: fetches per key, accesses, id bytes (ids sent for the fetches)."""
+    """With a ``k``-step cache: fetches per key, remote reads, id bytes (the fetches' ids), fetches in all."""
     n_keys = len(tr.key_owner)
     last = np.full(n_keys, -(1 << 40), np.int64)
     fetched = np.zeros(n_keys, np.int64)
@@ -222,6 +226,7 @@ def row_traffic(cfg, events: int, world: int, ks: Sequence[int] = (0, 1, 2, 4, 8
     """Remote row traffic of a ``world``-rank group on ``events`` events of ``cfg``'s synthetic stream (or
     ``batches``, as a producer sends them), with no cache and with a K-step cache for each ``k`` in ``ks``;
     ``hot_set``: whether the group trains with a hot set (the module docstring's oracle) or without one.
+    With ``batches`` given, ``events`` is not read.
 
     Figures per event are the group's: the sum over ranks of what leaves each rank, over the events trained.
     ``k0`` holds the no-cache figures in ``RowExchange.bytes_sent``'s terms (``exchange_bytes_per_event`` is the
@@ -268,7 +273,8 @@ def row_traffic(cfg, events: int, world: int, ks: Sequence[int] = (0, 1, 2, 4, 8
         d["exchange_saved_fraction"] = 1.0 - d["exchange_bytes_per_event"] / base["exchange_bytes_per_event"] \
             if base["exchange_bytes_per_event"] else 0.0
     return {
-        "events": n_events, "world": world, "hot_set": bool(hot_set), "local_batch": lb, "steps": steps, "partitions": int(cfg.kafka.partitions),
+        "events": n_events, "world": world, "hot_set": bool(hot_set), "local_batch": lb, "steps": steps,
+        "partitions": int(cfg.kafka.partitions),
         "k0": {"row_bytes_per_event": base["row_bytes_per_event"],
                "exchange_bytes_per_event": base["exchange_bytes_per_event"],
                "header_bytes_per_event": header / n_events,
