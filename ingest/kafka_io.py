@@ -218,7 +218,9 @@ class EventConsumer:
             self.reader.assign(partitions)
         self.guard.start()
         self.dead_letters.producer = make_producer(bootstrap, **client_settings(cfg)) if dlq else None
-        self._per_record = 1.0  # events per record seen last time: how many records make max_events
+        # events per record seen last time: how many records make max_events (None until a record is decoded:
+        # the first take is one record, so a poll never hands over a whole backlog of many-event records)
+        self._per_record: float | None = None
 
     # -- what the parts hold, under the names callers read ----------------------------
 
@@ -293,7 +295,7 @@ class EventConsumer:
                     continue
                 reader.pending.extend(run for runs in polled.values() for run in runs)
             # take about as many records as the events still wanted (Arrow records hold many)
-            runs = reader.take(max(1, int((max_events - n) / self._per_record)))
+            runs = reader.take(max(1, int((max_events - n) / self._per_record)) if self._per_record else 1)
             taken = 0
             for run in runs:  # a run: consecutive records of one partition in offset order (fast_records.RecordRun)
                 key = (run.topic, run.partition)
@@ -318,7 +320,7 @@ class EventConsumer:
                     b.source_records = _record_offsets(run, values, errors, len(b))
                     parts.append(b)
                     got += len(b)
-            self._per_record = max(1.0, got / taken)
+            self._per_record = max(1.0, got / taken) if taken else self._per_record
             n += got
         breaker.mark(TRAIN, handed)  # the caller handles these now: a death is a "train" death
         if not parts and not offsets:

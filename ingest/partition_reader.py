@@ -220,17 +220,23 @@ class PartitionReader:
 
     def lag(self) -> dict[int, int] | None:
         """Records not yet handed out per assigned partition (partition -> records, up to the topic head,
-        held ones included); None when the broker could not say."""
+        held ones included); None when the broker could not say.
+
+        The head is the last fetch's high watermark, which every fetch response carries: asking the broker
+        (ListOffsets) is a round trip in the training loop, and on a saturated link it waits behind the
+        fetches for seconds. Only a partition no fetch has answered for yet is asked about."""
         assigned = list(self.kc.assignment())
         if not assigned:
             return {}
         try:
-            ends = self.kc.end_offsets(assigned)
+            ends = {tp: self.kc.highwater(tp) for tp in assigned}
+            unknown = [tp for tp, hw in ends.items() if hw is None]
+            if unknown:
+                ends.update(self.kc.end_offsets(unknown))
             held = collections.Counter()  # polled but not yet handed out
             for run in list(self.pending):
                 held[run.partition] += len(run)
-            # the last fetch's high watermark too: tansu answers ListOffsets with less than the log end
-            return {tp.partition: max(0, max(ends[tp], self.kc.highwater(tp) or 0) - self.kc.position(tp))
-                    + held.get(tp.partition, 0) for tp in assigned}
+            return {tp.partition: max(0, (ends[tp] or 0) - self.kc.position(tp)) + held.get(tp.partition, 0)
+                    for tp in assigned}
         except Exception:  # lag is informational only
             return None

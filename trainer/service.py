@@ -216,9 +216,7 @@ class TrainerService(TrainerReporting):
                     break
                 self._maybe_apply_hot_set()
                 want = window if not t.max_events else max(1, min(window, t.max_events - received))
-                if first_poll:  # the consumer sizes polls in records; until it has seen one, ask for few
-                    want = max(1, want // max(1, self.cfg.kafka.events_per_message))
-                    first_poll = False
+                first_poll = False
                 batch = self.consumer.poll_batch(want, timeout=0.5)
                 now = time.monotonic()
                 if batch is not None:
