@@ -48,17 +48,28 @@ import tempfile
 import time
 from pathlib import Path
 
-SIZES = {  # events, link Mbit/s (0 = unshaped), ranks, host loss
-    "tiny": (6_000, (0,), 2, False),
-    "quick": (150_000, (0, 1000, 100, 20), 2, True),
-    "full": (400_000, (0, 1000, 100, 50, 20, 10), 2, True),
+SIZES = {  # events, link Mbit/s (0 = unshaped), ranks, host loss, links of the wider group (WIDE ranks)
+    "tiny": (6_000, (0,), 2, False, ()),
+    "quick": (150_000, (0, 1000, 100, 20), 2, True, (0, 20)),
+    "full": (400_000, (0, 1000, 100, 50, 20, 10), 2, True, (0, 50, 20)),
 }
+WIDE = 4  # ranks of the wider group
+RELIEFS = {  # the settings that relieve a link, each tried at the most link-bound bandwidth
+    "bf16_wire": {"trainer.exchange_precision": "bf16", "trainer.dense_allreduce_precision": "bf16"},
+    "powersgd": {"trainer.dense_allreduce_compression": "powersgd", "trainer.powersgd_start_iter": 10},
+    "rank_batches": {"trainer.group_batch": "rank"},
+}
+SERVICES_MBIT = 10  # the links of the services-host runs: slow enough that the loss and return fall mid-run
 PARTITIONS = 4
 RDZV_PORT = 29400
 GROUP_TIMEOUT_S = 15.0  # trainer.group_timeout_s of the host-loss runs: how long a cut link goes unnoticed
 CHECKPOINT_EVERY_S = 2.0  # trainer.checkpoint_every_s of the host-loss runs: what a restart trains again
+# trainer.merge_max_events of the host-loss runs: a rank's partition merge holds at most this many events, so a
+# backlog (whole partition fetches handed over one partition after another) trains in windows with checkpoints
+# between them, not in one piece (a group trains what its merge holds before each checkpoint)
+LOSS_MERGE_MAX_EVENTS = 2048
 LOSS_PHASES = (0.1, 0.5, 0.9)  # where in a checkpoint interval the host is lost
-LOSS_MBIT = 0  # the links of the host-loss runs: unshaped (host 0's link carries the broker's and serving's traffic)
+LOSS_MBIT = 20  # the links of the host-loss runs: the group trains long enough for a loss late in an interval
 TS = re.compile(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(\d{3})")
 
 
@@ -91,11 +102,12 @@ def _log_times(path: Path, needle: str) -> list[float]:
 
 
 class ClusterBench:
-    def __init__(self, root: Path, ranks: int, events: int):
+    def __init__(self, root: Path, ranks: int, events: int, trainer_hosts: int | None = None):
         from .netns import SimulatedCluster
 
         self.root, self.ranks, self.events = root, ranks, events
-        self.cluster = SimulatedCluster(ranks + 1, root / "hosts")
+        # host 0: the broker; 1..trainer_hosts: trainer ranks; the last: the services host (cluster_services)
+        self.cluster = SimulatedCluster(max(ranks, trainer_hosts or 0) + 2, root / "hosts")
         h0 = self.cluster.hosts[0]
         self.bootstrap = f"{h0.address}:9092"
         code = ("from streamrec.ingest import EmbeddedBroker; import time; "
@@ -152,6 +164,7 @@ class ClusterBench:
         return total / n
 
     def _group_cmd(self, host: int, cfg: Path, nnodes: str) -> list[str]:
+        """The command a user runs on trainer host ``host`` (``nnodes``: torchrun's count or MIN:MAX)."""
         h1 = self.cluster.hosts[1]
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", "1",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{h1.address}:{RDZV_PORT}",
@@ -162,13 +175,16 @@ class ClusterBench:
                 "--local-addr", self.cluster.hosts[host].address, "--max-restarts", "5", "--monitor-interval", "1",
                 "-m", "streamrec", "train", "--config", str(cfg), "--bootstrap", self.bootstrap, "--no-progress"]
 
-    def run_group(self, name: str, mbit: float, timeout_s: float = 600.0) -> dict:
-        """The N-host group over links at ``mbit`` (0: unshaped), to the end of the events."""
+    def run_group(self, name: str, mbit: float, timeout_s: float = 600.0, ranks: int | None = None,
+                  **over) -> dict:
+        """The group of ``ranks`` hosts (default N) over links at ``mbit`` (0: unshaped), to the end of the
+        events; ``over``: config overrides (the settings that relieve a link)."""
         self.cluster.shape(mbit)
-        cfg = self._config(name)
+        n = ranks or self.ranks
+        cfg = self._config(name, **over)
         env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
-        procs = [self.cluster.spawn(h, self._group_cmd(h, cfg, str(self.ranks)), f"train-{name}", env=env)
-                 for h in range(1, self.ranks + 1)]
+        procs = [self.cluster.spawn(h, self._group_cmd(h, cfg, str(n)), f"train-{name}", env=env)
+                 for h in range(1, n + 1)]
         self._wait(procs, timeout_s, name)
         return self._figures(name)
 
@@ -206,28 +222,34 @@ class ClusterBench:
             rate = sum(n for n, _ in steady) / sum(t for _, t in steady)
         else:  # too short a run for a steady state: the trainer's own rate over its busiest logged interval
             rate = max(float(r.get("events_per_s") or 0.0) for r in moving)
-        weighted, seen, prev = 0.0, 0, 0
-        for r in recs:
-            dn = r["events"] - prev
-            b = r.get("collective_bytes_per_event")
-            if dn > 0 and isinstance(b, (int, float)) and b == b:
-                weighted += b * dn
-                seen += dn
-            prev = r["events"]
-        return {"events": int(recs[-1]["events"]), "auc": float(recs[-1]["auc"]), "events_per_s": rate,
-                "collective_bytes_per_event": weighted / seen if seen else float("nan")}
+        out = {"events": int(recs[-1]["events"]), "auc": float(recs[-1]["auc"]), "events_per_s": rate}
+        for key in ("collective_bytes_per_event", "row_bytes_per_event", "dense_bytes_per_event"):
+            weighted, seen, prev = 0.0, 0, 0
+            for r in recs:  # each record's figure covers the events since the one before: weigh by them
+                dn = r["events"] - prev
+                b = r.get(key)
+                if dn > 0 and isinstance(b, (int, float)) and b == b:
+                    weighted += b * dn
+                    seen += dn
+                prev = r["events"]
+            out[key] = weighted / seen if seen else float("nan")
+        return out
 
-    def host_loss(self, how: str, phase: float, timeout_s: float = 600.0) -> dict:
+    def host_loss(self, how: str, phase: float, timeout_s: float = 600.0, group_timeout_s: float = GROUP_TIMEOUT_S,
+                  mbit: float = LOSS_MBIT, idle_exit_s: float = 6.0) -> dict:
         """Lose the last host mid-run, ``phase`` of a checkpoint interval after a checkpoint, ``how``: ``kill``
         (SIGKILL to every process it runs) or ``cut`` (its link down: nothing it sends arrives, nobody gets a
         reset). The others go on as a smaller group. Serving runs on host 0 (the trainer pushes to it every
-        second) and a prober there calls Predict every 50 ms throughout."""
-        self.cluster.shape(LOSS_MBIT)
+        second) and a prober there calls Predict every 50 ms throughout. ``mbit``: the links (0: unshaped);
+        ``group_timeout_s``: how long a cut link goes unnoticed; ``idle_exit_s``: the group's end once the
+        topic is drained."""
+        self.cluster.shape(mbit)
         name = f"loss-{how}-{int(phase * 100)}"
         h0 = self.cluster.hosts[0]
         port = 50051 + len(list(self.root.glob("loss-*")))
         target = f"{h0.address}:{port}"
-        cfg = self._config(name, **{"trainer.group_timeout_s": GROUP_TIMEOUT_S,
+        cfg = self._config(name, **{"trainer.group_timeout_s": group_timeout_s, "trainer.idle_exit_s": idle_exit_s,
+                                    "trainer.merge_max_events": LOSS_MERGE_MAX_EVENTS,
                                     "trainer.checkpoint_every_s": CHECKPOINT_EVERY_S, "trainer.snapshot_every": 1,
                                     "serving.push_every_s": 1.0, "serving.target": target,
                                     "serving.host": h0.address, "serving.port": port, "serving.push_token": "bench",
@@ -250,8 +272,8 @@ class ClusterBench:
             time.sleep(0.1)
         ckpts = lambda: sorted(t for lg in logs for t in _log_times(lg, "checkpoint "))  # noqa: E731
         seen = len(ckpts())
-        while len(ckpts()) == seen and time.monotonic() < deadline:  # the next checkpoint starts the cycle
-            time.sleep(0.05)
+        while len(ckpts()) == seen and time.monotonic() < deadline and procs[1].poll() is None:
+            time.sleep(0.05)  # the next checkpoint starts the cycle
         time.sleep(phase * CHECKPOINT_EVERY_S)
         stopped_at = max(r["events"] for r in _records(metrics))
         killed = time.time()
@@ -265,6 +287,8 @@ class ClusterBench:
             time.sleep(2.5)  # the final push reaches serving
         finally:
             self.cluster.kill_host(last)  # a cut host's ranks wait for a group they cannot reach
+            if how == "cut":
+                self.cluster.heal(last)  # the next run starts with every host on the network
             stop.touch()
             prober.wait(30)
             server.terminate()
@@ -275,7 +299,14 @@ class ClusterBench:
         trained = sum(r.get("events", 0) for p in (self.root / name).glob("trace.jsonl*")
                       for r in _records(p) if "ranges" in r)
         probe = json.loads(probe_out.read_text()) if probe_out.exists() else {}
-        return {"after_end": stopped_at >= self.events,  # every event trained before the loss: nothing to measure
+        from streamrec.foundation import load_config
+
+        t = load_config(str(cfg), env={}).trainer
+        before = [r for r in _records(metrics) if r["ts"] <= killed and r["events"] > 0]
+        rate = ((before[-1]["events"] - before[0]["events"]) / (before[-1]["ts"] - before[0]["ts"])
+                if len(before) >= 2 and before[-1]["ts"] > before[0]["ts"] else 0.0)  # the group's, up to the loss
+        return {  # a restart trains again what followed the last checkpoint: one interval, and the window in hand
+                "duplicates_bound": rate * CHECKPOINT_EVERY_S + t.batch_size * t.window_batches * self.ranks,"after_end": stopped_at >= self.events,  # every event trained before the loss: nothing to measure
                 "detect_s": (min(restarts) - killed) if restarts else None,
                 "recover_s": (resumed[0] - killed) if resumed else None, "events_at_loss": stopped_at,
                 # records (Arrow messages) the final checkpoint has not consumed, in events at most
@@ -314,12 +345,20 @@ class ClusterBench:
 
 def goals(r: dict) -> list[dict]:
     out = []
-    bound = [(m, x) for m, x in r["links"].items() if x.get("link_bound")]
-    vals = [x["predicted_vs_measured"] for _m, x in bound]
+    vals = list(r["predicted_vs_measured"].values())  # the N-rank and the wider group's link-bound runs
     ok = bool(vals) and all(0.8 <= v <= 1.25 for v in vals)
     out.append({"goal": "predicted_vs_measured in 0.8-1.25 where the link is the bottleneck",
                 "key": "predicted_vs_measured", "value": vals or None, "status": "PASS" if ok else "FAIL",
                 "ok": ok, "reason": "" if vals else "no shaped link was the bottleneck"})
+    st = r.get("sparse_staleness") or {}
+    v = st.get("speedup_bound")
+    ok = v is not None and v >= 1.5
+    out.append({"goal": "sparse_staleness: events/s >= 1.5x the exact group where the link binds, AUC cost <= 0.002",
+                "key": "sparse_staleness", "value": v, "status": "PASS" if ok else "FAIL", "ok": ok,
+                "reason": "not measured at this size" if v is None else "" if ok else
+                f"not built: a K-step stale-read cache can give at most {v:.2f}x here (K={st['speedup_bound_k']}; "
+                f"{st['speedup_bound_every_row_cached']:.2f}x with no row sent at all): the dense all-reduce and "
+                "the Kafka bytes stay on the link"})
     for key, test, goal in (("host_loss_detect_s", lambda v: v <= 30, "host_loss_detect_s <= 30"),
                             ("events_lost", lambda v: v == 0, "events_lost == 0")):
         v = r.get(key)
@@ -365,16 +404,140 @@ def _s(v) -> str:
     return "never" if v is None else f"{v:.1f} s"
 
 
+def _links(b: ClusterBench, ranks: int, mbits, prefix: str) -> dict:
+    """The group of ``ranks`` hosts at each of ``mbits``, and the bandwidth model's prediction of each."""
+    links = {}
+    for m in mbits:
+        x = b.run_group(f"{prefix}-{m}", m, ranks=ranks)
+        links[str(m)] = x
+        print(f"  {ranks} hosts, link {m or 'unshaped'} Mbit/s  AUC {x['auc']:.5f}  {x['events_per_s']:,.0f} "
+              f"events/s  collective {x['collective_bytes_per_event']:,.0f} B/event (rows "
+              f"{x['row_bytes_per_event']:,.0f}, dense {x['dense_bytes_per_event']:,.0f})", flush=True)
+    base = links[str(mbits[0])]
+    for m, x in links.items():
+        if float(m) <= 0:
+            continue
+        cap = _cap(ranks, float(m), x, b.kafka_bytes_per_event)
+        x["link_cap_events_per_s"] = cap
+        x["link_bound"] = cap < base["events_per_s"]
+        x["predicted_events_per_s"] = min(cap, base["events_per_s"])
+        x["predicted_vs_measured"] = x["predicted_events_per_s"] / x["events_per_s"]
+        print(f"  link {m} Mbit/s: predicted {x['predicted_events_per_s']:,.0f} events/s (link cap {cap:,.0f}), "
+              f"measured {x['events_per_s']:,.0f}: {x['predicted_vs_measured']:.2f}x"
+              f"{' (link-bound)' if x['link_bound'] else ''}", flush=True)
+    return links
+
+
+def _cap(ranks: int, mbit: float, x: dict, kafka_bytes: float) -> float:
+    """Events/s a link of ``mbit`` allows ``ranks`` ranks that send ``x``'s collective bytes per event."""
+    return ranks * mbit * 1e6 / 8 / (x["collective_bytes_per_event"] + kafka_bytes)
+
+
+def _reliefs(b: ClusterBench, links: dict, ranks: int) -> dict:
+    """Each of ``RELIEFS`` at the most link-bound bandwidth: events/s against the exact group's there, the
+    model's prediction from the run's own bytes, and the AUC it costs."""
+    bound = sorted((float(m), m) for m, x in links.items() if x.get("link_bound"))
+    if not bound:
+        return {}
+    m = bound[0][1]
+    sync = links[m]
+    out = {"mbit": float(m)}
+    for name, over in RELIEFS.items():
+        x = b.run_group(f"relief-{name}", float(m), **over)
+        x["speedup"] = x["events_per_s"] / sync["events_per_s"]
+        x["predicted_speedup"] = _cap(ranks, float(m), x, b.kafka_bytes_per_event) / sync["link_cap_events_per_s"]
+        x["auc_cost"] = sync["auc"] - x["auc"]
+        out[name] = x
+        print(f"  relief {name} at {m} Mbit/s: {x['events_per_s']:,.0f} events/s ({x['speedup']:.2f}x the exact "
+              f"group, predicted {x['predicted_speedup']:.2f}x from {x['collective_bytes_per_event']:,.0f} B/event), "
+              f"AUC cost {x['auc_cost']:+.4f}", flush=True)
+    return out
+
+
+STALENESS_KS = (1, 2, 4, 8, 16)  # the stale-read bounds the bench reports
+
+
+def _staleness(b: ClusterBench, links: dict, ranks: int) -> dict:
+    """What a K-step stale-read cache (PERSIA's asynchronous sparse part) could give at the most link-bound
+    bandwidth: the share of the row exchange's bytes a cache of each K saves on this stream
+    (``benchmarks/staleness.py``, a replay of the group's steps), and the events/s bound that leaves, the
+    dense all-reduce and Kafka bytes unchanged (overlap cannot beat a link that is the bottleneck)."""
+    from streamrec.foundation import load_config
+
+    from .staleness import row_traffic, speedup_bound
+
+    bound = sorted((float(m), m) for m, x in links.items() if x.get("link_bound"))
+    if not bound:
+        return {}
+    sync = links[bound[0][1]]
+    cfg = load_config(str(b.root / "produce" / "config.toml"), env={})
+    t = row_traffic(cfg, b.events, ranks, ks=STALENESS_KS, hot_set=False)  # the bench's groups get no hot set
+    rows = sync["row_bytes_per_event"]
+    by_k = {str(d["k"]): {"saved_fraction": d["exchange_saved_fraction"], "hit_rate": d["hit_rate"],
+                          "speedup_bound": speedup_bound(rows, sync["dense_bytes_per_event"], b.kafka_bytes_per_event,
+                                                         d["exchange_saved_fraction"])} for d in t["by_k"]}
+    best = max(by_k.items(), key=lambda kv: kv[1]["speedup_bound"])
+    out = {"mbit": bound[0][0], "built": False, "measured_row_bytes_per_event": rows,
+           "replayed_row_bytes_per_event": t["k0"]["exchange_bytes_per_event"], "by_k": by_k,
+           "speedup_bound": best[1]["speedup_bound"], "speedup_bound_k": int(best[0]),
+           "speedup_bound_every_row_cached": speedup_bound(rows, sync["dense_bytes_per_event"],
+                                                           b.kafka_bytes_per_event, 1.0)}
+    print(f"  stale sparse reads at {bound[0][1]} Mbit/s: a K-step cache saves "
+          + ", ".join(f"{v['saved_fraction']:.0%} (K={k})" for k, v in by_k.items())
+          + f" of the row bytes ({rows:,.0f} B/event measured, {out['replayed_row_bytes_per_event']:,.0f} replayed): "
+          f"at most {out['speedup_bound']:.2f}x events/s (K={best[0]}), {out['speedup_bound_every_row_cached']:.2f}x "
+          "were no row ever sent", flush=True)
+    return out
+
+
+def _host_losses(b: ClusterBench, r: dict, base: dict) -> None:
+    bound = base["events_per_s"] * CHECKPOINT_EVERY_S  # one checkpoint interval's events
+    r["duplicates_bound"] = bound
+    worst = []
+    for how in ("kill", "cut"):
+        for phase in LOSS_PHASES:
+            x = b.host_loss(how, phase)
+            r[f"host_loss_{how}_{int(phase * 100)}"] = x
+            worst.append(x)
+            print(f"  host lost ({how}, {phase:.0%} into a checkpoint interval): a smaller group after "
+                  f"{_s(x['detect_s'])}, training again after {_s(x['recover_s'])}; events lost "
+                  f"{x['events_lost']}, trained twice {x['events_duplicated']} (one interval: {bound:,.0f}); "
+                  f"Predict {x['predict_ok']} ok, {x['predict_failed']} failed, longest gap "
+                  f"{_s(x['predict_max_gap_s'])}, versions {x['served_versions']}", flush=True)
+    measured = [x for x in worst if not x["after_end"]]  # a loss after the last event measures nothing
+    det = [x["detect_s"] for x in measured]
+    rec = [x["recover_s"] for x in measured]
+    r["host_loss_runs_measured"] = len(measured)
+    r["host_loss_detect_s"] = None if not det or None in det else max(det)
+    r["host_loss_recover_s"] = None if not rec or None in rec else max(rec)
+    r["events_lost"] = sum(x["events_lost"] for x in worst)
+    r["events_duplicated"] = max((x["events_duplicated"] or 0) for x in worst)
+    r["predict_failed_during_loss"] = sum(x["predict_failed"] or 0 for x in worst)
+    from .cluster_services import services_loss
+
+    for how in ("kill", "cut"):
+        x = services_loss(b, how, SERVICES_MBIT)
+        r[f"services_{how}"] = x
+        r["events_lost"] += x["events_lost"]
+        r["predict_failed_during_loss"] += x["predict_failed"] or 0
+        print(f"  services host lost ({how}: serving replica + sketch worker) and back after 5 s: training's "
+              f"longest pause {_s(x['train_max_gap_s'])}, {x['events_per_s_before'] or 0:,.0f} -> "
+              f"{x['events_per_s_after'] or 0:,.0f} events/s; events lost {x['events_lost']}, trained twice "
+              f"{x['events_duplicated']}; the other replica: Predict {x['predict_failed']} failed, versions "
+              f"{x['served_version_at_loss']} -> {x['served_version_end']}; hot set v{x['hot_version_at_loss']} -> "
+              f"v{x['hot_version_end']}; returned replica caught up after {_s(x['replica_caught_up_s'])}", flush=True)
+
+
 def run(size: str) -> dict:
     from .netns import available
 
     why = available()
     if why:
         raise RuntimeError(f"streamrec bench cluster needs network namespaces: {why}")
-    events, mbits, ranks, loss = SIZES[size]
+    events, mbits, ranks, loss, wide = SIZES[size]
     root = Path(tempfile.mkdtemp(prefix="streamrec-bench-cluster-"))
     t0 = time.perf_counter()
-    b = ClusterBench(root, ranks, events)
+    b = ClusterBench(root, ranks, events, trainer_hosts=WIDE if wide else ranks)
     r: dict = {"size": size, "ranks": ranks, "events": events, "kafka_bytes_per_event": b.kafka_bytes_per_event}
     try:
         print(f"cluster bench: {ranks} trainer hosts + a broker host, {events:,} events, "
@@ -382,57 +545,25 @@ def run(size: str) -> dict:
         lb = b.run_loopback()
         print(f"  loopback ({ranks} ranks, one host)  AUC {lb['auc']:.5f}  {lb['events_per_s']:,.0f} events/s", flush=True)
         r["loopback"] = lb
-        links = {}
-        for m in mbits:
-            x = b.run_group(f"link-{m}", m)
-            links[str(m)] = x
-            print(f"  {ranks} hosts, link {m or 'unshaped'} Mbit/s  AUC {x['auc']:.5f}  {x['events_per_s']:,.0f} "
-                  f"events/s  collective {x['collective_bytes_per_event']:,.0f} B/event", flush=True)
+        links = _links(b, ranks, mbits, "link")
         base = links[str(mbits[0])]
         r["auc_cluster_minus_loopback"] = base["auc"] - lb["auc"]
         committed = b.committed(f"trainer-link-{mbits[0]}")
         # every record trained and its offset committed, as far as the final checkpoint says
         r["offsets_committed"] = bool(sum(committed) == b.messages and committed == b.checkpoint_offsets(
             f"link-{mbits[0]}"))
-        for m, x in links.items():
-            if float(m) <= 0:
-                continue
-            per_event = x["collective_bytes_per_event"] + b.kafka_bytes_per_event
-            cap = ranks * float(m) * 1e6 / 8 / per_event
-            x["link_cap_events_per_s"] = cap
-            x["link_bound"] = cap < base["events_per_s"]
-            x["predicted_events_per_s"] = min(cap, base["events_per_s"])
-            x["predicted_vs_measured"] = x["predicted_events_per_s"] / x["events_per_s"]
-            print(f"  link {m} Mbit/s: predicted {x['predicted_events_per_s']:,.0f} events/s (link cap {cap:,.0f}), "
-                  f"measured {x['events_per_s']:,.0f}: {x['predicted_vs_measured']:.2f}x"
-                  f"{' (link-bound)' if x['link_bound'] else ''}", flush=True)
         r["links"] = links
         r["predicted_vs_measured"] = {m: x["predicted_vs_measured"] for m, x in links.items() if x.get("link_bound")}
+        if wide:
+            r[f"links_{WIDE}"] = wl = _links(b, WIDE, wide, f"wide{WIDE}")
+            r["predicted_vs_measured"].update({f"{WIDE}x{m}": x["predicted_vs_measured"] for m, x in wl.items()
+                                               if x.get("link_bound")})
+        r["reliefs"] = _reliefs(b, links, ranks) if loss else {}
+        r["sparse_staleness"] = _staleness(b, links, ranks) if loss else {}
         r.update({"host_loss_detect_s": None, "host_loss_recover_s": None, "events_lost": None,
                   "events_duplicated": None})
         if loss:
-            bound = base["events_per_s"] * CHECKPOINT_EVERY_S  # one checkpoint interval's events
-            r["duplicates_bound"] = bound
-            worst = []
-            for how in ("kill", "cut"):
-                for phase in LOSS_PHASES:
-                    x = b.host_loss(how, phase)
-                    r[f"host_loss_{how}_{int(phase * 100)}"] = x
-                    worst.append(x)
-                    print(f"  host lost ({how}, {phase:.0%} into a checkpoint interval): a smaller group after "
-                          f"{_s(x['detect_s'])}, training again after {_s(x['recover_s'])}; events lost "
-                          f"{x['events_lost']}, trained twice {x['events_duplicated']} (one interval: {bound:,.0f}); "
-                          f"Predict {x['predict_ok']} ok, {x['predict_failed']} failed, longest gap "
-                          f"{_s(x['predict_max_gap_s'])}, versions {x['served_versions']}", flush=True)
-            measured = [x for x in worst if not x["after_end"]]  # a loss after the last event measures nothing
-            det = [x["detect_s"] for x in measured]
-            rec = [x["recover_s"] for x in measured]
-            r["host_loss_runs_measured"] = len(measured)
-            r["host_loss_detect_s"] = None if not det or None in det else max(det)
-            r["host_loss_recover_s"] = None if not rec or None in rec else max(rec)
-            r["events_lost"] = sum(x["events_lost"] for x in worst)
-            r["events_duplicated"] = max((x["events_duplicated"] or 0) for x in worst)
-            r["predict_failed_during_loss"] = sum(x["predict_failed"] or 0 for x in worst)
+            _host_losses(b, r, base)
     finally:
         b.close()
     r["seconds"] = round(time.perf_counter() - t0, 1)
@@ -447,6 +578,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args(argv or [])
     size = "tiny" if args.tiny else "quick" if args.quick else "full"
+    import signal
+
+    # a SIGTERM unwinds like Ctrl-C, so the hosts' processes and namespaces are removed on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     r = run(size)
     gs = goals(r)
     for g in gs:

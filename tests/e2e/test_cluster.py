@@ -1,6 +1,7 @@
 """The simulated hosts (``streamrec.benchmarks.netns``): network namespaces joined by veth links. Needs root and
-iproute2. The harness removes every namespace, link and process it made, also when the test fails. A trainer group
-across two of these hosts is run by ``bench cluster --tiny`` (tests/project/test_benches.py)."""
+iproute2. The harness removes every namespace, link and process it made, also when the test fails; a trainer host
+is lost (killed, or its link cut) at three points of a checkpoint cycle. A trainer group across two of these hosts
+is run by ``bench cluster --tiny`` (tests/project/test_benches.py)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,31 @@ def test_the_harness_removes_every_namespace_link_and_process_even_when_a_test_f
             raise RuntimeError("the test failed")
     assert procs[0].poll() is not None  # killed with its host
     assert not any(n in _namespaces() for n in names)
+
+
+@needs_netns
+@pytest.mark.timeout(900)
+def test_a_trainer_host_lost_at_three_points_of_a_checkpoint_cycle_loses_nothing_and_serving_answers(tmp_path):
+    """A 2-host group (elastic, torchrun on each host as on separate machines) loses its second host 10%, 50%
+    and 90% into a checkpoint interval (killed, cut, killed): the first host goes on as a group of one from the
+    last complete checkpoint, every record ends consumed by the final checkpoint, what is trained twice stays
+    within one interval, and serving on the broker's host answers Predict throughout with newer versions."""
+    from streamrec.benchmarks.bench_cluster import ClusterBench
+
+    b = ClusterBench(tmp_path, 2, 60_000)
+    try:
+        for how, phase in (("kill", 0.1), ("cut", 0.5), ("kill", 0.9)):
+            # 10 Mbit/s links: the group trains long enough for a loss late in its first interval
+            x = b.host_loss(how, phase, group_timeout_s=5.0, mbit=10, idle_exit_s=3.0)
+            where = f"{how} at {phase:.0%}: {x}; logs in {tmp_path / 'hosts'}"
+            assert not x["after_end"], "the loss came after the last event: " + where
+            assert x["detect_s"] is not None and x["detect_s"] <= 30, where
+            assert x["recover_s"] is not None and x["recover_s"] >= x["detect_s"], where
+            assert x["events_lost"] == 0, where
+            assert x["events_duplicated"] is not None and x["events_duplicated"] <= x["duplicates_bound"], where
+            assert x["predict_ok"] > 0 and x["predict_failed"] == 0, where
+            first, last = x["served_versions"]
+            assert last > first, where  # the smaller group's snapshots reached serving
+    finally:
+        b.close()
+    assert not any(h.ns in _namespaces() for h in b.cluster.hosts)
