@@ -12,28 +12,43 @@ from the start with its own consumer group, store, checkpoints and metrics log.
    reference. ``auc_cluster_minus_loopback`` = the N-host run's progressive AUC minus this one's;
    ``offsets_committed``: the unshaped N-host run committed every partition's offset past its last record,
    and its final checkpoint holds the same offsets.
-2. Bandwidth: the N-host group with every link at each of ``mbits`` (0 = unshaped). Per run: events/s over
-   the span the metrics log shows training, the group's collective bytes per event (its metrics log), and the
-   Kafka bytes per event (the events' Arrow encoding). The model: each rank sends and receives its share of the
-   collective traffic per event it trains and also receives its events from the broker, so a link of L bytes/s
-   caps the group at ``N x L / (collective + kafka bytes per event)``; ``predicted_events_per_s`` is the smaller
-   of that cap and the unshaped run's rate, and ``predicted_vs_measured`` = predicted / measured at each
-   bandwidth where the cap is the smaller (the link is the bottleneck).
-3. Host loss (``--quick`` and full): the N-host group elastic (``--nnodes 1:N``), ``trainer.group_timeout_s``
-   = ``GROUP_TIMEOUT_S``, checkpoints every ``CHECKPOINT_EVERY_S``, links at ``LOSS_MBIT`` (0: unshaped),
-   serving on host 0 (pushed to every second) with a prober calling Predict every 50 ms; at ``LOSS_PHASES`` of
-   the first checkpoint interval after training began, the last host is lost: ``kill`` (SIGKILL to every process it runs) or ``cut``
-   (its link down: no reset reaches the others). Per run (``host_loss_<how>_<percent>``): ``predict_failed``
-   (calls that failed after the first answer), ``predict_max_gap_s``, ``served_versions`` (first and last
-   version answered), ``detect_s`` = from the loss to the surviving
-   ranks' restart as a smaller group (its first log line), ``recover_s`` = to training again (the metrics log's
-   events past where they stopped), ``events_lost`` = the events of the records the group's final checkpoint
-   has not consumed (0: every partition's offset at its end), ``events_duplicated`` = events trained minus
-   events produced, against ``duplicates_bound`` (one checkpoint interval at the unshaped rate).
-   ``host_loss_detect_s`` / ``host_loss_recover_s`` are the worse of the two ways, ``events_lost`` their sum.
+2. Bandwidth: the N-host group with every link at each of ``mbits`` (0 = unshaped), and a ``WIDE``-rank group
+   at its own list (``links_4``). Per run: events/s over the span the metrics log shows training, the group's
+   collective bytes per event and their split (``row_bytes_per_event``: the row exchange;
+   ``dense_bytes_per_event``: the dense all-reduce; from its metrics log), and the Kafka bytes per event (the
+   events' Arrow encoding). The model: each rank sends and receives its share of the collective traffic per
+   event it trains and also receives its events from the broker, so a link of L bytes/s caps the group at
+   ``N x L / (collective + kafka bytes per event)``; ``predicted_events_per_s`` is the smaller of that cap and
+   the unshaped run's rate, and ``predicted_vs_measured`` = predicted / measured at each bandwidth where the
+   cap is the smaller (the link is the bottleneck; keys ``"20"`` for N ranks, ``"4x10"`` for the wider group).
+3. Relief (``reliefs``): at the most link-bound bandwidth, each of ``RELIEFS`` (the bf16 wire for rows and
+   the dense sum, PowerSGD, per-rank batches): ``speedup`` over the exact group there, ``predicted_speedup``
+   from the run's own bytes, ``auc_cost`` (the exact group's AUC minus this one's).
+4. Stale sparse reads (``sparse_staleness``): what PERSIA's asynchronous sparse part could give at that
+   bandwidth. Overlapping communication with compute cannot beat a link that is the bottleneck, so only
+   fewer bytes can: ``benchmarks/staleness.py`` replays the group's steps with a K-step cache of fetched rows
+   per rank (``STALENESS_KS``) and gives the share of the row exchange's bytes each K saves; with the dense
+   all-reduce and Kafka bytes unchanged that bounds events/s at ``speedup_bound`` (the best K), and
+   ``speedup_bound_every_row_cached`` is the bound with no row sent at all. ``trainer.sparse_staleness`` is
+   built only where the bound reaches the goal.
+5. Host loss (``--quick`` and full): the N-host group elastic (``--nnodes 1:N``), ``trainer.group_timeout_s``
+   = ``GROUP_TIMEOUT_S``, checkpoints every ``CHECKPOINT_EVERY_S``, links at ``LOSS_MBIT``, serving on host 0
+   (pushed to every second) with a prober calling Predict every 50 ms; at ``LOSS_PHASES`` of the first
+   checkpoint interval after training began, the last trainer host is lost: ``kill`` (SIGKILL to every process
+   it runs) or ``cut`` (its link down: no reset reaches the others; healed after the run). Per run
+   (``host_loss_<how>_<percent>``): ``predict_failed`` (calls that failed after the first answer),
+   ``predict_max_gap_s``, ``served_versions`` (first and last version answered), ``detect_s`` = from the loss
+   to the surviving ranks' restart as a smaller group (its first log line), ``recover_s`` = to training again
+   (the metrics log's events past where they stopped), ``events_lost`` = the events of the records the
+   group's final checkpoint has not consumed (0: every partition's offset at its end),
+   ``events_duplicated`` = events trained minus events produced, against the run's ``duplicates_bound`` (one
+   checkpoint interval at its own rate before the loss, and the window in hand).
+   ``host_loss_detect_s`` / ``host_loss_recover_s`` are the worst of these runs, ``events_lost`` the sum over
+   every loss run. Then the services host (``services_kill``, ``services_cut``: a serving replica and the
+   sketch worker lost mid-run and back 5 s later; ``benchmarks/cluster_services.py``).
 
 Goals (``goals``): ``predicted_vs_measured`` within 0.8-1.25 at every link-bound bandwidth,
-``host_loss_detect_s <= 30``, ``events_lost == 0``. Needs root and iproute2 (``netns.available()``).
+``sparse_staleness`` >= 1.5x, ``host_loss_detect_s <= 30``, ``events_lost == 0``. Needs root and iproute2 (``netns.available()``).
 """
 
 from __future__ import annotations
@@ -50,8 +65,8 @@ from pathlib import Path
 
 SIZES = {  # events, link Mbit/s (0 = unshaped), ranks, host loss, links of the wider group (WIDE ranks)
     "tiny": (6_000, (0,), 2, False, ()),
-    "quick": (150_000, (0, 1000, 100, 20), 2, True, (0, 20)),
-    "full": (400_000, (0, 1000, 100, 50, 20, 10), 2, True, (0, 50, 20)),
+    "quick": (150_000, (0, 1000, 100, 20), 2, True, (0, 10)),
+    "full": (400_000, (0, 1000, 100, 50, 20, 10), 2, True, (0, 20, 10)),
 }
 WIDE = 4  # ranks of the wider group
 RELIEFS = {  # the settings that relieve a link, each tried at the most link-bound bandwidth
@@ -64,10 +79,6 @@ PARTITIONS = 4
 RDZV_PORT = 29400
 GROUP_TIMEOUT_S = 15.0  # trainer.group_timeout_s of the host-loss runs: how long a cut link goes unnoticed
 CHECKPOINT_EVERY_S = 2.0  # trainer.checkpoint_every_s of the host-loss runs: what a restart trains again
-# trainer.merge_max_events of the host-loss runs: a rank's partition merge holds at most this many events, so a
-# backlog (whole partition fetches handed over one partition after another) trains in windows with checkpoints
-# between them, not in one piece (a group trains what its merge holds before each checkpoint)
-LOSS_MERGE_MAX_EVENTS = 2048
 LOSS_PHASES = (0.1, 0.5, 0.9)  # where in a checkpoint interval the host is lost
 LOSS_MBIT = 20  # the links of the host-loss runs: the group trains long enough for a loss late in an interval
 TS = re.compile(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(\d{3})")
@@ -249,7 +260,6 @@ class ClusterBench:
         port = 50051 + len(list(self.root.glob("loss-*")))
         target = f"{h0.address}:{port}"
         cfg = self._config(name, **{"trainer.group_timeout_s": group_timeout_s, "trainer.idle_exit_s": idle_exit_s,
-                                    "trainer.merge_max_events": LOSS_MERGE_MAX_EVENTS,
                                     "trainer.checkpoint_every_s": CHECKPOINT_EVERY_S, "trainer.snapshot_every": 1,
                                     "serving.push_every_s": 1.0, "serving.target": target,
                                     "serving.host": h0.address, "serving.port": port, "serving.push_token": "bench",
@@ -490,9 +500,7 @@ def _staleness(b: ClusterBench, links: dict, ranks: int) -> dict:
     return out
 
 
-def _host_losses(b: ClusterBench, r: dict, base: dict) -> None:
-    bound = base["events_per_s"] * CHECKPOINT_EVERY_S  # one checkpoint interval's events
-    r["duplicates_bound"] = bound
+def _host_losses(b: ClusterBench, r: dict) -> None:
     worst = []
     for how in ("kill", "cut"):
         for phase in LOSS_PHASES:
@@ -501,7 +509,7 @@ def _host_losses(b: ClusterBench, r: dict, base: dict) -> None:
             worst.append(x)
             print(f"  host lost ({how}, {phase:.0%} into a checkpoint interval): a smaller group after "
                   f"{_s(x['detect_s'])}, training again after {_s(x['recover_s'])}; events lost "
-                  f"{x['events_lost']}, trained twice {x['events_duplicated']} (one interval: {bound:,.0f}); "
+                  f"{x['events_lost']}, trained twice {x['events_duplicated']} (bound {x['duplicates_bound']:,.0f}); "
                   f"Predict {x['predict_ok']} ok, {x['predict_failed']} failed, longest gap "
                   f"{_s(x['predict_max_gap_s'])}, versions {x['served_versions']}", flush=True)
     measured = [x for x in worst if not x["after_end"]]  # a loss after the last event measures nothing
@@ -512,6 +520,8 @@ def _host_losses(b: ClusterBench, r: dict, base: dict) -> None:
     r["host_loss_recover_s"] = None if not rec or None in rec else max(rec)
     r["events_lost"] = sum(x["events_lost"] for x in worst)
     r["events_duplicated"] = max((x["events_duplicated"] or 0) for x in worst)
+    r["duplicates_within_bound"] = all(x["events_duplicated"] is not None and x["events_duplicated"]
+                                       <= x["duplicates_bound"] for x in worst)
     r["predict_failed_during_loss"] = sum(x["predict_failed"] or 0 for x in worst)
     from .cluster_services import services_loss
 
@@ -563,7 +573,7 @@ def run(size: str) -> dict:
         r.update({"host_loss_detect_s": None, "host_loss_recover_s": None, "events_lost": None,
                   "events_duplicated": None})
         if loss:
-            _host_losses(b, r, base)
+            _host_losses(b, r)
     finally:
         b.close()
     r["seconds"] = round(time.perf_counter() - t0, 1)

@@ -11,7 +11,8 @@ would; ``cut``: the link is healed, the processes never stopped).
 Per run (``services_<how>``):
 
 - ``train_max_gap_s``: the longest time between two metrics records (every 0.5 s) while the group trains,
-  from the loss to its last event: a lost replica or sketch must not stall training;
+  from the loss to its last event: a lost replica or sketch must not stall training
+  (``train_max_gap_before_s``: the same before the loss, where checkpoints and snapshots make the gaps);
   ``events_per_s_before`` / ``events_per_s_after`` (the loss to the return);
 - ``events_lost`` (the group's final checkpoint against the topic) and ``events_duplicated`` (no restart:
   0 expected);
@@ -76,7 +77,7 @@ def services_loss(b, how: str, mbit: float, timeout_s: float = 600.0) -> dict:
     cfg = b._config(name, **{
         "trainer.hot_source": "topic", "kafka.hotset_topic": f"hot-set-{name}", "kafka.sketch_group": f"sketch-{name}",
         "sketch.state_dir": str(b.root / name / "sketch"), "sketch.publish_interval_s": 1.0,
-        "trainer.checkpoint_every_s": 2.0, "trainer.merge_max_events": 2048, "trainer.snapshot_every": 1, "serving.push_every_s": 1.0,
+        "trainer.checkpoint_every_s": 2.0, "trainer.snapshot_every": 1, "serving.push_every_s": 1.0,
         "serving.target": a, "serving.push_targets": f"{a},{z}", "serving.host": h0.address, "serving.port": port,
         "serving.push_token": "bench", "serving.data_dir": str(b.root / name / "serving-0")})
     other = ["--set", f"serving.host={hs.address}", "--set", f"serving.data_dir={b.root / name / 'serving-s'}"]
@@ -131,6 +132,8 @@ def services_loss(b, how: str, mbit: float, timeout_s: float = 600.0) -> dict:
     last_event = max(r["events"] for r in recs)
     after = [r for r in recs if r["ts"] >= lost and r["events"] < last_event] or [r for r in recs if r["ts"] >= lost]
     gaps = [y["ts"] - x["ts"] for x, y in zip([at, *after], after)]
+    training = [r for r in recs if 0 < r["events"] < last_event and r["ts"] < lost]
+    gaps_before = [y["ts"] - x["ts"] for x, y in zip(training, training[1:])]
     rate = lambda x, y: (y["events"] - x["events"]) / (y["ts"] - x["ts"]) if y["ts"] > x["ts"] else None  # noqa: E731
     before = [r for r in recs if r["ts"] < lost and r["events"] > 0]
     upto = [r for r in recs if lost <= r["ts"] <= returned]
@@ -139,6 +142,7 @@ def services_loss(b, how: str, mbit: float, timeout_s: float = 600.0) -> dict:
     return {
         "events_at_loss": at["events"], "after_end": at["events"] >= b.events,
         "train_max_gap_s": max(gaps) if gaps else None,
+        "train_max_gap_before_s": max(gaps_before) if gaps_before else None,
         "events_per_s_before": rate(before[0], before[-1]) if len(before) >= 2 else None,
         "events_per_s_after": rate(upto[0], upto[-1]) if len(upto) >= 2 else None,
         "events_lost": (b.messages - sum(b.checkpoint_offsets(name))) * b.events_per_message,

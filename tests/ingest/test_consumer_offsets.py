@@ -72,3 +72,25 @@ def test_group_mode_joins_and_resumes(topics, bootstrap):
         assert len(c.consumer.assignment()) == cfg.kafka.partitions
     finally:
         c.close()
+
+
+def test_a_poll_hands_over_about_what_was_asked_even_before_it_knows_the_records_size(topics, bootstrap):
+    """Arrow records of 512 events each, a backlog of 40: every poll, the first included, returns at most
+    the events asked for plus one record's (a poll counts records; until it has decoded one it cannot know
+    how many events a record holds, and must not hand over the backlog in one piece)."""
+    cfg = topics
+    p = EventProducer(bootstrap, cfg, codec="arrow")
+    for b in SyntheticStream(cfg).batches(40 * 512):
+        p.send_batch(b)
+    p.close()
+    c = EventConsumer(bootstrap, cfg, cfg.kafka.trainer_group, mode="assign")
+    try:
+        sizes, deadline = [], time.monotonic() + 30
+        while sum(sizes) < 40 * 512 and time.monotonic() < deadline:
+            b = c.poll_batch(1024, timeout=0.5)
+            if b is not None:
+                sizes.append(len(b))
+        assert sum(sizes) == 40 * 512
+        assert max(sizes) <= 1024 + 512, sizes
+    finally:
+        c.close()
