@@ -198,7 +198,8 @@ class GroupTrainerService(TrainerService):
         super().__init__(rank_config(cfg, rank, world), bootstrap, stop=stop,
                          progress=progress if rank == 0 else False, pusher_factory=pusher_factory if rank == 0 else None)
         self.core.hot_rows = 0  # the group's set arrives again from rank 0's source (the store keeps its rows)
-        self.bytes_at_log = (0, 0)  # row exchange and dense all-reduce bytes at the last record
+        # row exchange, dense all-reduce and metrics bytes at the last record, and when it was made
+        self.bytes_at_log = (0, 0, 0, 0.0)
         log.info("rank %d of %d: partitions %s of %r, store %s, resumed from %s", rank, world, self.partitions,
                  cfg.kafka.events_topic, self.cfg.store.path, self.resumed_from or "nothing (fresh start)")
 
@@ -532,11 +533,12 @@ class GroupTrainerService(TrainerService):
         """The group's figures (a collective); rank 0 logs, exports and shows them."""
         c, st = self.core, self.consumer.stats
         lag = self.consumer.lag()
+        now = time.monotonic()
         (events, hot_events, dead, nonfinite, rejected, lag_sum, commit_f, quarantined, resets, row_bytes,
-         dense_bytes, evicted, unadmitted) = self._sum(
+         dense_bytes, metric_bytes, evicted, unadmitted) = self._sum(
             c.events, c.hot_events, st.dead_letters, c.nonfinite_batches, c.rejected_events, max(lag, 0),
             st.commit_failures, st.quarantined, st.offsets_reset,
-            c.exchange.bytes_sent, c.dense_bytes_sent, self.rows_evicted, self._unadmitted())
+            c.exchange.bytes_sent, c.dense_bytes_sent, c.metrics_bytes_sent, self.rows_evicted, self._unadmitted())
         m = c.group_metrics()
         tasks = c.group_task_figures() if len(c.task_names) > 1 else None  # collectives: every rank calls them
         ev0, hot0 = self._hot_at_log
@@ -557,13 +559,17 @@ class GroupTrainerService(TrainerService):
             "quarantined": int(quarantined), "ranks": self.world,
             # what left the ranks since the last record, per event: the row exchange (rows out, their gradients
             # back, occurrence counts) and the dense gradients' all-reduce; their sum is the collective traffic
-            "collective_bytes_per_event": (row_bytes + dense_bytes - sum(self.bytes_at_log)) / dn if dn else float("nan"),
+            "collective_bytes_per_event": (row_bytes + dense_bytes - sum(self.bytes_at_log[:2])) / dn
+            if dn else float("nan"),
             "row_bytes_per_event": (row_bytes - self.bytes_at_log[0]) / dn if dn else float("nan"),
             "dense_bytes_per_event": (dense_bytes - self.bytes_at_log[1]) / dn if dn else float("nan"),
+            # the group's own figures (this record's collectives) on the wire, per second since the last record
+            "metrics_bytes_per_s": (metric_bytes - self.bytes_at_log[2]) / max(1e-9, now - self.bytes_at_log[3])
+            if self.bytes_at_log[3] else float("nan"),
         }
         if tasks is not None:
             rec["tasks"] = tasks
-        self.bytes_at_log = (row_bytes, dense_bytes)
+        self.bytes_at_log = (row_bytes, dense_bytes, metric_bytes, now)
         if self.rank == 0:  # the other ranks' sinks are off (rank_config); rank 0 shows the group's figures
             self._publish_record(rec)
         else:

@@ -43,7 +43,7 @@ from streamrec.foundation.failpoints import hit
 from streamrec.model import pool_sum, task_logits, unique_ids
 
 from .core import TrainerCore, WindowResult
-from .dense_sync import COMPRESSIONS, WIRE as _WIRE, DenseSync
+from .dense_sync import COMPRESSIONS, WIRE as _WIRE, DenseSync, ring_bytes
 from .schedule import hot_samples, plan
 from .sharding import RowExchange, owned_part
 from .step import GRAD_ABS_MAX, label_matrix, masked_task_losses, weighted_losses
@@ -105,6 +105,9 @@ class ShardedTrainerCore(TrainerCore):
                 dist.broadcast(buf, 0, group=group)
                 p.data.copy_(buf.to(p.device))
         self.dense_sync = DenseSync(t, self._params, self.rank, self.world, group, self.comm)
+        # what the group's metrics put on the wire from this rank (a histogram all-reduce and the sliding
+        # window's all-gather per metrics record): time-driven, not per event, so counted apart
+        self.metrics_bytes_sent = 0
 
     # the dense sum's figures (dense_sync.py): bytes a ring all-reduce puts on the wire from this rank, fp16 sums
     # redone in fp32, the fp16 scale (the same on every rank)
@@ -340,6 +343,7 @@ class ShardedTrainerCore(TrainerCore):
         m = self.metrics if task is None else self.task_metrics[task]
         vec = torch.from_numpy(np.concatenate([m.pos, m.neg, [m.loss_total, float(m.count)]])).to(self.comm)
         dist.all_reduce(vec, group=self.group)
+        self.metrics_bytes_sent += ring_bytes(vec.numel(), vec.element_size(), self.world)
         v = vec.cpu().numpy()
         b = m.bins
         g = StreamingMetrics(self.cfg.trainer.metrics_window, bins=b)
@@ -356,6 +360,7 @@ class ShardedTrainerCore(TrainerCore):
         mine[0, :n], mine[1, :n], mine[0, share] = m._wy[newest], m._wp[newest], n
         got = [torch.empty((2, share + 1), dtype=torch.float32, device=self.comm) for _ in range(self.world)]
         dist.all_gather(got, torch.from_numpy(mine).to(self.comm), group=self.group)
+        self.metrics_bytes_sent += (self.world - 1) * mine.nbytes  # a ring all-gather passes on every other piece
         ys, ps = [], []
         for t in got:
             a = t.cpu().numpy()

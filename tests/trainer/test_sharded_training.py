@@ -88,8 +88,9 @@ def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, 
         mine = ids[owner_of(tb, ids, world) == rank]
         owned[f] = (mine, store.peek(tb, mine).numpy(), store.peek_held(tb, mine)[1])
     g = core.group_metrics()
+    metrics_bytes = core.metrics_bytes_sent  # one record's figures on the wire from this rank
     tasks_figures = core.group_task_figures()  # a collective: every rank calls it
-    out = {"tasks": tasks_figures, "auc": g.auc, "logloss": g.logloss, "window_auc": g.window_auc(), "events": core.events, "steps": core.steps, "owned": owned,
+    out = {"tasks": tasks_figures, "metrics_bytes": metrics_bytes, "auc": g.auc, "logloss": g.logloss, "window_auc": g.window_auc(), "events": core.events, "steps": core.steps, "owned": owned,
            "binned": float(g.pos.sum() + g.neg.sum()),
            "dense": {k: v.detach().numpy().copy() for k, v in core.model.state_dict().items()}}
     store.close()
@@ -128,6 +129,10 @@ def test_two_ranks_train_the_model_one_trainer_would(tmp_path, group_runs, scena
         assert abs(r["window_auc"] - core.metrics.window_auc()) <= 0.001  # the group's window, not one rank's
         assert r["steps"] == N_EVENTS // BATCH
         assert r["binned"] == N_EVENTS  # the since-start AUC counts every event once (not the window twice)
+        # the record's traffic is counted: a ring all-reduce of both histograms and two totals (float64) and
+        # the all-gather of every rank's share of the window, (label, score) float32 pairs and a count
+        bins, share = core.metrics.bins, core.metrics.window // 2
+        assert r["metrics_bytes"] == 2 * (2 - 1) * (2 * bins + 2) * 8 // 2 + (2 - 1) * 2 * (share + 1) * 4
         for name, f in core.task_figures().items():  # every task's group figures are one trainer's
             assert r["tasks"][name]["labelled"] == f["labelled"], (name, r["tasks"][name], f)
             assert abs(r["tasks"][name]["auc"] - f["auc"]) <= 0.001, (name, r["tasks"][name], f)
