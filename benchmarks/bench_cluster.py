@@ -16,11 +16,14 @@ from the start with its own consumer group, store, checkpoints and metrics log.
    at its own list (``links_4``). Per run: events/s over the span the metrics log shows training, the group's
    collective bytes per event and their split (``row_bytes_per_event``: the row exchange;
    ``dense_bytes_per_event``: the dense all-reduce; from its metrics log), and the Kafka bytes per event (the
-   events' Arrow encoding). The model: each rank sends and receives its share of the collective traffic per
-   event it trains and also receives its events from the broker, so a link of L bytes/s caps the group at
-   ``N x L / (collective + kafka bytes per event)``; ``predicted_events_per_s`` is the smaller of that cap and
-   the unshaped run's rate, and ``predicted_vs_measured`` = predicted / measured at each bandwidth where the
-   cap is the smaller (the link is the bottleneck; keys ``"20"`` for N ranks, ``"4x10"`` for the wider group).
+   events' Arrow encoding), and the group's metrics traffic (``metrics_bytes_per_s``: a histogram all-reduce
+   and the sliding window's all-gather per metrics record, every ``trainer.log_every_s``). The model: each
+   rank sends and receives its share of the collective traffic per event it trains and also receives its
+   events from the broker, and the metrics take their share of every link first, so links of L bytes/s cap
+   the group at ``(N x L - metrics bytes/s) / (collective + kafka bytes per event)``;
+   ``predicted_events_per_s`` is the smaller of that cap and the unshaped run's rate, and
+   ``predicted_vs_measured`` = predicted / measured at each bandwidth where the cap is the smaller (the link
+   is the bottleneck; keys ``"20"`` for N ranks, ``"4x10"`` for the wider group).
 3. Relief (``reliefs``): at the most link-bound bandwidth, each of ``RELIEFS`` (the bf16 wire for rows and
    the dense sum, PowerSGD, per-rank batches): ``speedup`` over the exact group there, ``predicted_speedup``
    from the run's own bytes, ``auc_cost`` (the exact group's AUC minus this one's).
@@ -234,6 +237,9 @@ class ClusterBench:
         else:  # too short a run for a steady state: the trainer's own rate over its busiest logged interval
             rate = max(float(r.get("events_per_s") or 0.0) for r in moving)
         out = {"events": int(recs[-1]["events"]), "auc": float(recs[-1]["auc"]), "events_per_s": rate}
+        mb = [r["metrics_bytes_per_s"] for r in moving if isinstance(r.get("metrics_bytes_per_s"), (int, float))
+              and r["metrics_bytes_per_s"] == r["metrics_bytes_per_s"] and r["events"] < final]
+        out["metrics_bytes_per_s"] = sum(mb) / len(mb) if mb else 0.0  # the group's own figures, while it trains
         for key in ("collective_bytes_per_event", "row_bytes_per_event", "dense_bytes_per_event"):
             weighted, seen, prev = 0.0, 0, 0
             for r in recs:  # each record's figure covers the events since the one before: weigh by them
@@ -316,7 +322,8 @@ class ClusterBench:
         rate = ((before[-1]["events"] - before[0]["events"]) / (before[-1]["ts"] - before[0]["ts"])
                 if len(before) >= 2 and before[-1]["ts"] > before[0]["ts"] else 0.0)  # the group's, up to the loss
         return {  # a restart trains again what followed the last checkpoint: one interval, and the window in hand
-                "duplicates_bound": rate * CHECKPOINT_EVERY_S + t.batch_size * t.window_batches * self.ranks,"after_end": stopped_at >= self.events,  # every event trained before the loss: nothing to measure
+                "duplicates_bound": rate * CHECKPOINT_EVERY_S + t.batch_size * t.window_batches * self.ranks,
+                "after_end": stopped_at >= self.events,  # every event trained before the loss: nothing to measure
                 "detect_s": (min(restarts) - killed) if restarts else None,
                 "recover_s": (resumed[0] - killed) if resumed else None, "events_at_loss": stopped_at,
                 # records (Arrow messages) the final checkpoint has not consumed, in events at most
@@ -422,7 +429,8 @@ def _links(b: ClusterBench, ranks: int, mbits, prefix: str) -> dict:
         links[str(m)] = x
         print(f"  {ranks} hosts, link {m or 'unshaped'} Mbit/s  AUC {x['auc']:.5f}  {x['events_per_s']:,.0f} "
               f"events/s  collective {x['collective_bytes_per_event']:,.0f} B/event (rows "
-              f"{x['row_bytes_per_event']:,.0f}, dense {x['dense_bytes_per_event']:,.0f})", flush=True)
+              f"{x['row_bytes_per_event']:,.0f}, dense {x['dense_bytes_per_event']:,.0f}); metrics "
+              f"{x['metrics_bytes_per_s'] / 1e3:,.0f} kB/s", flush=True)
     base = links[str(mbits[0])]
     for m, x in links.items():
         if float(m) <= 0:
@@ -439,8 +447,10 @@ def _links(b: ClusterBench, ranks: int, mbits, prefix: str) -> dict:
 
 
 def _cap(ranks: int, mbit: float, x: dict, kafka_bytes: float) -> float:
-    """Events/s a link of ``mbit`` allows ``ranks`` ranks that send ``x``'s collective bytes per event."""
-    return ranks * mbit * 1e6 / 8 / (x["collective_bytes_per_event"] + kafka_bytes)
+    """Events/s links of ``mbit`` allow ``ranks`` ranks that send ``x``'s collective bytes per event, after the
+    group's metrics traffic (a load per second, not per event: its figures every ``trainer.log_every_s``)."""
+    free = ranks * mbit * 1e6 / 8 - x.get("metrics_bytes_per_s", 0.0)
+    return max(0.0, free) / (x["collective_bytes_per_event"] + kafka_bytes)
 
 
 def _reliefs(b: ClusterBench, links: dict, ranks: int) -> dict:
