@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 RETURN_AFTER_S = 5.0  # how long the services host stays lost
 
