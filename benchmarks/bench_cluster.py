@@ -311,9 +311,6 @@ class ClusterBench:
             server.wait(30)
         restarts = [t for lg in logs[:-1] for t in _log_times(lg, "trainer group restarted") if t > killed]
         resumed = [r["ts"] for r in _records(metrics) if r["ts"] > killed and r["events"] > stopped_at]
-        behind = self.messages - sum(self.checkpoint_offsets(name))
-        trained = sum(r.get("events", 0) for p in (self.root / name).glob("trace.jsonl*")
-                      for r in _records(p) if "ranges" in r)
         probe = json.loads(probe_out.read_text()) if probe_out.exists() else {}
         from streamrec.foundation import load_config
 
@@ -326,9 +323,7 @@ class ClusterBench:
                 "after_end": stopped_at >= self.events,  # every event trained before the loss: nothing to measure
                 "detect_s": (min(restarts) - killed) if restarts else None,
                 "recover_s": (resumed[0] - killed) if resumed else None, "events_at_loss": stopped_at,
-                # records (Arrow messages) the final checkpoint has not consumed, in events at most
-                "events_lost": behind * self.events_per_message,
-                "events_duplicated": max(0, trained - self.events) if trained else None,
+                **self.lost_and_twice(name),
                 "predict_ok": probe.get("ok"), "predict_failed": probe.get("failed"),
                 "predict_max_gap_s": probe.get("max_gap_s"), "served_versions": probe.get("versions")}
 
@@ -355,6 +350,16 @@ class ClusterBench:
         state, _ = read_checkpoint(latest)
         by = {int(p): int(o) for _t, p, o in state["offsets"]}
         return [by.get(p, 0) for p in range(PARTITIONS)]
+
+    def lost_and_twice(self, name: str) -> dict:
+        """Run ``name``'s ``events_lost`` (the records its final checkpoint has not consumed, in events at most)
+        and ``events_duplicated`` (events its ranks' traces say they trained, minus the events produced; None
+        without a trace)."""
+        behind = self.messages - sum(self.checkpoint_offsets(name))
+        trained = sum(r.get("events", 0) for p in (self.root / name).glob("trace.jsonl*")
+                      for r in _records(p) if "ranges" in r)
+        return {"events_lost": behind * self.events_per_message,
+                "events_duplicated": max(0, trained - self.events) if trained else None}
 
     def close(self) -> None:
         self.cluster.close()

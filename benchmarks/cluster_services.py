@@ -64,7 +64,7 @@ out.write_text(json.dumps({"ok": ok, "failed": failed, "timeline": timeline}))
 def services_loss(b, how: str, mbit: float, timeout_s: float = 600.0) -> dict:
     """Lose the services host of ``b`` (a ``ClusterBench``) mid-run, ``how`` = ``kill`` | ``cut``, over links
     at ``mbit``; its figures (the module's docstring)."""
-    from .bench_cluster import _records, _streamrec
+    from .bench_cluster import CHECKPOINT_EVERY_S, _records, _streamrec
 
     c = b.cluster
     s = len(c.hosts) - 1
@@ -76,7 +76,7 @@ def services_loss(b, how: str, mbit: float, timeout_s: float = 600.0) -> dict:
     cfg = b._config(name, **{
         "trainer.hot_source": "topic", "kafka.hotset_topic": f"hot-set-{name}", "kafka.sketch_group": f"sketch-{name}",
         "sketch.state_dir": str(b.root / name / "sketch"), "sketch.publish_interval_s": 1.0,
-        "trainer.checkpoint_every_s": 2.0, "trainer.snapshot_every": 1, "serving.push_every_s": 1.0,
+        "trainer.checkpoint_every_s": CHECKPOINT_EVERY_S, "trainer.snapshot_every": 1, "serving.push_every_s": 1.0,
         "serving.target": a, "serving.push_targets": f"{a},{z}", "serving.host": h0.address, "serving.port": port,
         "serving.push_token": "bench", "serving.data_dir": str(b.root / name / "serving-0")})
     other = ["--set", f"serving.host={hs.address}", "--set", f"serving.data_dir={b.root / name / 'serving-s'}"]
@@ -137,15 +137,13 @@ def services_loss(b, how: str, mbit: float, timeout_s: float = 600.0) -> dict:
     before = [r for r in recs if r["ts"] < lost and r["events"] > 0]
     upto = [r for r in recs if lost <= r["ts"] <= returned]
     served = [(t, va) for t, va, _vb in watch.get("timeline") or [] if va is not None]
-    trained = sum(r.get("events", 0) for p in (b.root / name).glob("trace.jsonl*") for r in _records(p) if "ranges" in r)
     return {
         "events_at_loss": at["events"], "after_end": at["events"] >= b.events,
         "train_max_gap_s": max(gaps) if gaps else None,
         "train_max_gap_before_s": max(gaps_before) if gaps_before else None,
         "events_per_s_before": rate(before[0], before[-1]) if len(before) >= 2 else None,
         "events_per_s_after": rate(upto[0], upto[-1]) if len(upto) >= 2 else None,
-        "events_lost": (b.messages - sum(b.checkpoint_offsets(name))) * b.events_per_message,
-        "events_duplicated": max(0, trained - b.events) if trained else None,
+        **b.lost_and_twice(name),
         "predict_ok": watch.get("ok"), "predict_failed": watch.get("failed"),
         "served_version_at_loss": max((v for t, v in served if t <= lost), default=None),
         "served_version_end": served[-1][1] if served else None,
