@@ -224,7 +224,7 @@ class PartitionReader:
 
         The head is the last fetch's high watermark, which every fetch response carries: asking the broker
         (ListOffsets) is a round trip in the training loop, and on a saturated link it waits behind the
-        fetches for seconds. Only a partition no fetch has answered for yet is asked about."""
+        fetches. Only a partition no fetch has answered for yet is asked about."""
         assigned = list(self.kc.assignment())
         if not assigned:
             return {}
