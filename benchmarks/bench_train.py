@@ -250,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=[*MODELS, "all"],
                    help="instead of the three set-ups: the fae set-up with this model.architecture (all: every "
                         "built-in) and with dlrm, in one run: each one's events/s and its ratio to the DLRM's")
+    p.add_argument("--host-ceiling", action="store_true",
+                   help="instead of the three set-ups: the trainer's pipeline from an Arrow backlog with a model "
+                        "of negligible arithmetic, host microseconds per event by stage (benchmarks/host_ceiling.py)")
     add_device_arg(p)
     args = p.parse_args(argv)
     device = str(bench_device(args.device, p))
@@ -265,6 +268,14 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             p.error(f"--set wants KEY=VALUE, got {kv!r}")
         sets[k] = json.loads(v) if v[:1].isdigit() or v[:1] in "[{-" or v in ("true", "false") else v
+    if args.host_ceiling:
+        from . import host_ceiling
+
+        r = host_ceiling.run(events, ids, args.batch, args.threads, device)
+        print(host_ceiling.report(r), flush=True)
+        if args.json:
+            print(json.dumps(r))
+        return 0
     if args.run_one:
         print(json.dumps(run_one(args.run_one, events, ids, args.batch, sample, args.threads, args.profile, sets,
                                  early_scores=not args.without_early_scores, device=device)))

@@ -32,6 +32,7 @@ from streamrec.model import build_model, predict_batch, unique_ids
 from .batching import EventBatcher, Step
 from .delayed_metrics import DelayedLabels
 from .schedule import MiniBatch, hot_samples, plan
+from .stage_clock import StageClock
 from .step import NonFiniteStep, dense_optimizer, train_step
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class TrainerCore:
         self.newest_event_ms = 0
         self.nonfinite_batches = 0  # mini-batches whose loss or gradients were not finite (nothing applied)
         self.rejected_events = 0  # events of those batches that were not trained (dead-lettered by the service)
+        self.clock = StageClock()  # seconds per pipeline stage (``bench train --host-ceiling`` reads it)
 
     # -- hot set ---------------------------------------------------------------
     def apply_hot_set(self, version: int, tables: Mapping[str, np.ndarray]) -> Any:
@@ -125,13 +127,14 @@ class TrainerCore:
         ``flush``: then train everything still waiting too.
 
         Events that complete no mini-batch wait (``pending``); the checkpoint keeps them."""
-        hot = None
-        if self.cfg.trainer.schedule == "fae" and self.hot_rows and len(batch):
-            hot = hot_samples(batch, self.fields, self.hot_mask)
-        base = self.batcher.next_seq
-        steps = self.batcher.add(batch, hot)
-        if flush:
-            steps += self.batcher.drain()
+        with self.clock.stage("batching"):
+            hot = None
+            if self.cfg.trainer.schedule == "fae" and self.hot_rows and len(batch):
+                hot = hot_samples(batch, self.fields, self.hot_mask)
+            base = self.batcher.next_seq
+            steps = self.batcher.add(batch, hot)
+            if flush:
+                steps += self.batcher.drain()
         return self._run_steps(steps, len(batch), base)
 
     def flush(self) -> WindowResult:
@@ -185,7 +188,8 @@ class TrainerCore:
                 rejected.append(s.rows[bad])
                 reasons.append(why)
             rows = s.rows[keep]
-            self.score_trained(buf, rows, labels[rows], bt.scores[rows])
+            with self.clock.stage("metrics"):
+                self.score_trained(buf, rows, labels[rows], bt.scores[rows])
             trained += len(rows)
             if s.kind == "hot":
                 hot_n += len(rows)
