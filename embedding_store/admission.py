@@ -163,25 +163,26 @@ def _unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     return u, inv.reshape(-1)
 
 
-def lookup(store, t, ids: np.ndarray):
+def lookup(store, t, ids: np.ndarray, host: bool = False):
     """``EmbeddingStore.lookup`` of a table with admission: admitted ids read their rows, the others the
-    unadmitted value (the shared row, or zeros)."""
+    unadmitted value (the shared row, or zeros); on the host with ``host``."""
     import torch
 
     c = t.admission
+    dev = torch.device("cpu") if host else store.device
     uniq, inv = _unique(ids)
     ok = c.decide(uniq) | t.hot.mask(uniq)
     if ok.all():
-        rows = store._get(t.name, uniq, remember=True)
+        rows = store._get(t.name, uniq, remember=True, host=host)
     elif c.shared:
         m_uniq, m_inv = np.unique(np.where(ok, uniq, UNADMITTED_ID), return_inverse=True)
-        rows = store._get(t.name, m_uniq, remember=True)[torch.from_numpy(m_inv.reshape(-1)).to(store.device)]
+        rows = store._get(t.name, m_uniq, remember=True, host=host)[torch.from_numpy(m_inv.reshape(-1)).to(dev)]
     else:
-        rows = torch.zeros((len(uniq), t.dim), dtype=torch.float32, device=store.device)
+        rows = torch.zeros((len(uniq), t.dim), dtype=torch.float32, device=dev)
         keep = np.flatnonzero(ok)
         if len(keep):
-            rows[torch.from_numpy(keep).to(store.device)] = store._get(t.name, uniq[keep], remember=True)
-    return rows if inv is None else rows[torch.from_numpy(inv).to(store.device)]
+            rows[torch.from_numpy(keep).to(dev)] = store._get(t.name, uniq[keep], remember=True, host=host)
+    return rows if inv is None else rows[torch.from_numpy(inv).to(dev)]
 
 
 def peek(store, t, ids: np.ndarray):

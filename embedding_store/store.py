@@ -55,6 +55,7 @@ from . import stats as _stats
 from .cache import HostCache
 from .cold import FORMAT, RocksDBColdTier, check_manifest, read_manifest, write_manifest
 from .errors import StoreError
+from .hot_arena import HotArena, arenas_of
 from .rows import gather, init_rows, table_tag
 from .store_types import ColdTier
 from .table import Probe, Table
@@ -153,6 +154,7 @@ class EmbeddingStore:
                 self.cold.close()
                 raise StoreError(f"table {n!r}: init scale must be in (0, 1000], got {t.init_scale!r}")
         self._by_tag = {t.tag: t for t in self.tables.values()}
+        self.arenas: dict[int, HotArena] = arenas_of(self.tables.values(), self.device)  # {dim: hot rows}
         self.eviction, self.lfu_half_life_s, self.evict_slack = str(eviction), float(lfu_half_life_s), float(evict_slack)
         if _admission.configure(self.tables.values(), admit_min_count, unadmitted, admit_counter_mb, max_rows, eviction):
             _checkpoint.load_admission(self, self.path / ADMISSION_FILE)
@@ -242,25 +244,28 @@ class EmbeddingStore:
         t = self._table(table)
         return t.hot.mask(self._ids(t, ids))
 
-    def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor:
-        """Rows of ``ids`` (any order, repeats allowed) as ``[n, dim]`` float32 on the device.
+    def lookup(self, table: str, ids: np.ndarray, host: bool = False) -> torch.Tensor:
+        """Rows of ``ids`` (any order, repeats allowed) as ``[n, dim]`` float32 on the device (on the host
+        with ``host``: a caller that copies several tables' cold rows to the device in one piece).
 
         An unseen id reads as its deterministic init (its row is stored by its first write, which saves a
         write per new row: most of a Zipf stream's cold traffic); an id not admitted yet reads the unadmitted
         value. Fetched cold rows are kept for the ``apply_gradients`` that usually follows.
         """
         if (t := self._table(table)).admission is not None and t.admission.min_count > 1:
-            return _admission.lookup(self, t, self._ids(t, ids))
-        return self._get(table, ids, remember=True)
+            return _admission.lookup(self, t, self._ids(t, ids), host=host)
+        return self._get(table, ids, remember=True, host=host)
 
-    def peek(self, table: str, ids: np.ndarray) -> torch.Tensor:
+    def peek(self, table: str, ids: np.ndarray, host: bool = False) -> torch.Tensor:
         """Like ``lookup`` but never writes: unseen ids read their init (unadmitted ids: as serving reads them)."""
         if (t := self._table(table)).admission is not None and t.admission.min_count > 1:
-            return _admission.peek(self, t, self._ids(t, ids))
-        return self._get(table, ids, remember=False)
+            rows = _admission.peek(self, t, self._ids(t, ids))
+            return rows.cpu() if host else rows
+        return self._get(table, ids, remember=False, host=host)
 
-    def _get(self, table: str, ids, remember: bool) -> torch.Tensor:
+    def _get(self, table: str, ids, remember: bool, host: bool = False) -> torch.Tensor:
         t = self._table(table)
+        dev = torch.device("cpu") if host else self.device
         ids = self._ids(t, ids)
         n = len(ids)
         pre = self._pre.pop(t.name, None)
@@ -275,7 +280,7 @@ class EmbeddingStore:
         self.cold_hits += n - nh
         self._memo.pop(t.name, None)
         if nh == n:
-            return t.hot.w[torch.from_numpy(slots).to(self.device)]
+            return t.hot.w[torch.from_numpy(slots).to(self.device)].to(dev)
         cold_pos = np.flatnonzero(~is_hot)
         cids = ids[cold_pos]
         if len(cids) < 2 or bool(np.all(cids[1:] > cids[:-1])):  # already sorted unique (the trainer's
@@ -310,12 +315,38 @@ class EmbeddingStore:
                 rowpath.remember(t, uniq, recs, found)
         cold_rows = torch.from_numpy(np.ascontiguousarray(recs["w"][inv.reshape(-1)]))
         if nh == 0:
-            return cold_rows.to(self.device)
-        out = torch.empty((n, t.dim), dtype=torch.float32, device=self.device)
+            return cold_rows.to(dev)
+        out = torch.empty((n, t.dim), dtype=torch.float32, device=dev)
         hot_pos = np.flatnonzero(is_hot)
-        out[torch.from_numpy(hot_pos).to(self.device)] = t.hot.w[torch.from_numpy(slots[hot_pos]).to(self.device)]
-        out[torch.from_numpy(cold_pos).to(self.device)] = cold_rows.to(self.device)
+        out[torch.from_numpy(hot_pos).to(dev)] = t.hot.w[torch.from_numpy(slots[hot_pos]).to(self.device)].to(dev)
+        out[torch.from_numpy(cold_pos).to(dev)] = cold_rows.to(dev)
         return out
+
+    # -- the fused step's row source (streamrec.trainer.step_types.RowSource) --------------------------------
+    def arena(self, dim: int) -> HotArena:
+        """The device tensor holding every hot row of width ``dim`` (``hot_arena.py``)."""
+        a = self.arenas.get(int(dim))
+        if a is None:
+            raise StoreError(f"no table of width {dim}; widths: {', '.join(map(str, sorted(self.arenas)))}")
+        return a
+
+    def resolve(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """Each id's row in its width's :meth:`arena`, -1 where the id is not hot (its row is then read
+        with :meth:`lookup` and updated with :meth:`apply_gradients`). Counts the hot ids as hot hits."""
+        t = self._table(table)
+        slots = t.hot.find(self._ids(t, ids))
+        hot = slots >= 0
+        self.hot_hits += int(np.count_nonzero(hot))
+        return np.where(hot, slots + self.arenas[t.dim].base[t.name], -1)
+
+    def mark_hot_written(self, table: str, arena_slots: np.ndarray) -> None:
+        """Record that the rows at ``arena_slots`` (of ``table``, repeats allowed) were just updated in the
+        arena: they are written back at the next checkpoint, stamped with this epoch and time."""
+        t = self._table(table)
+        s = np.asarray(arena_slots, np.int64) - self.arenas[t.dim].base[t.name]
+        t.hot.dirty[s] = True
+        t.hot.ep[s] = self.write_epoch
+        t.hot.ts[s] = time.time()
 
     def apply_gradients(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> np.ndarray | None:
         """Row-wise Adagrad on rows ``ids`` (unique) with ``grads [n, dim]`` float32 (``optimizer.py``); with

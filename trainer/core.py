@@ -31,9 +31,10 @@ from .metrics import StreamingMetrics
 from streamrec.model import build_model, predict_batch, unique_ids
 from .batching import EventBatcher, Step
 from .delayed_metrics import DelayedLabels
+from .fused_step import FusedStep, PreparedStep
 from .schedule import MiniBatch, hot_samples, plan
 from .stage_clock import StageClock
-from .step import NonFiniteStep, dense_optimizer, train_step
+from .step import NonFiniteStep, dense_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class TrainerCore:
         self.nonfinite_batches = 0  # mini-batches whose loss or gradients were not finite (nothing applied)
         self.rejected_events = 0  # events of those batches that were not trained (dead-lettered by the service)
         self.clock = StageClock()  # seconds per pipeline stage (``bench train --host-ceiling`` reads it)
+        self.fused = FusedStep(self.model, self.opt, cfg.model, store, device, fake_negative=self.fake_negative,
+                               clock=self.clock)
 
     # -- hot set ---------------------------------------------------------------
     def apply_hot_set(self, version: int, tables: Mapping[str, np.ndarray]) -> Any:
@@ -146,22 +149,17 @@ class TrainerCore:
         """Events received and not trained yet."""
         return len(self.batcher)
 
-    def _prefetch(self, uniques: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
-        for table, (ids, _) in uniques.items():
-            if len(ids):
-                self.store.prefetch(table, ids)
-
     def _run_steps(self, steps: list[Step], n_new: int, base: int) -> WindowResult:
-        """Run planned steps in order: score the early ones, then train (prefetching the next cold step).
+        """Run planned steps in order: score the early ones, then train.
 
-        Each mini-batch's unique ids are computed once (shared by its prefetch and its lookup);
-        hot mini-batches are never prefetched (their rows are all on the device)."""
+        The host prepares the next step (its ids resolved, a cold step's rows prefetched) before this one
+        runs; hot mini-batches are never prefetched (their rows are all on the device)."""
         bt = self.batcher
         buf = bt.buffer
         self.model.train()
         subs = [buf.take(s.rows) for s in steps]
         labels = buf.label_matrix(len(self.task_names))
-        uniqs: list = [None] * len(steps)
+        prepared: list[PreparedStep | None] = [None] * len(steps)
         hot_n, trained = 0, 0
         rejected: list[np.ndarray] = []
         reasons: list[str] = []
@@ -171,15 +169,15 @@ class TrainerCore:
                 at = np.concatenate([s.rows, s.prescore]) if len(s.prescore) else s.rows
                 marker.mark_step(bt.part[at], bt.off[at])
             if len(s.prescore):
-                bt.scores[s.prescore] = self.predict(buf.take(s.prescore))
-            if uniqs[i] is None:
-                uniqs[i] = unique_ids(sub, self.cfg.model)
+                early = buf.take(s.prescore)
+                bt.scores[s.prescore] = self.fused.score(self.fused.prepare(early))
+            if prepared[i] is None:
+                prepared[i] = self.fused.prepare(sub)
             nxt = i + 1
-            if nxt < len(steps) and steps[nxt].kind != "hot":
-                uniqs[nxt] = unique_ids(subs[nxt], self.cfg.model)
-                self._prefetch(uniqs[nxt])  # cold rows load in the background while this batch trains
-            p, bad, why = self._guarded_step(sub, uniqs[i])
-            uniqs[i] = None
+            if nxt < len(steps):  # a cold step's rows load in the background while this batch trains
+                prepared[nxt] = self.fused.prepare(subs[nxt], prefetch=steps[nxt].kind != "hot")
+            p, bad, why = self._guarded_step(sub, prepared[i])
+            prepared[i] = None
             own = np.isnan(bt.scores[s.rows, 0])  # an event scored early keeps that score: this one has peeked
             bt.scores[s.rows[own]] = p[own]
             keep = np.ones(len(s.rows), bool)
@@ -228,7 +226,7 @@ class TrainerCore:
         return WindowResult(len(batch), hot_n, minibatches, scores, out, "; ".join(dict.fromkeys(reasons)),
                             trained=int(keep.sum()), rejected_batch=batch.take(out) if len(out) else None)
 
-    def _guarded_step(self, sub: EventBatch, uniques) -> tuple[np.ndarray, np.ndarray, str]:
+    def _guarded_step(self, sub: EventBatch, prepared: PreparedStep | None) -> tuple[np.ndarray, np.ndarray, str]:
         """Train one mini-batch; ``(scores, rejected rows, reason)``.
 
         A step that is not finite changed nothing, so its events can be tried again: the
@@ -238,12 +236,12 @@ class TrainerCore:
         scores = np.full((len(sub), len(self.task_names)), np.nan, np.float32)
         bad: list[np.ndarray] = []
         why: list[str] = []
-        todo = [(np.arange(len(sub)), uniques)]
+        todo = [(np.arange(len(sub)), prepared)]
         while todo:
-            rows, uniq = todo.pop()
+            rows, prep = todo.pop()
             part = sub if len(rows) == len(sub) else sub.take(rows)
             try:
-                scores[rows] = self._step(part, uniq)
+                scores[rows] = self._step(part, prep)
                 continue
             except NonFiniteStep as e:
                 self.nonfinite_batches += 1
@@ -268,21 +266,16 @@ class TrainerCore:
     # records of its events, early-scored ones included; ``step_done()`` after the last), if set
     step_marker = None
 
-    def _step(self, sub: EventBatch, uniques) -> np.ndarray:
+    def _step(self, sub: EventBatch, prepared: PreparedStep | None) -> np.ndarray:
         t0 = time.perf_counter()
         if self.cfg.store.admit_min_count >= 2:  # admission counts each id's occurrences in the step
             from streamrec.embedding_store import note_occurrences
 
-            uniques = uniques if uniques is not None else unique_ids(sub, self.cfg.model)
-            for table, (ids, inverse) in uniques.items():
-                note_occurrences(self.store, table, ids, np.bincount(inverse, minlength=len(ids)))
+            with self.clock.stage("ids"):
+                for table, (ids, inverse) in unique_ids(sub, self.cfg.model).items():
+                    note_occurrences(self.store, table, ids, np.bincount(inverse, minlength=len(ids)))
         try:
-            # every table's rows are read before any gradient is applied: the device tier's updates
-            # of all tables go out as one batch of kernels at the step's end
-            with self.store.fused_hot_updates():
-                return train_step(self.model, self.opt, sub, self.cfg.model, self.store.lookup,
-                                  self.store.apply_gradients, self.device, uniques=uniques,
-                                  fake_negative=self.fake_negative)
+            return self.fused.run(prepared if prepared is not None else self.fused.prepare(sub))
         finally:
             if self.on_step is not None:
                 self.on_step(time.perf_counter() - t0)

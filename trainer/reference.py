@@ -1,5 +1,5 @@
-"""The plain in-memory baseline: every embedding row in an ``nn.Embedding``, no
-store, no tiers. Same deterministic initial rows and the same row-wise Adagrad as
+"""The plain in-memory baseline: every embedding row resident in one device tensor per
+width, no store, no tiers. Same deterministic initial rows and the same row-wise Adagrad as
 the store, so the tiered trainer can be checked against it (equivalence tests) and
 compared against it (``bench train``).
 
@@ -15,16 +15,30 @@ from typing import Mapping
 
 import numpy as np
 import torch
-from torch import nn
-
 from streamrec.embedding_store import adagrad_rows, adagrad_rows_np, init_rows
 from streamrec.foundation import table_salt
 from streamrec.model import build_model, predict_batch
 
-from .step import dense_optimizer, train_step
+from .fused_step import FusedStep
+from .step import dense_optimizer
+
+
+class _Arena:
+    """Every row of one width, resident (the store's ``HotArena`` layout: a scratch row last)."""
+
+    def __init__(self, w: torch.Tensor, acc: torch.Tensor):
+        self.w, self.acc = w, acc
+
+    @property
+    def scratch(self) -> int:
+        return int(self.w.shape[0]) - 1
 
 
 class MemoryDLRM:
+    """The baseline, trained by the same fused step as the tiered trainer (``fused_step.py``) with every
+    row resident in one device tensor per width: a :class:`~.step_types.RowSource` that never has a
+    cold row."""
+
     def __init__(self, cfg, vocab: Mapping[str, np.ndarray], device: torch.device | str = "cpu",
                  init_chunk: int = 1 << 17):
         self.cfg = cfg
@@ -32,14 +46,16 @@ class MemoryDLRM:
         self.fields = cfg.model.field_names
         self.model = build_model(cfg.model).to(self.device)
         self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
+        self.lr, self.eps = float(cfg.store.adagrad_lr), float(cfg.store.adagrad_eps)
         self.ids: dict[str, np.ndarray] = {}
-        self.emb: dict[str, nn.Embedding] = {}
-        self.acc: dict[str, torch.Tensor] = {}
+        self.base: dict[str, int] = {}
+        self._dims = dict(cfg.model.tables)
         self._last: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         scales = cfg.model.init_scales(cfg.store.init_scale)  # the store's per-table rule (DLRM: sqrt(1/rows))
         uses: dict[str, list[str]] = {}
         for f, t in cfg.model.field_tables.items():
             uses.setdefault(t, []).append(f)
+        parts: dict[int, list[np.ndarray]] = {}
         for t, dim in cfg.model.tables.items():
             ids = np.unique(np.concatenate([np.asarray(vocab[f], dtype=np.int64) for f in uses[t]]))
             self.ids[t] = ids
@@ -47,12 +63,17 @@ class MemoryDLRM:
             for s in range(0, len(ids), init_chunk):
                 w[s:s + init_chunk] = init_rows(table_salt(t), cfg.model.seed, ids[s:s + init_chunk], dim,
                                                 scales[t])
-            e = nn.Embedding(len(ids), dim, _weight=torch.from_numpy(w))
-            e.weight.requires_grad_(False)
-            self.emb[t] = e.to(self.device)
-            self.acc[t] = torch.zeros(len(ids), dtype=torch.float32, device=self.device)
+            self.base[t] = sum(len(p) for p in parts.get(dim, []))
+            parts.setdefault(dim, []).append(w)
+        self.arenas: dict[int, _Arena] = {}
+        for dim, ws in parts.items():
+            w = np.concatenate([*ws, np.zeros((1, dim), np.float32)])
+            self.arenas[dim] = _Arena(torch.from_numpy(w).to(self.device),
+                                      torch.zeros(len(w), dtype=torch.float32, device=self.device))
+        self.step = FusedStep(self.model, self.opt, cfg.model, self, self.device)
 
     def index(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """Each id's row in the table's own range (a ``KeyError`` names ids outside the vocabulary)."""
         last = self._last.get(table)
         if last is not None and last[0] is ids:  # apply_gradients right after lookup of the same array
             return last[1]
@@ -65,35 +86,49 @@ class MemoryDLRM:
         self._last[table] = (ids, pos)
         return pos
 
-    def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor:
-        if self.device.type == "cpu":  # numpy gather on the shared buffer: no torch dispatch per table
-            return torch.from_numpy(self.emb[table].weight.numpy()[self.index(table, ids)])
-        idx = torch.from_numpy(self.index(table, ids)).to(self.device)
-        return self.emb[table].weight[idx]
+    # -- RowSource: every row is resident -----------------------------------------------------------
+    def arena(self, dim: int) -> _Arena:
+        return self.arenas[int(dim)]
+
+    def resolve(self, table: str, ids: np.ndarray) -> np.ndarray:
+        return self.index(table, ids) + self.base[table]
+
+    def lookup(self, table: str, ids: np.ndarray, host: bool = False) -> torch.Tensor:
+        """Rows of ``ids`` (any order, repeats allowed)."""
+        a = self.arenas[self._dims[table]]
+        if a.w.device.type == "cpu":  # numpy gather on the shared buffer: no torch dispatch per table
+            return torch.from_numpy(a.w.numpy()[self.resolve(table, ids)])
+        rows = a.w[torch.from_numpy(self.resolve(table, ids)).to(a.w.device)]
+        return rows.cpu() if host else rows
+
+    peek = lookup
+
+    def prefetch(self, table: str, ids: np.ndarray) -> None:
+        pass  # nothing to read ahead: every row is resident
 
     def apply_gradients(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> None:
-        """Row-wise Adagrad on the touched rows only (the sparse update a competent DLRM does)."""
-        if self.device.type == "cpu":  # same IEEE ops as the store's host path, bit for bit
-            idx = self.index(table, ids)
-            w, acc = self.emb[table].weight.numpy(), self.acc[table].numpy()
-            w[idx], acc[idx] = adagrad_rows_np(w[idx], acc[idx], grads.detach().numpy(),
-                                               self.cfg.store.adagrad_lr, self.cfg.store.adagrad_eps)
+        """Row-wise Adagrad on the rows of unique ``ids`` (the sparse update a competent DLRM does)."""
+        a = self.arenas[self._dims[table]]
+        idx = self.resolve(table, ids)
+        if a.w.device.type == "cpu":  # same IEEE ops as the store's host path, bit for bit
+            w, acc = a.w.numpy(), a.acc.numpy()
+            w[idx], acc[idx] = adagrad_rows_np(w[idx], acc[idx], grads.detach().numpy(), self.lr, self.eps)
             return
-        idx = torch.from_numpy(self.index(table, ids)).to(self.device)
-        w = self.emb[table].weight
-        new_w, new_acc = adagrad_rows(w[idx], self.acc[table][idx], grads.to(self.device),
-                                      self.cfg.store.adagrad_lr, self.cfg.store.adagrad_eps)
-        w[idx] = new_w
-        self.acc[table][idx] = new_acc
+        it = torch.from_numpy(idx).to(a.w.device)
+        a.w[it], a.acc[it] = adagrad_rows(a.w[it], a.acc[it], grads.to(a.w.device), self.lr, self.eps)
 
+    def mark_hot_written(self, table: str, arena_slots: np.ndarray) -> None:
+        pass  # no tier below to write back to
+
+    # -- training -------------------------------------------------------------------------------------
     def train_batch(self, batch) -> np.ndarray:
         """Score-before-train on one mini-batch; returns the progressive scores ``[B, T]``."""
         self.model.train()
-        return train_step(self.model, self.opt, batch, self.cfg.model, self.lookup, self.apply_gradients, self.device)
+        return self.step.run(self.step.prepare(batch))
 
     def predict(self, batch) -> np.ndarray:
         self.model.eval()
         return predict_batch(self.model, batch, self.cfg.model, self.lookup, self.device)
 
     def nbytes(self) -> int:
-        return sum(e.weight.numel() * 4 + self.acc[f].numel() * 4 for f, e in self.emb.items())
+        return sum(a.w.numel() * 4 + a.acc.numel() * 4 for a in self.arenas.values())

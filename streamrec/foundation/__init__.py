@@ -8,6 +8,7 @@ Public surface::
 
     Config, load_config(path, overrides, env), ConfigError, FieldSpec, TaskSpec, GeneratedField
     EventBatch, JaggedIds, EventSchema, EventError      # the event contract
+    KeyedJaggedIds                                      # every field's ids of a batch in one values/offsets pair
     FEEDBACK_CODES, FEEDBACK_NAMES, feedback_code       # an event's feedback kind <-> its int8 code
     hash_id, hash_ids, table_salt, splitmix64, salted_mix, INT64_MIN, INT64_MAX
     resolve_device(name)                                # "auto" -> cuda if present, else cpu
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .device import DeviceError, resolve_device
     from .errors import EventError, StreamrecError
     from .events import FEEDBACK_CODES, FEEDBACK_NAMES, FLOAT32_MAX, EventBatch, EventSchema, JaggedIds, feedback_code
+    from .keyed_jagged import KeyedJaggedIds
     from .metrics import roc_auc
     from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids, salted_mix, splitmix64, table_salt
     from .lazy import lazy_exports
@@ -44,6 +46,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".device": "DeviceError resolve_device",
     ".errors": "EventError StreamrecError",
     ".events": "FEEDBACK_CODES FEEDBACK_NAMES FLOAT32_MAX EventBatch EventSchema JaggedIds feedback_code",
+    ".keyed_jagged": "KeyedJaggedIds",
     ".ids": "INT64_MAX INT64_MIN hash_id hash_ids salted_mix splitmix64 table_salt",
     ".metrics": "roc_auc",
     ".npz": "save_npz",

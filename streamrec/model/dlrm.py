@@ -136,13 +136,40 @@ def task_logits(out: torch.Tensor, num_tasks: int) -> torch.Tensor:
                      f"(one logit per task, {num_tasks} task{'s' if num_tasks != 1 else ''})")
 
 
+class _PoolSum(torch.autograd.Function):
+    """Sum pooling whose backward adds each row's gradient over its occurrences in ``index`` order.
+
+    ``embedding_bag``'s own backward sorts the indices first, so the order in which a row's
+    occurrences are added (and with it the last bits of the row's gradient) depends on every other
+    index in the call: pooling all fields in one call would not give the rows that one call per
+    field gives. ``index_add_`` in occurrence order does, on a CPU; CUDA adds atomically, in no
+    fixed order, as every CUDA sum of scattered values does."""
+
+    @staticmethod
+    def forward(ctx, rows, index, offsets):
+        ctx.save_for_backward(index, offsets)
+        ctx.n_rows = rows.shape[0]
+        return F.embedding_bag(index, rows, offsets[:-1], mode="sum", include_last_offset=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        index, offsets = ctx.saved_tensors
+        per = torch.repeat_interleave(grad, offsets[1:] - offsets[:-1], dim=0, output_size=index.numel())
+        rows = torch.zeros((ctx.n_rows, grad.shape[1]), dtype=grad.dtype, device=grad.device)
+        return rows.index_add_(0, index, per), None, None
+
+
 def pool_sum(rows: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Sum-pool jagged lookups: bag ``i`` sums ``rows[index[offsets[i]:offsets[i+1]]]``.
 
-    ``rows`` are the unique rows of a table (a leaf that collects their gradient),
-    ``index`` maps every id occurrence to its unique row. Empty bags pool to zero.
+    ``rows`` are unique rows (a leaf that collects their gradient), ``index`` maps every id occurrence
+    to its row. Empty bags pool to zero. A row's gradient adds its occurrences in ``index`` order
+    (on a CPU), so pooling several fields in one call gives each row of a table that only one of
+    them uses the gradient one call per field gives, bit for bit.
     """
-    return F.embedding_bag(index, rows, offsets[:-1], mode="sum", include_last_offset=False)
+    if not rows.requires_grad:
+        return F.embedding_bag(index, rows, offsets[:-1], mode="sum", include_last_offset=False)
+    return _PoolSum.apply(rows, index, offsets)
 
 
 def field_tables(fields) -> dict[str, str]:

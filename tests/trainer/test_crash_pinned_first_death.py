@@ -36,7 +36,7 @@ _HOOK = textwrap.dedent('''
 
     class _PatchStep(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name != "streamrec.trainer.step":
+            if name != "streamrec.trainer.fused_step":
                 return None
             sys.meta_path.remove(self)
             try:
@@ -49,14 +49,15 @@ _HOOK = textwrap.dedent('''
 
             def exec_module(module):
                 run(module)
-                real = module.train_step
+                real = module.FusedStep.run
 
-                def train_step(model, opt, batch, *a, **k):
+                def crashing_run(self, prepared, *a, **k):
+                    batch = prepared.batch
                     if batch.dense.shape[1] and (batch.dense[:, 0] == _MARK).any():
                         os.kill(os.getpid(), signal.SIGSEGV)
-                    return real(model, opt, batch, *a, **k)
+                    return real(self, prepared, *a, **k)
 
-                module.train_step = train_step
+                module.FusedStep.run = crashing_run
 
             spec.loader.exec_module = exec_module
             return spec
