@@ -52,6 +52,8 @@ import numpy as np
 
 from streamrec.foundation import stop_process
 
+from .common import add_device_arg, bench_device
+
 STREAMREC = str(Path(sys.executable).with_name("streamrec"))
 PARTITIONS = 4
 GOAL_SKETCH_X = 2.0
@@ -429,6 +431,48 @@ def run(size: str = "full", freshness: bool = True, bootstrap: str | None = None
     return r
 
 
+ARROW_BACKLOG_GOAL = 500_000.0  # events/s from a Kafka Arrow backlog to a trained model, on a lent GPU
+
+
+def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None) -> dict:
+    """``--arrow-backlog``: one ``streamrec train`` process on ``device`` draining an Arrow IPC backlog (the
+    fast path: ``kafka.events_per_message`` events per message) on the broker, alone on the machine, with the
+    trainer's own defaults but its device and torch threads (all cores). Its events/s over a window after a
+    warm-up is what Kafka to a trained model sustains (``train_arrow_backlog_events_per_s``)."""
+    from contextlib import nullcontext
+
+    from streamrec.foundation import EventSchema
+    from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics
+    from streamrec.ingest.codec import encode_messages
+
+    n, warmup_s, window_s = SIZES[size]
+    n *= 2  # a device trainer drains a backlog several times faster than the JSON trainer it was sized for
+    root = Path(tempfile.mkdtemp(prefix="streamrec-bench-e2e-arrow-"))
+    suffix = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+    with (nullcontext() if bootstrap else EmbeddedBroker()) as broker:
+        bs = bootstrap or broker.bootstrap
+        cfg = _config(root, suffix)
+        cfg.kafka.events_topic = f"events-arrow-{suffix}"
+        cfg.kafka.dlq_topic = f"events-arrow-{suffix}.dlq"
+        cfg.trainer.device = device
+        cfg.trainer.torch_threads = 0  # every core: the device trainer's host side is what this measures
+        ensure_topics(bs, pipeline_topics(cfg))
+        schema = EventSchema.from_config(cfg)
+        msgs = [m for b in _events(cfg, n) for m in encode_messages(b, schema, "arrow", cfg.kafka.events_per_message)]
+        _produce(bs, cfg.kafka.events_topic, msgs)
+        del msgs
+        print(f"e2e bench, Arrow backlog: {n:,} events ({cfg.kafka.events_per_message} per message), "
+              f"one trainer on {device}", flush=True)
+        r = train_together({"arrow_backlog": _write_config(cfg, root / "train.toml")},
+                           {"arrow_backlog": root / "train.log"}, {"arrow_backlog": Path(cfg.trainer.log_path)},
+                           bs, {"arrow_backlog": n}, warmup_s, window_s)
+    rate = r["train_arrow_backlog_events_per_s"]
+    ok = rate >= ARROW_BACKLOG_GOAL
+    print(f"  trainer, Arrow backlog, {device}: {rate / 1e3:9.1f} k events/s "
+          f"(goal >= {ARROW_BACKLOG_GOAL / 1e3:.0f} k on a GPU: {'PASS' if ok else 'FAIL'})", flush=True)
+    return {**r, "device": device, "events": n, "goal_events_per_s": ARROW_BACKLOG_GOAL}
+
+
 def goals(r: dict) -> list[dict]:
     """Every goal, measured or not: ``{"goal", "key", "value", "status": PASS|FAIL, "reason"}``."""
     def one(goal: str, key: str, ok, why_missing: str, ran_out: tuple[str, ...] = ()) -> dict:
@@ -473,7 +517,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bootstrap", help="use this Kafka cluster instead of an embedded broker")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--no-freshness", action="store_true", help="throughput only (skip the freshness measurement)")
+    ap.add_argument("--arrow-backlog", action="store_true",
+                    help="instead: one trainer on --device draining an Arrow backlog (Kafka to a trained model)")
+    add_device_arg(ap)
     args = ap.parse_args(argv or [])
+    if args.arrow_backlog:
+        size = "tiny" if args.tiny else "quick" if args.quick else "full"
+        r = run_arrow_backlog(size, str(bench_device(args.device, ap)), args.bootstrap)
+        if args.json:
+            print(json.dumps({**r, "size": size}))
+        return 0
     try:
         import confluent_kafka  # noqa: F401 - the third-party producer and the raw-consume ceiling
     except ImportError:

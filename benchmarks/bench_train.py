@@ -253,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-ceiling", action="store_true",
                    help="instead of the three set-ups: the trainer's pipeline from an Arrow backlog with a model "
                         "of negligible arithmetic, host microseconds per event by stage (benchmarks/host_ceiling.py)")
+    p.add_argument("--device-busy", action="store_true",
+                   help="instead of the three set-ups: the fae set-up under torch.profiler, the share of the wall "
+                        "time the device is busy (benchmarks/device_busy.py)")
     add_device_arg(p)
     args = p.parse_args(argv)
     device = str(bench_device(args.device, p))
@@ -273,6 +276,14 @@ def main(argv: list[str] | None = None) -> int:
 
         r = host_ceiling.run(events, ids, args.batch, args.threads, device)
         print(host_ceiling.report(r), flush=True)
+        if args.json:
+            print(json.dumps(r))
+        return 0
+    if args.device_busy:
+        from . import device_busy
+
+        r = device_busy.run(events, ids, args.batch, args.threads, device)
+        print(device_busy.report(r), flush=True)
         if args.json:
             print(json.dumps(r))
         return 0

@@ -26,62 +26,76 @@ import numpy as np
 from .bench_train import bench_config, windows_of
 
 GOAL_HOST_US = 2.0  # host microseconds per event: the host alone could feed >= 500 k events/s
+NEGLIGIBLE_MODEL = {"model.architecture": "mlp", "model.bottom_mlp": [], "model.top_mlp": []}
 
 
-def run(events: int, ids: int, batch: int, threads: int = 1, device: str = "cpu",
-        events_per_message: int = 1024) -> dict:
-    """Train ``events`` events (after one warm-up window) and return the stage split (module doc)."""
-    import torch
-
+def pipeline(root: str, events: int, ids: int, batch: int, device: str, model: dict | None = None,
+             events_per_message: int = 1024):
+    """``bench train``'s fae set-up fed from an Arrow backlog: ``(core, store, decoder, backlog)`` with the
+    hot set applied and the windows that sampled it trained (the warm-up); ``backlog`` holds the remaining
+    windows' record values. ``model``: config overrides of the model (default: the bench's DLRM)."""
     from streamrec.embedding_store import EmbeddingStore
     from streamrec.foundation import EventSchema, hot_budget_rows
     from streamrec.ingest import Decoder, SyntheticStream, encode_messages
     from streamrec.trainer.core import TrainerCore
     from streamrec.trainer.hotset import SampleHotSource
+
+    cfg = bench_config(root, ids, batch, "fae", model, device=device)
+    fields = cfg.model.field_names
+    window = batch * cfg.trainer.window_batches
+    schema = EventSchema.from_config(cfg)
+    sample = min(50_000, events // 2)
+    backlog = []  # one window's record values at a time, as a poll hands them over
+    for w in windows_of(SyntheticStream(cfg), events + sample + window, window, cfg.model.dense_dim, fields):
+        backlog.append(list(encode_messages(w, schema, "arrow", events_per_message)))
+    decoder = Decoder(schema)
+    store = EmbeddingStore.from_config(cfg, device)
+    core = TrainerCore(cfg, store, torch_device(device))
+    # FAE's hot set from a sample of the stream's first windows, which then train as the warm-up
+    src = SampleHotSource(fields, hot_budget_rows(cfg), sample_events=sample)
+    warm, upd = [], None
+    while upd is None and len(warm) < len(backlog) - 1:
+        w, _ = decoder.decode_many(backlog[len(warm)])
+        warm.append(w)
+        src.observe(w)
+        upd = src.poll()
+    if upd is not None:
+        core.apply_hot_set(upd.version, upd.tables)
+    for w in warm:  # warm-up: allocations, first RocksDB files
+        core.feed(w)
+    return core, store, decoder, backlog[len(warm):]
+
+
+def torch_device(name: str):
+    import torch
+
+    return torch.device(name)
+
+
+def run(events: int, ids: int, batch: int, threads: int = 1, device: str = "cpu") -> dict:
+    """Train ``events`` events (after the warm-up) and return the stage split (module doc)."""
+    import torch
+
     from streamrec.trainer.stage_clock import DEVICE_STAGES, STAGES
 
     from .common import sync
 
     torch.set_num_threads(threads)
-    dev = torch.device(device)
     root = tempfile.mkdtemp(prefix="bench-host-ceiling-")
     try:
-        cfg = bench_config(root, ids, batch, "fae", {"model.architecture": "mlp", "model.bottom_mlp": [],
-                                                     "model.top_mlp": []}, device=str(dev))
-        fields = cfg.model.field_names
-        window = batch * cfg.trainer.window_batches
-        schema = EventSchema.from_config(cfg)
-        backlog = []  # one window's record values at a time, as a poll hands them over
-        sample = min(50_000, events // 2)
-        for w in windows_of(SyntheticStream(cfg), events + sample + window, window, cfg.model.dense_dim, fields):
-            backlog.append(list(encode_messages(w, schema, "arrow", events_per_message)))
-        decoder = Decoder(schema)
-        store = EmbeddingStore.from_config(cfg, dev)
-        core = TrainerCore(cfg, store, dev)
-        # FAE's hot set from a sample of the stream's first windows, which then train as the warm-up
-        src = SampleHotSource(fields, hot_budget_rows(cfg), sample_events=sample)
-        warm, upd = [], None
-        while upd is None and len(warm) < len(backlog) - 1:
-            w, _ = decoder.decode_many(backlog[len(warm)])
-            warm.append(w)
-            src.observe(w)
-            upd = src.poll()
-        if upd is not None:
-            core.apply_hot_set(upd.version, upd.tables)
-        for w in warm:  # warm-up: allocations, first RocksDB files
-            core.feed(w)
+        core, store, decoder, backlog = pipeline(root, events, ids, batch, device, NEGLIGIBLE_MODEL)
         warm_n = core.events
-        sync(dev)
+        sync(device)
         clock = core.clock
         clock.reset()
         t0 = time.perf_counter()
-        for values in backlog[len(warm):]:
+        for values in backlog:
             with clock.stage("decode"):
                 b, bad = decoder.decode_many(values)
             assert not bad, bad[:3]
             core.feed(b)
         core.flush()
-        sync(dev)
+        sync(device)
         wall = time.perf_counter() - t0
         n = core.events - warm_n
         stages = {k: clock.seconds.get(k, 0.0) * 1e6 / n for k in STAGES}
@@ -89,7 +103,7 @@ def run(events: int, ids: int, batch: int, threads: int = 1, device: str = "cpu"
         host = sum(v for k, v in stages.items() if k not in DEVICE_STAGES) + max(0.0, untimed)
         dev_us = sum(v for k, v in stages.items() if k in DEVICE_STAGES)
         out = {
-            "events": n, "ids": ids, "batch": batch, "threads": threads, "device": str(dev),
+            "events": n, "ids": ids, "batch": batch, "threads": threads, "device": device,
             "host_us_per_event": host, "device_ops_us_per_event": dev_us,
             "wall_us_per_event": wall * 1e6 / n, "host_events_per_s": 1e6 / host if host else float("inf"),
             "stages_us_per_event": {**stages, "untimed": max(0.0, untimed)},

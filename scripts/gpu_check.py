@@ -4,10 +4,14 @@ Steps, each bounded in time and recorded whatever happens to the others:
 
 1. the machine: Python, torch and its CUDA build, the device's name and memory;
 2. the CUDA tests (``tests/gpu`` and every test marked ``gpu``) on ``STREAMREC_TEST_DEVICE``;
-3. ``streamrec bench train``, ``bench store`` and ``bench serve`` on the device, each with ``--json``.
+3. the benches of ``BENCHES`` on the device, each with ``--json``: ``bench train`` at batch 2048 and
+   8192 (in-memory, FAE, all-in-store), its ``--host-ceiling`` and ``--device-busy`` (torch.profiler:
+   the share of the wall time the GPU is busy), ``bench e2e --arrow-backlog`` (Kafka Arrow backlog to a
+   trained model); ``bench store`` and ``bench serve`` when named in ``--benches``;
+4. ``goals``: the GPU goals read off those results, each with its figure and PASS/FAIL.
 
 The summary's ``ok`` is true only when every test passed (none failed, none errored, none skipped)
-and every bench exited 0 with a JSON result. ``--dry-run`` runs the same steps on the CPU at the
+and every bench exited 0 with a JSON result (a missed goal is reported, not a failed check). ``--dry-run`` runs the same steps on the CPU at the
 benches' smallest size, so this script and the tests it drives run in the suite on machines without
 a GPU.
 """
@@ -24,7 +28,16 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("train", "store", "serve")
+BENCHES = {  # name: the bench command's arguments (``--quick`` becomes ``--tiny`` in a dry run)
+    "train": ["train", "--quick"],
+    "train_b8192": ["train", "--quick", "--batch", "8192"],
+    "host_ceiling": ["train", "--quick", "--host-ceiling"],
+    "device_busy": ["train", "--quick", "--device-busy"],
+    "e2e_arrow": ["e2e", "--quick", "--arrow-backlog"],
+    "store": ["store", "--quick"],
+    "serve": ["serve", "--quick"],
+}
+DEFAULT_BENCHES = ("train", "train_b8192", "host_ceiling", "device_busy", "e2e_arrow")
 TEST_PATHS = ("tests/gpu", "tests/store/test_reference_model.py")
 
 
@@ -81,8 +94,8 @@ def run_tests(python: str, device: str, out_dir: Path, timeout_s: int) -> dict:
     return result
 
 
-def run_bench(python: str, name: str, device: str, size_args: list[str], timeout_s: int) -> dict:
-    cmd = [python, "-m", "streamrec", "bench", name, *size_args, "--json", "--device", device]
+def run_bench(python: str, args: list[str], device: str, timeout_s: int) -> dict:
+    cmd = [python, "-m", "streamrec", "bench", *args, "--json", "--device", device]
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
@@ -101,18 +114,55 @@ def run_bench(python: str, name: str, device: str, size_args: list[str], timeout
     return d
 
 
+def goals(benches: dict) -> list[dict]:
+    """The GPU goals, each ``{goal, figure, status}``; a goal whose bench gave no result is ``not run``."""
+    res = {k: b.get("result") for k, b in benches.items()}
+    out = []
+
+    def goal(text: str, need: tuple[str, ...], figure, ok) -> None:
+        if not all(res.get(k) for k in need):
+            out.append({"goal": text, "figure": None, "status": "not run"})
+            return
+        out.append({"goal": text, "figure": figure(), "status": "PASS" if ok() else "FAIL"})
+
+    t, t8 = res.get("train") or {}, res.get("train_b8192") or {}
+    goal("in-memory >= 1 M events/s at batch 8192", ("train_b8192",),
+         lambda: round(t8["memory_events_per_s"]), lambda: t8["memory_events_per_s"] >= 1e6)
+    goal("held-out AUC at batch 8192 within 0.002 of batch 2048's (in-memory)", ("train", "train_b8192"),
+         lambda: round(t8["auc_memory"] - t["auc_memory"], 4), lambda: abs(t8["auc_memory"] - t["auc_memory"]) <= 0.002)
+    for k, r in (("batch 2048", t), ("batch 8192", t8)):
+        key = "train" if r is t else "train_b8192"
+        goal(f"FAE >= 1.0x in-memory ({k})", (key,), lambda r=r: round(r["fae_vs_memory"], 3),
+             lambda r=r: r["fae_vs_memory"] >= 1.0)
+        goal(f"FAE >= 3x all-in-store ({k})", (key,), lambda r=r: round(r["fae_vs_cold"], 3),
+             lambda r=r: r["fae_vs_cold"] >= 3.0)
+        goal(f"|AUC FAE - in-memory| <= 0.002 ({k})", (key,), lambda r=r: round(r["auc_fae"] - r["auc_memory"], 4),
+             lambda r=r: abs(r["auc_fae"] - r["auc_memory"]) <= 0.002)
+    hc, busy, e2e = res.get("host_ceiling") or {}, res.get("device_busy") or {}, res.get("e2e_arrow") or {}
+    goal("host ceiling <= 2 us/event", ("host_ceiling",), lambda: round(hc["host_us_per_event"], 2),
+         lambda: hc["host_us_per_event"] <= 2.0)
+    goal("GPU busy >= 60% of the wall time", ("device_busy",), lambda: busy["device_busy_share"],
+         lambda: (busy["device_busy_share"] or 0.0) >= 0.6)
+    goal("Kafka Arrow backlog to trained >= 500 k events/s", ("e2e_arrow",),
+         lambda: round(e2e["train_arrow_backlog_events_per_s"]), lambda: e2e["train_arrow_backlog_events_per_s"] >= 5e5)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry-run", action="store_true", help="CPU, smallest bench sizes: checks this script itself")
     p.add_argument("--out", default=None, help="folder for the summary and logs (default: $OUT, else runs/gpu_check)")
     p.add_argument("--python", default=sys.executable, help="the interpreter that runs tests and benches")
-    p.add_argument("--benches", default=",".join(BENCHES), help="comma-separated bench names ('' for none)")
+    p.add_argument("--benches", default=",".join(DEFAULT_BENCHES),
+                   help=f"comma-separated names of {', '.join(BENCHES)} ('' for none)")
     p.add_argument("--test-timeout", type=int, default=240)
     p.add_argument("--bench-timeout", type=int, default=150)
     args = p.parse_args(argv)
 
     device = "cpu" if args.dry_run else "cuda"
-    size = ["--tiny"] if args.dry_run else ["--quick"]
+    unknown = [b for b in args.benches.split(",") if b and b not in BENCHES]
+    if unknown:
+        p.error(f"unknown bench {', '.join(unknown)}; known: {', '.join(BENCHES)}")
     out_dir = Path(args.out or os.environ.get("OUT") or ROOT / "runs" / "gpu_check")
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -127,10 +177,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{t['skipped']} skipped ({t['seconds']} s)", file=sys.stderr, flush=True)
         summary["benches"] = {}
         for name in [b for b in args.benches.split(",") if b]:
-            summary["benches"][name] = r = run_bench(args.python, name, device, size, args.bench_timeout)
+            cmd = [("--tiny" if a == "--quick" and args.dry_run else a) for a in BENCHES[name]]
+            summary["benches"][name] = r = run_bench(args.python, cmd, device, args.bench_timeout)
             print(f"gpu_check: bench {name} rc={r['rc']} ({r['seconds']} s)", file=sys.stderr, flush=True)
         tests_ok = t["rc"] == 0 and t["passed"] > 0 and t["failed"] == t["errors"] == t["skipped"] == 0
         summary["ok"] = tests_ok and all(b["rc"] == 0 and "result" in b for b in summary["benches"].values())
+        summary["goals"] = goals(summary["benches"])
+        for g in summary["goals"]:
+            print(f"gpu_check: goal {g['status']}: {g['goal']} ({g['figure']})", file=sys.stderr, flush=True)
     summary["seconds"] = round(time.monotonic() - t0, 1)
     path = out_dir / "gpu_check.json"
     path.write_text(json.dumps(summary, indent=1))

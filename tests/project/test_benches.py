@@ -138,7 +138,11 @@ VARIANTS = [
     ("quality", ["--tasks", "click,conversion"], ["click_auc_multi", "click_auc_single", "click_auc_multi_minus_single",
                                                   "conversion_auc_multi", "conversion_auc_single", "goals"]),
     ("serve", ["--model", "deepfm"], ["exported_vs_module_b512", "models", "goals"]),
+    ("train", ["--host-ceiling"], ["host_us_per_event", "device_ops_us_per_event", "host_events_per_s",
+                                   "stages_us_per_event", "wall_us_per_event"]),
+    ("train", ["--device-busy"], ["device_busy_share", "events_per_s", "top_host_ops"]),
 ]
+VARIANT_NULL_OK = {"--device-busy": ("device_busy_share",)}  # a CPU has no device timeline: null with the reason
 
 
 @pytest.mark.subprocess
@@ -147,11 +151,26 @@ def test_bench_modes_run_tiny_and_report_their_goal_figures(name, extra, keys):
     out = _run(name, extra)
     missing = [k for k in keys if k not in out]
     assert not missing, f"bench {name} {' '.join(extra)}: JSON lacks {missing}; has {sorted(out)}"
-    assert not _bad_numbers(out), _bad_numbers(out)
-    if name == "train":
+    allowed = tuple(p for a in extra for p in VARIANT_NULL_OK.get(a, ()))
+    bad = [b for b in _bad_numbers(out) if not (b.endswith("= null") and b.startswith(allowed))]
+    assert not bad, bad
+    if extra == ["--model", "mlp"]:
         assert set(out["vs_dlrm"]) == {"dlrm", "mlp"} and out["vs_dlrm"]["dlrm"] == 1.0
     if name == "serve":  # the program as served scores exactly as the module
         assert out["models"]["deepfm"]["scores_equal_module"] is True
+    if "--host-ceiling" in extra:  # the stages add up to the wall time, the host's share apart from the device's
+        st = out["stages_us_per_event"]
+        assert st["ids"] > 0 and st["device"] > 0 and out["device_ops_us_per_event"] == st["device"]
+        assert out["host_us_per_event"] + out["device_ops_us_per_event"] == pytest.approx(out["wall_us_per_event"])
+    if "--device-busy" in extra:
+        assert out["device_busy_share"] is None and "CUDA" in out["reason"] and out["top_host_ops"]
+
+
+@pytest.mark.subprocess
+def test_e2e_arrow_backlog_trains_from_kafka_on_the_device(bootstrap):
+    out = _run("e2e", ["--arrow-backlog", "--bootstrap", bootstrap])
+    assert out["device"] == "cpu" and out["train_arrow_backlog_events_per_s"] > 0, out
+    assert not _bad_numbers(out), _bad_numbers(out)
 
 
 @pytest.mark.subprocess

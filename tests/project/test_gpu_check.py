@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(420)]
 
 def test_gpu_check_dry_run(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}
-    out = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path), "--benches", "train,store"], cwd=ROOT, env=env,
+    out = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path), "--benches", "train,host_ceiling,device_busy"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=400)
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert out.returncode == 0 and summary["ok"], (out.stderr[-3000:], json.dumps(summary)[:3000])
@@ -30,9 +30,14 @@ def test_gpu_check_dry_run(tmp_path):
     assert any("test_gpu_trainer_matches_cpu_trainer" in name for name in tests["cases"])
     assert any("test_cuda_hot_tier_matches_reference" in name for name in tests["cases"])
     # bench serve's --tiny run (the longest) is in tests/project/test_benches.py; the driver's bench step is one code path
-    assert set(summary["benches"]) == {"train", "store"}
+    assert set(summary["benches"]) == {"train", "host_ceiling", "device_busy"}
     for name, bench in summary["benches"].items():
         assert bench["rc"] == 0 and bench["result"]["device"] == "cpu", (name, bench.get("error"))
         assert "--tiny" in bench["command"] and "--device cpu" in bench["command"]
         figures = [v for v in bench["result"].values() if isinstance(v, float)]
         assert figures and all(math.isfinite(v) for v in figures), name
+    # every GPU goal is named; those whose bench ran have a figure and a status, the others say so
+    goals = {g["goal"]: g for g in summary["goals"]}
+    assert goals["host ceiling <= 2 us/event"]["status"] in ("PASS", "FAIL")
+    assert goals["Kafka Arrow backlog to trained >= 500 k events/s"]["status"] == "not run"
+    assert goals["FAE >= 3x all-in-store (batch 2048)"]["figure"] > 0
