@@ -4,8 +4,9 @@ A training step reads and updates the hot rows of all tables with one gather and
 row-wise Adagrad per width (``streamrec.trainer.fused_step``), so the rows of every table
 of a width live in one ``w [rows + 1, dim]`` tensor with their Adagrad sums ``acc [rows + 1]``.
 Table ``t``'s rows occupy ``[base[t], base[t] + len(t.hot))`` in ``t``'s slot order, and its
-``HotTable.w`` / ``acc`` are views of that range: the per-table paths (lookup, migration,
-write-back, checkpoint) and the fused step read and write the same memory.
+``HotTable.w`` / ``acc`` are views of that range, as are its host-side bookkeeping arrays
+(``dirty``, ``ep``, ``ts``: the arena's own arrays of the same names): the per-table paths
+(lookup, migration, write-back, checkpoint) and the fused step read and write the same memory.
 
 The last row (``scratch``) belongs to no table: a fixed-shape step on CUDA pads its unique
 rows with it and writes their (unused) updates there; no lookup ever returns it.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from .table import Table
@@ -29,6 +31,9 @@ class HotArena:
         self.base: dict[str, int] = {}
         self.w = torch.zeros((1, self.dim), dtype=torch.float32, device=device)
         self.acc = torch.zeros(1, dtype=torch.float32, device=device)
+        self.dirty = np.zeros(1, bool)  # changed since the last write-back to the cold tier, per row
+        self.ep = np.zeros(1, np.int64)  # epoch of the last change, per row
+        self.ts = np.zeros(1, np.float64)  # last-touched time, per row
 
     @property
     def scratch(self) -> int:
@@ -41,14 +46,24 @@ class HotArena:
         dev = self.device
         self.w = torch.cat([*(t.hot.w.to(dev) for t in tables), torch.zeros((1, self.dim), device=dev)]).contiguous()
         self.acc = torch.cat([*(t.hot.acc.to(dev) for t in tables), torch.zeros(1, device=dev)]).contiguous()
+        self.dirty = np.concatenate([*(t.hot.dirty for t in tables), np.zeros(1, bool)])
+        self.ep = np.concatenate([*(t.hot.ep for t in tables), np.zeros(1, np.int64)])
+        self.ts = np.concatenate([*(t.hot.ts for t in tables), np.zeros(1, np.float64)])
         self.base = {}
         at = 0
         for t in tables:
             n = len(t.hot)
             self.base[t.name] = at
-            t.hot.w = self.w[at:at + n]
-            t.hot.acc = self.acc[at:at + n]
+            h = t.hot
+            h.w, h.acc = self.w[at:at + n], self.acc[at:at + n]
+            h.dirty, h.ep, h.ts = self.dirty[at:at + n], self.ep[at:at + n], self.ts[at:at + n]
             at += n
+
+    def mark_written(self, slots: np.ndarray, epoch: int, now: float) -> None:
+        """Rows ``slots`` (repeats allowed) were just updated: dirty, stamped with ``epoch`` and ``now``."""
+        self.dirty[slots] = True
+        self.ep[slots] = epoch
+        self.ts[slots] = now
 
 
 def arenas_of(tables: Iterable[Table], device: torch.device) -> dict[int, HotArena]:

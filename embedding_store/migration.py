@@ -18,7 +18,6 @@ import torch
 from . import rowpath
 from .cache import SPILL_CHUNK
 from .errors import StoreError
-from .hot_arena import arenas_of
 from .table import Table
 
 
@@ -79,7 +78,7 @@ def set_hot(store, hot: dict[str, np.ndarray]) -> dict:
         stats["demoted"] += len(dem_slots)
         stats["kept"] += len(keep_slots)
         stats["created"] += int((~found).sum())
-    store.arenas = arenas_of(store.tables.values(), store.device)  # the fused step reads every table's rows there
+    store.lay_out_hot()  # the fused step reads every table's rows in its width's arena, found by the hot index
     stats["seconds"] = time.perf_counter() - t0
     return stats
 

@@ -41,7 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -56,6 +56,7 @@ from .cache import HostCache
 from .cold import FORMAT, RocksDBColdTier, check_manifest, read_manifest, write_manifest
 from .errors import StoreError
 from .hot_arena import HotArena, arenas_of
+from .hot_index import HotIndex, index_of
 from .rows import gather, init_rows, table_tag
 from .store_types import ColdTier
 from .table import Probe, Table
@@ -154,7 +155,10 @@ class EmbeddingStore:
                 self.cold.close()
                 raise StoreError(f"table {n!r}: init scale must be in (0, 1000], got {t.init_scale!r}")
         self._by_tag = {t.tag: t for t in self.tables.values()}
-        self.arenas: dict[int, HotArena] = arenas_of(self.tables.values(), self.device)  # {dim: hot rows}
+        self._code = {n: np.int16(c) for c, n in enumerate(self.tables)}  # a table's code in the hot index
+        self.arenas: dict[int, HotArena] = {}  # {dim: every hot row of that width}, hot_arena.py
+        self.hot_index: HotIndex  # (table, id) -> arena slot of every hot row, hot_index.py
+        self.lay_out_hot()
         self.eviction, self.lfu_half_life_s, self.evict_slack = str(eviction), float(lfu_half_life_s), float(evict_slack)
         if _admission.configure(self.tables.values(), admit_min_count, unadmitted, admit_counter_mb, max_rows, eviction):
             _checkpoint.load_admission(self, self.path / ADMISSION_FILE)
@@ -330,23 +334,36 @@ class EmbeddingStore:
             raise StoreError(f"no table of width {dim}; widths: {', '.join(map(str, sorted(self.arenas)))}")
         return a
 
-    def resolve(self, table: str, ids: np.ndarray) -> np.ndarray:
-        """Each id's row in its width's :meth:`arena`, -1 where the id is not hot (its row is then read
-        with :meth:`lookup` and updated with :meth:`apply_gradients`). Counts the hot ids as hot hits."""
-        t = self._table(table)
-        slots = t.hot.find(self._ids(t, ids))
-        hot = slots >= 0
-        self.hot_hits += int(np.count_nonzero(hot))
-        return np.where(hot, slots + self.arenas[t.dim].base[t.name], -1)
+    def resolve(self, tables: Sequence[str], lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Each id's row in its table's width's :meth:`arena`, -1 where the id is not hot (its row is then
+        read with :meth:`lookup` and updated with :meth:`apply_gradients`). ``ids`` are consecutive runs,
+        ``lengths[k]`` ids of table ``tables[k]`` each; one probe of the hot index resolves them all.
+        Counts the hot ids as hot hits."""
+        slots = self.hot_slots(tables, lengths, ids)
+        self.hot_hits += int(np.count_nonzero(slots >= 0))
+        return slots
 
-    def mark_hot_written(self, table: str, arena_slots: np.ndarray) -> None:
-        """Record that the rows at ``arena_slots`` (of ``table``, repeats allowed) were just updated in the
-        arena: they are written back at the next checkpoint, stamped with this epoch and time."""
-        t = self._table(table)
-        s = np.asarray(arena_slots, np.int64) - self.arenas[t.dim].base[t.name]
-        t.hot.dirty[s] = True
-        t.hot.ep[s] = self.write_epoch
-        t.hot.ts[s] = time.time()
+    def hot_slots(self, tables: Sequence[str], lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """:meth:`resolve` without counting hits (which ids are hot, for FAE's classification)."""
+        if self._closed:
+            raise StoreError("the store is closed")
+        try:
+            codes = np.repeat(np.array([self._code[t] for t in tables], np.int16), lengths)
+        except KeyError as e:
+            raise StoreError(f"unknown table {e.args[0]!r}; tables: {', '.join(sorted(self.tables))}") from None
+        if isinstance(ids, torch.Tensor) or np.asarray(ids).dtype != np.int64:
+            ids = np.asarray(ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids).astype(np.int64)
+        return self.hot_index.find(codes, ids)
+
+    def mark_hot_written(self, dim: int, arena_slots: np.ndarray) -> None:
+        """Record that the rows at ``arena_slots`` of the width-``dim`` arena (repeats allowed) were just
+        updated there: they are written back at the next checkpoint, stamped with this epoch and time."""
+        self.arena(dim).mark_written(arena_slots, self.write_epoch, time.time())
+
+    def lay_out_hot(self) -> None:
+        """Lay the hot rows out in their arenas and index them again (``migration.set_hot`` calls this)."""
+        self.arenas = arenas_of(self.tables.values(), self.device)
+        self.hot_index = index_of(self.tables.values(), self.arenas)
 
     def apply_gradients(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> np.ndarray | None:
         """Row-wise Adagrad on rows ``ids`` (unique) with ``grads [n, dim]`` float32 (``optimizer.py``); with

@@ -25,14 +25,14 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from streamrec.foundation import EventBatch
+from streamrec.foundation import EventBatch, KeyedJaggedIds
 
 from .metrics import StreamingMetrics
 from streamrec.model import build_model, predict_batch, unique_ids
 from .batching import EventBatcher, Step
 from .delayed_metrics import DelayedLabels
 from .fused_step import FusedStep, PreparedStep
-from .schedule import MiniBatch, hot_samples, plan
+from .schedule import MiniBatch, plan
 from .stage_clock import StageClock
 from .step import NonFiniteStep, dense_optimizer
 
@@ -58,6 +58,7 @@ class TrainerCore:
         self.device = device
         self.fields = cfg.model.field_names
         self.field_tables = cfg.model.field_tables  # {field: table}: the store and the hot set are keyed by table
+        self._key_tables = [self.field_tables[f] for f in self.fields]
         self.task_names = cfg.model.task_names
         self.model = build_model(cfg.model).to(device)
         self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
@@ -108,12 +109,25 @@ class TrainerCore:
         """Which of a field's ids are hot (in its table's hot set)."""
         return self.store.hot_mask(self.field_tables.get(field, field), ids)
 
+    def classify_hot(self, batch: EventBatch) -> np.ndarray:
+        """Bool per event: every id of every field is hot (an event without ids is hot). One probe of the
+        store's hot index for the whole batch, as ``schedule.hot_samples`` asks field by field."""
+        kjt = KeyedJaggedIds.from_batch(batch, self.fields)
+        cold = self.store.hot_slots(self._key_tables, np.diff(kjt.key_offsets), kjt.values) < 0
+        n = len(batch)
+        if len(kjt.values) == len(self.fields) * n:  # one id per field and event: value k is event k % n
+            return ~cold.reshape(len(self.fields), n).any(axis=0)
+        hot = np.ones(n, bool)
+        event = np.repeat(np.arange(len(kjt.offsets) - 1) % max(1, n), np.diff(kjt.offsets))
+        hot[event[cold]] = False
+        return hot
+
     # -- training ------------------------------------------------------------
     def plan(self, batch: EventBatch) -> list[MiniBatch]:
         """One window's FAE plan (a trainer group's ranks train self-contained windows with it)."""
         t = self.cfg.trainer
         if t.schedule == "fae" and self.hot_rows:
-            hot = hot_samples(batch, self.fields, self.hot_mask)
+            hot = self.classify_hot(batch)
         else:
             hot = np.zeros(len(batch), dtype=bool)
         return plan(hot, t.batch_size, t.schedule if self.hot_rows else "arrival", t.hot_per_cold)
@@ -133,7 +147,7 @@ class TrainerCore:
         with self.clock.stage("batching"):
             hot = None
             if self.cfg.trainer.schedule == "fae" and self.hot_rows and len(batch):
-                hot = hot_samples(batch, self.fields, self.hot_mask)
+                hot = self.classify_hot(batch)
             base = self.batcher.next_seq
             steps = self.batcher.add(batch, hot)
             if flush:

@@ -66,6 +66,9 @@ def unique_fixed(x: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor
     return uniq, inverse
 
 
+_EMPTY = np.zeros(0, np.int64)
+
+
 @dataclass
 class _Width:
     """The tables of one embedding width, each table's fields contiguous in ``keys``."""
@@ -73,9 +76,13 @@ class _Width:
     dim: int
     tables: list[tuple[str, list[str]]]  # (table, its fields in field order), tables in order of first use
     keys: tuple[str, ...] = ()
+    table_names: list[str] = field(default_factory=list)
+    table_keys: np.ndarray = field(default_factory=lambda: _EMPTY)  # key index where each table starts, then len(keys)
 
     def __post_init__(self) -> None:
         self.keys = tuple(f for _, fs in self.tables for f in fs)
+        self.table_names = [t for t, _ in self.tables]
+        self.table_keys = np.cumsum([0, *(len(fs) for _, fs in self.tables)]).astype(np.int64)
 
 
 @dataclass
@@ -88,7 +95,7 @@ class _WidthIds:
     cold_pos: np.ndarray  # positions of the cold occurrences in kjt.values
     cold_inv: np.ndarray  # each cold occurrence's index among the width's cold rows
     cold: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (table, unique cold ids): the cold rows, in order
-    written: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (table, arena slots of its resident ids)
+    written: np.ndarray = field(default_factory=lambda: _EMPTY)  # arena slots of the resident ids (repeats allowed)
 
 
 @dataclass
@@ -138,35 +145,25 @@ class FusedStep:
             for w in self.widths:
                 kjt = KeyedJaggedIds.from_batch(batch, w.keys)
                 ko = kjt.key_offsets
-                hot_slots, hot_pos, cold_pos, cold_inv = [], [], [], []
-                cold, written = [], []
-                all_hot, n_cold, j = True, 0, 0
-                for table, fs in w.tables:
-                    lo, hi = int(ko[j]), int(ko[j + len(fs)])
-                    j += len(fs)
-                    ids = kjt.values[lo:hi]
-                    slots = self.rows.resolve(table, ids)
-                    hot = slots >= 0
-                    if hot.all():
-                        hot_slots.append(slots)
-                        hot_pos.append(np.arange(lo, hi))
-                        written.append((table, slots))
+                bounds = ko[w.table_keys]  # where each table's ids start, and where the last one's end
+                slots = self.rows.resolve(w.table_names, np.diff(bounds), kjt.values)
+                hot = slots >= 0
+                if hot.all():
+                    out.append(_WidthIds(kjt, slots, None, _EMPTY, _EMPTY, [], slots))
+                    continue
+                hp = np.flatnonzero(hot)
+                cp = np.flatnonzero(~hot)
+                at = np.searchsorted(cp, bounds)  # each table's cold occurrences: cp[at[k]:at[k + 1]]
+                cold_inv, cold, n_cold = [], [], 0
+                for k, table in enumerate(w.table_names):
+                    if at[k] == at[k + 1]:
                         continue
-                    all_hot = False
-                    hp = np.flatnonzero(hot)
-                    if len(hp):
-                        hot_slots.append(slots[hp])
-                        hot_pos.append(hp + lo)
-                        written.append((table, slots[hp]))
-                    cp = np.flatnonzero(~hot)
-                    uniq, inv = np.unique(ids[cp], return_inverse=True)
-                    cold_pos.append(cp + lo)
+                    uniq, inv = np.unique(kjt.values[cp[at[k]:at[k + 1]]], return_inverse=True)
                     cold_inv.append(inv.reshape(-1) + n_cold)
                     cold.append((table, uniq))
                     n_cold += len(uniq)
-                cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
-                out.append(_WidthIds(kjt, cat(hot_slots), None if all_hot else cat(hot_pos), cat(cold_pos),
-                                     cat(cold_inv), cold, written))
+                hot_slots = slots[hp]
+                out.append(_WidthIds(kjt, hot_slots, hp, cp, np.concatenate(cold_inv), cold, hot_slots))
         if prefetch:
             with self.clock.stage("lookup"):
                 for wi in out:
@@ -217,8 +214,9 @@ class FusedStep:
                     for table, uniq in wi.cold:
                         self.rows.apply_gradients(table, uniq, g[at:at + len(uniq)])
                         at += len(uniq)
-                for table, slots in wi.written:
-                    self.rows.mark_hot_written(table, slots)
+            for w, wi in zip(self.widths, p.widths):
+                if len(wi.written):
+                    self.rows.mark_hot_written(w.dim, wi.written)
         return back[:-2].reshape(B, T)
 
     @torch.no_grad()

@@ -11,7 +11,7 @@ share its rows, their vocabularies united.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -90,15 +90,23 @@ class MemoryDLRM:
     def arena(self, dim: int) -> _Arena:
         return self.arenas[int(dim)]
 
-    def resolve(self, table: str, ids: np.ndarray) -> np.ndarray:
+    def resolve(self, tables: Sequence[str], lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        out = np.empty(len(ids), np.int64)
+        at = 0
+        for t, n in zip(tables, lengths):
+            out[at:at + n] = self._resolve(t, ids[at:at + n])
+            at += n
+        return out
+
+    def _resolve(self, table: str, ids: np.ndarray) -> np.ndarray:
         return self.index(table, ids) + self.base[table]
 
     def lookup(self, table: str, ids: np.ndarray, host: bool = False) -> torch.Tensor:
         """Rows of ``ids`` (any order, repeats allowed)."""
         a = self.arenas[self._dims[table]]
         if a.w.device.type == "cpu":  # numpy gather on the shared buffer: no torch dispatch per table
-            return torch.from_numpy(a.w.numpy()[self.resolve(table, ids)])
-        rows = a.w[torch.from_numpy(self.resolve(table, ids)).to(a.w.device)]
+            return torch.from_numpy(a.w.numpy()[self._resolve(table, ids)])
+        rows = a.w[torch.from_numpy(self._resolve(table, ids)).to(a.w.device)]
         return rows.cpu() if host else rows
 
     peek = lookup
@@ -109,7 +117,7 @@ class MemoryDLRM:
     def apply_gradients(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> None:
         """Row-wise Adagrad on the rows of unique ``ids`` (the sparse update a competent DLRM does)."""
         a = self.arenas[self._dims[table]]
-        idx = self.resolve(table, ids)
+        idx = self._resolve(table, ids)
         if a.w.device.type == "cpu":  # same IEEE ops as the store's host path, bit for bit
             w, acc = a.w.numpy(), a.acc.numpy()
             w[idx], acc[idx] = adagrad_rows_np(w[idx], acc[idx], grads.detach().numpy(), self.lr, self.eps)
@@ -117,7 +125,7 @@ class MemoryDLRM:
         it = torch.from_numpy(idx).to(a.w.device)
         a.w[it], a.acc[it] = adagrad_rows(a.w[it], a.acc[it], grads.to(a.w.device), self.lr, self.eps)
 
-    def mark_hot_written(self, table: str, arena_slots: np.ndarray) -> None:
+    def mark_hot_written(self, dim: int, arena_slots: np.ndarray) -> None:
         pass  # no tier below to write back to
 
     # -- training -------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ built-in source (hot rows resident, cold rows through its tiers); the in-memory 
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -39,8 +39,9 @@ class RowSource(Protocol):
         """The resident rows of width ``dim``."""
         ...
 
-    def resolve(self, table: str, ids: np.ndarray) -> np.ndarray:
-        """Each id's row in its width's arena; -1 where the row is not resident."""
+    def resolve(self, tables: Sequence[str], lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Each id's row in its table's width's arena, -1 where the row is not resident; ``ids`` are
+        consecutive runs, ``lengths[k]`` ids of table ``tables[k]`` each."""
         ...
 
     def lookup(self, table: str, ids: np.ndarray, host: bool = False) -> torch.Tensor:
@@ -59,6 +60,6 @@ class RowSource(Protocol):
         """Update the rows of unique non-resident ``ids`` (those :meth:`lookup` just read) with ``grads``."""
         ...
 
-    def mark_hot_written(self, table: str, arena_slots: np.ndarray) -> None:
-        """The resident rows at ``arena_slots`` of ``table`` were just updated in the arena."""
+    def mark_hot_written(self, dim: int, arena_slots: np.ndarray) -> None:
+        """The resident rows at ``arena_slots`` of the width-``dim`` arena were just updated there."""
         ...

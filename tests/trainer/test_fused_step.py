@@ -177,3 +177,19 @@ def test_keyed_jagged_ids_lay_every_key_out_in_one_pair_of_arrays(tmp_path):
         assert np.array_equal(bag, b.sparse["tags"].row(i))
     empty = KeyedJaggedIds.from_batch(EventBatch.empty(cfg.model.dense_dim, cfg.model.field_names), ["item"])
     assert len(empty.values) == 0 and list(empty.offsets) == [0]
+
+
+def test_the_hot_index_finds_every_hot_row_and_nothing_else():
+    from streamrec.embedding_store.hot_index import HotIndex
+
+    rng = np.random.default_rng(1)
+    ids = np.unique(rng.integers(-2**62, 2**62, 3000))
+    codes = rng.integers(0, 3, len(ids)).astype(np.int16)
+    slots = rng.permutation(len(ids))
+    idx = HotIndex([11, 22, 33], codes, ids, slots)
+    assert np.array_equal(idx.find(codes, ids), slots)
+    # the same id under another table, and ids never inserted, are not hot
+    assert (idx.find((codes + 1) % 3, ids) == -1).all()
+    assert (idx.find(codes, ids + 1) == -1).all()
+    assert len(HotIndex([1], np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0, np.int64)).find(
+        np.zeros(4, np.int16), np.arange(4))) == 4
