@@ -94,13 +94,25 @@ class JaggedIds:
     def row(self, i: int) -> np.ndarray:
         return self.values[self.offsets[i] : self.offsets[i + 1]]
 
+    def one_each(self) -> bool:
+        """Whether every event has exactly one id (the usual layout: ``values[i]`` is event ``i``'s id).
+        Computed once per object (its arrays are never changed in place)."""
+        one = self.__dict__.get("_one_each")
+        if one is None:
+            n = len(self.offsets) - 1
+            one = len(self.values) == n and bool(np.array_equal(self.offsets, np.arange(n + 1)))
+            object.__setattr__(self, "_one_each", one)
+        return one
+
     def take(self, rows: np.ndarray) -> "JaggedIds":
         """The id lists of the given batch rows, in that order."""
+        if self.one_each():
+            out = JaggedIds(self.values[rows], np.arange(len(rows) + 1, dtype=np.int64))
+            object.__setattr__(out, "_one_each", True)
+            return out
         lengths = self.lengths[rows]
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        if len(self.values) == len(self.offsets) - 1 and np.all(self.lengths == 1):
-            return JaggedIds(self.values[rows], offsets)
         starts = self.offsets[rows]
         idx = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
         return JaggedIds(self.values[idx], offsets)
