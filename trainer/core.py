@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -187,10 +187,13 @@ class TrainerCore:
                 bt.scores[s.prescore] = self.fused.score(self.fused.prepare(early))
             if prepared[i] is None:
                 prepared[i] = self.fused.prepare(sub)
-            nxt = i + 1
-            if nxt < len(steps):  # a cold step's rows load in the background while this batch trains
-                prepared[nxt] = self.fused.prepare(subs[nxt], prefetch=steps[nxt].kind != "hot")
-            p, bad, why = self._guarded_step(sub, prepared[i])
+
+            def ahead(nxt: int = i + 1) -> None:  # the next step, prepared while this one's device work runs
+                if nxt < len(steps) and prepared[nxt] is None:  # a cold step's rows load in the background
+                    prepared[nxt] = self.fused.prepare(subs[nxt], prefetch=steps[nxt].kind != "hot")
+
+            p, bad, why = self._guarded_step(sub, prepared[i], ahead)
+            ahead()  # a step that failed before its device work was queued did not call it
             prepared[i] = None
             own = np.isnan(bt.scores[s.rows, 0])  # an event scored early keeps that score: this one has peeked
             bt.scores[s.rows[own]] = p[own]
@@ -240,7 +243,8 @@ class TrainerCore:
         return WindowResult(len(batch), hot_n, minibatches, scores, out, "; ".join(dict.fromkeys(reasons)),
                             trained=int(keep.sum()), rejected_batch=batch.take(out) if len(out) else None)
 
-    def _guarded_step(self, sub: EventBatch, prepared: PreparedStep | None) -> tuple[np.ndarray, np.ndarray, str]:
+    def _guarded_step(self, sub: EventBatch, prepared: PreparedStep | None,
+                      ahead: Callable[[], None] | None = None) -> tuple[np.ndarray, np.ndarray, str]:
         """Train one mini-batch; ``(scores, rejected rows, reason)``.
 
         A step that is not finite changed nothing, so its events can be tried again: the
@@ -255,7 +259,8 @@ class TrainerCore:
             rows, prep = todo.pop()
             part = sub if len(rows) == len(sub) else sub.take(rows)
             try:
-                scores[rows] = self._step(part, prep)
+                scores[rows] = self._step(part, prep, ahead)
+                ahead = None
                 continue
             except NonFiniteStep as e:
                 self.nonfinite_batches += 1
@@ -280,7 +285,8 @@ class TrainerCore:
     # records of its events, early-scored ones included; ``step_done()`` after the last), if set
     step_marker = None
 
-    def _step(self, sub: EventBatch, prepared: PreparedStep | None) -> np.ndarray:
+    def _step(self, sub: EventBatch, prepared: PreparedStep | None,
+              ahead: Callable[[], None] | None = None) -> np.ndarray:
         t0 = time.perf_counter()
         if self.cfg.store.admit_min_count >= 2:  # admission counts each id's occurrences in the step
             from streamrec.embedding_store import note_occurrences
@@ -289,7 +295,7 @@ class TrainerCore:
                 for table, (ids, inverse) in unique_ids(sub, self.cfg.model).items():
                     note_occurrences(self.store, table, ids, np.bincount(inverse, minlength=len(ids)))
         try:
-            return self.fused.run(prepared if prepared is not None else self.fused.prepare(sub))
+            return self.fused.run(prepared if prepared is not None else self.fused.prepare(sub), ahead)
         finally:
             if self.on_step is not None:
                 self.on_step(time.perf_counter() - t0)

@@ -32,7 +32,7 @@ in another order; within 1e-6 relative).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -172,8 +172,10 @@ class FusedStep:
         return PreparedStep(batch, out)
 
     # -- the step -----------------------------------------------------------------------------------
-    def run(self, p: PreparedStep) -> np.ndarray:
+    def run(self, p: PreparedStep, while_waiting: Callable[[], None] | None = None) -> np.ndarray:
         """Train one prepared mini-batch; its progressive scores ``[B, T]`` (taken before the update).
+        ``while_waiting``: host work (the next step's :meth:`prepare`) to do once this step's device work
+        is queued and before its results are read back, so the host works while the device does.
 
         Raises :class:`NonFiniteStep`, having changed nothing, when a loss or a gradient is NaN,
         infinite or beyond ``GRAD_ABS_MAX``."""
@@ -196,8 +198,7 @@ class FusedStep:
                         else torch.ones((), dtype=torch.bool, device=logits.device))
             probs = torch.sigmoid(logits.detach()).float()
             back = torch.cat([probs.reshape(-1), finite.all().float().reshape(1), grads_ok.float().reshape(1)])
-        with clock.stage("scores"):
-            back = back.cpu().numpy()
+        back = self._read_back(back, while_waiting)
         if back[-2] <= 0:
             self.opt.zero_grad(set_to_none=True)
             raise NonFiniteStep(np.flatnonzero(~finite.cpu().numpy()), "the loss of some events is not finite")
@@ -218,6 +219,24 @@ class FusedStep:
                 if len(wi.written):
                     self.rows.mark_hot_written(w.dim, wi.written)
         return back[:-2].reshape(B, T)
+
+    def _read_back(self, back: torch.Tensor, while_waiting: Callable[[], None] | None) -> np.ndarray:
+        """``back`` on the host: its copy is queued behind the step's kernels, ``while_waiting`` runs, then
+        the copy is waited for (the step's one wait for the device)."""
+        if back.device.type != "cuda":
+            if while_waiting is not None:
+                while_waiting()
+            with self.clock.stage("scores"):
+                return back.numpy()
+        host = torch.empty(back.shape, dtype=back.dtype, pin_memory=True)
+        host.copy_(back, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        if while_waiting is not None:
+            while_waiting()
+        with self.clock.stage("scores"):
+            done.synchronize()
+        return host.numpy()
 
     @torch.no_grad()
     def score(self, p: PreparedStep) -> np.ndarray:
