@@ -50,14 +50,14 @@ from streamrec.foundation import hot_budget, hot_row_bytes, resolve_device
 
 from . import admission as _admission
 from . import checkpoint as _checkpoint
-from . import eviction, export, expiry, migration, optimizer, rowpath
+from . import eviction, export, expiry, lookup, migration, optimizer, rowpath
 from . import stats as _stats
 from .cache import HostCache
 from .cold import FORMAT, RocksDBColdTier, check_manifest, read_manifest, write_manifest
 from .errors import StoreError
 from .hot_arena import HotArena, arenas_of
 from .hot_index import HotIndex, index_of
-from .rows import gather, init_rows, table_tag
+from .rows import init_rows, table_tag
 from .store_types import ColdTier
 from .table import Probe, Table
 
@@ -268,63 +268,7 @@ class EmbeddingStore:
         return self._get(table, ids, remember=False, host=host)
 
     def _get(self, table: str, ids, remember: bool, host: bool = False) -> torch.Tensor:
-        t = self._table(table)
-        dev = torch.device("cpu") if host else self.device
-        ids = self._ids(t, ids)
-        n = len(ids)
-        pre = self._pre.pop(t.name, None)
-        known = None
-        if pre is not None and pre.valid_for(t, ids):
-            slots, known = pre.hot, pre.cache  # prefetch(ids) already probed both indexes for these ids
-        else:
-            slots = t.hot.find(ids)
-        is_hot = slots >= 0
-        nh = int(is_hot.sum())
-        self.hot_hits += nh
-        self.cold_hits += n - nh
-        self._memo.pop(t.name, None)
-        if nh == n:
-            return t.hot.w[torch.from_numpy(slots).to(self.device)].to(dev)
-        cold_pos = np.flatnonzero(~is_hot)
-        cids = ids[cold_pos]
-        if len(cids) < 2 or bool(np.all(cids[1:] > cids[:-1])):  # already sorted unique (the trainer's
-            uniq, inv = cids, np.arange(len(cids))                  # usual call): skip np.unique
-        else:
-            uniq, inv = np.unique(cids, return_inverse=True)
-        recs, found, slots_c = rowpath.cold_rows(self, t, uniq, touch=remember, known=known)
-        if remember:
-            c = t.cache
-            if c is not None:
-                c.record(uniq)  # frequency admission counts every cold lookup
-                miss = slots_c < 0
-                refused, out_recs, out_found = False, None, None
-                if miss.any():
-                    slots_c = slots_c.copy()
-                    slots_c[miss] = c.insert(uniq[miss], gather(recs, miss), found[miss], dirty=False)
-                    hp = np.flatnonzero(~miss)  # an eviction (tiny cache) may have taken a row just hit
-                    hs = slots_c[hp]
-                    lost = hp[~c.used[hs] | (c.sid[hs] != uniq[hp])]
-                    slots_c[lost] = -1
-                    out = miss & (slots_c < 0)  # refused by admission: kept for the apply_gradients that follows
-                    if out.any():
-                        out_recs, out_found = recs[out], found[out]
-                        rowpath.remember(t, uniq[out], out_recs, out_found)
-                    # admission decides row by row only for a batch that fits the cache (a bigger one is cut)
-                    refused = c.freq is not None and int(np.count_nonzero(miss)) <= c.capacity and not len(lost)
-                if uniq is cids:  # the usual call: remember where this batch's rows are for apply_gradients
-                    # ids.copy(): the caller may refill its array
-                    self._memo[t.name] = Probe(t.name, ids.copy(), slots, slots_c, t.hot.gen, c.gen, refused,
-                                                out_recs, out_found)
-            else:
-                rowpath.remember(t, uniq, recs, found)
-        cold_rows = torch.from_numpy(np.ascontiguousarray(recs["w"][inv.reshape(-1)]))
-        if nh == 0:
-            return cold_rows.to(dev)
-        out = torch.empty((n, t.dim), dtype=torch.float32, device=dev)
-        hot_pos = np.flatnonzero(is_hot)
-        out[torch.from_numpy(hot_pos).to(dev)] = t.hot.w[torch.from_numpy(slots[hot_pos]).to(self.device)].to(dev)
-        out[torch.from_numpy(cold_pos).to(dev)] = cold_rows.to(dev)
-        return out
+        return lookup.rows(self, table, ids, remember, host)
 
     # -- the fused step's row source (streamrec.trainer.step_types.RowSource) --------------------------------
     def arena(self, dim: int) -> HotArena:
