@@ -253,9 +253,9 @@ class ShardedTrainerCore(TrainerCore):
         dev = self.device
         labels = torch.from_numpy(label_matrix(sub, T)).to(dev)
         counts = [total] * T  # every task's masked sum over the group's batch size, as one trainer's step
-        # one embedding_bag per field, as one trainer pools: one op over all fields would pool the same sums,
-        # but its backward adds a row's contributions in another order than one trainer's, so the group's
-        # rows would no longer match one trainer's to the last bit
+        # one embedding_bag per field; one trainer's fused step pools every field at once, and pool_sum's
+        # backward adds a row's occurrences in index order, so both give the same rows to the last bit where
+        # no two fields share a table (a shared table's rows may differ in the last bits: fused_step.py)
         pooled, leaves = {}, {}
         for tb in self.tables:
             r = rows[tb].to(dev).detach().requires_grad_(True)

@@ -147,12 +147,12 @@ def test_the_marker_before_each_step_names_exactly_the_records_it_trains(tmp_pat
 
     real_step = core._step
 
-    def step(sub, uniques):  # the records of the step that runs, told apart by their ts
+    def step(sub, prepared, *ahead):  # the records of the step that runs, told apart by their ts
         trained.append({by_ts[int(t)] for t in sub.ts})
         phase, ranges, _ = InflightMarker(tmp_path / "inflight.json").found  # what a restart would read
         assert phase == STEP
         assert {(r.partition, o) for r in ranges for o in range(r.first, r.last + 1)} == trained[-1]
-        return real_step(sub, uniques)
+        return real_step(sub, prepared, *ahead)
 
     core._step = step
     core.step_marker = StepMarker()

@@ -193,3 +193,18 @@ def test_the_hot_index_finds_every_hot_row_and_nothing_else():
     assert (idx.find(codes, ids + 1) == -1).all()
     assert len(HotIndex([1], np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0, np.int64)).find(
         np.zeros(4, np.int16), np.arange(4))) == 4
+
+
+def test_tables_of_several_widths_pool_in_field_order_bit_for_bit(tmp_path):
+    """Fields of two widths interleaved (8, 4, 8): each width pools in one call, and the model still gets
+    every field's columns in field order."""
+    over = {"model.fields": [{"name": "user"}, {"name": "item", "dim": 4}, {"name": "tags"}],
+            "model.architecture": "mlp"}
+    cfg, batch, sides = _pair(tmp_path, 0.5, **over)
+    for a, b in _train_both(cfg, batch, sides):
+        assert np.array_equal(a, b)
+    r1, r2 = _rows(sides[0][0], cfg, batch), _rows(sides[1][0], cfg, batch)
+    for t in r1:
+        assert np.array_equal(r1[t], r2[t]), t
+    for s, _, _ in sides:
+        s.close()
