@@ -12,7 +12,8 @@ arithmetic in no time, the host alone would bound the trainer at ``1e6 / host_us
 events per second. Kafka itself is left out (``bench ingest`` and ``bench e2e`` measure it).
 
 The stream, store and hot set are ``bench train``'s fae set-up (26 Criteo-like fields, Zipf
-ids, hot tier <= 5% of the ids, chosen from a sample).
+ids, hot tier <= 5% of the ids, chosen from a sample), with the hot index's compiled probe that a
+store on a CUDA device uses (``embedding_store/hot_index.py``) on every machine.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def pipeline(root: str, events: int, ids: int, batch: int, device: str, model: d
         backlog.append(list(encode_messages(w, schema, "arrow", events_per_message)))
     decoder = Decoder(schema)
     store = EmbeddingStore.from_config(cfg, device)
+    store.compiled_index = True  # the hot index a device trainer probes with (hot_index.py), on every machine
     core = TrainerCore(cfg, store, torch_device(device))
     # FAE's hot set from a sample of the stream's first windows, which then train as the warm-up
     src = SampleHotSource(fields, hot_budget_rows(cfg), sample_events=sample)

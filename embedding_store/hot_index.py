@@ -8,9 +8,12 @@ width's arena. The index is rebuilt whole at each hot-set change (rare), so it n
 Any int64 id of any table is a valid key: a hit compares the id and the table, so a hash
 collision never confuses two rows.
 
-The probe is compiled (``hot_index_kernel.py``, numba, as serving's id index is): a vectorised
-numpy probe makes a dozen passes over the ids per probe round, about six times the compiled
-loop's time. The build, once per hot set, is vectorised numpy and loads no compiler.
+The probe comes in two forms with the same answers. Compiled (``hot_index_kernel.py``, numba, as
+serving's id index is): one pass, about a sixth of the vectorised numpy probe's time, which makes
+a dozen passes over the ids per probe round; but loading numba and the kernel adds about 140 MB
+to the process. A store on a CUDA device uses the compiled probe (there the host's time per event
+bounds the trainer), a store on a CPU the numpy one (there the dense arithmetic does, and memory
+is what the CPU trainer's goals count). The build, once per hot set, is numpy either way.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ _EMPTY = -1
 class HotIndex:
     """``find(codes, ids)``: each id's arena slot, -1 where ``(table code, id)`` is not hot."""
 
-    def __init__(self, salts: Sequence[int], codes: np.ndarray, ids: np.ndarray, slots: np.ndarray):
+    def __init__(self, salts: Sequence[int], codes: np.ndarray, ids: np.ndarray, slots: np.ndarray,
+                 compiled: bool = False):
         """``salts[c]``: table ``c``'s 64-bit salt; ``codes``, ``ids``, ``slots``: one entry per hot row
-        (``(code, id)`` unique)."""
+        (``(code, id)`` unique); ``compiled``: probe with the numba kernel (module doc)."""
+        self.compiled = bool(compiled)
         self.salts = np.asarray([s & (2**64 - 1) for s in salts] or [0], dtype=np.uint64)
         n = len(ids)
         size = 1 << max(4, int(2 * max(1, n) - 1).bit_length())  # a power of two >= 2n: load <= 1/2
@@ -62,18 +67,32 @@ class HotIndex:
     def find(self, codes: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """Arena slot of each ``(codes[i], ids[i])``, -1 where it is not hot."""
         out = np.full(len(ids), -1, np.int64)
-        if len(ids) and self.rows:
+        if not (len(ids) and self.rows):
+            return out
+        codes, ids = np.asarray(codes, np.int16), np.ascontiguousarray(ids, np.int64)
+        if self.compiled:
             from .hot_index_kernel import find
 
-            find(self.salts, self.mask, self.ids, self.codes, self.slots, np.asarray(codes, np.int16),
-                 np.ascontiguousarray(ids, np.int64), out)
+            find(self.salts, self.mask, self.ids, self.codes, self.slots, codes, ids, out)
+            return out
+        m = int(self.mask)
+        h = splitmix64(ids.view(np.uint64) ^ self.salts[codes])
+        h &= self.mask
+        pos = h.view(np.int64)
+        at = np.arange(len(ids))
+        while len(at):  # one probe round over the ids not resolved yet
+            cc = self.codes[pos]
+            hit = (cc == codes) & (self.ids[pos] == ids)
+            out[at[hit]] = self.slots[pos[hit]]
+            go = ~hit & (cc != _EMPTY)
+            at, ids, codes, pos = at[go], ids[go], codes[go], (pos[go] + 1) & m
         return out
 
     def nbytes(self) -> int:
         return self.ids.nbytes + self.codes.nbytes + self.slots.nbytes
 
 
-def index_of(tables: Sequence, arenas: dict) -> HotIndex:
+def index_of(tables: Sequence, arenas: dict, compiled: bool = False) -> HotIndex:
     """The index of ``tables``' hot rows (``Table``s, coded by their order) into their width's arena."""
     tables = list(tables)
     codes, ids, slots = [], [], []
@@ -83,4 +102,5 @@ def index_of(tables: Sequence, arenas: dict) -> HotIndex:
         ids.append(h.ids)
         slots.append(h.slot + arenas[t.dim].base[t.name])
     cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))
-    return HotIndex([t.salt for t in tables], cat(codes, np.int16), cat(ids, np.int64), cat(slots, np.int64))
+    return HotIndex([t.salt for t in tables], cat(codes, np.int16), cat(ids, np.int64), cat(slots, np.int64),
+                    compiled)

@@ -156,6 +156,8 @@ class EmbeddingStore:
                 raise StoreError(f"table {n!r}: init scale must be in (0, 1000], got {t.init_scale!r}")
         self._by_tag = {t.tag: t for t in self.tables.values()}
         self._code = {n: np.int16(c) for c, n in enumerate(self.tables)}  # a table's code in the hot index
+        # the hot index's compiled probe where the host bounds a trainer (a CUDA device): hot_index.py
+        self.compiled_index = self.device.type == "cuda"
         self.arenas: dict[int, HotArena] = {}  # {dim: every hot row of that width}, hot_arena.py
         self.hot_index: HotIndex  # (table, id) -> arena slot of every hot row, hot_index.py
         self.lay_out_hot()
@@ -307,7 +309,7 @@ class EmbeddingStore:
     def lay_out_hot(self) -> None:
         """Lay the hot rows out in their arenas and index them again (``migration.set_hot`` calls this)."""
         self.arenas = arenas_of(self.tables.values(), self.device)
-        self.hot_index = index_of(self.tables.values(), self.arenas)
+        self.hot_index = index_of(self.tables.values(), self.arenas, self.compiled_index)
 
     def apply_gradients(self, table: str, ids: np.ndarray, grads: torch.Tensor) -> np.ndarray | None:
         """Row-wise Adagrad on rows ``ids`` (unique) with ``grads [n, dim]`` float32 (``optimizer.py``); with

@@ -55,21 +55,24 @@ class MemoryDLRM:
         uses: dict[str, list[str]] = {}
         for f, t in cfg.model.field_tables.items():
             uses.setdefault(t, []).append(f)
-        parts: dict[int, list[np.ndarray]] = {}
+        rows: dict[int, int] = {}  # rows per width so far: each table's base in its width's arena
         for t, dim in cfg.model.tables.items():
-            ids = np.unique(np.concatenate([np.asarray(vocab[f], dtype=np.int64) for f in uses[t]]))
-            self.ids[t] = ids
-            w = np.empty((len(ids), dim), np.float32)
-            for s in range(0, len(ids), init_chunk):
-                w[s:s + init_chunk] = init_rows(table_salt(t), cfg.model.seed, ids[s:s + init_chunk], dim,
-                                                scales[t])
-            self.base[t] = sum(len(p) for p in parts.get(dim, []))
-            parts.setdefault(dim, []).append(w)
+            self.ids[t] = np.unique(np.concatenate([np.asarray(vocab[f], dtype=np.int64) for f in uses[t]]))
+            self.base[t] = rows.get(dim, 0)
+            rows[dim] = self.base[t] + len(self.ids[t])
+        # each width's rows made in place, a chunk at a time: never a second copy of the tables
         self.arenas: dict[int, _Arena] = {}
-        for dim, ws in parts.items():
-            w = np.concatenate([*ws, np.zeros((1, dim), np.float32)])
+        for dim, n in rows.items():
+            w = np.zeros((n + 1, dim), np.float32)  # the last row: the arena's scratch row
+            for t, tdim in cfg.model.tables.items():
+                if tdim != dim:
+                    continue
+                ids, at = self.ids[t], self.base[t]
+                for s in range(0, len(ids), init_chunk):
+                    w[at + s:at + s + len(ids[s:s + init_chunk])] = init_rows(
+                        table_salt(t), cfg.model.seed, ids[s:s + init_chunk], dim, scales[t])
             self.arenas[dim] = _Arena(torch.from_numpy(w).to(self.device),
-                                      torch.zeros(len(w), dtype=torch.float32, device=self.device))
+                                      torch.zeros(n + 1, dtype=torch.float32, device=self.device))
         self.step = FusedStep(self.model, self.opt, cfg.model, self, self.device)
 
     def index(self, table: str, ids: np.ndarray) -> np.ndarray:

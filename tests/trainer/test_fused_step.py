@@ -186,11 +186,13 @@ def test_the_hot_index_finds_every_hot_row_and_nothing_else():
     ids = np.unique(rng.integers(-2**62, 2**62, 3000))
     codes = rng.integers(0, 3, len(ids)).astype(np.int16)
     slots = rng.permutation(len(ids))
-    idx = HotIndex([11, 22, 33], codes, ids, slots)
-    assert np.array_equal(idx.find(codes, ids), slots)
-    # the same id under another table, and ids never inserted, are not hot
-    assert (idx.find((codes + 1) % 3, ids) == -1).all()
-    assert (idx.find(codes, ids + 1) == -1).all()
+    q = rng.permutation(len(ids))
+    for compiled in (False, True):  # the numpy probe and the numba kernel give the same answers
+        idx = HotIndex([11, 22, 33], codes, ids, slots, compiled=compiled)
+        assert np.array_equal(idx.find(codes[q], ids[q]), slots[q])
+        # the same id under another table, and ids never inserted, are not hot
+        assert (idx.find((codes + 1) % 3, ids) == -1).all()
+        assert (idx.find(codes, ids + 1) == -1).all()
     assert len(HotIndex([1], np.zeros(0, np.int16), np.zeros(0, np.int64), np.zeros(0, np.int64)).find(
         np.zeros(4, np.int16), np.arange(4))) == 4
 
