@@ -159,7 +159,7 @@ class EmbeddingStore:
         # the hot index's compiled probe where the host bounds a trainer (a CUDA device): hot_index.py
         self.compiled_index = self.device.type == "cuda"
         self.arenas: dict[int, HotArena] = {}  # {dim: every hot row of that width}, hot_arena.py
-        self.hot_index: HotIndex  # (table, id) -> arena slot of every hot row, hot_index.py
+        self.hot_index: HotIndex | None = None  # (table, id) -> arena slot of every hot row, hot_index.py
         self.lay_out_hot()
         self.eviction, self.lfu_half_life_s, self.evict_slack = str(eviction), float(lfu_half_life_s), float(evict_slack)
         if _admission.configure(self.tables.values(), admit_min_count, unadmitted, admit_counter_mb, max_rows, eviction):
@@ -308,6 +308,8 @@ class EmbeddingStore:
 
     def lay_out_hot(self) -> None:
         """Lay the hot rows out in their arenas and index them again (``migration.set_hot`` calls this)."""
+        # the old layout goes first (each table now holds its own new rows): one set of hot rows less at the peak
+        self.arenas, self.hot_index = {}, None
         self.arenas = arenas_of(self.tables.values(), self.device)
         self.hot_index = index_of(self.tables.values(), self.arenas, self.compiled_index)
 
