@@ -13,15 +13,50 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import grpc
 import numpy as np
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .convert import events_to_request
 from .pb import pb, pb_grpc
-from streamrec.snapshot import (MANIFEST, PushError, PusherFactory, PushResult, SnapshotError, is_retryable,
-                                read_manifest)
+from streamrec.snapshot import PushError, PusherFactory, PushResult, SnapshotError, is_retryable
 
 log = logging.getLogger("streamrec.serving")
+
+_INT64 = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                    FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64})
+
+
+def answer_dict(msg) -> dict[str, Any]:
+    """An answer message as a plain dict: every field present (its default when unset), field names as in
+    the ``.proto``, and 64-bit integers (versions, counts, times) as numbers, where protobuf's JSON mapping
+    writes them as strings."""
+    d = MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    _numbers(msg, d)
+    return d
+
+
+def _numbers(msg, d: dict) -> None:
+    for f in msg.DESCRIPTOR.fields:
+        if f.name not in d:
+            continue
+        v = getattr(msg, f.name)
+        if f.type in _INT64:
+            d[f.name] = [int(x) for x in v] if f.is_repeated else int(v)
+        elif f.type == FieldDescriptor.TYPE_MESSAGE:
+            if f.message_type.GetOptions().map_entry:
+                vf = f.message_type.fields_by_name["value"]
+                for k, sub in v.items():
+                    key = str(k).lower() if isinstance(k, bool) else str(k)
+                    if vf.type == FieldDescriptor.TYPE_MESSAGE:
+                        _numbers(sub, d[f.name][key])
+                    elif vf.type in _INT64:
+                        d[f.name][key] = int(sub)
+            elif f.is_repeated:
+                for sub, sd in zip(v, d[f.name]):
+                    _numbers(sub, sd)
+            else:
+                _numbers(v, d[f.name])
 
 
 def make_channel(target: str, tls_ca: str = "", max_message_mb: int = 64, server_name: str = "",
@@ -99,7 +134,7 @@ class ServingClient:
 
     def status(self) -> dict[str, Any]:
         resp = self.stub.Status(pb.StatusRequest(), timeout=self.timeout, metadata=_metadata(self.token))
-        return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        return answer_dict(resp)
 
     def rollback(self, to_version: int = 0, release: bool = False, model_line: str = "") -> dict[str, Any]:
         """Serve and pin kept version ``to_version`` (0: the one promoted before the served one), or with
@@ -108,7 +143,7 @@ class ServingClient:
         resp = self.stub.Rollback(pb.RollbackRequest(to_version=int(to_version), release=bool(release),
                                                      model_line=model_line),
                                   timeout=self.timeout, metadata=_metadata(self.push_token))
-        return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        return answer_dict(resp)
 
     def accept(self, version: int = 0, model_line: str = "") -> dict[str, Any]:
         """Promote the version the guard holds back (0: the newest held one) on ``model_line`` (empty: main);
@@ -116,7 +151,7 @@ class ServingClient:
         resp = self.stub.AcceptVersion(pb.AcceptRequest(version=int(version), model_line=model_line),
                                        timeout=self.timeout,
                                        metadata=_metadata(self.push_token))
-        return MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        return answer_dict(resp)
 
     def shadow_scores(self, limit: int = 0) -> list[tuple[str, str, str, float, float]]:
         """The shadow comparison's newest per-event scores: ``(request_id, line, shadow_line, line_score,
@@ -144,6 +179,8 @@ class ServingClient:
 
 def snapshot_chunks(snapshot_dir, chunk_bytes: int = 1 << 20) -> Iterator:
     """The PushSnapshot stream for a directory: manifest first, then each file in order."""
+    from streamrec.snapshot import MANIFEST, read_manifest  # the snapshot format loads torch: pushers only
+
     d = Path(snapshot_dir)
     manifest = read_manifest(d)
     yield pb.SnapshotChunk(manifest_json=(d / MANIFEST).read_bytes())
@@ -205,6 +242,8 @@ class SnapshotPusher:
             try:
                 # read and check the manifest here: inside the request stream gRPC turns a SnapshotError
                 # into a retryable UNKNOWN ("Exception iterating requests!")
+                from streamrec.snapshot import read_manifest
+
                 read_manifest(snapshot_dir)
                 resp = self.stub.PushSnapshot(snapshot_chunks(snapshot_dir, self.chunk_bytes),
                                               timeout=self.timeout_s, metadata=self.metadata)

@@ -195,7 +195,7 @@ def test_the_rollback_and_accept_commands(guarded):
         r = cli("rollback", "--to", "1", "--token", "push-tok")
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
-        assert int(out["version"]) == 1 and out["pinned"] and "pinned" in out["message"]
+        assert out["version"] == 1 and out["pinned"] and "pinned" in out["message"]  # a number, not "1"
         chain.check(c, 1)
         r = cli("rollback", "--release", "--set", "serving.push_token=push-tok")
         assert r.returncode == 0 and int(json.loads(r.stdout)["version"]) == 3, r.stderr
@@ -204,3 +204,16 @@ def test_the_rollback_and_accept_commands(guarded):
         r = cli("rollback", "--to", "2", "--token", "wrong")
         assert r.returncode == 1 and "UNAUTHENTICATED" in r.stderr
         chain.check(c, 3)
+
+
+@pytest.mark.subprocess
+def test_the_operator_commands_reach_the_server_without_loading_torch():
+    """``rollback`` and ``accept`` are what an operator types during an incident: their path (the CLI's config and
+    the serving client) imports no torch, which alone takes seconds on a loaded machine."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom streamrec.app.cli import config_from_args\nfrom streamrec.serving import ServingClient\n"
+            "from streamrec.app.commands import serve\nprint('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "False", (r.stdout, r.stderr)
