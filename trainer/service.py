@@ -42,6 +42,7 @@ from .telemetry import Freshness, MetricsLog, ProgressLine, PrometheusExporter, 
 
 log = logging.getLogger(__name__)
 
+FINAL_PUSH_WAIT_S = 60.0  # the most a stop waits for a pending push, and again for the final one's answer
 VERSION_FILE = "snapshot-version.json"  # the newest snapshot version built, next to the checkpoints (durable)
 
 
@@ -105,6 +106,7 @@ class TrainerService(TrainerReporting):
         self.evidence = collector_for(cfg, self.core) \
             if self.publisher is not None and getattr(self, "rank", 0) == 0 else None
         self.seq = 0
+        self._pushed_events, self._pushed_version = -1, None  # the newest snapshot built: events it holds, version
         self.offsets: dict[tuple[str, int], int] = {}
         self.topic_ids: dict[str, str] = {}  # topic -> its id when the checkpoint's offsets were read
         self.resumed_from: str | None = None
@@ -254,8 +256,7 @@ class TrainerService(TrainerReporting):
                 self._dead_letter(self.core.feed(ready, flush=True) if ready is not None else self.core.flush())
             if dirty:
                 self.checkpoint()
-            if push_every > 0 and self.publisher is not None and self.core.events != events_at_push:
-                self.push()  # serving gets the final model (close() waits a little for it)
+            self.push_final()  # every stop: serving gets the model the final checkpoint holds
             self.emit()
         finally:
             gc.unfreeze()
@@ -365,6 +366,37 @@ class TrainerService(TrainerReporting):
         return seq
 
     # -- freshness ----------------------------------------------------------------
+    def push_final(self) -> int | None:
+        """At a stop (the stream's end, ``--max-events``, idle exit, SIGTERM): serving gets the model as the
+        final checkpoint holds it. A push still pending is waited for first (it is an older model: building
+        the final one beside it is refused), then the final model is pushed unless the newest snapshot
+        already holds every event trained, and serving's answer is waited for; each wait is bounded by
+        ``trainer.push_give_up_s`` and at most ``FINAL_PUSH_WAIT_S``, and ends at a failed attempt (serving
+        down: the stop does not sit out the retries). Returns the final version serving
+        acknowledged, None when none was (logged with the reason; the final checkpoint holds every event,
+        and a restart pushes a full snapshot)."""
+        pub = self.publisher
+        if pub is None:
+            return None
+        wait = min(self.cfg.trainer.push_give_up_s, FINAL_PUSH_WAIT_S)
+        if not pub.wait_answer(wait):
+            log.warning("the final model is not pushed: the previous push is unanswered (%s); serving keeps "
+                        "version %d", pub.st.last_error or f"no answer in {wait:.0f} s", pub.version)
+            return None
+        version = self._pushed_version
+        if self.core.events != self._pushed_events or version is None:
+            version = self.push()
+            if version is None:
+                return None  # push() logged why
+        if not pub.push_enabled:
+            return None
+        if not pub.wait_answer(wait) or pub.version < version:
+            log.warning("the final model (version %d, %d events) was not acknowledged by serving (%s)",
+                        version, self.core.events, pub.st.last_error or f"no answer in {wait:.0f} s")
+            return None
+        log.info("the final model (version %d, %d events) is served", version, self.core.events)
+        return version
+
     def push(self) -> int | None:
         """Build a snapshot of the model as it is now and queue it for serving: a delta of the rows written
         since the last accepted push, or full when serving needs one. Its version, or None when the last
@@ -378,6 +410,7 @@ class TrainerService(TrainerReporting):
             self.publisher.publish(version, mark, None, self.core.model, dict(self.offsets), self._metric_values(),
                                    self.core.newest_event_ms, plan=plan, rows=rows, evidence=self._evidence(),
                                    deleted=self.store.last_deleted)
+            self._pushed_events, self._pushed_version = self.core.events, version
             return version
         except Exception as e:
             self.publisher.request_full()  # the journal may be cut past what serving holds

@@ -105,6 +105,7 @@ class SnapshotPublisher:
         self._remaining: list[str] = []  # targets that have not accepted the pending snapshot yet
         self._refused: list[str] = []  # targets that refused the pending snapshot for good (not retried)
         self._pending_since = 0.0  # monotonic time the pending snapshot was queued
+        self._failing = False  # the pending snapshot's last push attempt failed somewhere (it is being retried)
         self.left_behind: list[str] = []  # replicas the newest accepted snapshot did not reach
         self._pushers: dict = {}  # target -> the Pusher pusher_factory made for it
         self.version_file = Path(version_file) if version_file else None
@@ -233,6 +234,7 @@ class SnapshotPublisher:
             del self.st.history[:-HISTORY]  # a push a second: the recent ones are what anyone reads
             if self.push_enabled:
                 self._pending = (version, epoch, out)
+                self._failing = False
                 self._remaining = list(self.targets)
                 self._refused = []
                 self._pending_since = time.monotonic()
@@ -338,6 +340,7 @@ class SnapshotPublisher:
                 overdue = time.monotonic() - self._pending_since > self.give_up_s
                 # a replica already left behind does not hold the others back again for give_up_s
                 overdue = overdue or set(self._remaining) <= set(self.left_behind)
+                self._failing = bool(self._remaining or final)
                 if self._remaining or final:
                     self.st.failures += 1
                     self.st.last_error = "; ".join(errors)
@@ -404,6 +407,20 @@ class SnapshotPublisher:
         while time.monotonic() < deadline:
             if not self.busy:
                 return True
+            time.sleep(0.05)
+        return not self.busy
+
+    def wait_answer(self, timeout: float) -> bool:
+        """Wait until no push is pending (True), or until the pending push fails an attempt or ``timeout``
+        passes (False, at once when its last attempt failed): a stop must not sit out a retry schedule
+        against a serving endpoint that does not answer."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._pending is None:
+                    return True
+                if self._failing:
+                    return False
             time.sleep(0.05)
         return not self.busy
 
