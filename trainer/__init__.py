@@ -11,7 +11,10 @@ Public surface::
     make_hot_source(cfg, bootstrap), SampleHotSource, TopicHotSource, HotUpdate
     HotSetSource                               # the Protocol a hot-set source satisfies
     plan, hot_samples, MiniBatch               # FAE's hot/cold mini-batch schedule
-    dense_optimizer, train_step
+    dense_optimizer, train_step                # the per-table step (the fused step's reference)
+    FusedStep, PreparedStep                    # one step for every table: ids resolved on the host, one pass on the device
+    RowSource                                  # the Protocol a fused step's row owner satisfies (store, in-memory baseline)
+    StageClock                                 # seconds per pipeline stage (bench train --host-ceiling)
     probe_train, probe_records                 # which events (records) kill a process training them alone
     GroupTrainerService(cfg, bootstrap, rank, world, ...).run()  # one rank of a group (torchrun)
     ShardedTrainerCore(cfg, store, device, rank, world)          # TrainerCore with row-wise sharded rows
@@ -27,6 +30,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .core import TrainerCore, WindowResult
     from .crash_probe import probe_records, probe_train
     from .evidence import EvidenceCollector, collector_for
+    from .fused_step import FusedStep, PreparedStep
     from .group import GroupError, GroupTrainerService
     from .hotset import SampleHotSource, TopicHotSource, make_hot_source, top_rows
     from .hotset_types import HotSetSource, HotUpdate
@@ -38,6 +42,8 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .sharded_core import ShardedTrainerCore
     from .sharding import RowExchange, owner_of
     from .snapshots import SnapshotPublisher
+    from .stage_clock import StageClock
+    from .step_types import RowSource
     from .step import dense_optimizer, train_step
     from .trainer_types import Compression, DenseOptimizer, GroupBatch, HotSource, Precision, Schedule
 
@@ -45,6 +51,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".core": "TrainerCore WindowResult",
     ".crash_probe": "probe_records probe_train",
     ".evidence": "EvidenceCollector collector_for",
+    ".fused_step": "FusedStep PreparedStep",
     ".group": "GroupError GroupTrainerService",
     ".hotset": "SampleHotSource TopicHotSource make_hot_source top_rows",
     ".hotset_types": "HotSetSource HotUpdate",
@@ -56,6 +63,8 @@ _EXPORTS = {  # submodule: the public names it defines
     ".sharded_core": "ShardedTrainerCore",
     ".sharding": "RowExchange owner_of",
     ".snapshots": "SnapshotPublisher",
+    ".stage_clock": "StageClock",
+    ".step_types": "RowSource",
     ".step": "dense_optimizer train_step",
     ".trainer_types": "Compression DenseOptimizer GroupBatch HotSource Precision Schedule",
 }

@@ -107,7 +107,7 @@ def test_manifest_with_wrong_value_types_is_refused_and_v1_keeps_serving(cfg, tm
                     pb_grpc.StreamRecStub(ch).PushSnapshot(iter(chunks), timeout=20)
                 assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (patch, e.value.details())
                 assert "manifest" in e.value.details()
-                assert client.status()["version"] == "1"
+                assert client.status()["version"] == 1
                 # ... and our pusher says so at once instead of retrying an UNKNOWN
                 bad = tmp_path / f"bad-{i}"
                 shutil.copytree(v2, bad)
@@ -116,7 +116,7 @@ def test_manifest_with_wrong_value_types_is_refused_and_v1_keeps_serving(cfg, tm
                 assert not r.ok and r.code == "INVALID_ARGUMENT" and r.attempts == 1, (patch, r)
                 assert "manifest" in r.reason, r.reason
             assert list((Path(cfg.serving.data_dir) / "staging").iterdir()) == []
-            assert p.push(v2).ok and client.status()["version"] == "2"
+            assert p.push(v2).ok and client.status()["version"] == 2
     finally:
         srv.stop(0.5)
         trainer.close()
