@@ -9,8 +9,6 @@ there is no device timeline: the share is ``null`` with the reason, and the host
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 
 from .host_ceiling import pipeline
@@ -34,10 +32,7 @@ def run(events: int, ids: int, batch: int, threads: int, device: str) -> dict:
 
     from .common import sync
 
-    torch.set_num_threads(threads)
-    root = tempfile.mkdtemp(prefix="bench-device-busy-")
-    try:
-        core, store, decoder, backlog = pipeline(root, events, ids, batch, device)
+    with pipeline(events, ids, batch, threads, device) as (core, decoder, backlog):
         cuda = torch.device(device).type == "cuda"
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         batches = [decoder.decode_many(v)[0] for v in backlog]  # decoded before: the steps are what is profiled
@@ -67,10 +62,7 @@ def run(events: int, ids: int, batch: int, threads: int, device: str) -> dict:
                "top_host_ops": top("self_cpu_time_total")}
         if busy is None:
             out["reason"] = f"no device timeline on {device}: the share needs CUDA"
-        store.close()
         return out
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def report(r: dict) -> str:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-
-import numpy as np
+from contextlib import contextmanager
+from typing import Iterator
 
 from .bench_train import bench_config, windows_of
 
@@ -30,18 +30,36 @@ GOAL_HOST_US = 2.0  # host microseconds per event: the host alone could feed >= 
 NEGLIGIBLE_MODEL = {"model.architecture": "mlp", "model.bottom_mlp": [], "model.top_mlp": []}
 
 
-def pipeline(root: str, events: int, ids: int, batch: int, device: str, model: dict | None = None,
-             events_per_message: int = 1024):
-    """``bench train``'s fae set-up fed from an Arrow backlog: ``(core, store, decoder, backlog)`` with the
-    hot set applied and the windows that sampled it trained (the warm-up); ``backlog`` holds the remaining
-    windows' record values. ``model``: config overrides of the model (default: the bench's DLRM)."""
+@contextmanager
+def pipeline(events: int, ids: int, batch: int, threads: int, device: str, model: dict | None = None,
+             events_per_message: int = 1024) -> Iterator:
+    """``bench train``'s fae set-up fed from an Arrow backlog, with ``threads`` torch threads, in a temporary
+    folder: yields ``(core, decoder, backlog)`` with the hot set applied and the windows that sampled it
+    trained (the warm-up); ``backlog`` holds the remaining windows' record values. ``model``: config
+    overrides of the model (default: the bench's DLRM). The store is closed and the folder removed after."""
+    import torch
+
+    torch.set_num_threads(threads)
+    root = tempfile.mkdtemp(prefix="bench-train-pipeline-")
+    try:
+        store, core, decoder, backlog = _set_up(root, events, ids, batch, torch.device(device), model,
+                                                events_per_message)
+        try:
+            yield core, decoder, backlog
+        finally:
+            store.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _set_up(root: str, events: int, ids: int, batch: int, device, model: dict | None, events_per_message: int):
     from streamrec.embedding_store import EmbeddingStore
     from streamrec.foundation import EventSchema, hot_budget_rows
     from streamrec.ingest import Decoder, SyntheticStream, encode_messages
     from streamrec.trainer.core import TrainerCore
     from streamrec.trainer.hotset import SampleHotSource
 
-    cfg = bench_config(root, ids, batch, "fae", model, device=device)
+    cfg = bench_config(root, ids, batch, "fae", model, device=str(device))
     fields = cfg.model.field_names
     window = batch * cfg.trainer.window_batches
     schema = EventSchema.from_config(cfg)
@@ -52,7 +70,7 @@ def pipeline(root: str, events: int, ids: int, batch: int, device: str, model: d
     decoder = Decoder(schema)
     store = EmbeddingStore.from_config(cfg, device)
     store.compiled_index = True  # the hot index a device trainer probes with (hot_index.py), on every machine
-    core = TrainerCore(cfg, store, torch_device(device))
+    core = TrainerCore(cfg, store, device)
     # FAE's hot set from a sample of the stream's first windows, which then train as the warm-up
     src = SampleHotSource(fields, hot_budget_rows(cfg), sample_events=sample)
     warm, upd = [], None
@@ -65,27 +83,16 @@ def pipeline(root: str, events: int, ids: int, batch: int, device: str, model: d
         core.apply_hot_set(upd.version, upd.tables)
     for w in warm:  # warm-up: allocations, first RocksDB files
         core.feed(w)
-    return core, store, decoder, backlog[len(warm):]
-
-
-def torch_device(name: str):
-    import torch
-
-    return torch.device(name)
+    return store, core, decoder, backlog[len(warm):]
 
 
 def run(events: int, ids: int, batch: int, threads: int = 1, device: str = "cpu") -> dict:
     """Train ``events`` events (after the warm-up) and return the stage split (module doc)."""
-    import torch
-
     from streamrec.trainer.stage_clock import DEVICE_STAGES, STAGES
 
     from .common import sync
 
-    torch.set_num_threads(threads)
-    root = tempfile.mkdtemp(prefix="bench-host-ceiling-")
-    try:
-        core, store, decoder, backlog = pipeline(root, events, ids, batch, device, NEGLIGIBLE_MODEL)
+    with pipeline(events, ids, batch, threads, device, NEGLIGIBLE_MODEL) as (core, decoder, backlog):
         warm_n = core.events
         sync(device)
         clock = core.clock
@@ -104,17 +111,13 @@ def run(events: int, ids: int, batch: int, threads: int = 1, device: str = "cpu"
         untimed = wall * 1e6 / n - sum(stages.values())  # the loop's own Python between stages
         host = sum(v for k, v in stages.items() if k not in DEVICE_STAGES) + max(0.0, untimed)
         dev_us = sum(v for k, v in stages.items() if k in DEVICE_STAGES)
-        out = {
+        return {
             "events": n, "ids": ids, "batch": batch, "threads": threads, "device": device,
             "host_us_per_event": host, "device_ops_us_per_event": dev_us,
             "wall_us_per_event": wall * 1e6 / n, "host_events_per_s": 1e6 / host if host else float("inf"),
             "stages_us_per_event": {**stages, "untimed": max(0.0, untimed)},
             "hot_fraction": core.hot_events / max(1, core.events), "goal_host_us_per_event": GOAL_HOST_US,
         }
-        store.close()
-        return out
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def report(r: dict) -> str:

@@ -1,17 +1,16 @@
 """HotIndex: ``(table, id) -> arena slot`` of every hot row, one hash table for all tables.
 
-A training step resolves every id of every table with one compiled pass instead of one sorted
-search per table: the per-table loop's Python and the sorted searches' cache misses were the
-largest host cost of a step (``bench train --host-ceiling``). Open addressing with linear probing
+A training step resolves every id of every table with one probe instead of one sorted search
+per table: no Python per table, and a hash probe touches one or two cells where a binary search
+misses cache at every level. Open addressing with linear probing
 at load <= 1/2; a cell holds the id, its table's code (-1: empty) and its row in the table's
 width's arena. The index is rebuilt whole at each hot-set change (rare), so it never deletes.
 Any int64 id of any table is a valid key: a hit compares the id and the table, so a hash
 collision never confuses two rows.
 
 The probe comes in two forms with the same answers. Compiled (``hot_index_kernel.py``, numba, as
-serving's id index is): one pass, about a sixth of the vectorised numpy probe's time, which makes
-a dozen passes over the ids per probe round; but loading numba and the kernel adds about 140 MB
-to the process. A store on a CUDA device uses the compiled probe (there the host's time per event
+serving's id index is): one pass over the ids, where the vectorised numpy probe makes a dozen per
+probe round; but loading numba and the kernel costs the process resident memory. A store on a CUDA device uses the compiled probe (there the host's time per event
 bounds the trainer), a store on a CPU the numpy one (there the dense arithmetic does, and memory
 is what the CPU trainer's goals count). The build, once per hot set, is numpy either way.
 """
@@ -45,11 +44,15 @@ class HotIndex:
         self._insert(np.asarray(codes, np.int16), np.asarray(ids, np.int64), np.asarray(slots, np.int64))
         self.rows = n
 
+    def _home(self, codes: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Each key's home cell (the kernel's ``_home``, vectorised)."""
+        h = splitmix64(ids.view(np.uint64) ^ self.salts[codes])
+        h &= self.mask
+        return h.view(np.int64)
+
     def _insert(self, codes: np.ndarray, ids: np.ndarray, slots: np.ndarray) -> None:
         m = int(self.mask)
-        h = splitmix64(ids.view(np.uint64) ^ self.salts[codes])  # the kernel's _home, vectorised
-        h &= self.mask
-        pos = h.view(np.int64)
+        pos = self._home(codes, ids)
         order = np.arange(len(ids))
         while len(order):
             # several keys may probe the same free cell this round: each writes its mark there and the
@@ -76,9 +79,7 @@ class HotIndex:
             find(self.salts, self.mask, self.ids, self.codes, self.slots, codes, ids, out)
             return out
         m = int(self.mask)
-        h = splitmix64(ids.view(np.uint64) ^ self.salts[codes])
-        h &= self.mask
-        pos = h.view(np.int64)
+        pos = self._home(codes, ids)
         at = np.arange(len(ids))
         while len(at):  # one probe round over the ids not resolved yet
             cc = self.codes[pos]

@@ -1,8 +1,8 @@
 """The hot index's compiled probe (numba, ``cache=True``: on disk after the first process).
 
-Imported on a store's first :meth:`~.hot_index.HotIndex.find`, not with the store: loading numba
-and a kernel adds about a hundred MB of resident memory, which a store that is only read per table
-(serving's, ``bench store``'s) does not pay.
+Imported on the first :meth:`~.hot_index.HotIndex.find` of an index built ``compiled``, not with
+the store: loading numba and a kernel costs resident memory, which a store that never probes this
+way (a CPU trainer's, serving's, ``bench store``'s) does not pay.
 """
 
 from __future__ import annotations

@@ -105,10 +105,6 @@ class TrainerCore:
         log.info("hot set v%d applied: %d rows (%s)", version, self.hot_rows, stats)
         return stats
 
-    def hot_mask(self, field: str, ids: np.ndarray) -> np.ndarray:
-        """Which of a field's ids are hot (in its table's hot set)."""
-        return self.store.hot_mask(self.field_tables.get(field, field), ids)
-
     def classify_hot(self, batch: EventBatch) -> np.ndarray:
         """Bool per event: every id of every field is hot (an event without ids is hot). One probe of the
         store's hot index for the whole batch, as ``schedule.hot_samples`` asks field by field."""

@@ -95,7 +95,6 @@ class _WidthIds:
     cold_pos: np.ndarray  # positions of the cold occurrences in kjt.values
     cold_inv: np.ndarray  # each cold occurrence's index among the width's cold rows
     cold: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (table, unique cold ids): the cold rows, in order
-    written: np.ndarray = field(default_factory=lambda: _EMPTY)  # arena slots of the resident ids (repeats allowed)
 
 
 @dataclass
@@ -149,7 +148,7 @@ class FusedStep:
                 slots = self.rows.resolve(w.table_names, np.diff(bounds), kjt.values)
                 hot = slots >= 0
                 if hot.all():
-                    out.append(_WidthIds(kjt, slots, None, _EMPTY, _EMPTY, [], slots))
+                    out.append(_WidthIds(kjt, slots, None, _EMPTY, _EMPTY))
                     continue
                 hp = np.flatnonzero(hot)
                 cp = np.flatnonzero(~hot)
@@ -162,8 +161,7 @@ class FusedStep:
                     cold_inv.append(inv.reshape(-1) + n_cold)
                     cold.append((table, uniq))
                     n_cold += len(uniq)
-                hot_slots = slots[hp]
-                out.append(_WidthIds(kjt, hot_slots, hp, cp, np.concatenate(cold_inv), cold, hot_slots))
+                out.append(_WidthIds(kjt, slots[hp], hp, cp, np.concatenate(cold_inv), cold))
         if prefetch:
             with self.clock.stage("lookup"):
                 for wi in out:
@@ -216,8 +214,8 @@ class FusedStep:
                         self.rows.apply_gradients(table, uniq, g[at:at + len(uniq)])
                         at += len(uniq)
             for w, wi in zip(self.widths, p.widths):
-                if len(wi.written):
-                    self.rows.mark_hot_written(w.dim, wi.written)
+                if len(wi.hot_slots):
+                    self.rows.mark_hot_written(w.dim, wi.hot_slots)
         return back[:-2].reshape(B, T)
 
     def _read_back(self, back: torch.Tensor, while_waiting: Callable[[], None] | None) -> np.ndarray:
@@ -322,7 +320,7 @@ class FusedStep:
             return flat
         return torch.cat([flat[:, o:o + d] for o, d in self._columns], dim=1)
 
-    def _update_resident(self, w: _Width, leaf: torch.Tensor, hu: torch.Tensor) -> np.ndarray | None:
+    def _update_resident(self, w: _Width, leaf: torch.Tensor, hu: torch.Tensor) -> torch.Tensor | None:
         """Row-wise Adagrad of the width's touched resident rows in its arena; the cold rows' gradients
         on the host (None: no cold rows)."""
         g = leaf.grad

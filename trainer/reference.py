@@ -50,7 +50,6 @@ class MemoryDLRM:
         self.ids: dict[str, np.ndarray] = {}
         self.base: dict[str, int] = {}
         self._dims = dict(cfg.model.tables)
-        self._last: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         scales = cfg.model.init_scales(cfg.store.init_scale)  # the store's per-table rule (DLRM: sqrt(1/rows))
         uses: dict[str, list[str]] = {}
         for f, t in cfg.model.field_tables.items():
@@ -77,16 +76,12 @@ class MemoryDLRM:
 
     def index(self, table: str, ids: np.ndarray) -> np.ndarray:
         """Each id's row in the table's own range (a ``KeyError`` names ids outside the vocabulary)."""
-        last = self._last.get(table)
-        if last is not None and last[0] is ids:  # apply_gradients right after lookup of the same array
-            return last[1]
         known = self.ids[table]
         pos = np.searchsorted(known, ids)
         pos = np.minimum(pos, len(known) - 1)
         if len(ids) and not np.array_equal(known[pos], ids):
             missing = ids[known[pos] != ids][:3]
             raise KeyError(f"table {table!r}: ids {missing.tolist()} are not in the baseline's vocabulary")
-        self._last[table] = (ids, pos)
         return pos
 
     # -- RowSource: every row is resident -----------------------------------------------------------

@@ -379,7 +379,7 @@ class TrainerService(TrainerReporting):
         if pub is None:
             return None
         wait = min(self.cfg.trainer.push_give_up_s, FINAL_PUSH_WAIT_S)
-        if not pub.wait_answer(wait):
+        if not pub.wait_idle(wait, until_failure=True):
             log.warning("the final model is not pushed: the previous push is unanswered (%s); serving keeps "
                         "version %d", pub.st.last_error or f"no answer in {wait:.0f} s", pub.version)
             return None
@@ -390,7 +390,7 @@ class TrainerService(TrainerReporting):
                 return None  # push() logged why
         if not pub.push_enabled:
             return None
-        if not pub.wait_answer(wait) or pub.version < version:
+        if not pub.wait_idle(wait, until_failure=True) or pub.version < version:
             log.warning("the final model (version %d, %d events) was not acknowledged by serving (%s)",
                         version, self.core.events, pub.st.last_error or f"no answer in {wait:.0f} s")
             return None

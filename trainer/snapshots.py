@@ -401,25 +401,16 @@ class SnapshotPublisher:
                 self._pushers.pop(target).close()
         return accepted, errors, codes
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no push is pending (used on shutdown); True when idle."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.busy:
-                return True
-            time.sleep(0.05)
-        return not self.busy
-
-    def wait_answer(self, timeout: float) -> bool:
-        """Wait until no push is pending (True), or until the pending push fails an attempt or ``timeout``
-        passes (False, at once when its last attempt failed): a stop must not sit out a retry schedule
-        against a serving endpoint that does not answer."""
+    def wait_idle(self, timeout: float, until_failure: bool = False) -> bool:
+        """Wait until no push is pending (True) or ``timeout`` passes (False). ``until_failure``: also stop
+        waiting (False) once the pending push fails an attempt, at once when its last attempt failed: a stop
+        must not sit out a retry schedule against a serving endpoint that does not answer."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
                 if self._pending is None:
                     return True
-                if self._failing:
+                if until_failure and self._failing:
                     return False
             time.sleep(0.05)
         return not self.busy
