@@ -42,4 +42,5 @@ def hit(name: str) -> None:
         return
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == _armed[name]:
+        os.write(2, f"failpoint {name} reached: SIGKILL\n".encode())  # unbuffered: the kill loses no line
         os.kill(os.getpid(), signal.SIGKILL)

@@ -27,18 +27,20 @@ POINTS = ["join.before_record@*#40", "join.before_send@*#9", "join.after_send@*#
 
 
 def _kill_runs(points, config, bootstrap: str, log) -> list[int]:
-    """Start the joiner once per failpoint (each run dies there, or is killed after 45 s if it never gets
-    there); the return codes of the runs."""
+    """Start the joiner once per failpoint; each run dies there (its log says so), or is killed after 150 s
+    and fails the test: a run killed before its point proves nothing. The return codes of the runs."""
     codes = []
     for point in points:
         proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
                                 stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                                 env=dict(os.environ, STREAMREC_FAILPOINTS=point))
         try:
-            proc.wait(45)
-        except subprocess.TimeoutExpired:  # the point was not reached: kill it here instead
+            proc.wait(150)
+        except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
+        name = point.split("@")[0]
+        assert f"failpoint {name} reached" in log.read_text(), f"{point} not reached:\n{log.read_text()[-3000:]}"
         codes.append(proc.returncode)
     return codes
 
