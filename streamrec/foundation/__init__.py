@@ -1,12 +1,12 @@
-"""The foundation every part stands on: the typed config, the event contract, ids
-and hashing, device choice, the hot-tier budget, file checksums and the error root.
+"""The foundation every part stands on: the generic config loader and the ``[model]`` schema, the event
+contract, ids and hashing, device choice, the hot-tier budget, file checksums and the error root.
 
-It imports no other part of streamrec, except the stdlib-only ``*_types`` leaves of ingest,
-embedding_store and trainer: the ``typing.Literal`` aliases of the config's choice keys, owned by
-the package that acts on each value (pyproject.toml's import-linter contracts allow exactly those).
-Public surface::
+It imports no other part of streamrec: each part's config section lives in that part and is loaded by
+the generic loader here (``load_sections``); the whole ``Config`` is the application's
+(``streamrec.app.config``). Public surface::
 
-    Config, load_config(path, overrides, env), ConfigError, FieldSpec, TaskSpec, GeneratedField
+    ConfigError, InvalidValue, parse_overrides          # the loader's errors and --set parsing
+    ModelConfig, FieldSpec, TaskSpec                    # [model]: fields, tables, tasks (every layer reads it)
     EventBatch, JaggedIds, EventSchema, EventError      # the event contract
     KeyedJaggedIds                                      # every field's ids of a batch in one values/offsets pair
     FEEDBACK_CODES, FEEDBACK_NAMES, feedback_code       # an event's feedback kind <-> its int8 code
@@ -26,7 +26,8 @@ from .lazy import lazy_exports
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .budget import HotBudget, hot_budget, hot_budget_rows, hot_row_bytes
     from .checksum import sha256_file
-    from .config import Config, ConfigError, FieldSpec, GeneratedField, ModelConfig, TaskSpec, load_config, parse_overrides, save_config
+    from .config import ConfigError, InvalidValue, parse_overrides
+    from .model_config import FieldSpec, ModelConfig, TaskSpec
     from .device import DeviceError, resolve_device
     from .errors import EventError, StreamrecError
     from .events import FEEDBACK_CODES, FEEDBACK_NAMES, FLOAT32_MAX, EventBatch, EventSchema, JaggedIds, feedback_code
@@ -42,7 +43,8 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 _EXPORTS = {  # submodule: the public names it defines
     ".budget": "HotBudget hot_budget hot_budget_rows hot_row_bytes",
     ".checksum": "sha256_file",
-    ".config": "Config ConfigError FieldSpec GeneratedField ModelConfig TaskSpec load_config parse_overrides save_config",
+    ".config": "ConfigError InvalidValue parse_overrides",
+    ".model_config": "FieldSpec ModelConfig TaskSpec",
     ".device": "DeviceError resolve_device",
     ".errors": "EventError StreamrecError",
     ".events": "FEEDBACK_CODES FEEDBACK_NAMES FLOAT32_MAX EventBatch EventSchema JaggedIds feedback_code",

@@ -22,20 +22,20 @@ checkpoints and snapshots (safetensors of the state dict), ``train``/``eval`` an
 The same module scores for the trainer and for serving, so a served score equals the
 trainer's score for the same weights.
 
-This module imports only the standard library when it runs (torch only for type checkers): it is
-the one piece of ``streamrec.model`` the foundation's config imports, for the ``model.architecture``
-alias (an ``ignore_imports`` entry in pyproject.toml's import-linter contracts).
+``Architecture``, the values ``model.architecture`` may take, is defined with ``[model]`` in
+``streamrec.foundation.model_config`` (the schema every layer reads) and named here too.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, runtime_checkable
+
+from streamrec.foundation.model_config import Architecture
 
 if TYPE_CHECKING:
     import torch
 
-Architecture = Literal["dlrm", "dcn_v2", "deepfm", "mlp"]
-"""``model.architecture``: the built-in dense network ``build_model`` makes (``model.module`` names a user's own)."""
+__all__ = ["Architecture", "ModelBuilder", "RankingModel"]
 
 
 @runtime_checkable

@@ -163,7 +163,7 @@ def test_dead_letters_reach_the_dlq_before_a_checkpoint_moves_past_them(topics, 
     script = (
         "import os, sys\n"
         "from streamrec.ingest import make_producer\n"
-        "from streamrec.foundation import load_config\n"
+        "from streamrec.app.config import load_config\n"
         "from streamrec.trainer import TrainerService\n"
         "svc = TrainerService(load_config(sys.argv[1], env={}), sys.argv[2], progress=False)\n"
         "svc.consumer._dlq.close()\n"

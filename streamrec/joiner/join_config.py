@@ -1,0 +1,68 @@
+"""``[join]``: the delayed-feedback joiner's topics, attribution window, labels and state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamrec.foundation.config import InvalidValue, check_choice, check_metrics_endpoint
+from streamrec.ingest.ingest_config import check_topic_name
+
+from .join_types import JoinMode
+
+
+@dataclass
+class JoinConfig:
+    mode: JoinMode = "window"  # window (one example per impression: a positive when its action arrives in the window, a negative when the window closes in event time) | fake_negative (a negative at once, a positive when the action arrives)
+    impressions_topic: str = "impressions"  # topic of unlabelled events (request_id required), keyed by request_id
+    actions_topic: str = "actions"  # topic of actions (request_id, ts, type, optional value), keyed by request_id; co-partitioned with impressions_topic
+    group: str = "streamrec-joiner"  # consumer group (faust app id) of the joiner workers
+    label_action: str = "click"  # the action type that makes an impression a positive (single-task output: `label`)
+    task_actions: str = ""  # multi-task output: "task=action_type,..." (e.g. "click=click,conversion=conversion"); each task's label is 1 when its action arrived in the window ("" = label_action only)
+    window_s: float = 3600.0  # attribution window: an action counts when its ts is at most this many seconds after the impression's ts (event time)
+    allowed_lateness_s: float = 60.0  # the window closes when the actions' event-time watermark passes impression ts + window_s + this
+    orphan_wait_s: float = 300.0  # an action that arrives before its impression waits until the impressions' watermark passes its ts + this (event time)
+    state_dir: str = "data/joiner"  # faust table state (RocksDB) of the joiner
+    batch_records: int = 2000  # input records joined per state commit (one atomic write per partition and batch: its examples are acknowledged before it; that write holds the batch's state changes: they must fit the changelog topic's max.message.bytes)
+    metrics_port: int = 0  # Prometheus HTTP port of the joiner, 0 = off
+    metrics_host: str = "127.0.0.1"  # address the joiner's Prometheus endpoint binds (0.0.0.0 to publish it)
+
+    def __post_init__(self) -> None:
+        check_choice("join", self, "mode", JoinMode)
+        check_metrics_endpoint("join", self)
+        for key in ("impressions_topic", "actions_topic"):
+            check_topic_name("join", self, key)
+        if self.impressions_topic == self.actions_topic:
+            raise InvalidValue("actions_topic", "must differ from join.impressions_topic", "join")
+        if not self.label_action:
+            raise InvalidValue("label_action", "must name an action type", "join")
+        self._check_task_actions()
+        if self.window_s <= 0:
+            raise InvalidValue("window_s", "must be > 0", "join")
+        if self.batch_records < 1:
+            raise InvalidValue("batch_records", "must be >= 1", "join")
+        for key in ("allowed_lateness_s", "orphan_wait_s"):
+            if getattr(self, key) < 0:
+                raise InvalidValue(key, "must be >= 0", "join")
+
+    def _check_task_actions(self) -> None:
+        if not self.task_actions.strip():
+            return
+        for item in self.task_actions.split(","):
+            task, eq, action = item.strip().partition("=")
+            if not eq or not task.strip() or not action.strip():
+                raise InvalidValue("task_actions", f"{item.strip()!r} is not task=action_type", "join")
+        tasks = [i.strip().partition("=")[0].strip() for i in self.task_actions.split(",")]
+        if len(set(tasks)) != len(tasks):
+            raise InvalidValue("task_actions", f"duplicate task names in {tasks}", "join")
+
+    @property
+    def tasks(self) -> dict[str, str]:
+        """Task name -> the action type that labels it, in output order (``task_actions``, else the one
+        ``label_action`` task named as its action type)."""
+        if not self.task_actions.strip():
+            return {self.label_action: self.label_action}
+        out: dict[str, str] = {}
+        for item in self.task_actions.split(","):
+            task, _, action = item.strip().partition("=")
+            out[task.strip()] = action.strip()
+        return out
