@@ -191,49 +191,44 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
             cfg = model_for_file(cfg, args, args.data, "demo", format=None if layout == "events" else layout)
     if getattr(args, "delayed_feedback", False) and args.data:
         raise ConfigError("--delayed-feedback generates its impressions and actions: leave out --data")
-    if args.trainers is not None:
-        if args.trainers < 1:
-            raise ConfigError(f"--trainers must be >= 1, got {args.trainers}")
-        cfg.trainer.ranks = args.trainers  # `streamrec train` starts the group; topics get >= N partitions
-    cfg.store.path = str(run_dir / "trainer-store")
-    cfg.sketch.state_dir = str(run_dir / "sketch")
-    cfg.trainer.checkpoint_dir = str(run_dir / "checkpoints")
-    cfg.trainer.snapshot_dir = str(run_dir / "snapshots")
-    cfg.trainer.log_path = str(run_dir / "metrics.jsonl")
-    if args.data:
-        # a file ends: the trainer stops once the stream has been quiet for a while
-        cfg.trainer.max_events = args.events or 0
-        cfg.trainer.idle_exit_s = cfg.trainer.idle_exit_s or 15.0
-    else:
+    if args.trainers is not None and args.trainers < 1:
+        raise ConfigError(f"--trainers must be >= 1, got {args.trainers}")
+    if not args.data:
         args.events = args.events or 300_000
-        cfg.trainer.max_events = args.events
-    # generated events carry the current time, so the served model's freshness means something
-    cfg.generator.start_ts_ms = int(time.time() * 1000)
-    cfg.generator.events_per_s = args.rate if args.rate > 0 else 20_000.0
-    cfg.serving.data_dir = str(run_dir / "serving")
-    cfg.serving.host = "127.0.0.1"
-    cfg.serving.port = free_port()
-    cfg.serving.target = f"127.0.0.1:{cfg.serving.port}"  # the trainer pushes only to a configured target
-    if not cfg.serving.push_token:
-        cfg.serving.push_token = secrets.token_hex(16)
+    trainer = {"checkpoint_dir": str(run_dir / "checkpoints"), "snapshot_dir": str(run_dir / "snapshots"),
+               "log_path": str(run_dir / "metrics.jsonl"), "max_events": args.events or 0,
+               # short intervals so a two-minute demo shows several hot sets, checkpoints and snapshots
+               "checkpoint_every_events": min(cfg.trainer.checkpoint_every_events,
+                                              max(10_000, (args.events or 60_000) // 6)),
+               "checkpoint_every_s": min(cfg.trainer.checkpoint_every_s, 10.0)}
+    if args.trainers is not None:
+        trainer["ranks"] = args.trainers  # `streamrec train` starts the group; topics get >= N partitions
+    if args.data:  # a file ends: the trainer stops once the stream has been quiet for a while
+        trainer["idle_exit_s"] = cfg.trainer.idle_exit_s or 15.0
+    port = free_port()
+    serving = {"data_dir": str(run_dir / "serving"), "host": "127.0.0.1", "port": port,
+               "target": f"127.0.0.1:{port}",  # the trainer pushes only to a configured target
+               "push_token": cfg.serving.push_token or secrets.token_hex(16)}
     if (os.cpu_count() or 1) <= 4:
         # trainer, sketch, serving and the producer share a few cores: one torch thread each
         # beats threads that stall each other
-        cfg.trainer.torch_threads = cfg.trainer.torch_threads or 1
-        cfg.serving.torch_threads = cfg.serving.torch_threads or 1
-    # short intervals so a two-minute demo shows several hot sets, checkpoints and snapshots
-    cfg.sketch.publish_interval_s = min(cfg.sketch.publish_interval_s, 3.0)
-    cfg.trainer.checkpoint_every_events = min(cfg.trainer.checkpoint_every_events, max(10_000, (args.events or 60_000) // 6))
-    cfg.trainer.checkpoint_every_s = min(cfg.trainer.checkpoint_every_s, 10.0)
+        trainer["torch_threads"] = cfg.trainer.torch_threads or 1
+        serving["torch_threads"] = cfg.serving.torch_threads or 1
+    cfg = cfg.with_values(
+        trainer=trainer, serving=serving, store={"path": str(run_dir / "trainer-store")},
+        sketch={"state_dir": str(run_dir / "sketch"), "publish_interval_s": min(cfg.sketch.publish_interval_s, 3.0)},
+        # generated events carry the current time, so the served model's freshness means something
+        generator={"start_ts_ms": int(time.time() * 1000),
+                   "events_per_s": args.rate if args.rate > 0 else 20_000.0})
     if getattr(args, "delayed_feedback", False):
-        _delayed_config(cfg, args, run_dir)
+        cfg = _delayed_config(cfg, args, run_dir)
     return cfg
 
 
 DELAY_MEDIAN_S = 1.0  # the demo's clicks: a lognormal delay of median 1 s (sigma 1.5) after the impression
 
 
-def _delayed_config(cfg: Config, args, run_dir: Path) -> None:
+def _delayed_config(cfg: Config, args, run_dir: Path) -> Config:
     """The joiner's state and metrics port in the run; an attribution window that closes within the demo
     (generated event time is wall time here: a one-hour window would hold every negative past the end); the
     trainer stops after exactly the examples the join writes for the produced stream (the pure join, per
@@ -242,18 +237,17 @@ def _delayed_config(cfg: Config, args, run_dir: Path) -> None:
     from streamrec.joiner import DelayedStream
 
     j = cfg.join
-    j.state_dir = str(run_dir / "join")
-    j.metrics_host, j.metrics_port = "127.0.0.1", free_port()
-    j.window_s = min(j.window_s, 10.0)
-    j.allowed_lateness_s = min(j.allowed_lateness_s, 2.0)
-    j.orphan_wait_s = min(j.orphan_wait_s, 5.0)
+    cfg = cfg.with_values(join={"state_dir": str(run_dir / "join"), "metrics_host": "127.0.0.1",
+                                "metrics_port": free_port(), "window_s": min(j.window_s, 10.0),
+                                "allowed_lateness_s": min(j.allowed_lateness_s, 2.0),
+                                "orphan_wait_s": min(j.orphan_wait_s, 5.0)})
     k = max(args.predict, 1, EVAL_EVENTS)
     imps, acts, truth = DelayedStream(cfg, seed=cfg.generator.seed, delay_median_s=DELAY_MEDIAN_S).generate(
         args.events + k)
     held = {ev["request_id"] for ev in imps[args.events:]}
     acts = [a for a in acts if a["request_id"] not in held]
     args.delayed = (imps[: args.events], acts, [{**ev, "label": truth[ev["request_id"]]} for ev in imps[args.events:]])
-    cfg.trainer.max_events = expected_examples(cfg, imps[: args.events], acts)
+    return cfg.with_values(trainer={"max_events": expected_examples(cfg, imps[: args.events], acts)})
 
 
 def _partition(rid: str, partitions: int) -> int:

@@ -36,16 +36,16 @@ def apply_data_dir(cfg: Config, data_dir: str) -> Config:
     """Root every relative data path under ``data_dir`` (``data/store`` -> ``DIR/store``) and, when no
     metrics log is configured, write it to ``DIR/metrics.jsonl`` (what ``streamrec report DIR`` reads)."""
     root = Path(data_dir).expanduser().resolve()
+    changes: dict[str, dict[str, str]] = {}
     for section, key in DATA_PATHS.values():
         value = getattr(getattr(cfg, section), key)
         if value and not os.path.isabs(value):
             rel = value[len(DEFAULT_PREFIX):] if value.startswith(DEFAULT_PREFIX) else value
-            setattr(getattr(cfg, section), key, str(root / rel))
-    if not cfg.trainer.log_path:
-        cfg.trainer.log_path = str(root / "metrics.jsonl")
-    elif not os.path.isabs(cfg.trainer.log_path):
-        cfg.trainer.log_path = str(root / cfg.trainer.log_path)
-    return cfg
+            changes.setdefault(section, {})[key] = str(root / rel)
+    log_path = cfg.trainer.log_path
+    if not log_path or not os.path.isabs(log_path):
+        changes.setdefault("trainer", {})["log_path"] = str(root / (log_path or "metrics.jsonl"))
+    return cfg.with_values(**changes)
 
 
 def ensure_dirs(cfg: Config, *keys: str) -> None:

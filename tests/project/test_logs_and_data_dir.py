@@ -80,7 +80,7 @@ def test_data_dir_roots_relative_paths_only(tmp_path):
     cfg = Config()
     cfg.trainer.snapshot_dir = "/abs/snapshots"
     cfg.sketch.state_dir = "custom/sketch"
-    apply_data_dir(cfg, str(tmp_path))
+    cfg = apply_data_dir(cfg, str(tmp_path))
     assert cfg.store.path == str(tmp_path / "store")
     assert cfg.trainer.checkpoint_dir == str(tmp_path / "checkpoints")
     assert cfg.serving.data_dir == str(tmp_path / "serving")

@@ -50,7 +50,9 @@ def test_a_rare_task_trains_beside_the_first_without_harming_it(tmp_path):
     cfg = small_config(tmp_path)
     events = _events(cfg)
     two, scores, _ = _train(tmp_path, "two", [TaskSpec("click"), TaskSpec("conversion", 1.0)], events)
-    alone, _, _ = _train(tmp_path, "alone", [TaskSpec("click"), TaskSpec("conversion", 0.0)], events)
+    unweighted = TaskSpec("conversion")
+    unweighted.weight = 0.0  # past the config's check (a weight is > 0): the conversion head trains nothing
+    alone, _, _ = _train(tmp_path, "alone", [TaskSpec("click"), unweighted], events)
     assert scores.shape == (N, 2)
     figures, base = two.task_figures(), alone.task_figures()
     labelled = ~np.isnan(events.task_labels[:, 1])

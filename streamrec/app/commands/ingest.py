@@ -199,7 +199,7 @@ def cmd_produce(args) -> int:
     if args.layout:
         cfg = layout_config(args.layout, cfg)
     if args.codec:
-        cfg.kafka.codec = args.codec
+        cfg = cfg.with_values(kafka={"codec": args.codec})
     if (args.file is None) == (args.synthetic is None):
         print("streamrec produce: give either a FILE or --synthetic N", file=sys.stderr)
         return 2
@@ -334,7 +334,7 @@ def cmd_generate(args) -> int:
             print(f"streamrec generate: {e}", file=sys.stderr)
             return 2
     if args.seed is not None:
-        cfg.generator.seed = args.seed
+        cfg = cfg.with_values(generator={"seed": args.seed})
     n = args.events if args.events is not None else cfg.generator.events
     if n < 1:
         print("streamrec generate: --events must be >= 1", file=sys.stderr)

@@ -24,6 +24,9 @@ import signal
 import sys
 import threading
 
+from streamrec.app.config import Config
+from streamrec.foundation.config import ConfigError
+
 log = logging.getLogger("streamrec.train")
 
 
@@ -51,25 +54,18 @@ def cmd_train(args) -> int:
     from streamrec.app.cli import config_from_args, kafka_bootstrap
     from streamrec.trainer.group import is_group_checkpoint
 
-    cfg = config_from_args(args)
-    if args.max_events is not None:
-        cfg.trainer.max_events = args.max_events
-    if args.idle_exit is not None:
-        cfg.trainer.idle_exit_s = args.idle_exit
-    if args.until_end:
-        cfg.trainer.until_end = True
+    flags = {"max_events": args.max_events, "idle_exit_s": args.idle_exit, "until_end": args.until_end or None,
+             "ranks": args.nproc, "max_restarts": args.max_restarts}
+    try:  # the flags are checked as the keys they set are: one line naming the key
+        cfg = config_from_args(args).with_values(trainer={k: v for k, v in flags.items() if v is not None})
+    except ConfigError as e:
+        print(f"streamrec train: {e}", file=sys.stderr)
+        return 2
     if cfg.trainer.until_end and (cfg.trainer.ranks > 1 or _under_torchrun()):
         print("streamrec train: --until-end (trainer.until_end) is not supported by a trainer group yet: use "
               "--max-events or --idle-exit", file=sys.stderr)
         return 2
-    _only_configured_pushes(cfg)
-    if args.nproc is not None:
-        if args.nproc < 1:
-            print("streamrec train: --nproc must be >= 1", file=sys.stderr)
-            return 2
-        cfg.trainer.ranks = args.nproc
-    if args.max_restarts is not None:
-        cfg.trainer.max_restarts = args.max_restarts
+    cfg = _only_configured_pushes(cfg)
     if cfg.trainer.ranks > 1 and not _under_torchrun():
         return _launch_group(cfg, args)  # torch.distributed.run handles the signals and passes them on
     stop = _stop_on_signals()
@@ -91,13 +87,14 @@ def cmd_train(args) -> int:
             return _finish(svc.run())
 
 
-def _only_configured_pushes(cfg) -> None:
+def _only_configured_pushes(cfg: Config) -> Config:
     """Push snapshots only to a target someone configured: the default serving address is where a client
     looks, not proof that a server runs there (retrying it cost warnings and a slower exit)."""
     if cfg.trainer.push_snapshots and not (cfg.serving.target or cfg.serving.push_targets):
         log.info("no serving.target or serving.push_targets set: snapshots are built in %s, not pushed",
                  cfg.trainer.snapshot_dir)
-        cfg.trainer.push_snapshots = False
+        return cfg.with_values(trainer={"push_snapshots": False})
+    return cfg
 
 
 def _preflight(cfg) -> None:
@@ -177,7 +174,7 @@ def _run_rank(cfg, args, stop) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":  # NCCL when every rank has a GPU; one GPU per local rank
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        cfg.trainer.device = f"cuda:{local_rank % torch.cuda.device_count()}"
+        cfg = cfg.with_values(trainer={"device": f"cuda:{local_rank % torch.cuda.device_count()}"})
     backend = "nccl" if device.type == "cuda" else "gloo"
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
