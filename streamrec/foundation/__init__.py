@@ -12,7 +12,7 @@ Public surface::
     FEEDBACK_CODES, FEEDBACK_NAMES, feedback_code       # an event's feedback kind <-> its int8 code
     hash_id, hash_ids, table_salt, splitmix64, salted_mix, INT64_MIN, INT64_MAX
     resolve_device(name)                                # "auto" -> cuda if present, else cpu
-    hot_budget(cfg), hot_budget_rows(cfg), hot_row_bytes(dim), HotBudget  # device-tier size, one rule for all
+    hot_budget(hot, model), hot_budget_rows(hot, model), hot_row_bytes(dim), HotBudget  # device-tier size, one rule for all
     sha256_file(path), save_npz(path, arrays), roc_auc(labels, scores), StreamrecError
     resource_error_line(exc), is_resource_error(exc)   # disk full, read-only, no file handles: one line
     ResourceError, resource_step(what, path), as_resource_error(exc, what, path)

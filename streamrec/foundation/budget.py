@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Mapping
 if TYPE_CHECKING:
     import numpy as np
 
-    from .config import Config
+    from .config import HotConfig, ModelConfig
 
 FLOAT32_BYTES = 4
 
@@ -58,17 +58,17 @@ class HotBudget:
         return int(np.searchsorted(cost, self.bytes, side="right"))
 
 
-def hot_budget(cfg: "Config") -> HotBudget:
-    """The device tier's budget for ``cfg``: per table, rows at the table's width (``cfg.model.tables``)."""
-    widths = cfg.model.tables
-    row_bytes = {t: hot_row_bytes(d) for t, d in widths.items()}
-    if cfg.hot.budget_bytes > 0:
-        return HotBudget(cfg.hot.budget_bytes // min(row_bytes.values(), default=hot_row_bytes(cfg.model.embedding_dim)),
-                         int(cfg.hot.budget_bytes), row_bytes)
-    return HotBudget(max(0, cfg.hot.budget_rows), 0, row_bytes)
+def hot_budget(hot: "HotConfig", model: "ModelConfig") -> HotBudget:
+    """The device tier's budget (``hot.budget_rows`` / ``hot.budget_bytes``): per table, rows at the table's
+    width (``model.tables``)."""
+    row_bytes = {t: hot_row_bytes(d) for t, d in model.tables.items()}
+    if hot.budget_bytes > 0:
+        return HotBudget(hot.budget_bytes // min(row_bytes.values(), default=hot_row_bytes(model.embedding_dim)),
+                         int(hot.budget_bytes), row_bytes)
+    return HotBudget(max(0, hot.budget_rows), 0, row_bytes)
 
 
-def hot_budget_rows(cfg: "Config") -> int:
+def hot_budget_rows(hot: "HotConfig", model: "ModelConfig") -> int:
     """Rows the device tier holds at most: ``hot.budget_rows``, or with a byte budget the rows of the
     narrowest table it buys (``hot.budget_bytes // hot_row_bytes``)."""
-    return hot_budget(cfg).rows
+    return hot_budget(hot, model).rows
