@@ -17,7 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from streamrec.foundation.config import ServingConfig
+from streamrec.serving.serving_config import ServingConfig
 from streamrec.snapshot import PushError, PusherFactory, PushResult, SnapshotError, is_retryable
 
 from .convert import events_to_request

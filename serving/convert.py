@@ -17,7 +17,7 @@ from streamrec.foundation import INT64_MAX, INT64_MIN, EventBatch, JaggedIds, St
 from .pb import pb
 
 if TYPE_CHECKING:
-    from streamrec.foundation.config import ServingConfig
+    from streamrec.serving.serving_config import ServingConfig
 
 
 class RequestError(StreamrecError, ValueError):

@@ -33,7 +33,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from streamrec.foundation.config import ServingConfig, StoreConfig
+from streamrec.embedding_store.store_config import StoreConfig
+from streamrec.serving.serving_config import ServingConfig
 from streamrec.snapshot import SnapshotError
 
 from .guard import Guard, Verdict

@@ -22,7 +22,7 @@ import time
 import grpc
 
 from streamrec.foundation import as_resource_error, resource_error_line
-from streamrec.foundation.config import ServingConfig
+from streamrec.serving.serving_config import ServingConfig
 
 log = logging.getLogger("streamrec.serving")
 

@@ -52,7 +52,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamrec.foundation import ConfigError, is_resource_error, resolve_device
-from streamrec.foundation.config import ServingConfig
+from streamrec.serving.serving_config import ServingConfig
 from streamrec.snapshot import SnapshotError
 from streamrec.snapshot.format import MAX_VERSION
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from streamrec.foundation.config import ServingConfig, StoreConfig
+from streamrec.embedding_store.store_config import StoreConfig
+from streamrec.serving.serving_config import ServingConfig
 
 
 @dataclass(frozen=True)

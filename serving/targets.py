@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamrec.foundation.config import ServingConfig
+from streamrec.serving.serving_config import ServingConfig
 
 
 def serving_target(serving: ServingConfig) -> str:

@@ -44,9 +44,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrec.foundation import (ConfigError, ModelConfig, as_resource_error, load_config, resource_error_line,
-                                  save_npz, sha256_file)
-from streamrec.foundation.config import ServingConfig, StoreConfig
+from streamrec.foundation import ConfigError, as_resource_error, resource_error_line, save_npz, sha256_file
+from streamrec.app.config import load_config
+from streamrec.foundation.model_config import ModelConfig
+from streamrec.embedding_store.store_config import StoreConfig
+from streamrec.serving.serving_config import ServingConfig
 from streamrec.model import RankingModel, build_model, predict_batch
 from streamrec.snapshot import (DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, load_program, probe_inputs,
                                 read_dense)

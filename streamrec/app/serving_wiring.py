@@ -6,7 +6,7 @@ the server, the clients and the pushers their typed parts.
 
 from __future__ import annotations
 
-from streamrec.foundation import Config
+from streamrec.app.config import Config
 from streamrec.serving import ServerSettings
 
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Mapping
 if TYPE_CHECKING:
     import numpy as np
 
-    from .config import HotConfig, ModelConfig
+    from streamrec.embedding_store.store_config import HotConfig
+    from .model_config import ModelConfig
 
 FLOAT32_BYTES = 4
 

@@ -46,7 +46,7 @@ def test_the_hot_set_sources_satisfy_their_protocol():
 
 
 def test_the_grpc_pusher_satisfies_the_pusher_protocol():
-    from streamrec.foundation.config import ServingConfig
+    from streamrec.serving.serving_config import ServingConfig
     from streamrec.serving import SnapshotPusher
     from streamrec.snapshot import Pusher
 
