@@ -174,7 +174,7 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
     import tomli_w
 
     from streamrec.ingest import ensure_topics, pipeline_topics
-    from streamrec.serving import serve
+    from streamrec.serving import ServerSettings, serve
 
     tmp = tempfile.TemporaryDirectory(prefix="streamrec-fresh-") if workdir is None else None
     wd = Path(workdir or tmp.name)
@@ -183,7 +183,7 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
     if checkpoint_every_s is not None:
         cfg.trainer.checkpoint_every_s = checkpoint_every_s
     ensure_topics(bootstrap, pipeline_topics(cfg))
-    server = serve(cfg, device="cpu", port=0)
+    server = serve(ServerSettings(cfg.serving, cfg.store, cfg.ingest.dense_abs_max), device="cpu", port=0)
     cfg.serving.push_targets = server.target
     (wd / "config.toml").write_text(tomli_w.dumps(cfg.to_dict()))
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep

@@ -420,10 +420,11 @@ def main(argv: list[str]) -> int:
     # the serving path in-process: the served version's lookup + forward, no gRPC; the same service (its own
     # data_dir) later times the whole handler in-process too (the one-client latency's floor, below)
     from streamrec.snapshot import verify_snapshot
+    from streamrec.serving import ServerSettings
     from streamrec.serving.server import StreamRecService
 
-    local = StreamRecService(load_config(None, {**overrides, "serving.data_dir": str(tmp / "inproc-serving")},
-                                         env={}), dev)
+    inproc = load_config(None, {**overrides, "serving.data_dir": str(tmp / "inproc-serving")}, env={})
+    local = StreamRecService(ServerSettings(inproc.serving, inproc.store, inproc.ingest.dense_abs_max), dev)
     local.install(snap1, verify_snapshot(snap1))
     served = local.current
     # what checking a stored version against its install record costs (one sha256 per file, at every start and

@@ -152,7 +152,7 @@ def compressed(n: int, tmp: Path, seed: int, dim: int | None) -> dict:
     """Train on the first 80% of the synthetic events; one full snapshot per precision served by a real gRPC
     server, scored on the last 20%."""
     from streamrec.foundation import roc_auc
-    from streamrec.serving import ServingClient, SnapshotPusher, batch_to_request, serve
+    from streamrec.serving import ServerSettings, ServingClient, SnapshotPusher, batch_to_request, serve
     from streamrec.snapshot import empty_evidence, write_snapshot
 
     over = {"model.seed": seed, "store.admit_min_count": 0}
@@ -174,7 +174,7 @@ def compressed(n: int, tmp: Path, seed: int, dim: int | None) -> dict:
     scfg = _config("synthetic", {**over, "serving.data_dir": str(tmp / f"serving-{cfg.model.embedding_dim}"),
                                  "serving.push_token": "bench", "serving.hot_rows": max(100_000, 2 * n_rows)})
     snaps, scores, table_bytes = {}, {}, {}
-    srv = serve(scfg, device="cpu", port=0)
+    srv = serve(ServerSettings(scfg.serving, scfg.store, scfg.ingest.dense_abs_max), device="cpu", port=0)
     try:
         with SnapshotPusher(srv.target, token="bench") as pusher, ServingClient(srv.target, timeout=60) as client:
             for v, p in enumerate(PRECISIONS, start=1):

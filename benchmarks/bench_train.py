@@ -153,7 +153,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
         extra["host_cache_rows"] = cfg.store.host_cache_rows
         if setup == "fae":
             # FAE: hot rows from a sample of the stream (the first `sample` events), not a full pass
-            src = SampleHotSource(fields, hot_budget_rows(cfg), sample_events=sample)
+            src = SampleHotSource(fields, hot_budget_rows(cfg.hot, cfg.model), sample_events=sample)
             for w in first:
                 src.observe(w)
             upd = src.poll()

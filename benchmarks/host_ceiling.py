@@ -72,7 +72,7 @@ def _set_up(root: str, events: int, ids: int, batch: int, device, model: dict | 
     store.compiled_index = True  # the hot index a device trainer probes with (hot_index.py), on every machine
     core = TrainerCore(cfg, store, device)
     # FAE's hot set from a sample of the stream's first windows, which then train as the warm-up
-    src = SampleHotSource(fields, hot_budget_rows(cfg), sample_events=sample)
+    src = SampleHotSource(fields, hot_budget_rows(cfg.hot, cfg.model), sample_events=sample)
     warm, upd = [], None
     while upd is None and len(warm) < len(backlog) - 1:
         w, _ = decoder.decode_many(backlog[len(warm)])

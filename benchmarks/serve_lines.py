@@ -22,7 +22,7 @@ import numpy as np
 
 from streamrec.app.config import load_config
 from streamrec.serving.serving_config import ExperimentSpec
-from streamrec.serving import Split, split_key
+from streamrec.serving import ServerSettings, Split, split_key
 
 CHUNK = 10  # calls per timed chunk
 WARM = 5  # untimed passes over the requests before the chunks
@@ -77,7 +77,8 @@ def line_costs(tmp: Path, snap: Path, overrides: dict, dev, request, ctx, rounds
     try:
         for name, (extra, lines) in kinds.items():
             cfg = load_config(None, {**base, **extra, "serving.data_dir": str(tmp / f"lines-{name}")}, env={})
-            svc = services[name] = StreamRecService(cfg, dev)
+            svc = services[name] = StreamRecService(ServerSettings(cfg.serving, cfg.store, cfg.ingest.dense_abs_max),
+                                                    dev)
             for line in lines:
                 s = snap if line == "main" else _as_line(snap, line, tmp / f"snap-{name}-{line}")
                 svc.install(s, verify_snapshot(s))

@@ -23,7 +23,7 @@ How the trace follows the group:
 - **Hot rows**: in a group the hot set only shapes the plans; a hot row lives on its OWNER's device tier
   (``ShardedTrainerCore.apply_hot_set`` keeps the owned part) and is fetched through the exchange like any
   other row, so hot ids count as remote traffic here exactly as cold ones. The hot set is the
-  ``hot_budget_rows(cfg)`` most frequent ``(table, id)`` of the whole trace (an oracle stand-in for the
+  ``hot_budget_rows(cfg.hot, cfg.model)`` most frequent ``(table, id)`` of the whole trace (an oracle stand-in for the
   sketch's choice), applied from the first step; with ``hot_set=False`` there is none and every window trains
   in arrival order, as a group does whose hot-set source never publishes (``bench cluster`` runs no sketch
   worker, so its groups train that way).
@@ -112,7 +112,7 @@ def _hot_tables(batch, cfg) -> dict[str, np.ndarray]:
     from streamrec.foundation import hot_budget_rows
     from streamrec.model import field_tables
 
-    budget = int(hot_budget_rows(cfg))
+    budget = int(hot_budget_rows(cfg.hot, cfg.model))
     ft = field_tables(cfg.model)
     keys, counts, tabs = [], [], []
     tables = list(cfg.model.tables)

@@ -186,7 +186,7 @@ class EmbeddingStore:
         """The store of ``cfg``: one table per ``cfg.model.tables`` entry (a table shared by several fields
         once, at its own width; by default one per field, named as it, at ``model.embedding_dim``), its
         rows initialised at ``cfg.model.init_scales`` per table, its hot tier sized by ``hot_budget``."""
-        budget = hot_budget(cfg)
+        budget = hot_budget(cfg.hot, cfg.model)
         s = cfg.store
         return cls(path or s.path, dict(cfg.model.tables), shards=s.shards, seed=cfg.model.seed, device=device,
                    hot_capacity_rows=budget.rows, hot_capacity_bytes=budget.bytes, lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),

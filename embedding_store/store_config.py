@@ -1,10 +1,8 @@
-"""``[store]`` and ``[hot]``: the embedding store's tiers, optimizer, admission and eviction, and the
-device tier's budget."""
+"""``[store]``: the embedding store's tiers, optimizer, admission and eviction."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from streamrec.foundation.config import InvalidValue, check_choice
 
@@ -45,13 +43,3 @@ class StoreConfig:
             raise InvalidValue("max_rows", "must be >= 0 (0 = no cap)", "store")
         if self.lfu_half_life_s <= 0:
             raise InvalidValue("lfu_half_life_s", "must be > 0", "store")
-
-
-@dataclass
-class HotConfig:
-    REMOVED_KEYS: ClassVar[dict[str, str]] = {
-        "row_bytes": "removed; a hot row costs (its table's dim + 1) * 4 device bytes (weights + Adagrad), the size "
-                     "the store allocates, and hot.budget_bytes is divided by that"}
-
-    budget_rows: int = 20_000  # rows kept on the device, over all tables
-    budget_bytes: int = 0  # device bytes for hot rows, each row (its table's dim + 1) * 4 (weights + Adagrad); 0 = use budget_rows

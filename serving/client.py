@@ -17,9 +17,12 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from streamrec.serving.serving_config import ServingConfig
+from streamrec.snapshot import PushError, PusherFactory, PushResult, SnapshotError, is_retryable
+
 from .convert import events_to_request
 from .pb import pb, pb_grpc
-from streamrec.snapshot import PushError, PusherFactory, PushResult, SnapshotError, is_retryable
+from .targets import serving_target
 
 log = logging.getLogger("streamrec.serving")
 
@@ -94,10 +97,11 @@ class ServingClient:
         self.timeout = timeout
 
     @classmethod
-    def from_config(cls, cfg, **kw) -> "ServingClient":
-        s = cfg.serving
-        kw.setdefault("push_token", s.push_token)
-        return cls(cfg.serving_target(), token=s.predict_token, tls_ca=s.tls_ca, max_message_mb=s.max_message_mb, **kw)
+    def from_config(cls, serving: ServingConfig, **kw) -> "ServingClient":
+        """A client of :func:`~.targets.serving_target` with the section's tokens, CA and message limit."""
+        kw.setdefault("push_token", serving.push_token)
+        return cls(serving_target(serving), token=serving.predict_token, tls_ca=serving.tls_ca,
+                   max_message_mb=serving.max_message_mb, **kw)
 
     def predict(self, events: Iterable[Mapping[str, Any]], columns: bool = True) -> tuple[np.ndarray, int]:
         """The first task's scores (float32, one per event) and the model version that produced them.
@@ -221,18 +225,18 @@ class SnapshotPusher:
         self.stub = pb_grpc.StreamRecStub(self.channel)
 
     @classmethod
-    def from_config(cls, cfg, target: str | None = None, **kw) -> "SnapshotPusher":
-        """A pusher with the config's token, CA and message limit, to ``target`` (default: ``serving_target()``)."""
-        s = cfg.serving
-        return cls(target or cfg.serving_target(), token=s.push_token, tls_ca=s.tls_ca, max_message_mb=s.max_message_mb,
-                   **kw)
+    def from_config(cls, serving: ServingConfig, target: str | None = None, **kw) -> "SnapshotPusher":
+        """A pusher with the section's push token, CA and message limit, to ``target`` (default:
+        :func:`~.targets.serving_target`)."""
+        return cls(target or serving_target(serving), token=serving.push_token, tls_ca=serving.tls_ca,
+                   max_message_mb=serving.max_message_mb, **kw)
 
     @classmethod
-    def factory(cls, cfg, **kw) -> PusherFactory:
-        """``target -> SnapshotPusher`` with the config's settings: the trainer's ``pusher_factory``.
+    def factory(cls, serving: ServingConfig, **kw) -> PusherFactory:
+        """``target -> SnapshotPusher`` with the section's settings: the trainer's ``pusher_factory``.
         One attempt per push by default: the trainer's publisher retries with its own backoff."""
         kw.setdefault("attempts", 1)
-        return lambda target: cls.from_config(cfg, target=target, **kw)
+        return lambda target: cls.from_config(serving, target=target, **kw)
 
     def push(self, snapshot_dir) -> PushResult:
         t0 = time.perf_counter()

@@ -8,13 +8,16 @@ the offending field, e.g. ``events[3].dense``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
 from streamrec.foundation import INT64_MAX, INT64_MIN, EventBatch, JaggedIds, StreamrecError, hash_id
 
 from .pb import pb
+
+if TYPE_CHECKING:
+    from streamrec.serving.serving_config import ServingConfig
 
 
 class RequestError(StreamrecError, ValueError):
@@ -32,9 +35,9 @@ class Limits:
     dense_abs_max: float = 3.4e38
 
     @classmethod
-    def from_config(cls, cfg) -> "Limits":
-        s = cfg.serving
-        return cls(s.max_batch, s.max_ids_per_event, s.max_ids_per_request, float(cfg.ingest.dense_abs_max))
+    def from_serving(cls, serving: "ServingConfig", dense_abs_max: float) -> "Limits":
+        """The section's request limits, with ingest's bound on dense values (``ingest.dense_abs_max``)."""
+        return cls(serving.max_batch, serving.max_ids_per_event, serving.max_ids_per_request, float(dense_abs_max))
 
 
 def _limits(limits: "Limits | int") -> "Limits":

@@ -17,7 +17,6 @@ died stops by itself. Memory is N copies of the served model and its hot rows.
 
 from __future__ import annotations
 
-import copy
 import logging
 import multiprocessing as mp
 import os
@@ -30,8 +29,8 @@ import time
 from pathlib import Path
 
 from streamrec.foundation import ConfigError, StreamrecError
-from streamrec.app.config import Config
 
+from .settings import ServerSettings
 from .siblings import GROUP_FILE, write_group_file
 
 log = logging.getLogger("streamrec.serving")
@@ -41,15 +40,13 @@ RESTART_BACKOFF_S = (1.0, 30.0)  # first and longest wait before restarting a pr
 STABLE_AFTER_S = 60.0  # a process that lived this long resets its restart backoff
 
 
-def process_config(cfg: Config, index: int) -> Config:
-    """Process ``index``'s config: its own directory and metrics port, torch threads shared out."""
-    c = copy.deepcopy(cfg)
-    s = c.serving
-    s.data_dir = str(Path(cfg.serving.data_dir) / f"proc-{index}")
-    s.metrics_port = cfg.serving.metrics_port + index if cfg.serving.metrics_port else 0
-    if not s.torch_threads:  # torch's default is every core in each process: share them out instead
-        s.torch_threads = max(1, (os.cpu_count() or 1) // cfg.serving.processes)
-    return c
+def process_settings(settings: ServerSettings, index: int) -> ServerSettings:
+    """Process ``index``'s settings: its own directory and metrics port, torch threads shared out."""
+    s = settings.serving
+    # torch's default is every core in each process: share them out instead
+    threads = s.torch_threads or max(1, (os.cpu_count() or 1) // s.processes)
+    return settings.with_serving(data_dir=str(Path(s.data_dir) / f"proc-{index}"), torch_threads=threads,
+                                 metrics_port=s.metrics_port + index if s.metrics_port else 0)
 
 
 class GroupStartError(StreamrecError, RuntimeError):
@@ -68,7 +65,7 @@ class _ProcessTag(logging.Filter):
         return True
 
 
-def _process_main(cfg: Config, index: int, port: int, device, insecure_push: bool, key: str, snapshot,
+def _process_main(settings: ServerSettings, index: int, port: int, device, insecure_push: bool, key: str, snapshot,
                   conn, log_level: int, formatter: logging.Formatter | None, parent_pid: int) -> None:
     """One process of the group (spawned): serve until SIGTERM or until the supervisor is gone."""
     import torch
@@ -85,12 +82,12 @@ def _process_main(cfg: Config, index: int, port: int, device, insecure_push: boo
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor too; it stops us in order
-    pcfg = process_config(cfg, index)
+    own = process_settings(settings, index)
+    s = settings.serving
     try:
-        torch.set_num_threads(pcfg.serving.torch_threads)
-        siblings = Siblings(Path(cfg.serving.data_dir), index, key, push_token=cfg.serving.push_token,
-                            max_message_mb=cfg.serving.max_message_mb)
-        server = ServingServer(pcfg, device, port, insecure_push=insecure_push, siblings=siblings)
+        torch.set_num_threads(own.serving.torch_threads)
+        siblings = Siblings(Path(s.data_dir), index, key, push_token=s.push_token, max_message_mb=s.max_message_mb)
+        server = ServingServer(own, device, port, insecure_push=insecure_push, siblings=siblings)
         if snapshot and (why := server.service.install_from(snapshot)) is not None:
             log.warning("--snapshot not loaded: %s", why)
         server.start()
@@ -140,23 +137,24 @@ class ServingGroup:
     """``serving.processes`` server processes on one port (see the module docstring): ``.target``, ``.port``,
     ``.processes`` (index -> pid), ``.stop()``."""
 
-    def __init__(self, cfg: Config, device=None, port: int | None = None, insecure_push: bool = False,
+    def __init__(self, settings: ServerSettings, device=None, port: int | None = None, insecure_push: bool = False,
                  snapshot: str | None = None):
         from .server import startup_warnings
 
+        s = settings.serving
         if not sys.platform.startswith("linux"):
-            raise ConfigError(f"serving.processes = {cfg.serving.processes} needs Linux (SO_REUSEPORT spreads "
+            raise ConfigError(f"serving.processes = {s.processes} needs Linux (SO_REUSEPORT spreads "
                               "connections there); run one process per port elsewhere")
-        self.cfg = cfg
-        self.warnings = startup_warnings(cfg, insecure_push)  # raises before any process starts
-        self.device = str(device or cfg.trainer.device)
-        self._want_port = cfg.serving.port if port is None else port
+        self.settings = settings
+        self.warnings = startup_warnings(s, insecure_push)  # raises before any process starts
+        self.device = str(device or "auto")
+        self._want_port = s.port if port is None else port
         self.insecure_push = insecure_push
         self.snapshot = snapshot
         self.key = secrets.token_hex(16)  # forwarded pushes carry it (siblings.py); never written to disk
-        self.root = Path(cfg.serving.data_dir)
-        self.host = cfg.serving.host
-        self.tls = bool(cfg.serving.tls_cert)
+        self.root = Path(s.data_dir)
+        self.host = s.host
+        self.tls = bool(s.tls_cert)
         self.port = 0
         self.restarts = 0
         self._ctx = mp.get_context("spawn")  # no fork: the supervisor may hold threads and gRPC state
@@ -181,7 +179,7 @@ class ServingGroup:
     def _spawn(self, index: int, port: int, snapshot: str | None) -> tuple[mp.Process, object]:
         parent, child = self._ctx.Pipe(duplex=False)
         p = self._ctx.Process(target=_process_main, name=f"streamrec-serve-{index}",
-                              args=(self.cfg, index, port, self.device, self.insecure_push, self.key, snapshot,
+                              args=(self.settings, index, port, self.device, self.insecure_push, self.key, snapshot,
                                     child, logging.getLogger().getEffectiveLevel(), _formatter(), os.getpid()))
         p.start()
         child.close()
@@ -241,7 +239,7 @@ class ServingGroup:
                     errors.append(e)
 
             threads = [threading.Thread(target=launch, args=(i,), daemon=True)
-                       for i in range(first, self.cfg.serving.processes)]
+                       for i in range(first, self.settings.serving.processes)]
             for t in threads:
                 t.start()
             for t in threads:
@@ -258,7 +256,7 @@ class ServingGroup:
         self._monitor.start()
         for w in self.warnings:
             log.warning("%s", w)
-        log.info("serving group: %d processes on %s", self.cfg.serving.processes, self.target)
+        log.info("serving group: %d processes on %s", self.settings.serving.processes, self.target)
         return self
 
     def _watch(self) -> None:

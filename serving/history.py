@@ -33,6 +33,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from streamrec.embedding_store.store_config import StoreConfig
+from streamrec.serving.serving_config import ServingConfig
 from streamrec.snapshot import SnapshotError
 
 from .guard import Guard, Verdict
@@ -46,12 +48,14 @@ STATE = "serving-state.json"
 class VersionBook:
     """See the module docstring. Calls that change the book hold its lock; the server swaps ``current``."""
 
-    def __init__(self, root: Path, cfg):
+    def __init__(self, root: Path, serving: ServingConfig, store_cfg: StoreConfig):
+        """``serving``: the line's section (kept versions, guard); ``store_cfg``: the settings restored
+        versions open their stores with."""
         self.root = Path(root)
         self.versions_root = self.root / "versions"
-        self.cfg = cfg
-        self.keep = int(cfg.serving.keep_versions)
-        self.guard = Guard(cfg.serving.guard)
+        self.store_cfg = store_cfg
+        self.keep = int(serving.keep_versions)
+        self.guard = Guard(serving.guard)
         self.head: ServedVersion | None = None
         self.kept: list[ServedVersion] = []  # promoted versions, oldest first
         self.pinned = False
@@ -79,7 +83,7 @@ class VersionBook:
         kept_ns = [int(n) for n in st.get("kept", []) if isinstance(n, int)]
         served_n = st.get("served") if isinstance(st.get("served"), int) else None
         keep = set(kept_ns) | ({served_n} if served_n else set())
-        head = restore_newest(self.versions_root, self.cfg, device, skipped, keep=keep)
+        head = restore_newest(self.versions_root, self.store_cfg, device, skipped, keep=keep)
         if head is None:
             return None
         self.head = head
@@ -89,7 +93,7 @@ class VersionBook:
                 continue
             vdir = self.versions_root / f"v{n:012d}"
             try:
-                v = restore_version(vdir, self.cfg, device)
+                v = restore_version(vdir, self.store_cfg, device)
             except Exception as e:  # a kept version that no longer verifies: not offered for rollback
                 log.warning("kept version %d not restored: %s: %s", n, type(e).__name__, e)
                 continue

@@ -176,8 +176,7 @@ class ModelLines:
 
     def __init__(self, main):
         self.main = main
-        cfg = main.cfg
-        s = cfg.serving
+        s = main.serving
         self.root = Path(s.data_dir) / "lines"
         self.split = Split(s.experiments, s.split_field)
         self.shadow_line = s.shadow_line
@@ -214,11 +213,9 @@ class ModelLines:
         if not re.fullmatch(MODEL_LINE_RE, name):  # a stray directory under lines/: not a line
             log.warning("%s: not a model line name; ignored", self.root / name)
             return None
-        s = self.main.cfg.serving
-        line_serving = dataclasses.replace(s, data_dir=str(self.root / name), experiments=[], shadow_line="",
-                                           model_line=name)
-        svc = type(self.main)(dataclasses.replace(self.main.cfg, serving=line_serving), self.main.device,
-                              line=name)
+        settings = self.main.settings.with_serving(data_dir=str(self.root / name), experiments=[], shadow_line="",
+                                                   model_line=name)
+        svc = type(self.main)(settings, self.main.device, line=name)
         self._services[name] = svc
         self.stats.setdefault(name, LineStats())
         return svc
@@ -248,22 +245,22 @@ class ModelLines:
         if explicit:
             svc = self._services.get(explicit)
             if svc is None:
-                self.main._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+                self.main.refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
                                   f"model_line: {explicit!r} is not a model line of this server "
                                   f"(lines: {', '.join(self.names)})")
-            v = svc._acquire()
+            v = svc.acquire()
             if v is None and explicit != MAIN:
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"model line {explicit!r} has no model yet")
             return explicit, v
         name = self.split.line_for(request)
         if name != MAIN:
             svc = self._services.get(name)
-            v = svc._acquire() if svc is not None else None
+            v = svc.acquire() if svc is not None else None
             if v is not None:
                 return name, v
             with self._lock:
                 self.stats[name].fallbacks += 1
-        return MAIN, self.main._acquire()
+        return MAIN, self.main.acquire()
 
     def answered(self, line: str, request, scores: np.ndarray, rids, t0: float, batch=None, fields=()) -> None:
         """Count the answer in ``line``'s figures and hand the request to the shadow (``scores``: [B, T];
@@ -311,7 +308,7 @@ class ModelLines:
 
     def _shadow_round(self, take: list) -> None:
         svc = self._services.get(self.shadow_line)
-        v = svc._acquire() if svc is not None else None
+        v = svc.acquire() if svc is not None else None
         if v is None:
             with self._lock:
                 self.shadow_unserved += len(take)

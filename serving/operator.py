@@ -17,7 +17,7 @@ from .pb import pb
 
 
 def _check(service, context, request, message, what: str):
-    if not service.authorized(context, service.cfg.serving.push_token):
+    if not service.authorized(context, service.serving.push_token):
         context.abort(grpc.StatusCode.UNAUTHENTICATED,
                       f"{what} needs metadata 'authorization: Bearer <token>' (serving.push_token)")
     try:
@@ -36,7 +36,7 @@ def rollback(service, request, context):
             served = service.current
             target = book.release(served) if req.release else book.rollback(int(req.to_version), served)
             if target is not None and target is not served:
-                service._swap(target)
+                service.swap_in(target)
             else:
                 book.settle(served)
     except SnapshotError as e:
@@ -56,7 +56,7 @@ def accept(service, request, context):
         book = service.book
         with book.lock:
             target = book.accept(int(req.version), service.current)
-            service._swap(target)
+            service.swap_in(target)
     except SnapshotError as e:
         context.abort(getattr(grpc.StatusCode, e.code), str(e))
     return pb.AcceptResponse(version=target.version, model_line=service.line,

@@ -22,6 +22,7 @@ import time
 import grpc
 
 from streamrec.foundation import as_resource_error, resource_error_line
+from streamrec.serving.serving_config import ServingConfig
 
 log = logging.getLogger("streamrec.serving")
 
@@ -30,10 +31,10 @@ TARPIT_ADDRESSES = 10_000  # addresses remembered (the table is cleared of drain
 
 
 class Refusals:
-    """Refusals of one server; ``cfg.serving.refusal_delay_ms`` is read at each refusal."""
+    """Refusals of one server; ``serving.refusal_delay_ms`` is read at each refusal."""
 
-    def __init__(self, cfg, max_waiting: int):
-        self.cfg = cfg
+    def __init__(self, serving: ServingConfig, max_waiting: int):
+        self.serving = serving
         self.refused: dict[str, int] = {}  # Predict refusals by status code name, for tests and benchmarks
         self.delayed = 0  # refusals answered late
         self._recent: dict[str, tuple] = {}  # client address -> (refusals in its bucket, when last refused)
@@ -54,7 +55,7 @@ class Refusals:
             level = max(0.0, level - (now - last) * TARPIT_AFTER) + 1
             self._recent[address] = (level, now)
             late = level > TARPIT_AFTER
-        delay = self.cfg.serving.refusal_delay_ms / 1000
+        delay = self.serving.refusal_delay_ms / 1000
         if late and delay > 0 and self._waiting.acquire(blocking=False):
             try:
                 with self._lock:

@@ -52,7 +52,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamrec.foundation import ConfigError, is_resource_error, resolve_device
-from streamrec.app.config import Config
+from streamrec.serving.serving_config import ServingConfig
 from streamrec.snapshot import SnapshotError
 from streamrec.snapshot.format import MAX_VERSION
 
@@ -63,6 +63,7 @@ from .pb import SERVICE, pb, pb_grpc
 from .receiver import parse_chunks, receive_snapshot
 from .reflection import V1_SERVICE, V1ALPHA_SERVICE, enable_reflection
 from .refusals import Refusals
+from .settings import ServerSettings
 from .history import VersionBook
 from .lines import MAIN, ModelLines
 from .operator import operator_handlers
@@ -125,20 +126,18 @@ def is_loopback(host: str) -> bool:
         return False  # a host name or an interface name: reachable from elsewhere, as far as we know
 
 
-def push_exposure(cfg: Config) -> str | None:
-    """Why the configured server would let anyone on the network replace the model, or None."""
-    s = cfg.serving
+def push_exposure(s: ServingConfig) -> str | None:
+    """Why a server with serving section ``s`` would let anyone on the network replace the model, or None."""
     if s.push_token or is_loopback(s.host):
         return None
     return (f"serving.push_token is empty and serving.host is {s.host!r} (not loopback): anyone who can reach "
             f"port {s.port} could replace the served model")
 
 
-def startup_warnings(cfg: Config, insecure_push: bool) -> list[str]:
-    """What a start with ``cfg`` warns about on every start; raises ``ConfigError`` when the push endpoint
-    would be open to the network (:func:`push_exposure`) and ``insecure_push`` does not accept that."""
-    s = cfg.serving
-    exposure = push_exposure(cfg)
+def startup_warnings(s: ServingConfig, insecure_push: bool) -> list[str]:
+    """What a start with serving section ``s`` warns about on every start; raises ``ConfigError`` when the push
+    endpoint would be open to the network (:func:`push_exposure`) and ``insecure_push`` does not accept that."""
+    exposure = push_exposure(s)
     if exposure and not insecure_push:
         raise ConfigError(f"{exposure}. Set serving.push_token (STREAMREC_SERVING__PUSH_TOKEN), bind "
                           "serving.host to 127.0.0.1, or start with --insecure-push to accept this")
@@ -166,36 +165,36 @@ def verify_parent(service, parent: ServedVersion) -> None:
     try:
         n, seconds = parent.verify()
     except StoredVersionDamaged as e:
-        with service._count_lock:
-            service.stored_refused += 1
         reason = f"stored version {e.version} is damaged: {e}; not serving until a full snapshot is pushed"
         log.error("NOT_SERVING: %s", reason)
-        with service._swap_lock:
-            taken = service._current is parent
-            if taken:
-                service._current = None
-                service.not_serving_reason = reason
-        if taken:
-            if service.health is not None:
-                service.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-                service.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if service.withdraw(parent, reason):
+            set_health(service.health, health_pb2.HealthCheckResponse.NOT_SERVING)
             parent.retire(keep_dir=True)  # left on disk for the operator; a restart skips it (damaged)
         service.book.forget(parent)
         raise SnapshotError(f"parent_version: {reason}", code="DATA_LOSS") from None
-    service._count_verify("delta", n, seconds)
+    service.count_verify("delta", n, seconds)
+
+
+def set_health(health_servicer, status) -> None:
+    """``status`` for the whole server and for the StreamRec service (None: no health service)."""
+    if health_servicer is not None:
+        health_servicer.set("", status)
+        health_servicer.set(SERVICE, status)
 
 
 class StreamRecService(pb_grpc.StreamRecServicer):
     """The three RPCs. Predict, PushSnapshot and Status take their request bytes raw (see ``handler``)."""
 
-    def __init__(self, cfg: Config, device: torch.device, health_servicer=None, siblings=None, line: str = MAIN):
-        self.cfg = cfg
+    def __init__(self, settings: ServerSettings, device: torch.device, health_servicer=None, siblings=None,
+                 line: str = MAIN):
+        self.settings = settings
+        self.serving = settings.serving  # this service's section (a model line's own, see lines.py)
         self.line = line  # the model line this service holds (lines.py); main's service routes the others
         self.device = device
         self.health = health_servicer
         self.siblings = siblings  # the other processes of a serving group (siblings.py), or None
-        s = cfg.serving
-        self.limits = Limits.from_config(cfg)
+        s = settings.serving
+        self.limits = Limits.from_serving(s, settings.dense_abs_max)
         self._heavy_slots = threading.BoundedSemaphore(s.max_concurrent_heavy)
         # heavy requests' work: one thread, at a lower OS priority (see _score_heavy)
         self._heavy_worker = futures.ThreadPoolExecutor(1, thread_name_prefix="heavy", initializer=lower_priority,
@@ -203,8 +202,8 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self._heavy_last_s = 0.0  # how long the heavy lane's last slice ran
         self.heavy_slices = 0  # heavy-request slices scored (tests, benchmarks)
         self._light_active = 0  # ordinary Predict calls being decoded or scored
-        self.refusals = Refusals(cfg, s.workers // 2)  # at most half the Predict threads wait in a late refusal
-        root = Path(cfg.serving.data_dir)
+        self.refusals = Refusals(s, s.workers // 2)  # at most half the Predict threads wait in a late refusal
+        root = Path(s.data_dir)
         self.staging = root / "staging"
         self.versions = root / "versions"
         shutil.rmtree(self.staging, ignore_errors=True)  # leftovers of a crashed receive
@@ -221,23 +220,22 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.events_served = 0
         self.max_snapshot_bytes = int(s.max_snapshot_mb) * 1024**2
         self.merger = RequestMerger(lambda v, b: v.predict(b), lambda v: v.fields, lambda v: v.dense_dim,
-                                    cfg.serving.merge_max_events)
+                                    s.merge_max_events)
         # stored versions checked against their install record (version.py): counted, timed, and why none is served
         self.stored_refused = 0  # stored versions found damaged (at start or before a delta on them)
-        self.verify_bytes = 0  # bytes hashed verifying stored versions, and the seconds it took
-        self.verify_s = 0.0
+        self.verify_bytes, self.verify_s = 0, 0.0  # bytes hashed verifying stored versions, and the seconds it took
         self.last_verify: dict = {}  # the last verification: {"when": "start"|"delta", "bytes", "seconds"}
         self.not_serving_reason = ""  # set while nothing is served because stored versions failed their checks
         skipped: list = []
         # the head, the kept and the served version, and the guard (history.py); a restart serves what it
         # served before, pinned or not
-        self.book = VersionBook(root, cfg)
+        self.book = VersionBook(root, s, settings.store)
         restored = self.book.restore(device, skipped)
         self.stored_refused += sum(isinstance(e, StoredVersionDamaged) for _, e in skipped)
         if restored is not None:
             if restored.verified is not None:
-                self._count_verify("start", *restored.verified)
-            self._swap(restored)
+                self.count_verify("start", *restored.verified)
+            self.swap_in(restored)
         elif skipped:
             self.not_serving_reason = ("no stored version verifies (" + "; ".join(f"version {n}: {e}" for n, e in skipped)
                                        + "); not serving until a full snapshot is pushed")
@@ -249,22 +247,36 @@ class StreamRecService(pb_grpc.StreamRecServicer):
     def current(self) -> ServedVersion | None:
         return self._current
 
-    def _acquire(self) -> ServedVersion | None:
+    def acquire(self) -> ServedVersion | None:
+        """A reference on the served version (to release), or None while nothing is served."""
         while True:
             v = self._current
             if v is None or v.acquire():
                 return v
             # retired and closed between the read and acquire: the new one is in place, retry
 
-    def _count_verify(self, when: str, n_bytes: int, seconds: float) -> None:
+    def count_verify(self, when: str, n_bytes: int, seconds: float) -> None:
+        """Count a check of a stored version against its record (at ``when``: "start" or "delta")."""
         with self._count_lock:
             self.verify_bytes += n_bytes
             self.verify_s += seconds
             self.last_verify = {"when": when, "bytes": n_bytes, "seconds": seconds}
 
-    _verify_parent = verify_parent
+    def withdraw(self, damaged: ServedVersion, reason: str) -> bool:
+        """Count ``damaged`` (a stored version that failed its check) and stop serving it, saying ``reason``,
+        when it is the served one; True when it was."""
+        with self._count_lock:
+            self.stored_refused += 1
+        with self._swap_lock:
+            taken = self._current is damaged
+            if taken:
+                self._current = None
+                self.not_serving_reason = reason
+        return taken
 
-    def _swap(self, new: ServedVersion) -> None:
+    def swap_in(self, new: ServedVersion) -> None:
+        """Serve ``new`` from the next request on (one reference assignment); the book then retires what it no
+        longer keeps."""
         with self._swap_lock:
             closed = self._closed
             if not closed:
@@ -274,9 +286,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         if closed:  # an install that outlived close(): never current; its complete directory is kept for the next start
             new.retire(keep_dir=True)
             raise SnapshotError(f"server is shutting down; version {new.version} is kept for the next start", code="UNAVAILABLE")
-        if self.health is not None:
-            self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-            self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        set_health(self.health, health_pb2.HealthCheckResponse.SERVING)
         self.book.settle(new)  # the old one stays loaded while kept for a rollback
 
     def install(self, staged: Path, manifest) -> ServedVersion:
@@ -286,25 +296,25 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         with self._push_lock:
             if self._closed:
                 raise SnapshotError("server is shutting down", code="UNAVAILABLE")
-            self._precheck(manifest)
+            self.precheck(manifest)
             # a reference on the parent while loading: close() may retire it meanwhile, and a delta
             # copies its store (it was closed under the load, or the load failed)
             parent = self.book.acquire_head(lambda: self._current)  # a delta builds on the newest installed one
             try:
                 if manifest.kind == "delta" and parent is not None and parent.version == manifest.parent_version:
-                    self._verify_parent(parent)
-                v = load_version(staged, manifest, parent, self.versions, self.cfg, self.device)
+                    verify_parent(self, parent)
+                v = load_version(staged, manifest, parent, self.versions, self.serving, self.settings.store,
+                                 self.device)
             finally:
                 if parent is not None:
                     parent.release()
             with self.book.lock:  # the guard decides whether users get it (history.py)
                 verdict = self.book.add(v, self._current)
-                self._swap(v) if verdict.ok else self.book.settle(self._current)
+                self.swap_in(v) if verdict.ok else self.book.settle(self._current)
             if verdict.ok:
                 log.info("serving version %d (%s, parent %s, %d rows)", v.version, manifest.kind,
                          manifest.parent_version, v.rows_held)
             return v
-
 
     def install_from(self, path) -> str | None:
         """``streamrec serve --snapshot DIR``: verify ``DIR`` (a missing or corrupt one raises ``SnapshotError``),
@@ -319,21 +329,21 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             return str(e)
         return None
 
-    def _precheck(self, manifest) -> None:
+    def precheck(self, manifest) -> None:
         """What can be decided from the manifest alone, before a byte of the snapshot is stored."""
         if manifest.model_line != self.line:
-            return self.lines.service(manifest.model_line, create=True)._precheck(manifest)
+            return self.lines.service(manifest.model_line, create=True).precheck(manifest)
         self.book.precheck(manifest)
         cur = self.book.head or self._current  # versions and deltas follow the newest installed one
         if cur is not None and manifest.version <= cur.version:
             raise SnapshotError(f"version {manifest.version} is not newer than the served {cur.version}", code="FAILED_PRECONDITION")
-        jump = self.cfg.serving.max_version_jump
+        jump = self.serving.max_version_jump
         if cur is not None and manifest.version > cur.version + jump:
             raise SnapshotError(f"version {manifest.version} is more than serving.max_version_jump ({jump}) ahead of "
                                 f"the served {cur.version}", code="INVALID_ARGUMENT")
         if manifest.version > MAX_VERSION:  # Manifest.check refuses it too; here for manifests built in-process
             raise SnapshotError(f"version {manifest.version} is above 2^62", code="INVALID_ARGUMENT")
-        check_model_config(manifest.model_config, self.cfg.serving, program=manifest.program is not None)
+        check_model_config(manifest.model_config, self.serving, program=manifest.program is not None)
         if manifest.kind == "delta" and (cur is None or cur.version != manifest.parent_version):
             have = "none" if cur is None else cur.version
             raise SnapshotError(f"parent_version: delta needs parent {manifest.parent_version}, serving {have}; send a full snapshot", code="FAILED_PRECONDITION")
@@ -342,7 +352,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         """Stop serving; the current version's directory stays for the next start to restore."""
         self._heavy_worker.shutdown(wait=False)
         with self._swap_lock:
-            self._closed = True  # a push still loading is not swapped in after this (see _swap)
+            self._closed = True  # a push still loading is not swapped in after this (see swap_in)
             self._current = None
         self.book.close()
         if self.lines is not None:
@@ -373,28 +383,29 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         """Predict refusals answered late (a flooding client address, see refusals.py)."""
         return self.refusals.delayed
 
-    def _refuse(self, context, code: grpc.StatusCode, details: str):
+    def refuse(self, context, code: grpc.StatusCode, details: str):
+        """Refuse a Predict call (``refusals.py``: counted, late for a flooding client address)."""
         self.refusals.refuse(context, code, details)
 
     def _parse_predict(self, request, context):
         if not isinstance(request, (bytes, bytearray, memoryview)):
             return request  # already a message (called in-process)
-        limit = int(self.cfg.serving.max_request_kb) * 1024
+        limit = int(self.serving.max_request_kb) * 1024
         if len(request) > limit:
-            self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+            self.refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"request: {len(request)} bytes, serving.max_request_kb allows {limit} "
-                         f"({self.cfg.serving.max_request_kb} KiB); send fewer events per request")
+                         f"({self.serving.max_request_kb} KiB); send fewer events per request")
         try:
             return pb.PredictRequest.FromString(bytes(request))
         except Exception:  # DecodeError, or whatever the protobuf runtime raises on garbage
-            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+            self.refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
                          "request: the bytes are not a streamrec.v1.PredictRequest (malformed protobuf)")
 
     def _decode(self, request, v: ServedVersion, context):
         try:
             return request_to_batch_ids(request, v.fields, v.dense_dim, self.limits)
         except RequestError as e:
-            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            self.refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     def _heavy_turn(self) -> None:
         """Wait while ordinary requests are in progress, at most ``HEAVY_REST`` times as long as the heavy
@@ -440,12 +451,12 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         try:
             return job.result()
         except RequestError as e:
-            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            self.refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     def Predict(self, request, context):
-        s = self.cfg.serving
+        s = self.serving
         if not _authorized(context, s.predict_token):
-            self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "Predict needs metadata 'authorization: Bearer <token>'")
+            self.refuse(context, grpc.StatusCode.UNAUTHENTICATED, "Predict needs metadata 'authorization: Bearer <token>'")
         size = len(request) if isinstance(request, (bytes, bytearray, memoryview)) else None
         request = self._parse_predict(request, context)
         t0 = time.perf_counter()
@@ -463,12 +474,12 @@ class StreamRecService(pb_grpc.StreamRecServicer):
                 try:
                     cost = request_cost(request, v.fields, self.limits)  # counts only: before any real work
                 except RequestError as e:
-                    self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                    self.refuse(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
             if s.heavy_request_cost and cost > s.heavy_request_cost:
                 # decoded and scored apart from the merged rounds (it would hold back every request merged
                 # with it), one at a time
                 if not self._heavy_slots.acquire(blocking=False):
-                    self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    self.refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  f"request: {cost} ids + events is heavy (serving.heavy_request_cost "
                                  f"{s.heavy_request_cost}) and serving.max_concurrent_heavy ({s.max_concurrent_heavy}) "
                                  "heavy requests are in progress; retry later or send smaller requests")
@@ -496,7 +507,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         if not finite.all():  # the weights are finite (checked on push): extreme features overflowed the model
             i = int(np.argmin(finite))
             log.warning("Predict: score of event %d is not finite (version %d); refused", i, version)
-            self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
+            self.refuse(context, grpc.StatusCode.INVALID_ARGUMENT,
                          f"events[{i}]: the served model's score for this event is not a number (its features "
                          "overflow the model); normalise the dense features")
         with self._count_lock:
@@ -514,11 +525,11 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         return resp
 
     def PushSnapshot(self, request_iterator, context):
-        if not _authorized(context, self.cfg.serving.push_token):
+        if not _authorized(context, self.serving.push_token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "PushSnapshot needs metadata 'authorization: Bearer <token>'")
         try:
             chunks = parse_chunks(request_iterator)
-            staged, manifest = receive_snapshot(chunks, self.staging, self.max_snapshot_bytes, self._precheck)
+            staged, manifest = receive_snapshot(chunks, self.staging, self.max_snapshot_bytes, self.precheck)
             t0 = time.perf_counter()
             # a serving group: the verified snapshot goes to the other processes meanwhile (not when a sibling sent it)
             fan = self.siblings is not None and not self.siblings.is_sibling_call(context)
@@ -551,7 +562,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"server fault: {type(e).__name__}: {str(e)[:300]}")
 
     def Status(self, request, context):
-        s = self.cfg.serving
+        s = self.serving
         if s.status_needs_token and not _authorized(context, s.predict_token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "Status needs metadata 'authorization: Bearer <token>' "
                                                            "(serving.status_needs_token)")
@@ -563,7 +574,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         v = self._current
         resp = pb.StatusResponse(requests_served=self.requests_served, events_served=self.events_served,
                                  process=self.siblings.index if self.siblings is not None else 0,
-                                 processes=self.cfg.serving.processes if self.siblings is not None else 1)
+                                 processes=self.serving.processes if self.siblings is not None else 1)
         if v is None:
             resp.not_serving_reason = self.not_serving_reason
         else:
@@ -610,18 +621,16 @@ class ServingServer:
     to the network (``streamrec serve --insecure-push``); it is logged as a warning.
     """
 
-    def __init__(self, cfg: Config, device: torch.device | str | None = None, port: int | None = None,
+    def __init__(self, settings: ServerSettings, device: torch.device | str | None = None, port: int | None = None,
                  insecure_push: bool = False, siblings=None):
-        self.cfg = cfg
-        s = cfg.serving
-        self.warnings = startup_warnings(cfg, insecure_push)
-        self.device = resolve_device(device or getattr(getattr(cfg, "trainer", None), "device", "auto")) \
-            if not isinstance(device, torch.device) else device
+        self.settings = settings
+        s = settings.serving
+        self.warnings = startup_warnings(s, insecure_push)
+        self.device = resolve_device(device or "auto") if not isinstance(device, torch.device) else device
         limit = int(s.max_message_mb) * 1024 * 1024
         self.health = health.HealthServicer()
-        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.service = StreamRecService(cfg, self.device, self.health, siblings)
+        set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.service = StreamRecService(settings, self.device, self.health, siblings)
         reflection_names = (V1_SERVICE, V1ALPHA_SERVICE)
         lanes = {
             "predict": (s.workers, s.max_concurrent_requests,

@@ -45,8 +45,9 @@ import numpy as np
 import torch
 
 from streamrec.foundation import ConfigError, as_resource_error, resource_error_line, save_npz, sha256_file
-from streamrec.app.config import Config, load_config
-from streamrec.foundation.model_config import ModelConfig
+from streamrec.foundation.model_config import ModelConfig, model_config_from_dict as build_model_config
+from streamrec.embedding_store.store_config import StoreConfig
+from streamrec.serving.serving_config import ServingConfig
 from streamrec.model import RankingModel, build_model, predict_batch
 from streamrec.snapshot import (DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, load_program, probe_inputs,
                                 read_dense)
@@ -139,7 +140,7 @@ class Refused(SnapshotError):
 
 def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
     try:
-        return load_config(None, {f"model.{k}": v for k, v in d.items()}, env={}).model
+        return build_model_config(d)
     except ConfigError as e:
         raise SnapshotError(f"manifest.model_config: {e}", code="INVALID_ARGUMENT") from None
 
@@ -393,6 +394,12 @@ class ServedVersion:
         self._lock = threading.Lock()
         self._store_lock = threading.Lock()  # the store's read path is not promised to be thread-safe
 
+    @property
+    def store_lock(self) -> threading.Lock:
+        """Held while this version's store is read (its read path is not promised to be thread-safe); a
+        delta holds it while it copies the store's files."""
+        return self._store_lock
+
     LOOKUP_CHUNK = 4096  # ids read under one hold of the store lock: a big request does not hold up small ones
 
     def lookup(self, table: str, ids: np.ndarray) -> torch.Tensor:
@@ -476,12 +483,12 @@ class ServedVersion:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _store_kwargs(cfg: Config, manifest: Manifest, device: torch.device) -> dict:
-    """Store settings: the serving config's, with the init settings the trainer used (from the manifest).
+def _store_kwargs(store_cfg: StoreConfig, manifest: Manifest, device: torch.device) -> dict:
+    """Store settings: ``store_cfg``'s, with the init settings the trainer used (from the manifest).
 
     The store keeps no hot tier of its own: the version's ``MemoryRows`` are serving's hot rows."""
-    kw = dict(device=device, hot_capacity_rows=0, init_scale=float(cfg.store.init_scale),
-              block_cache_mb=int(cfg.store.block_cache_mb))
+    kw = dict(device=device, hot_capacity_rows=0, init_scale=float(store_cfg.init_scale),
+              block_cache_mb=int(store_cfg.block_cache_mb))
     if "init_scale" in (manifest.store_config or {}):  # decides the initial vector of unseen ids
         kw["init_scale"] = float(manifest.store_config["init_scale"])
     # per-table scales (the fields' expected_ids / init_scale) are part of the model config
@@ -495,15 +502,15 @@ def _program_copy(program: Program, device: torch.device):
                         {k: v.to(device) for k, v in program.constants.items()})
 
 
-def _new_store(model_cfg: ModelConfig, cfg: Config, manifest: Manifest, device: torch.device, path: Path):
+def _new_store(model_cfg: ModelConfig, store_cfg: StoreConfig, manifest: Manifest, device: torch.device, path: Path):
     from streamrec.embedding_store import EmbeddingStore
 
     tables = dict(model_cfg.tables)  # a table several fields share is stored once
-    return EmbeddingStore(str(path), tables, shards=cfg.store.shards, seed=model_cfg.seed,
-                          **_store_kwargs(cfg, manifest, device))
+    return EmbeddingStore(str(path), tables, shards=store_cfg.shards, seed=model_cfg.seed,
+                          **_store_kwargs(store_cfg, manifest, device))
 
 
-def _store_from_parent(parent: "ServedVersion", cfg: Config, manifest: Manifest, device: torch.device,
+def _store_from_parent(parent: "ServedVersion", store_cfg: StoreConfig, manifest: Manifest, device: torch.device,
                        path: Path) -> tuple[Any, dict[str, tuple]]:
     """A copy of the parent's (read-only, closed for writes) store opened writable as this version's own:
     SST files are hard-linked (RocksDB never writes an SST once made, and the copy's new ones get new
@@ -513,7 +520,7 @@ def _store_from_parent(parent: "ServedVersion", cfg: Config, manifest: Manifest,
 
     src = parent.directory / "store"
     known: dict[str, tuple] = {}
-    with parent._store_lock:
+    with parent.store_lock:
         for p in sorted(src.rglob("*")):
             rel = p.relative_to(src)
             dest = path / rel
@@ -536,7 +543,7 @@ def _store_from_parent(parent: "ServedVersion", cfg: Config, manifest: Manifest,
                         raise
                     # another file system or no hard links there: copy it
             shutil.copyfile(p, dest)
-    return EmbeddingStore.restore(str(path), **_store_kwargs(cfg, manifest, device)), known
+    return EmbeddingStore.restore(str(path), **_store_kwargs(store_cfg, manifest, device)), known
 
 
 def _apply_deletions(staged: Path, manifest: Manifest, store, parts: dict) -> int:
@@ -562,11 +569,11 @@ def _without(ids: np.ndarray, enc, drop: np.ndarray) -> tuple:
     return ids[keep], ({k: a[keep] for k, a in enc.items()} if isinstance(enc, dict) else enc[keep])
 
 
-def _open_stored(vdir: Path, cfg: Config, manifest: Manifest, device: torch.device):
+def _open_stored(vdir: Path, store_cfg: StoreConfig, manifest: Manifest, device: torch.device):
     """A stored version's store, opened read-only: serving never writes an installed version."""
     from streamrec.embedding_store import EmbeddingStore
 
-    return EmbeddingStore.restore(str(vdir / "store"), read_only=True, **_store_kwargs(cfg, manifest, device))
+    return EmbeddingStore.restore(str(vdir / "store"), read_only=True, **_store_kwargs(store_cfg, manifest, device))
 
 
 def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, rows_held: int,
@@ -601,98 +608,140 @@ def _persist(vdir: Path, manifest: Manifest, state: dict, memory: MemoryRows, ro
     return files
 
 
-def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None, versions_root: Path,
-                 cfg: Config, device: torch.device) -> ServedVersion:
-    """Build a served version from a verified snapshot directory (and its parent for a delta)."""
-    model_cfg = check_model_config(manifest.model_config, cfg.serving, program=manifest.program is not None)
+def check_delta(manifest: Manifest, parent: ServedVersion | None, model_cfg: ModelConfig) -> None:
+    """A delta fits the version it builds on: that is the parent it names, with the same model config, row
+    precision and program (a delta carries only changed rows and weights). Anything else is
+    FAILED_PRECONDITION, which tells the trainer to send a full snapshot."""
+    if parent is None or parent.version != manifest.parent_version:
+        have = "none" if parent is None else parent.version
+        raise SnapshotError(f"delta {manifest.version} needs parent {manifest.parent_version}, serving {have}; send a full snapshot", code="FAILED_PRECONDITION")
+    if parent.model_cfg != model_cfg:
+        raise SnapshotError("delta's model_config differs from its parent's; send a full snapshot", code="FAILED_PRECONDITION")
+    if parent.manifest.row_precision != manifest.row_precision:
+        raise SnapshotError(f"delta's row_precision {manifest.row_precision} differs from its parent's "
+                            f"{parent.manifest.row_precision}; send a full snapshot", code="FAILED_PRECONDITION")
+    have = parent.program.sha256 if parent.program is not None else None
+    if have != (manifest.program or {}).get("sha256"):
+        raise SnapshotError("delta's program differs from its parent's (a delta carries only weights); send a full "
+                            "snapshot", code="FAILED_PRECONDITION")
+
+
+def _dense_network(staged: Path, manifest: Manifest, parent: ServedVersion | None, model_cfg: ModelConfig,
+                   limits: ServingConfig, device: torch.device) -> tuple[dict, Program | None, Any]:
+    """The version's dense weights (a delta's merged over its parent's), every tensor finite, and the network
+    that scores with them: ``(state, program, model)``, the manifest's exported program (the user's code is
+    never imported) or else the model built from its config."""
+    state = read_dense(staged)
+    check_dense_state(state)
     if manifest.kind == "delta":
-        if parent is None or parent.version != manifest.parent_version:
-            have = "none" if parent is None else parent.version
-            raise SnapshotError(f"delta {manifest.version} needs parent {manifest.parent_version}, serving {have}; send a full snapshot", code="FAILED_PRECONDITION")
-        if parent.model_cfg != model_cfg:
-            raise SnapshotError("delta's model_config differs from its parent's; send a full snapshot", code="FAILED_PRECONDITION")
-        if parent.manifest.row_precision != manifest.row_precision:
-            raise SnapshotError(f"delta's row_precision {manifest.row_precision} differs from its parent's "
-                                f"{parent.manifest.row_precision}; send a full snapshot", code="FAILED_PRECONDITION")
-        have = parent.program.sha256 if parent.program is not None else None
-        if have != (manifest.program or {}).get("sha256"):
-            raise SnapshotError("delta's program differs from its parent's (a delta carries only weights); send a full "
-                                "snapshot", code="FAILED_PRECONDITION")
+        state = {**parent.dense_state, **state}
+    if manifest.program is not None:
+        check_program_weights(state, limits)
+        if manifest.kind == "delta":
+            blob, consts = parent.program.program_json, parent.program.constants
+        else:
+            blob, consts = _program_files(staged, manifest)
+        program = load_checked_program(manifest, model_cfg, blob, consts, state, device)
+        return state, program, program.module
+    model = build_model(model_cfg)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise SnapshotError(f"dense.safetensors does not fit the model: {str(e)[:300]}", code="INVALID_ARGUMENT") from None
+    model.to(device).eval()
+    return state, None, model
+
+
+def _checked_rows(table: str, ids: np.ndarray, vectors: np.ndarray, dims: dict[str, int]) -> np.ndarray:
+    """A snapshot's rows of ``table`` as contiguous float32, refused when the model has no such table, their
+    width differs from the table's, or a row is not finite."""
+    if table not in dims:
+        raise SnapshotError(f"rows: table {table!r} is not a table of the model", code="INVALID_ARGUMENT")
+    if vectors.shape[1] != dims[table]:
+        raise SnapshotError(f"rows: table {table!r} has width {vectors.shape[1]}, model has {dims[table]}", code="INVALID_ARGUMENT")
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    finite = np.isfinite(vectors).all(axis=1)
+    if not finite.all():
+        raise Refused(f"rows: table {table!r} id {int(ids[np.argmin(finite)])} has non-finite values "
+                      "(NaN or inf)", code="INVALID_ARGUMENT")
+    return vectors
+
+
+def _load_rows(staged: Path, manifest: Manifest, dims: dict[str, int], store, parts: dict,
+               old_memory: MemoryRows | None, rows_held: int, hot_rows: int) -> int:
+    """Write the snapshot's rows into the version's store and add them to the memory ``parts`` (rows already
+    in memory are updated; new ones join while fewer than ``hot_rows`` are held). Returns ``rows_held`` plus
+    the rows new to this version: a delta's changed row its parent held counts once."""
+    room = int(hot_rows) - sum(len(p[0]) for ps in parts.values() for p in ps)
+    for table, ids, vectors, enc in iter_rows(staged, manifest, dim=dims, encoded=True):
+        vectors = _checked_rows(table, ids, vectors, dims)
+        if old_memory is None:
+            rows_held += len(ids)
+            in_memory = np.zeros(len(ids), dtype=bool)
+        else:  # exact count: a changed row the parent held is not a new row
+            in_memory = old_memory.contains(table, ids)
+            rest = ids[~in_memory]
+            if len(rest):
+                held = np.any(store.peek(table, rest).numpy() != store.init_rows(table, rest), axis=1)
+                rows_held += int((~held).sum())
+        store.upsert_rows(table, ids, vectors)
+        take = in_memory.copy()
+        if room > 0:
+            new_pos = np.flatnonzero(~in_memory)[:room]
+            take[new_pos] = True
+            room -= len(new_pos)
+        if take.any():
+            parts.setdefault(table, []).append((ids[take], {k: a[take] for k, a in enc.items()}))
+    return rows_held
+
+
+def _raise_install_error(e: BaseException, manifest: Manifest, vdir: Path) -> None:
+    """Raise what a failed install answers the pusher, or return when ``e`` is answered as it is (a
+    ``Refused`` snapshot, or a fault of serving's own): the machine's fault (disk full, read-only, no file
+    handles) is a resource error, never a verdict on the snapshot; any other ``SnapshotError`` is DATA_LOSS,
+    and rows the store refuses are INVALID_ARGUMENT."""
+    err = as_resource_error(e, f"installing version {manifest.version}", str(vdir)) \
+        if isinstance(e, Exception) else None
+    if err is not None:
+        raise err from e
+    if isinstance(e, Refused):
+        return
+    if isinstance(e, SnapshotError):
+        raise SnapshotError(str(e), code="DATA_LOSS") from None
+    from streamrec.embedding_store import StoreError
+
+    if isinstance(e, StoreError):
+        raise SnapshotError(f"rows: {e}", code="INVALID_ARGUMENT") from None
+
+
+def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None, versions_root: Path,
+                 serving: ServingConfig, store_cfg: StoreConfig, device: torch.device) -> ServedVersion:
+    """Build a served version from a verified snapshot directory (and its parent for a delta), within the
+    ``serving`` limits; its store opens with ``store_cfg``'s settings (:func:`_store_kwargs`)."""
+    model_cfg = check_model_config(manifest.model_config, serving, program=manifest.program is not None)
+    if manifest.kind == "delta":
+        check_delta(manifest, parent, model_cfg)
     vdir = versions_root / f"v{manifest.version:012d}"
     if vdir.exists():
         shutil.rmtree(vdir)
     vdir.mkdir(parents=True)
     store = None
     try:
-        state = read_dense(staged)
-        check_dense_state(state)
-        if manifest.kind == "delta":
-            merged = dict(parent.dense_state)
-            merged.update(state)
-            state = merged
-        program = None
-        if manifest.program is not None:  # the exported network: the user's code is never imported
-            check_program_weights(state, cfg.serving)
-            if manifest.kind == "delta":
-                blob, consts = parent.program.program_json, parent.program.constants
-            else:
-                blob, consts = _program_files(staged, manifest)
-            program = load_checked_program(manifest, model_cfg, blob, consts, state, device)
-            model = program.module
-        else:
-            model = build_model(model_cfg)
-            try:
-                model.load_state_dict(state, strict=True)
-            except RuntimeError as e:
-                raise SnapshotError(f"dense.safetensors does not fit the model: {str(e)[:300]}", code="INVALID_ARGUMENT") from None
-            model.to(device).eval()
+        state, program, model = _dense_network(staged, manifest, parent, model_cfg, serving, device)
         dims = dict(model_cfg.tables)
-        known = None
         if manifest.kind == "delta":
-            store, known = _store_from_parent(parent, cfg, manifest, device, vdir / "store")
-            rows_held = parent.rows_held
-            parts = parent.memory.parts()
-            old_memory = parent.memory
-            rows_held -= _apply_deletions(staged, manifest, store, parts)
+            store, known = _store_from_parent(parent, store_cfg, manifest, device, vdir / "store")
+            parts, old_memory = parent.memory.parts(), parent.memory
+            rows_held = parent.rows_held - _apply_deletions(staged, manifest, store, parts)
         else:
-            store = _new_store(model_cfg, cfg, manifest, device, vdir / "store")
-            rows_held = 0
-            parts = {}
-            old_memory = None
-        room = int(cfg.serving.hot_rows) - sum(len(p[0]) for ps in parts.values() for p in ps)
-        for table, ids, vectors, enc in iter_rows(staged, manifest, dim=dims, encoded=True):
-            if table not in dims:
-                raise SnapshotError(f"rows: table {table!r} is not a table of the model", code="INVALID_ARGUMENT")
-            if vectors.shape[1] != dims[table]:
-                raise SnapshotError(f"rows: table {table!r} has width {vectors.shape[1]}, model has {dims[table]}", code="INVALID_ARGUMENT")
-            vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-            finite = np.isfinite(vectors).all(axis=1)
-            if not finite.all():
-                raise Refused(f"rows: table {table!r} id {int(ids[np.argmin(finite)])} has non-finite values "
-                              "(NaN or inf)", code="INVALID_ARGUMENT")
-            if old_memory is None:
-                rows_held += len(ids)
-                in_memory = np.zeros(len(ids), dtype=bool)
-            else:  # exact count: a changed row the parent held is not a new row
-                in_memory = old_memory.contains(table, ids)
-                rest = ids[~in_memory]
-                if len(rest):
-                    held = np.any(store.peek(table, rest).numpy() != store.init_rows(table, rest), axis=1)
-                    rows_held += int((~held).sum())
-            store.upsert_rows(table, ids, vectors)
-            # memory: rows already there are updated; new ones join while there is room
-            take = in_memory.copy()
-            if room > 0:
-                new_pos = np.flatnonzero(~in_memory)[:room]
-                take[new_pos] = True
-                room -= len(new_pos)
-            if take.any():
-                parts.setdefault(table, []).append((ids[take], {k: a[take] for k, a in enc.items()}))
+            store, known = _new_store(model_cfg, store_cfg, manifest, device, vdir / "store"), None
+            parts, old_memory, rows_held = {}, None, 0
+        rows_held = _load_rows(staged, manifest, dims, store, parts, old_memory, rows_held, serving.hot_rows)
         memory = MemoryRows.build(model_cfg.field_tables, dims, device, parts, manifest.row_precision)
         store.close()  # every write done: from here on the version is recorded and read-only
         store = None
         files = _persist(vdir, manifest, state, memory, rows_held, known, program)
-        store = _open_stored(vdir, cfg, manifest, device)
+        store = _open_stored(vdir, store_cfg, manifest, device)
         version = ServedVersion(manifest, model, store, model_cfg, {k: v.detach().clone() for k, v in state.items()},
                                 vdir, rows_held, device, memory, files, program)
         if manifest.row_probe is not None:  # refused: the except below closes the store and removes vdir
@@ -709,24 +758,13 @@ def load_version(staged: Path, manifest: Manifest, parent: ServedVersion | None,
             except Exception:
                 pass
         shutil.rmtree(vdir, ignore_errors=True)
-        # the machine's fault (disk full, read-only, no file handles), not the snapshot's: never a verdict on it
-        err = as_resource_error(e, f"installing version {manifest.version}", str(vdir)) \
-            if isinstance(e, Exception) else None
-        if err is not None:
-            raise err from e
-        if isinstance(e, Refused):
-            raise
-        if isinstance(e, SnapshotError):
-            raise SnapshotError(str(e), code="DATA_LOSS") from None
-        from streamrec.embedding_store import StoreError
-
-        if isinstance(e, StoreError):
-            raise SnapshotError(f"rows: {e}", code="INVALID_ARGUMENT") from None
+        _raise_install_error(e, manifest, vdir)
         raise
 
 
-def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVersion:
-    """Open a complete version directory a previous server process left; raises on anything amiss."""
+def restore_version(vdir: Path, store_cfg: StoreConfig, device: torch.device) -> ServedVersion:
+    """Open a complete version directory a previous server process left (its store with ``store_cfg``'s
+    settings); raises on anything amiss."""
     from safetensors.torch import load_file
 
     marker = vdir / SERVED
@@ -758,7 +796,7 @@ def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVers
         model = build_model(model_cfg)
         model.load_state_dict(state, strict=True)
         model.to(device).eval()
-    store = _open_stored(vdir, cfg, manifest, device)
+    store = _open_stored(vdir, store_cfg, manifest, device)
     try:
         parts = {}
         with np.load(vdir / MEMORY_IDS) as z:
@@ -782,7 +820,7 @@ def restore_version(vdir: Path, cfg: Config, device: torch.device) -> ServedVers
     return v
 
 
-def restore_newest(versions_root: Path, cfg: Config, device: torch.device,
+def restore_newest(versions_root: Path, store_cfg: StoreConfig, device: torch.device,
                    skipped: list | None = None, keep: set[int] | None = None) -> ServedVersion | None:
     """The newest complete version under ``versions_root`` that verifies (None if there is none).
 
@@ -809,7 +847,7 @@ def restore_newest(versions_root: Path, cfg: Config, device: torch.device,
             shutil.rmtree(p, ignore_errors=True)
             continue
         try:
-            found = restore_version(p, cfg, device)
+            found = restore_version(p, store_cfg, device)
             log.info("restored version %d from %s (%d rows held)", found.version, p, found.rows_held)
         except Exception as e:  # any failure: skip it, try the next older one
             name = "SnapshotError" if isinstance(e, SnapshotError) else type(e).__name__

@@ -278,7 +278,7 @@ class SketchState:
         tables, ids, counts = m.candidates()
         # the device tier's own budget (hot.budget_bytes spent at each table's row cost), so the set fills it
         # exactly; chosen per table, a shared table's fields' counts summed
-        b = hot_budget(self.cfg)
+        b = hot_budget(self.cfg.hot, self.cfg.model)
         c = choose_hot_set(self.fields, tables, ids, counts, budget_rows=b.rows, budget_bytes=b.bytes,
                            row_bytes=dict(b.row_bytes), sample=sample, field_tables=dict(self.cfg.model.field_tables))
         hs = HotSet(version=version, tables=c.tables, coverage=c.coverage, hit_rate=c.hit_rate,

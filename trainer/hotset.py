@@ -139,7 +139,7 @@ class NoHotSource:
 
 def make_hot_source(cfg, bootstrap: str | None) -> HotSetSource:
     kind = cfg.trainer.hot_source
-    budget = hot_budget(cfg)
+    budget = hot_budget(cfg.hot, cfg.model)
     if kind == "none" or budget.rows == 0:
         return NoHotSource()
     if kind == "sample":

@@ -33,7 +33,7 @@ def open_store(cfg, device, restore_from: Path | None):
 
     if restore_from is not None and (restore_from / STORE).exists():
         s = cfg.store
-        budget = hot_budget(cfg)
+        budget = hot_budget(cfg.hot, cfg.model)
         return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, tables=dict(cfg.model.tables),
                                       lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),
                                       block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows,

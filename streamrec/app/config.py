@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from streamrec.embedding_store.store_config import HotConfig, StoreConfig
+from streamrec.embedding_store.store_config import StoreConfig
+from streamrec.foundation.budget import HotConfig
 from streamrec.foundation.config import load_sections, replace_checked, save_sections
 from streamrec.foundation.model_config import ModelConfig
 from streamrec.ingest.ingest_config import GeneratorConfig, IngestConfig, KafkaConfig, move_generator_keys

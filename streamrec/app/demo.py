@@ -410,10 +410,12 @@ def cmd_demo(args) -> int:
     try:
         with kafka_bootstrap(cfg) as bootstrap:
             err.print(f"Kafka at [cyan]{bootstrap}[/cyan]")
+            from streamrec.serving import serving_target
+
             from .logs import startup_line
 
             startup_line("demo", args, brokers=bootstrap, topics=f"{cfg.kafka.events_topic}, {cfg.kafka.hotset_topic}",
-                         ports=f"gRPC {cfg.serving_target()}", device=cfg.trainer.device, data=str(run_dir),
+                         ports=f"gRPC {serving_target(cfg.serving)}", device=cfg.trainer.device, data=str(run_dir),
                          source=args.data or f"{args.events:,} generated events at {args.rate:g}/s")
             try:
                 result = _run(cfg, cfg_path, bootstrap, args, sup, view, stop, err)
@@ -467,14 +469,14 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
     import grpc
 
     from streamrec.ingest import client_settings
-    from streamrec.serving import ServingClient
+    from streamrec.serving import ServingClient, serving_target
     from streamrec.sketch import HotSetFollower
 
     base = [sys.executable, "-m", "streamrec"]
     common = ["--config", str(cfg_path), "--bootstrap", bootstrap,  # children log as the demo was told to
               "--log-level", str(getattr(args, "log_level", "INFO")), "--log-format", getattr(args, "log_format", "text")]
     deadline = time.monotonic() + args.timeout
-    target = cfg.serving_target()
+    target = serving_target(cfg.serving)
 
     view.phase = "starting serving, sketch and trainer"
     sup.start("serving", base + ["serve", *common])

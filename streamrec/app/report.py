@@ -48,7 +48,7 @@ def cmd_report(args) -> int:
         from streamrec.serving import ServingClient
 
         cfg = config_from_args(args)
-        with ServingClient.from_config(cfg) as c:
+        with ServingClient.from_config(cfg.serving) as c:
             table = lines_table(c.status())
     png, md = write_report(Path(args.run_dir), lines=table)
     print(md.read_text())
@@ -103,13 +103,12 @@ def topic_labels(cfg, request_ids: set, timeout: float) -> dict:
 
 def cmd_lines(args) -> int:
     from streamrec.app.cli import config_from_args
-    from streamrec.serving import ServingClient
-    from streamrec.serving import shadow_auc
+    from streamrec.serving import ServingClient, serving_target, shadow_auc
 
     import grpc
 
     cfg = config_from_args(args)
-    c = ServingClient(args.target or cfg.serving_target(), token=cfg.serving.predict_token, tls_ca=cfg.serving.tls_ca,
+    c = ServingClient(args.target or serving_target(cfg.serving), token=cfg.serving.predict_token, tls_ca=cfg.serving.tls_ca,
                       push_token=cfg.serving.push_token)
     try:
         st = c.status()

@@ -12,7 +12,7 @@ the generic loader here (``load_sections``); the whole ``Config`` is the applica
     FEEDBACK_CODES, FEEDBACK_NAMES, feedback_code       # an event's feedback kind <-> its int8 code
     hash_id, hash_ids, table_salt, splitmix64, salted_mix, INT64_MIN, INT64_MAX
     resolve_device(name)                                # "auto" -> cuda if present, else cpu
-    hot_budget(cfg), hot_budget_rows(cfg), hot_row_bytes(dim), HotBudget  # device-tier size, one rule for all
+    HotConfig, hot_budget(hot, model), hot_budget_rows(hot, model), hot_row_bytes(dim), HotBudget  # [hot]: one rule for all
     sha256_file(path), save_npz(path, arrays), roc_auc(labels, scores), StreamrecError
     resource_error_line(exc), is_resource_error(exc)   # disk full, read-only, no file handles: one line
     ResourceError, resource_step(what, path), as_resource_error(exc, what, path)
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from .lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
-    from .budget import HotBudget, hot_budget, hot_budget_rows, hot_row_bytes
+    from .budget import HotBudget, HotConfig, hot_budget, hot_budget_rows, hot_row_bytes
     from .checksum import sha256_file
     from .config import ConfigError, InvalidValue, parse_overrides
     from .model_config import FieldSpec, ModelConfig, TaskSpec
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 
 # lazy: config readers (the CLI's --help) must not pay for numpy or torch
 _EXPORTS = {  # submodule: the public names it defines
-    ".budget": "HotBudget hot_budget hot_budget_rows hot_row_bytes",
+    ".budget": "HotBudget HotConfig hot_budget hot_budget_rows hot_row_bytes",
     ".checksum": "sha256_file",
     ".config": "ConfigError InvalidValue parse_overrides",
     ".model_config": "FieldSpec ModelConfig TaskSpec",

@@ -1,4 +1,4 @@
-"""The device tier's size, from ``hot.budget_rows`` or ``hot.budget_bytes``.
+"""``[hot]``, the device tier's size, from ``hot.budget_rows`` or ``hot.budget_bytes``.
 
 One rule, because three processes must agree on it: the embedding store sizes its
 device tier with it, the sketch worker chooses hot rows within it, and the trainer's
@@ -13,14 +13,24 @@ With one width for every table this is exactly ``budget_bytes // hot_row_bytes(d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, ClassVar, Mapping
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from streamrec.app.config import Config
+    from .model_config import ModelConfig
 
 FLOAT32_BYTES = 4
+
+
+@dataclass
+class HotConfig:
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {
+        "row_bytes": "removed; a hot row costs (its table's dim + 1) * 4 device bytes (weights + Adagrad), the size "
+                     "the store allocates, and hot.budget_bytes is divided by that"}
+
+    budget_rows: int = 20_000  # rows kept on the device, over all tables
+    budget_bytes: int = 0  # device bytes for hot rows, each row (its table's dim + 1) * 4 (weights + Adagrad); 0 = use budget_rows
 
 
 def hot_row_bytes(embedding_dim: int) -> int:
@@ -58,17 +68,17 @@ class HotBudget:
         return int(np.searchsorted(cost, self.bytes, side="right"))
 
 
-def hot_budget(cfg: "Config") -> HotBudget:
-    """The device tier's budget for ``cfg``: per table, rows at the table's width (``cfg.model.tables``)."""
-    widths = cfg.model.tables
-    row_bytes = {t: hot_row_bytes(d) for t, d in widths.items()}
-    if cfg.hot.budget_bytes > 0:
-        return HotBudget(cfg.hot.budget_bytes // min(row_bytes.values(), default=hot_row_bytes(cfg.model.embedding_dim)),
-                         int(cfg.hot.budget_bytes), row_bytes)
-    return HotBudget(max(0, cfg.hot.budget_rows), 0, row_bytes)
+def hot_budget(hot: "HotConfig", model: "ModelConfig") -> HotBudget:
+    """The device tier's budget (``hot.budget_rows`` / ``hot.budget_bytes``): per table, rows at the table's
+    width (``model.tables``)."""
+    row_bytes = {t: hot_row_bytes(d) for t, d in model.tables.items()}
+    if hot.budget_bytes > 0:
+        return HotBudget(hot.budget_bytes // min(row_bytes.values(), default=hot_row_bytes(model.embedding_dim)),
+                         int(hot.budget_bytes), row_bytes)
+    return HotBudget(max(0, hot.budget_rows), 0, row_bytes)
 
 
-def hot_budget_rows(cfg: "Config") -> int:
+def hot_budget_rows(hot: "HotConfig", model: "ModelConfig") -> int:
     """Rows the device tier holds at most: ``hot.budget_rows``, or with a byte budget the rows of the
     narrowest table it buys (``hot.budget_bytes // hot_row_bytes``)."""
-    return hot_budget(cfg).rows
+    return hot_budget(hot, model).rows

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from .config import InvalidValue, check_choice
+from .config import InvalidValue, build_section, check_choice
 
 Architecture = Literal["dlrm", "dcn_v2", "deepfm", "mlp"]
 """``model.architecture``: the built-in dense network ``build_model`` makes (``model.module`` names a user's own)."""
@@ -200,3 +200,13 @@ class ModelConfig:
                     del f[key]
         blob = json.dumps(model, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def model_config_from_dict(data: dict) -> ModelConfig:
+    """The ``[model]`` section a snapshot or checkpoint wrote as a table, checked as a loaded one is; the
+    generator's keys that older configs wrote on ``[[model.fields]]`` are dropped (they never were the model's)."""
+    data = dict(data)
+    if isinstance(data.get("fields"), list):
+        data["fields"] = [{k: v for k, v in f.items() if k not in GENERATED_FIELD_KEYS} if isinstance(f, dict) else f
+                          for f in data["fields"]]
+    return build_section(ModelConfig, data, "model")

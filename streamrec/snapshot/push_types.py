@@ -2,7 +2,7 @@
 
 The trainer publishes through any :class:`Pusher`, made per target by the
 :data:`PusherFactory` it is given; the built-in implementation is serving's gRPC
-``streamrec.serving.SnapshotPusher`` (``SnapshotPusher.factory(cfg)``). The trainer
+``streamrec.serving.SnapshotPusher`` (``SnapshotPusher.factory(cfg.serving)``). The trainer
 reads only a :class:`PushResult`'s ``ok``/``code``/``version`` and decides with
 :mod:`.errors`.
 """

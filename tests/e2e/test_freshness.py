@@ -18,6 +18,7 @@ import tomli_w
 
 from streamrec.ingest import EventProducer, SyntheticStream
 from streamrec.serving import ServingClient, serve
+from streamrec.app.serving_wiring import server_settings
 from tests.helpers.trainer import trainer_cfg
 
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess, pytest.mark.grpc]
@@ -60,7 +61,7 @@ def test_served_version_advances_between_checkpoints_and_after_a_kill(topics, tm
     # every pushed version served in turn: the test follows the versions the trainer pushes across a kill, and a
     # version the guard holds back by noise (its own tests) would be promoted later, out of that order
     cfg.serving.guard.enabled = False
-    server = serve(cfg, device="cpu", port=0)
+    server = serve(server_settings(cfg), device="cpu", port=0)
     cfg.serving.push_targets = server.target
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))

@@ -17,6 +17,7 @@ import pytest
 from streamrec.foundation import roc_auc
 from streamrec.ingest import EventProducer, SyntheticStream
 from streamrec.serving import ServingClient, SnapshotPusher, batch_to_request, serve
+from streamrec.app.serving_wiring import server_settings
 from streamrec.trainer import TrainerService
 from tests.helpers.trainer import trainer_cfg
 
@@ -47,7 +48,7 @@ def test_incident_drill(topics, tmp_path, bootstrap, drill):
     cfg.serving.push_every_s = 0.3
     cfg.serving.push_token = "tok"
     cfg.serving.data_dir = str(tmp_path / "serving")
-    server = serve(cfg, device="cpu", port=0)
+    server = serve(server_settings(cfg), device="cpu", port=0)
     cfg.serving.push_targets = server.target
     gen = SyntheticStream(cfg)
     chunks = list(gen.batches(PRE + INCIDENT + POST + HELDOUT))
@@ -57,7 +58,7 @@ def test_incident_drill(topics, tmp_path, bootstrap, drill):
     heldout = events.take(np.arange(len(events) - HELDOUT, len(events)))
     request = batch_to_request(heldout)
     stop = threading.Event()
-    svc = TrainerService(cfg, bootstrap, stop=stop, progress=False, pusher_factory=SnapshotPusher.factory(cfg))
+    svc = TrainerService(cfg, bootstrap, stop=stop, progress=False, pusher_factory=SnapshotPusher.factory(cfg.serving))
     trainer = threading.Thread(target=svc.run, daemon=True)
     prod = EventProducer(bootstrap, cfg)
     client = ServingClient(server.target, timeout=10)

@@ -120,7 +120,7 @@ def _produce_slowly(cfg, bootstrap, n, per_s, done: threading.Event, sent: list)
 
 def _start_serving(cfg, tmp_path):
     from streamrec.ingest import free_port
-    from streamrec.serving import ServingClient
+    from streamrec.serving import ServingClient, serving_target
 
     cfg.serving.host, cfg.serving.port = "127.0.0.1", free_port()
     cfg.serving.target = f"127.0.0.1:{cfg.serving.port}"  # the trainer pushes only to a configured target
@@ -131,7 +131,7 @@ def _start_serving(cfg, tmp_path):
     log = open(tmp_path / "serving.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--config", str(path)], stdout=log,
                             stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
-    client = ServingClient(cfg.serving_target())
+    client = ServingClient(serving_target(cfg.serving))
     client.wait_ready(timeout=60)
     return proc, client
 

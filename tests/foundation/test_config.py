@@ -276,5 +276,5 @@ def test_an_ignored_import_fails_the_import_lint(tmp_path):
     (tmp_path / "pyproject.toml").write_text((root / "pyproject.toml").read_text().replace(
         'exhaustive = true\n', 'exhaustive = true\nignore_imports = ["streamrec.foundation.config -> streamrec.app"]\n', 1))
     assert lint_imports.check_no_ignores(tmp_path) == [
-        "contract 'layers: application > services > model/snapshot > parts > ingest > foundation' ignores "
+        "contract 'layers: benchmarks > application > services > model/snapshot > parts > ingest > foundation' ignores "
         "['streamrec.foundation.config -> streamrec.app']: fix the import instead"]

@@ -134,6 +134,7 @@ def test_gpu_trainer_matches_cpu_trainer(tmp_path):
 def test_snapshot_trained_on_gpu_serves_on_cpu(tmp_path):
     """A snapshot the trainer built on ``DEVICE`` loads into a CPU server, which scores as the trainer does."""
     from streamrec.serving import ServingClient, SnapshotPusher, serve
+    from streamrec.app.serving_wiring import server_settings
     from streamrec.trainer import SnapshotPublisher
     from tests.helpers.serving import events_to_batch, make_events
 
@@ -142,7 +143,7 @@ def test_snapshot_trained_on_gpu_serves_on_cpu(tmp_path):
     train = _events(cfg, 8 * BS)
     core, store, _ = _train(cfg, device, train, _hot_set(train, cfg.model.field_names, 300))
     publisher = SnapshotPublisher(cfg, tmp_path / "snapshots", push=False)
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     try:
         path = publisher.publish(1, 0, store, core.model, {}, {"auc": core.metrics.auc}, core.newest_event_ms,
                                  plan=(True, None, 0))

@@ -12,6 +12,7 @@ import torch
 from streamrec.snapshot import empty_evidence, rows_batch, write_snapshot
 from streamrec.model import DLRM, predict_batch
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 
 
 class FakeTrainer:
@@ -143,7 +144,7 @@ def serving_version_1(cfg, tmp_path):
     touched = Touched()
     touched.add(trainer.step())
     v1 = trainer.snapshot("full", [], touched.rows())
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     with SnapshotPusher(srv.target, token="push-tok") as p:
         assert p.push(v1).ok
     events = make_events(cfg, 20)

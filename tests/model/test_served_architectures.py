@@ -13,6 +13,7 @@ from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import EventBatch
 from streamrec.ingest import SyntheticStream
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from streamrec.snapshot import empty_evidence, rows_batch, write_snapshot
 from tests.conftest import small_config
 from tests.helpers.serving import events_to_batch, make_events
@@ -27,7 +28,7 @@ TOKEN = "push-secret"
 def server(tmp_path):
     cfg = small_config(tmp_path / "server")
     cfg.serving.push_token = TOKEN
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     yield srv
     srv.stop(0.5)
 

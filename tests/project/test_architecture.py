@@ -105,7 +105,7 @@ def test_the_sketch_fills_the_device_tier_the_byte_budget_pays_for(tmp_path, bud
         capacity = store.hot_capacity_rows
     finally:
         store.close()
-    assert capacity == hot_budget_rows(cfg) == budget_bytes // (4 * (cfg.model.embedding_dim + 1))
+    assert capacity == hot_budget_rows(cfg.hot, cfg.model) == budget_bytes // (4 * (cfg.model.embedding_dim + 1))
     state = SketchState(cfg)
     rng = np.random.default_rng(0)
     n = 200_000

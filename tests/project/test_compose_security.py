@@ -293,7 +293,7 @@ def test_secure_serving_needs_tokens_and_speaks_tls():
 
     assert cfg.serving.tls_cert and cfg.serving.tls_key and cfg.serving.host == "0.0.0.0"
     assert {Path(cfg.serving.tls_cert).name, Path(cfg.serving.tls_key).name} <= set(serving["secrets"])
-    assert startup_warnings(cfg, insecure_push=False) == []  # tokens set, and they never cross the network in clear
+    assert startup_warnings(cfg.serving, insecure_push=False) == []  # tokens set, and they never cross the network in clear
     test = serving["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"] and "/run/secrets/ca" in test[3] and "secure_channel" in test[3]
 

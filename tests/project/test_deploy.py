@@ -101,16 +101,18 @@ def test_services_agree_on_ports_tokens_and_the_health_check():
     assert serving.serving.host == "0.0.0.0"
     published = [_port(p) for p in services["serving"]["ports"]]  # on 127.0.0.1 unless STREAMREC_PUBLISH_ADDR
     assert f"127.0.0.1:{serving.serving.port}:{serving.serving.port}" in published
-    assert trainer.push_targets() == [f"serving:{serving.serving.port}"]
+    from streamrec.serving import push_targets
+
+    assert push_targets(trainer.serving) == [f"serving:{serving.serving.port}"]
     assert trainer.serving.push_token == serving.serving.push_token != ""
     # no default secret: compose refuses to start without STREAMREC_PUSH_TOKEN; and serving would refuse an
     # empty one on 0.0.0.0 (without --insecure-push, which the stack never passes)
     assert serving.serving.push_token == "<STREAMREC_PUSH_TOKEN>"
     from streamrec.serving.server import push_exposure
 
-    assert push_exposure(serving) is None and "--insecure-push" not in services["serving"]["command"]
+    assert push_exposure(serving.serving) is None and "--insecure-push" not in services["serving"]["command"]
     serving.serving.push_token = ""
-    assert push_exposure(serving) is not None
+    assert push_exposure(serving.serving) is not None
     metrics = trainer.trainer.metrics_port
     assert metrics and f"127.0.0.1:{metrics}:{metrics}" in [_port(p) for p in services["trainer"]["ports"]]
     assert trainer.trainer.metrics_host == "0.0.0.0"  # the published port must be reachable from outside the container

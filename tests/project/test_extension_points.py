@@ -46,11 +46,11 @@ def test_the_hot_set_sources_satisfy_their_protocol():
 
 
 def test_the_grpc_pusher_satisfies_the_pusher_protocol():
-    from streamrec.app.config import Config
+    from streamrec.serving.serving_config import ServingConfig
     from streamrec.serving import SnapshotPusher
     from streamrec.snapshot import Pusher
 
-    pusher = SnapshotPusher.factory(Config())("127.0.0.1:9")  # a channel connects lazily: no server needed
+    pusher = SnapshotPusher.factory(ServingConfig())("127.0.0.1:9")  # a channel connects lazily: no server needed
     try:
         assert isinstance(pusher, Pusher)
     finally:

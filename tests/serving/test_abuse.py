@@ -37,6 +37,7 @@ from grpc_reflection.v1alpha import reflection_pb2 as refl
 
 from streamrec.foundation import ConfigError
 from streamrec.serving import ServingClient, ServingServer, SnapshotPusher, serve, snapshot_chunks
+from streamrec.app.serving_wiring import server_settings
 from streamrec.serving.pb import pb
 from streamrec.serving.server import is_loopback
 from tests.helpers.serving import (FakeTrainer, Touched, events_to_batch, make_events, push_stream, serving_version_1,
@@ -232,7 +233,7 @@ def test_a_flood_of_refused_calls_is_slowed_and_good_calls_are_not(guarded):
     serving.refusal_delay_ms late (a flood of bad calls slows to about 10 a second); a good call
     from the same address is never delayed."""
     srv, trainer, touched, client, events, want = guarded
-    srv.cfg.serving.refusal_delay_ms = 200
+    srv.settings.serving.refusal_delay_ms = 200
     took = []
     for _ in range(16):
         t0 = time.monotonic()
@@ -282,7 +283,7 @@ def test_a_full_predict_lane_refuses_at_once_and_leaves_the_others_alone(cfg, tm
     cfg.serving.workers, cfg.serving.max_concurrent_requests, cfg.serving.merge_max_events = 2, 4, 0
     trainer, first = trained_once(cfg, tmp_path)
     events = make_events(cfg, 4)
-    with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as client:
+    with serve(server_settings(cfg), device="cpu") as srv, ServingClient(srv.target) as client:
         with SnapshotPusher(srv.target) as p:
             assert p.push(first).ok
         lane = srv.lanes.pools["predict"]
@@ -324,7 +325,7 @@ def test_heavy_requests_are_scored_apart_one_at_a_time(cfg, tmp_path):
     cfg.serving.heavy_request_cost, cfg.serving.max_concurrent_heavy = 100, 1
     trainer, first = trained_once(cfg, tmp_path)
     events = make_events(cfg, 40)
-    with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as client:
+    with serve(server_settings(cfg), device="cpu") as srv, ServingClient(srv.target) as client:
         with SnapshotPusher(srv.target) as p:
             assert p.push(first).ok
         gate, entered = _gate(srv.service.current, heavier_than=20)
@@ -365,7 +366,7 @@ def test_a_heavy_request_is_scored_in_slices_with_the_same_scores(cfg, tmp_path,
     cfg.serving.heavy_request_cost = 100
     trainer, first = trained_once(cfg, tmp_path)
     events = make_events(cfg, 40)
-    with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as client:
+    with serve(server_settings(cfg), device="cpu") as srv, ServingClient(srv.target) as client:
         with SnapshotPusher(srv.target) as p:
             assert p.push(first).ok
         whole, _ = client.predict(events)  # 40 events + their ids > 100: heavy, one slice at the default size
@@ -399,7 +400,7 @@ def test_a_score_is_never_nan(cfg, tmp_path):
     with torch.no_grad():
         trainer.model.bottom[0].weight.mul_(1e12)
     events = make_events(cfg, 3)
-    with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as client:
+    with serve(server_settings(cfg), device="cpu") as srv, ServingClient(srv.target) as client:
         with SnapshotPusher(srv.target) as p:
             assert p.push(trainer.snapshot("full", [], touched.rows())).ok
         scores, _ = client.predict(events)
@@ -445,7 +446,7 @@ def test_bad_manifests_are_refused_before_any_byte_is_stored(guarded):
         ({**good, "model_config": {**good["model_config"], "embedding_dim": 10**6, "bottom_mlp": [16, 10**6]}},
          "serving.max_embedding_dim"),
         ({**good, "version": 2**63 - 1}, "version"),
-        ({**good, "version": 1 + srv.cfg.serving.max_version_jump + 1}, "serving.max_version_jump"),
+        ({**good, "version": 1 + srv.settings.serving.max_version_jump + 1}, "serving.max_version_jump"),
         ({**good, "store_config": {"init_scale": 1e300}}, "init_scale"),
     ]
     raw_cases = [(b"[" * 100_000, "nested deeper"), (b'{"format": 1, "version": NaN}', "finite"),
@@ -453,7 +454,7 @@ def test_bad_manifests_are_refused_before_any_byte_is_stored(guarded):
     for manifest, words in [(json.dumps(m).encode(), w) for m, w in cases] + raw_cases:
         err = push_stream(srv.target, [pb.SnapshotChunk(manifest_json=manifest), *chunks[1:]], token="push-tok")
         _refused(err, grpc.StatusCode.INVALID_ARGUMENT, words)
-    assert list((Path(srv.cfg.serving.data_dir) / "staging").iterdir()) == []
+    assert list((Path(srv.settings.serving.data_dir) / "staging").iterdir()) == []
     still_serving_v1(client, events, want)
     with SnapshotPusher(srv.target, token="push-tok") as p:
         assert p.push(snap).ok  # the good one still goes in
@@ -500,7 +501,7 @@ def test_refused_pushes_are_not_retried_and_the_old_version_keeps_serving(guarde
     def nan_row(vec):
         vec[3, 1] = float("nan")
 
-    jump = srv.cfg.serving.max_version_jump
+    jump = srv.settings.serving.max_version_jump
     cases = [
         (variant("nan-weight", dense=nan_weight), "INVALID_ARGUMENT", "non-finite"),
         (variant("inf-weight", dense=inf_weight), "INVALID_ARGUMENT", "non-finite"),
@@ -516,8 +517,8 @@ def test_refused_pushes_are_not_retried_and_the_old_version_keeps_serving(guarde
             assert not r.ok and r.code == code and words in r.reason and r.attempts == 1, (snap.name, r)
             still_serving_v1(client, events, want)
         assert int(client.status()["version"]) == 1
-        assert list((Path(srv.cfg.serving.data_dir) / "staging").iterdir()) == []
-        assert [d.name for d in (Path(srv.cfg.serving.data_dir) / "versions").iterdir()] == ["v000000000001"]
+        assert list((Path(srv.settings.serving.data_dir) / "staging").iterdir()) == []
+        assert [d.name for d in (Path(srv.settings.serving.data_dir) / "versions").iterdir()] == ["v000000000001"]
         assert p.push(variant("good")).ok and int(client.status()["version"]) == 2
 
 
@@ -532,7 +533,7 @@ def test_the_trainers_publisher_drops_a_snapshot_refused_for_good(cfg, tmp_path)
     pushes = []
 
     def factory(target):
-        pusher = SnapshotPusher.factory(cfg)(target)
+        pusher = SnapshotPusher.factory(cfg.serving)(target)
         real = pusher.push
 
         def push(path):
@@ -543,7 +544,7 @@ def test_the_trainers_publisher_drops_a_snapshot_refused_for_good(cfg, tmp_path)
         pusher.push = push
         return pusher
 
-    with serve(cfg, device="cpu") as srv:
+    with serve(server_settings(cfg), device="cpu") as srv:
         cfg.serving.target = srv.target
         pub = SnapshotPublisher(cfg, tmp_path / "snapshots", push=True, backoff_s=0.05, max_backoff_s=0.1,
                                 pusher_factory=factory)
@@ -578,16 +579,16 @@ def test_an_open_push_endpoint_on_the_network_needs_insecure_push(cfg, capsys):
         assert not is_loopback(host), host
     cfg.serving.host = "0.0.0.0"
     with pytest.raises(ConfigError, match="--insecure-push"):
-        ServingServer(cfg, device="cpu", port=0)
+        ServingServer(server_settings(cfg), device="cpu", port=0)
     from streamrec.app.cli import main
 
     code = main(["serve", "--set", "serving.host=0.0.0.0", "--set", "serving.port=0",
                  "--set", f"serving.data_dir={cfg.serving.data_dir}"])
     assert code == 2 and "serving.push_token is empty" in capsys.readouterr().err
-    with ServingServer(cfg, device="cpu", port=0, insecure_push=True) as srv:
+    with ServingServer(server_settings(cfg), device="cpu", port=0, insecure_push=True) as srv:
         assert any("INSECURE" in w for w in srv.warnings)
     cfg.serving.push_token = "t"
-    with ServingServer(cfg, device="cpu", port=0) as srv:
+    with ServingServer(server_settings(cfg), device="cpu", port=0) as srv:
         assert srv.warnings and "plaintext" in srv.warnings[0]  # a token over plaintext on the network: warned
 
 
@@ -624,7 +625,7 @@ def test_status_can_require_the_predict_token_health_and_reflection_never_do(gua
     srv, trainer, touched, client, events, want = guarded
     with ServingClient(srv.target) as anon:
         assert int(anon.status()["version"]) == 1  # by default Status is open ...
-        srv.cfg.serving.status_needs_token = True  # ... and can be guarded
+        srv.settings.serving.status_needs_token = True  # ... and can be guarded
         with pytest.raises(grpc.RpcError) as e:
             anon.status()
         _refused(e.value, grpc.StatusCode.UNAUTHENTICATED, "serving.status_needs_token")
@@ -653,7 +654,7 @@ def test_reflection_v1_and_v1alpha_and_health_until_a_model_is_installed(cfg, tm
     trainer = FakeTrainer(cfg, tmp_path)
     touched = Touched()
     touched.add(trainer.step())
-    with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as client:
+    with serve(server_settings(cfg), device="cpu") as srv, ServingClient(srv.target) as client:
         health = health_pb2_grpc.HealthStub(client.channel)
         for service in ("", "streamrec.v1.StreamRec"):
             assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status == \
@@ -677,7 +678,7 @@ def test_reflection_v1_and_v1alpha_and_health_until_a_model_is_installed(cfg, tm
             assert p.push(trainer.snapshot("full", [], touched.rows())).ok
         assert client.health() == "SERVING" and client.health("streamrec.v1.StreamRec") == "SERVING"
     cfg.serving.reflection = False
-    with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as client:
+    with serve(server_settings(cfg), device="cpu") as srv, ServingClient(srv.target) as client:
         with pytest.raises(grpc.RpcError) as e:
             _list_services(client.channel, "grpc.reflection.v1.ServerReflection")
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -11,6 +11,7 @@ import torch
 
 from streamrec.benchmarks.bench_serve import _LocalContext, idle_gap_latency
 from streamrec.serving import events_to_request
+from streamrec.app.serving_wiring import server_settings
 from streamrec.serving.pb import pb
 from streamrec.serving.server import StreamRecService
 from streamrec.snapshot import verify_snapshot
@@ -27,7 +28,7 @@ def test_idle_gap_latency_times_the_call_and_idles_between_calls():
 
 def test_the_handler_in_process_scores_as_the_trainer_and_refuses_as_over_grpc(cfg, tmp_path):
     trainer, snap = trained_once(cfg, tmp_path)
-    svc = StreamRecService(cfg, torch.device("cpu"))
+    svc = StreamRecService(server_settings(cfg), torch.device("cpu"))
     try:
         svc.install(snap, verify_snapshot(snap))
         events = make_events(cfg, 16)

@@ -23,6 +23,7 @@ from torch import nn
 from streamrec.foundation import sha256_file
 from streamrec.foundation.model_config import TaskSpec
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from streamrec.serving import pb as _pb  # noqa: F401  (the generated messages load with the package)
 from streamrec.snapshot import (MANIFEST, SnapshotError, empty_evidence, export_dense, read_manifest, rows_batch,
                                 verify_snapshot, write_snapshot)
@@ -270,7 +271,7 @@ def serving_v1(cfg, tmp_path, user_module):
     trainer = Trainer(cfg, tmp_path)
     trainer.step()
     v1 = trainer.snapshot(full=True)
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     events = make_events(cfg, 24, seed=3)
     with SnapshotPusher(srv.target, token="tok") as p:
         assert p.push(v1).ok
@@ -450,7 +451,7 @@ def test_a_built_in_model_scores_through_its_frozen_program(cfg, tmp_path, arch)
     assert read_manifest(snap).program is not None
     events = make_events(cfg, 33, seed=9)
     want = trainer.scores(events_to_batch(cfg, events))
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     try:
         with SnapshotPusher(srv.target, token="tok") as p:
             assert p.push(snap).ok
@@ -487,7 +488,7 @@ def test_shared_tables_and_per_field_widths_are_stored_once_and_served(tmp_path,
     for e in events[::3]:
         e["sparse"]["last_user"] = list(e["sparse"]["user"])  # the same ids through both fields
     want = trainer.scores(events_to_batch(cfg, events))
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     try:
         with SnapshotPusher(srv.target, token="tok") as p:
             r = p.push(snap)
@@ -510,7 +511,7 @@ def test_a_programs_weights_count_against_max_model_params(cfg, tmp_path, user_m
     n = sum(p.numel() for p in trainer.model.parameters())
     cfg.serving.push_token = "tok"
     cfg.serving.max_model_params = n - 1
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     try:
         reason = _refused(srv, snap, "serving.max_model_params", f"{n} dense parameters")
         assert "dense.safetensors" in reason
@@ -563,7 +564,7 @@ def test_every_scoring_path_keeps_each_tasks_scores_with_its_event(cfg, tmp_path
     snap = trainer.snapshot(full=True)
     sets = [make_events(cfg, n, seed=20 + i) for i, n in enumerate([3, 5, 7, 60, 2, 9, 80, 4])]
     want = [trainer.scores(events_to_batch(cfg, ev)) for ev in sets]
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     try:
         with SnapshotPusher(srv.target, token="tok") as p:
             assert p.push(snap).ok

@@ -17,6 +17,7 @@ from streamrec.foundation import ConfigError
 from streamrec.app.config import load_config
 from streamrec.serving.serving_config import ExperimentSpec
 from streamrec.serving import ServingClient, SnapshotPusher, events_to_request, serve
+from streamrec.app.serving_wiring import server_settings
 from streamrec.serving.lines import MAIN, Split, shadow_auc, split_key
 from streamrec.snapshot import rows_batch, write_snapshot
 from streamrec.snapshot import empty_evidence
@@ -115,7 +116,7 @@ def test_each_line_answers_with_its_own_model_and_a_user_stays_on_its_line(two_l
     users = list(range(1000, 1060))
     events = user_events(cfg, users)
     batch = events_to_batch(cfg, events)
-    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+    with serve(server_settings(cfg), device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
             ServingClient(srv.target, push_token="push-tok") as c:
         assert p.push(main.next()).ok
         # line b has no model yet: its share is answered by main, and counted
@@ -158,7 +159,7 @@ def test_each_line_has_its_own_rollback_and_pin_and_they_survive_a_restart(two_l
     events = user_events(cfg, range(20))
     batch = events_to_batch(cfg, events)
     want = {}
-    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+    with serve(server_settings(cfg), device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
             ServingClient(srv.target, push_token="push-tok") as c:
         for t in (main, b, main, b, b):
             assert p.push(t.next()).ok
@@ -176,7 +177,7 @@ def test_each_line_has_its_own_rollback_and_pin_and_they_survive_a_restart(two_l
             c.rollback(model_line="nope")
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
     want["b", 4] = b.scores(batch)
-    with serve(cfg, device="cpu") as srv, ServingClient(srv.target, push_token="push-tok") as c:
+    with serve(server_settings(cfg), device="cpu") as srv, ServingClient(srv.target, push_token="push-tok") as c:
         lines = {x["model_line"]: x for x in c.status()["lines"]}
         assert set(lines) == {MAIN, "b"} and lines["b"]["pinned"] and int(lines["b"]["version"]) == 1
         scores, v, _ = c.predict_line(events, model_line="b")
@@ -199,7 +200,7 @@ def test_a_shadow_line_is_scored_and_compared_but_never_returned(cfg, tmp_path, 
     events = user_events(cfg, range(40))
     batch = events_to_batch(cfg, events)
     try:
-        with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+        with serve(server_settings(cfg), device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
                 ServingClient(srv.target, push_token="push-tok") as c:
             assert p.push(main.next()).ok and p.push(sh.next()).ok
             a, b = main.scores(batch), sh.scores(batch)
@@ -266,7 +267,7 @@ def _with_evidence(snap, ev):
 @pytest.mark.grpc
 def test_each_line_has_its_own_guard_and_accept(two_lines):
     cfg, main, b = two_lines
-    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+    with serve(server_settings(cfg), device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
             ServingClient(srv.target, push_token="push-tok") as c:
         for t in (main, b, main, b):
             assert p.push(_with_evidence(t.next(), _evidence())).ok
@@ -323,10 +324,10 @@ def test_the_trainers_publisher_pushes_to_its_serving_model_line(cfg, tmp_path):
     tcfg.serving.model_line = "b"
     trainer = FakeTrainer(cfg, tmp_path)
     pub = SnapshotPublisher(tcfg, tmp_path / "snapshots", push=True, full_every=100, backoff_s=0.05,
-                            max_backoff_s=0.2, pusher_factory=SnapshotPusher.factory(tcfg))
+                            max_backoff_s=0.2, pusher_factory=SnapshotPusher.factory(tcfg.serving))
     events = make_events(cfg, 16)
     try:
-        with serve(cfg, device="cpu", port=int(cfg.serving.target.rsplit(":", 1)[1])) as srv, \
+        with serve(server_settings(cfg), device="cpu", port=int(cfg.serving.target.rsplit(":", 1)[1])) as srv, \
                 ServingClient(srv.target) as c:
             trainer.step()
             epoch = trainer.store.checkpoint(str(tmp_path / "ckpt-1"))

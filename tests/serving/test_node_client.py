@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from tests.helpers.serving import FakeTrainer, Touched, make_events
 
 pytestmark = [pytest.mark.grpc, pytest.mark.subprocess]
@@ -41,7 +42,7 @@ def test_node_client_gets_python_scores(node_client, cfg, tmp_path):
     trainer = FakeTrainer(cfg, tmp_path)
     touched = Touched()
     touched.add(trainer.step())
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     try:
         with SnapshotPusher(srv.target) as p:
             assert p.push(trainer.snapshot("full", [], touched.rows())).ok

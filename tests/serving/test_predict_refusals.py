@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, events_to_request, serve
+from streamrec.app.serving_wiring import server_settings
 from tests.helpers.serving import FakeTrainer, Touched, make_events, still_serving_v1
 
 pytestmark = pytest.mark.grpc
@@ -73,7 +74,7 @@ def test_message_limit_is_grpcs_own(cfg, tmp_path):
     trainer = FakeTrainer(cfg, tmp_path)
     touched = Touched()
     touched.add(trainer.step())
-    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target) as p, ServingClient(srv.target) as c:
+    with serve(server_settings(cfg), device="cpu") as srv, SnapshotPusher(srv.target) as p, ServingClient(srv.target) as c:
         assert p.push(trainer.snapshot("full", [], touched.rows())).ok
         events = make_events(cfg, 8)
         big = dict(events[0], request_id="x" * (2 << 20))

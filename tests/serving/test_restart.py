@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from tests.conftest import small_config
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events
 
@@ -112,7 +113,7 @@ def test_restart_serves_newest_complete_version(cfg, tmp_path):
     assert not half.exists() and v2.exists()
 
     cfg.serving.data_dir = str(data)  # and an in-process server restores it too
-    with serve(cfg, device="cpu") as s2, ServingClient(s2.target) as c:
+    with serve(server_settings(cfg), device="cpu") as s2, ServingClient(s2.target) as c:
         got, v = c.predict(events)
         assert v == 3 and np.array_equal(got, got3)
     trainer.close()
@@ -134,13 +135,13 @@ def test_served_version_of_a_model_with_a_field_named_file_persists_and_restores
     snap = trainer.snapshot("full", [], touched.rows())
     events = make_events(cfg, 16, id_range=500)
     want = trainer.scores(events_to_batch(cfg, events))
-    srv = ServingServer(cfg, device="cpu", port=0)
+    srv = ServingServer(server_settings(cfg), device="cpu", port=0)
     try:
         v = srv.service.install(snap, verify_snapshot(snap))
         assert v.memory.rows == 50
     finally:
         srv.stop(0.1)
-    srv = ServingServer(cfg, device="cpu", port=0)
+    srv = ServingServer(server_settings(cfg), device="cpu", port=0)
     try:
         v = srv.service.current
         assert v is not None and v.version == 1 and v.memory.rows == 50
@@ -169,7 +170,7 @@ def test_close_during_a_delta_install_neither_breaks_the_parent_nor_leaks_the_ne
     delta = trainer.snapshot("delta", changed)
     events = make_events(cfg, 16)
     want = trainer.scores(events_to_batch(cfg, events))
-    srv = ServingServer(cfg, device="cpu", port=0)
+    srv = ServingServer(server_settings(cfg), device="cpu", port=0)
     svc = srv.service
     v1 = svc.install(full, verify_snapshot(full))
     result = {}
@@ -180,7 +181,7 @@ def test_close_during_a_delta_install_neither_breaks_the_parent_nor_leaks_the_ne
         except Exception as e:  # noqa: BLE001 - recorded and asserted on below
             result["err"] = e
 
-    with v1._store_lock:  # the delta's install waits here to copy the parent's store
+    with v1.store_lock:  # the delta's install waits here to copy the parent's store
         t_install = threading.Thread(target=install)
         t_install.start()
         vdir = tmp_path / "serving" / "versions" / "v000000000002"
@@ -197,7 +198,7 @@ def test_close_during_a_delta_install_neither_breaks_the_parent_nor_leaks_the_ne
     assert not t_install.is_alive() and not t_close.is_alive()
     assert svc.current is None, "a version was made current after close()"
     srv.stop(0.1)
-    srv = ServingServer(cfg, device="cpu", port=0)  # the next start serves the newest complete version
+    srv = ServingServer(server_settings(cfg), device="cpu", port=0)  # the next start serves the newest complete version
     try:
         cur = srv.service.current  # the delta was loaded whole: the next start serves it
         assert cur is not None and cur.version == 2, result

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from streamrec.snapshot import make_evidence, window
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events
 
@@ -72,7 +73,7 @@ def guarded(cfg, tmp_path):
 
 def test_rollback_swaps_within_a_second_pins_across_a_restart_and_release_serves_the_deltas(guarded):
     cfg, chain = guarded
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     try:
         with SnapshotPusher(srv.target, token="push-tok") as p, ServingClient(srv.target, push_token="push-tok") as c:
             for _ in range(4):
@@ -90,7 +91,7 @@ def test_rollback_swaps_within_a_second_pins_across_a_restart_and_release_serves
             assert int(st["version"]) == 1 and int(st["newest_version"]) == 5 and st["pinned"]
     finally:
         srv.stop(0.5)
-    srv = serve(cfg, device="cpu")  # the pin survives a restart
+    srv = serve(server_settings(cfg), device="cpu")  # the pin survives a restart
     try:
         with SnapshotPusher(srv.target, token="push-tok") as p, ServingClient(srv.target, push_token="push-tok") as c:
             chain.check(c, 1)
@@ -117,7 +118,7 @@ def test_a_held_version_is_not_served_but_deltas_build_on_it_and_accept_promotes
 
     cfg.serving.metrics_port = free_port()
     cfg.serving.guard.recovery_versions = 2
-    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+    with serve(server_settings(cfg), device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
             ServingClient(srv.target, push_token="push-tok") as c:
         assert p.push(chain.next()).ok and p.push(chain.next()).ok
         chain.check(c, 2)
@@ -154,7 +155,7 @@ def test_a_held_version_is_not_served_but_deltas_build_on_it_and_accept_promotes
 
 def test_no_evidence_is_refused_and_a_forged_block_or_an_operator_call_needs_the_token(guarded):
     cfg, chain = guarded
-    with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as c:
+    with serve(server_settings(cfg), device="cpu") as srv, ServingClient(srv.target) as c:
         with SnapshotPusher(srv.target, token="push-tok") as p:
             r = p.push(_set_evidence(chain.next(), None))
         assert not r.ok and r.code == "INVALID_ARGUMENT" and "evidence" in r.reason
@@ -188,7 +189,7 @@ def test_the_rollback_and_accept_commands(guarded):
         return subprocess.run([sys.executable, "-m", "streamrec.app.cli", *args, "--target", srv.target],
                               capture_output=True, text=True, timeout=60)
 
-    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
+    with serve(server_settings(cfg), device="cpu") as srv, SnapshotPusher(srv.target, token="push-tok") as p, \
             ServingClient(srv.target) as c:
         for _ in range(3):
             assert p.push(chain.next()).ok

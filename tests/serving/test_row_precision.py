@@ -14,6 +14,7 @@ import torch
 from streamrec.foundation import sha256_file
 from streamrec.model import predict_batch
 from streamrec.serving import SnapshotPusher
+from streamrec.app.serving_wiring import server_settings
 from streamrec.serving.rows import MemoryRows
 from streamrec.snapshot import empty_evidence, round_trip, rows_batch, write_snapshot
 from streamrec.trainer.rowprobe import RowSample, build_row_probe
@@ -129,10 +130,10 @@ def test_the_trainers_publisher_sends_int8_rows_with_a_probe_serving_accepts(cfg
     cfg.serving.push_token = "tok"
     cfg.serving.row_precision = "int8"
     trainer = FakeTrainer(cfg, tmp_path)
-    with serve(cfg, device="cpu") as srv:
+    with serve(server_settings(cfg), device="cpu") as srv:
         cfg.serving.target = srv.target
         pub = SnapshotPublisher(cfg, tmp_path / "snapshots", push=True, backoff_s=0.05, max_backoff_s=0.1,
-                                pusher_factory=SnapshotPusher.factory(cfg))
+                                pusher_factory=SnapshotPusher.factory(cfg.serving))
         try:
             for version in (1, 2):
                 trainer.step()

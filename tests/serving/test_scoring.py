@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events
 
 pytestmark = [pytest.mark.grpc, pytest.mark.subprocess]
@@ -23,7 +24,7 @@ TOKEN = "push-secret"
 @pytest.fixture
 def server(cfg):
     cfg.serving.push_token = TOKEN
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     yield srv
     srv.stop(0.5)
 

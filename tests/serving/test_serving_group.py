@@ -16,6 +16,7 @@ import pytest
 
 from streamrec.app.config import save_config
 from streamrec.serving import ServingClient, SnapshotPusher, events_to_request
+from streamrec.app.serving_wiring import server_settings
 from streamrec.serving.pb import pb_grpc
 from streamrec.serving.siblings import read_group_file
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events
@@ -162,7 +163,7 @@ def test_a_process_that_cannot_start_fails_the_group_start_with_its_reason(cfg, 
         why = r"FileNotFoundError.*missing"
     else:
         snapshot, why = str(tmp_path / "missing-snapshot"), r"SnapshotError: .*missing-snapshot.*does not exist"
-    group = ServingGroup(cfg, device="cpu", port=0, snapshot=snapshot)
+    group = ServingGroup(server_settings(cfg), device="cpu", port=0, snapshot=snapshot)
     with pytest.raises(GroupStartError, match=rf"serving process \d failed to start: {why}"):
         group.start()
     assert group.processes == {}  # none left running

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, ServingServer, SnapshotPusher, serve, snapshot_chunks
+from streamrec.app.serving_wiring import server_settings
 from streamrec.serving.pb import pb, pb_grpc
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, push_stream, still_serving_v1
 
@@ -73,7 +74,7 @@ def test_push_refusals(loaded):
         # an old version is refused too
         r = p.push(v2)
         assert r.code == "FAILED_PRECONDITION" and "not newer" in r.reason
-    data_dir = srv.cfg.serving.data_dir
+    data_dir = srv.settings.serving.data_dir
     assert list((Path(data_dir) / "staging").iterdir()) == []  # refused pushes leave nothing behind
     # v1 stays loaded for a rollback (serving.keep_versions)
     assert sorted(d.name for d in (Path(data_dir) / "versions").iterdir()) == ["v000000000001", "v000000000002"]
@@ -91,7 +92,7 @@ def test_manifest_with_wrong_value_types_is_refused_and_v1_keeps_serving(cfg, tm
     touched.add(trainer.step())
     v1 = trainer.snapshot("full", [], touched.rows())
     v2 = trainer.snapshot("full", [], touched.rows())
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     try:
         with SnapshotPusher(srv.target, attempts=2, backoff_s=0.01) as p, ServingClient(srv.target) as client, \
                 grpc.insecure_channel(srv.target) as ch:
@@ -140,7 +141,7 @@ def test_row_file_with_a_wrong_schema_is_refused_not_unknown(cfg, tmp_path):
         "varlist": pa.table({"table": ["user"], "id": pa.array([1], pa.int64()),
                              "vector": pa.array([[0.0] * 8], pa.list_(pa.float32()))}),
     }
-    with ServingServer(cfg, device="cpu", port=0).start() as srv, SnapshotPusher(srv.target) as p:
+    with ServingServer(server_settings(cfg), device="cpu", port=0).start() as srv, SnapshotPusher(srv.target) as p:
         for name, table in bad_tables.items():
             d = tmp_path / name
             shutil.copytree(good, d)

@@ -24,6 +24,7 @@ import pytest
 
 from streamrec.app.config import save_config
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from streamrec.serving.siblings import read_group_file
 from streamrec.snapshot import needs_full
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events
@@ -70,7 +71,7 @@ def test_every_recorded_file_of_a_stored_version_is_checked(cfg, tmp_path):
     full = trainer.snapshot("full", [], touched.rows())
     changed = trainer.step(n_rows=300)
     delta = trainer.snapshot("delta", changed)
-    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target) as p:
+    with serve(server_settings(cfg), device="cpu") as srv, SnapshotPusher(srv.target) as p:
         assert p.push(full).ok and p.push(delta).ok
         v2 = srv.service.current
         assert v2.version == 2 and v2.store.read_only  # installed: never written again
@@ -80,7 +81,7 @@ def test_every_recorded_file_of_a_stored_version_is_checked(cfg, tmp_path):
     assert {"dense.safetensors", "manifest.json", "memory-ids.npz", "store/manifest.json"} <= set(recorded)
     assert any(f.endswith(".sst") for f in recorded) and any("/MANIFEST-" in f for f in recorded)
     device = srv.device
-    restore_version(good, cfg, device).retire(keep_dir=True)  # intact: it opens (read-only)
+    restore_version(good, cfg.store, device).retire(keep_dir=True)  # intact: it opens (read-only)
     for i, name in enumerate(sorted(recorded)):
         bad = tmp_path / f"bad-{i}"
         shutil.copytree(good, bad)
@@ -89,7 +90,7 @@ def test_every_recorded_file_of_a_stored_version_is_checked(cfg, tmp_path):
         else:  # an empty file: a byte appended
             (bad / name).write_bytes(b"\0")
         with pytest.raises(StoredVersionDamaged) as e:
-            restore_version(bad, cfg, device)
+            restore_version(bad, cfg.store, device)
         assert e.value.file == name and e.value.code == "DATA_LOSS" and name in str(e.value)
         shutil.rmtree(bad)
     gone = tmp_path / "gone"
@@ -97,12 +98,12 @@ def test_every_recorded_file_of_a_stored_version_is_checked(cfg, tmp_path):
     sst = biggest_sst(gone)
     (gone / sst).unlink()
     with pytest.raises(StoredVersionDamaged, match=f"{sst}: missing"):
-        restore_version(gone, cfg, device)
+        restore_version(gone, cfg.store, device)
     extra = tmp_path / "extra"  # a WAL that RocksDB would replay as rows
     shutil.copytree(good, extra)
     (extra / "store" / "shard-000" / "999999.log").write_bytes(b"x" * 64)
     with pytest.raises(StoredVersionDamaged, match="999999.log: not recorded"):
-        restore_version(extra, cfg, device)
+        restore_version(extra, cfg.store, device)
     trainer.close()
 
 
@@ -153,14 +154,14 @@ def test_a_restart_over_a_damaged_newest_version_serves_the_newest_that_verifies
     touched.add(trainer.step(n_rows=300))
     full = trainer.snapshot("full", [], touched.rows())
     want1 = trainer.scores(batch)
-    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target) as p:
+    with serve(server_settings(cfg), device="cpu") as srv, SnapshotPusher(srv.target) as p:
         assert p.push(full).ok
     kept_v1 = tmp_path / "kept-v1"  # version 1 as stored, kept aside while version 2 replaces it
     shutil.copytree(vdir_of(cfg, 1), kept_v1)
     changed = trainer.step(n_rows=300)
     touched.add(changed)
     delta = trainer.snapshot("delta", changed)
-    with serve(cfg, device="cpu") as srv, SnapshotPusher(srv.target) as p:
+    with serve(server_settings(cfg), device="cpu") as srv, SnapshotPusher(srv.target) as p:
         assert srv.service.current.version == 1
         assert p.push(delta).ok
     assert vdir_of(cfg, 1).exists()  # kept for a rollback (serving.keep_versions)
@@ -170,7 +171,7 @@ def test_a_restart_over_a_damaged_newest_version_serves_the_newest_that_verifies
     flip_byte(vdir_of(cfg, 2) / name)
 
     # the newest that verifies is version 1: served, with version 1's scores
-    with caplog.at_level(logging.INFO, logger="streamrec.serving"), serve(cfg, device="cpu") as srv, \
+    with caplog.at_level(logging.INFO, logger="streamrec.serving"), serve(server_settings(cfg), device="cpu") as srv, \
             ServingClient(srv.target) as c:
         scores, version = c.predict(events)
         assert version == 1 and np.max(np.abs(scores - want1)) <= 1e-6
@@ -191,7 +192,7 @@ def test_a_restart_over_a_damaged_newest_version_serves_the_newest_that_verifies
     shutil.copytree(kept_v1, vdir_of(cfg, 1))
     name1 = "manifest.json"
     flip_byte(vdir_of(cfg, 1) / name1)
-    with serve(cfg, device="cpu") as srv, ServingClient(srv.target) as c:
+    with serve(server_settings(cfg), device="cpu") as srv, ServingClient(srv.target) as c:
         assert c.health() == "NOT_SERVING"
         st = c.status()
         assert not st["serving"] and name in st["not_serving_reason"] and name1 in st["not_serving_reason"], st

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events
 from tests.helpers.waiting import wait_until
 
@@ -34,7 +35,7 @@ def test_swap_under_load(cfg, tmp_path):
         expected[trainer.version] = trainer.scores(batch)
     trainer.close()
 
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     pusher = SnapshotPusher(srv.target, token="t", chunk_bytes=8192)
     assert pusher.push(snaps[0]).ok
     stop = threading.Event()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events
 
 pytestmark = [pytest.mark.grpc, pytest.mark.subprocess]
@@ -32,7 +33,7 @@ def test_tls(cfg, tmp_path):
     trainer = FakeTrainer(cfg, tmp_path)
     touched = Touched()
     touched.add(trainer.step())
-    srv = serve(cfg, device="cpu")
+    srv = serve(server_settings(cfg), device="cpu")
     try:
         with SnapshotPusher(srv.target, tls_ca=str(cert)) as p:
             assert p.push(trainer.snapshot("full", [], touched.rows())).ok

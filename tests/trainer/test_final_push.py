@@ -9,6 +9,7 @@ import time
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from streamrec.trainer.service import TrainerService
 from tests.helpers.trainer import produce, trainer_cfg
 
@@ -22,7 +23,7 @@ class SlowPusher:
     finds the previous push still pending."""
 
     def __init__(self, target: str, cfg, delay: float):
-        self.inner, self.delay = SnapshotPusher.factory(cfg)(target), delay
+        self.inner, self.delay = SnapshotPusher.factory(cfg.serving)(target), delay
 
     def push(self, snapshot_dir):
         time.sleep(self.delay)
@@ -42,7 +43,7 @@ def _cfg(topics, tmp_path, target: str):
 
 
 def test_max_events_ends_with_the_final_model_served_though_a_push_was_pending(topics, tmp_path, bootstrap):
-    server = serve(topics, device="cpu", port=0)
+    server = serve(server_settings(topics), device="cpu", port=0)
     try:
         cfg = _cfg(topics, tmp_path, server.target)
         produce(cfg, bootstrap, EVENTS)
@@ -65,7 +66,7 @@ def test_a_stop_with_serving_down_does_not_wait_out_the_retries(topics, tmp_path
     cfg = _cfg(topics, tmp_path, f"127.0.0.1:{free_port()}")  # nobody listens there
     cfg.trainer.push_give_up_s = 600.0
     produce(cfg, bootstrap, EVENTS)
-    svc = TrainerService(cfg, bootstrap, progress=False, pusher_factory=SnapshotPusher.factory(cfg))
+    svc = TrainerService(cfg, bootstrap, progress=False, pusher_factory=SnapshotPusher.factory(cfg.serving))
     t0 = time.monotonic()
     res = svc.run()
     assert res["reason"] == "max_events" and res["events"] == EVENTS

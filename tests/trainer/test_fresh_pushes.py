@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from streamrec.trainer.changes import ChangeJournal
 from streamrec.trainer.snapshots import SnapshotPublisher
 from tests.helpers.serving import FakeTrainer, events_to_batch, make_events
@@ -29,7 +30,7 @@ class Pushing:
 
     def publisher(self, version_file=None):
         return SnapshotPublisher(self.cfg, self.tmp / "snapshots", push=True, full_every=1000, backoff_s=0.05,
-                                 max_backoff_s=0.2, pusher_factory=SnapshotPusher.factory(self.cfg),
+                                 max_backoff_s=0.2, pusher_factory=SnapshotPusher.factory(self.cfg.serving),
                                  version_file=version_file)
 
     def push(self) -> int:
@@ -59,7 +60,7 @@ class Pushing:
 @pytest.fixture
 def pushing(cfg, tmp_path):
     cfg.serving.push_token = "tok"
-    server = serve(cfg, device="cpu", port=0)
+    server = serve(server_settings(cfg), device="cpu", port=0)
     cfg.serving.push_targets = server.target
     p = Pushing(cfg, tmp_path, server)
     yield p
@@ -96,7 +97,7 @@ def test_a_delta_whose_base_the_server_lacks_is_refused_and_the_next_push_is_ful
     p.server.stop(0.5)
     fresh = copy.deepcopy(cfg)
     fresh.serving.data_dir = str(tmp_path / "serving-new")  # back on the same port without its versions
-    p.server = serve(fresh, device="cpu", port=port)
+    p.server = serve(server_settings(fresh), device="cpu", port=port)
     p.trainer.step()
     v = p.push()  # a delta on a base the new server never had
     assert p.pub.st.need_full and "FAILED_PRECONDITION" in p.pub.st.last_error and p.pub.version == v - 1

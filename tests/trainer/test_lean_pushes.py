@@ -16,6 +16,7 @@ from streamrec.embedding_store.store_types import UNADMITTED_ID
 from streamrec.foundation import EventBatch
 from streamrec.ingest import SyntheticStream
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from streamrec.snapshot import DELETED
 from streamrec.trainer.changes import ChangeJournal
 from streamrec.trainer.core import TrainerCore
@@ -44,12 +45,12 @@ def test_serving_holds_what_the_trainer_admitted_and_drops_what_it_evicted(tmp_p
     cfg = small_config(tmp_path, **{"store.admit_min_count": 2, "store.unadmitted": mode, "store.max_rows": 400,
                                     "store.eviction": "lfu", "store.evict_slack": 0.0, "trainer.batch_size": 128,
                                     "serving.push_token": TOKEN})
-    server = serve(cfg, device="cpu", port=0)
+    server = serve(server_settings(cfg), device="cpu", port=0)
     cfg.serving.push_targets = server.target
     store = ChangeJournal(EmbeddingStore.from_config(cfg, "cpu"))
     core = TrainerCore(cfg, store, torch.device("cpu"))
     pub = SnapshotPublisher(cfg, tmp_path / "snaps", push=True, full_every=1000, backoff_s=0.05,
-                            pusher_factory=SnapshotPusher.factory(cfg))
+                            pusher_factory=SnapshotPusher.factory(cfg.serving))
     fields = cfg.model.field_names
     all_events = EventBatch.concat(list(SyntheticStream(cfg).batches(8 * 1024)), cfg.model.dense_dim, fields)
     stream = iter([all_events.take(np.arange(i * 1024, (i + 1) * 1024)) for i in range(8)])

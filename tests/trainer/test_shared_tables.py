@@ -84,7 +84,7 @@ def test_the_default_config_gives_one_table_per_field_at_embedding_dim(tmp_path)
 
 def test_a_byte_budget_charges_each_table_s_own_width(tmp_path):
     cfg = shared_config(tmp_path, **{"hot.budget_bytes": hot_row_bytes(8) * 4 + hot_row_bytes(32) * 1})
-    b = hot_budget(cfg)
+    b = hot_budget(cfg.hot, cfg.model)
     assert b.row_bytes == {"user": 36, "item": 132}
     assert b.rows == b.bytes // 36  # the most rows the bytes buy: all of the narrowest table
     store = EmbeddingStore.from_config(cfg, CPU)

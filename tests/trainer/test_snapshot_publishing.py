@@ -11,6 +11,7 @@ import pytest
 
 from streamrec.ingest import free_port
 from streamrec.serving import ServingClient, SnapshotPusher, serve
+from streamrec.app.serving_wiring import server_settings
 from streamrec.trainer.snapshots import SnapshotPublisher
 from tests.helpers.serving import FakeTrainer, events_to_batch, make_events
 
@@ -27,12 +28,12 @@ def group(cfg, tmp_path):
     def start(i: int, data_dir: str):
         c = copy.deepcopy(cfg)
         c.serving.data_dir = data_dir
-        return serve(c, device="cpu", port=ports[i])
+        return serve(server_settings(c), device="cpu", port=ports[i])
 
     servers = [start(i, str(tmp_path / f"serving-{i}")) for i in range(2)]
     trainer = FakeTrainer(cfg, tmp_path)
     pub = SnapshotPublisher(cfg, tmp_path / "snapshots", push=True, full_every=100, backoff_s=0.05, max_backoff_s=0.2,
-                            pusher_factory=SnapshotPusher.factory(cfg))
+                            pusher_factory=SnapshotPusher.factory(cfg.serving))
     state = {"version": 0, "events": make_events(cfg, 16)}
 
     def publish():

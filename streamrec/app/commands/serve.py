@@ -58,11 +58,11 @@ def _operator_call(args, call) -> int:
     import grpc
 
     from streamrec.app.cli import config_from_args
-    from streamrec.serving import ServingClient
+    from streamrec.serving import ServingClient, serving_target
 
     cfg = config_from_args(args)
     token = cfg.serving.push_token if args.token is None else args.token
-    client = ServingClient(args.target or cfg.serving_target(), token=cfg.serving.predict_token,
+    client = ServingClient(args.target or serving_target(cfg.serving), token=cfg.serving.predict_token,
                            tls_ca=cfg.serving.tls_ca, timeout=args.timeout, push_token=token)
     try:
         print(json.dumps(call(client)))
@@ -85,6 +85,7 @@ def cmd_accept(args) -> int:
 
 def cmd_serve(args) -> int:
     from streamrec.app.cli import config_from_args
+    from streamrec.app.serving_wiring import server_settings
     from streamrec.serving import serve
 
     import logging
@@ -99,16 +100,17 @@ def cmd_serve(args) -> int:
     ensure_port_free(cfg.serving.metrics_host, cfg.serving.metrics_port, "serving's metrics endpoint",
                      "serving.metrics_port")
     group = cfg.serving.processes > 1
+    settings, device = server_settings(cfg), args.device or cfg.trainer.device
     if group:  # serving.processes on one port; each process loads --snapshot itself
         from streamrec.serving import ServingGroup
 
-        server = ServingGroup(cfg, device=args.device, port=args.port, insecure_push=args.insecure_push,
+        server = ServingGroup(settings, device=device, port=args.port, insecure_push=args.insecure_push,
                               snapshot=args.snapshot).start()
     else:
-        server = serve(cfg, device=args.device, port=args.port, insecure_push=args.insecure_push)
+        server = serve(settings, device=device, port=args.port, insecure_push=args.insecure_push)
     startup_line("serve", args, ports=f"gRPC {server.target} ({'TLS' if server.tls else 'plaintext'})"
                  + (f", {cfg.serving.processes} processes" if group else ""),
-                 device=str(getattr(server, "device", args.device or cfg.trainer.device)), data=cfg.serving.data_dir,
+                 device=str(getattr(server, "device", device)), data=cfg.serving.data_dir,
                  push_token="set" if cfg.serving.push_token else "none", brokers="none (snapshots arrive over gRPC)")
     for w in server.warnings:  # also logged; printed so that no log setting hides them
         say(f"streamrec serve: WARNING: {w}")
@@ -162,7 +164,7 @@ def cmd_predict(args) -> int:
 
     from streamrec.app.cli import config_from_args
 
-    from streamrec.serving import RequestError, ServingClient
+    from streamrec.serving import RequestError, ServingClient, serving_target
 
     cfg = config_from_args(args)
     if args.batch < 1:  # 0 sent empty requests; a negative one sliced events[i:i-1] and skipped events
@@ -174,7 +176,7 @@ def cmd_predict(args) -> int:
         print(f"streamrec predict: {e}", file=sys.stderr)
         return 2
     token = cfg.serving.predict_token if args.token is None else args.token
-    client = ServingClient(args.target or cfg.serving_target(), token=token, tls_ca=cfg.serving.tls_ca,
+    client = ServingClient(args.target or serving_target(cfg.serving), token=token, tls_ca=cfg.serving.tls_ca,
                            timeout=args.timeout, max_message_mb=cfg.serving.max_message_mb)
     try:
         for i in range(0, len(events), args.batch):

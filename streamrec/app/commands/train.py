@@ -83,7 +83,7 @@ def cmd_train(args) -> int:
         # a resource error whose writer named neither itself nor its file still names the data directory
         with resource_step("a write of the trainer", os.path.dirname(os.path.abspath(cfg.trainer.checkpoint_dir))):
             svc = TrainerService(cfg, bootstrap, stop=stop, progress=False if args.no_progress else None,
-                                 pusher_factory=SnapshotPusher.factory(cfg))
+                                 pusher_factory=SnapshotPusher.factory(cfg.serving))
             return _finish(svc.run())
 
 
@@ -108,6 +108,7 @@ def _preflight(cfg) -> None:
 def _startup(cfg, args, bootstrap: str) -> None:
     from streamrec.app.logs import startup_line
     from streamrec.foundation import resolve_device
+    from streamrec.serving import push_targets
 
     t = cfg.trainer
     stop_at = [f"{t.max_events:,} events" if t.max_events else "", f"{t.idle_exit_s:g} s idle" if t.idle_exit_s else "",
@@ -115,7 +116,7 @@ def _startup(cfg, args, bootstrap: str) -> None:
     startup_line("train", args, brokers=bootstrap, topics=f"{cfg.kafka.events_topic} (group {cfg.kafka.trainer_group}), "
                  f"{cfg.kafka.hotset_topic}", ports=f"metrics {t.metrics_host}:{t.metrics_port}" if t.metrics_port else "",
                  device=str(resolve_device(t.device)), data=os.path.dirname(os.path.abspath(t.checkpoint_dir)),
-                 push=", ".join(cfg.push_targets()) if t.push_snapshots else "off (snapshots only built)",
+                 push=", ".join(push_targets(cfg.serving)) if t.push_snapshots else "off (snapshots only built)",
                  metrics_log=t.log_path, stop=" or ".join(x for x in stop_at if x) or "on SIGTERM")
 
 
@@ -150,7 +151,7 @@ def _group_of_one(cfg, bootstrap: str, stop, args) -> dict:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         svc = GroupTrainerService(cfg, bootstrap, 0, 1, stop=stop, progress=False if args.no_progress else None,
-                                  pusher_factory=SnapshotPusher.factory(cfg))
+                                  pusher_factory=SnapshotPusher.factory(cfg.serving))
         return svc.run()
     finally:
         dist.destroy_process_group()
@@ -192,7 +193,7 @@ def _run_rank(cfg, args, stop) -> int:
     try:
         svc = GroupTrainerService(cfg, cfg.kafka.bootstrap, rank, world, stop=stop,
                                   progress=False if args.no_progress or rank else None,
-                                  pusher_factory=SnapshotPusher.factory(cfg) if rank == 0 else None)
+                                  pusher_factory=SnapshotPusher.factory(cfg.serving) if rank == 0 else None)
         summary = svc.run()
     finally:
         dist.destroy_process_group()
