@@ -1,4 +1,5 @@
-"""One table's share of the store's state, and the remembered index probes of a batch.
+"""One table's share of the store's state, the remembered index probes of a batch, and the queue of
+device-tier updates of a fused step.
 
 ``Table`` holds what every part of the store reads for one table: its row identity
 (salt, key tag, record dtype, init scale), its hot tier, its host cache (None when
@@ -63,3 +64,22 @@ class Probe(NamedTuple):
     def valid_for(self, t: Table, ids: np.ndarray) -> bool:
         return (self.table == t.name and t.cache is not None and self.hot_gen == t.hot.gen
                 and self.cache_gen == t.cache.gen and np.array_equal(self.ids, ids))
+
+
+class Probes:
+    """The store's remembered probes, per table: the last training lookup's (``lookup``: for the
+    ``apply_gradients`` that follows) and the last prefetch's (``prefetch``: for the lookup that follows).
+    Per table, not one for the store: a training step looks up every table before it applies the
+    gradients of any (and prefetches every table of the next step)."""
+
+    def __init__(self) -> None:
+        self.lookup: dict[str, Probe] = {}
+        self.prefetch: dict[str, Probe] = {}
+
+    def clear(self) -> None:
+        """Forget every probe (the rows moved: a migration, or a scan that deletes rows)."""
+        self.lookup, self.prefetch = {}, {}
+
+
+HotQueue = list[tuple[Table, np.ndarray, torch.Tensor]]
+"""Device-tier updates queued inside ``EmbeddingStore.fused_hot_updates``: (table, hot slots, gradients)."""
