@@ -209,15 +209,14 @@ def peek_with_admission(store: StoreParts, table: str, ids: np.ndarray, shared: 
     return rows if inv is None else rows[torch.from_numpy(inv).to(rows.device)]
 
 
-def apply_gradients(store: StoreParts, t: Table, ids: np.ndarray, grads,
-                    apply: Callable[[np.ndarray, torch.Tensor], None]) -> np.ndarray:
+def apply_gradients(t: Table, ids: np.ndarray, grads, apply: Callable[[np.ndarray, torch.Tensor], None]) -> np.ndarray:
     """``EmbeddingStore.apply_gradients`` of a table with admission: the admitted ids' gradients go to their
     rows; the others' are summed into the shared row (or dropped, ``zero``). ``apply(ids, grads)`` is the
     plain row-wise update (which also refuses bad arguments). Counts the step; returns the ids whose rows
     it wrote (the shared row's ``UNADMITTED_ID`` among them when it took a gradient)."""
     import torch
 
-    ids = store.checked_unique_ids(t, ids)
+    ids = t.checked_unique_ids(ids)
     if isinstance(grads, np.ndarray):
         grads = torch.from_numpy(grads)
     if not isinstance(grads, torch.Tensor) or tuple(grads.shape) != (len(ids), t.dim):

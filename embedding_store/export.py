@@ -53,7 +53,7 @@ def import_records(store: StoreParts, table: str, ids: np.ndarray, records: np.n
     store.check_writable()
     t = store.table(table)
     store.probes.lookup.pop(table, None)  # a row written here may be one a remembered lookup refused
-    ids = store.checked_unique_ids(t, ids)
+    ids = t.checked_unique_ids(ids)
     if records.dtype != t.dtype or len(records) != len(ids):
         raise StoreError(f"{table}: {len(records)} records of {records.dtype} for {len(ids)} ids of {t.dtype}")
     if len(ids) == 0:
@@ -70,7 +70,7 @@ def peek_held(store: StoreParts, table: str, ids: np.ndarray) -> tuple[torch.Ten
     """``peek`` of unique ``ids`` and which of them the store holds a row for (a row never stored, or
     deleted, reads as its init and is not held)."""
     t = store.table(table)
-    ids = store.checked_unique_ids(t, ids)
+    ids = t.checked_unique_ids(ids)
     rows = lookup.rows(store, table, ids, remember=False)
     held = t.hot.mask(ids)
     cold = ~held
@@ -85,7 +85,7 @@ def delete_rows(store: StoreParts, table: str, ids: np.ndarray) -> int:
     as their init again."""
     store.check_writable()
     t = store.table(table)
-    ids = store.checked_unique_ids(t, ids)
+    ids = t.checked_unique_ids(ids)
     if t.hot.mask(ids).any():
         raise StoreError(f"{table}: delete_rows of hot rows (change the hot set first)")
     rowpath.settle_cold(store, [t])

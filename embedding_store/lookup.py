@@ -26,7 +26,7 @@ def rows(store: StoreParts, table: str, ids, remember: bool, host: bool = False)
     counts them) and the probe is kept for the ``apply_gradients`` that follows; otherwise a ``peek``."""
     t = store.table(table)
     dev = torch.device("cpu") if host else store.device
-    ids = store.checked_ids(t, ids)
+    ids = t.checked_ids(ids)
     n = len(ids)
     pre = store.probes.prefetch.pop(t.name, None)
     known = None

@@ -35,7 +35,7 @@ def set_hot(store: StoreParts, hot: dict[str, np.ndarray]) -> dict:
     want = {}
     for name, ids in hot.items():
         t = store.table(name)
-        want[name] = np.unique(store.checked_ids(t, ids))
+        want[name] = np.unique(t.checked_ids(ids))
     total = sum(len(v) for v in want.values())
     if total > store.hot_capacity_rows:
         raise StoreError(f"hot set of {total} rows exceeds hot_capacity_rows={store.hot_capacity_rows}")

@@ -33,14 +33,14 @@ def apply_gradients(store: StoreParts, table: str, ids, grads) -> np.ndarray | N
     if t.admission is None:
         apply_rows(store, table, ids, grads)
         return None
-    return admission.apply_gradients(store, t, ids, grads, lambda i, g: apply_rows(store, table, i, g))
+    return admission.apply_gradients(t, ids, grads, lambda i, g: apply_rows(store, table, i, g))
 
 
 def apply_rows(store: StoreParts, table: str, ids, grads) -> None:
     """Row-wise Adagrad on rows ``ids`` themselves (see :func:`apply_gradients`)."""
     store.check_writable()
     t = store.table(table)
-    ids = store.checked_unique_ids(t, ids)
+    ids = t.checked_unique_ids(ids)
     if isinstance(grads, np.ndarray):
         grads = torch.from_numpy(grads)
     if not isinstance(grads, torch.Tensor):

@@ -189,37 +189,6 @@ class EmbeddingStore:
             raise StoreError(f"unknown table {table!r}; tables: {', '.join(sorted(self.tables))}")
         return t
 
-    def checked_ids(self, t: Table, ids, what: str = "ids") -> np.ndarray:
-        """``ids`` of table ``t`` as a 1-D int64 array, refused unless integers within the table's id bound."""
-        if isinstance(ids, torch.Tensor):
-            ids = ids.detach().cpu().numpy()
-        a = np.asarray(ids)
-        if a.ndim != 1:
-            raise StoreError(f"{t.name}: {what} must be a 1-D array, got shape {a.shape}")
-        if a.dtype.kind not in "iu":
-            if a.size == 0:
-                return np.empty(0, dtype=np.int64)
-            raise StoreError(f"{t.name}: {what} must be integers, got dtype {a.dtype}")
-        if a.dtype == np.uint64 and a.size and a.max() > np.iinfo(np.int64).max:
-            raise StoreError(f"{t.name}: {what} must fit in int64; got {int(a.max())}")
-        a = a.astype(np.int64, copy=False)
-        if t.max_id is not None and a.size and (a.min() < 0 or a.max() >= t.max_id):
-            bad = a[(a < 0) | (a >= t.max_id)][0]
-            raise StoreError(f"{t.name}: id {int(bad)} is outside [0, {t.max_id})")
-        return a
-
-    def checked_unique_ids(self, t: Table, ids) -> np.ndarray:
-        """:meth:`checked_ids`, refused when an id repeats."""
-        a = self.checked_ids(t, ids)
-        if len(a) > 1:
-            if not np.all(a[1:] > a[:-1]):  # sorted-unique fast path, else check properly
-                s = np.sort(a)
-                d = s[1:] == s[:-1]
-                if d.any():
-                    raise StoreError(f"{t.name}: ids must be unique here; id {int(s[1:][d][0])} repeats "
-                                     "(sum the gradients of repeated ids first)")
-        return a
-
     def check_writable(self) -> None:
         """:class:`StoreError` when the store is open read-only."""
         if self.read_only:
@@ -254,11 +223,11 @@ class EmbeddingStore:
     # -- public API -------------------------------------------------------------------
     def init_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
         t = self.table(table)
-        return init_rows(t.salt, self.seed, self.checked_ids(t, ids), t.dim, t.init_scale)
+        return init_rows(t.salt, self.seed, t.checked_ids(ids), t.dim, t.init_scale)
 
     def hot_mask(self, table: str, ids: np.ndarray) -> np.ndarray:
         t = self.table(table)
-        return t.hot.mask(self.checked_ids(t, ids))
+        return t.hot.mask(t.checked_ids(ids))
 
     def lookup(self, table: str, ids: np.ndarray, host: bool = False) -> torch.Tensor:
         """Rows of ``ids`` (any order, repeats allowed) as ``[n, dim]`` float32 on the device (on the host
@@ -269,14 +238,14 @@ class EmbeddingStore:
         value. Fetched cold rows are kept for the ``apply_gradients`` that usually follows.
         """
         if (t := self.table(table)).admission is not None and t.admission.min_count > 1:
-            return _admission.lookup(t, self.checked_ids(t, ids), torch.device("cpu") if host else self.device,
+            return _admission.lookup(t, t.checked_ids(ids), torch.device("cpu") if host else self.device,
                                      lambda uniq: lookup.rows(self, table, uniq, remember=True, host=host))
         return lookup.rows(self, table, ids, remember=True, host=host)
 
     def peek(self, table: str, ids: np.ndarray, host: bool = False) -> torch.Tensor:
         """Like ``lookup`` but never writes: unseen ids read their init (unadmitted ids: as serving reads them)."""
         if (t := self.table(table)).admission is not None and t.admission.min_count > 1:
-            rows = _admission.peek(self, t, self.checked_ids(t, ids))
+            rows = _admission.peek(self, t, t.checked_ids(ids))
             return rows.cpu() if host else rows
         return lookup.rows(self, table, ids, remember=False, host=host)
 
@@ -359,7 +328,7 @@ class EmbeddingStore:
         self.check_writable()
         t = self.table(table)
         self.probes.lookup.pop(table, None)  # a row written here may be one a remembered lookup refused
-        ids = self.checked_unique_ids(t, ids)
+        ids = t.checked_unique_ids(ids)
         if isinstance(vectors, torch.Tensor):
             vectors = vectors.detach().cpu().numpy()
         v = np.asarray(vectors)
@@ -392,7 +361,7 @@ class EmbeddingStore:
     def prefetch(self, table: str, ids: np.ndarray) -> None:
         """Start reading the cold rows of ``ids`` in the background for a later lookup/apply."""
         t = self.table(table)
-        rowpath.prefetch(self, t, self.checked_ids(t, ids))
+        rowpath.prefetch(self, t, t.checked_ids(ids))
 
     def set_hot(self, hot: dict[str, np.ndarray]) -> dict:
         """Make ``hot`` the complete hot set (a table not named has no hot rows); see ``migration.py``.

@@ -140,14 +140,6 @@ class StoreParts(Protocol):
         """The table named ``table``; ``StoreError`` when the store is closed or has no such table."""
         ...
 
-    def checked_ids(self, t: Table, ids, what: str = "ids") -> np.ndarray:
-        """``ids`` as a 1-D int64 array; ``StoreError`` unless integers within ``t``'s id bound."""
-        ...
-
-    def checked_unique_ids(self, t: Table, ids) -> np.ndarray:
-        """:meth:`checked_ids`, and ``StoreError`` when an id repeats."""
-        ...
-
     def check_writable(self) -> None:
         """``StoreError`` when the store is open read-only."""
         ...
