@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--kinds", default="", help="comma-separated subset of huge,ids,malformed,dense,heavy,health")
     ap.add_argument("--paused", action="store_true", help="start paused: send after a 'go' line on stdin")
     args = ap.parse_args(argv)
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     cfg = load_config(args.config, env={})
     blobs = requests(cfg)

@@ -139,7 +139,7 @@ class ClusterBench:
         if p.wait(300) != 0:
             raise RuntimeError("producing the events failed: " + str(root / "hosts" / "h0-produce.log"))
         self.kafka_bytes_per_event = self._kafka_bytes()
-        from streamrec.foundation import load_config
+        from streamrec.app.config import load_config
 
         self.events_per_message = load_config(str(cfg), env={}).kafka.events_per_message
         self.messages = -(-events // self.events_per_message)  # the producer's records (one Arrow message each)
@@ -147,7 +147,7 @@ class ClusterBench:
     def _config(self, name: str, **over) -> Path:
         import tomli_w
 
-        from streamrec.foundation import load_config
+        from streamrec.app.config import load_config
 
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
@@ -165,7 +165,7 @@ class ClusterBench:
 
     def _kafka_bytes(self) -> float:
         """Bytes of one event on the wire from the broker: the Arrow messages of the same synthetic events."""
-        from streamrec.foundation import load_config
+        from streamrec.app.config import load_config
         from streamrec.foundation import EventSchema
         from streamrec.ingest import SyntheticStream, encode_messages
 
@@ -312,7 +312,7 @@ class ClusterBench:
         restarts = [t for lg in logs[:-1] for t in _log_times(lg, "trainer group restarted") if t > killed]
         resumed = [r["ts"] for r in _records(metrics) if r["ts"] > killed and r["events"] > stopped_at]
         probe = json.loads(probe_out.read_text()) if probe_out.exists() else {}
-        from streamrec.foundation import load_config
+        from streamrec.app.config import load_config
 
         t = load_config(str(cfg), env={}).trainer
         before = [r for r in _records(metrics) if r["ts"] <= killed and r["events"] > 0]
@@ -393,7 +393,7 @@ def goals(r: dict) -> list[dict]:
 PROBER = """
 import json, sys, time
 from pathlib import Path
-from streamrec.foundation import load_config
+from streamrec.app.config import load_config
 from streamrec.serving import ServingClient
 target, cfg, stop, out = sys.argv[1], load_config(sys.argv[2], env={}), Path(sys.argv[3]), Path(sys.argv[4])
 events = [{"dense": [0.1] * cfg.model.dense_dim, "sparse": {f: [i] for f in cfg.model.field_names}} for i in range(8)]
@@ -487,7 +487,7 @@ def _staleness(b: ClusterBench, links: dict, ranks: int) -> dict:
     bandwidth: the share of the row exchange's bytes a cache of each K saves on this stream
     (``benchmarks/staleness.py``, a replay of the group's steps), and the events/s bound that leaves, the
     dense all-reduce and Kafka bytes unchanged (overlap cannot beat a link that is the bottleneck)."""
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     from .staleness import row_traffic, speedup_bound
 

@@ -61,7 +61,7 @@ GOAL_JSON_VS_ARROW = 0.7
 
 
 def _config(root: Path, suffix: str):
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     return load_config(None, {
         "kafka.partitions": PARTITIONS,

@@ -41,7 +41,7 @@ PROBE_BASE = 7 << 56  # probe ids: far above any generated id, never repeated
 
 
 def _config(bootstrap: str, workdir: Path, rate: float):
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     cfg = load_config(None, {}, env={})
     suffix = uuid.uuid4().hex[:8]

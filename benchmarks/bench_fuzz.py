@@ -46,7 +46,7 @@ def _seeds():
     import numpy as np
     import pyarrow as pa
 
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
     from streamrec.ingest import EventSchema, SyntheticStream, encode_arrow, encode_json
     from streamrec.ingest.codec import batch_to_arrow
 

@@ -119,7 +119,8 @@ def drill(cfg, events, heldout, drill_name: str, pre: int, incident: int, post: 
 def run(pre: int, incident: int, post: int, push_every: int, heldout_n: int, threads: int) -> dict:
     import torch
 
-    from streamrec.foundation import EventBatch, load_config
+    from streamrec.foundation import EventBatch
+    from streamrec.app.config import load_config
     from streamrec.ingest import SyntheticStream
 
     torch.set_num_threads(threads)

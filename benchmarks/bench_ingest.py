@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from streamrec.ingest import EmbeddedBroker, SyntheticStream
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     n_arrow = args.arrow_events or (20_000 if args.tiny else 400_000 if args.quick else 2_000_000)
     n_json = args.json_events or (2_000 if args.tiny else 40_000 if args.quick else 200_000)

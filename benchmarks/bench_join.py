@@ -76,7 +76,7 @@ MODES = ("oracle", "window", "fake_negative", "fake_negative_naive")
 
 
 def _quality_config(seed: int, mode: str, root: Path):
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     over = {"trainer.device": "cpu", "model.seed": seed, "store.path": str(root / f"store-{mode}-{seed}"), **QUALITY,
             "join.mode": "window" if mode in ("oracle", "window") else "fake_negative"}
@@ -274,7 +274,7 @@ def _count_examples(bootstrap: str, topic: str, want: int, proc, log: Path, time
 def throughput(bootstrap: str, size: str, root: Path) -> dict:
     import tomli_w
 
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
     from streamrec.ingest import TopicSpec, ensure_topics
     from streamrec.joiner import DelayedStream
 

@@ -30,7 +30,7 @@ import numpy as np
 
 
 def _config(bootstrap: str, workdir: Path, wait_ms: float):
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     cfg = load_config(None, {}, env={})
     suffix = uuid.uuid4().hex[:8]
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait-ms", type=float, default=None, help="trainer.merge_wait_ms of the merged run")
     ap.add_argument("--bootstrap", help="use this Kafka cluster instead of an embedded broker")
     args = ap.parse_args(argv)
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
     from streamrec.ingest import EmbeddedBroker
 
     wait = args.wait_ms if args.wait_ms is not None else load_config(None, {}, env={}).trainer.merge_wait_ms

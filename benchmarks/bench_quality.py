@@ -53,7 +53,7 @@ _MOVIELENS: list = []  # the parsed stream, once per process
 
 def _config(stream: str, over: dict):
     """The config of ``stream`` with ``over`` applied (a MovieLens model for ``movielens``)."""
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
     from streamrec.ingest import movielens_config
 
     cfg = load_config(None, {"trainer.device": "cpu", **over}, env={})

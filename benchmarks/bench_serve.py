@@ -282,7 +282,7 @@ def exported_vs_module(args, dev) -> int:
     read back from its JSON, frozen by ``scoring_forward``) against the Python module it was exported from
     (eager, as a trainer scores) and against the module as serving runs it when no program comes (frozen), in
     alternating rounds; embedding lookups are the same work on either path and are left out."""
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
     from streamrec.model import build_model
     from streamrec.serving.version import _strip_input_check, scoring_forward
     from streamrec.snapshot.program import export_dense, load_program
@@ -355,7 +355,7 @@ def main(argv: list[str]) -> int:
     from streamrec.snapshot import empty_evidence, rows_batch, write_snapshot
     from streamrec.serving import ServingClient, SnapshotPusher, events_to_request
     from streamrec.serving.pb import pb
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
     from streamrec.model import embed_batch, predict_batch
 
     tiny = args.tiny

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--tiny", action="store_true", help="a smoke run (seconds): checks the bench works, its figures mean little")
     args = ap.parse_args(argv or [])
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     cfg = load_config(None, {}, env={})
     n = args.events or (20_000 if args.tiny else 300_000 if args.quick else 2_000_000)

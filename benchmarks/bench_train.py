@@ -48,7 +48,7 @@ CRITEO = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 835
 
 
 def bench_config(root: str, ids: int, batch: int, setup: str, extra: dict | None = None, device: str = "cpu"):
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     scale = ids / sum(CRITEO)
     fields = [{"name": f"c{i:02d}", "cardinality": max(2, round(c * scale)), "zipf": 1.2}

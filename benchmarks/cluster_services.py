@@ -93,7 +93,7 @@ def services_loss(b, how: str, mbit: float, timeout_s: float = 600.0) -> dict:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the sketch worker published no hot set; logs in {b.root / 'hosts'}")
         time.sleep(0.2)
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     mc = load_config(str(cfg), env={}).model
     stop, out = b.root / name / "stop-watch", b.root / name / "watch.json"

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streamrec.foundation import load_config
-from streamrec.foundation.config import ExperimentSpec
+from streamrec.app.config import load_config
+from streamrec.serving.serving_config import ExperimentSpec
 from streamrec.serving import Split, split_key
 
 CHUNK = 10  # calls per timed chunk

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from streamrec.ingest import SyntheticStream
     from streamrec.snapshot import empty_evidence, write_snapshot
     from streamrec.serving import events_to_request
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
     from streamrec.model import embed_batch
 
     torch.set_num_threads(1)

@@ -71,7 +71,7 @@ def speedup_bound(row_bytes: float, dense_bytes: float, kafka_bytes: float, save
 def config(events: int, overrides: dict | None = None):
     """The bench cluster's config (``benchmarks/bench_cluster.py``): 4 partitions, a 2,000-row hot set, the
     default model, ``events`` synthetic events; ``overrides`` on top."""
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     return load_config(None, {"kafka.partitions": 4, "hot.budget_rows": 2_000, "trainer.device": "cpu",
                               "generator.events": int(events), **(overrides or {})}, env={})

@@ -68,7 +68,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from streamrec.foundation import HotBudget
-    from streamrec.foundation.config import ModelConfig, StoreConfig
+    from streamrec.embedding_store.store_config import StoreConfig
+    from streamrec.foundation.model_config import ModelConfig
 
 
 class EmbeddingStore:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     import torch
 
     from streamrec.foundation import HotBudget
-    from streamrec.foundation.config import ModelConfig, StoreConfig
+    from streamrec.embedding_store.store_config import StoreConfig
+    from streamrec.foundation.model_config import ModelConfig
 
 DEFAULT_INIT_SCALE = 0.05
 

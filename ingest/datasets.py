@@ -90,7 +90,8 @@ def layout_model(layout: str) -> tuple[list[str], int]:
 
 def layout_config(layout: str, cfg=None):
     """A copy of ``cfg`` (default: built-in defaults) whose model fields and dense width fit ``layout``."""
-    from streamrec.foundation import Config, FieldSpec
+    from streamrec.app.config import Config
+    from streamrec.foundation.model_config import FieldSpec
 
     cfg = copy.deepcopy(cfg) if cfg is not None else Config()
     names, dense = layout_model(layout)

@@ -39,7 +39,7 @@ class DataSchema:
 
     def apply(self, cfg):
         """``cfg`` with these fields and dense width (other model keys kept)."""
-        from streamrec.foundation import FieldSpec
+        from streamrec.foundation.model_config import FieldSpec
 
         old = {f.name: f for f in cfg.model.fields}
         cfg.model.fields = [old.get(n) or FieldSpec(n) for n in self.fields]

@@ -156,7 +156,8 @@ def movielens_config(cfg=None, expected_ids: dict[str, int] | None = None):
     """A copy of ``cfg`` (default: built-in defaults) with the MovieLens fields and dense width."""
     import copy
 
-    from streamrec.foundation import Config, FieldSpec
+    from streamrec.app.config import Config
+    from streamrec.foundation.model_config import FieldSpec
 
     cfg = copy.deepcopy(cfg) if cfg is not None else Config()
     old = {f.name: f for f in cfg.model.fields}

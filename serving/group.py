@@ -29,7 +29,8 @@ import threading
 import time
 from pathlib import Path
 
-from streamrec.foundation import Config, ConfigError, StreamrecError
+from streamrec.foundation import ConfigError, StreamrecError
+from streamrec.app.config import Config
 
 from .siblings import GROUP_FILE, write_group_file
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from streamrec.foundation import Config
+from streamrec.app.config import Config
 
 from .group import ServingGroup
 from .server import ServingServer

@@ -208,7 +208,7 @@ class ModelLines:
 
     # -- the lines ---------------------------------------------------------------------------------
     def _open(self, name: str):
-        from streamrec.foundation.config import MODEL_LINE_RE
+        from streamrec.snapshot.snapshot_types import MODEL_LINE_RE
         import re
 
         if not re.fullmatch(MODEL_LINE_RE, name):  # a stray directory under lines/: not a line

@@ -51,7 +51,8 @@ import numpy as np
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamrec.foundation import Config, ConfigError, is_resource_error, resolve_device
+from streamrec.foundation import ConfigError, is_resource_error, resolve_device
+from streamrec.app.config import Config
 from streamrec.snapshot import SnapshotError
 from streamrec.snapshot.format import MAX_VERSION
 

@@ -44,8 +44,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamrec.foundation import (Config, ConfigError, ModelConfig, as_resource_error, load_config,
-                                  resource_error_line, save_npz, sha256_file)
+from streamrec.foundation import ConfigError, as_resource_error, resource_error_line, save_npz, sha256_file
+from streamrec.app.config import Config, load_config
+from streamrec.foundation.model_config import ModelConfig
 from streamrec.model import RankingModel, build_model, predict_batch
 from streamrec.snapshot import (DENSE, MANIFEST, Manifest, SnapshotError, iter_rows, load_program, probe_inputs,
                                 read_dense)

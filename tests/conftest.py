@@ -33,7 +33,7 @@ import pytest
 from hypothesis import settings
 
 from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics
-from streamrec.foundation import Config, load_config
+from streamrec.app.config import Config, load_config
 
 
 # The suite runs on two xdist workers (`-n 2`, README) with `--dist loadgroup` (pyproject addopts): tests marked

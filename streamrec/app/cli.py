@@ -21,7 +21,8 @@ import sys
 from typing import Iterator
 
 import streamrec
-from streamrec.foundation import Config, ConfigError, load_config, parse_overrides
+from streamrec.foundation import ConfigError, parse_overrides
+from streamrec.app.config import Config, load_config
 from streamrec.foundation.errors import StreamrecError
 from streamrec.foundation.resources import resource_error_line
 

@@ -12,7 +12,8 @@ import os
 import sys
 import tomllib
 
-from streamrec.foundation import Config, ConfigError
+from streamrec.foundation import ConfigError
+from streamrec.app.config import Config
 
 
 def model_configured(args) -> bool:

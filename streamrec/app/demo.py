@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from .cli import config_from_args, kafka_bootstrap
-from streamrec.foundation import Config, ConfigError, save_config
+from streamrec.foundation import ConfigError
+from streamrec.app.config import Config, save_config
 from .procs import Supervisor
 
 log = logging.getLogger("streamrec.app.demo")

@@ -14,7 +14,8 @@ import socket
 import tempfile
 from pathlib import Path
 
-from streamrec.foundation import Config, StreamrecError
+from streamrec.foundation import StreamrecError
+from streamrec.app.config import Config
 
 # the config keys that name a directory (or a file inside one) a process writes
 DATA_PATHS = {

@@ -26,7 +26,10 @@ from .lazy import lazy_exports
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .budget import HotBudget, hot_budget, hot_budget_rows, hot_row_bytes
     from .checksum import sha256_file
-    from .config import Config, ConfigError, FieldSpec, GeneratedField, ModelConfig, TaskSpec, load_config, parse_overrides, save_config
+    from .config import ConfigError, parse_overrides
+    from streamrec.app.config import Config, load_config, save_config
+    from .model_config import FieldSpec, ModelConfig, TaskSpec
+    from streamrec.ingest.ingest_config import GeneratedField
     from .device import DeviceError, resolve_device
     from .errors import EventError, StreamrecError
     from .events import FEEDBACK_CODES, FEEDBACK_NAMES, FLOAT32_MAX, EventBatch, EventSchema, JaggedIds, feedback_code

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Mapping
 if TYPE_CHECKING:
     import numpy as np
 
-    from .config import Config
+    from streamrec.app.config import Config
 
 FLOAT32_BYTES = 4
 

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 import torch
 
 from streamrec.foundation import INT64_MAX, INT64_MIN, as_resource_error, sha256_file
-from streamrec.foundation.config import MODEL_LINE_RE
+from streamrec.snapshot.snapshot_types import MODEL_LINE_RE
 
 from .deletions import DELETED, write_deleted
 from .errors import SnapshotError

@@ -42,7 +42,7 @@ def test_demo_end_to_end(bootstrap, tmp_path, trainers, request):
     The one-trainer run is the session's shared demo (``scraped_demo``, tests/helpers/demo.py: 60k events
     at 2,000/s, its /metrics pages scraped mid-run by test_metrics_endpoints.py) rather than a second one."""
     from streamrec.ingest import SyntheticStream
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     if trainers == 1:
         demo = request.getfixturevalue("scraped_demo")
@@ -109,7 +109,7 @@ def test_demo_stops_everything_when_a_child_dies(bootstrap, tmp_path, victim):
 def test_demo_replays_a_file(bootstrap, tmp_path):
     """`--data FILE`: the file's events are streamed, trained on, and the served model scores its tail."""
     from streamrec.ingest import SyntheticStream, write_events
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     data = tmp_path / "events.jsonl"
     cfg = load_config(None, env={})

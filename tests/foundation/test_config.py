@@ -4,7 +4,8 @@ from; the generator's label noise moves the Bayes-optimal AUC."""
 
 import pytest
 
-from streamrec.foundation import ConfigError, load_config
+from streamrec.foundation import ConfigError
+from streamrec.app.config import load_config
 
 
 def test_defaults_are_valid():
@@ -84,7 +85,8 @@ def test_unknown_key_from_env_or_set_names_its_source():
 def test_config_refuses_nan(tmp_path):
     """NaN is refused wherever a number is read (override, environment, file): it would pass every range
     check written as `x <= 0` (e.g. trainer.push_give_up_s) and be used as is."""
-    from streamrec.foundation import ConfigError, load_config
+    from streamrec.foundation import ConfigError
+    from streamrec.app.config import load_config
 
     with pytest.raises(ConfigError, match=r"trainer\.dense_lr: expected a number, got 'nan'"):
         load_config(None, {"trainer.dense_lr": "nan"}, env={})
@@ -100,7 +102,8 @@ def test_config_refuses_nan(tmp_path):
 def test_unreadable_config_file_is_a_config_error(tmp_path):
     """A config file that is not UTF-8, or a directory, is a ConfigError naming it (one line from every
     command), not a UnicodeDecodeError or IsADirectoryError traceback."""
-    from streamrec.foundation import ConfigError, load_config
+    from streamrec.foundation import ConfigError
+    from streamrec.app.config import load_config
 
     latin = tmp_path / "c.toml"
     latin.write_bytes(b"[trainer]\ndevice = 'caf\xe9'\n")
@@ -111,7 +114,7 @@ def test_unreadable_config_file_is_a_config_error(tmp_path):
 
 
 def test_generator_knobs_live_outside_the_model_and_do_not_change_its_hash(tmp_path):
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     base = load_config(None, {}, env={})
     other = load_config(None, {"generator.fields": [{"name": "user", "cardinality": 7, "zipf": 2.0, "multi": 4}]},
@@ -122,7 +125,7 @@ def test_generator_knobs_live_outside_the_model_and_do_not_change_its_hash(tmp_p
 
 
 def test_a_config_from_before_0_2_has_its_generator_knobs_moved_with_a_warning(tmp_path, caplog):
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     p = tmp_path / "old.toml"
     p.write_text('[model]\nfields = [{ name = "user", cardinality = 42, zipf = 1.5 }, { name = "item" }]\n')
@@ -136,7 +139,8 @@ def test_a_config_from_before_0_2_has_its_generator_knobs_moved_with_a_warning(t
 def test_removed_keys_say_what_to_do_instead(tmp_path):
     import pytest
 
-    from streamrec.foundation import ConfigError, load_config
+    from streamrec.foundation import ConfigError
+    from streamrec.app.config import load_config
 
     with pytest.raises(ConfigError, match=r"hot\.row_bytes removed; a hot row costs \(its table's dim \+ 1\) \* 4"):
         load_config(None, {"hot.row_bytes": 64}, env={})
@@ -176,7 +180,7 @@ def test_a_choice_key_takes_exactly_the_values_of_its_owners_alias(tmp_path, sec
     import importlib
     import typing
 
-    from streamrec.foundation import Config
+    from streamrec.app.config import Config
 
     owned = getattr(importlib.import_module(module), alias)
     section_cls = typing.get_type_hints(Config)[section]
@@ -206,7 +210,7 @@ def test_every_literal_key_is_listed_above():
     import dataclasses
     import typing
 
-    from streamrec.foundation import Config
+    from streamrec.app.config import Config
 
     found = {(s.name, f.name) for s in dataclasses.fields(Config)
              for f in dataclasses.fields(typing.get_type_hints(Config)[s.name])

@@ -148,7 +148,7 @@ def test_generate_command_writes_file_and_prints_bayes_auc(tmp_path, capsys):
     assert "wrote 3,000 events" in text
     auc = float(text.rsplit("Bayes-optimal AUC", 1)[1])
     assert 0.6 < auc < 1.0
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     cfg = load_config(None, {"generator.seed": 3}, env={})
     assert sum(len(b) for b in read_events(out, cfg)) == 3000

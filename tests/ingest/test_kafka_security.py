@@ -14,7 +14,8 @@ from unittest import mock
 
 import pytest
 
-from streamrec.foundation import ConfigError, load_config
+from streamrec.foundation import ConfigError
+from streamrec.app.config import load_config
 from streamrec.ingest import KafkaSecurityError, client_settings, redacted
 from streamrec.ingest.kafka_clients import PASSWORD_ENV
 

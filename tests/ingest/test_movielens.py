@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamrec.app.cli import main as streamrec_main
-from streamrec.foundation import hash_id, load_config
+from streamrec.foundation import hash_id
+from streamrec.app.config import load_config
 from streamrec.ingest import DatasetError, read_events
 from streamrec.ingest import movielens as ml
 

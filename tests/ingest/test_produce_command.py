@@ -68,6 +68,6 @@ def test_produce_ctrl_c_stops_cleanly(topics, bootstrap, tmp_path):
 
 
 def load_default_cfg():
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
 
     return load_config(None, {}, env={})

@@ -9,7 +9,8 @@ import tomllib
 
 import pytest
 
-from streamrec.foundation import Config, ConfigError, load_config
+from streamrec.foundation import ConfigError
+from streamrec.app.config import Config, load_config
 from streamrec.ingest import DatasetError, SyntheticStream, infer_schema, read_events, write_events
 
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamrec.foundation import EventBatch
-from streamrec.foundation.config import TaskSpec
+from streamrec.foundation.model_config import TaskSpec
 from streamrec.ingest import Decoder, EventError, EventSchema, SyntheticStream, encode_json, encode_messages
 from streamrec.ingest.datasets import read_events, write_events
 from streamrec.ingest.json_columns import decode_json_columns

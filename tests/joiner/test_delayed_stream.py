@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from streamrec.foundation import load_config
+from streamrec.app.config import load_config
 from streamrec.joiner import Action, DelayedStream, JoinRules, JoinState
 
 

@@ -7,7 +7,7 @@ import time
 
 from prometheus_client import generate_latest
 
-from streamrec.foundation import load_config
+from streamrec.app.config import load_config
 from streamrec.joiner import Action
 from streamrec.joiner.app import Joiner
 from streamrec.joiner.metrics import JoinMetrics

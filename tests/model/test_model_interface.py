@@ -228,7 +228,7 @@ def test_the_default_dlrm_is_unchanged():
 def test_adding_a_task_keeps_the_first_tasks_starting_point(tmp_path, arch):
     """A model of two tasks starts with the one-task model's weights, its extra task's head rows aside: the
     first task's initial scores are the one-task model's, so adding a task is judged by training alone."""
-    from streamrec.foundation.config import TaskSpec
+    from streamrec.foundation.model_config import TaskSpec
     from streamrec.model import build_model
 
     one = _cfg(tmp_path, arch)

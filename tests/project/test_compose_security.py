@@ -32,7 +32,7 @@ import jsonschema
 import pytest
 import yaml
 
-from streamrec.foundation import load_config
+from streamrec.app.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "docker-compose.yml"

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from streamrec.app.cli import build_parser
-from streamrec.foundation import ConfigError, load_config, parse_overrides
+from streamrec.foundation import ConfigError, parse_overrides
+from streamrec.app.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -262,7 +263,7 @@ GRAFANA = ROOT / "deploy" / "grafana"
 def _exported_names() -> set[str]:
     """Every sample name the three processes' exporters can produce (counters with _total, histograms with
     _bucket/_count/_sum), from the real exporter classes."""
-    from streamrec.foundation import load_config
+    from streamrec.app.config import load_config
     from streamrec.serving.metrics import ServingMetrics
     from streamrec.sketch.metrics import SketchMetrics
     from streamrec.sketch.state import SketchState

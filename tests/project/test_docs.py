@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from streamrec.app.commands.config import reference_block, reference_markdown
-from streamrec.foundation import Config
+from streamrec.app.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

@@ -46,7 +46,7 @@ def test_the_hot_set_sources_satisfy_their_protocol():
 
 
 def test_the_grpc_pusher_satisfies_the_pusher_protocol():
-    from streamrec.foundation import Config
+    from streamrec.app.config import Config
     from streamrec.serving import SnapshotPusher
     from streamrec.snapshot import Pusher
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from streamrec.app.logs import JsonFormatter, SlowTaskFilter, set_library_level, setup_logging, startup_line
 from streamrec.app.preflight import apply_data_dir
-from streamrec.foundation import Config
+from streamrec.app.config import Config
 
 
 def _capture(fmt: str):

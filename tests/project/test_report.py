@@ -8,7 +8,7 @@ import json
 
 from streamrec.app.evaluation import percentiles_ms, write_evaluation
 from streamrec.app.report import write_report
-from streamrec.foundation import Config, save_config
+from streamrec.app.config import Config, save_config
 
 
 def test_report_of_a_short_run(tmp_path):

@@ -20,7 +20,8 @@ import pytest
 import torch
 from torch import nn
 
-from streamrec.foundation import TaskSpec, sha256_file
+from streamrec.foundation import sha256_file
+from streamrec.foundation.model_config import TaskSpec
 from streamrec.serving import ServingClient, SnapshotPusher, serve
 from streamrec.serving import pb as _pb  # noqa: F401  (the generated messages load with the package)
 from streamrec.snapshot import (MANIFEST, SnapshotError, empty_evidence, export_dense, read_manifest, rows_batch,

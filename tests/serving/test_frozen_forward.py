@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from streamrec.foundation import load_config
+from streamrec.app.config import load_config
 from streamrec.model import DLRM
 from streamrec.serving.version import scoring_forward
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamrec.foundation import EventBatch, JaggedIds, load_config
+from streamrec.foundation import EventBatch, JaggedIds
+from streamrec.app.config import load_config
 from streamrec.serving.guard import Guard
 from streamrec.snapshot import SnapshotError, check_evidence, make_evidence, window
 from streamrec.trainer.evidence import EvidenceCollector

@@ -13,8 +13,9 @@ import grpc
 import numpy as np
 import pytest
 
-from streamrec.foundation import ConfigError, load_config
-from streamrec.foundation.config import ExperimentSpec
+from streamrec.foundation import ConfigError
+from streamrec.app.config import load_config
+from streamrec.serving.serving_config import ExperimentSpec
 from streamrec.serving import ServingClient, SnapshotPusher, events_to_request, serve
 from streamrec.serving.lines import MAIN, Split, shadow_auc, split_key
 from streamrec.snapshot import rows_batch, write_snapshot

@@ -14,7 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
-from streamrec.foundation import save_config
+from streamrec.app.config import save_config
 from streamrec.serving import ServingClient, SnapshotPusher, events_to_request
 from streamrec.serving.pb import pb_grpc
 from streamrec.serving.siblings import read_group_file

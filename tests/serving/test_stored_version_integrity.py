@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import pytest
 
-from streamrec.foundation import save_config
+from streamrec.app.config import save_config
 from streamrec.serving import ServingClient, SnapshotPusher, serve
 from streamrec.serving.siblings import read_group_file
 from streamrec.snapshot import needs_full

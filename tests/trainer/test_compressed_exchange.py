@@ -14,7 +14,8 @@ import torch
 
 from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import hot_budget
-from streamrec.foundation.config import ConfigError, load_config
+from streamrec.foundation.config import ConfigError
+from streamrec.app.config import load_config
 from streamrec.trainer.sharding import decode_rows, encode_rows, owner_of, wire_bytes_per_row
 
 from ..conftest import small_config

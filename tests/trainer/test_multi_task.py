@@ -9,7 +9,7 @@ import torch
 
 from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import EventBatch, hot_budget, roc_auc
-from streamrec.foundation.config import TaskSpec
+from streamrec.foundation.model_config import TaskSpec
 from streamrec.ingest import SyntheticStream
 from streamrec.trainer import TrainerCore
 from tests.conftest import small_config

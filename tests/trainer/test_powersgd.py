@@ -16,7 +16,8 @@ import torch
 
 from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import hot_budget
-from streamrec.foundation.config import ConfigError, load_config
+from streamrec.foundation.config import ConfigError
+from streamrec.app.config import load_config
 
 from ..conftest import small_config
 from ..helpers.group import run_group_scenarios, split, synthetic

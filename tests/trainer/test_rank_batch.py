@@ -13,7 +13,8 @@ import torch
 
 from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import hot_budget
-from streamrec.foundation.config import ConfigError, load_config
+from streamrec.foundation.config import ConfigError
+from streamrec.app.config import load_config
 from streamrec.trainer import TrainerCore
 from streamrec.trainer.group import GroupError, batch_mode, check_batch_mode
 from streamrec.trainer.sharded_core import local_batch

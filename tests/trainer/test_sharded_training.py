@@ -38,7 +38,7 @@ def _setup(cfg, arch: str = "dlrm", tasks: bool = False, tables: bool = False, f
     ids up in category's); ``fake``: a fake-negative stream (the weighted loss, trainer/step.py); ``admit``:
     ids admitted from their third training step on (store.admit_min_count), the others read zeros (a group
     admits in zero mode)."""
-    from streamrec.foundation.config import TaskSpec
+    from streamrec.foundation.model_config import TaskSpec
 
     if admit:
         cfg.store.admit_min_count, cfg.store.unadmitted = 3, "zero"

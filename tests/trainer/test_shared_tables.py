@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore, StoreMismatchError
-from streamrec.foundation import EventBatch, FieldSpec, JaggedIds, hot_budget, hot_row_bytes
+from streamrec.foundation import EventBatch, JaggedIds, hot_budget, hot_row_bytes
+from streamrec.foundation.model_config import FieldSpec
 from streamrec.trainer.hotset import make_hot_source
 from streamrec.trainer.reshard import reshard_into
 from streamrec.trainer.resume import open_store, restore_point

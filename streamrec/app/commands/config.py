@@ -13,7 +13,9 @@ import inspect
 import re
 from pathlib import Path
 
-from streamrec.foundation import Config, FieldSpec, GeneratedField
+from streamrec.app.config import Config
+from streamrec.foundation.model_config import FieldSpec
+from streamrec.ingest.ingest_config import GeneratedField
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
