@@ -55,11 +55,12 @@ def drill(cfg, events, heldout, drill_name: str, pre: int, incident: int, post: 
     import torch
 
     from streamrec.embedding_store import EmbeddingStore
-    from streamrec.foundation import roc_auc
+    from streamrec.foundation import hot_budget, roc_auc
     from streamrec.serving import Guard
     from streamrec.trainer import TrainerCore, collector_for
 
-    store = EmbeddingStore.from_config(cfg, "cpu", path=str(workdir / f"store-{drill_name}"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         "cpu", path=str(workdir / f"store-{drill_name}"))
     core = TrainerCore(cfg, store, torch.device("cpu"))
     collector = collector_for(cfg, core)
     rng = np.random.default_rng(7)

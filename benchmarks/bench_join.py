@@ -98,13 +98,14 @@ def _progressive(cfg, mode: str, imps, acts, truth: dict[str, int], tmp: Path, s
     import torch
 
     from streamrec.embedding_store import EmbeddingStore
-    from streamrec.foundation import EventSchema
+    from streamrec.foundation import EventSchema, hot_budget
     from streamrec.joiner import Action, JoinRules, JoinState
     from streamrec.joiner.machine import encode_value
     from streamrec.trainer import TrainerCore
 
     schema = EventSchema.from_config(cfg)
-    store = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp / f"store-{mode}-{cfg.model.seed}"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         "cpu", path=str(tmp / f"store-{mode}-{cfg.model.seed}"))
     core = TrainerCore(cfg, store, torch.device("cpu"))
     rules = JoinRules.from_config(cfg.join)
     join = JoinState(rules)

@@ -86,9 +86,10 @@ def _trainer(cfg, events, path: Path, hot=None, shift: int = 0):
     import torch
 
     from streamrec.embedding_store import EmbeddingStore
+    from streamrec.foundation import hot_budget
     from streamrec.trainer import TrainerCore
 
-    store = EmbeddingStore.from_config(cfg, "cpu", path=str(path))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(path))
     core = TrainerCore(cfg, store, torch.device("cpu"))
     if hot is not None:
         core.apply_hot_set(1, hot)

@@ -147,6 +147,7 @@ class _Runner:
         import torch
 
         from streamrec.embedding_store import EmbeddingStore
+        from streamrec.foundation import hot_budget
         from streamrec.trainer import TrainerCore
 
         self.mode, self.rank = mode, rank
@@ -165,7 +166,8 @@ class _Runner:
             cfg.trainer.batch_size = int(mode.partition("@")[2])
         if mode == "rank":  # per-rank batches: each rank trains BATCH events a step, the group N x BATCH
             cfg.trainer.group_batch = "rank"
-        self.store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=os.path.join(self.root, "store"))
+        self.store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                                  torch.device("cpu"), path=os.path.join(self.root, "store"))
         if self.sharded:
             from streamrec.trainer.sharded_core import ShardedTrainerCore
 

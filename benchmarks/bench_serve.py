@@ -249,10 +249,12 @@ def start_server(env: dict, device: str = "cpu") -> subprocess.Popen:
 
 def build_state(cfg, tmp: Path, rows_per_table: int, seed: int = 0, device: torch.device | str = "cpu"):
     from streamrec.embedding_store import EmbeddingStore
+    from streamrec.foundation import hot_budget
     from streamrec.model import DLRM
 
     model = DLRM.from_config(cfg.model).to(device).eval()
-    store = EmbeddingStore.from_config(cfg, torch.device(device), path=str(tmp / "trainer-store"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         torch.device(device), path=str(tmp / "trainer-store"))
     rng = np.random.default_rng(seed)
     return model, store, rng
 

@@ -98,7 +98,7 @@ def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str, cache_
     torch.set_num_threads(1)
     dev = torch.device(device)
     if setup != "memory":
-        from streamrec.embedding_store import EmbeddingStore  # the runtime, before any table data
+        from streamrec.embedding_store import EmbeddingStore, StoreSpec  # the runtime, before any table data
     runtime_mb = _rss_mb()  # the fixed runtime (interpreter, numpy, torch, the store's code): not the table
     stream = _id_stream(n_ids, 10**9)
     gen = torch.Generator().manual_seed(0)
@@ -119,9 +119,9 @@ def _worker(setup: str, n_ids: int, warm: int, seconds: float, path: str, cache_
     else:
         hot = n_ids // 100 if setup == "tiered" else 0
         cache = int(n_ids * cache_pct / 100) if setup == "tiered" else 0
-        store = EmbeddingStore(path, {"t": DIM}, shards=4, device=dev, hot_capacity_rows=hot,
-                               block_cache_mb=8, memtable_mb=8, host_cache_rows=cache,
-                               cache_admission=admission)
+        store = EmbeddingStore(StoreSpec(path, {"t": DIM}, shards=4, device=dev, hot_capacity_rows=hot,
+                                         block_cache_mb=8, memtable_mb=8, host_cache_rows=cache,
+                                         cache_admission=admission))
         if hot:
             store.set_hot({"t": _rows_of_ranks(np.arange(hot), n_ids)})
         pending = [None]
@@ -198,13 +198,14 @@ def cache_traffic(n_ids: int, warm: int, counted: int, cache_pct: float, admissi
     import torch
 
     torch.set_num_threads(1)
-    from streamrec.embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore, StoreSpec
 
     dev = torch.device(device)
     tmp = tempfile.mkdtemp(prefix="bench-store-traffic-")
     hot, cache = n_ids // 100, int(n_ids * cache_pct / 100)
-    store = EmbeddingStore(tmp + "/db", {"t": DIM}, shards=4, device=dev, hot_capacity_rows=hot, block_cache_mb=8,
-                           memtable_mb=8, host_cache_rows=cache, cache_admission=admission)
+    store = EmbeddingStore(StoreSpec(tmp + "/db", {"t": DIM}, shards=4, device=dev, hot_capacity_rows=hot,
+                                     block_cache_mb=8, memtable_mb=8, host_cache_rows=cache,
+                                     cache_admission=admission))
     try:
         store.set_hot({"t": _rows_of_ranks(np.arange(hot), n_ids)})
         G = (torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(0)) * 0.01).to(dev)

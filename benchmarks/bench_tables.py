@@ -90,10 +90,11 @@ def _train(cfg, events, path: Path, shift: int = 0, evict: bool = False, keep: b
     import torch
 
     from streamrec.embedding_store import EmbeddingStore
+    from streamrec.foundation import hot_budget
     from streamrec.trainer import TrainerCore
 
     t0 = time.perf_counter()
-    store = EmbeddingStore.from_config(cfg, "cpu", path=str(path))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(path))
     core = TrainerCore(cfg, store, torch.device("cpu"))
     start = 0
     if shift:

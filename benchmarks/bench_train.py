@@ -143,10 +143,10 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
     else:
         from streamrec.embedding_store import EmbeddingStore
         from streamrec.trainer.core import TrainerCore
-        from streamrec.foundation import hot_budget_rows
+        from streamrec.foundation import hot_budget, hot_budget_rows
         from streamrec.trainer.hotset import SampleHotSource
 
-        store = EmbeddingStore.from_config(cfg, dev)
+        store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), dev)
         core = TrainerCore(cfg, store, dev)
         core.batcher.early_scores = early_scores  # False: a diagnostic (what honest early scores cost)
         metrics = core.metrics

@@ -54,7 +54,7 @@ def pipeline(events: int, ids: int, batch: int, threads: int, device: str, model
 
 def _set_up(root: str, events: int, ids: int, batch: int, device, model: dict | None, events_per_message: int):
     from streamrec.embedding_store import EmbeddingStore
-    from streamrec.foundation import EventSchema, hot_budget_rows
+    from streamrec.foundation import EventSchema, hot_budget, hot_budget_rows
     from streamrec.ingest import Decoder, SyntheticStream, encode_messages
     from streamrec.trainer.core import TrainerCore
     from streamrec.trainer.hotset import SampleHotSource
@@ -68,7 +68,7 @@ def _set_up(root: str, events: int, ids: int, batch: int, device, model: dict | 
     for w in windows_of(SyntheticStream(cfg), events + sample + window, window, cfg.model.dense_dim, fields):
         backlog.append(list(encode_messages(w, schema, "arrow", events_per_message)))
     decoder = Decoder(schema)
-    store = EmbeddingStore.from_config(cfg, device)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), device)
     store.compiled_index = True  # the hot index a device trainer probes with (hot_index.py), on every machine
     core = TrainerCore(cfg, store, device)
     # FAE's hot set from a sample of the stream's first windows, which then train as the warm-up

@@ -1,11 +1,11 @@
 """Tiered embedding store: sharded RocksDB cold tier + device-resident hot tier.
 
-Public surface: :class:`EmbeddingStore` (all tables of one model), its errors, the
+Public surface: :class:`EmbeddingStore` (all tables of one model) and :class:`StoreSpec` (how one
+opens: tables, tiers, optimizer, lean tables; ``StoreSpec.from_sections`` from the config), its errors, the
 cold-tier extension point (:class:`ColdTier`, a Protocol, and its built-in
 :class:`RocksDBColdTier`), and the row rules any replica must share: ``init_rows``
 (deterministic initial rows) and ``adagrad_rows``/``adagrad_rows_np`` (row-wise
-Adagrad); ``lean_settings`` (the admission and row-cap arguments of a ``StoreConfig``) and
-``note_occurrences`` (how often each id occurs in the coming step, for admission), ``peek_with_admission``
+Adagrad); ``note_occurrences`` (how often each id occurs in the coming step, for admission), ``peek_with_admission``
 (rows as a trainer with admission reads them);
 ``table_sizes(store)`` (rows and bytes on disk per table). See ``store.py`` for the tiering and durability rules.
 """
@@ -16,23 +16,25 @@ from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .adagrad import adagrad_rows, adagrad_rows_np
-    from .admission import lean_settings, note_occurrences, peek_with_admission
+    from .admission import note_occurrences, peek_with_admission
     from .cold import RocksDBColdTier
     from .errors import StoreError, StoreMismatchError
     from .export import table_sizes
     from .rows import init_rows
     from .store import EmbeddingStore
+    from .store_spec import StoreSpec
     from .store_types import ColdTier
 
 # lazy: the config imports ``store_types`` (stdlib only) and must not load torch or RocksDB with it
 _EXPORTS = {  # submodule: the public names it defines
     ".adagrad": "adagrad_rows adagrad_rows_np",
-    ".admission": "lean_settings note_occurrences peek_with_admission",
+    ".admission": "note_occurrences peek_with_admission",
     ".cold": "RocksDBColdTier",
     ".errors": "StoreError StoreMismatchError",
     ".export": "table_sizes",
     ".rows": "init_rows",
     ".store": "EmbeddingStore",
+    ".store_spec": "StoreSpec",
     ".store_types": "ColdTier",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

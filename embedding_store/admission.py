@@ -23,11 +23,19 @@ marks its ids admitted, so a stored row is never read as unadmitted.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import numpy as np
 
 from streamrec.foundation import splitmix64
 
 from .store_types import UNADMITTED_ID
+
+if TYPE_CHECKING:  # annotations only: the table and torch load after this module
+    import torch
+
+    from .store_types import StoreParts
+    from .table import Table
 
 __all__ = ["AdmissionCounter", "UNADMITTED_ID"]
 
@@ -129,19 +137,12 @@ class AdmissionCounter:
         return int(self.table.nbytes)
 
 
-def note_occurrences(store, table: str, ids: np.ndarray, counts: np.ndarray) -> None:
+def note_occurrences(store: StoreParts, table: str, ids: np.ndarray, counts: np.ndarray) -> None:
     """Tell ``store`` how often each of the unique ``ids`` of ``table`` occurs in the training step whose
     ``lookup`` comes next (admission counts occurrences, not steps); nothing when the table admits every id."""
     t = store.tables.get(table)
     if t is not None and t.admission is not None:
         t.admission.note(ids, counts)
-
-
-def lean_settings(store_cfg) -> dict:
-    """``EmbeddingStore``'s admission and row-cap arguments from a ``StoreConfig``."""
-    s = store_cfg
-    return dict(admit_min_count=s.admit_min_count, unadmitted=s.unadmitted, admit_counter_mb=s.admit_counter_mb,
-                max_rows=s.max_rows, eviction=s.eviction, lfu_half_life_s=s.lfu_half_life_s, evict_slack=s.evict_slack)
 
 
 def configure(tables, min_count: int, unadmitted: str, counter_mb: float, max_rows: int, eviction: str) -> bool:
@@ -163,34 +164,34 @@ def _unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     return u, inv.reshape(-1)
 
 
-def lookup(store, t, ids: np.ndarray, host: bool = False):
+def lookup(t: Table, ids: np.ndarray, dev: torch.device, read: Callable[[np.ndarray], torch.Tensor]) -> torch.Tensor:
     """``EmbeddingStore.lookup`` of a table with admission: admitted ids read their rows, the others the
-    unadmitted value (the shared row, or zeros); on the host with ``host``."""
+    unadmitted value (the shared row, or zeros), on device ``dev``. ``read(ids)`` is the plain training
+    lookup of the table's rows (on ``dev``)."""
     import torch
 
     c = t.admission
-    dev = torch.device("cpu") if host else store.device
     uniq, inv = _unique(ids)
     ok = c.decide(uniq) | t.hot.mask(uniq)
     if ok.all():
-        rows = store._get(t.name, uniq, remember=True, host=host)
+        rows = read(uniq)
     elif c.shared:
         m_uniq, m_inv = np.unique(np.where(ok, uniq, UNADMITTED_ID), return_inverse=True)
-        rows = store._get(t.name, m_uniq, remember=True, host=host)[torch.from_numpy(m_inv.reshape(-1)).to(dev)]
+        rows = read(m_uniq)[torch.from_numpy(m_inv.reshape(-1)).to(dev)]
     else:
         rows = torch.zeros((len(uniq), t.dim), dtype=torch.float32, device=dev)
         keep = np.flatnonzero(ok)
         if len(keep):
-            rows[torch.from_numpy(keep).to(dev)] = store._get(t.name, uniq[keep], remember=True, host=host)
+            rows[torch.from_numpy(keep).to(dev)] = read(uniq[keep])
     return rows if inv is None else rows[torch.from_numpy(inv).to(dev)]
 
 
-def peek(store, t, ids: np.ndarray):
+def peek(store: StoreParts, t: Table, ids: np.ndarray) -> torch.Tensor:
     """``EmbeddingStore.peek`` of a table with admission (see :func:`peek_with_admission`)."""
     return peek_with_admission(store, t.name, ids, t.admission.shared)
 
 
-def peek_with_admission(store, table: str, ids: np.ndarray, shared: bool):
+def peek_with_admission(store: StoreParts, table: str, ids: np.ndarray, shared: bool) -> torch.Tensor:
     """Rows of ``ids`` (any order, repeats allowed) as a trainer that admits ids by frequency reads them: held
     rows as stored, every other id the unadmitted value, the shared row (``UNADMITTED_ID``'s, at its init while
     it is not stored) when ``shared``, else zeros. Serving reads a version's store with it, so an id the version
@@ -208,14 +209,14 @@ def peek_with_admission(store, table: str, ids: np.ndarray, shared: bool):
     return rows if inv is None else rows[torch.from_numpy(inv).to(rows.device)]
 
 
-def apply_gradients(store, t, ids: np.ndarray, grads, apply) -> np.ndarray:
+def apply_gradients(t: Table, ids: np.ndarray, grads, apply: Callable[[np.ndarray, torch.Tensor], None]) -> np.ndarray:
     """``EmbeddingStore.apply_gradients`` of a table with admission: the admitted ids' gradients go to their
     rows; the others' are summed into the shared row (or dropped, ``zero``). ``apply(ids, grads)`` is the
     plain row-wise update (which also refuses bad arguments). Counts the step; returns the ids whose rows
     it wrote (the shared row's ``UNADMITTED_ID`` among them when it took a gradient)."""
     import torch
 
-    ids = store._unique_ids(t, ids)
+    ids = t.checked_unique_ids(ids)
     if isinstance(grads, np.ndarray):
         grads = torch.from_numpy(grads)
     if not isinstance(grads, torch.Tensor) or tuple(grads.shape) != (len(ids), t.dim):

@@ -30,7 +30,7 @@ class RowBuffer:
         self._overlays: list[tuple[np.ndarray, np.ndarray | None]] = []
         self._lock = threading.Lock()
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """Wait for the background read, then replay writes that happened meanwhile."""
         if self.future is None:
             return
@@ -74,7 +74,7 @@ class RowBuffer:
         hit = (self.ids[k] == ids) & need
         if not hit.any():
             return
-        self._settle()
+        self.settle()
         scatter(recs, hit, gather(self.recs, k[hit]))
         found[hit] = self.found[k[hit]]
         have |= hit

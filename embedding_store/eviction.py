@@ -17,7 +17,7 @@ whole cold tier once (a RocksDB scan); with the slack, the scans cost a bounded 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -25,8 +25,11 @@ from . import rowpath
 from .export import scan_cold
 from .store_types import UNADMITTED_ID
 
+if TYPE_CHECKING:
+    from .store_types import StoreParts
 
-def over_cap(store) -> list[str]:
+
+def over_cap(store: StoreParts) -> list[str]:
     """Tables whose row count may have passed ``max_rows * (1 + slack)`` since their last sweep (a table never
     swept is counted by its first sweep)."""
     out = []
@@ -37,10 +40,11 @@ def over_cap(store) -> list[str]:
     return out
 
 
-def evict(store, tables: list[str] | None = None, clock: Callable[[], float] = time.time) -> dict[str, np.ndarray]:
+def evict(store: StoreParts, tables: list[str] | None = None,
+          clock: Callable[[], float] = time.time) -> dict[str, np.ndarray]:
     """Sweep ``tables`` (default: those :func:`over_cap` names) down to ``max_rows``; returns the deleted ids
     per table (sorted)."""
-    store._writable()
+    store.check_writable()
     names = over_cap(store) if tables is None else [n for n in tables if store.tables[n].max_rows > 0]
     if not names:
         return {}

@@ -1,7 +1,7 @@
 """Rows out of and into a store in bulk: Arrow export of changed rows (snapshots), raw
 records with their optimizer state (resharding), full scans of the cold tier, which rows are held,
 and deleting rows.
-The functions take the ``EmbeddingStore`` they read or write.
+The functions take the store they read or write (``store_types.StoreParts``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 import torch
 
-from . import rowpath
+from . import lookup, rowpath
 from .errors import StoreError
 from .rows import unpack_records
 from .table import Table
@@ -19,12 +19,14 @@ from .table import Table
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from .store_types import StoreParts
 
-def changed_rows(store, since: int | None = None) -> Iterator[pa.RecordBatch]:
+
+def changed_rows(store: StoreParts, since: int | None = None) -> Iterator[pa.RecordBatch]:
     """Rows changed after checkpoint epoch ``since`` (None: all rows), as Arrow batches with
     columns ``table`` (string), ``id`` (int64), ``vector`` (fixed_size_list<float32>[dim]).
     Each row comes once, from its owner tier."""
-    store._table(next(iter(store.tables)))
+    store.table(next(iter(store.tables)))
     rowpath.drain(store)
     floor = -1 if since is None else int(since)
     for t in store.tables.values():
@@ -46,12 +48,12 @@ def changed_rows(store, since: int | None = None) -> Iterator[pa.RecordBatch]:
             yield _batch(t.name, ids[keep], recs["w"][keep])
 
 
-def import_records(store, table: str, ids: np.ndarray, records: np.ndarray) -> None:
+def import_records(store: StoreParts, table: str, ids: np.ndarray, records: np.ndarray) -> None:
     """Store rows exactly as exported (vector, Adagrad state, timestamps); ``ids`` unique."""
-    store._writable()
-    t = store._table(table)
-    store._memo.pop(table, None)  # a row written here may be one a remembered lookup refused
-    ids = store._unique_ids(t, ids)
+    store.check_writable()
+    t = store.table(table)
+    store.probes.lookup.pop(table, None)  # a row written here may be one a remembered lookup refused
+    ids = t.checked_unique_ids(ids)
     if records.dtype != t.dtype or len(records) != len(ids):
         raise StoreError(f"{table}: {len(records)} records of {records.dtype} for {len(ids)} ids of {t.dtype}")
     if len(ids) == 0:
@@ -64,12 +66,12 @@ def import_records(store, table: str, ids: np.ndarray, records: np.ndarray) -> N
     rowpath.store_cold(store, t, ids, records, old, found, cslots)
 
 
-def peek_held(store, table: str, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+def peek_held(store: StoreParts, table: str, ids: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
     """``peek`` of unique ``ids`` and which of them the store holds a row for (a row never stored, or
     deleted, reads as its init and is not held)."""
-    t = store._table(table)
-    ids = store._unique_ids(t, ids)
-    rows = store._get(table, ids, remember=False)
+    t = store.table(table)
+    ids = t.checked_unique_ids(ids)
+    rows = lookup.rows(store, table, ids, remember=False)
     held = t.hot.mask(ids)
     cold = ~held
     if cold.any():
@@ -78,12 +80,12 @@ def peek_held(store, table: str, ids: np.ndarray) -> tuple[torch.Tensor, np.ndar
     return rows, held
 
 
-def delete_rows(store, table: str, ids: np.ndarray) -> int:
+def delete_rows(store: StoreParts, table: str, ids: np.ndarray) -> int:
     """Delete the stored rows of unique ``ids`` (not hot); returns how many were stored. Deleted rows read
     as their init again."""
-    store._writable()
-    t = store._table(table)
-    ids = store._unique_ids(t, ids)
+    store.check_writable()
+    t = store.table(table)
+    ids = t.checked_unique_ids(ids)
     if t.hot.mask(ids).any():
         raise StoreError(f"{table}: delete_rows of hot rows (change the hot set first)")
     rowpath.settle_cold(store, [t])
@@ -93,7 +95,7 @@ def delete_rows(store, table: str, ids: np.ndarray) -> int:
     return int(found.sum())
 
 
-def table_sizes(store) -> dict[str, dict[str, int]]:
+def table_sizes(store: StoreParts) -> dict[str, dict[str, int]]:
     """Per table: ``rows`` stored in the cold tier (a full scan; hot rows have their copy there from the last
     checkpoint or demotion on), ``row_bytes`` (their keys and records as stored, before RocksDB's compression)
     and ``disk_bytes``: the store directory's bytes apportioned by each table's share of ``row_bytes`` (RocksDB
@@ -111,17 +113,17 @@ def table_sizes(store) -> dict[str, dict[str, int]]:
     return out
 
 
-def scan_cold(store) -> Iterator[tuple[Table, np.ndarray, np.ndarray]]:
+def scan_cold(store: StoreParts) -> Iterator[tuple[Table, np.ndarray, np.ndarray]]:
     """Every row stored in the cold tier, as ``(table, ids, records)`` chunks (a full scan)."""
     for t, ids, packed in _scan_packed(store):
         yield t, ids, unpack_records(packed, t.dtype)
 
 
-def _scan_packed(store) -> Iterator[tuple[Table, np.ndarray, list[bytes]]]:
+def _scan_packed(store: StoreParts) -> Iterator[tuple[Table, np.ndarray, list[bytes]]]:
     """Every row stored in the cold tier, as ``(table, ids, packed records)`` chunks of one table each."""
     for tags, ids, vals in store.cold.scan():
         for tag in np.unique(tags):
-            t = store._by_tag.get(int(tag))
+            t = store.table_by_tag(int(tag))
             if t is None:
                 continue
             sel = np.flatnonzero(tags == tag)

@@ -1,10 +1,12 @@
 """The store's lookup path: a batch of ids to rows, hot rows from the device tier and cold rows through
 the host cache, prefetch buffers and cold tier (``rowpath.py``), remembering where each row was found
 for the ``apply_gradients`` that usually follows (``table.Probe``).
-The function takes the ``EmbeddingStore`` whose rows it reads.
+The function takes the store whose rows it reads (``store_types.StoreParts``).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -13,17 +15,20 @@ from . import rowpath
 from .rows import gather
 from .table import Probe
 
+if TYPE_CHECKING:
+    from .store_types import StoreParts
 
-def rows(store, table: str, ids, remember: bool, host: bool = False) -> torch.Tensor:
+
+def rows(store: StoreParts, table: str, ids, remember: bool, host: bool = False) -> torch.Tensor:
     """Rows of ``ids`` (any order, repeats allowed) as ``[n, dim]`` float32: hot rows from the device tier,
     cold ones through ``rowpath.cold_rows``; on the host with ``host``, else on the store's device.
     ``remember``: a training lookup (``EmbeddingStore.lookup``): cold rows join the host cache (its admission
     counts them) and the probe is kept for the ``apply_gradients`` that follows; otherwise a ``peek``."""
-    t = store._table(table)
+    t = store.table(table)
     dev = torch.device("cpu") if host else store.device
-    ids = store._ids(t, ids)
+    ids = t.checked_ids(ids)
     n = len(ids)
-    pre = store._pre.pop(t.name, None)
+    pre = store.probes.prefetch.pop(t.name, None)
     known = None
     if pre is not None and pre.valid_for(t, ids):
         slots, known = pre.hot, pre.cache  # prefetch(ids) already probed both indexes for these ids
@@ -33,7 +38,7 @@ def rows(store, table: str, ids, remember: bool, host: bool = False) -> torch.Te
     nh = int(is_hot.sum())
     store.hot_hits += nh
     store.cold_hits += n - nh
-    store._memo.pop(t.name, None)
+    store.probes.lookup.pop(t.name, None)
     if nh == n:
         return t.hot.w[torch.from_numpy(slots).to(store.device)].to(dev)
     cold_pos = np.flatnonzero(~is_hot)
@@ -64,7 +69,7 @@ def rows(store, table: str, ids, remember: bool, host: bool = False) -> torch.Te
                 refused = c.freq is not None and int(np.count_nonzero(miss)) <= c.capacity and not len(lost)
             if uniq is cids:  # the usual call: remember where this batch's rows are for apply_gradients
                 # ids.copy(): the caller may refill its array
-                store._memo[t.name] = Probe(t.name, ids.copy(), slots, slots_c, t.hot.gen, c.gen, refused,
+                store.probes.lookup[t.name] = Probe(t.name, ids.copy(), slots, slots_c, t.hot.gen, c.gen, refused,
                                             out_recs, out_found)
         else:
             rowpath.remember(t, uniq, recs, found)

@@ -5,12 +5,13 @@ to the cold tier, promoted rows are taken out of the host cache or read from the
 tier (or initialised), so every row keeps exactly one owner and no update is lost.
 ``write_back_hot`` refreshes the cold tier's backup copy of changed hot rows (at
 checkpoints and on close).
-The functions take the ``EmbeddingStore`` whose tiers they change.
+The functions take the store whose tiers they change (``store_types.StoreParts``).
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,18 +21,21 @@ from .cache import SPILL_CHUNK
 from .errors import StoreError
 from .table import Table
 
+if TYPE_CHECKING:
+    from .store_types import StoreParts
 
-def set_hot(store, hot: dict[str, np.ndarray]) -> dict:
+
+def set_hot(store: StoreParts, hot: dict[str, np.ndarray]) -> dict:
     """Make ``hot`` the complete hot set (a table not named has no hot rows); returns counts.
 
     All reads and writes happen here, in the caller's thread, after pending prefetches
     have settled.
     """
-    store._writable()
+    store.check_writable()
     want = {}
     for name, ids in hot.items():
-        t = store._table(name)
-        want[name] = np.unique(store._ids(t, ids))
+        t = store.table(name)
+        want[name] = np.unique(t.checked_ids(ids))
     total = sum(len(v) for v in want.values())
     if total > store.hot_capacity_rows:
         raise StoreError(f"hot set of {total} rows exceeds hot_capacity_rows={store.hot_capacity_rows}")
@@ -41,7 +45,7 @@ def set_hot(store, hot: dict[str, np.ndarray]) -> dict:
             raise StoreError(f"hot set of {total} rows takes {need} device bytes, more than "
                              f"hot_capacity_bytes={store.hot_capacity_bytes}")
     rowpath.drain(store)
-    store._memo, store._pre = {}, {}
+    store.probes.clear()
     for name, ids in want.items():  # a promoted row exists from now on: it counts as admitted
         t = store.tables[name]
         if t.admission is not None:
@@ -83,7 +87,7 @@ def set_hot(store, hot: dict[str, np.ndarray]) -> dict:
     return stats
 
 
-def spill_hot(store, t: Table, ids: np.ndarray, slots: np.ndarray) -> None:
+def spill_hot(store: StoreParts, t: Table, ids: np.ndarray, slots: np.ndarray) -> None:
     """Write hot ``slots`` (holding ``ids``) to the cold tier with their Adagrad state and times."""
     h = t.hot
     old, found = store.cold.get(t.tag, t.salt, ids, t.dtype)
@@ -96,7 +100,7 @@ def spill_hot(store, t: Table, ids: np.ndarray, slots: np.ndarray) -> None:
     store.cold.write(t.tag, t.salt, ids, rec, old, found)
 
 
-def write_back_hot(store) -> int:
+def write_back_hot(store: StoreParts) -> int:
     """Refresh the cold tier's backup copy of hot rows changed since the last write-back."""
     n = 0
     for t in store.tables.values():

@@ -3,12 +3,13 @@
 A hot row is updated in place in the device tier; a cold row is read through the
 cold-row path (``rowpath.py``), updated on the host and written back through it. Both
 use ``adagrad.py``'s arithmetic, so a row's result does not depend on its tier.
-The functions take the ``EmbeddingStore`` whose rows they update.
+The functions take the store whose rows they update (``store_types.StoreParts``).
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,24 +19,28 @@ from .adagrad import adagrad_rows, adagrad_rows_np
 from .errors import StoreError
 from .rows import gather, scatter
 
+if TYPE_CHECKING:
+    from .store_types import StoreParts
+    from .table import Table
 
-def apply_gradients(store, table: str, ids, grads):
+
+def apply_gradients(store: StoreParts, table: str, ids, grads) -> np.ndarray | None:
     """Row-wise Adagrad on rows ``ids`` (unique) with ``grads [n, dim]`` float32; nothing is
     applied when a gradient is not finite. With admission (``admission.py``), an id not admitted yet
     updates its table's shared row (or nothing) instead of its own, and the ids whose rows were written
     are returned (None without admission: ``ids``)."""
-    t = store._table(table)
+    t = store.table(table)
     if t.admission is None:
         apply_rows(store, table, ids, grads)
         return None
-    return admission.apply_gradients(store, t, ids, grads, lambda i, g: apply_rows(store, table, i, g))
+    return admission.apply_gradients(t, ids, grads, lambda i, g: apply_rows(store, table, i, g))
 
 
-def apply_rows(store, table: str, ids, grads) -> None:
+def apply_rows(store: StoreParts, table: str, ids, grads) -> None:
     """Row-wise Adagrad on rows ``ids`` themselves (see :func:`apply_gradients`)."""
-    store._writable()
-    t = store._table(table)
-    ids = store._unique_ids(t, ids)
+    store.check_writable()
+    t = store.table(table)
+    ids = t.checked_unique_ids(ids)
     if isinstance(grads, np.ndarray):
         grads = torch.from_numpy(grads)
     if not isinstance(grads, torch.Tensor):
@@ -53,7 +58,7 @@ def apply_rows(store, table: str, ids, grads) -> None:
     if not bool(np.isfinite(gnp).all()):
         raise StoreError(f"{table}: grads contain NaN or inf; nothing was applied")
     now = time.time()
-    memo = store._memo.pop(t.name, None)
+    memo = store.probes.lookup.pop(t.name, None)
     cslots = None
     memo_ok = memo is not None and memo.valid_for(t, ids)
     if memo_ok:
@@ -104,7 +109,7 @@ def apply_rows(store, table: str, ids, grads) -> None:
         rowpath.store_cold(store, t, cids, new, old, found, cslots)
 
 
-def _apply_hot(store, t, ids: np.ndarray, slots: np.ndarray, is_hot: np.ndarray,
+def _apply_hot(store: StoreParts, t: Table, ids: np.ndarray, slots: np.ndarray, is_hot: np.ndarray,
                grads: torch.Tensor, gnp: np.ndarray, now: float) -> None:
     """The hot rows' part of a step: updated in place on the device (or queued for
     :func:`flush_hot_updates` inside ``EmbeddingStore.fused_hot_updates``)."""
@@ -117,8 +122,8 @@ def _apply_hot(store, t, ids: np.ndarray, slots: np.ndarray, is_hot: np.ndarray,
         hw[s], ha[s] = adagrad_rows_np(hw[s], ha[s], g, store.lr, store.eps)
     else:
         g = (grads if every else grads[torch.from_numpy(hp).to(grads.device)]).to(store.device)
-        if store._hot_queue is not None:
-            store._hot_queue.append((t, s, g))
+        if store.hot_queue is not None:
+            store.hot_queue.append((t, s, g))
         else:
             fused_hot_update([(t.hot.w, t.hot.acc, s, g)], store.lr, store.eps, store.device)
     t.hot.dirty[s] = True
@@ -151,8 +156,8 @@ def fused_hot_update(parts, lr: float, eps: float, device: torch.device) -> None
             a_t[st] = an
 
 
-def flush_hot_updates(store) -> None:
+def flush_hot_updates(store: StoreParts) -> None:
     """Apply the device-tier updates queued since ``fused_hot_updates`` began."""
-    queue, store._hot_queue = store._hot_queue, None
+    queue, store.hot_queue = store.hot_queue, None
     if queue:
         fused_hot_update([(t.hot.w, t.hot.acc, s, g) for t, s, g in queue], store.lr, store.eps, store.device)

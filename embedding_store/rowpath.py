@@ -4,12 +4,13 @@ Reads look in the host cache first, then in the table's prefetch buffers, then i
 cold tier; a row never stored reads as its deterministic init record. Writes go into
 the cache as dirty rows when it is on, else straight to the cold tier, and every write
 is applied to the table's buffers too, so a buffer never serves a stale row.
-The functions take the store whose state they read and change (``EmbeddingStore``).
+The functions take the store whose state they read and change (``store_types.StoreParts``).
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
@@ -17,8 +18,11 @@ from .buffers import RowBuffer
 from .rows import gather, init_rows, scatter, unique_sorted
 from .table import MAX_BUFFERS, Probe, Table
 
+if TYPE_CHECKING:
+    from .store_types import StoreParts
 
-def fetch(store, t: Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+
+def fetch(store: StoreParts, t: Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Current records of unique cold ``ids`` (buffers first, then the cold tier)."""
     n = len(ids)
     recs = np.zeros(n, dtype=t.dtype)
@@ -34,7 +38,7 @@ def fetch(store, t: Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return recs, found
 
 
-def cold_rows(store, t: Table, ids: np.ndarray, touch: bool, count: bool = True,
+def cold_rows(store: StoreParts, t: Table, ids: np.ndarray, touch: bool, count: bool = True,
               known: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Current ``(records, stored, cache slots)`` of unique cold ``ids``: host cache, then
     buffers, then the cold tier. A row never stored reads as its init record (acc 0, ts 0,
@@ -63,7 +67,7 @@ def cold_rows(store, t: Table, ids: np.ndarray, touch: bool, count: bool = True,
     return recs, found, slots
 
 
-def store_cold(store, t: Table, ids: np.ndarray, new: np.ndarray, old: np.ndarray,
+def store_cold(store: StoreParts, t: Table, ids: np.ndarray, new: np.ndarray, old: np.ndarray,
                found: np.ndarray, slots: np.ndarray) -> None:
     """New records for cold rows: into the cache (dirty) when it is on, else straight to the cold tier."""
     c = t.cache
@@ -78,14 +82,15 @@ def store_cold(store, t: Table, ids: np.ndarray, new: np.ndarray, old: np.ndarra
         c.insert(ids[miss], gather(new, miss), np.ones(int(miss.sum()), dtype=bool), dirty=True)
 
 
-def write(store, t: Table, ids, new, old, old_found) -> None:
+def write(store: StoreParts, t: Table, ids: np.ndarray, new: np.ndarray | None, old: np.ndarray,
+          old_found: np.ndarray) -> None:
     """One atomic cold-tier write (``new`` None: delete), mirrored into the table's buffers."""
     store.cold.write(t.tag, t.salt, ids, new, old, old_found)
     for b in t.buffers:
         b.on_write(ids, new)
 
 
-def spiller(store, t: Table):
+def spiller(store: StoreParts, t: Table) -> Callable[[np.ndarray, np.ndarray], None]:
     """The host cache's write-back of table ``t``: per-row puts, mirrored into the buffers."""
     def spill(ids: np.ndarray, recs: np.ndarray) -> None:
         store.cold.put(t.tag, t.salt, ids, recs)
@@ -94,7 +99,7 @@ def spiller(store, t: Table):
     return spill
 
 
-def flush_caches(store) -> int:
+def flush_caches(store: StoreParts) -> int:
     """Write every dirty cached row back; returns how many."""
     return sum(t.cache.flush() for t in store.tables.values() if t.cache is not None)
 
@@ -105,7 +110,7 @@ def remember(t: Table, ids: np.ndarray, recs: np.ndarray, found: np.ndarray) -> 
     t.buffers.append(RowBuffer(ids, recs=recs.copy(), found=found.copy()))
 
 
-def new_records(store, t: Table, ids: np.ndarray) -> np.ndarray:
+def new_records(store: StoreParts, t: Table, ids: np.ndarray) -> np.ndarray:
     """Init records of ``ids``, stamped now and with the current write epoch."""
     r = np.zeros(len(ids), dtype=t.dtype)
     r["w"] = init_rows(t.salt, store.seed, ids, t.dim, t.init_scale)
@@ -114,26 +119,26 @@ def new_records(store, t: Table, ids: np.ndarray) -> np.ndarray:
     return r
 
 
-def drain(store) -> None:
+def drain(store: StoreParts) -> None:
     """Finish background reads and forget the buffers (before scans and migrations)."""
     for t in store.tables.values():
         for b in t.buffers:
-            b._settle()
+            b.settle()
         t.buffers = []
 
 
-def settle_cold(store, tables) -> None:
+def settle_cold(store: StoreParts, tables: Iterable[Table]) -> None:
     """Make the cold tier the one place the cold rows of ``tables`` live: background reads finished and
     buffers forgotten, remembered probes dropped, and the tables' cached rows written back and forgotten.
     What a scan that deletes rows (expiry, eviction, ``delete_rows``) needs first."""
     drain(store)
-    store._memo, store._pre = {}, {}
+    store.probes.clear()
     for t in tables:
         if t.cache is not None:
             t.cache.clear()
 
 
-def prefetch(store, t: Table, ids: np.ndarray) -> None:
+def prefetch(store: StoreParts, t: Table, ids: np.ndarray) -> None:
     """Start reading the cold rows of ``ids`` on the prefetch thread, for a later lookup/apply."""
     uniq = unique_sorted(ids)  # sorted first: the index searches below are fastest on sorted ids
     hslots = t.hot.find(uniq)
@@ -141,12 +146,12 @@ def prefetch(store, t: Table, ids: np.ndarray) -> None:
     if t.cache is not None and len(cold):
         cslots = t.cache.find(cold)
         # the usual next call is lookup(these unique ids): it reuses both probes
-        store._pre[t.name] = Probe(t.name, uniq, hslots, cslots, t.hot.gen, t.cache.gen)
+        store.probes.prefetch[t.name] = Probe(t.name, uniq, hslots, cslots, t.hot.gen, t.cache.gen)
         cold = cold[cslots < 0]  # cached rows need no read
     if len(cold) == 0:
         return
-    fut = store._pool.submit(store.cold.get, t.tag, t.salt, cold, t.dtype)
+    fut = store.prefetch_pool.submit(store.cold.get, t.tag, t.salt, cold, t.dtype)
     t.buffers.append(RowBuffer(cold, future=fut))
     if len(t.buffers) > MAX_BUFFERS:
-        t.buffers[0]._settle()
+        t.buffers[0].settle()
         t.buffers = t.buffers[-MAX_BUFFERS:]

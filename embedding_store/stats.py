@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def stats(store) -> dict:
+if TYPE_CHECKING:
+    from .store_types import StoreParts
+    from .table import Table
+
+
+def stats(store: StoreParts) -> dict:
     hot_rows = sum(len(t.hot) for t in store.tables.values())
     total = store.hot_hits + store.cold_hits
     caches = [t.cache for t in store.tables.values() if t.cache is not None]
@@ -23,7 +29,7 @@ def stats(store) -> dict:
         "hot_hit_rate": store.hot_hits / total if total else 0.0,
         "created": store.created,
         "hot_bytes": sum(t.hot.nbytes() for t in store.tables.values()),
-        "epoch": store._epoch,
+        "epoch": store.epoch,
         "device": str(store.device),
         "admission_refused": sum(t.admission.refused for t in store.tables.values() if t.admission is not None),
         "admission_admitted": sum(t.admission.admitted for t in store.tables.values() if t.admission is not None),
@@ -32,7 +38,7 @@ def stats(store) -> dict:
     }
 
 
-def table_stats(t) -> dict:
+def table_stats(t: Table) -> dict:
     """One table's lean-table figures: ids read as unadmitted (one per step), ids admitted, rows evicted,
     stored rows after the last sweep (-1: not swept) and the admission counters' bytes."""
     a = t.admission

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from streamrec.foundation import hot_budget, hot_row_bytes, resolve_device
+from streamrec.foundation import hot_row_bytes, resolve_device
 
 from . import admission as _admission
 from . import checkpoint as _checkpoint
@@ -57,14 +57,19 @@ from .cold import FORMAT, RocksDBColdTier, check_manifest, read_manifest, write_
 from .errors import StoreError
 from .hot_arena import HotArena, arenas_of
 from .hot_index import HotIndex, index_of
-from .rows import init_rows, table_tag
+from .rows import init_rows
+from .store_spec import StoreSpec
 from .store_types import ColdTier
-from .table import Probe, Table
+from .table import HotQueue, Probes, Table
 
 ADMISSION_FILE = _checkpoint.ADMISSION_FILE
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from streamrec.foundation import HotBudget
+    from streamrec.embedding_store.store_config import StoreConfig
+    from streamrec.foundation.model_config import ModelConfig
 
 
 class EmbeddingStore:
@@ -83,77 +88,31 @@ class EmbeddingStore:
 
     Lean tables: ``admit_min_count`` >= 2 gives an id its own row from its ``admit_min_count``-th training step
     on (``admission.py``); ``max_rows`` > 0 caps each table's stored rows (``eviction.py``, :meth:`evict`).
+    Every setting named here is a field of the :class:`StoreSpec` the store opens with (``store_spec.py``).
+
+    The modules beside this one read and change the store's state through the members that
+    ``store_types.StoreParts`` lists (the checks every call makes, the remembered probes, the epoch).
     """
 
-    def __init__(self, path: str, tables: dict[str, int], shards: int = 4, seed: int = 0,
-                 device: str | torch.device = "cpu", hot_capacity_rows: int = 0,
-                 lr: float = 0.05, eps: float = 1e-8, init_scale: float | Mapping[str, float] = 0.05,
-                 block_cache_mb: int = 256, host_cache_rows: int = 0, read_only: bool = False,
-                 max_id: dict[str, int] | None = None, sync: bool = False, memtable_mb: int = 64,
-                 cache_admission: str = "frequency", cold: ColdTier | None = None, hot_capacity_bytes: int = 0,
-                 admit_min_count: int = 0, unadmitted: str = "shared", admit_counter_mb: float = 8.0,
-                 max_rows: int = 0, eviction: str = "lfu", lfu_half_life_s: float = 3600.0, evict_slack: float = 0.1):
-        if not tables:
-            raise StoreError("an EmbeddingStore needs at least one table")
-        for name, dim in tables.items():
-            if not isinstance(name, str) or not name:
-                raise StoreError(f"table names must be non-empty strings, got {name!r}")
-            if not isinstance(dim, (int, np.integer)) or dim <= 0:
-                raise StoreError(f"table {name!r}: dim must be a positive int, got {dim!r}")
-        if not 1 <= shards <= 256:
-            raise StoreError(f"shards must be in 1..256, got {shards}")
-        tags = {}
-        for name in tables:
-            t = table_tag(name)
-            if t in tags:
-                raise StoreError(f"tables {tags[t]!r} and {name!r} hash to the same key prefix; rename one")
-            tags[t] = name
-        self.path = Path(path)
-        self.device = resolve_device(device)
-        self.seed = int(seed)
-        # one half-width for every table, or one per table (DLRM's sqrt(1/rows), ModelConfig.init_scales)
-        scales = dict(init_scale) if isinstance(init_scale, Mapping) else {}
-        self.lr, self.eps = float(lr), float(eps)
-        self.init_scale = float(init_scale) if not isinstance(init_scale, Mapping) else 0.05
-        self.hot_capacity_rows = int(hot_capacity_rows)
-        self.hot_capacity_bytes = max(0, int(hot_capacity_bytes))
-        if host_cache_rows < 0:
-            raise StoreError(f"host_cache_rows must be >= 0, got {host_cache_rows}")
-        self.host_cache_rows = int(host_cache_rows)
-        self.read_only = read_only
-        self.shards = shards
-        manifest = read_manifest(self.path)
-        if manifest is not None:
-            check_manifest(self.path, manifest, dict(tables), shards, self.seed)
-            all_tables = {**manifest["tables"], **{k: int(v) for k, v in tables.items()}}
-            self._epoch = int(manifest.get("epoch", 0))
-        else:
-            if read_only:
-                raise StoreError(f"no store at {self.path} (no {self.path / 'manifest.json'}); cannot open read-only")
-            all_tables = {k: int(v) for k, v in tables.items()}
-            self._epoch = 0
-        if not read_only:
-            self.path.mkdir(parents=True, exist_ok=True)
-            self._manifest = {"format": FORMAT, "tables": all_tables, "shards": shards, "seed": self.seed,
-                              "epoch": self._epoch}
-        else:
-            self._manifest = manifest
-        if cold is None:  # a manifest is written only once every shard exists, so with one, each must be there
-            cold = RocksDBColdTier(str(self.path), shards, block_cache_mb, read_only=read_only, sync=sync,
-                                   memtable_mb=memtable_mb, existing=manifest is not None)
-        self.cold: ColdTier = cold
-        if not read_only:  # after the cold tier exists (see RocksDBColdTier's ``existing``)
-            try:
-                write_manifest(self.path, self._manifest)
-            except BaseException:
-                self.cold.close()
-                raise
-        self.tables = {n: Table(n, int(d), self.device, (max_id or {}).get(n), float(scales.get(n, self.init_scale)))
-                       for n, d in tables.items()}
-        for n, t in self.tables.items():
-            if not 0 < t.init_scale <= 1e3:
-                self.cold.close()
-                raise StoreError(f"table {n!r}: init scale must be in (0, 1000], got {t.init_scale!r}")
+    def __init__(self, spec: StoreSpec, cold: ColdTier | None = None):
+        """Open (or create) the store ``spec`` describes; ``cold``: another cold tier than sharded RocksDB
+        at ``spec.path`` (``store_types.ColdTier``)."""
+        self.spec = spec
+        self.path = Path(spec.path)
+        self.device = resolve_device(spec.device)
+        self.seed = int(spec.seed)
+        self.lr, self.eps = float(spec.lr), float(spec.eps)
+        self.init_scale = spec.default_init_scale
+        self.hot_capacity_rows = int(spec.hot_capacity_rows)
+        self.hot_capacity_bytes = max(0, int(spec.hot_capacity_bytes))
+        self.host_cache_rows = int(spec.host_cache_rows)
+        self.read_only = spec.read_only
+        self.shards = spec.shards
+        self.eviction, self.lfu_half_life_s = str(spec.eviction), float(spec.lfu_half_life_s)
+        self.evict_slack = float(spec.evict_slack)
+        self.cold: ColdTier = self._open_cold(cold)
+        self.tables = {n: Table(n, int(d), self.device, (spec.max_id or {}).get(n), spec.table_init_scale(n))
+                       for n, d in spec.tables.items()}
         self._by_tag = {t.tag: t for t in self.tables.values()}
         self._code = {n: np.int16(c) for c, n in enumerate(self.tables)}  # a table's code in the hot index
         # the hot index's compiled probe where the host bounds a trainer (a CUDA device): hot_index.py
@@ -161,41 +120,69 @@ class EmbeddingStore:
         self.arenas: dict[int, HotArena] = {}  # {dim: every hot row of that width}, hot_arena.py
         self.hot_index: HotIndex | None = None  # (table, id) -> arena slot of every hot row, hot_index.py
         self.lay_out_hot()
-        self.eviction, self.lfu_half_life_s, self.evict_slack = str(eviction), float(lfu_half_life_s), float(evict_slack)
-        if _admission.configure(self.tables.values(), admit_min_count, unadmitted, admit_counter_mb, max_rows, eviction):
+        self._set_up_lean_tables_and_cache()
+        self.prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix="store-prefetch")
+        self.hot_hits = 0
+        self.cold_hits = 0
+        self.created = 0
+        self.probes = Probes()  # per table: the last lookup's and the last prefetch's index probes
+        self.hot_queue: HotQueue | None = None  # device-tier updates queued inside fused_hot_updates()
+        self._closed = False
+
+    def _open_cold(self, cold: ColdTier | None) -> ColdTier:
+        """Check the directory's manifest against the spec (or refuse a read-only open of no store), open the
+        cold tier, then write the manifest; sets the epoch and the manifest."""
+        spec, tables = self.spec, {k: int(v) for k, v in self.spec.tables.items()}
+        manifest = read_manifest(self.path)
+        if manifest is not None:
+            check_manifest(self.path, manifest, dict(spec.tables), spec.shards, self.seed)
+            all_tables = {**manifest["tables"], **tables}
+            self._epoch = int(manifest.get("epoch", 0))
+        else:
+            if spec.read_only:
+                raise StoreError(f"no store at {self.path} (no {self.path / 'manifest.json'}); cannot open read-only")
+            all_tables = tables
+            self._epoch = 0
+        if spec.read_only:
+            self._manifest = manifest
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._manifest = {"format": FORMAT, "tables": all_tables, "shards": spec.shards, "seed": self.seed,
+                              "epoch": self._epoch}
+        if cold is None:  # a manifest is written only once every shard exists, so with one, each must be there
+            cold = RocksDBColdTier(str(self.path), spec.shards, spec.block_cache_mb, read_only=spec.read_only,
+                                   sync=spec.sync, memtable_mb=spec.memtable_mb, existing=manifest is not None)
+        if not spec.read_only:  # after the cold tier exists (see RocksDBColdTier's ``existing``)
+            try:
+                write_manifest(self.path, self._manifest)
+            except BaseException:
+                cold.close()
+                raise
+        return cold
+
+    def _set_up_lean_tables_and_cache(self) -> None:
+        """Give the tables their admission counters and row caps (loading the saved counts) and their host
+        caches."""
+        spec = self.spec
+        if _admission.configure(self.tables.values(), spec.admit_min_count, spec.unadmitted, spec.admit_counter_mb,
+                                spec.max_rows, spec.eviction):
             _checkpoint.load_admission(self, self.path / ADMISSION_FILE)
         if self.host_cache_rows:
             per_table = max(1, self.host_cache_rows // len(self.tables))
             for t in self.tables.values():
-                t.cache = HostCache(per_table, t.dtype, rowpath.spiller(self, t), admission=cache_admission)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="store-prefetch")
-        self.hot_hits = 0
-        self.cold_hits = 0
-        self.created = 0
-        # per table: the last lookup's probe, for apply_gradients, and the last prefetch's, for lookup.
-        # Per table, not one for the store: a training step looks up every table before it applies the
-        # gradients of any (and prefetches every table of the next step)
-        self._memo: dict[str, Probe] = {}
-        self._pre: dict[str, Probe] = {}
-        self._hot_queue: list | None = None  # device-tier updates queued inside fused_hot_updates()
-        self._closed = False
+                t.cache = HostCache(per_table, t.dtype, rowpath.spiller(self, t), admission=spec.cache_admission)
 
     @classmethod
-    def from_config(cls, cfg, device, path: str | None = None, read_only: bool = False,
-                    cold: ColdTier | None = None) -> EmbeddingStore:
-        """The store of ``cfg``: one table per ``cfg.model.tables`` entry (a table shared by several fields
-        once, at its own width; by default one per field, named as it, at ``model.embedding_dim``), its
-        rows initialised at ``cfg.model.init_scales`` per table, its hot tier sized by ``hot_budget``."""
-        budget = hot_budget(cfg.hot, cfg.model)
-        s = cfg.store
-        return cls(path or s.path, dict(cfg.model.tables), shards=s.shards, seed=cfg.model.seed, device=device,
-                   hot_capacity_rows=budget.rows, hot_capacity_bytes=budget.bytes, lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),
-                   block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows, read_only=read_only,
-                   cache_admission=s.cache_admission, cold=cold, **_admission.lean_settings(s))
+    def from_sections(cls, store: StoreConfig, model: ModelConfig, budget: HotBudget, device: str | torch.device,
+                      path: str | None = None, read_only: bool = False,
+                      cold: ColdTier | None = None) -> EmbeddingStore:
+        """The store a trainer keeps for ``model`` with the ``store`` section's settings and the device tier's
+        ``budget`` (``hot_budget``): see :meth:`StoreSpec.from_sections`."""
+        return cls(StoreSpec.from_sections(store, model, budget, device, path=path, read_only=read_only), cold)
 
-
-    # -- validation -----------------------------------------------------------------
-    def _table(self, table: str) -> Table:
+    # -- checks every public call makes, shared with the modules beside this one --------------------------
+    def table(self, table: str) -> Table:
+        """The state of table ``table``; :class:`StoreError` when the store is closed or has no such table."""
         if self._closed:
             raise StoreError("the store is closed")
         t = self.tables.get(table)
@@ -203,38 +190,31 @@ class EmbeddingStore:
             raise StoreError(f"unknown table {table!r}; tables: {', '.join(sorted(self.tables))}")
         return t
 
-    def _ids(self, t: Table, ids, what: str = "ids") -> np.ndarray:
-        if isinstance(ids, torch.Tensor):
-            ids = ids.detach().cpu().numpy()
-        a = np.asarray(ids)
-        if a.ndim != 1:
-            raise StoreError(f"{t.name}: {what} must be a 1-D array, got shape {a.shape}")
-        if a.dtype.kind not in "iu":
-            if a.size == 0:
-                return np.empty(0, dtype=np.int64)
-            raise StoreError(f"{t.name}: {what} must be integers, got dtype {a.dtype}")
-        if a.dtype == np.uint64 and a.size and a.max() > np.iinfo(np.int64).max:
-            raise StoreError(f"{t.name}: {what} must fit in int64; got {int(a.max())}")
-        a = a.astype(np.int64, copy=False)
-        if t.max_id is not None and a.size and (a.min() < 0 or a.max() >= t.max_id):
-            bad = a[(a < 0) | (a >= t.max_id)][0]
-            raise StoreError(f"{t.name}: id {int(bad)} is outside [0, {t.max_id})")
-        return a
-
-    def _unique_ids(self, t: Table, ids) -> np.ndarray:
-        a = self._ids(t, ids)
-        if len(a) > 1:
-            if not np.all(a[1:] > a[:-1]):  # sorted-unique fast path, else check properly
-                s = np.sort(a)
-                d = s[1:] == s[:-1]
-                if d.any():
-                    raise StoreError(f"{t.name}: ids must be unique here; id {int(s[1:][d][0])} repeats "
-                                     "(sum the gradients of repeated ids first)")
-        return a
-
-    def _writable(self) -> None:
+    def check_writable(self) -> None:
+        """:class:`StoreError` when the store is open read-only."""
         if self.read_only:
             raise StoreError(f"store {self.path} is open read-only")
+
+    def table_by_tag(self, tag: int) -> Table | None:
+        """The table whose rows the cold tier keys with ``tag`` (``rows.table_tag``), None for none of them."""
+        return self._by_tag.get(int(tag))
+
+    # -- epochs: a write stamps its rows with one past the last checkpoint's --------------------------------
+    @property
+    def epoch(self) -> int:
+        """The last checkpoint's epoch (0: none yet)."""
+        return self._epoch
+
+    @property
+    def manifest(self) -> dict:
+        """A copy of the store's manifest (format, tables, shards, seed, epoch)."""
+        return dict(self._manifest or {})
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record ``epoch`` as the last checkpoint's, in memory and in the directory's manifest."""
+        self._epoch = int(epoch)
+        self._manifest["epoch"] = self._epoch
+        write_manifest(self.path, self._manifest)
 
     @property
     def write_epoch(self) -> int:
@@ -243,12 +223,12 @@ class EmbeddingStore:
 
     # -- public API -------------------------------------------------------------------
     def init_rows(self, table: str, ids: np.ndarray) -> np.ndarray:
-        t = self._table(table)
-        return init_rows(t.salt, self.seed, self._ids(t, ids), t.dim, t.init_scale)
+        t = self.table(table)
+        return init_rows(t.salt, self.seed, t.checked_ids(ids), t.dim, t.init_scale)
 
     def hot_mask(self, table: str, ids: np.ndarray) -> np.ndarray:
-        t = self._table(table)
-        return t.hot.mask(self._ids(t, ids))
+        t = self.table(table)
+        return t.hot.mask(t.checked_ids(ids))
 
     def lookup(self, table: str, ids: np.ndarray, host: bool = False) -> torch.Tensor:
         """Rows of ``ids`` (any order, repeats allowed) as ``[n, dim]`` float32 on the device (on the host
@@ -258,19 +238,17 @@ class EmbeddingStore:
         write per new row: most of a Zipf stream's cold traffic); an id not admitted yet reads the unadmitted
         value. Fetched cold rows are kept for the ``apply_gradients`` that usually follows.
         """
-        if (t := self._table(table)).admission is not None and t.admission.min_count > 1:
-            return _admission.lookup(self, t, self._ids(t, ids), host=host)
-        return self._get(table, ids, remember=True, host=host)
+        if (t := self.table(table)).admission is not None and t.admission.min_count > 1:
+            return _admission.lookup(t, t.checked_ids(ids), torch.device("cpu") if host else self.device,
+                                     lambda uniq: lookup.rows(self, table, uniq, remember=True, host=host))
+        return lookup.rows(self, table, ids, remember=True, host=host)
 
     def peek(self, table: str, ids: np.ndarray, host: bool = False) -> torch.Tensor:
         """Like ``lookup`` but never writes: unseen ids read their init (unadmitted ids: as serving reads them)."""
-        if (t := self._table(table)).admission is not None and t.admission.min_count > 1:
-            rows = _admission.peek(self, t, self._ids(t, ids))
+        if (t := self.table(table)).admission is not None and t.admission.min_count > 1:
+            rows = _admission.peek(self, t, t.checked_ids(ids))
             return rows.cpu() if host else rows
-        return self._get(table, ids, remember=False, host=host)
-
-    def _get(self, table: str, ids, remember: bool, host: bool = False) -> torch.Tensor:
-        return lookup.rows(self, table, ids, remember, host)
+        return lookup.rows(self, table, ids, remember=False, host=host)
 
     # -- the fused step's row source (streamrec.trainer.step_types.RowSource) --------------------------------
     def arena(self, dim: int) -> HotArena:
@@ -337,10 +315,10 @@ class EmbeddingStore:
         same values, one batch of kernels instead of one per table). Reads inside the block see
         the hot rows as they were before it: wrap only code that reads every row before it
         applies any gradient, as a training step does. On a CPU store this changes nothing."""
-        if self.device.type == "cpu" or self._hot_queue is not None:
+        if self.device.type == "cpu" or self.hot_queue is not None:
             yield
             return
-        self._hot_queue = []
+        self.hot_queue = []
         try:
             yield
         finally:
@@ -348,10 +326,10 @@ class EmbeddingStore:
 
     def upsert_rows(self, table: str, ids: np.ndarray, vectors: np.ndarray) -> None:
         """Overwrite the vectors of rows ``ids`` (unique); optimizer state kept (zero if new)."""
-        self._writable()
-        t = self._table(table)
-        self._memo.pop(table, None)  # a row written here may be one a remembered lookup refused
-        ids = self._unique_ids(t, ids)
+        self.check_writable()
+        t = self.table(table)
+        self.probes.lookup.pop(table, None)  # a row written here may be one a remembered lookup refused
+        ids = t.checked_unique_ids(ids)
         if isinstance(vectors, torch.Tensor):
             vectors = vectors.detach().cpu().numpy()
         v = np.asarray(vectors)
@@ -383,8 +361,8 @@ class EmbeddingStore:
 
     def prefetch(self, table: str, ids: np.ndarray) -> None:
         """Start reading the cold rows of ``ids`` in the background for a later lookup/apply."""
-        t = self._table(table)
-        rowpath.prefetch(self, t, self._ids(t, ids))
+        t = self.table(table)
+        rowpath.prefetch(self, t, t.checked_ids(ids))
 
     def set_hot(self, hot: dict[str, np.ndarray]) -> dict:
         """Make ``hot`` the complete hot set (a table not named has no hot rows); see ``migration.py``.
@@ -396,7 +374,7 @@ class EmbeddingStore:
 
     def hot_row_bytes(self, table: str) -> int:
         """Device bytes one hot row of ``table`` costs (its width's weights + its Adagrad sum)."""
-        return hot_row_bytes(self._table(table).dim)
+        return hot_row_bytes(self.table(table).dim)
 
     def hot_bytes_of(self, counts: Mapping[str, int]) -> int:
         """Device bytes of ``counts[t]`` hot rows of each table ``t``, each at its table's width."""
@@ -408,9 +386,17 @@ class EmbeddingStore:
         return _checkpoint.checkpoint(self, path)
 
     @classmethod
-    def restore(cls, checkpoint_path: str, path: str | None = None, **kwargs) -> EmbeddingStore:
-        """Open the state of a checkpoint (classmethod); with ``path``, a copy of it there. See ``checkpoint.py``."""
-        return _checkpoint.restore(cls, checkpoint_path, path, **kwargs)
+    def restore(cls, checkpoint_path: str, spec: StoreSpec | None = None, *, path: str | None = None,
+                cold: ColdTier | None = None, **overrides) -> EmbeddingStore:
+        """Open the state of a checkpoint (classmethod) as the store ``spec`` describes, a copy of the checkpoint
+        at ``spec.path`` where that is another directory. Without ``spec``: the checkpoint's own store (its
+        tables, shards, seed and hot capacities) with ``overrides`` (:class:`StoreSpec` fields), at ``path`` (a
+        copy) or in the checkpoint's directory. See ``checkpoint.py``."""
+        if spec is None:
+            spec = _checkpoint.checkpoint_spec(checkpoint_path, path, **overrides)
+        elif path is not None or overrides:
+            raise TypeError("restore takes a spec or a path and StoreSpec fields, not both")
+        return _checkpoint.restore(cls, checkpoint_path, spec, cold)
 
     def changed_rows(self, since: int | None = None) -> Iterator[pa.RecordBatch]:
         """Rows changed after checkpoint epoch ``since`` (None: all rows), as Arrow batches
@@ -452,7 +438,7 @@ class EmbeddingStore:
                 migration.write_back_hot(self)
                 _checkpoint.save_admission(self, self.path / ADMISSION_FILE)
         finally:
-            self._pool.shutdown(wait=True)
+            self.prefetch_pool.shutdown(wait=True)
             self.cold.close()
             self._closed = True
 

@@ -1,8 +1,10 @@
-"""One table's share of the store's state, and the remembered index probes of a batch.
+"""One table's share of the store's state, the remembered index probes of a batch, and the queue of
+device-tier updates of a fused step.
 
 ``Table`` holds what every part of the store reads for one table: its row identity
 (salt, key tag, record dtype, init scale), its hot tier, its host cache (None when
-the cache is off), its prefetch buffers, and its lean-table state (admission counters, row cap).
+the cache is off), its prefetch buffers, and its lean-table state (admission counters, row cap);
+it checks the ids every call of the store passes for it (``checked_ids``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from .admission import AdmissionCounter
 from .buffers import RowBuffer
 from .cache import HostCache
+from .errors import StoreError
 from .hot import HotTable
 from .rows import record_dtype, table_salt, table_tag
 
@@ -38,6 +41,37 @@ class Table:
         self.rows_at_sweep: int | None = None  # stored rows after the last eviction sweep (None: not swept yet)
         self.created = 0  # rows created by training since that sweep
         self.evicted = 0  # rows deleted by eviction sweeps
+
+    def checked_ids(self, ids, what: str = "ids") -> np.ndarray:
+        """``ids`` of this table as a 1-D int64 array; :class:`StoreError` unless integers within its id bound."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.detach().cpu().numpy()
+        a = np.asarray(ids)
+        if a.ndim != 1:
+            raise StoreError(f"{self.name}: {what} must be a 1-D array, got shape {a.shape}")
+        if a.dtype.kind not in "iu":
+            if a.size == 0:
+                return np.empty(0, dtype=np.int64)
+            raise StoreError(f"{self.name}: {what} must be integers, got dtype {a.dtype}")
+        if a.dtype == np.uint64 and a.size and a.max() > np.iinfo(np.int64).max:
+            raise StoreError(f"{self.name}: {what} must fit in int64; got {int(a.max())}")
+        a = a.astype(np.int64, copy=False)
+        if self.max_id is not None and a.size and (a.min() < 0 or a.max() >= self.max_id):
+            bad = a[(a < 0) | (a >= self.max_id)][0]
+            raise StoreError(f"{self.name}: id {int(bad)} is outside [0, {self.max_id})")
+        return a
+
+    def checked_unique_ids(self, ids) -> np.ndarray:
+        """:meth:`checked_ids`, refused when an id repeats."""
+        a = self.checked_ids(ids)
+        if len(a) > 1:
+            if not np.all(a[1:] > a[:-1]):  # sorted-unique fast path, else check properly
+                s = np.sort(a)
+                d = s[1:] == s[:-1]
+                if d.any():
+                    raise StoreError(f"{self.name}: ids must be unique here; id {int(s[1:][d][0])} repeats "
+                                     "(sum the gradients of repeated ids first)")
+        return a
 
 
 class Probe(NamedTuple):
@@ -63,3 +97,22 @@ class Probe(NamedTuple):
     def valid_for(self, t: Table, ids: np.ndarray) -> bool:
         return (self.table == t.name and t.cache is not None and self.hot_gen == t.hot.gen
                 and self.cache_gen == t.cache.gen and np.array_equal(self.ids, ids))
+
+
+class Probes:
+    """The store's remembered probes, per table: the last training lookup's (``lookup``: for the
+    ``apply_gradients`` that follows) and the last prefetch's (``prefetch``: for the lookup that follows).
+    Per table, not one for the store: a training step looks up every table before it applies the
+    gradients of any (and prefetches every table of the next step)."""
+
+    def __init__(self) -> None:
+        self.lookup: dict[str, Probe] = {}
+        self.prefetch: dict[str, Probe] = {}
+
+    def clear(self) -> None:
+        """Forget every probe (the rows moved: a migration, or a scan that deletes rows)."""
+        self.lookup, self.prefetch = {}, {}
+
+
+HotQueue = list[tuple[Table, np.ndarray, torch.Tensor]]
+"""Device-tier updates queued inside ``EmbeddingStore.fused_hot_updates``: (table, hot slots, gradients)."""

@@ -503,11 +503,11 @@ def _program_copy(program: Program, device: torch.device):
 
 
 def _new_store(model_cfg: ModelConfig, store_cfg: StoreConfig, manifest: Manifest, device: torch.device, path: Path):
-    from streamrec.embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore, StoreSpec
 
     tables = dict(model_cfg.tables)  # a table several fields share is stored once
-    return EmbeddingStore(str(path), tables, shards=store_cfg.shards, seed=model_cfg.seed,
-                          **_store_kwargs(store_cfg, manifest, device))
+    return EmbeddingStore(StoreSpec(str(path), tables, shards=store_cfg.shards, seed=model_cfg.seed,
+                                    **_store_kwargs(store_cfg, manifest, device)))
 
 
 def _store_from_parent(parent: "ServedVersion", store_cfg: StoreConfig, manifest: Manifest, device: torch.device,

@@ -266,8 +266,9 @@ class GroupTrainerService(TrainerService):
 
     def _fresh_store(self) -> None:
         from streamrec.embedding_store import EmbeddingStore
+        from streamrec.foundation import hot_budget
 
-        self.store = EmbeddingStore.from_config(self.cfg, self.device)
+        self.store = EmbeddingStore.from_sections(self.cfg.store, self.cfg.model, hot_budget(self.cfg.hot, self.cfg.model), self.device)
 
     def _open_shard(self, ckpt: Path, state: dict) -> dict | None:
         """Open this rank's store at the checkpoint: its own shard, or resharded from all of them. Its own

@@ -44,7 +44,7 @@ def reshard_into(store, sources: list[Path], rank: int, world: int) -> dict[str,
 
     Returns per-table counts of rows taken. Raises :class:`StreamrecError` naming a shard that is
     missing or does not verify (the caller falls back to an older checkpoint)."""
-    from streamrec.embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore, StoreSpec
 
     taken: dict[str, int] = {}
     for src in sources:
@@ -52,8 +52,8 @@ def reshard_into(store, sources: list[Path], rank: int, world: int) -> dict[str,
             raise StreamrecError(f"resharding needs every shard of the checkpoint, and {src / STORE} is missing "
                                  "(on several hosts, put trainer.checkpoint_dir on a filesystem they share)")
         verify_checkpoint(src)
-        old = EmbeddingStore(str(src / STORE), tables={t: store.tables[t].dim for t in store.tables},
-                             shards=_shards_of(src / STORE), seed=store.seed, read_only=True)
+        old = EmbeddingStore(StoreSpec(str(src / STORE), tables={t: store.tables[t].dim for t in store.tables},
+                                       shards=_shards_of(src / STORE), seed=store.seed, read_only=True))
         try:
             for table, ids, recs in old.export_records():
                 if table not in store.tables:

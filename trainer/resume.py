@@ -29,17 +29,12 @@ def open_store(cfg, device, restore_from: Path | None):
     the config's (``model.tables``, each once): a checkpoint holding a table at another width is
     refused with a ``StoreMismatchError`` naming it.
     """
-    from streamrec.embedding_store import EmbeddingStore, lean_settings
+    from streamrec.embedding_store import EmbeddingStore, StoreSpec
 
+    spec = StoreSpec.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), device)
     if restore_from is not None and (restore_from / STORE).exists():
-        s = cfg.store
-        budget = hot_budget(cfg.hot, cfg.model)
-        return EmbeddingStore.restore(str(restore_from / STORE), path=s.path, device=device, tables=dict(cfg.model.tables),
-                                      lr=s.adagrad_lr, eps=s.adagrad_eps, init_scale=cfg.model.init_scales(s.init_scale),
-                                      block_cache_mb=s.block_cache_mb, host_cache_rows=s.host_cache_rows,
-                                      hot_capacity_rows=budget.rows, hot_capacity_bytes=budget.bytes,
-                                      **lean_settings(s))
-    return EmbeddingStore.from_config(cfg, device)
+        return EmbeddingStore.restore(str(restore_from / STORE), spec)
+    return EmbeddingStore(spec)
 
 
 def restore_point(cfg, device, root: str, refused: list[str]) -> tuple[Path | None, dict[str, Any], dict[str, Any], Any]:

@@ -194,13 +194,13 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     newest = json.loads(snaps[-1].read_text())
     assert int(status["version"]) == newest["version"], (status, newest["version"])
     stored = 0  # every row the group's shards hold at the final checkpoint
-    from streamrec.embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore, StoreSpec
     from streamrec.trainer.reshard import rank_dir
 
     for r in range(2):
         shard = rank_dir(cfg.trainer.checkpoint_dir, r) / latest_checkpoint(cfg.trainer.checkpoint_dir).name / "store"
-        ro = EmbeddingStore(str(shard), tables={f: cfg.model.embedding_dim for f in cfg.model.field_names},
-                            shards=cfg.store.shards, read_only=True)
+        ro = EmbeddingStore(StoreSpec(str(shard), tables={f: cfg.model.embedding_dim for f in cfg.model.field_names},
+                                      shards=cfg.store.shards, read_only=True))
         stored += sum(len(ids) for _t, ids, _r in ro.export_records())
         ro.close()
     assert int(status["rows_held"]) == stored, (status["rows_held"], stored)

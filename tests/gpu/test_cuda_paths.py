@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
-from streamrec.foundation import resolve_device
+from streamrec.foundation import hot_budget, resolve_device
 from streamrec.ingest import EventBatch, SyntheticStream
 from streamrec.trainer.core import TrainerCore
 from tests.conftest import small_config
@@ -61,7 +61,7 @@ def _hot_set(batch: EventBatch, fields, per_field: int) -> dict[str, np.ndarray]
 
 def _train(cfg, device: torch.device, train: EventBatch, hot: dict) -> tuple[TrainerCore, EmbeddingStore, np.ndarray]:
     torch.manual_seed(0)  # the dense network's initial weights
-    store = EmbeddingStore.from_config(cfg, device)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), device)
     core = TrainerCore(cfg, store, device)
     core.apply_hot_set(1, hot)
     scores = []
@@ -78,7 +78,7 @@ def test_auto_device_and_placement(tmp_path):
         assert resolve_device("auto").type == "cuda"
     cfg = _cfg(tmp_path, "place")
     batch = _events(cfg, 2 * BS)
-    store = EmbeddingStore.from_config(cfg, device)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), device)
     try:
         core = TrainerCore(cfg, store, device)
         assert {p.device.type for p in core.model.parameters()} == {device.type}

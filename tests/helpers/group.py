@@ -103,6 +103,7 @@ def _rank1_config_errors(cases, rank, world, cfg, tmp):
     import copy
 
     from streamrec.embedding_store import EmbeddingStore
+    from streamrec.foundation import hot_budget
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
     out = []
@@ -110,7 +111,8 @@ def _rank1_config_errors(cases, rank, world, cfg, tmp):
         c = copy.deepcopy(cfg)
         if rank == 1:
             setattr(c.trainer, key, value)
-        store = EmbeddingStore.from_config(c, torch.device("cpu"), path=str(tmp / f"store-{i}-{rank}"))
+        store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model),
+                                             torch.device("cpu"), path=str(tmp / f"store-{i}-{rank}"))
         try:
             ShardedTrainerCore(c, store, torch.device("cpu"), rank, world).train_window(None)
             out.append("no error")

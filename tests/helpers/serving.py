@@ -20,12 +20,14 @@ class FakeTrainer:
 
     def __init__(self, cfg, tmp_path, seed: int = 0):
         from streamrec.embedding_store import EmbeddingStore
+        from streamrec.foundation import hot_budget
 
         self.cfg = cfg
         self.tmp = tmp_path
         self.fields = cfg.model.field_names
         self.model = DLRM.from_config(cfg.model).eval()
-        self.store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp_path / "trainer-store"))
+        self.store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                                  torch.device("cpu"), path=str(tmp_path / "trainer-store"))
         self.rng = np.random.default_rng(seed)
         self.version = 0
         self.newest_event_ms = 1_700_000_000_000

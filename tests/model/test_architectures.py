@@ -12,7 +12,7 @@ import torch
 
 from streamrec.benchmarks.ref_models import load_by_order, make_net, reference_progressive
 from streamrec.embedding_store import EmbeddingStore, init_rows
-from streamrec.foundation import EventBatch, table_salt
+from streamrec.foundation import EventBatch, hot_budget, table_salt
 from streamrec.ingest import SyntheticStream
 from streamrec.model import DCNv2, DeepFM, DLRM, MLPRanker, build_model
 from streamrec.trainer.core import TrainerCore
@@ -30,7 +30,7 @@ def _cfg(tmp_path, arch: str, **over):
 
 
 def _train(cfg, events):
-    store = EmbeddingStore.from_config(cfg, "cpu")
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
     core = TrainerCore(cfg, store, torch.device("cpu"))
     init = [p.detach().clone() for p in core.model.parameters()]
     for s in range(0, len(events), BS * 8):  # as the service does: batches form across the windows

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
-from streamrec.foundation import EventBatch
+from streamrec.foundation import EventBatch, hot_budget
 from streamrec.ingest import SyntheticStream
 from streamrec.serving import ServingClient, SnapshotPusher, serve
 from streamrec.app.serving_wiring import server_settings
@@ -39,7 +39,7 @@ def _trained(tmp_path, over: dict):
 
     cfg = small_config(tmp_path / "trainer", **{"trainer.batch_size": 256, **over})
     events = EventBatch.concat(list(SyntheticStream(cfg).batches(2048)), cfg.model.dense_dim, cfg.model.field_names)
-    store = EmbeddingStore.from_config(cfg, "cpu")
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
     core = TrainerCore(cfg, store, torch.device("cpu"))
     core.feed(events)
     core.flush()

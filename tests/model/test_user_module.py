@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
-from streamrec.foundation import ConfigError, EventBatch
+from streamrec.foundation import ConfigError, EventBatch, hot_budget
 from streamrec.ingest import SyntheticStream
 from streamrec.model import RankingModel, build_model
 from streamrec.trainer.core import TrainerCore
@@ -29,7 +29,7 @@ def test_a_users_module_is_trained_by_the_trainer(tmp_path):
 
         events = EventBatch.concat(list(SyntheticStream(cfg).batches(4096)), cfg.model.dense_dim,
                                    cfg.model.field_names)
-        store = EmbeddingStore.from_config(cfg, "cpu")
+        store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
         core = TrainerCore(cfg, store, torch.device("cpu"))
         assert type(core.model).__name__ == "TwoTower"
         before = [p.detach().clone() for p in core.model.parameters()]

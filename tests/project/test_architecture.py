@@ -94,13 +94,13 @@ def test_version_flag():
 def test_the_sketch_fills_the_device_tier_the_byte_budget_pays_for(tmp_path, budget_bytes):
     """The sketch's hot set for hot.budget_bytes has the rows the store's device tier holds: >= 95%, never more."""
     from streamrec.embedding_store import EmbeddingStore
-    from streamrec.foundation import EventBatch, JaggedIds, hot_budget_rows
+    from streamrec.foundation import EventBatch, JaggedIds, hot_budget, hot_budget_rows
     from streamrec.app.config import load_config
     from streamrec.sketch import SketchState
 
     cfg = load_config(None, {"hot.budget_bytes": budget_bytes, "hot.budget_rows": 7, "store.path": str(tmp_path),
                              "sketch.top_k": 50_000, "model.fields": [{"name": "user"}, {"name": "item"}]}, env={})
-    store = EmbeddingStore.from_config(cfg, "cpu")
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
     try:
         capacity = store.hot_capacity_rows
     finally:

@@ -83,11 +83,13 @@ class Trainer:
 
     def __init__(self, cfg, tmp_path, seed: int = 0):
         from streamrec.embedding_store import EmbeddingStore
+        from streamrec.foundation import hot_budget
         from streamrec.model import build_model
 
         self.cfg = cfg
         self.model = build_model(cfg.model).eval()
-        self.store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp_path / "trainer-store"))
+        self.store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                                  torch.device("cpu"), path=str(tmp_path / "trainer-store"))
         self.publisher = SnapshotPublisher(cfg, tmp_path / "snapshots", push=False, keep=100)
         self.rng = np.random.default_rng(seed)
         self.version = 0

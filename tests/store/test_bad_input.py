@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from streamrec.embedding_store import EmbeddingStore, StoreError, StoreMismatchError
+from streamrec.embedding_store import EmbeddingStore, StoreError, StoreMismatchError, StoreSpec
 
 
 @pytest.fixture
 def store(tmp_path):
-    s = EmbeddingStore(str(tmp_path / "s"), {"user": 4, "item": 4}, shards=2, hot_capacity_rows=4,
-                       max_id={"item": 1000})
+    s = EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"user": 4, "item": 4}, shards=2, hot_capacity_rows=4,
+                                 max_id={"item": 1000}))
     s.apply_gradients("user", np.array([1, 2, 3]), torch.ones(3, 4))
     yield s
     s.close()
@@ -44,12 +44,12 @@ def test_bad_input_is_refused_and_store_stays_usable(store, call, match):
 
 
 def test_directory_of_another_layout_is_refused(tmp_path):
-    EmbeddingStore(str(tmp_path / "s"), {"user": 4}, shards=2).close()
+    EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"user": 4}, shards=2)).close()
     with pytest.raises(StoreMismatchError, match="dim 4, asked for dim 8"):
-        EmbeddingStore(str(tmp_path / "s"), {"user": 8}, shards=2)
+        EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"user": 8}, shards=2))
     with pytest.raises(StoreMismatchError, match="shards: directory has 2, asked for 3"):
-        EmbeddingStore(str(tmp_path / "s"), {"user": 4}, shards=3)
+        EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"user": 4}, shards=3))
     with pytest.raises(StoreMismatchError, match="seed"):
-        EmbeddingStore(str(tmp_path / "s"), {"user": 4}, shards=2, seed=5)
-    with EmbeddingStore(str(tmp_path / "s"), {"user": 4}, shards=2) as s:  # still opens as it was
+        EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"user": 4}, shards=2, seed=5))
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"user": 4}, shards=2)) as s:  # still opens as it was
         assert s.lookup("user", np.array([7])).shape == (1, 4)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore, StoreSpec
 from streamrec.embedding_store.cache import HostCache
 from streamrec.embedding_store.frequency import FrequencySketch
 from streamrec.embedding_store.rows import record_dtype
@@ -73,8 +73,9 @@ def test_admission_must_be_known():
 def test_refused_rows_lose_no_update_and_match_lru(tmp_path):
     """A tiny cache under a stream of mostly one-off ids: frequency admission refuses most of them;
     every row still reads back exactly as with the LRU cache and with no cache at all."""
-    stores = {adm: EmbeddingStore(str(tmp_path / adm), {"a": 4}, shards=2, hot_capacity_rows=4, host_cache_rows=rows,
-                                  cache_admission=adm)
+    stores = {adm: EmbeddingStore(StoreSpec(str(tmp_path / adm), {"a": 4}, shards=2, hot_capacity_rows=4,
+                                            host_cache_rows=rows,
+                                            cache_admission=adm))
               for adm, rows in (("frequency", 16), ("lru", 16), ("off", 0))}
     try:
         for name, s in stores.items():
@@ -101,8 +102,9 @@ def test_a_step_over_two_tables_with_a_rewrite_between_lookup_and_apply_matches_
     (rows the admission refused are written back from it without a second read); a row rewritten
     between the lookup and the apply (upsert) must keep the rewrite, as with no cache at all."""
     tables = {"a": 4, "b": 3}
-    stores = {adm: EmbeddingStore(str(tmp_path / adm), tables, shards=2, hot_capacity_rows=4, host_cache_rows=rows,
-                                  cache_admission=adm)
+    stores = {adm: EmbeddingStore(StoreSpec(str(tmp_path / adm), tables, shards=2, hot_capacity_rows=4,
+                                            host_cache_rows=rows,
+                                            cache_admission=adm))
               for adm, rows in (("frequency", 64), ("off", 0))}
     try:
         for s in stores.values():

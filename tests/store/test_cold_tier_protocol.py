@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamrec.embedding_store import ColdTier, EmbeddingStore, RocksDBColdTier
+from streamrec.embedding_store import ColdTier, EmbeddingStore, RocksDBColdTier, StoreSpec
 from streamrec.embedding_store.rows import pack_records, unpack_records
 
 TABLES = {"a": 4, "b": 3}
@@ -93,8 +93,8 @@ def _steps(seed: int, n: int):
 def test_a_store_on_a_dict_tier_trains_like_the_rocksdb_one(tmp_path, host_cache_rows):
     kw = dict(shards=2, seed=7, hot_capacity_rows=6, host_cache_rows=host_cache_rows, block_cache_mb=8)
     tier = DictColdTier()
-    ref = EmbeddingStore(str(tmp_path / "rocks"), TABLES, **kw)
-    alt = EmbeddingStore(str(tmp_path / "dict"), TABLES, cold=tier, **kw)
+    ref = EmbeddingStore(StoreSpec(str(tmp_path / "rocks"), TABLES, **kw))
+    alt = EmbeddingStore(StoreSpec(str(tmp_path / "dict"), TABLES, **kw), cold=tier)
     try:
         assert alt.cold is tier
         for store in (ref, alt):
@@ -128,7 +128,7 @@ def test_a_store_on_a_dict_tier_trains_like_the_rocksdb_one(tmp_path, host_cache
 
 def test_a_checkpoint_of_a_dict_tier_store_goes_through_the_tier(tmp_path):
     tier = DictColdTier()
-    with EmbeddingStore(str(tmp_path / "s"), {"a": 4}, cold=tier) as store:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"a": 4}), cold=tier) as store:
         store.apply_gradients("a", np.array([1, 2]), torch.ones((2, 4)))
         epoch = store.checkpoint(str(tmp_path / "ckpt"))
         assert epoch == 1

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore, StoreSpec
 
 pytestmark = pytest.mark.subprocess
 
@@ -39,8 +39,8 @@ CHILD = textwrap.dedent("""
     import numpy as np
     sys.path.insert(0, {root!r})
     from tests.store.test_crash_recovery import ROWS, DIM, _vectors
-    from streamrec.embedding_store import EmbeddingStore
-    s = EmbeddingStore({path!r}, {{"t": DIM}}, shards=4, host_cache_rows={cache})
+    from streamrec.embedding_store import EmbeddingStore, StoreSpec
+    s = EmbeddingStore(StoreSpec({path!r}, {{"t": DIM}}, shards=4, host_cache_rows={cache}))
     crash_at = {crash_at}
     if crash_at:
         # die between shard writes of batch `crash_at`: a torn multi-shard write
@@ -91,7 +91,7 @@ def test_sigkill_mid_write_reopens_to_a_prefix(tmp_path):
         child.kill()
         child.wait(10)
     assert acked >= 40, "child never got going"
-    with EmbeddingStore(str(tmp_path / "s"), {"t": DIM}, shards=4) as s:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"t": DIM}, shards=4)) as s:
         k = _batch_of(s)
         assert acked <= k <= acked + 1, (acked, k)
 
@@ -124,7 +124,7 @@ def test_sigkill_with_write_back_cache_restores_last_checkpoint(tmp_path):
         child.kill()
         child.wait(10)
     assert ckpt >= 20, "child never got going"
-    with EmbeddingStore(str(tmp_path / "s"), {"t": DIM}, shards=4, host_cache_rows=100) as live:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"t": DIM}, shards=4, host_cache_rows=100)) as live:
         got = live.peek("t", ROWS).numpy()
         ks = np.floor(got[:, 0]).astype(np.int64)
         assert ks.min() >= ckpt and ks.max() <= acked + 1, (ckpt, acked, sorted(set(ks.tolist())))
@@ -141,10 +141,10 @@ def test_torn_multishard_write_rolls_back(tmp_path):
     out = child.communicate(timeout=60)[0].split()
     assert child.returncode == -signal.SIGKILL
     assert int(out[-1]) == 6
-    with EmbeddingStore(str(tmp_path / "s"), {"t": DIM}, shards=4) as s:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"t": DIM}, shards=4)) as s:
         assert _batch_of(s) == 6  # batch 7 reached one shard only: rolled back
         s.upsert_rows("t", ROWS, _vectors(8))
-    with EmbeddingStore(str(tmp_path / "s"), {"t": DIM}, shards=4) as s:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"t": DIM}, shards=4)) as s:
         assert _batch_of(s) == 8
 
 
@@ -167,7 +167,7 @@ KILL_IN_RECOVERY = textwrap.dedent("""
     import os, signal, types
     import rocksdict
     import streamrec.embedding_store.cold as cold
-    from streamrec.embedding_store import EmbeddingStore
+    from streamrec.embedding_store import EmbeddingStore, StoreSpec
 
     class DieAfterWrite:
         def __init__(self, *a, **k):
@@ -183,7 +183,7 @@ KILL_IN_RECOVERY = textwrap.dedent("""
     proxy = types.SimpleNamespace(**{{n: getattr(rocksdict, n) for n in dir(rocksdict) if not n.startswith("__")}})
     proxy.Rdict = DieAfterWrite
     cold.rd = proxy
-    EmbeddingStore({path!r}, {{"t": {dim}}}, shards=4)
+    EmbeddingStore(StoreSpec({path!r}, {{"t": {dim}}}, shards=4))
     print("recovery finished without writing", flush=True)
 """)
 
@@ -193,7 +193,7 @@ def test_recovery_killed_half_way_still_rolls_back_the_torn_write(tmp_path):
     whose next open still rolls back the other shards: the write's shard set must not be taken from
     the already rolled-back (emptied) shard, which would show nothing torn and keep half the write."""
     path = str(tmp_path / "s")
-    with EmbeddingStore(path, {"t": RECOVERY_DIM}, shards=4) as s:
+    with EmbeddingStore(StoreSpec(path, {"t": RECOVERY_DIM}, shards=4)) as s:
         s.upsert_rows("t", ROWS, _recovery_vec(1))
         n = {"writes": 0}
 
@@ -211,8 +211,8 @@ def test_recovery_killed_half_way_still_rolls_back_the_torn_write(tmp_path):
     child = subprocess.run([sys.executable, "-c", KILL_IN_RECOVERY.format(path=path, dim=RECOVERY_DIM)],
                            capture_output=True, text=True, timeout=60)
     assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
-    with EmbeddingStore(path, {"t": RECOVERY_DIM}, shards=4) as s:
+    with EmbeddingStore(StoreSpec(path, {"t": RECOVERY_DIM}, shards=4)) as s:
         assert _recovery_batch_of(s) == 1
         s.upsert_rows("t", ROWS, _recovery_vec(3))
-    with EmbeddingStore(path, {"t": RECOVERY_DIM}, shards=4) as s:
+    with EmbeddingStore(StoreSpec(path, {"t": RECOVERY_DIM}, shards=4)) as s:
         assert _recovery_batch_of(s) == 3

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore, StoreSpec
 from streamrec.embedding_store.admission import AdmissionCounter
 from streamrec.embedding_store.store_types import UNADMITTED_ID
 
@@ -16,7 +16,7 @@ DIM = 4
 
 def _store(path, **kw) -> EmbeddingStore:
     kw.setdefault("host_cache_rows", 64)
-    return EmbeddingStore(str(path), {"u": DIM}, shards=2, **kw)
+    return EmbeddingStore(StoreSpec(str(path), {"u": DIM}, shards=2, **kw))
 
 
 def _step(s: EmbeddingStore, ids, g: float = 1.0) -> torch.Tensor:
@@ -73,7 +73,7 @@ def test_decisions_survive_a_checkpoint_and_a_clean_reopen(tmp_path):
     s.checkpoint(str(tmp_path / "cp"))
     _step(s, [3])
     s.close()
-    r = EmbeddingStore.restore(str(tmp_path / "cp"), str(tmp_path / "r"), host_cache_rows=64, admit_min_count=2)
+    r = EmbeddingStore.restore(str(tmp_path / "cp"), path=str(tmp_path / "r"), host_cache_rows=64, admit_min_count=2)
     _step(r, [1, 3])  # 1: second step (own row); 3: its first step since the checkpoint (refused)
     assert _stored(r) == {1, UNADMITTED_ID}
     r.close()
@@ -122,8 +122,8 @@ def test_the_counter_errs_only_upwards_and_saturates():
 
 
 def test_a_sweep_cuts_each_table_back_to_its_cap(tmp_path):
-    s = EmbeddingStore(str(tmp_path / "s"), {"u": DIM, "v": DIM}, shards=2, host_cache_rows=32, max_rows=100,
-                       eviction="lru", evict_slack=0.1)
+    s = EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"u": DIM, "v": DIM}, shards=2, host_cache_rows=32, max_rows=100,
+                                 eviction="lru", evict_slack=0.1))
     for lo in range(0, 1000, 50):  # 10x more ids than the cap
         ids = np.arange(lo, lo + 50, dtype=np.int64)
         for t in ("u", "v"):
@@ -184,7 +184,7 @@ def test_streamrec_tables_reports_rows_and_disk_bytes_per_table(tmp_path, capsys
     from streamrec.app.cli import main
     from streamrec.embedding_store import table_sizes
 
-    s = EmbeddingStore(str(tmp_path / "s"), {"user": 8, "item": 16}, shards=2, host_cache_rows=64)
+    s = EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"user": 8, "item": 16}, shards=2, host_cache_rows=64))
     for t, n in (("user", 300), ("item", 100)):
         ids = np.arange(n, dtype=np.int64)
         s.lookup(t, ids)

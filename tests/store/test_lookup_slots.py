@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore, StoreSpec
 
 
 def test_apply_after_caller_reuses_ids_buffer(tmp_path):
     """A caller that refills its ids buffer in place between lookup and apply must update the new ids."""
-    with EmbeddingStore(str(tmp_path / "s"), {"a": 4}, shards=1, host_cache_rows=64) as store:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"a": 4}, shards=1, host_cache_rows=64)) as store:
         buf = np.array([1, 2, 3], dtype=np.int64)
         before = store.peek("a", np.array([1, 2, 3, 4, 5, 6])).clone()
         store.lookup("a", buf)

@@ -20,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore, StoreSpec
 from streamrec.embedding_store.rowpath import cold_rows
 from tests.conftest import fuzz_examples
 
@@ -106,7 +106,7 @@ def test_store_matches_reference(cache_rows, admission, ops):
     root = Path(tempfile.mkdtemp(prefix="store-prop-"))
     kw = dict(shards=3, seed=11, hot_capacity_rows=12, lr=LR, eps=EPS, block_cache_mb=8,
               host_cache_rows=cache_rows, cache_admission=admission)
-    store = EmbeddingStore(str(root / "live"), TABLES, **kw)
+    store = EmbeddingStore(StoreSpec(str(root / "live"), TABLES, **kw))
     ref = Reference(lambda table, i: store.init_rows(table, np.array([i]))[0])
     checkpoints: list[tuple[str, dict]] = []
     try:
@@ -158,7 +158,7 @@ def test_store_matches_reference(cache_rows, admission, ops):
                 store.flush()
             elif kind == "reopen":  # a clean close writes every dirty cached row back
                 store.close()
-                store = EmbeddingStore(str(root / "live"), TABLES, **kw)
+                store = EmbeddingStore(StoreSpec(str(root / "live"), TABLES, **kw))
             elif kind == "checkpoint":
                 p = str(root / f"ckpt-{len(checkpoints)}")
                 store.checkpoint(p)
@@ -195,8 +195,8 @@ TEST_DEVICE = os.environ.get("STREAMREC_TEST_DEVICE", "cuda")
 @pytest.mark.skipif(TEST_DEVICE.startswith("cuda") and not torch.cuda.is_available(),
                     reason="needs a CUDA device (hot tier on GPU); STREAMREC_TEST_DEVICE=cpu runs its logic on the CPU")
 def test_cuda_hot_tier_matches_reference(tmp_path):
-    store = EmbeddingStore(str(tmp_path / "s"), TABLES, shards=2, hot_capacity_rows=20, lr=LR, eps=EPS,
-                           device=TEST_DEVICE)
+    store = EmbeddingStore(StoreSpec(str(tmp_path / "s"), TABLES, shards=2, hot_capacity_rows=20, lr=LR, eps=EPS,
+                                     device=TEST_DEVICE))
     ref = Reference(lambda table, i: store.init_rows(table, np.array([i]))[0])
     rng = np.random.default_rng(0)
     try:

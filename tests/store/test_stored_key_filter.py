@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore, StoreSpec
 from streamrec.embedding_store.keyset import StoredKeys
 
 
@@ -21,10 +21,10 @@ def test_no_false_negatives_through_merges():
 
 
 def test_reopen_rebuilds_filter(tmp_path):
-    with EmbeddingStore(str(tmp_path / "s"), {"t": 4}, shards=3) as s:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"t": 4}, shards=3)) as s:
         ids = np.arange(0, 3000, 3)
         s.upsert_rows("t", ids, np.full((len(ids), 4), 2.5, np.float32))
-    with EmbeddingStore(str(tmp_path / "s"), {"t": 4}, shards=3) as s:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"t": 4}, shards=3)) as s:
         assert (s.peek("t", ids).numpy() == 2.5).all()
         assert s.cold.skipped == 0
         s.peek("t", ids + 1)  # never stored: answered without RocksDB

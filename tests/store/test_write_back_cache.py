@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from streamrec.embedding_store import EmbeddingStore
+from streamrec.embedding_store import EmbeddingStore, StoreSpec
 
 
 def _train(store, rng, steps=40, n_ids=300):
@@ -20,8 +20,8 @@ def _train(store, rng, steps=40, n_ids=300):
 
 
 def test_cache_is_bounded_evicts_in_bulk_and_matches_write_through(tmp_path):
-    on = EmbeddingStore(str(tmp_path / "on"), {"a": 4}, shards=3, hot_capacity_rows=5, host_cache_rows=40)
-    off = EmbeddingStore(str(tmp_path / "off"), {"a": 4}, shards=3, hot_capacity_rows=5, host_cache_rows=0)
+    on = EmbeddingStore(StoreSpec(str(tmp_path / "on"), {"a": 4}, shards=3, hot_capacity_rows=5, host_cache_rows=40))
+    off = EmbeddingStore(StoreSpec(str(tmp_path / "off"), {"a": 4}, shards=3, hot_capacity_rows=5, host_cache_rows=0))
     try:
         _train(on, np.random.default_rng(7))
         _train(off, np.random.default_rng(7))
@@ -46,12 +46,13 @@ def test_cache_is_bounded_evicts_in_bulk_and_matches_write_through(tmp_path):
         on.close()
         off.close()
     with EmbeddingStore.restore(str(tmp_path / "c-on"), path=str(tmp_path / "r"), host_cache_rows=0) as r:
-        with EmbeddingStore(str(tmp_path / "off"), {"a": 4}, shards=3) as o:
+        with EmbeddingStore(StoreSpec(str(tmp_path / "off"), {"a": 4}, shards=3)) as o:
             assert torch.equal(r.peek("a", ids), o.peek("a", ids))
 
 
 def test_promotion_takes_the_row_out_of_the_cache(tmp_path):
-    with EmbeddingStore(str(tmp_path / "s"), {"a": 4}, shards=2, hot_capacity_rows=2, host_cache_rows=10) as s:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"a": 4}, shards=2, hot_capacity_rows=2,
+                                  host_cache_rows=10)) as s:
         s.apply_gradients("a", np.array([1, 2, 3]), torch.ones(3, 4))  # cached, dirty, never written
         assert s.stats()["cache_dirty"] == 3 and s.stats()["bytes_written"] == 0
         s.set_hot({"a": np.array([1, 2])})
@@ -67,7 +68,7 @@ def test_promotion_takes_the_row_out_of_the_cache(tmp_path):
 def test_expire_sees_cached_rows(tmp_path):
     from tests.helpers.waiting import instant_between
 
-    with EmbeddingStore(str(tmp_path / "s"), {"a": 4}, shards=2, host_cache_rows=50) as s:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"a": 4}, shards=2, host_cache_rows=50)) as s:
         s.apply_gradients("a", np.arange(20), torch.zeros(20, 4))
         cutoff = instant_between()  # rows written before it are old, rows written after it are fresh
         s.apply_gradients("a", np.array([10, 11]), torch.ones(2, 4))
@@ -80,7 +81,7 @@ def test_expire_sees_cached_rows(tmp_path):
 def test_stats_split_rocksdb_rows_and_time(tmp_path):
     """The I/O counters ``bench store`` reports: rows read (not answered by the key filter),
     rows written by write-through and by cache write-back, and time inside each."""
-    with EmbeddingStore(str(tmp_path / "s"), {"a": 4}, shards=2) as s:  # write-through, no cache
+    with EmbeddingStore(StoreSpec(str(tmp_path / "s"), {"a": 4}, shards=2)) as s:  # write-through, no cache
         s.apply_gradients("a", np.arange(10), torch.ones(10, 4))  # 10 new rows: filter answers, 10 written
         st = s.stats()
         assert st["cold_rows_written"] == 10 and st["cold_reads"] - st["cold_reads_skipped"] == 0
@@ -88,7 +89,7 @@ def test_stats_split_rocksdb_rows_and_time(tmp_path):
         st = s.stats()
         assert st["cold_rows_written"] == 20 and st["cold_reads"] - st["cold_reads_skipped"] == 5
         assert st["cold_read_s"] > 0 and st["cold_write_s"] > 0
-    with EmbeddingStore(str(tmp_path / "c"), {"a": 4}, shards=2, host_cache_rows=8) as s:
+    with EmbeddingStore(StoreSpec(str(tmp_path / "c"), {"a": 4}, shards=2, host_cache_rows=8)) as s:
         s.apply_gradients("a", np.arange(8), torch.ones(8, 4))  # all held by the cache: nothing written
         assert s.stats()["cold_rows_written"] == 0
         s.apply_gradients("a", np.arange(8, 16), torch.ones(8, 4))  # evictions are written back

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
+from streamrec.foundation import hot_budget
 from streamrec.trainer.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint, write_checkpoint
 from streamrec.trainer.core import TrainerCore
 from streamrec.trainer.service import TrainerService, open_store
@@ -36,7 +37,7 @@ def test_resume_uses_the_configured_hot_budget_not_the_checkpoints(tmp_path):
     """A resume sizes the hot tier by the configured hot.budget_rows, not by the checkpoint's: after the
     budget is raised, the first hot set of the new size fits (else StoreError in the loop, at every restart)."""
     cfg = small_config(tmp_path, **{"hot.budget_rows": 10})
-    store = EmbeddingStore.from_config(cfg, "cpu")
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
     store.set_hot({"user": np.arange(10)})
     ckpt = tmp_path / "ckpt-000000001"
     store.checkpoint(str(ckpt / "store"))

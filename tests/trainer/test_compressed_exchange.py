@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
+from streamrec.foundation import hot_budget
 from streamrec.foundation.config import ConfigError
 from streamrec.app.config import load_config
 from streamrec.trainer.sharding import decode_rows, encode_rows, owner_of, wire_bytes_per_row
@@ -51,7 +52,8 @@ def _train_each_precision(rank, world, cfg, tmp):
         c = copy.deepcopy(cfg)
         c.trainer.exchange_precision = c.trainer.dense_allreduce_precision = p.partition("-")[0]
         torch.manual_seed(0)
-        store = EmbeddingStore.from_config(c, torch.device("cpu"), path=str(tmp / f"store-{p}-{rank}"))
+        store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model),
+                                             torch.device("cpu"), path=str(tmp / f"store-{p}-{rank}"))
         core = ShardedTrainerCore(c, store, torch.device("cpu"), rank, world)
         if p == "fp16-overflow":
             core.dense_scale = 2.0 ** 40  # every rank: the first steps' fp16 sums overflow and are summed in fp32

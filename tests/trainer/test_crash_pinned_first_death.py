@@ -127,11 +127,12 @@ def test_a_batcher_removes_restored_events_and_still_forms_steps_of_the_rest(tmp
 
 def test_the_marker_before_each_step_names_exactly_the_records_it_trains(tmp_path):
     from streamrec.embedding_store import EmbeddingStore
+    from streamrec.foundation import hot_budget
     from streamrec.trainer import TrainerCore
 
     cfg = small_config(tmp_path)
     cfg.trainer.batch_size, cfg.trainer.window_batches, cfg.trainer.device = 32, 2, "cpu"
-    store = EmbeddingStore.from_config(cfg, "cpu")
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
     core = TrainerCore(cfg, store, "cpu")
     marker = InflightMarker(tmp_path / "inflight.json")
     marks: list = []

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
-from streamrec.foundation import EventBatch, EventSchema
+from streamrec.foundation import EventBatch, EventSchema, hot_budget
 from streamrec.foundation.events import FEEDBACK_CODES
 from streamrec.ingest import SyntheticStream
 from streamrec.model import build_model
@@ -97,7 +97,7 @@ def _fake_negative_stream(cfg, n: int, seed: int = 5):
 
 
 def _train(cfg, stream):
-    store = EmbeddingStore.from_config(cfg, "cpu")
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
     core = TrainerCore(cfg, store, torch.device("cpu"))
     scores = [core.feed(stream.take(np.arange(s, min(len(stream), s + 4096)))).scores
               for s in range(0, len(stream), 4096)]
@@ -138,7 +138,7 @@ def test_progressive_validation_scores_each_impression_once_against_its_final_la
     n = 6000
     cfg = _cfg(tmp_path, "pv", True)
     stream, imp, truth = _fake_negative_stream(cfg, n, seed=9)
-    store = EmbeddingStore.from_config(cfg, "cpu")
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
     core = TrainerCore(cfg, store, torch.device("cpu"))
     seen: list[tuple[np.ndarray, np.ndarray]] = []
     real = core.update_metrics

@@ -142,8 +142,10 @@ def test_the_journal_reads_rows_without_moving_the_stores_counters(cfg, tmp_path
     import torch
 
     from streamrec.embedding_store import EmbeddingStore
+    from streamrec.foundation import hot_budget
 
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp_path / "store"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         torch.device("cpu"), path=str(tmp_path / "store"))
     j = ChangeJournal(store, max_ids=1000)
     try:
         f = cfg.model.field_names[0]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
-from streamrec.foundation import EventBatch, KeyedJaggedIds
+from streamrec.foundation import EventBatch, KeyedJaggedIds, hot_budget
 from streamrec.ingest import SyntheticStream
 from streamrec.model import build_model
 from streamrec.trainer.fused_step import FusedStep, unique_fixed
@@ -28,7 +28,7 @@ def _pair(tmp_path, hot_share: float, **over):
     batch = batch.take(np.arange(BS * 12))
     sides = []
     for name in ("per_table", "fused"):
-        store = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp_path / name))
+        store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(tmp_path / name))
         if hot_share:
             hot = {}
             for f, t in cfg.model.field_tables.items():
@@ -134,7 +134,7 @@ def test_the_store_and_the_in_memory_baseline_are_row_sources(tmp_path):
     from streamrec.trainer.reference import MemoryDLRM
 
     cfg = small_config(tmp_path)
-    with EmbeddingStore.from_config(cfg, "cpu") as store:
+    with EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu") as store:
         assert isinstance(store, RowSource)
     vocab = {f: np.arange(10, dtype=np.int64) for f in cfg.model.field_names}
     assert isinstance(MemoryDLRM(cfg, vocab), RowSource)

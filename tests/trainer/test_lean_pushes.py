@@ -13,7 +13,7 @@ import torch
 
 from streamrec.embedding_store import EmbeddingStore
 from streamrec.embedding_store.store_types import UNADMITTED_ID
-from streamrec.foundation import EventBatch
+from streamrec.foundation import EventBatch, hot_budget
 from streamrec.ingest import SyntheticStream
 from streamrec.serving import ServingClient, SnapshotPusher, serve
 from streamrec.app.serving_wiring import server_settings
@@ -47,7 +47,7 @@ def test_serving_holds_what_the_trainer_admitted_and_drops_what_it_evicted(tmp_p
                                     "serving.push_token": TOKEN})
     server = serve(server_settings(cfg), device="cpu", port=0)
     cfg.serving.push_targets = server.target
-    store = ChangeJournal(EmbeddingStore.from_config(cfg, "cpu"))
+    store = ChangeJournal(EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu"))
     core = TrainerCore(cfg, store, torch.device("cpu"))
     pub = SnapshotPublisher(cfg, tmp_path / "snaps", push=True, full_every=1000, backoff_s=0.05,
                             pusher_factory=SnapshotPusher.factory(cfg.serving))

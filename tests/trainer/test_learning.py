@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
-from streamrec.foundation import roc_auc
+from streamrec.foundation import hot_budget, roc_auc
 from streamrec.ingest import EventBatch, SyntheticStream
 from streamrec.trainer.core import TrainerCore
 from streamrec.trainer.hotset import SampleHotSource
@@ -27,7 +27,7 @@ def _data(tmp_path, n_train, n_held, **over):
 
 
 def _train_core(cfg, train, hot=None) -> tuple[TrainerCore, EmbeddingStore]:
-    store = EmbeddingStore.from_config(cfg, "cpu")
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
     core = TrainerCore(cfg, store, torch.device("cpu"))
     if hot is not None:
         core.apply_hot_set(1, hot)

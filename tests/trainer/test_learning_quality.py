@@ -12,7 +12,7 @@ import torch
 
 from streamrec.benchmarks.plain_dlrm import PlainDLRM, auc as plain_auc, progressive
 from streamrec.embedding_store import EmbeddingStore
-from streamrec.foundation import EventBatch, JaggedIds, roc_auc
+from streamrec.foundation import EventBatch, JaggedIds, hot_budget, roc_auc
 from streamrec.ingest import SyntheticStream
 from streamrec.trainer.checkpoint import write_checkpoint
 from streamrec.trainer.core import TrainerCore
@@ -41,7 +41,7 @@ def _with_expected_ids(cfg, allb):
 
 def _train(cfg, allb, chunks, hot=None, path=None):
     """Feed ``allb`` in the given chunk sizes (cycled), then flush; returns the core (store closed)."""
-    store = EmbeddingStore.from_config(cfg, "cpu", path=path)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=path)
     core = TrainerCore(cfg, store, torch.device("cpu"))
     if hot is not None:
         core.apply_hot_set(1, hot)
@@ -146,7 +146,7 @@ def test_an_event_is_never_scored_by_a_model_trained_on_a_later_event(tmp_path):
     # lets a hot event queue once the hot rate so far fills a batch in time)
     assert k - 4 <= core.hot_events < k
     first = np.arange(0, 2 * k, 2)
-    store = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp_path / "probe"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(tmp_path / "probe"))
     probe = TrainerCore(cfg, store, torch.device("cpu"))
     probe.apply_hot_set(1, hot)
     res = probe.train_window(batch)
@@ -155,7 +155,7 @@ def test_an_event_is_never_scored_by_a_model_trained_on_a_later_event(tmp_path):
     honest = roc_auc(batch.labels[late], res.scores[late, 0])
     assert abs(honest - 0.5) < 0.05, honest
     # the signal is there to be caught: a model that trains each pair's second event before scoring the first
-    store = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp_path / "cheat"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(tmp_path / "cheat"))
     cheat = TrainerCore(cfg, store, torch.device("cpu"))
     # per 64 pairs: a mini-batch of their second events, then one of their first events
     peek = np.concatenate([np.r_[first[i:i + 64] + 1, first[i:i + 64]] for i in range(0, k, 64)])
@@ -185,7 +185,7 @@ def test_initial_rows_follow_the_table_size_and_survive_restart_and_resharding(t
     cfg.model.fields[0].expected_ids = 10_000  # user: sqrt(1/10000) = 0.01
     cfg.model.fields[1].init_scale = 0.2  # item: explicit
     ids = np.arange(5000, 5400, dtype=np.int64)
-    store = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp_path / "live"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(tmp_path / "live"))
     first = {f: store.lookup(f, ids).numpy().copy() for f in cfg.model.field_names}
     assert math.isclose(np.abs(first["user"]).max(), 0.01, rel_tol=0.01)
     assert math.isclose(np.abs(first["item"]).max(), 0.2, rel_tol=0.01)
@@ -203,7 +203,8 @@ def test_initial_rows_follow_the_table_size_and_survive_restart_and_resharding(t
         assert np.array_equal(restored.lookup(f, ids).numpy(), first[f]), f
     restored.close()
     for rank in range(3):  # a group of 3 ranks resharded from it: each owner draws the same rows
-        st = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp_path / f"rank-{rank}"))
+        st = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                          "cpu", path=str(tmp_path / f"rank-{rank}"))
         reshard_into(st, [ckpt], rank, 3)
         for f in cfg.model.field_names:
             mine = owner_of(f, ids, 3) == rank

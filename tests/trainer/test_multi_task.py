@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
-from streamrec.foundation import EventBatch, roc_auc
+from streamrec.foundation import EventBatch, hot_budget, roc_auc
 from streamrec.foundation.model_config import TaskSpec
 from streamrec.ingest import SyntheticStream
 from streamrec.trainer import TrainerCore
@@ -32,7 +32,7 @@ def _train(tmp_path, name, tasks, events):
     cfg = small_config(tmp_path / name)
     cfg.trainer.batch_size = BS
     cfg.model.tasks = tasks
-    store = EmbeddingStore.from_config(cfg, "cpu")
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
     core = TrainerCore(cfg, store, torch.device("cpu"))
     n = len(events)
     scores = [core.feed(events.take(np.arange(s, min(n, s + 8192)))).scores for s in range(0, n, 8192)]
@@ -83,7 +83,7 @@ def test_task_metrics_survive_the_counters_round_trip(tmp_path):
     core, _, _ = _train(tmp_path, "a", [TaskSpec("click"), TaskSpec("conversion")], events)
     c = small_config(tmp_path / "b")
     c.model.tasks = [TaskSpec("click"), TaskSpec("conversion")]
-    store = EmbeddingStore.from_config(c, "cpu")
+    store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model), "cpu")
     other = TrainerCore(c, store, torch.device("cpu"))
     other.load_counters(core.counters())
     store.close()

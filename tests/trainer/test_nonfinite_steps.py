@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
+from streamrec.foundation import hot_budget
 from streamrec.ingest import SyntheticStream
 from streamrec.trainer import TrainerCore
 
@@ -16,7 +17,7 @@ from tests.conftest import small_config
 
 def _core(tmp_path):
     cfg = small_config(tmp_path, **{"trainer.batch_size": 64, "hot.budget_rows": 0})
-    store = EmbeddingStore.from_config(cfg, "cpu")
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
     return cfg, store, TrainerCore(cfg, store, torch.device("cpu"))
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
+from streamrec.foundation import hot_budget
 from streamrec.foundation.config import ConfigError
 from streamrec.app.config import load_config
 
@@ -68,7 +69,8 @@ def _train_setups(rank, world, cfg, tmp):
         c.trainer.dense_allreduce_compression = "none" if name == "exact" else "powersgd"
         c.trainer.powersgd_rank, c.trainer.powersgd_start_iter = k, start
         torch.manual_seed(0)
-        store = EmbeddingStore.from_config(c, torch.device("cpu"), path=str(tmp / f"store-{name}-{rank}"))
+        store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model),
+                                             torch.device("cpu"), path=str(tmp / f"store-{name}-{rank}"))
         core = ShardedTrainerCore(c, store, torch.device("cpu"), rank, world)
         res = core.train_window(batch)
         g = core.group_metrics()
@@ -166,7 +168,8 @@ def _guard(rank, world, cfg, tmp):
     c = copy.deepcopy(cfg)
     c.model.top_mlp = small_config(tmp).model.top_mlp
     c.trainer.dense_allreduce_compression, c.trainer.powersgd_start_iter, c.trainer.powersgd_rank = "powersgd", 0, 1
-    store = EmbeddingStore.from_config(c, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model),
+                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
     core = ShardedTrainerCore(c, store, torch.device("cpu"), rank, world)
     b = synthetic(c, 512)
     if rank == 1:
@@ -219,7 +222,8 @@ def _resume(rank, world, cfg, tmp):
     out = {}
     for run in ("straight", "resumed", "reset"):
         torch.manual_seed(0)
-        store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{run}-{rank}"))
+        store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                             torch.device("cpu"), path=str(tmp / f"store-{run}-{rank}"))
         core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
         core.train_window(w1)
         if run != "straight":
@@ -279,7 +283,7 @@ def test_a_rank_gets_its_own_shard_s_error_feedback_back(tmp_path):
     error = torch.arange(7, dtype=torch.float32)
     for seq, dense in ((1, {"dense_sync_rank": {"world": 2, "numel": 7, "error": error}}), (2, {})):
         c = rank_config(cfg, 1, 2)
-        store = EmbeddingStore.from_config(c, torch.device("cpu"))
+        store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model), torch.device("cpu"))
         write_checkpoint(rank_dir(root, 1), seq, {"rank": 1, "world": 2}, dense,
                          lambda d: {"epoch": int(store.checkpoint(d))})
         store.close()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
+from streamrec.foundation import hot_budget
 from streamrec.foundation.config import ConfigError
 from streamrec.app.config import load_config
 from streamrec.trainer import TrainerCore
@@ -34,7 +35,8 @@ def _rank_mode_rank(rank, world, cfg, tmp):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
     torch.manual_seed(rank)  # different seeds: the broadcast at start must make the ranks' weights one
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
     core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
     step_sizes = []  # every rank's events in each step, as the counts message told this rank
     fetch = core.exchange.fetch
@@ -70,7 +72,8 @@ def test_rank_mode_steps_hold_batch_size_per_rank_and_train_one_trainer_at_n_tim
     cfg = small_config(tmp_path)
     cfg.trainer.batch_size, cfg.trainer.device = 2 * BATCH, "cpu"
     torch.manual_seed(0)
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp_path / "single"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         torch.device("cpu"), path=str(tmp_path / "single"))
     single = TrainerCore(cfg, store, torch.device("cpu"))  # seed 0: the group's start is rank 0's (seed 0) weights
     single.train_window(synthetic(cfg, N_EVENTS))
     assert abs(ranks[0]["auc"] - single.metrics.auc) <= 0.001, (ranks[0]["auc"], single.metrics.auc)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamrec.embedding_store import EmbeddingStore
-from streamrec.foundation import StreamrecError
+from streamrec.embedding_store import EmbeddingStore, StoreSpec
+from streamrec.foundation import StreamrecError, hot_budget
 from streamrec.trainer.checkpoint import CheckpointError, write_checkpoint
 from streamrec.trainer.reshard import rank_dir, reshard_into, shard_checkpoints
 from streamrec.trainer.sharding import owner_of
@@ -32,7 +32,8 @@ def _group_checkpoint(tmp_path, world: int, seq: int = 1):
     rng = np.random.default_rng(0)
     everything = {}
     for r in range(world):
-        store = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp_path / f"live-{world}-{r}"))
+        store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                             "cpu", path=str(tmp_path / f"live-{world}-{r}"))
         for f in cfg.model.field_names:
             ids = np.unique(rng.integers(0, 5000, 800))
             ids = ids[owner_of(f, ids, world) == r]
@@ -45,8 +46,9 @@ def _group_checkpoint(tmp_path, world: int, seq: int = 1):
 
         write_checkpoint(rank_dir(root, r), seq, {"rank": r, "world": world}, {}, write_store)
         store.close()
-        ro = EmbeddingStore(str(rank_dir(root, r) / f"ckpt-{seq:09d}" / "store"), tables={f: 8 for f in cfg.model.field_names},
-                            shards=cfg.store.shards, read_only=True)
+        ro = EmbeddingStore(StoreSpec(str(rank_dir(root, r) / f"ckpt-{seq:09d}" / "store"),
+                                      tables={f: 8 for f in cfg.model.field_names},
+                                      shards=cfg.store.shards, read_only=True))
         everything.update(_records(ro))
         ro.close()
     manifest = {"world": world}
@@ -59,7 +61,8 @@ def test_every_row_and_its_adagrad_state_lands_once(tmp_path, old, new):
     assert len(before) > 1000
     after = {}
     for r in range(new):
-        store = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp_path / f"new-{r}"))
+        store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                             "cpu", path=str(tmp_path / f"new-{r}"))
         reshard_into(store, shard_checkpoints(root, ckpt, manifest), r, new)
         got = _records(store)
         for table, i in got:
@@ -80,7 +83,7 @@ def test_a_corrupt_or_missing_shard_is_named(tmp_path):
     data = bytearray(sst.read_bytes())
     data[len(data) // 2] ^= 0xFF
     sst.write_bytes(bytes(data))
-    store = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp_path / "new"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(tmp_path / "new"))
     with pytest.raises(CheckpointError, match=sst.name):
         reshard_into(store, shard_checkpoints(root, ckpt, manifest), 0, 3)
     import shutil

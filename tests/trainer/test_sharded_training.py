@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from streamrec.embedding_store import EmbeddingStore
+from streamrec.foundation import hot_budget
 from streamrec.trainer import TrainerCore
 from streamrec.trainer.sharding import owner_of
 
@@ -77,7 +78,8 @@ def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, 
 
     cfg = _setup(cfg, arch, tasks, tables, fake, admit)
     torch.manual_seed(0)
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
     core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
     batch = split(_events(cfg), rank, world)
     core.train_window(batch)
@@ -101,7 +103,8 @@ def _single(tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False, 
             admit: bool = False):
     cfg = _setup(_cfg(tmp), arch, tasks, tables, fake, admit)
     torch.manual_seed(0)
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / "single"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         torch.device("cpu"), path=str(tmp / "single"))
     core = TrainerCore(cfg, store, torch.device("cpu"))
     core.train_window(_events(cfg))
     return core, store
@@ -163,7 +166,8 @@ def test_an_idle_rank_joins_every_step_with_an_empty_batch(group_runs):
 def _idle_rank(rank, world, cfg, tmp):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
     core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
     core.train_window(synthetic(cfg, N_EVENTS // 2) if rank == 0 else None)
     out = {"events": core.events, "steps": core.steps, "auc": core.group_metrics().auc}
@@ -183,7 +187,8 @@ def test_a_poisoned_event_is_refused_by_the_whole_group(group_runs):
 def _poisoned_rank(rank, world, cfg, tmp):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
     core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
     b = synthetic(cfg, 512)
     if rank == 1:
@@ -208,7 +213,8 @@ def test_owners_are_stable_and_spread():
 def _out_of_step_rank(rank, world, cfg, tmp):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
     core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
     core.train_window(None)
     if rank == 1:
@@ -274,7 +280,8 @@ def test_a_group_refuses_the_shared_unadmitted_row_before_any_collective(tmp_pat
 
     cfg = _cfg(tmp_path)
     cfg.store.admit_min_count, cfg.store.unadmitted = 2, "shared"
-    store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp_path / "s"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
+                                         torch.device("cpu"), path=str(tmp_path / "s"))
     try:
         with pytest.raises(ConfigError, match='store.unadmitted = "zero"'):
             ShardedTrainerCore(cfg, store, torch.device("cpu"), 0, 2)  # no process group: nothing else ran

@@ -40,7 +40,7 @@ def batch(users, last, items) -> EventBatch:
 def test_the_store_holds_each_table_once_at_its_own_width_and_round_trips_a_checkpoint(tmp_path):
     cfg = shared_config(tmp_path)
     assert cfg.model.tables == {"user": 8, "item": 32}
-    store = EmbeddingStore.from_config(cfg, CPU)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), CPU)
     try:
         assert {n: t.dim for n, t in store.tables.items()} == {"user": 8, "item": 32}
         ids = np.array([1, 2, 3], np.int64)
@@ -74,7 +74,7 @@ def test_the_default_config_gives_one_table_per_field_at_embedding_dim(tmp_path)
     """Old checkpoints name every table as its field at one width: the default config asks for exactly those."""
     cfg = small_config(tmp_path)
     assert cfg.model.tables == {f: cfg.model.embedding_dim for f in cfg.model.field_names}
-    store = EmbeddingStore.from_config(cfg, CPU)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), CPU)
     try:
         assert {n: t.dim for n, t in store.tables.items()} == cfg.model.tables
         assert store.hot_capacity_rows == cfg.hot.budget_rows and store.hot_capacity_bytes == 0
@@ -87,7 +87,7 @@ def test_a_byte_budget_charges_each_table_s_own_width(tmp_path):
     b = hot_budget(cfg.hot, cfg.model)
     assert b.row_bytes == {"user": 36, "item": 132}
     assert b.rows == b.bytes // 36  # the most rows the bytes buy: all of the narrowest table
-    store = EmbeddingStore.from_config(cfg, CPU)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), CPU)
     try:
         assert store.hot_capacity_bytes == b.bytes
         store.set_hot({"user": np.arange(4), "item": np.arange(1)})  # exactly the budget
@@ -108,7 +108,7 @@ def test_the_hot_rows_of_a_shared_table_are_counted_from_both_fields(tmp_path):
     upd = src.poll()
     assert upd is not None and set(upd.tables) == {"user", "item"}
     assert upd.tables["user"].tolist() == [5, 7] and upd.tables["item"].tolist() == []
-    store = EmbeddingStore.from_config(cfg, CPU)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), CPU)
     try:
         store.set_hot(upd.tables)  # the set is keyed as the store is
         assert sorted(store.tables["user"].hot.slot_ids().tolist()) == [5, 7]
@@ -118,7 +118,7 @@ def test_the_hot_rows_of_a_shared_table_are_counted_from_both_fields(tmp_path):
 
 def test_restoring_a_checkpoint_of_another_width_is_refused_naming_the_table(tmp_path):
     wide = shared_config(tmp_path, user_dim=16)
-    store = EmbeddingStore.from_config(wide, CPU)
+    store = EmbeddingStore.from_sections(wide.store, wide.model, hot_budget(wide.hot, wide.model), CPU)
     store.lookup("user", np.array([1]))
     store.apply_gradients("user", np.array([1]), torch.ones(1, 16))
     ck = tmp_path / "ckpt" / "ckpt-000000001"
@@ -148,7 +148,7 @@ def test_restoring_a_checkpoint_of_another_width_is_refused_naming_the_table(tmp
 
 def test_resharding_moves_each_table_s_rows_once_by_table_owner(tmp_path):
     cfg = shared_config(tmp_path)
-    src = EmbeddingStore.from_config(cfg, CPU, path=str(tmp_path / "src-live"))
+    src = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), CPU, path=str(tmp_path / "src-live"))
     ids = np.arange(1, 201, dtype=np.int64)
     for t, d in cfg.model.tables.items():
         src.lookup(t, ids)
@@ -159,7 +159,7 @@ def test_resharding_moves_each_table_s_rows_once_by_table_owner(tmp_path):
     src.close()
     seen = {t: [] for t in cfg.model.tables}
     for rank in range(2):
-        dst = EmbeddingStore.from_config(cfg, CPU, path=str(tmp_path / f"r{rank}"))
+        dst = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), CPU, path=str(tmp_path / f"r{rank}"))
         try:
             taken = reshard_into(dst, [tmp_path / "old"], rank, 2)
             got = {t: set() for t in cfg.model.tables}
