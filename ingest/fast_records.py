@@ -141,6 +141,48 @@ def _load():
     return (fast, _run_partition_records_class(kp, fast)), None
 
 
+def _batches_method(CBatch: type):
+    """The ``_batches`` method of the hook's PartitionRecords classes, over aiokafka's C batch parser."""
+    unpack_header = struct.Struct(">qiib").unpack_from  # base offset, length, leader epoch, magic
+    unpack_length = struct.Struct(">i").unpack_from
+    unpack_offset = struct.Struct(">q").unpack_from
+
+    def _batches(self, buf):
+        """Each record batch of a fetch that holds records, checked (size, format v2, CRC), with its
+        leader epoch and size in bytes; once all are taken the next fetch starts after the last batch,
+        as kafka-python's does (even if compaction emptied its end). Control batches are skipped."""
+        check = self.check_crcs
+        view = memoryview(buf)
+        end_all = len(buf)
+        pos = 0
+        last_next = None
+        while end_all - pos >= 12:
+            length = unpack_length(buf, pos + 8)[0]
+            end = pos + 12 + length
+            if end > end_all:
+                break  # a partial batch at the end of the fetch (kafka-python stops there too)
+            if length + 12 < _V2_HEADER:
+                raise _Fallback(f"record batch of {length + 12} bytes at offset {unpack_offset(buf, pos)[0]}")
+            base_offset, length, epoch, magic = unpack_header(buf, pos)
+            if magic != 2:
+                raise _Fallback(f"message format v{magic} at offset {base_offset}")
+            batch = CBatch(view[pos:end])
+            pos = end
+            if check and not batch.validate_crc():
+                raise _Fallback(f"record batch failed its CRC check at offset {base_offset}")
+            self.leader_epoch = epoch
+            last_next = batch.next_offset
+            if batch.is_control_batch:
+                self.next_fetch_offset = last_next
+                continue
+            yield batch, epoch, length + 12
+        if last_next is not None:
+            self.next_fetch_offset = last_next
+        self.drain()
+
+    return _batches
+
+
 def _fast_partition_records_class(kp: _KafkaPython, CBatch: type) -> type:
     """kafka-python's PartitionRecords with the record batches parsed by aiokafka's C parser (one
     ``ConsumerRecord`` per record)."""
@@ -148,9 +190,6 @@ def _fast_partition_records_class(kp: _KafkaPython, CBatch: type) -> type:
     MemoryRecords = kp.memory_records
     READ_UNCOMMITTED = kp.read_uncommitted
     kafka_unpack = _kafka_unpack(kp.base)
-    unpack_header = struct.Struct(">qiib").unpack_from  # base offset, length, leader epoch, magic
-    unpack_length = struct.Struct(">i").unpack_from
-    unpack_offset = struct.Struct(">q").unpack_from
     new = tuple.__new__
 
     class FastPartitionRecords(kp.base):
@@ -181,38 +220,7 @@ def _fast_partition_records_class(kp: _KafkaPython, CBatch: type) -> type:
                     if rec.offset >= resume:
                         yield rec
 
-        def _batches(self, buf):
-            """Each record batch of a fetch that holds records, checked (size, format v2, CRC), with its
-            leader epoch and size in bytes; once all are taken the next fetch starts after the last batch,
-            as kafka-python's does (even if compaction emptied its end). Control batches are skipped."""
-            check = self.check_crcs
-            view = memoryview(buf)
-            end_all = len(buf)
-            pos = 0
-            last_next = None
-            while end_all - pos >= 12:
-                length = unpack_length(buf, pos + 8)[0]
-                end = pos + 12 + length
-                if end > end_all:
-                    break  # a partial batch at the end of the fetch (kafka-python stops there too)
-                if length + 12 < _V2_HEADER:
-                    raise _Fallback(f"record batch of {length + 12} bytes at offset {unpack_offset(buf, pos)[0]}")
-                base_offset, length, epoch, magic = unpack_header(buf, pos)
-                if magic != 2:
-                    raise _Fallback(f"message format v{magic} at offset {base_offset}")
-                batch = CBatch(view[pos:end])
-                pos = end
-                if check and not batch.validate_crc():
-                    raise _Fallback(f"record batch failed its CRC check at offset {base_offset}")
-                self.leader_epoch = epoch
-                last_next = batch.next_offset
-                if batch.is_control_batch:
-                    self.next_fetch_offset = last_next
-                    continue
-                yield batch, epoch, length + 12
-            if last_next is not None:
-                self.next_fetch_offset = last_next
-            self.drain()
+        _batches = _batches_method(CBatch)
 
         def _fast(self, tp, buf):
             topic, partition = tp.topic, tp.partition
