@@ -368,7 +368,8 @@ def run(size: str = "full", freshness: bool = True, bootstrap: str | None = None
         cfg_arrow.kafka.events_topic = f"events-arrow-{suffix}"
         cfg_arrow.kafka.dlq_topic = f"events-arrow-{suffix}.dlq"
         cfg_arrow.kafka.trainer_group = f"bench-trainer-arrow-{suffix}"
-        ensure_topics(bs, pipeline_topics(cfg) + pipeline_topics(cfg_arrow))
+        ensure_topics(bs, pipeline_topics(cfg.kafka, cfg.trainer.ranks)
+                      + pipeline_topics(cfg_arrow.kafka, cfg_arrow.trainer.ranks))
         schema = EventSchema.from_config(cfg)
         batches = _events(cfg, n_arrow)
         t0 = time.perf_counter()
@@ -456,7 +457,7 @@ def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None) -> d
         cfg.kafka.dlq_topic = f"events-arrow-{suffix}.dlq"
         cfg.trainer.device = device
         cfg.trainer.torch_threads = 0  # every core: the device trainer's host side is what this measures
-        ensure_topics(bs, pipeline_topics(cfg))
+        ensure_topics(bs, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         schema = EventSchema.from_config(cfg)
         msgs = [m for b in _events(cfg, n) for m in encode_messages(b, schema, "arrow", cfg.kafka.events_per_message)]
         _produce(bs, cfg.kafka.events_topic, msgs)

@@ -28,11 +28,12 @@ import uuid
 
 
 def _read(bootstrap: str, cfg, topic: str, n: int, fast: bool, decoded: bool) -> tuple[float, float]:
-    from streamrec.ingest import EventConsumer
+    from streamrec.ingest import EventConsumer, EventSchema
     from streamrec.ingest.fast_records import RecordRun
 
     cfg.kafka.fast_records = fast
-    c = EventConsumer(bootstrap, cfg, f"bench-fr-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+                      f"bench-fr-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
     try:
         if c.fast_records != fast:
             raise RuntimeError(f"fast_records={fast} asked, the consumer has {c.fast_records}")
@@ -74,7 +75,7 @@ def run(quick: bool, repeats: int | None = None) -> dict:
     r: dict = {"records": n, "partitions": PARTITIONS, "repeats": repeats}
     with EmbeddedBroker() as broker:
         bs = broker.bootstrap
-        ensure_topics(bs, pipeline_topics(cfg))
+        ensure_topics(bs, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         msgs = [m for b in _events(cfg, n) for m in encode_json_batch(b)][:n]
         _produce(bs, cfg.kafka.events_topic, msgs)
         del msgs

@@ -182,7 +182,7 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
     cfg = _config(bootstrap, wd, rate)
     if checkpoint_every_s is not None:
         cfg.trainer.checkpoint_every_s = checkpoint_every_s
-    ensure_topics(bootstrap, pipeline_topics(cfg))
+    ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
     server = serve(ServerSettings(cfg.serving, cfg.store, cfg.ingest.dense_abs_max), device="cpu", port=0)
     cfg.serving.push_targets = server.target
     (wd / "config.toml").write_text(tomli_w.dumps(cfg.to_dict()))

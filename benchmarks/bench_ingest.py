@@ -20,9 +20,10 @@ import uuid
 
 
 def _consume_decoded(bootstrap, cfg, topic, n_events, timeout):
-    from streamrec.ingest import EventConsumer
+    from streamrec.ingest import EventConsumer, EventSchema
 
-    c = EventConsumer(bootstrap, cfg, f"bench-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+                      f"bench-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
     try:
         got = 0
         t0 = time.perf_counter()
@@ -50,9 +51,10 @@ def _record_values(recs):
 
 
 def _consume_raw(bootstrap, cfg, topic, n_records, timeout):
-    from streamrec.ingest import EventConsumer
+    from streamrec.ingest import EventConsumer, EventSchema
 
-    c = EventConsumer(bootstrap, cfg, f"bench-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+                      f"bench-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
     try:
         got = nbytes = 0
         t0 = time.perf_counter()
@@ -89,7 +91,7 @@ def _run_codec(bootstrap, cfg, codec, batches, repeats, timeout):
         assert not errors
     decode_rate = n / (time.perf_counter() - t0)
 
-    p = EventProducer(bootstrap, cfg, codec=codec)
+    p = EventProducer(bootstrap, cfg.kafka, schema, codec=codec)
     t0 = time.perf_counter()
     for b in batches:
         p.send_batch(b)

@@ -52,7 +52,7 @@ def _produce(bootstrap, cfg, rate: float, seconds: float, box: dict) -> None:
     from streamrec.ingest.codec import encode_json
 
     events = [e for b in SyntheticStream(cfg).batches(min(int(rate * seconds), 200_000)) for e in b.to_events()]
-    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=2, acks=1, **client_settings(cfg))
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=2, acks=1, **client_settings(cfg.kafka))
     n, t0 = 0, time.monotonic()
     total = int(rate * seconds)
     while n < total:
@@ -76,7 +76,7 @@ def _measure(bootstrap: str, rate: float, seconds: float, wait_ms: float) -> dic
 
     with tempfile.TemporaryDirectory(prefix="streamrec-merge-") as wd:
         cfg = _config(bootstrap, Path(wd), wait_ms)
-        ensure_topics(bootstrap, pipeline_topics(cfg))
+        ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         total = int(rate * seconds)
         cfg.trainer.max_events = total
         svc = TrainerService(cfg, bootstrap, progress=False)

@@ -27,6 +27,7 @@ batch boundary and nothing else.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -58,7 +59,7 @@ def _config(stream: str, over: dict):
 
     cfg = load_config(None, {"trainer.device": "cpu", **over}, env={})
     if stream == "movielens":
-        cfg = movielens_config(cfg)
+        cfg = dataclasses.replace(cfg, model=movielens_config(cfg.model))
         if "hot.budget_rows" not in over:
             cfg.hot.budget_rows = MOVIELENS_HOT_ROWS
     return cfg

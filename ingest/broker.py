@@ -18,9 +18,12 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from streamrec.foundation import StreamrecError
+
+if TYPE_CHECKING:
+    from streamrec.ingest.ingest_config import KafkaConfig
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +136,13 @@ def ensure_topics(bootstrap: str, topics: Iterable[TopicSpec], timeout: float = 
         admin.close()
 
 
-def pipeline_topics(cfg) -> list[TopicSpec]:
-    """The topics the pipeline uses, from the config."""
-    k = cfg.kafka
+def pipeline_topics(kafka: KafkaConfig, ranks: int) -> list[TopicSpec]:
+    """The topics the pipeline uses: those ``kafka`` names, the events topic with a partition for each of the
+    trainer group's ``ranks`` at least (``trainer.ranks``)."""
+    k = kafka
     return [
         # a trainer group's ranks each read their own partitions: at least one per rank
-        TopicSpec(k.events_topic, max(k.partitions, cfg.trainer.ranks)),
+        TopicSpec(k.events_topic, max(k.partitions, ranks)),
         TopicSpec(k.dlq_topic, 1),
         TopicSpec(k.hotset_topic, 1, compacted=True),
     ]

@@ -558,93 +558,112 @@ class Decoder:
         names = set(table.schema.names)
         n = table.num_rows
 
-        def col(name: str) -> pa.Array:
+        def col(name: str) -> pa.Array | None:
+            """The column as one array; None when the table has none of that name."""
+            if name not in names:
+                return None
             c = table.column(name)
             return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
 
-        task_labels = None
-        if "labels" in names:
-            labels, task_labels = task_label_columns(self.schema, col("labels"), col("label") if "label" in names else None, n)
-        elif "label" not in names:
-            if s.require_label:
-                raise EventError("missing label column")
-            labels = np.zeros(n, np.float32)
-        else:
-            lc = col("label")
-            if lc.null_count and s.require_label:
-                raise EventError("missing label (null) in label column")
-            labels = lc.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-            first = with_nulls(lc, labels)  # NaN where null: the first task's label is missing there
-            labels = np.nan_to_num(labels, nan=0.0) if lc.null_count else labels
-            if n and not (labels.min() >= 0 and labels.max() <= 1):  # written so that NaN fails too
-                raise EventError("label must be in [0, 1]")
-        if task_labels is None and len(s.tasks) > 1:  # the first task's labels alone: the others are missing
-            task_labels = np.full((n, len(s.tasks)), np.nan, np.float32)
-            if "label" in names:
-                task_labels[:, 0] = first
-        if "ts" in names:
-            tc = col("ts")
-            if tc.null_count:
-                raise EventError(f"ts must be non-null int64, got {tc.type}")
-            if pa.types.is_uint64(tc.type) and n and pc.max(tc).as_py() > INT64_MAX:
-                # astype(int64) wrapped these to negative times; JSON refuses ts beyond int64 too
-                raise EventError(f"ts must be an integer (ms since epoch) within int64, got {pc.max(tc).as_py()}")
-            ts = tc.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        else:
-            ts = np.zeros(n, np.int64)
-        if s.dense_dim:
-            if "dense" not in names:
-                raise EventError(f"missing dense column (model expects {s.dense_dim} values)")
-            dc = col("dense")
-            if dc.null_count:
-                raise EventError("dense has null rows")
-            if pa.types.is_fixed_size_list(dc.type):
-                width = dc.type.list_size
-                if width != s.dense_dim:
-                    raise EventError(f"dense has {width} values, the model expects {s.dense_dim}")
-                flat = dc.values.to_numpy(zero_copy_only=False)
-                flat = flat[dc.offset * width : (dc.offset + n) * width]
-            else:  # list or large list (_check_columns)
-                off = dc.offsets.to_numpy()
-                lens = np.diff(off)
-                if n and not np.all(lens == s.dense_dim):
-                    bad = int(lens[lens != s.dense_dim][0])
-                    raise EventError(f"dense has {bad} values, the model expects {s.dense_dim}")
-                flat = dc.values.to_numpy(zero_copy_only=False)[off[0] : off[-1]]
-            dense = np.asarray(flat, dtype=np.float32).reshape(n, s.dense_dim)
-            bound = s.dense_abs_max
-            if not (n == 0 or (dense.min() >= -bound and dense.max() <= bound)):  # NaN fails too
-                # NaN/inf (null values read as NaN) or huge values would poison training
-                bad_at = np.argwhere(~(np.abs(dense) <= bound))[0]
-                row, x = int(bad_at[0]), float(dense[bad_at[0], bad_at[1]])
-                raise EventError(f"dense values must be finite numbers within +-{bound:g} "
-                                 f"(ingest.dense_abs_max), got {x!r} (row {row})")
-        else:
-            if "dense" in names:  # tolerated when every row is empty
-                dc = col("dense")
-                if pa.types.is_fixed_size_list(dc.type):
-                    width = dc.type.list_size if n else 0
-                else:
-                    width = int(pc.max(pc.list_value_length(dc)).as_py() or 0) if n else 0
-                if width:
-                    raise EventError(f"dense has {width} values, the model expects 0")
-            dense = np.zeros((n, 0), np.float32)
+        labels, task_labels = _table_labels(s, col("labels"), col("label"), n)
+        ts = _table_ts(col("ts"), n)
+        dense = _table_dense(s, col("dense"), n)
         sparse = {}
         empty = JaggedIds(np.zeros(0, np.int64), np.zeros(n + 1, np.int64))
         for f in s.fields:
             sparse[f] = _list_column(col(f), f) if f in names else empty
-        rids = None
-        if "request_id" in names:
-            rc = col("request_id")
-            if rc.null_count < n:
-                rids = rc.to_pylist()  # valid UTF-8 (validated), so valid text
-                if not _is_text(rc.type):
-                    # non-string ids (ints...) became str in JSON but stayed ints here: convert the same way
-                    rids = [None if r is None else str(r) for r in rids]
+        rids = _table_request_ids(col("request_id"), n)
         feedback = feedback_column(col("feedback")) if "feedback" in names else None
         return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids,
                           task_labels=task_labels, task_names=s.tasks if task_labels is not None else None,
                           feedback=feedback)
+
+
+def _table_labels(s: EventSchema, lsc: pa.Array | None, lc: pa.Array | None,
+                  n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The first task's labels (0.0 where missing) and, when the table has ``labels`` or the model several
+    tasks, the task-label matrix (NaN = missing) of a table's ``labels`` and ``label`` columns (None: absent)."""
+    if lsc is not None:
+        return task_label_columns(s, lsc, lc, n)
+    several = len(s.tasks) > 1
+    if lc is None:
+        if s.require_label:
+            raise EventError("missing label column")
+        # the first task's labels alone (none here): the others are missing
+        return np.zeros(n, np.float32), np.full((n, len(s.tasks)), np.nan, np.float32) if several else None
+    if lc.null_count and s.require_label:
+        raise EventError("missing label (null) in label column")
+    labels = lc.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    first = with_nulls(lc, labels) if several else None  # NaN where null: the first task's label is missing there
+    labels = np.nan_to_num(labels, nan=0.0) if lc.null_count else labels
+    if n and not (labels.min() >= 0 and labels.max() <= 1):  # written so that NaN fails too
+        raise EventError("label must be in [0, 1]")
+    if not several:
+        return labels, None
+    task_labels = np.full((n, len(s.tasks)), np.nan, np.float32)  # the first task's labels alone
+    task_labels[:, 0] = first
+    return labels, task_labels
+
+
+def _table_ts(tc: pa.Array | None, n: int) -> np.ndarray:
+    if tc is None:
+        return np.zeros(n, np.int64)
+    if tc.null_count:
+        raise EventError(f"ts must be non-null int64, got {tc.type}")
+    if pa.types.is_uint64(tc.type) and n and pc.max(tc).as_py() > INT64_MAX:
+        # astype(int64) wrapped these to negative times; JSON refuses ts beyond int64 too
+        raise EventError(f"ts must be an integer (ms since epoch) within int64, got {pc.max(tc).as_py()}")
+    return tc.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _table_dense(s: EventSchema, dc: pa.Array | None, n: int) -> np.ndarray:
+    """The ``dense`` column (None: absent) as an ``(n, dense_dim)`` float32 matrix of bounded values."""
+    if not s.dense_dim:
+        if dc is not None:  # tolerated when every row is empty
+            if pa.types.is_fixed_size_list(dc.type):
+                width = dc.type.list_size if n else 0
+            else:
+                width = int(pc.max(pc.list_value_length(dc)).as_py() or 0) if n else 0
+            if width:
+                raise EventError(f"dense has {width} values, the model expects 0")
+        return np.zeros((n, 0), np.float32)
+    if dc is None:
+        raise EventError(f"missing dense column (model expects {s.dense_dim} values)")
+    if dc.null_count:
+        raise EventError("dense has null rows")
+    if pa.types.is_fixed_size_list(dc.type):
+        width = dc.type.list_size
+        if width != s.dense_dim:
+            raise EventError(f"dense has {width} values, the model expects {s.dense_dim}")
+        flat = dc.values.to_numpy(zero_copy_only=False)
+        flat = flat[dc.offset * width : (dc.offset + n) * width]
+    else:  # list or large list (_check_columns)
+        off = dc.offsets.to_numpy()
+        lens = np.diff(off)
+        if n and not np.all(lens == s.dense_dim):
+            bad = int(lens[lens != s.dense_dim][0])
+            raise EventError(f"dense has {bad} values, the model expects {s.dense_dim}")
+        flat = dc.values.to_numpy(zero_copy_only=False)[off[0] : off[-1]]
+    dense = np.asarray(flat, dtype=np.float32).reshape(n, s.dense_dim)
+    bound = s.dense_abs_max
+    if not (n == 0 or (dense.min() >= -bound and dense.max() <= bound)):  # NaN fails too
+        # NaN/inf (null values read as NaN) or huge values would poison training
+        bad_at = np.argwhere(~(np.abs(dense) <= bound))[0]
+        row, x = int(bad_at[0]), float(dense[bad_at[0], bad_at[1]])
+        raise EventError(f"dense values must be finite numbers within +-{bound:g} "
+                         f"(ingest.dense_abs_max), got {x!r} (row {row})")
+    return dense
+
+
+def _table_request_ids(rc: pa.Array | None, n: int) -> list | None:
+    if rc is None or rc.null_count >= n:
+        return None
+    rids = rc.to_pylist()  # valid UTF-8 (validated), so valid text
+    if not _is_text(rc.type):
+        # non-string ids (ints...) became str in JSON but stayed ints here: convert the same way
+        rids = [None if r is None else str(r) for r in rids]
+    return rids
+
 
 def events_to_arrow_messages(
     batch: EventBatch, schema: EventSchema, events_per_message: int

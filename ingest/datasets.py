@@ -42,7 +42,7 @@ import datetime as _dt
 import io
 import os
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +52,9 @@ import pyarrow.csv as pacsv
 from streamrec.foundation import StreamrecError
 from .codec import Decoder, _loads_json, batch_to_arrow
 from streamrec.foundation import INT64_MIN, EventBatch, EventError, EventSchema, JaggedIds, hash_id
+
+if TYPE_CHECKING:
+    from streamrec.foundation.model_config import ModelConfig
 
 FORMATS = ("csv", "tsv", "jsonl", "parquet", "criteo", "avazu")
 LAYOUTS = ("criteo", "avazu")
@@ -88,27 +91,27 @@ def layout_model(layout: str) -> tuple[list[str], int]:
     raise DatasetError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
 
 
-def layout_config(layout: str, cfg=None):
-    """A copy of ``cfg`` (default: built-in defaults) whose model fields and dense width fit ``layout``."""
-    from streamrec.app.config import Config
-    from streamrec.foundation.model_config import FieldSpec
+def layout_config(layout: str, model: ModelConfig | None = None) -> ModelConfig:
+    """A copy of ``model`` (the ``[model]`` section; default: built-in defaults) whose fields and dense width
+    fit ``layout``; a field of ``model`` that the layout also has keeps its settings."""
+    from streamrec.foundation.model_config import FieldSpec, ModelConfig
 
-    cfg = copy.deepcopy(cfg) if cfg is not None else Config()
+    model = copy.deepcopy(model) if model is not None else ModelConfig()
     names, dense = layout_model(layout)
-    old = {f.name: f for f in cfg.model.fields}
-    cfg.model.fields = [old.get(n) or FieldSpec(n) for n in names]
-    cfg.model.dense_dim = dense
-    return cfg
+    old = {f.name: f for f in model.fields}
+    model.fields = [old.get(n) or FieldSpec(n) for n in names]
+    model.dense_dim = dense
+    return model
 
 
-def criteo_config(cfg=None):
-    """Config for the Criteo layout: fields C1..C26, dense_dim 13."""
-    return layout_config("criteo", cfg)
+def criteo_config(model: ModelConfig | None = None) -> ModelConfig:
+    """The ``[model]`` section for the Criteo layout: fields C1..C26, dense_dim 13."""
+    return layout_config("criteo", model)
 
 
-def avazu_config(cfg=None):
-    """Config for the Avazu layout: 21 categorical fields, no dense features."""
-    return layout_config("avazu", cfg)
+def avazu_config(model: ModelConfig | None = None) -> ModelConfig:
+    """The ``[model]`` section for the Avazu layout: 21 categorical fields, no dense features."""
+    return layout_config("avazu", model)
 
 
 def layout_toml(layout: str) -> str:
@@ -467,13 +470,13 @@ def _rechunk(batches: Iterable[EventBatch], chunk: int, schema: EventSchema) -> 
 
 def read_events(
     path: str | os.PathLike,
-    cfg=None,
+    schema: EventSchema,
     format: str | None = None,
     chunk: int = 8192,
-    schema: EventSchema | None = None,
     dense: str = "log",
 ) -> Iterator[EventBatch]:
-    """Yield the events of a file as batches of at most ``chunk`` events, validated against the model config.
+    """Yield the events of a file as batches of at most ``chunk`` events, validated against ``schema`` (the
+    model config's events).
 
     ``format``: one of :data:`FORMATS` (default: :func:`detect_format`). ``dense``:
     ``"log"`` or ``"raw"``, the Criteo dense transform.
@@ -481,10 +484,6 @@ def read_events(
     p = Path(path)
     if not p.exists():
         raise DatasetError(f"{p}: no such file")
-    if schema is None:
-        if cfg is None:
-            raise ValueError("read_events needs cfg or schema")
-        schema = EventSchema.from_config(cfg)
     fmt = format or detect_format(p)
     if fmt not in FORMATS:
         raise DatasetError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
@@ -512,15 +511,15 @@ def read_events(
 # -- writers -----------------------------------------------------------------------
 
 
-def write_events(path: str | os.PathLike, batches: Iterable[EventBatch], cfg=None, format: str | None = None,
-                 schema: EventSchema | None = None) -> int:
-    """Write batches as Parquet (the Arrow wire columns) or JSON lines; returns the number of events."""
+def write_events(path: str | os.PathLike, batches: Iterable[EventBatch], schema: EventSchema,
+                 format: str | None = None) -> int:
+    """Write batches of ``schema``'s events as Parquet (the Arrow wire columns) or JSON lines; returns the
+    number of events."""
     import json
 
     import pyarrow.parquet as pq
 
     p = Path(path)
-    schema = schema or EventSchema.from_config(cfg)
     fmt = format or _BY_EXT.get(os.path.splitext(_strip_compression(p)[0])[1])
     if fmt not in ("parquet", "jsonl"):
         raise DatasetError(f"{p}: can write parquet or jsonl, not {fmt!r}")
@@ -545,17 +544,18 @@ def write_events(path: str | os.PathLike, batches: Iterable[EventBatch], cfg=Non
     return n
 
 
-def read_file(path: str | os.PathLike, cfg, layout: str = "auto", chunk: int = 8192) -> Iterator[EventBatch]:
+def read_file(path: str | os.PathLike, schema: EventSchema, layout: str = "auto",
+              chunk: int = 8192) -> Iterator[EventBatch]:
     """:func:`read_events` with a layout choice: ``auto`` (detect), ``criteo``, ``avazu``,
     or ``events`` (the plain event columns: CSV/TSV, JSON lines or Parquet by extension)."""
     if layout == "auto":
-        return read_events(path, cfg, chunk=chunk)
+        return read_events(path, schema, chunk=chunk)
     if layout in LAYOUTS:
-        return read_events(path, cfg, format=layout, chunk=chunk)
+        return read_events(path, schema, format=layout, chunk=chunk)
     if layout == "events":
         name, _ = _strip_compression(Path(path))
         fmt = _BY_EXT.get(os.path.splitext(name)[1])
         if fmt is None:
             raise DatasetError(f"{path}: cannot tell the format from the extension; use .csv, .tsv, .jsonl or .parquet")
-        return read_events(path, cfg, format=fmt, chunk=chunk)
+        return read_events(path, schema, format=fmt, chunk=chunk)
     raise DatasetError(f"unknown layout {layout!r}; expected auto, criteo, avazu or events")

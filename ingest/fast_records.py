@@ -46,6 +46,7 @@ import bisect
 import inspect
 import logging
 import struct
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,22 @@ class _Fallback(Exception):
     """The fast path does not handle this fetch (or this batch): kafka-python parses it."""
 
 
-def _load():
-    """(FastPartitionRecords class, None) or (None, why not)."""
+class _KafkaPython(NamedTuple):
+    """The kafka-python internals the hook builds on, checked by :func:`_kafka_python`."""
+
+    base: type  # Fetcher.PartitionRecords: the class the hook subclasses
+    consumer_record: type  # ConsumerRecord (a namedtuple)
+    memory_records: type  # MemoryRecords: a fetch's bytes, re-read by kafka-python on a fallback
+    read_uncommitted: object  # IsolationLevel.READ_UNCOMMITTED: the only isolation the C path handles
+
+
+_RECORD_FIELDS = ("topic", "partition", "leader_epoch", "offset", "timestamp", "timestamp_type", "key", "value",
+                  "headers", "checksum", "serialized_key_size", "serialized_value_size", "serialized_header_size")
+
+
+def _kafka_python() -> tuple[_KafkaPython | None, str | None]:
+    """kafka-python's fetcher internals, or (None, why not) when it is not a version and shape this hook
+    was checked against."""
     try:
         import kafka
         from kafka.consumer import fetcher as kf
@@ -78,44 +93,122 @@ def _load():
     base = getattr(getattr(kf, "Fetcher", None), "PartitionRecords", None)
     try:
         ok = (base is not None and hasattr(kf, "ConsumerRecord") and hasattr(kf, "IsolationLevel")
-              and list(inspect.signature(base._unpack_records).parameters)
+              and list(inspect.signature(_kafka_unpack(base)).parameters)
               == ["self", "tp", "records", "key_deserializer", "value_deserializer"]
               and {"fetch_offset", "tp", "records", "check_crcs", "isolation_level"}
               <= set(inspect.signature(base.__init__).parameters)
-              and kf.ConsumerRecord._fields == (
-                  "topic", "partition", "leader_epoch", "offset", "timestamp", "timestamp_type", "key", "value",
-                  "headers", "checksum", "serialized_key_size", "serialized_value_size", "serialized_header_size")
+              and kf.ConsumerRecord._fields == _RECORD_FIELDS  # namedtuple's public field list (underscored)
               and "_buffer" in getattr(MemoryRecords, "__slots__", ()))
     except (TypeError, ValueError):
         ok = False
     if not ok:
         return None, f"kafka-python {version}: Fetcher.PartitionRecords internals differ from what this hook expects"
+    return _KafkaPython(base, kf.ConsumerRecord, MemoryRecords, kf.IsolationLevel.READ_UNCOMMITTED), None
+
+
+def _kafka_unpack(base: type):
+    """kafka-python's own record parser (``PartitionRecords._unpack_records``): what the hook replaces and
+    falls back to. A private method of a third-party class, read because the hook swaps exactly this step
+    (checked by :func:`_kafka_python` against the tested versions)."""
+    return base._unpack_records  # kafka-python internals: the one step the hook replaces
+
+
+def _fetched_bytes(records):
+    """The bytes of one partition's fetch (``MemoryRecords``), without a copy: kafka-python has no public
+    accessor, and the C parser reads record batches straight from this buffer (its presence is checked by
+    :func:`_kafka_python`)."""
+    return records._buffer  # kafka-python internals, read for speed (no copy of the fetch)
+
+
+def _c_batch_class():
+    """aiokafka's C record batch parser, or (None, why not)."""
     try:
         from aiokafka.record._crecords.default_records import DefaultRecordBatch as CBatch
     except Exception as e:
         return None, f"aiokafka's C record parser is not available ({e})"
+    return CBatch, None
 
-    ConsumerRecord = kf.ConsumerRecord
-    READ_UNCOMMITTED = kf.IsolationLevel.READ_UNCOMMITTED
+
+def _load():
+    """((FastPartitionRecords, RunPartitionRecords), None) or (None, why not)."""
+    kp, why = _kafka_python()
+    if kp is None:
+        return None, why
+    cbatch, why = _c_batch_class()
+    if cbatch is None:
+        return None, why
+    fast = _fast_partition_records_class(kp, cbatch)
+    return (fast, _run_partition_records_class(kp, fast)), None
+
+
+def _batches_method(CBatch: type):
+    """The ``_batches`` method of the hook's PartitionRecords classes, over aiokafka's C batch parser."""
     unpack_header = struct.Struct(">qiib").unpack_from  # base offset, length, leader epoch, magic
     unpack_length = struct.Struct(">i").unpack_from
     unpack_offset = struct.Struct(">q").unpack_from
+
+    def _batches(self, buf):
+        """Each record batch of a fetch that holds records, checked (size, format v2, CRC), with its
+        leader epoch and size in bytes; once all are taken the next fetch starts after the last batch,
+        as kafka-python's does (even if compaction emptied its end). Control batches are skipped."""
+        check = self.check_crcs
+        view = memoryview(buf)
+        end_all = len(buf)
+        pos = 0
+        last_next = None
+        while end_all - pos >= 12:
+            length = unpack_length(buf, pos + 8)[0]
+            end = pos + 12 + length
+            if end > end_all:
+                break  # a partial batch at the end of the fetch (kafka-python stops there too)
+            if length + 12 < _V2_HEADER:
+                raise _Fallback(f"record batch of {length + 12} bytes at offset {unpack_offset(buf, pos)[0]}")
+            base_offset, length, epoch, magic = unpack_header(buf, pos)
+            if magic != 2:
+                raise _Fallback(f"message format v{magic} at offset {base_offset}")
+            batch = CBatch(view[pos:end])
+            pos = end
+            if check and not batch.validate_crc():
+                raise _Fallback(f"record batch failed its CRC check at offset {base_offset}")
+            self.leader_epoch = epoch
+            last_next = batch.next_offset
+            if batch.is_control_batch:
+                self.next_fetch_offset = last_next
+                continue
+            yield batch, epoch, length + 12
+        if last_next is not None:
+            self.next_fetch_offset = last_next
+        self.drain()
+
+    return _batches
+
+
+def _fast_partition_records_class(kp: _KafkaPython, CBatch: type) -> type:
+    """kafka-python's PartitionRecords with the record batches parsed by aiokafka's C parser (one
+    ``ConsumerRecord`` per record)."""
+    ConsumerRecord = kp.consumer_record
+    MemoryRecords = kp.memory_records
+    READ_UNCOMMITTED = kp.read_uncommitted
+    kafka_unpack = _kafka_unpack(kp.base)
     new = tuple.__new__
 
-    class FastPartitionRecords(base):
+    class FastPartitionRecords(kp.base):
         """kafka-python's PartitionRecords with the record batches parsed by aiokafka's C parser."""
 
         def _unpack_records(self, tp, records, key_deserializer, value_deserializer):
-            slow = super()._unpack_records
+            return self._records(tp, records, key_deserializer, value_deserializer)
+
+        def _records(self, tp, records, key_deserializer, value_deserializer):
+            """The records of a fetch: the C parser's, or kafka-python's where it does not handle them."""
             if key_deserializer is not None or value_deserializer is not None:
-                yield from slow(tp, records, key_deserializer, value_deserializer)
+                yield from kafka_unpack(self, tp, records, key_deserializer, value_deserializer)
                 return
             if self.isolation_level != READ_UNCOMMITTED:
                 _warn_once("isolation", "fast record parsing: isolation level %s is parsed by kafka-python",
                            self.isolation_level)
-                yield from slow(tp, records, key_deserializer, value_deserializer)
+                yield from kafka_unpack(self, tp, records, key_deserializer, value_deserializer)
                 return
-            buf = records._buffer
+            buf = _fetched_bytes(records)
             try:
                 yield from self._fast(tp, buf)
             except Exception as e:  # not GeneratorExit: a closed iterator just stops
@@ -123,42 +216,11 @@ def _load():
                 _warn_once(why.split(" at offset")[0], "fast record parsing: %s; kafka-python parses %s "
                            "from offset %d", why, tp, self.next_fetch_offset)
                 resume = self.next_fetch_offset  # the first record not handed out yet
-                for rec in slow(tp, MemoryRecords(buf), None, None):
+                for rec in kafka_unpack(self, tp, MemoryRecords(buf), None, None):
                     if rec.offset >= resume:
                         yield rec
 
-        def _batches(self, buf):
-            """Each record batch of a fetch that holds records, checked (size, format v2, CRC), with its
-            leader epoch and size in bytes; once all are taken the next fetch starts after the last batch,
-            as kafka-python's does (even if compaction emptied its end). Control batches are skipped."""
-            check = self.check_crcs
-            view = memoryview(buf)
-            end_all = len(buf)
-            pos = 0
-            last_next = None
-            while end_all - pos >= 12:
-                length = unpack_length(buf, pos + 8)[0]
-                end = pos + 12 + length
-                if end > end_all:
-                    break  # a partial batch at the end of the fetch (kafka-python stops there too)
-                if length + 12 < _V2_HEADER:
-                    raise _Fallback(f"record batch of {length + 12} bytes at offset {unpack_offset(buf, pos)[0]}")
-                base_offset, length, epoch, magic = unpack_header(buf, pos)
-                if magic != 2:
-                    raise _Fallback(f"message format v{magic} at offset {base_offset}")
-                batch = CBatch(view[pos:end])
-                pos = end
-                if check and not batch.validate_crc():
-                    raise _Fallback(f"record batch failed its CRC check at offset {base_offset}")
-                self.leader_epoch = epoch
-                last_next = batch.next_offset
-                if batch.is_control_batch:
-                    self.next_fetch_offset = last_next
-                    continue
-                yield batch, epoch, length + 12
-            if last_next is not None:
-                self.next_fetch_offset = last_next
-            self.drain()
+        _batches = _batches_method(CBatch)
 
         def _fast(self, tp, buf):
             topic, partition = tp.topic, tp.partition
@@ -178,7 +240,17 @@ def _load():
                 if n:
                     self.bytes_read += size
 
-    class RunPartitionRecords(FastPartitionRecords):
+    FastPartitionRecords.__qualname__ = "FastPartitionRecords"
+    return FastPartitionRecords
+
+
+def _run_partition_records_class(kp: _KafkaPython, fast: type) -> type:
+    """The ``fast`` parsing handed out as one :class:`RecordRun` per fetch."""
+    MemoryRecords = kp.memory_records
+    READ_UNCOMMITTED = kp.read_uncommitted
+    kafka_unpack = _kafka_unpack(kp.base)
+
+    class RunPartitionRecords(fast):
         """The same parsing, handed out as one :class:`RecordRun` per fetch instead of a ``ConsumerRecord``
         per record (``consumer.poll`` then returns ``{tp: [RecordRun]}``): no Python object is built per
         record beyond the C parser's own, and the consumer reads a run's values, offsets and timestamps as
@@ -189,36 +261,20 @@ def _load():
             recs: list = []
             epochs: list = []  # (index in recs, leader epoch) where a batch of another epoch starts
             kind = _C
-            buf = records._buffer
+            buf = _fetched_bytes(records)
             error = None  # kafka-python's own error (a corrupt batch...): raised after the records before it
             if (key_deserializer is not None or value_deserializer is not None
                     or self.isolation_level != READ_UNCOMMITTED):
                 kind = _KP
                 try:
-                    recs.extend(FastPartitionRecords._unpack_records(self, tp, records, key_deserializer,
-                                                                     value_deserializer))
+                    recs.extend(self._records(tp, records, key_deserializer, value_deserializer))
                 except Exception as e:
                     error = e
             else:
                 try:
                     self._fast_run(tp, buf, recs, epochs)
                 except Exception as e:  # as the record path: kafka-python from the first record not taken
-                    why = str(e) if isinstance(e, _Fallback) else f"{type(e).__name__}: {e}"
-                    _warn_once(why.split(" at offset")[0], "fast record parsing: %s; kafka-python parses %s "
-                               "from offset %d", why, tp, self.next_fetch_offset)
-                    resume = self.next_fetch_offset
-                    slow: list = []
-                    try:
-                        for r in base._unpack_records(self, tp, MemoryRecords(buf), None, None):
-                            if r.offset >= resume:
-                                slow.append(r)
-                    except Exception as e2:
-                        error = e2
-                    if recs and slow:  # C records, then kafka-python's: one run of ConsumerRecords
-                        recs = RecordRun(tp.topic, tp.partition, epochs, recs, _C).records() + slow
-                        kind = _KP
-                    elif slow:
-                        recs, kind = slow, _KP
+                    recs, kind, error = self._after_fallback(e, tp, buf, recs, epochs)
             lo = 0
             fetch_offset = self.fetch_offset
             while lo < len(recs) and recs[lo].offset < fetch_offset:  # kafka-python's dropwhile, per record
@@ -227,6 +283,27 @@ def _load():
                 yield RecordRun(tp.topic, tp.partition, epochs, recs, kind, lo)
             if error is not None:
                 raise error
+
+        def _after_fallback(self, e: Exception, tp, buf, recs: list, epochs: list):
+            """(records, kind, error) once the C parser failed with ``e`` after ``recs``: kafka-python
+            parses the fetch again from the first record not taken."""
+            why = str(e) if isinstance(e, _Fallback) else f"{type(e).__name__}: {e}"
+            _warn_once(why.split(" at offset")[0], "fast record parsing: %s; kafka-python parses %s "
+                       "from offset %d", why, tp, self.next_fetch_offset)
+            resume = self.next_fetch_offset
+            slow: list = []
+            error = None
+            try:
+                for r in kafka_unpack(self, tp, MemoryRecords(buf), None, None):
+                    if r.offset >= resume:
+                        slow.append(r)
+            except Exception as e2:
+                error = e2
+            if recs and slow:  # C records, then kafka-python's: one run of ConsumerRecords
+                return RecordRun(tp.topic, tp.partition, epochs, recs, _C).records() + slow, _KP, error
+            if slow:
+                return slow, _KP, error
+            return recs, _C, error
 
         def _fast_run(self, tp, buf, out: list, epochs: list) -> None:
             for batch, epoch, size in self._batches(buf):
@@ -239,9 +316,8 @@ def _load():
                     self.next_fetch_offset = got[-1].offset + 1
                     self.bytes_read += size
 
-    FastPartitionRecords.__qualname__ = "FastPartitionRecords"
     RunPartitionRecords.__qualname__ = "RunPartitionRecords"
-    return (FastPartitionRecords, RunPartitionRecords), None
+    return RunPartitionRecords
 
 
 _BIG = 1 << 62
@@ -346,7 +422,7 @@ def install(consumer, runs: bool = False) -> bool:
     ``ConsumerRecord`` lists. Returns False, changing nothing, where the hook is unavailable or the
     consumer's internals are not the expected ones."""
     cls = fast_partition_records(runs)
-    fetcher = getattr(consumer, "_fetcher", None)
+    fetcher = getattr(consumer, "_fetcher", None)  # kafka-python internals: the fetcher's parser is what is swapped
     if cls is None or fetcher is None or not isinstance(fetcher, _fetcher_class()):
         if cls is not None:
             _warn_once("consumer", "fast record parsing is off: %r has no kafka-python Fetcher", type(consumer))

@@ -16,8 +16,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .datasets import LAYOUTS, DatasetError, _csv_header, _open, detect_format, layout_model
+
+if TYPE_CHECKING:
+    from streamrec.foundation.model_config import ModelConfig
 
 SAMPLE_EVENTS = 1000  # JSON lines and Parquet rows read to infer the schema
 _RESERVED = ("label", "labels", "ts", "request_id")  # event columns that are not sparse fields
@@ -37,25 +41,29 @@ class DataSchema:
         fields = ", ".join(f'{{ name = "{n}" }}' for n in self.fields)
         return f"[model]\ndense_dim = {self.dense_dim}\nfields = [{fields}]\n"
 
-    def apply(self, cfg):
-        """``cfg`` with these fields and dense width (other model keys kept)."""
+    def apply(self, model: ModelConfig) -> ModelConfig:
+        """A copy of ``model`` (the ``[model]`` section) with these fields and dense width (its other keys
+        kept)."""
+        import copy
+
         from streamrec.foundation.model_config import FieldSpec
 
-        old = {f.name: f for f in cfg.model.fields}
-        cfg.model.fields = [old.get(n) or FieldSpec(n) for n in self.fields]
-        cfg.model.dense_dim = self.dense_dim
-        return cfg
+        model = copy.deepcopy(model)
+        old = {f.name: f for f in model.fields}
+        model.fields = [old.get(n) or FieldSpec(n) for n in self.fields]
+        model.dense_dim = self.dense_dim
+        return model
 
-    def mismatches(self, cfg) -> list[str]:
+    def mismatches(self, model_config: ModelConfig) -> list[str]:
         """Each way the model config and this file disagree, naming the field (empty: they agree)."""
-        model = cfg.model.field_names
+        model = model_config.field_names
         out = [f"sparse field {f!r} is in {self.path} but not in the model config (model.fields: "
                f"{', '.join(model)})" for f in self.fields if f not in model]
         if self.format in LAYOUTS or self.format in ("csv", "tsv"):  # a fixed column set: every field is a column
             out += [f"model field {f!r} has no column in {self.path}" for f in model if f not in self.fields]
-        if self.dense_dim != cfg.model.dense_dim:
+        if self.dense_dim != model_config.dense_dim:
             out.append(f"dense: {self.path} has {self.dense_dim} values per event, the model config has "
-                       f"model.dense_dim = {cfg.model.dense_dim}")
+                       f"model.dense_dim = {model_config.dense_dim}")
         return out
 
 

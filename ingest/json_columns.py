@@ -147,9 +147,35 @@ def _task_labels(schema: EventSchema, lsc: pa.Array, lc: pa.Array | None,
     return np.nan_to_num(matrix[:, 0], nan=0.0), matrix
 
 
+class _NotColumnar(Exception):
+    """The batch is not one this path takes: the caller decodes it record by record."""
+
+
 def decode_json_columns(schema: EventSchema, values: Sequence[bytes]) -> EventBatch | None:
     """The batch of ``values`` (each one JSON object) when every record is valid and of the common shape;
     else None (the caller decodes record by record)."""
+    n = len(values)
+    table = _json_table(values)
+    if table is None:
+        return None
+    col = {c: _flat(table.column(c)) for c in table.column_names}
+    try:
+        ts = _ts(col.get("ts"), n)
+        labels, task_labels = _label_columns(schema, col.get("labels"), col.get("label"), n)
+        dense = _dense(schema, col.get("dense"), n)
+        sparse = _sparse(schema, col.get("sparse"), n)
+        rids = _request_ids(col.get("request_id"), n)
+        feedback = _feedback(col.get("feedback"))
+    except _NotColumnar:
+        return None
+    return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids,
+                      task_labels=task_labels, task_names=schema.tasks if task_labels is not None else None,
+                      feedback=feedback)
+
+
+def _json_table(values: Sequence[bytes]) -> pa.Table | None:
+    """``values`` read as one table by Arrow's JSON reader, one row per value; None when they are not one
+    JSON object per value, on one line each, with only the contract's top-level keys."""
     n = len(values)
     if not n:
         return None
@@ -169,74 +195,83 @@ def decode_json_columns(schema: EventSchema, values: Sequence[bytes]) -> EventBa
         return None
     if table.num_rows != n:  # a record holding two objects
         return None
-    names = set(table.column_names)
-    if not names <= _TOP:
+    if not set(table.column_names) <= _TOP:
         return None
-    col = {c: _flat(table.column(c)) for c in names}
+    return table
 
-    if "ts" in col:
-        tc = col["ts"]
-        if not pa.types.is_int64(tc.type) or tc.null_count:  # null: ``"ts": null``, refused by the validator
-            return None
-        ts = tc.to_numpy()
-    else:
-        ts = np.zeros(n, np.int64)
 
-    task_labels = None
-    lsc = col.get("labels")
-    if lsc is not None and not pa.types.is_null(lsc.type):
-        got = _task_labels(schema, lsc, col.get("label"), n)
+def _absent(c: pa.Array | None) -> bool:
+    """The key is in no record, or null in every one."""
+    return c is None or pa.types.is_null(c.type)
+
+
+def _ts(tc: pa.Array | None, n: int) -> np.ndarray:
+    if tc is None:
+        return np.zeros(n, np.int64)
+    if not pa.types.is_int64(tc.type) or tc.null_count:  # null: ``"ts": null``, refused by the validator
+        raise _NotColumnar
+    return tc.to_numpy()
+
+
+def _label_columns(schema: EventSchema, lsc: pa.Array | None, lc: pa.Array | None,
+                   n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The first task's labels and, for a model with several tasks or records with ``labels``, the
+    task-label matrix (NaN = missing)."""
+    if not _absent(lsc):
+        got = _task_labels(schema, lsc, lc, n)
         if got is None:
-            return None
-        labels, task_labels = got
-    else:
-        labels = _labels(schema, col.get("label"), n)
-        if labels is None:
-            return None
-        if len(schema.tasks) > 1:  # the first task's label alone: the others are missing
-            task_labels = np.full((n, len(schema.tasks)), np.nan, np.float32)
-            lc = col.get("label")
-            task_labels[:, 0] = labels
-            if lc is not None and not pa.types.is_null(lc.type) and lc.null_count:
-                task_labels[~lc.is_valid().to_numpy(zero_copy_only=False), 0] = np.nan
-            elif lc is None or pa.types.is_null(lc.type):
-                task_labels[:, 0] = np.nan
+            raise _NotColumnar
+        return got
+    labels = _labels(schema, lc, n)
+    if labels is None:
+        raise _NotColumnar
+    if len(schema.tasks) == 1:
+        return labels, None
+    # the first task's label alone: the others are missing
+    task_labels = np.full((n, len(schema.tasks)), np.nan, np.float32)
+    task_labels[:, 0] = labels
+    if not _absent(lc) and lc.null_count:
+        task_labels[~lc.is_valid().to_numpy(zero_copy_only=False), 0] = np.nan
+    elif _absent(lc):
+        task_labels[:, 0] = np.nan
+    return labels, task_labels
 
+
+def _dense(schema: EventSchema, dc: pa.Array | None, n: int) -> np.ndarray:
     dim = schema.dense_dim
-    dc = col.get("dense")
-    if dc is None or pa.types.is_null(dc.type):
+    if _absent(dc):
         if dim:
-            return None
-        dense = np.zeros((n, 0), np.float32)
-    else:
-        if not pa.types.is_list(dc.type) or dc.null_count:
-            return None
-        vt = dc.type.value_type
-        if not (pa.types.is_int64(vt) or pa.types.is_float64(vt) or (pa.types.is_null(vt) and not dim)):
-            return None
-        offsets = dc.offsets.to_numpy()
-        if n and not np.all(np.diff(offsets) == dim):
-            return None
-        flat = dc.flatten()
-        if flat.null_count:
-            return None
-        vals = flat.to_numpy(zero_copy_only=False) if dim else np.zeros(0)
-        bound = schema.dense_abs_max
-        if len(vals) and not (vals.min() >= -bound and vals.max() <= bound):  # NaN fails too
-            return None
-        dense = vals.astype(np.float32).reshape(n, dim)  # int64 straight to float32, as numpy does a Python int
+            raise _NotColumnar
+        return np.zeros((n, 0), np.float32)
+    if not pa.types.is_list(dc.type) or dc.null_count:
+        raise _NotColumnar
+    vt = dc.type.value_type
+    if not (pa.types.is_int64(vt) or pa.types.is_float64(vt) or (pa.types.is_null(vt) and not dim)):
+        raise _NotColumnar
+    offsets = dc.offsets.to_numpy()
+    if n and not np.all(np.diff(offsets) == dim):
+        raise _NotColumnar
+    flat = dc.flatten()
+    if flat.null_count:
+        raise _NotColumnar
+    vals = flat.to_numpy(zero_copy_only=False) if dim else np.zeros(0)
+    bound = schema.dense_abs_max
+    if len(vals) and not (vals.min() >= -bound and vals.max() <= bound):  # NaN fails too
+        raise _NotColumnar
+    return vals.astype(np.float32).reshape(n, dim)  # int64 straight to float32, as numpy does a Python int
 
-    sparse: dict[str, JaggedIds] = {}
-    sc = col.get("sparse")
+
+def _sparse(schema: EventSchema, sc: pa.Array | None, n: int) -> dict[str, JaggedIds]:
     children: dict[str, pa.Array] = {}
-    if sc is not None and not pa.types.is_null(sc.type):
+    if not _absent(sc):
         if not pa.types.is_struct(sc.type):
-            return None
+            raise _NotColumnar
         field_names = [sc.type.field(i).name for i in range(sc.type.num_fields)]
         if len(set(field_names)) != len(field_names) or not set(field_names) <= set(schema.fields):
-            return None
+            raise _NotColumnar
         # flatten(): each field with the struct's own nulls applied (a row without sparse holds no ids)
         children = dict(zip(field_names, sc.flatten()))
+    sparse: dict[str, JaggedIds] = {}
     empty = None
     for f in schema.fields:
         child = children.get(f)
@@ -247,25 +282,25 @@ def decode_json_columns(schema: EventSchema, values: Sequence[bytes]) -> EventBa
             continue
         ids = _ids(child, n)
         if ids is None:
-            return None
+            raise _NotColumnar
         sparse[f] = ids
+    return sparse
 
-    rids = None
-    rc = col.get("request_id")
-    if rc is not None and not pa.types.is_null(rc.type):
-        if not pa.types.is_string(rc.type):  # numbers become their text in the validator: left to it
-            return None
-        if rc.null_count < n:
-            rids = rc.to_pylist()
-    feedback = None
-    fc = col.get("feedback")
-    if fc is not None and not pa.types.is_null(fc.type):
-        if not pa.types.is_string(fc.type):  # a number, a list...: the validator names it
-            return None
-        try:
-            feedback = feedback_column(fc)
-        except EventError:  # a value that is not a feedback kind: the validator names the record
-            return None
-    return EventBatch(ts=ts, labels=labels, dense=dense, sparse=sparse, request_ids=rids,
-                      task_labels=task_labels, task_names=schema.tasks if task_labels is not None else None,
-                      feedback=feedback)
+
+def _request_ids(rc: pa.Array | None, n: int) -> list | None:
+    if _absent(rc):
+        return None
+    if not pa.types.is_string(rc.type):  # numbers become their text in the validator: left to it
+        raise _NotColumnar
+    return rc.to_pylist() if rc.null_count < n else None
+
+
+def _feedback(fc: pa.Array | None) -> np.ndarray | None:
+    if _absent(fc):
+        return None
+    if not pa.types.is_string(fc.type):  # a number, a list...: the validator names it
+        raise _NotColumnar
+    try:
+        return feedback_column(fc)
+    except EventError:  # a value that is not a feedback kind: the validator names the record
+        raise _NotColumnar from None

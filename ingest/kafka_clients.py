@@ -3,7 +3,7 @@
 :func:`client_settings` is the one place that turns ``[kafka]`` (protocol, SASL
 mechanism and user, TLS files) plus the password into keyword arguments of
 kafka-python's ``KafkaProducer``/``KafkaConsumer``/``KafkaAdminClient``; every
-client the project builds gets them (``**client_settings(cfg)``), and
+client the project builds gets them (``**client_settings(kafka)``), and
 :func:`faust_credentials` hands the same settings to the sketch's faust app.
 
 The password is never part of the config (a config is printed by ``streamrec
@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, get_args
+from typing import TYPE_CHECKING, Any, Mapping, get_args
 
 from streamrec.foundation import StreamrecError
 
 from .ingest_types import SaslMechanism, SecurityProtocol
+
+if TYPE_CHECKING:
+    from streamrec.ingest.ingest_config import KafkaConfig
 
 PASSWORD_ENV = "STREAMREC_KAFKA_SASL_PASSWORD"
 _SECRET_KEYS = ("sasl_plain_password",)
@@ -31,11 +34,11 @@ class KafkaSecurityError(StreamrecError, ValueError):
     """The Kafka security settings cannot be used as configured (a missing file, no password)."""
 
 
-def client_settings(cfg, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """kafka-python keyword arguments for the cluster in ``cfg`` (a ``Config`` or its ``KafkaConfig``).
+def client_settings(kafka: KafkaConfig, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """kafka-python keyword arguments for the cluster that ``kafka`` (the ``[kafka]`` section) names.
 
     Empty for PLAINTEXT, so a client on an open cluster gets kafka-python's own defaults."""
-    k = getattr(cfg, "kafka", cfg)
+    k = kafka
     proto = k.security_protocol
     if proto not in get_args(SecurityProtocol):
         raise KafkaSecurityError(f"kafka.security_protocol: must be one of {', '.join(get_args(SecurityProtocol))}, "
@@ -61,7 +64,7 @@ def client_settings(cfg, env: Mapping[str, str] | None = None) -> dict[str, Any]
     return out
 
 
-def _password(k, env: Mapping[str, str]) -> str:
+def _password(k: KafkaConfig, env: Mapping[str, str]) -> str:
     if k.sasl_password_file:
         try:
             return Path(k.sasl_password_file).read_text(encoding="utf-8").rstrip("\r\n")
@@ -111,10 +114,10 @@ def faust_credentials(settings: Mapping[str, Any]):
                            ssl_context=ssl_context(settings) if proto == "SASL_SSL" else None)
 
 
-def aiokafka_security(cfg) -> dict:
+def aiokafka_security(kafka: KafkaConfig) -> dict:
     """The cluster's security settings (``kafka.security_protocol``, ...) as aiokafka keyword arguments, for
     the faust workers' own aiokafka clients (the sketch's reader, the joiner's reader and producer)."""
-    settings = client_settings(cfg)
+    settings = client_settings(kafka)
     if not settings:
         return {}
     out = {k: settings[k] for k in ("security_protocol", "sasl_mechanism", "sasl_plain_username",

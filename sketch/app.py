@@ -94,7 +94,7 @@ def faust_settings(cfg, bootstrap: str) -> dict:
     the cluster's security settings go in as ``broker_credentials``."""
     return dict(
         broker=f"kafka://{bootstrap}",
-        broker_credentials=faust_credentials(client_settings(cfg)),
+        broker_credentials=faust_credentials(client_settings(cfg.kafka)),
         store="rocksdb://",
         datadir=cfg.sketch.state_dir,
         web_enabled=False,
@@ -131,7 +131,7 @@ def check_state(cfg, bootstrap: str) -> tuple[int, str | None]:
 
     from streamrec.ingest import topic_id
 
-    security = client_settings(cfg)
+    security = client_settings(cfg.kafka)
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **security)
     try:
         events = c.partitions_for_topic(cfg.kafka.events_topic) or set()
@@ -307,8 +307,8 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
         state.apply_many(p, offsets, values)
         marker.clear()
 
-    reader = PartitionReader(bootstrap, cfg.kafka.events_topic, cfg.sketch.batch_records, aiokafka_security(cfg))
-    watch = TopicWatch(bootstrap, cfg.kafka.events_topic, client_settings(cfg))
+    reader = PartitionReader(bootstrap, cfg.kafka.events_topic, cfg.sketch.batch_records, aiokafka_security(cfg.kafka))
+    watch = TopicWatch(bootstrap, cfg.kafka.events_topic, client_settings(cfg.kafka))
     watch_every = max(1.0, min(interval, TOPIC_CHECK_MAX_S))
     n_partitions = partitions or cfg.kafka.partitions
 
@@ -433,7 +433,7 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
                 pub["version"] = None  # if partition 0 comes here later, continue from the topic's version
                 return
             if "view" not in peers_box:
-                peers_box["view"] = PeerSnapshots(bootstrap, changelog_topic(cfg), security=client_settings(cfg))
+                peers_box["view"] = PeerSnapshots(bootstrap, changelog_topic(cfg), security=client_settings(cfg.kafka))
             peers = peers_box["view"].snapshots(exclude=owned)
             missing = set(range(n_partitions)) - owned - set(peers)
             pub.setdefault("split_at", time.monotonic())
@@ -442,7 +442,7 @@ def build_app(cfg, bootstrap: str, state: SketchState | None = None, partitions:
         else:
             pub.pop("split_at", None)
         if pub["version"] is None:
-            prev = latest_hotset(bootstrap, cfg.kafka.hotset_topic, timeout=5.0, security=client_settings(cfg))
+            prev = latest_hotset(bootstrap, cfg.kafka.hotset_topic, timeout=5.0, security=client_settings(cfg.kafka))
             pub["version"] = prev.version if prev else 0
             pub["last"] = prev  # a restarted worker does not republish the set the topic already holds
         now = time.monotonic()

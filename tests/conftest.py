@@ -111,7 +111,7 @@ def topics(bootstrap, cfg, request):
     cfg.kafka.trainer_group = f"trainer-{suffix}"
     cfg.kafka.sketch_group = f"sketch-{suffix}"
     cfg.kafka.bootstrap = bootstrap
-    ensure_topics(bootstrap, pipeline_topics(cfg))
+    ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
     return cfg
 
 

@@ -190,7 +190,8 @@ class GroupTrainerService(TrainerService):
         from streamrec.ingest import client_settings
 
         self.partitions = assigned_partitions(
-            check_partitions(bootstrap, cfg.kafka.events_topic, world, security=client_settings(cfg)), rank, world)
+            check_partitions(bootstrap, cfg.kafka.events_topic, world, security=client_settings(cfg.kafka)),
+            rank, world)
         if cfg.trainer.group_batch == "group" and cfg.trainer.batch_size % world:
             log.warning("trainer.batch_size %d is not a multiple of %d ranks: a step trains %d events, not %d",
                         cfg.trainer.batch_size, world, cfg.trainer.batch_size // world * world, cfg.trainer.batch_size)
@@ -213,11 +214,12 @@ class GroupTrainerService(TrainerService):
         return super()._make_hot_source() if self.rank == 0 else NoHotSource()
 
     def _make_consumer(self):
-        from streamrec.ingest import EventConsumer
+        from streamrec.ingest import EventConsumer, EventSchema
 
         d = rank_dir(self.root, self.rank)
         d.mkdir(parents=True, exist_ok=True)
-        return EventConsumer(self.bootstrap, self.cfg, group_id=self.cfg.kafka.trainer_group, mode="assign",
+        return EventConsumer(self.bootstrap, self.cfg.kafka, self.cfg.ingest, EventSchema.from_config(self.cfg),
+                             group_id=self.cfg.kafka.trainer_group, mode="assign",
                              partitions=self.partitions, inflight_path=d / INFLIGHT)
 
     def _restore_point(self, root: str):

@@ -150,5 +150,5 @@ def make_hot_source(cfg, bootstrap: str | None) -> HotSetSource:
             raise ValueError("trainer.hot_source='topic' needs a Kafka bootstrap")
         from streamrec.ingest import client_settings
 
-        return TopicHotSource(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg))
+        return TopicHotSource(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg.kafka))
     raise ValueError(f"trainer.hot_source must be one of {', '.join(get_args(HotSource))}, got {kind!r}")

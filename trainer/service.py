@@ -170,10 +170,11 @@ class TrainerService(TrainerReporting):
         return make_hot_source(self.cfg, self.bootstrap)
 
     def _make_consumer(self):
-        from streamrec.ingest import EventConsumer
+        from streamrec.ingest import EventConsumer, EventSchema
 
         # the crash-loop breaker's marker lives with the checkpoints: it is about this trainer's progress
-        return EventConsumer(self.bootstrap, self.cfg, group_id=self.cfg.kafka.trainer_group,
+        return EventConsumer(self.bootstrap, self.cfg.kafka, self.cfg.ingest, EventSchema.from_config(self.cfg),
+                             group_id=self.cfg.kafka.trainer_group,
                              mode=self.cfg.kafka.consumer_mode,
                              inflight_path=os.path.join(self.cfg.trainer.checkpoint_dir, INFLIGHT))
 

@@ -78,10 +78,10 @@ def kafka_bootstrap(cfg: Config, create_topics: bool = True) -> Iterator[str]:
     from streamrec.ingest import EmbeddedBroker, client_settings, ensure_topics, pipeline_topics, wait_for_broker
 
     if cfg.kafka.bootstrap:
-        security = client_settings(cfg)
+        security = client_settings(cfg.kafka)
         wait_for_broker(cfg.kafka.bootstrap, cfg.kafka.connect_timeout_s, security=security)
         if create_topics:
-            ensure_topics(cfg.kafka.bootstrap, pipeline_topics(cfg), security=security)
+            ensure_topics(cfg.kafka.bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks), security=security)
         yield cfg.kafka.bootstrap
         return
     if cfg.kafka.security_protocol != "PLAINTEXT":
@@ -90,7 +90,7 @@ def kafka_bootstrap(cfg: Config, create_topics: bool = True) -> Iterator[str]:
     with EmbeddedBroker() as broker:
         logging.getLogger("streamrec").info("embedded broker listening on %s", broker.bootstrap)
         if create_topics:
-            ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+            ensure_topics(broker.bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         yield broker.bootstrap
 
 

@@ -8,6 +8,7 @@ does not fit it is refused at start, naming the field.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tomllib
@@ -38,13 +39,13 @@ def model_for_file(cfg: Config, args, path: str, command: str, format: str | Non
 
     schema = infer_schema(path, format=format)
     if model_configured(args):
-        problems = schema.mismatches(cfg)
+        problems = schema.mismatches(cfg.model)
         if problems:
             raise ConfigError(f"{path} does not fit the model config: {'; '.join(problems)}. Fix the config (the "
                               f"file holds: fields {', '.join(schema.fields)}, dense_dim {schema.dense_dim}), or "
                               "leave it out to use the file's schema")
         return cfg
-    cfg = schema.apply(cfg)
+    cfg = dataclasses.replace(cfg, model=schema.apply(cfg.model))
     print(f"streamrec {command}: no model config given: the schema of {path} is {len(schema.fields)} sparse "
           f"field{'s' if len(schema.fields) != 1 else ''} ({', '.join(schema.fields)}) and dense_dim "
           f"{schema.dense_dim}. Every part must use the same model: save this as model.toml and pass "

@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,8 @@ def demo_config(cfg: Config, args, run_dir: Path) -> Config:
 
         layout = args.layout if args.layout != "auto" else detect_format(args.data)
         if layout in ("criteo", "avazu"):
-            cfg = layout_config(layout, cfg)  # every process reads this config, so all agree on the fields
+            # every process reads this config, so all agree on the fields
+            cfg = dataclasses.replace(cfg, model=layout_config(layout, cfg.model))
         else:  # the file's own fields and dense width, unless a model config says otherwise (then they must fit)
             cfg = model_for_file(cfg, args, args.data, "demo", format=None if layout == "events" else layout)
     if getattr(args, "delayed_feedback", False) and args.data:
@@ -282,7 +284,7 @@ def _produce_delayed(cfg: Config, bootstrap: str, imps: list[dict], acts: list[d
     from streamrec.ingest import client_settings, make_producer
 
     try:
-        producer = make_producer(bootstrap, **client_settings(cfg))
+        producer = make_producer(bootstrap, **client_settings(cfg.kafka))
         parts = int(cfg.kafka.partitions)
         timeline = sorted([(ev["ts"], 0, ev) for ev in imps] + [(a["ts"], 1, a) for a in acts],
                           key=lambda r: (r[0], r[1]))
@@ -320,11 +322,12 @@ def _event_source(cfg: Config, args):
     truth: list = []  # generated data: the generator's click probability of each held-out event
     k = max(args.predict, 1, EVAL_EVENTS)
     if args.data:
+        from streamrec.ingest import EventSchema
         from streamrec.ingest.datasets import read_file
 
         def replay():
             left = args.events or float("inf")
-            for b in read_file(args.data, cfg, layout=args.layout):
+            for b in read_file(args.data, EventSchema.from_config(cfg), layout=args.layout):
                 if len(b) > left:
                     b = b.take(np.arange(int(left)))
                 left -= len(b)
@@ -357,10 +360,10 @@ def _event_source(cfg: Config, args):
 
 
 def _produce(cfg: Config, bootstrap: str, batches, rate: float, view: View, stop: threading.Event, errors: list):
-    from streamrec.ingest import EventProducer
+    from streamrec.ingest import EventProducer, EventSchema
 
     try:
-        producer = EventProducer(bootstrap, cfg)
+        producer = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
         t0 = time.monotonic()
         for b in batches:
             if stop.is_set():
@@ -489,7 +492,7 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
 
         ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, cfg.kafka.partitions),
                                   TopicSpec(cfg.join.actions_topic, cfg.kafka.partitions)],
-                      security=client_settings(cfg))
+                      security=client_settings(cfg.kafka))
         sup.start("join", base + ["join", *common])
         view.join = {}
     trainer = sup.start("trainer", base + ["train", *common], expected_exit=True)
@@ -517,7 +520,7 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
         producer = threading.Thread(target=_produce, args=(cfg, bootstrap, batches, args.rate, view, stop, errors),
                                     daemon=True, name="producer")
     producer.start()
-    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg))
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg.kafka))
     metrics_path = Path(cfg.trainer.log_path)
     view_log = open(metrics_path.parent / "view.jsonl", "a")
     view.phase = "streaming + training"

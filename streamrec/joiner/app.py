@@ -59,7 +59,7 @@ def faust_settings(cfg, bootstrap: str, partitions: int) -> dict:
     """faust App settings: quick group joins, raw keys and values, the state in ``join.state_dir``."""
     return dict(
         broker=f"kafka://{bootstrap}",
-        broker_credentials=faust_credentials(client_settings(cfg)),
+        broker_credentials=faust_credentials(client_settings(cfg.kafka)),
         store="rocksdb://",
         datadir=cfg.join.state_dir,
         web_enabled=False,
@@ -90,7 +90,8 @@ def check_copartitioned(cfg, bootstrap: str) -> int:
     in the same partition number, which is what the join needs (as Kafka Streams requires of a join)."""
     from kafka import KafkaConsumer
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, **client_settings(cfg))
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      **client_settings(cfg.kafka))
     try:
         imp = c.partitions_for_topic(cfg.join.impressions_topic) or set()
         act = c.partitions_for_topic(cfg.join.actions_topic) or set()
@@ -251,7 +252,7 @@ def build_app(cfg, bootstrap: str, partitions: int, metrics=None):
                        key_serializer="raw", value_serializer="raw")
     table = app.Table(TABLE_NAME, partitions=partitions, key_type=bytes, value_type=bytes,
                       options={"driver": "rocksdict"})
-    security = aiokafka_security(cfg)
+    security = aiokafka_security(cfg.kafka)
     topics = {jc.impressions_topic, jc.actions_topic}
     parts: dict[int, _Partition] = {}
     epoch: dict[int, int] = {}

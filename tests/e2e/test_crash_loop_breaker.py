@@ -14,7 +14,7 @@ import sys
 import pytest
 import tomli_w
 
-from streamrec.ingest import REASON_HEADER, EventProducer, SyntheticStream, read_topic
+from streamrec.ingest import REASON_HEADER, EventProducer, EventSchema, SyntheticStream, read_topic
 from tests.helpers.crash import CRASH_MARK, install_crash_hook
 from tests.helpers.ingest import poll_events
 
@@ -32,7 +32,7 @@ def test_a_record_that_crashes_the_decoder_is_quarantined_by_the_next_start(topi
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
     env = install_crash_hook(tmp_path / "hook")
 
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     good = 0
     for i, b in enumerate(SyntheticStream(cfg).batches(1200)):
         prod.send_batch(b)
@@ -67,7 +67,7 @@ def test_records_in_flight_at_two_training_deaths_are_quarantined(topics, tmp_pa
 
     cfg = topics
     cfg.kafka.codec, cfg.kafka.partitions = "json", 1
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     for b in SyntheticStream(cfg).batches(100):
         prod.send_batch(b)
     prod.close()
@@ -75,7 +75,8 @@ def test_records_in_flight_at_two_training_deaths_are_quarantined(topics, tmp_pa
     topic = cfg.kafka.events_topic
     parts = sorted({r.partition for r in read_topic(bootstrap, topic, expected=100)})
     InflightMarker(marker).mark(TRAIN, [InflightRange(topic, parts[0], 0, 3)], deaths=deaths_before)
-    c = EventConsumer(bootstrap, cfg, group_id=f"g-{topic}", mode="assign", inflight_path=marker)
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+                      group_id=f"g-{topic}", mode="assign", inflight_path=marker)
     try:
         got = sum(len(b) for b in poll_events(c, 100 - (4 if deaths_before else 0), timeout=30, max_events=10_000))
         if deaths_before:
@@ -103,7 +104,7 @@ def test_records_of_a_training_step_that_died_are_probed_then_quarantined(topics
 
     cfg = topics
     cfg.kafka.codec, cfg.kafka.partitions = "json", 1
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     for b in SyntheticStream(cfg).batches(100):
         prod.send_batch(b)
     prod.close()
@@ -113,7 +114,8 @@ def test_records_of_a_training_step_that_died_are_probed_then_quarantined(topics
     # a step of records 2, 3 and 7 (not contiguous: the merge and the batcher reorder)
     InflightMarker(marker).mark(STEP, [InflightRange(topic, part, 2, 3), InflightRange(topic, part, 7, 7)],
                                 deaths=deaths_before)
-    c = EventConsumer(bootstrap, cfg, group_id=f"g-{topic}", mode="assign", inflight_path=marker)
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+                      group_id=f"g-{topic}", mode="assign", inflight_path=marker)
     probed: list = []
 
     def probe(values):  # the trainer's probe: here, the second record of those re-read kills a training step

@@ -108,12 +108,12 @@ def test_demo_stops_everything_when_a_child_dies(bootstrap, tmp_path, victim):
 @pytest.mark.timeout(420)  # above its own wait: the demo run (300 s)
 def test_demo_replays_a_file(bootstrap, tmp_path):
     """`--data FILE`: the file's events are streamed, trained on, and the served model scores its tail."""
-    from streamrec.ingest import SyntheticStream, write_events
+    from streamrec.ingest import EventSchema, SyntheticStream, write_events
     from streamrec.app.config import load_config
 
     data = tmp_path / "events.jsonl"
     cfg = load_config(None, env={})
-    write_events(data, SyntheticStream(cfg).batches(12_000), cfg)
+    write_events(data, SyntheticStream(cfg).batches(12_000), EventSchema.from_config(cfg))
     run_dir = tmp_path / "run3"
     cmd = _demo_cmd(run_dir, bootstrap, 0)
     i = cmd.index("--events")

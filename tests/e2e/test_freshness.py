@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from streamrec.ingest import EventProducer, SyntheticStream
+from streamrec.ingest import EventProducer, EventSchema, SyntheticStream
 from streamrec.serving import ServingClient, serve
 from streamrec.app.serving_wiring import server_settings
 from tests.helpers.trainer import trainer_cfg
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.subprocess, pytest.mark.grpc]
 def _produce(cfg, bootstrap, stop: threading.Event, per_s: float = 2000.0):
     import numpy as np
 
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     for chunk in SyntheticStream(cfg).batches(10**7):
         for s in range(0, len(chunk), 256):
             if stop.is_set():

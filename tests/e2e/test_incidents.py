@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from streamrec.foundation import roc_auc
-from streamrec.ingest import EventProducer, SyntheticStream
+from streamrec.ingest import EventProducer, EventSchema, SyntheticStream
 from streamrec.serving import ServingClient, SnapshotPusher, batch_to_request, serve
 from streamrec.app.serving_wiring import server_settings
 from streamrec.trainer import TrainerService
@@ -60,7 +60,7 @@ def test_incident_drill(topics, tmp_path, bootstrap, drill):
     stop = threading.Event()
     svc = TrainerService(cfg, bootstrap, stop=stop, progress=False, pusher_factory=SnapshotPusher.factory(cfg.serving))
     trainer = threading.Thread(target=svc.run, daemon=True)
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     client = ServingClient(server.target, timeout=10)
     rng = np.random.default_rng(3)
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from streamrec.ingest import (EmbeddedBroker, EventConsumer, EventProducer, OffsetsLostError, SyntheticStream,
-                              ensure_topics, free_port, pipeline_topics)
+from streamrec.ingest import (EmbeddedBroker, EventConsumer, EventProducer, EventSchema, OffsetsLostError,
+                              SyntheticStream, ensure_topics, free_port, pipeline_topics)
 from streamrec.trainer import TrainerService
 
 from tests.conftest import small_config
@@ -30,7 +30,7 @@ def _cfg(tmp_path, policy: str):
 
 def _produce(cfg, bootstrap, n, seed):
     cfg.generator.seed = seed
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     for b in SyntheticStream(cfg).batches(n):
         prod.send_batch(b)
     prod.close()
@@ -49,13 +49,13 @@ def restarted_empty(tmp_path_factory):
     cfg = _cfg(first, "fail")
     port = free_port()
     with EmbeddedBroker(port=port) as broker:
-        ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+        ensure_topics(broker.bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         _produce(cfg, broker.bootstrap, 2048, seed=1)
         summary = TrainerService(cfg, broker.bootstrap, progress=False).run()
         assert summary["events"] == 2048
     broker = EmbeddedBroker(port=port).start()
     try:
-        ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+        ensure_topics(broker.bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         _produce(cfg, broker.bootstrap, 384, seed=2)
         yield broker, first
     finally:
@@ -99,7 +99,7 @@ def test_a_broker_that_comes_back_empty_mid_run_is_caught_up_from_the_start(tmp_
     svc = None
     out: dict = {}
     try:
-        ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+        ensure_topics(broker.bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         _produce(cfg, broker.bootstrap, 1024, seed=1)
         svc = TrainerService(cfg, broker.bootstrap, stop=stop, progress=False)
         th = threading.Thread(target=lambda: out.update(svc.run()), daemon=True)
@@ -110,7 +110,7 @@ def test_a_broker_that_comes_back_empty_mid_run_is_caught_up_from_the_start(tmp_
         assert svc.core.events == 1024
         broker.stop()
         broker = EmbeddedBroker(port=port).start()
-        ensure_topics(broker.bootstrap, pipeline_topics(cfg))
+        ensure_topics(broker.bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         _produce(cfg, broker.bootstrap, 320, seed=2)  # fewer than before: the old positions are past the end
         deadline = time.monotonic() + 90
         while svc.core.events < 1024 + 320 and time.monotonic() < deadline and th.is_alive():
@@ -138,7 +138,8 @@ def test_a_consumer_slower_than_its_poll_interval_rejoins_and_loses_or_repeats_n
     cfg = topics
     cfg.kafka.events_per_message = 32
     _produce(cfg, bootstrap, 640, seed=3)
-    c = EventConsumer(bootstrap, cfg, group_id=f"slow-{cfg.kafka.events_topic}", mode="group",
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+                      group_id=f"slow-{cfg.kafka.events_topic}", mode="group",
                       max_poll_interval_ms=6000, session_timeout_ms=6000, heartbeat_interval_ms=1000)
     try:
         got = 0
@@ -201,7 +202,7 @@ def test_a_topic_recreated_with_more_partitions_is_read_in_full(tmp_path):
     stop = threading.Event()
     svc, th, out = None, None, {}
     try:
-        ensure_topics(broker.bootstrap, pipeline_topics(cfg))  # 2 partitions
+        ensure_topics(broker.bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))  # 2 partitions
         _produce(cfg, broker.bootstrap, 512, seed=1)
         svc = TrainerService(cfg, broker.bootstrap, stop=stop, progress=False)
         th = threading.Thread(target=lambda: out.update(svc.run()), daemon=True)
@@ -213,7 +214,7 @@ def test_a_topic_recreated_with_more_partitions_is_read_in_full(tmp_path):
         broker = EmbeddedBroker(port=port).start()
         wider = copy.deepcopy(cfg)
         wider.kafka.partitions = 4
-        ensure_topics(broker.bootstrap, pipeline_topics(wider))
+        ensure_topics(broker.bootstrap, pipeline_topics(wider.kafka, wider.trainer.ranks))
         _produce(wider, broker.bootstrap, 512, seed=2)  # 8 messages over 4 partitions
         deadline = time.monotonic() + 60
         while svc.core.events < 1024 and time.monotonic() < deadline and th.is_alive():

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from streamrec.ingest import REASON_HEADER, EventProducer, SyntheticStream, encode_json, read_topic
+from streamrec.ingest import REASON_HEADER, EventProducer, EventSchema, SyntheticStream, encode_json, read_topic
 from streamrec.sketch import SketchState
 from streamrec.trainer import TrainerService
 
@@ -79,7 +79,7 @@ def _trainer_cfg(cfg):
 
 def test_poison_records_are_dead_lettered_and_every_good_event_is_trained(topics, bootstrap):
     cfg = _trainer_cfg(topics)
-    prod = EventProducer(bootstrap, cfg, codec="arrow")
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg), codec="arrow")
     good = 0
     batches = list(SyntheticStream(cfg, chunk=200).batches(200 * len(POISON)))
     for k, (b, (raw, _)) in enumerate(zip(batches, POISON.values())):

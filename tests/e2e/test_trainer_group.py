@@ -21,7 +21,7 @@ import pytest
 import tomli_w
 from kafka import KafkaConsumer, TopicPartition
 
-from streamrec.ingest import EventProducer, SyntheticStream, ensure_topics, pipeline_topics, read_topic
+from streamrec.ingest import EventProducer, EventSchema, SyntheticStream, ensure_topics, pipeline_topics, read_topic
 from streamrec.trainer.checkpoint import latest_checkpoint, read_checkpoint
 from tests.conftest import HEAVY_GROUP
 from tests.helpers.trainer import BS, PER_MESSAGE, read_jsonl, trainer_cfg
@@ -106,7 +106,7 @@ def _train(cfg, tmp_path, bootstrap, nproc, env_extra=None, timeout=400):
 def _produce_slowly(cfg, bootstrap, n, per_s, done: threading.Event, sent: list):
     import numpy as np
 
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     step = PER_MESSAGE * 2
     for chunk in SyntheticStream(cfg).batches(n):
         for s in range(0, len(chunk), step):
@@ -235,7 +235,7 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     assert abs(clean_auc - log[-1]["auc"]) <= 0.01, (clean_auc, log[-1]["auc"])
 
     # the same checkpoint, resumed by 3 ranks: resharded, and training goes on from the same offsets
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     for b in SyntheticStream(cfg).batches(8192):
         prod.send_batch(b)
     prod.close()
@@ -255,7 +255,7 @@ def test_fewer_partitions_than_ranks_is_refused_before_start(bootstrap, tmp_path
 
     cfg.kafka.events_topic = f"narrow-{uuid.uuid4().hex[:8]}"
     cfg.kafka.partitions = 1
-    ensure_topics(bootstrap, pipeline_topics(cfg))
+    ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
     cfg.trainer.idle_exit_s = 1.0
     res = _train(cfg, tmp_path, bootstrap, 3, timeout=120)
     assert res.returncode == 2

@@ -237,7 +237,7 @@ def test_the_users_of_a_choice_check_the_same_alias():
     cfg = load_config(None, env={})
     cfg.kafka.security_protocol = "SASL"  # set after loading: the client refuses it too
     with pytest.raises(KafkaSecurityError, match="kafka.security_protocol: must be one of PLAINTEXT, SSL"):
-        client_settings(cfg)
+        client_settings(cfg.kafka)
 
 
 @pytest.mark.subprocess

@@ -35,9 +35,10 @@ def consume_all(bootstrap, cfg, expected_events, mode="assign", group=None, time
 
     ``settle`` > 0: the same consumer then polls for ``settle`` more seconds, and whatever arrives
     meanwhile is in the batches and the stats, so a test can assert that nothing else arrives."""
-    from streamrec.ingest import EventConsumer
+    from streamrec.ingest import EventConsumer, EventSchema
 
-    c = EventConsumer(bootstrap, cfg, group or f"g-{uuid.uuid4().hex[:6]}", mode=mode, **opts)
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+                      group or f"g-{uuid.uuid4().hex[:6]}", mode=mode, **opts)
     try:
         batches = poll_events(c, expected_events, timeout)
         settle_until = time.monotonic() + settle

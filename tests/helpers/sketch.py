@@ -164,13 +164,13 @@ def produce_events(cfg, bootstrap: str, n: int, seed: int = 0) -> int:
     """Send ``n`` synthetic events (event times now) to ``cfg.kafka.events_topic``; returns ``n``."""
     import time
 
-    from streamrec.ingest import EventProducer, SyntheticStream
+    from streamrec.ingest import EventProducer, EventSchema, SyntheticStream
 
     import copy
 
     cfg = copy.deepcopy(cfg)
     cfg.generator.seed = seed
-    p = EventProducer(bootstrap, cfg)
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     try:
         for b in SyntheticStream(cfg).batches(n):
             b.ts[:] = int(time.time() * 1000)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streamrec.ingest import EventProducer, SyntheticStream
+from streamrec.ingest import EventProducer, EventSchema, SyntheticStream
 
 PER_MESSAGE = 256  # events per Kafka message
 CKPT_EVERY = 8_192  # events between checkpoints (trainer_cfg)
@@ -41,7 +41,7 @@ def trainer_cfg(cfg, tmp_path):
 
 def produce(cfg, bootstrap, n, bad=0):
     """``n`` synthetic events into the events topic, then ``bad`` records that do not decode."""
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     for b in SyntheticStream(cfg).batches(n):
         prod.send_batch(b)
     for _ in range(bad):

@@ -10,11 +10,17 @@ import math
 import numpy as np
 import pytest
 
+from streamrec.app.config import Config
 from streamrec.ingest import (
-    DatasetError, SyntheticStream, avazu_config, criteo_config, detect_format, hash_id, read_events, read_file,
-    write_events,
+    DatasetError, EventSchema, SyntheticStream, avazu_config, criteo_config, detect_format, hash_id, read_events,
+    read_file, write_events,
 )
 from streamrec.app.cli import main as streamrec_main
+
+
+def events_of(model) -> EventSchema:
+    """The events of a ``[model]`` section (the other sections at their defaults)."""
+    return EventSchema.from_config(Config(model=model))
 
 
 def ids(batch, field):
@@ -37,7 +43,7 @@ def test_criteo_lines_parse_exactly(tmp_path):
     path = tmp_path / "day_0.tsv"
     path.write_text("\n".join(lines) + "\n")
     assert detect_format(path) == "criteo"
-    (b,) = list(read_events(path, criteo_config()))
+    (b,) = list(read_events(path, events_of(criteo_config())))
     assert b.labels.tolist() == [1.0, 0.0, 0.0]
     # empty -> 0, negative -> 0, then log(1 + x)
     expect0 = [math.log(6), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, math.log(8)]
@@ -49,7 +55,7 @@ def test_criteo_lines_parse_exactly(tmp_path):
     assert ids(b, "C3") == [[1], [], [10]]
     assert ids(b, "C4") == [[0xFFFFFFFF], [], [10]]
     assert ids(b, "C26") == [[], [], [-1]]  # 16 hex digits >= 2^63 wrap like hash_id
-    (raw,) = list(read_events(path, criteo_config(), format="criteo", dense="raw"))
+    (raw,) = list(read_events(path, events_of(criteo_config()), format="criteo", dense="raw"))
     assert raw.dense[0].tolist()[:3] == [5.0, 0.0, -3.0]
 
 
@@ -57,13 +63,13 @@ def test_criteo_bad_cells_and_wrong_config(tmp_path, cfg):
     path = tmp_path / "bad.txt"
     path.write_text(_criteo_line(1, [1], ["zz12"]) + "\n")
     with pytest.raises(DatasetError, match="'zz12' is not a hexadecimal id"):
-        list(read_events(path, criteo_config(), format="criteo"))
+        list(read_events(path, events_of(criteo_config()), format="criteo"))
     with pytest.raises(DatasetError, match="does not match the criteo layout"):
-        read_events(path, cfg, format="criteo")  # checked before any reading starts
+        read_events(path, EventSchema.from_config(cfg), format="criteo")  # checked before any reading starts
     short = tmp_path / "short.txt"
     short.write_text("1\t2\t3\n")
     with pytest.raises(DatasetError, match="short.txt"):
-        list(read_events(short, criteo_config(), format="criteo"))
+        list(read_events(short, events_of(criteo_config()), format="criteo"))
 
 
 AVAZU_HEADER = ("id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,"
@@ -80,9 +86,9 @@ def test_avazu_lines_parse_exactly(tmp_path):
         "96809ac8,711ee120,1,0,15704,320,50,1722,0,35,100084,\n"
     )
     assert detect_format(path) == "avazu"
-    cfg = avazu_config()
-    assert cfg.model.dense_dim == 0 and cfg.model.field_names[0] == "C1" and len(cfg.model.fields) == 21
-    (b,) = list(read_events(path, cfg))
+    model = avazu_config()
+    assert model.dense_dim == 0 and model.field_names[0] == "C1" and len(model.fields) == 21
+    (b,) = list(read_events(path, events_of(model)))
     assert b.labels.tolist() == [0.0, 1.0]
     # 2014-10-21 00:00 UTC and 2014-10-29 13:00 UTC
     assert b.ts.tolist() == [1413849600000, 1414587600000]
@@ -102,7 +108,7 @@ def test_generic_csv_mapping(tmp_path, cfg):
                     "1,5,0.5,1,2,42,abc,1|2|x,r1\n"
                     "0,,,,,,7,,\n"
                     "0.25,9,1,1,1,18446744073709551615,-3,|4|,r3\n")
-    (b,) = list(read_events(path, cfg))
+    (b,) = list(read_events(path, EventSchema.from_config(cfg)))
     assert b.labels.tolist() == [1.0, 0.0, 0.25]
     assert b.ts.tolist() == [5, 0, 9]
     assert b.dense.tolist() == [[0.5, 1, 2], [0, 0, 0], [1, 1, 1]]
@@ -113,10 +119,10 @@ def test_generic_csv_mapping(tmp_path, cfg):
     bad = tmp_path / "bad.csv"
     bad.write_text("label,dense_0,dense_1,dense_2,user,colour\n1,0,0,0,1,red\n")
     with pytest.raises(DatasetError, match="unknown column 'colour'"):
-        read_events(bad, cfg)
+        read_events(bad, EventSchema.from_config(cfg))
     tsv = tmp_path / "ev.tsv"
     tsv.write_text("label\tdense_0\tdense_1\tdense_2\titem\n1\t1\t2\t3\t99\n")
-    (t,) = list(read_events(tsv, cfg))
+    (t,) = list(read_events(tsv, EventSchema.from_config(cfg)))
     assert ids(t, "item") == [[99]] and ids(t, "user") == [[]]
 
 
@@ -125,8 +131,8 @@ def test_parquet_and_jsonl_round_trip(tmp_path, cfg):
     expected = [ev for b in src for ev in b.to_events()]
     for name in ("ev.parquet", "ev.jsonl", "ev.jsonl.gz"):
         path = tmp_path / name
-        assert write_events(path, iter(src), cfg) == 2500
-        got = list(read_file(path, cfg, chunk=1000))
+        assert write_events(path, iter(src), EventSchema.from_config(cfg)) == 2500
+        got = list(read_file(path, EventSchema.from_config(cfg), chunk=1000))
         assert [len(b) for b in got] == [1000, 1000, 500]
         assert [ev for b in got for ev in b.to_events()] == expected, name
 
@@ -136,7 +142,7 @@ def test_jsonl_bad_line_names_the_line(tmp_path, cfg):
     good = {"label": 1, "dense": [0, 0, 0], "sparse": {"user": 1}}
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "dense": [1]}) + "\n")
     with pytest.raises(DatasetError, match=r"ev.jsonl:2: dense has 1 values, the model expects 3"):
-        list(read_events(path, cfg))
+        list(read_events(path, EventSchema.from_config(cfg)))
     with pytest.raises(DatasetError, match="extension"):
         detect_format(tmp_path / "x.bin")
 
@@ -151,7 +157,7 @@ def test_generate_command_writes_file_and_prints_bayes_auc(tmp_path, capsys):
     from streamrec.app.config import load_config
 
     cfg = load_config(None, {"generator.seed": 3}, env={})
-    assert sum(len(b) for b in read_events(out, cfg)) == 3000
+    assert sum(len(b) for b in read_events(out, EventSchema.from_config(cfg))) == 3000
     assert abs(SyntheticStream(cfg).bayes_auc(3000) - auc) < 1e-4
 
 
@@ -160,7 +166,7 @@ def test_empty_csv_says_it_is_empty(tmp_path, cfg):
     p = tmp_path / "ev.csv"
     p.write_text("")
     with pytest.raises(DatasetError) as e:
-        list(read_events(p, cfg))
+        list(read_events(p, EventSchema.from_config(cfg)))
     assert "empty" in str(e.value) and "header" in str(e.value) and "unknown column" not in str(e.value)
 
 
@@ -172,7 +178,7 @@ def test_unknown_csv_column_message_without_dense_features(tmp_path):
     p = tmp_path / "ev.csv"
     p.write_text("label,colour\n1,3\n")
     with pytest.raises(DatasetError) as e:
-        list(read_events(p, cfg))
+        list(read_events(p, EventSchema.from_config(cfg)))
     msg = str(e.value)
     assert "unknown column 'colour'" in msg and "dense_-1" not in msg and "dense_0" not in msg
 
@@ -187,7 +193,7 @@ def test_csv_with_non_finite_dense_is_refused(tmp_path, cfg):
     path = tmp_path / "ev.csv"
     path.write_text("label,dense_0,dense_1,dense_2,user\n1,0.5,0,1,7\n0,nan,0,1,8\n")
     with pytest.raises(DatasetError, match="finite"):
-        list(read_events(path, cfg))
+        list(read_events(path, EventSchema.from_config(cfg)))
 
 
 def test_jsonl_with_invalid_utf8_names_the_line(tmp_path, cfg):
@@ -198,7 +204,7 @@ def test_jsonl_with_invalid_utf8_names_the_line(tmp_path, cfg):
     good = json.dumps(_good_event()).encode()
     path.write_bytes(good + b"\n" + good.replace(b'"a"', b'"caf\xe9"') + b"\n")
     with pytest.raises(DatasetError, match=r"ev.jsonl:2: bad JSON"):
-        list(read_events(path, cfg))
+        list(read_events(path, EventSchema.from_config(cfg)))
 
 
 def test_csv_with_utf8_bom_reads_like_without(tmp_path, cfg):
@@ -209,6 +215,6 @@ def test_csv_with_utf8_bom_reads_like_without(tmp_path, cfg):
     plain, bom = tmp_path / "plain.csv", tmp_path / "bom.csv"
     plain.write_text(text, encoding="utf-8")
     bom.write_text(text, encoding="utf-8-sig")
-    want = [ev for b in read_events(plain, cfg) for ev in b.to_events()]
+    want = [ev for b in read_events(plain, EventSchema.from_config(cfg)) for ev in b.to_events()]
     assert len(want) == 1
-    assert [ev for b in read_events(bom, cfg) for ev in b.to_events()] == want
+    assert [ev for b in read_events(bom, EventSchema.from_config(cfg)) for ev in b.to_events()] == want

@@ -58,12 +58,13 @@ def test_pathological_records_are_dead_lettered_by_the_decoder(cfg):
 def test_pathological_records_reach_the_dlq_through_the_broker(topics, bootstrap):
     """The consumer keeps going: good records arrive, each bad one is in the DLQ with its bytes and reason."""
     cfg = topics
-    p = EventProducer(bootstrap, cfg)
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     for i, raw in enumerate(PATHOLOGICAL.values()):
         p.send_raw(raw, key=str(i).encode())
         p.send_raw(json.dumps(_good(100 + i)).encode())
     p.close()
-    c = EventConsumer(bootstrap, cfg, f"g-{uuid.uuid4().hex[:6]}", mode="assign")
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+                      f"g-{uuid.uuid4().hex[:6]}", mode="assign")
     got = 0
     deadline = time.monotonic() + 20
     try:
@@ -98,7 +99,7 @@ def test_every_bad_record_goes_to_the_dlq(topics, bootstrap):
         "truncated Arrow": arrow[: len(arrow) // 2],
         "empty": b"",
     }
-    p = EventProducer(bootstrap, cfg)
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     sent_good = 0
     for i, raw in enumerate(bad.values()):
         p.send_raw(json.dumps({**good, "ts": 100 + i}).encode())
@@ -142,11 +143,12 @@ def test_a_dead_letter_the_dlq_refuses_stops_progress_with_a_clear_error(topics,
 
     cfg = topics
     good = {"ts": 1, "label": 1, "dense": [0, 0, 0], "sparse": {"user": 1}}
-    p = EventProducer(bootstrap, cfg)
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     p.send_raw(json.dumps(good).encode())
     p.send_raw(b"x" * 500)  # bad, and too big for the DLQ producer below
     p.close()
-    c = EventConsumer(bootstrap, cfg, f"g-{uuid.uuid4().hex[:6]}", mode="assign")
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+                      f"g-{uuid.uuid4().hex[:6]}", mode="assign")
     try:
         c._dlq.close()
         c._dlq = make_producer(bootstrap, max_request_size=256)  # a real producer the record cannot pass
@@ -172,7 +174,7 @@ def test_a_bad_record_bigger_than_the_dlq_takes_is_dead_lettered_truncated_with_
     cfg = topics
     cfg.ingest.dlq_max_bytes = 4096
     huge = b'{"label": 1, "ts": 1, "sparse": {"user": "' + b"x" * 50_000  # bad JSON, 50 KB
-    p = EventProducer(bootstrap, cfg)
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     p.send_raw(json.dumps(_good()).encode())
     p.send_raw(huge)
     p.close()

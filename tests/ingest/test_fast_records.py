@@ -17,7 +17,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import CorruptRecordError
 
-from streamrec.ingest import EventConsumer, fast_records
+from streamrec.ingest import EventConsumer, EventSchema, fast_records
 from streamrec.ingest.broker import TopicSpec, ensure_topics
 
 
@@ -236,13 +236,15 @@ def test_event_consumer_switch(bootstrap, topics):
     from tests.helpers.ingest import poll_events
 
     sent = list(SyntheticStream(topics).batches(3000))
-    prod = EventProducer(bootstrap, topics, codec="json")
+    prod = EventProducer(bootstrap, topics.kafka, EventSchema.from_config(topics), codec="json")
     for b in sent:
         prod.send_batch(b)
     prod.close()
-    on = EventConsumer(bootstrap, topics, "g-on", mode="assign", dlq=False)
+    on = EventConsumer(bootstrap, topics.kafka, topics.ingest, EventSchema.from_config(topics),
+                       "g-on", mode="assign", dlq=False)
     topics.kafka.fast_records = False
-    off = EventConsumer(bootstrap, topics, "g-off", mode="assign", dlq=False)
+    off = EventConsumer(bootstrap, topics.kafka, topics.ingest, EventSchema.from_config(topics),
+                        "g-off", mode="assign", dlq=False)
     try:
         assert on.fast_records and fast_records.installed(on.consumer)
         assert not off.fast_records and not fast_records.installed(off.consumer)

@@ -48,11 +48,11 @@ EXPECTED = {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", 
 
 
 def test_plaintext_adds_nothing():
-    assert client_settings(load_config(env={})) == {}
+    assert client_settings(load_config(env={}).kafka) == {}
 
 
 def test_sasl_ssl_settings_from_env_password(pem):
-    s = client_settings(_secured(pem), env={PASSWORD_ENV: SECRET})
+    s = client_settings(_secured(pem).kafka, env={PASSWORD_ENV: SECRET})
     assert s == {**EXPECTED, "ssl_cafile": pem["ca"], "ssl_check_hostname": True}
     assert redacted(s)["sasl_plain_password"] == "***" and SECRET not in repr(redacted(s))
 
@@ -60,7 +60,7 @@ def test_sasl_ssl_settings_from_env_password(pem):
 def test_password_file_wins_and_is_stripped_of_its_newline(pem, tmp_path):
     f = tmp_path / "pw"
     f.write_text("from-file\n")
-    s = client_settings(_secured(pem, **{"kafka.sasl_password_file": str(f)}), env={PASSWORD_ENV: SECRET})
+    s = client_settings(_secured(pem, **{"kafka.sasl_password_file": str(f)}).kafka, env={PASSWORD_ENV: SECRET})
     assert s["sasl_plain_password"] == "from-file"
 
 
@@ -68,13 +68,13 @@ def test_mutual_tls_settings(pem):
     cfg = load_config(overrides={"kafka.bootstrap": "k:9093", "kafka.security_protocol": "SSL",
                                  "kafka.ssl_cafile": pem["ca"], "kafka.ssl_certfile": pem["cert"],
                                  "kafka.ssl_keyfile": pem["key"], "kafka.ssl_check_hostname": "false"}, env={})
-    assert client_settings(cfg) == {"security_protocol": "SSL", "ssl_cafile": pem["ca"], "ssl_certfile": pem["cert"],
+    assert client_settings(cfg.kafka) == {"security_protocol": "SSL", "ssl_cafile": pem["ca"], "ssl_certfile": pem["cert"],
                                     "ssl_keyfile": pem["key"], "ssl_check_hostname": False}
 
 
 def test_missing_password_names_both_places(pem):
     with pytest.raises(KafkaSecurityError, match=f"{PASSWORD_ENV}.*sasl_password_file"):
-        client_settings(_secured(pem), env={})
+        client_settings(_secured(pem).kafka, env={})
 
 
 def test_unusable_pem_is_named(pem, tmp_path):
@@ -82,7 +82,7 @@ def test_unusable_pem_is_named(pem, tmp_path):
 
     bad = tmp_path / "bad.pem"
     bad.write_text("not a certificate")
-    s = client_settings(_secured(pem, **{"kafka.ssl_cafile": str(bad)}), env={PASSWORD_ENV: SECRET})
+    s = client_settings(_secured(pem, **{"kafka.ssl_cafile": str(bad)}).kafka, env={PASSWORD_ENV: SECRET})
     with pytest.raises(KafkaSecurityError, match="bad.pem") as e:
         faust_credentials(s)
     assert SECRET not in str(e.value)
@@ -91,7 +91,7 @@ def test_unusable_pem_is_named(pem, tmp_path):
 def test_missing_ca_file_is_named(pem, tmp_path):
     cfg = _secured(pem, **{"kafka.ssl_cafile": str(tmp_path / "nope.pem")})
     with pytest.raises(KafkaSecurityError, match="kafka.ssl_cafile: .*nope.pem"):
-        client_settings(cfg, env={PASSWORD_ENV: SECRET})
+        client_settings(cfg.kafka, env={PASSWORD_ENV: SECRET})
 
 
 @pytest.mark.parametrize("overrides, match", [
@@ -182,11 +182,11 @@ def rec(monkeypatch, pem):
 
 
 def test_event_producer_and_consumer_with_its_dead_letter_producer(rec, pem):
-    from streamrec.ingest import EventConsumer, EventProducer
+    from streamrec.ingest import EventConsumer, EventProducer, EventSchema
 
     cfg = _secured(pem)
-    EventProducer(cfg.kafka.bootstrap, cfg)
-    EventConsumer(cfg.kafka.bootstrap, cfg, group_id="g")
+    EventProducer(cfg.kafka.bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    EventConsumer(cfg.kafka.bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg), group_id="g")
     assert [k for k, _ in rec.built] == ["producer", "consumer", "producer"]
     rec.assert_all_secured({"producer", "consumer"})
 
@@ -210,7 +210,7 @@ def test_trainer_hot_set_follower_and_group_partition_check(rec, pem):
     with pytest.raises(_Stop):
         make_hot_source(cfg, cfg.kafka.bootstrap)
     with pytest.raises(_Stop):
-        check_partitions(cfg.kafka.bootstrap, "events", 1, security=client_settings(cfg))
+        check_partitions(cfg.kafka.bootstrap, "events", 1, security=client_settings(cfg.kafka))
     rec.assert_all_secured({"consumer"})
 
 
@@ -225,9 +225,9 @@ def test_sketch_worker_clients_and_faust_app(rec, pem, tmp_path):
     check_state(cfg, cfg.kafka.bootstrap)  # the changelog's 2 partitions != the events' 1: the admin deletes it
     rec.stop_at = {"consumer"}
     with pytest.raises(_Stop):
-        latest_hotset(cfg.kafka.bootstrap, "hot-set", security=client_settings(cfg))
+        latest_hotset(cfg.kafka.bootstrap, "hot-set", security=client_settings(cfg.kafka))
     with pytest.raises(_Stop):
-        PeerSnapshots(cfg.kafka.bootstrap, "changelog", security=client_settings(cfg))
+        PeerSnapshots(cfg.kafka.bootstrap, "changelog", security=client_settings(cfg.kafka))
     assert [k for k, _ in rec.built] == ["consumer", "admin", "consumer", "consumer"]
     rec.assert_all_secured({"consumer", "admin"})
     # what faust hands its aiokafka clients

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_produce_command_replays_a_file(topics, bootstrap, tmp_path, capsys):
     cfg = topics
     path = tmp_path / "ev.parquet"
-    write_events(path, SyntheticStream(cfg).batches(3000), cfg)
+    write_events(path, SyntheticStream(cfg).batches(3000), EventSchema.from_config(cfg))
     args = ["produce", str(path), "--bootstrap", bootstrap, "--codec", "arrow", "-q", "--limit", "2500",
             "--set", f"kafka.events_topic={cfg.kafka.events_topic}", "--set", f"kafka.dlq_topic={cfg.kafka.dlq_topic}",
             "--set", f"kafka.hotset_topic={cfg.kafka.hotset_topic}",

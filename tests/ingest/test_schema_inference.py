@@ -11,7 +11,8 @@ import pytest
 
 from streamrec.foundation import ConfigError
 from streamrec.app.config import Config, load_config
-from streamrec.ingest import DatasetError, SyntheticStream, infer_schema, read_events, write_events
+from streamrec.foundation.model_config import ModelConfig
+from streamrec.ingest import DatasetError, EventSchema, SyntheticStream, infer_schema, read_events, write_events
 
 
 def _write_jsonl(path, rows):
@@ -30,8 +31,8 @@ def test_jsonl_fields_in_order_of_appearance_and_dense_width(tmp_path):
     assert (s.format, s.fields, s.dense_dim) == ("jsonl", ["page", "user", "tags"], 1)
     model = tomllib.loads(s.toml())["model"]  # the printed TOML is a loadable config
     assert model == {"dense_dim": 1, "fields": [{"name": "page"}, {"name": "user"}, {"name": "tags"}]}
-    cfg = s.apply(Config())
-    assert sum(len(b) for b in read_events(p, cfg)) == 2  # the inferred config reads the file
+    cfg = Config(model=s.apply(ModelConfig()))
+    assert sum(len(b) for b in read_events(p, EventSchema.from_config(cfg))) == 2  # the inferred config reads the file
 
 
 def test_jsonl_with_two_dense_widths_names_the_line(tmp_path):
@@ -52,7 +53,7 @@ def test_csv_header_and_parquet_columns(tmp_path):
         infer_schema(gap)
     cfg = load_config(None, {"model.fields": [{"name": "u"}, {"name": "v"}], "model.dense_dim": 3}, env={})
     pq = tmp_path / "e.parquet"
-    write_events(pq, SyntheticStream(cfg).batches(50), cfg)
+    write_events(pq, SyntheticStream(cfg).batches(50), EventSchema.from_config(cfg))
     s = infer_schema(pq)
     assert (s.format, s.fields, s.dense_dim) == ("parquet", ["u", "v"], 3)
 
@@ -61,11 +62,11 @@ def test_mismatches_name_the_field(tmp_path):
     csv = tmp_path / "e.csv"
     csv.write_text("label,dense_0,user,page\n1,0.1,u1,p\n")
     s = infer_schema(csv)
-    problems = s.mismatches(Config())  # default model: user, item, category, tags; dense_dim 4
+    problems = s.mismatches(ModelConfig())  # default model: user, item, category, tags; dense_dim 4
     assert any("sparse field 'page' is in" in p for p in problems)
     assert any("model field 'item' has no column" in p for p in problems)
     assert any("dense: " in p and "1 values per event" in p and "model.dense_dim = 4" in p for p in problems)
-    assert s.mismatches(s.apply(Config())) == []
+    assert s.mismatches(s.apply(ModelConfig())) == []
 
 
 def _args(**kw):

@@ -326,9 +326,9 @@ def test_task_labels_through_the_broker(bootstrap, tmp_path: Path, codec):
     sfx = uuid.uuid4().hex[:8]
     cfg.kafka.events_topic, cfg.kafka.dlq_topic = f"tl-{sfx}", f"tl-{sfx}.dlq"
     cfg.kafka.events_per_message = 100
-    ensure_topics(bootstrap, pipeline_topics(cfg))
+    ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
     synth = list(SyntheticStream(cfg, chunk=150).batches(300))
-    p = EventProducer(bootstrap, cfg, codec=codec)
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg), codec=codec)
     for b in synth:
         p.send_batch(b)
     p.close()

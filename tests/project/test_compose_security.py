@@ -271,7 +271,7 @@ def test_every_streamrec_service_reaches_kafka_over_sasl_ssl_with_mounted_secret
         assert k.ssl_check_hostname, name
         for path in (k.sasl_password_file, k.ssl_cafile, cfg.serving.tls_ca):
             assert Path(path).parent == tmp_path and Path(path).name in s["secrets"], (name, path)
-        settings = client_settings(cfg, env={})  # the password comes from the mounted file, not the environment
+        settings = client_settings(cfg.kafka, env={})  # the password comes from the mounted file, not the environment
         assert settings["security_protocol"] == "SASL_SSL" and settings["sasl_plain_password"] == "x", name
         assert cfg.serving.predict_token == TOKENS["STREAMREC_PREDICT_TOKEN"], name
         assert cfg.serving.push_token == TOKENS["STREAMREC_PUSH_TOKEN"], name

@@ -19,7 +19,7 @@ import pytest
 import tomli_w
 
 from streamrec.foundation import EventBatch
-from streamrec.ingest import REASON_HEADER, SOURCE_HEADER, EventProducer, SyntheticStream, read_topic
+from streamrec.ingest import REASON_HEADER, SOURCE_HEADER, EventProducer, EventSchema, SyntheticStream, read_topic
 from streamrec.ingest.inflight import STEP, InflightMarker, exact_runs
 from streamrec.trainer.batching import EventBatcher
 from streamrec.trainer.merge import PartitionMerger
@@ -211,7 +211,7 @@ def test_a_record_that_kills_a_training_step_after_waiting_in_the_merge_is_dead_
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
     env = install_step_crash_hook(tmp_path / "hook", dict(__import__("os").environ))
 
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     good = 0
     for i, b in enumerate(SyntheticStream(cfg).batches(900)):
         prod.send_batch(b)

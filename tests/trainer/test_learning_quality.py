@@ -217,7 +217,7 @@ def test_the_same_stream_read_with_other_fetch_sizes_trains_the_same_model(tmp_p
     (the consumer's poll cut short at random sizes) give the same AUC to 1e-6."""
     import uuid
 
-    from streamrec.ingest import EventConsumer, EventProducer, ensure_topics, pipeline_topics
+    from streamrec.ingest import EventConsumer, EventProducer, EventSchema, ensure_topics, pipeline_topics
     from streamrec.trainer.service import TrainerService
     from tests.helpers.trainer import stream_cfg
 
@@ -225,8 +225,8 @@ def test_the_same_stream_read_with_other_fetch_sizes_trains_the_same_model(tmp_p
     cfg.kafka.events_topic, cfg.kafka.partitions = f"events-{uuid.uuid4().hex[:8]}", 1
     cfg.kafka.dlq_topic, cfg.kafka.events_per_message = cfg.kafka.events_topic + ".dlq", 100
     cfg.trainer.until_end, cfg.trainer.idle_exit_s = True, 30.0
-    ensure_topics(bootstrap, pipeline_topics(cfg))
-    prod = EventProducer(bootstrap, cfg)
+    ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     for b in SyntheticStream(cfg).batches(6_000):
         prod.send_batch(b)
     prod.close()

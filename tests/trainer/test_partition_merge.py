@@ -131,7 +131,7 @@ def _produce_unevenly(cfg, bootstrap, n, weights, seed=0):
     allb = EventBatch.concat(list(SyntheticStream(cfg).batches(n)), cfg.model.dense_dim, cfg.model.field_names)
     allb.ts = np.arange(n, dtype=np.int64) + 1_700_000_000_000
     parts = np.random.default_rng(seed).choice(len(weights), size=n, p=weights)
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     schema = EventSchema.from_config(cfg)
     for p in range(len(weights)):
         mine = allb.take(np.flatnonzero(parts == p))
@@ -165,7 +165,7 @@ def _four_partitions(tmp_path, bootstrap):
     cfg.kafka.events_topic, cfg.kafka.partitions = f"events-{uuid.uuid4().hex[:8]}", 4
     cfg.kafka.dlq_topic, cfg.kafka.events_per_message = cfg.kafka.events_topic + ".dlq", 50
     cfg.trainer.until_end, cfg.trainer.idle_exit_s = True, 30.0
-    ensure_topics(bootstrap, pipeline_topics(cfg))
+    ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
     return cfg
 
 

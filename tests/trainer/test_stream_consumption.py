@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 
-from streamrec.ingest import EventProducer, SyntheticStream, read_topic
+from streamrec.ingest import EventProducer, EventSchema, SyntheticStream, read_topic
 from streamrec.trainer.service import TrainerService
 from tests.helpers.trainer import read_jsonl, stream_cfg, trainer_cfg
 
@@ -17,7 +17,7 @@ def test_bad_records_are_dead_lettered_and_training_goes_on(topics, tmp_path, bo
     cfg = trainer_cfg(topics, tmp_path)
     cfg.trainer.snapshot_every = 0
     cfg.trainer.idle_exit_s = 2.0
-    prod = EventProducer(bootstrap, cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     good = 0
     for i, b in enumerate(SyntheticStream(cfg).batches(6_000)):
         prod.send_batch(b)

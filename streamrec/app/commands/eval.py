@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import logging
 import sys
@@ -43,10 +44,10 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 def read_all(path: str, cfg, layout: str | None, limit: int):
     """The file's events as one EventBatch (the reference needs its vocabulary up front)."""
     from streamrec.foundation import EventBatch
-    from streamrec.ingest import read_file
+    from streamrec.ingest import EventSchema, read_file
 
     parts, n = [], 0
-    for b in read_file(path, cfg, layout or "auto"):
+    for b in read_file(path, EventSchema.from_config(cfg), layout or "auto"):
         if limit and n + len(b) > limit:
             b = b.take(np.arange(limit - n))
         parts.append(b)
@@ -58,7 +59,7 @@ def read_all(path: str, cfg, layout: str | None, limit: int):
 
 def trainer_progressive(cfg, events, bootstrap: str, work: Path) -> dict:
     """Produce ``events`` into a fresh one-partition topic and train on it until its end."""
-    from streamrec.ingest import EventProducer, ensure_topics, pipeline_topics
+    from streamrec.ingest import EventProducer, EventSchema, ensure_topics, pipeline_topics
     from streamrec.trainer import TrainerService
 
     t = cfg.trainer
@@ -71,8 +72,8 @@ def trainer_progressive(cfg, events, bootstrap: str, work: Path) -> dict:
     t.checkpoint_every_events, t.checkpoint_every_s = 10**12, 1e9  # only the final checkpoint
     if t.hot_source == "topic":  # no sketch worker runs here: count popularity in-process instead
         t.hot_source = "sample"
-    ensure_topics(bootstrap, pipeline_topics(cfg))
-    prod = EventProducer(bootstrap, cfg)
+    ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     bs = 8192
     for s in range(0, len(events), bs):
         prod.send_batch(events.take(np.arange(s, min(len(events), s + bs))))
@@ -111,7 +112,7 @@ def cmd_eval(args) -> int:
     cfg = config_from_args(args)
     reference, why = reference_for(cfg)
     if args.layout:
-        cfg = layout_config(args.layout, cfg)
+        cfg = dataclasses.replace(cfg, model=layout_config(args.layout, cfg.model))
     if args.seeds < 1:
         print("streamrec eval: --seeds must be >= 1", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ and ``streamrec generate`` (write the synthetic stream to a file)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -79,8 +80,9 @@ def cmd_broker(args) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with EmbeddedBroker(port=args.port) as broker:
-        ensure_topics(broker.bootstrap, pipeline_topics(cfg))
-        startup_line("broker", args, brokers=broker.bootstrap, topics=", ".join(t.name for t in pipeline_topics(cfg)),
+        topics = pipeline_topics(cfg.kafka, cfg.trainer.ranks)
+        ensure_topics(broker.bootstrap, topics)
+        startup_line("broker", args, brokers=broker.bootstrap, topics=", ".join(t.name for t in topics),
                      ports=broker.port, storage="memory (lost when it stops)")
         print(broker.bootstrap, flush=True)
         say(f"embedded broker on {broker.bootstrap}; Ctrl-C stops it")
@@ -152,7 +154,7 @@ def produce_keyed(cfg, args) -> int:
     with kafka_bootstrap(cfg) as bootstrap, open(args.file, "rb") as lines:
         startup_line("produce", args, brokers=bootstrap, topics=args.topic, source=args.file,
                      key=args.key_field, rate=f"{args.rate:g} records/s" if args.rate else "as fast as possible")
-        producer = make_producer(bootstrap, **client_settings(cfg))
+        producer = make_producer(bootstrap, **client_settings(cfg.kafka))
         try:
             for n, line in enumerate(lines, 1):
                 if not line.strip():
@@ -188,7 +190,7 @@ def produce_keyed(cfg, args) -> int:
 def cmd_produce(args) -> int:
     from streamrec.app.cli import config_from_args, kafka_bootstrap
 
-    from streamrec.ingest import DatasetError, EventProducer, SyntheticStream, layout_config, read_events
+    from streamrec.ingest import DatasetError, EventProducer, EventSchema, SyntheticStream, layout_config, read_events
 
     from streamrec.app.data_schema import model_for_file
     from streamrec.app.logs import IntervalLog, startup_line
@@ -197,7 +199,7 @@ def cmd_produce(args) -> int:
     if args.topic:
         return produce_keyed(cfg, args)
     if args.layout:
-        cfg = layout_config(args.layout, cfg)
+        cfg = dataclasses.replace(cfg, model=layout_config(args.layout, cfg.model))
     if args.codec:
         cfg = cfg.with_values(kafka={"codec": args.codec})
     if (args.file is None) == (args.synthetic is None):
@@ -219,7 +221,7 @@ def cmd_produce(args) -> int:
     else:
         total = args.limit or None
         try:
-            source = read_events(args.file, cfg, format=args.format, chunk=args.chunk)
+            source = read_events(args.file, EventSchema.from_config(cfg), format=args.format, chunk=args.chunk)
             source = _limited(source, args.limit) if args.limit else source
         except DatasetError as e:
             print(f"streamrec produce: {e}", file=sys.stderr)
@@ -240,7 +242,7 @@ def cmd_produce(args) -> int:
         with kafka_bootstrap(cfg) as bootstrap:
             startup_line("produce", args, brokers=bootstrap, topics=cfg.kafka.events_topic, source=what,
                          codec=cfg.kafka.codec, rate=f"{args.rate:g} events/s" if args.rate else "as fast as possible")
-            producer = EventProducer(bootstrap, cfg)
+            producer = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
             no_tty = IntervalLog(logging.getLogger("streamrec.produce")) if not sys.stderr.isatty() else None
             with _progress(args.quiet or no_tty is not None, total) as progress:
                 task = progress.add_task(f"{cfg.kafka.events_topic} <- {what}", total=total, rate=0.0)
@@ -316,7 +318,7 @@ def cmd_generate(args) -> int:
     from streamrec.app.cli import config_from_args
 
     from streamrec.foundation import roc_auc
-    from streamrec.ingest import DatasetError, SyntheticStream, layout_config, write_events
+    from streamrec.ingest import DatasetError, EventSchema, SyntheticStream, layout_config, write_events
 
     if args.movielens:
         return _generate_movielens(args)
@@ -324,7 +326,7 @@ def cmd_generate(args) -> int:
     if args.delayed_feedback:
         return _generate_delayed(cfg, args)
     if args.layout:
-        cfg = layout_config(args.layout, cfg)
+        cfg = dataclasses.replace(cfg, model=layout_config(args.layout, cfg.model))
     elif args.like:
         from streamrec.app.data_schema import model_for_file
 
@@ -353,7 +355,7 @@ def cmd_generate(args) -> int:
 
     t0 = time.monotonic()
     try:
-        written = write_events(args.out, batches(), cfg)
+        written = write_events(args.out, batches(), EventSchema.from_config(cfg))
     except DatasetError as e:
         print(f"streamrec generate: {e}", file=sys.stderr)
         return 2

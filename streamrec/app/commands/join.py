@@ -38,7 +38,7 @@ def cmd_join(args) -> int:
         if args.create_topics or not cfg.kafka.bootstrap:
             ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, cfg.kafka.partitions),
                                       TopicSpec(cfg.join.actions_topic, cfg.kafka.partitions)],
-                          security=client_settings(cfg))
+                          security=client_settings(cfg.kafka))
         j = cfg.join
         startup_line("join", args, brokers=bootstrap,
                      topics=f"{j.impressions_topic} + {j.actions_topic} -> {cfg.kafka.events_topic}", group=j.group,

@@ -232,7 +232,7 @@ def _launch_group(cfg, args) -> int:
     with kafka_bootstrap(cfg) as bootstrap:  # creates the events topic with >= n partitions
         _startup(cfg, args, bootstrap)
         try:  # refused here, once: in the ranks it would be retried at every restart
-            check_partitions(bootstrap, cfg.kafka.events_topic, n, security=client_settings(cfg))
+            check_partitions(bootstrap, cfg.kafka.events_topic, n, security=client_settings(cfg.kafka))
         except GroupError as e:
             print(f"streamrec train: {e}", file=sys.stderr)
             return 2
