@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .store_spec import StoreSpec
     from .store_types import ColdTier
 
-# lazy: the config imports ``store_types`` (stdlib only) and must not load torch or RocksDB with it
+# lazy: the config section (store_config) must not load torch or RocksDB with it
 _EXPORTS = {  # submodule: the public names it defines
     ".adagrad": "adagrad_rows adagrad_rows_np",
     ".admission": "note_occurrences peek_with_admission",

@@ -26,7 +26,8 @@ from .errors import StoreError, StoreMismatchError
 from .store_spec import StoreSpec
 
 if TYPE_CHECKING:
-    from .store_types import ColdTier, StoreParts
+    from .store_parts import StoreParts
+    from .store_types import ColdTier
 
 HOT_FILE = "hot.npz"
 ADMISSION_FILE = "admission.npz"  # the admission counters (admission.py), when a table has them

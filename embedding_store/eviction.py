@@ -26,7 +26,7 @@ from .export import scan_cold
 from .store_types import UNADMITTED_ID
 
 if TYPE_CHECKING:
-    from .store_types import StoreParts
+    from .store_parts import StoreParts
 
 
 def over_cap(store: StoreParts) -> list[str]:

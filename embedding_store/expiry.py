@@ -11,7 +11,7 @@ from . import rowpath
 from .export import scan_cold
 
 if TYPE_CHECKING:
-    from .store_types import StoreParts
+    from .store_parts import StoreParts
 
 
 def expire(store: StoreParts, older_than_s: float, clock: Callable[[], float] = time.time) -> int:

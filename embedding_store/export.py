@@ -19,7 +19,7 @@ from .table import Table
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .store_types import StoreParts
+    from .store_parts import StoreParts
 
 
 def changed_rows(store: StoreParts, since: int | None = None) -> Iterator[pa.RecordBatch]:

@@ -16,7 +16,7 @@ from .rows import gather
 from .table import Probe
 
 if TYPE_CHECKING:
-    from .store_types import StoreParts
+    from .store_parts import StoreParts
 
 
 def rows(store: StoreParts, table: str, ids, remember: bool, host: bool = False) -> torch.Tensor:

@@ -22,7 +22,7 @@ from .errors import StoreError
 from .table import Table
 
 if TYPE_CHECKING:
-    from .store_types import StoreParts
+    from .store_parts import StoreParts
 
 
 def set_hot(store: StoreParts, hot: dict[str, np.ndarray]) -> dict:

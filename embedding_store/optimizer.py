@@ -20,7 +20,7 @@ from .errors import StoreError
 from .rows import gather, scatter
 
 if TYPE_CHECKING:
-    from .store_types import StoreParts
+    from .store_parts import StoreParts
     from .table import Table
 
 

@@ -19,7 +19,7 @@ from .rows import gather, init_rows, scatter, unique_sorted
 from .table import MAX_BUFFERS, Probe, Table
 
 if TYPE_CHECKING:
-    from .store_types import StoreParts
+    from .store_parts import StoreParts
 
 
 def fetch(store: StoreParts, t: Table, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

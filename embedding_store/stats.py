@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .store_types import StoreParts
+    from .store_parts import StoreParts
     from .table import Table
 
 

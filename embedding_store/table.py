@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .admission import AdmissionCounter
+from .admission_counter import AdmissionCounter
 from .buffers import RowBuffer
 from .cache import HostCache
 from .errors import StoreError
