@@ -95,7 +95,7 @@ def test_the_sketch_fills_the_device_tier_the_byte_budget_pays_for(tmp_path, bud
     """The sketch's hot set for hot.budget_bytes has the rows the store's device tier holds: >= 95%, never more."""
     from streamrec.embedding_store import EmbeddingStore
     from streamrec.foundation import EventBatch, JaggedIds, hot_budget_rows, load_config
-    from streamrec.sketch import SketchState
+    from tests.helpers.sketch import sketch_state
 
     cfg = load_config(None, {"hot.budget_bytes": budget_bytes, "hot.budget_rows": 7, "store.path": str(tmp_path),
                              "sketch.top_k": 50_000, "model.fields": [{"name": "user"}, {"name": "item"}]}, env={})
@@ -105,7 +105,7 @@ def test_the_sketch_fills_the_device_tier_the_byte_budget_pays_for(tmp_path, bud
     finally:
         store.close()
     assert capacity == hot_budget_rows(cfg) == budget_bytes // (4 * (cfg.model.embedding_dim + 1))
-    state = SketchState(cfg)
+    state = sketch_state(cfg)
     rng = np.random.default_rng(0)
     n = 200_000
     sparse = {f: JaggedIds(rng.zipf(1.2, n).astype(np.int64) % 40_000, np.arange(n + 1, dtype=np.int64))
