@@ -169,7 +169,8 @@ def quality(n: int, seeds: list[int]) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-join-") as tmp:
         for seed in seeds:
             cfg0 = _quality_config(seed, "oracle", Path(tmp))
-            imps, acts, truth = DelayedStream(cfg0, seed=seed + 7, delay_median_s=DELAY_MEDIAN_S).generate(n)
+            imps, acts, truth = DelayedStream(cfg0.model, cfg0.generator, seed=seed + 7,
+                                              delay_median_s=DELAY_MEDIAN_S).generate(n)
             for f in cfg0.model.fields:
                 f.expected_ids = max(1, len({ev["sparse"][f.name] for ev in imps}))
             line = []
@@ -290,7 +291,7 @@ def throughput(bootstrap: str, size: str, root: Path) -> dict:
         "generator.events_per_s": 50.0}, env={})
     ensure_topics(bootstrap, [TopicSpec(t, PARTITIONS) for t in (cfg.join.impressions_topic, cfg.join.actions_topic,
                                                                  cfg.kafka.events_topic, cfg.kafka.dlq_topic)])
-    imps, acts, _ = DelayedStream(cfg, seed=11).generate(n_imp)
+    imps, acts, _ = DelayedStream(cfg.model, cfg.generator, seed=11).generate(n_imp)
     want = _expected_examples(cfg, imps, acts)
     _produce_keyed(bootstrap, cfg.join.impressions_topic, imps)
     _produce_keyed(bootstrap, cfg.join.actions_topic, acts)

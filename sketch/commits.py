@@ -115,8 +115,10 @@ def group_committer(app, topic: str) -> CommitFn:
         mine = {TopicPartition(topic, p): OffsetAndMetadata(o, "") for p, o in offsets.items() if p in assigned}
         if not mine:
             return
-        thread = app.consumer._thread  # faust's AIOKafkaConsumerThread: the group member lives on its loop
-        consumer = thread._ensure_consumer()
+        # faust commits only the offsets its own streams acked: the group member (faust's aiokafka consumer, on
+        # its consumer thread's loop) is reached through faust's internals to commit the snapshots' offsets
+        thread = app.consumer._thread  # faust's AIOKafkaConsumerThread: no public accessor
+        consumer = thread._ensure_consumer()  # faust's aiokafka consumer of the group: no public accessor
         fut = asyncio.run_coroutine_threadsafe(consumer.commit(mine), thread.thread_loop)
         await asyncio.wrap_future(fut)
 

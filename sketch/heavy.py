@@ -87,7 +87,7 @@ class HeavyHitters:
 
     def copy(self) -> "HeavyHitters":
         h = HeavyHitters(self.capacity)
-        h._set(self.keys.copy(), self.tables.copy(), self.ids.copy(), self.est.copy())
+        h.replace(self.keys.copy(), self.tables.copy(), self.ids.copy(), self.est.copy())
         return h
 
     def to_bytes(self) -> bytes:
@@ -99,5 +99,5 @@ class HeavyHitters:
     def from_bytes(cls, b: bytes) -> "HeavyHitters":
         with np.load(io.BytesIO(b), allow_pickle=False) as z:
             h = cls(int(z["capacity"]))
-            h._set(z["keys"], z["tables"], z["ids"], z["est"])
+            h.replace(z["keys"], z["tables"], z["ids"], z["est"])
         return h

@@ -154,10 +154,7 @@ class EventSample:
 
     def frozen(self) -> "EventSample":
         """A copy that later offers do not change (chunks are never modified in place)."""
-        c = EventSample(self.capacity, self.rate, self.seed)
-        c._chunks = deque(self._chunks)
-        c._events = self._events
-        return c
+        return EventSample(self.capacity, self.rate, self.seed, deque(self._chunks), self._events)
 
     def coverage(self, hot_keys: np.ndarray) -> tuple[float, float]:
         """(fraction of sampled events whose every id is hot, fraction of sampled lookups that are hot)."""

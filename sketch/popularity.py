@@ -44,7 +44,10 @@ class PopularitySketch:
 
     def __init__(self, fields: Sequence[str], epsilon: float = 1e-4, delta: float = 1e-3,
                  half_life_s: float = 600.0, top_k: int = 20_000, seed: int = 0, conservative: bool = True,
-                 candidates: int | None = None, buffer_ids: int = 1 << 22):
+                 candidates: int | None = None, buffer_ids: int = 1 << 22, *, cms: CountMinSketch | None = None,
+                 hh: HeavyHitters | None = None):
+        """``cms`` / ``hh``: the count-min sketch and heavy hitters to hold (a copy's or a snapshot's) instead
+        of empty ones sized by ``epsilon``, ``delta`` and ``candidates``."""
         if not fields:
             raise ValueError("at least one field is needed")
         if half_life_s <= 0:
@@ -53,9 +56,9 @@ class PopularitySketch:
         self._field_index = {f: i for i, f in enumerate(self.fields)}
         self.half_life_ms = float(half_life_s) * 1000.0
         self.top_k = int(top_k)
-        self._cms = CountMinSketch.from_error(epsilon, delta, seed, conservative)
+        self._cms = cms if cms is not None else CountMinSketch.from_error(epsilon, delta, seed, conservative)
         # keep more candidates than reported: cheap, and it lifts top-K recall near the cut
-        self._hh = HeavyHitters(candidates or max(2 * self.top_k, 64))
+        self._hh = hh if hh is not None else HeavyHitters(candidates or max(2 * self.top_k, 64))
         self._init_buffer(buffer_ids)
         self.t0_ms: int | None = None  # reference time of the scaled units
         self.now_ms: int | None = None  # newest event time seen
@@ -239,25 +242,20 @@ class PopularitySketch:
         return self
 
     def empty_like(self) -> "PopularitySketch":
-        p = PopularitySketch.__new__(PopularitySketch)
-        p.fields = list(self.fields)
-        p._field_index = dict(self._field_index)
-        p.half_life_ms = self.half_life_ms
-        p.top_k = self.top_k
         c = self._cms
-        p._cms = CountMinSketch(c.width, c.depth, c.seed, c.conservative)
-        p._hh = HeavyHitters(self._hh.capacity)
-        p._init_buffer(self.buffer_ids)
-        p.t0_ms = p.now_ms = p.first_ms = None
-        p.events = p.ids = 0
-        return p
+        return self._like(CountMinSketch(c.width, c.depth, c.seed, c.conservative), HeavyHitters(self._hh.capacity))
 
     def copy(self) -> "PopularitySketch":
-        p = self.empty_like()
-        p._cms = self.cms.copy()
-        p._hh = self.hh.copy()
+        p = self._like(self.cms.copy(), self.hh.copy())
         p.t0_ms, p.now_ms, p.first_ms = self.t0_ms, self.now_ms, self.first_ms
         p.events, p.ids = self.events, self.ids
+        return p
+
+    def _like(self, cms: CountMinSketch, hh: HeavyHitters) -> "PopularitySketch":
+        """A sketch of this one's fields, decay, ``top_k`` and buffer, holding ``cms`` and ``hh``, no events."""
+        p = PopularitySketch(self.fields, half_life_s=self.half_life_ms / 1000.0, top_k=self.top_k,
+                             buffer_ids=self.buffer_ids, cms=cms, hh=hh)
+        p.half_life_ms = self.half_life_ms  # exactly this one's (a division and a product may differ in the last bit)
         return p
 
     def to_bytes(self, meta: Mapping | None = None, level: int = 1) -> bytes:
@@ -288,13 +286,10 @@ class PopularitySketch:
             hh = HeavyHitters.from_bytes(body[12 + nh + nc:12 + nh + nc + nhh])
         except (zlib.error, struct.error, json.JSONDecodeError, KeyError) as e:
             raise ValueError(f"corrupt PopularitySketch bytes: {e}") from None
-        p = PopularitySketch.__new__(PopularitySketch)
-        p.fields = list(head["fields"])
-        p._field_index = {f: i for i, f in enumerate(p.fields)}
-        p.half_life_ms = float(head["half_life_ms"])
-        p.top_k = int(head["top_k"])
-        p._cms, p._hh = cms, hh
-        p._init_buffer(int(head.get("buffer_ids", 1 << 22)))
+        half_life_ms = float(head["half_life_ms"])
+        p = PopularitySketch(list(head["fields"]), half_life_s=half_life_ms / 1000.0, top_k=int(head["top_k"]),
+                             buffer_ids=int(head.get("buffer_ids", 1 << 22)), cms=cms, hh=hh)
+        p.half_life_ms = half_life_ms  # exactly the snapshot's (a division and a product may differ in the last bit)
         p.t0_ms, p.now_ms, p.first_ms = head["t0_ms"], head["now_ms"], head["first_ms"]
         p.events, p.ids = int(head["events"]), int(head["ids"])
         meta = dict(head.get("meta") or {})

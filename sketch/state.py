@@ -13,10 +13,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
-from streamrec.foundation import EventError, EventSchema, hot_budget
+from streamrec.foundation import EventError, EventSchema
+from streamrec.foundation.budget import HotBudget
+from streamrec.sketch.sketch_config import SketchConfig
 from streamrec.ingest import Decoder
 
 from .hotset import EventSample, HotSet, choose_hot_set
@@ -29,6 +32,18 @@ log = logging.getLogger(__name__)
 # milliseconds) moves the decay reference there, scaling every count to 0 and weighing every later
 # event 0; int64's minimum overflows ``ts - t0`` to a weight of inf.
 MAX_FUTURE_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class CountingSpec:
+    """What a worker's sketches count and how its hot set is chosen: the values the application computes
+    once from its config and hands the sketch."""
+
+    sketch: SketchConfig  # the sketches' accuracy and decay, the event sample, the state directory
+    schema: EventSchema  # the events the worker decodes; its fields are the sketches' fields, in order
+    budget: HotBudget  # the device tier's budget (``hot_budget``): the hot set fills exactly this
+    field_tables: Mapping[str, str]  # field -> the embedding table its ids live in (``model.field_tables``)
+    events_topic: str  # the topic counted (named in what the worker logs)
 
 
 @dataclass
@@ -49,24 +64,24 @@ class SketchState:
     ``on_offsets_lost`` is given (the worker's ``kafka.on_offsets_lost``), is listed in
     :attr:`recreated` for the worker to apply that policy before it counts the partition."""
 
-    def __init__(self, cfg, topic_id: str | None = None, on_offsets_lost: str | None = None):
-        self.cfg = cfg
+    def __init__(self, spec: CountingSpec, topic_id: str | None = None, on_offsets_lost: str | None = None):
+        self.spec = spec
         self.topic_id = topic_id
         self.on_offsets_lost = on_offsets_lost
         # partition -> (the snapshot's topic id, the offset it would have resumed at): restored from another topic
         self.recreated: dict[int, tuple[str, int]] = {}
         self.quarantine: set[tuple[int, int]] = set()  # (partition, offset) of records that killed a worker
-        self.fields = list(cfg.model.field_names)
-        self.decoder = Decoder(EventSchema.from_config(cfg))
+        self.fields = list(spec.schema.fields)
+        self.decoder = Decoder(spec.schema)
         self.sketches: dict[int, PopularitySketch] = {}
         self.next_offset: dict[int, int] = {}
-        self.sample = EventSample(cfg.sketch.sample_events, cfg.sketch.sample_rate)
+        self.sample = EventSample(spec.sketch.sample_events, spec.sketch.sample_rate)
         self.stats = WorkerStats()
         # apply() runs on the event loop, choose() in a thread: the lock covers reads of shared state
         self.lock = threading.RLock()
 
     def new_sketch(self) -> PopularitySketch:
-        s = self.cfg.sketch
+        s = self.spec.sketch
         return PopularitySketch(self.fields, s.epsilon, s.delta, s.half_life_s, s.top_k)
 
     # -- per record ------------------------------------------------------
@@ -88,7 +103,7 @@ class SketchState:
                 else:
                     log.warning("partition %d: the snapshot was taken from another %s topic (id %s, now %s: "
                                 "deleted and recreated); counting it afresh from offset 0", partition,
-                                self.cfg.kafka.events_topic, meta["topic_id"], self.topic_id)
+                                self.spec.events_topic, meta["topic_id"], self.topic_id)
                 sk, meta = self.new_sketch(), {"next_offset": 0}
             if meta.get("stale_keys"):  # written before the sketch shared the store's table salt
                 log.warning("partition %d: the snapshot's counts are keyed by an older streamrec; counting afresh "
@@ -96,7 +111,7 @@ class SketchState:
                 sk = self.new_sketch()
             if sk.fields != self.fields:
                 raise ValueError(f"snapshot of partition {partition} is over fields {sk.fields}, "
-                                 f"the model has {self.fields}: clear {self.cfg.sketch.state_dir}")
+                                 f"the model has {self.fields}: clear {self.spec.sketch.state_dir}")
             self.sketches[partition] = sk
             self.next_offset[partition] = int(meta.get("next_offset", 0))
             if partition in self.recreated:
@@ -131,7 +146,7 @@ class SketchState:
                 self.next_offset[p] = int(offset)
                 self.recreated.pop(p, None)
             self.stats.offsets_reset += len(offsets)
-            self.sample = EventSample(self.cfg.sketch.sample_events, self.cfg.sketch.sample_rate)
+            self.sample = EventSample(self.spec.sketch.sample_events, self.spec.sketch.sample_rate)
 
     def apply(self, partition: int, offset: int, value: bytes | None) -> bool:
         """Count one Kafka record; False when it was skipped (already counted, or malformed)."""
@@ -278,9 +293,9 @@ class SketchState:
         tables, ids, counts = m.candidates()
         # the device tier's own budget (hot.budget_bytes spent at each table's row cost), so the set fills it
         # exactly; chosen per table, a shared table's fields' counts summed
-        b = hot_budget(self.cfg.hot, self.cfg.model)
+        b = self.spec.budget
         c = choose_hot_set(self.fields, tables, ids, counts, budget_rows=b.rows, budget_bytes=b.bytes,
-                           row_bytes=dict(b.row_bytes), sample=sample, field_tables=dict(self.cfg.model.field_tables))
+                           row_bytes=dict(b.row_bytes), sample=sample, field_tables=dict(self.spec.field_tables))
         hs = HotSet(version=version, tables=c.tables, coverage=c.coverage, hit_rate=c.hit_rate,
                     window_start_ms=int(m.first_ms or 0), window_end_ms=int(m.now_ms or 0),
                     created_ms=int(time.time() * 1000), threshold=c.threshold, events=m.events)

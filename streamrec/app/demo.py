@@ -244,8 +244,8 @@ def _delayed_config(cfg: Config, args, run_dir: Path) -> Config:
                                 "allowed_lateness_s": min(j.allowed_lateness_s, 2.0),
                                 "orphan_wait_s": min(j.orphan_wait_s, 5.0)})
     k = max(args.predict, 1, EVAL_EVENTS)
-    imps, acts, truth = DelayedStream(cfg, seed=cfg.generator.seed, delay_median_s=DELAY_MEDIAN_S).generate(
-        args.events + k)
+    imps, acts, truth = DelayedStream(cfg.model, cfg.generator, seed=cfg.generator.seed,
+                                      delay_median_s=DELAY_MEDIAN_S).generate(args.events + k)
     held = {ev["request_id"] for ev in imps[args.events:]}
     acts = [a for a in acts if a["request_id"] not in held]
     args.delayed = (imps[: args.events], acts, [{**ev, "label": truth[ev["request_id"]]} for ev in imps[args.events:]])

@@ -16,17 +16,24 @@ from pathlib import Path
 
 import numpy as np
 
+from streamrec.foundation.model_config import ModelConfig
+from streamrec.ingest.ingest_config import GeneratorConfig
+
 
 class DelayedStream:
-    def __init__(self, cfg, seed: int = 7, delay_median_s: float = 120.0, delay_sigma: float = 1.5,
+    """Impressions of ``model``'s fields and dense width at ``generator``'s rate, start time, click rate and
+    per-field id cardinality and skew."""
+
+    def __init__(self, model: ModelConfig, generator: GeneratorConfig, seed: int = 7, delay_median_s: float = 120.0,
+                 delay_sigma: float = 1.5,
                  conversion_rate: float = 0.1, drift_per_hour: float = 0.5):
-        self.fields = list(cfg.model.field_names)
-        self.dense_dim = int(cfg.model.dense_dim)
-        self.start = int(cfg.generator.start_ts_ms)
-        self.step_ms = 1000.0 / float(cfg.generator.events_per_s)
-        self.base_rate = float(cfg.generator.base_rate)
-        self.cards = {f: cfg.generator.field(f).cardinality for f in self.fields}
-        self.zipf = {f: cfg.generator.field(f).zipf for f in self.fields}
+        self.fields = list(model.field_names)
+        self.dense_dim = int(model.dense_dim)
+        self.start = int(generator.start_ts_ms)
+        self.step_ms = 1000.0 / float(generator.events_per_s)
+        self.base_rate = float(generator.base_rate)
+        self.cards = {f: generator.field(f).cardinality for f in self.fields}
+        self.zipf = {f: generator.field(f).zipf for f in self.fields}
         self.seed = seed
         self.mu = float(np.log(delay_median_s))
         self.sigma = delay_sigma

@@ -44,6 +44,8 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .state_rows import IMPRESSION, WAITING, WATERMARKS, ImpressionRow, WaitingAction, WatermarkRow
+
 FEEDBACK_HEADER = "streamrec-feedback"
 KINDS = ("positive", "negative", "fake_negative")
 
@@ -140,10 +142,6 @@ def parse_action(obj: Any) -> Action:
     return Action(str(rid), ts, typ, None if value is None else float(value))
 
 
-def _wm_key() -> str:
-    return "wm"
-
-
 class JoinState:
     """The join of one partition. ``store``: a mutable mapping from str keys to JSON-able values;
     ``on_delay``: called with each counting action's delay after its impression (ms)."""
@@ -165,19 +163,19 @@ class JoinState:
     def restore(self) -> None:
         """Read the watermarks and rebuild the due-time heaps from the store (after a restart)."""
         self._closing, self._purge, self._orphans = [], [], []
-        wm = self.store.get(_wm_key())
+        wm: WatermarkRow | None = self.store.get(WATERMARKS)
         self.wi, self.wa = (wm["i"], wm["a"]) if wm else (None, None)
         rows = 0
         r = self.rules
         for key, val in list(self.store.items()):
-            if key.startswith("i/"):
+            if key.startswith(IMPRESSION):
                 rows += 1
                 rid = key[2:]
                 if val["open"]:
                     self._closing.append((val["ts"] + r.window_ms + r.lateness_ms, rid))
                 else:
                     self._purge.append((val["ts"] + r.horizon_ms, rid))
-            elif key.startswith("a/"):
+            elif key.startswith(WAITING):
                 rows += 1
                 for ats, _typ, _wa in val:
                     self._orphans.append((ats + r.orphan_ms, key[2:]))
@@ -186,7 +184,7 @@ class JoinState:
         self.stats.rows = rows
 
     def _save_wm(self) -> None:
-        self.store[_wm_key()] = {"i": self.wi, "a": self.wa}
+        self.store[WATERMARKS] = WatermarkRow(i=self.wi, a=self.wa)
 
     def _put(self, key: str, val: Any) -> None:
         if key not in self.store:
@@ -199,7 +197,7 @@ class JoinState:
             self.stats.rows -= 1
 
     # -- output --------------------------------------------------------------------------------------
-    def _example(self, rid: str, rec: dict, kind: str, labels: dict[str, float | None]) -> Example:
+    def _example(self, rid: str, rec: ImpressionRow, kind: str, labels: dict[str, float | None]) -> Example:
         ev = dict(rec["ev"])
         if self.rules.single:
             ev["label"] = labels[self.rules.task_names[0]]
@@ -220,18 +218,18 @@ class JoinState:
         if ts + r.horizon_ms < self.wi:
             self.stats.late_impressions += 1
             return []
-        key = "i/" + rid
+        key = IMPRESSION + rid
         if key in self.store:
             self.stats.duplicate_impressions += 1
             return []
         self.stats.impressions += 1
-        rec = {"ts": ts, "wi": self.wi, "ev": event, "open": True, "pos": [], "done": False}
+        rec = ImpressionRow(ts=ts, wi=self.wi, ev=event, open=True, pos=[], done=False)
         out: list[Example] = []
         if r.mode == "fake_negative":
             out.append(self._example(rid, rec, "fake_negative", {t: 0 for t in r.task_names}))
-        waiting = self.store.get("a/" + rid)
+        waiting: list[WaitingAction] | None = self.store.get(WAITING + rid)
         if waiting:
-            self._del("a/" + rid)
+            self._del(WAITING + rid)
             for ats, typ, wa in waiting:
                 out += self._count(rid, rec, ats, typ, wa)
         if self.wa is not None and self.wa > ts + r.window_ms + r.lateness_ms:
@@ -253,10 +251,10 @@ class JoinState:
         else:
             self.stats.actions += 1
             rid = action.request_id
-            rec = self.store.get("i/" + rid)
+            rec: ImpressionRow | None = self.store.get(IMPRESSION + rid)
             if rec is not None and rec["open"]:
                 out += self._count(rid, rec, action.ts, action.type, self.wa)
-                self.store["i/" + rid] = rec
+                self.store[IMPRESSION + rid] = rec
             elif rec is not None:
                 if action.ts > rec["ts"] + r.window_ms:
                     self.stats.after_window_actions += 1
@@ -265,7 +263,7 @@ class JoinState:
             elif self.wi is not None and action.ts + r.orphan_ms < self.wi:
                 self.stats.orphan_actions += 1  # its impression can no longer match it
             else:
-                key = "a/" + rid
+                key = WAITING + rid
                 waiting = list(self.store.get(key) or [])
                 if any(ats == action.ts and typ == action.type for ats, typ, _ in waiting):
                     self.stats.duplicate_actions += 1
@@ -277,7 +275,7 @@ class JoinState:
         return out
 
     # -- rules ---------------------------------------------------------------------------------------
-    def _count(self, rid: str, rec: dict, ats: int, typ: str, wa: int) -> list[Example]:
+    def _count(self, rid: str, rec: ImpressionRow, ats: int, typ: str, wa: int) -> list[Example]:
         """Apply one label-type action to an open impression ``rec`` (updated in place)."""
         r = self.rules
         t = rec["ts"]
@@ -306,7 +304,7 @@ class JoinState:
                 out.append(self._example(rid, rec, "positive", {n: 1 for n in r.task_names}))
         return out
 
-    def _close(self, rid: str, rec: dict) -> list[Example]:
+    def _close(self, rid: str, rec: ImpressionRow) -> list[Example]:
         """Close ``rec``'s window (updated in place): window mode's negative if it has no example yet."""
         out: list[Example] = []
         rec["open"] = False
@@ -321,18 +319,18 @@ class JoinState:
         out: list[Example] = []
         while self._closing and self.wa is not None and self._closing[0][0] < self.wa:
             _, rid = heapq.heappop(self._closing)
-            rec = self.store.get("i/" + rid)
+            rec = self.store.get(IMPRESSION + rid)
             if rec is None or not rec["open"]:
                 continue
             out += self._close(rid, rec)
-            self.store["i/" + rid] = rec
+            self.store[IMPRESSION + rid] = rec
         return out
 
     def _expire_orphans(self) -> None:
         r = self.rules
         while self._orphans and self._orphans[0][0] < self.wi:
             _, rid = heapq.heappop(self._orphans)
-            key = "a/" + rid
+            key = WAITING + rid
             waiting = self.store.get(key)
             if not waiting:
                 continue
@@ -346,9 +344,9 @@ class JoinState:
     def _purge_closed(self) -> None:
         while self._purge and self._purge[0][0] < self.wi:
             _, rid = heapq.heappop(self._purge)
-            rec = self.store.get("i/" + rid)
+            rec = self.store.get(IMPRESSION + rid)
             if rec is not None and not rec["open"] and rec["ts"] + self.rules.horizon_ms < self.wi:
-                self._del("i/" + rid)
+                self._del(IMPRESSION + rid)
 
 
 def encode_value(val: Any) -> bytes:

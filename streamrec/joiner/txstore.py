@@ -2,11 +2,11 @@
 
 State keys live in the table as ``<p>/s/<key>`` (JSON values). While a batch is joined, writes stay in a
 buffer the reads see; :meth:`TxStore.commit` then writes ONE value, ``<p>/tx``: the batch's changes, the
-input offsets after the batch and the output log's end offsets, and only then applies the changes to their
-keys. The writes go to the partition's RocksDB database at once and, in the same order, to
-:attr:`TxStore.outbox`: the records the caller produces to changelog partition ``p`` (one producer, one
-partition: they arrive in order). A changelog cut short by a crash therefore holds the state after some
-complete ``tx`` plus a part of the applies that follow it: :meth:`TxStore.recover` applies the last ``tx``
+input offsets after the batch and the output log's end offsets (a :class:`~.tx_row.BatchTx`), and only
+then applies the changes to their keys. The writes go to the partition's RocksDB database at once and, in
+the same order, to :attr:`TxStore.outbox`: the records the caller produces to changelog partition ``p``
+(one producer, one partition: they arrive in order). A changelog cut short by a crash therefore holds the
+state after some complete ``tx`` plus a part of the applies that follow it: :meth:`TxStore.recover` applies the last ``tx``
 again, which makes the state exactly the state after that batch.
 
 With a faust Table the store reads and writes the partition's RocksDB database directly (the database
@@ -16,37 +16,15 @@ any other mapping of bytes (tests) is read and written as it is.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import time
-import types
-import weakref
 from collections.abc import MutableMapping
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
 
+from .tx_row import BatchTx
+
 _DEL = object()
-
-
-class _PartitionEvent:
-    """Stands in for faust's current event: faust reads and writes a table key in the current event's
-    partition (its RocksDB partition and changelog partition)."""
-
-    def __init__(self, topic: str, partition: int):
-        self.message = types.SimpleNamespace(topic=topic, partition=partition, timestamp=time.time())
-
-
-@contextlib.contextmanager
-def at_partition(topic: str, p: int) -> Iterator[None]:
-    from faust.streams import _current_event
-
-    ev = _PartitionEvent(topic, p)
-    token = _current_event.set(weakref.ref(ev))
-    try:
-        yield
-    finally:
-        _current_event.reset(token)
 
 
 def dumps(v: Any) -> bytes:
@@ -74,7 +52,8 @@ class _Db:
         self.p = p
 
     def _rocks(self):
-        return self.table.data._db_for_partition(self.p)  # opened by faust's recovery; reopened if closed
+        # the database faust's own reads use and its recovery writes (opened by that recovery; reopened if closed)
+        return self.table.data._db_for_partition(self.p)  # faust's store has no public per-partition database
 
     def get(self, key: bytes) -> bytes | None:
         return self._rocks().get(key) if self.faust else self.table.get(key)
@@ -159,29 +138,36 @@ class TxStore(MutableMapping):
             if isinstance(k, bytes) and k.startswith(self.prefix) and v is not None:
                 yield k[len(self.prefix):].decode(), loads(v)
 
-    def last_tx(self) -> dict | None:
+    def _tx_row(self) -> dict | None:
         raw = self.db.get(self.tx_key)
         return loads(raw) if raw is not None else None
 
-    def commit(self, meta: dict) -> dict:
-        """Write the batch's changes with ``meta`` (offsets, output ends, seq) as one ``tx``, then apply them;
-        the changelog records, in that order, are appended to :attr:`outbox`. Returns ``meta``."""
+    def last_tx(self) -> BatchTx | None:
+        """The last committed batch's record (None: no batch committed yet)."""
+        row = self._tx_row()
+        return BatchTx.from_row(row) if row is not None else None
+
+    def commit(self, tx: BatchTx) -> BatchTx:
+        """Write the batch's changes with ``tx`` (offsets, output ends, seq) as one ``tx`` row, then apply them;
+        the changelog records, in that order, are appended to :attr:`outbox`. Returns ``tx``."""
         enc = {k: (None if v is _DEL else dumps(v)) for k, v in self.buf.items()}
         ch = b",".join(dumps(k) + b":" + (b"null" if v is None else v) for k, v in enc.items())
-        head = dumps(meta)
-        tx = head[:-1] + (b"," if len(head) > 2 else b"") + b'"ch":{' + ch + b"}}"
-        self.db.put(self.tx_key, tx)
-        self.outbox.append((self.tx_key, tx))
+        head = dumps(tx.to_row())
+        row = head[:-1] + (b"," if len(head) > 2 else b"") + b'"ch":{' + ch + b"}}"
+        self.db.put(self.tx_key, row)
+        self.outbox.append((self.tx_key, row))
         self.hit("join.after_tx")
         self._apply(enc)
         self.buf.clear()
-        return meta
+        return tx
 
-    def recover(self) -> dict | None:
-        """Apply the last ``tx`` again (its applies may have been cut short); return it."""
-        tx = self.last_tx()
-        if tx is not None:
-            self._apply({k: (None if v is None else dumps(v)) for k, v in tx["ch"].items()})
+    def recover(self) -> BatchTx | None:
+        """Apply the last ``tx`` again (its applies may have been cut short); return its record."""
+        row = self._tx_row()
+        if row is None:
+            return None
+        tx = BatchTx.from_row(row)  # a row of a version this streamrec cannot read is refused before any apply
+        self._apply({k: (None if v is None else dumps(v)) for k, v in row["ch"].items()})
         return tx
 
     def _apply(self, changes: dict[str, bytes | None]) -> None:

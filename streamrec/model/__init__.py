@@ -11,6 +11,10 @@ Public surface::
     embed_batch, pool_sum, unique_ids, predict_batch   # batch -> tensors -> scores (per table, [B, T])
     task_logits, field_tables                          # a model's output as [B, T]; {field: table}
 
+``streamrec.model.references`` holds the independent plain-PyTorch references of the built-ins
+(``streamrec eval`` and the quality benches compare against them); they import none of this package's
+other modules.
+
 Names load on first use (PEP 562): the config imports ``model_types`` for ``Architecture``
 without loading torch.
 """

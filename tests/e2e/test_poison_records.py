@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from streamrec.ingest import REASON_HEADER, EventProducer, EventSchema, SyntheticStream, encode_json, read_topic
-from streamrec.sketch import SketchState
+from tests.helpers.sketch import sketch_state
 from streamrec.trainer import TrainerService
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker]
@@ -104,7 +104,7 @@ def test_poison_records_are_dead_lettered_and_every_good_event_is_trained(topics
         assert any(w in reason for w in why.split("|")), (kind, reason)
 
     # the sketch worker reads the same records with the same decoder: none raises, the good are counted
-    state = SketchState(cfg)
+    state = sketch_state(cfg)
     records = read_topic(bootstrap, cfg.kafka.events_topic, timeout=20, expected=prod.sent_messages)
     assert len(records) == prod.sent_messages
     for r in records:

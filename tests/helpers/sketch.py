@@ -178,3 +178,18 @@ def produce_events(cfg, bootstrap: str, n: int, seed: int = 0) -> int:
     finally:
         p.close()
     return n
+
+
+def sketch_state(cfg, **kwargs):
+    """A :class:`~streamrec.sketch.SketchState` for ``cfg``, with what the application hands the worker."""
+    from streamrec.app.commands.sketch import counting_spec
+    from streamrec.sketch import SketchState
+
+    return SketchState(counting_spec(cfg), **kwargs)
+
+
+def sketch_cluster(cfg, bootstrap: str | None = None):
+    """The :class:`~streamrec.ingest.faust_worker.Cluster` a worker of ``cfg`` connects to."""
+    from streamrec.ingest.faust_worker import Cluster
+
+    return Cluster.of(bootstrap or cfg.kafka.bootstrap, cfg.kafka)

@@ -220,9 +220,11 @@ def test_sketch_worker_clients_and_faust_app(rec, pem, tmp_path):
     from streamrec.sketch.app import check_state, faust_settings
     from streamrec.sketch.follower import latest_hotset
     from streamrec.sketch.peers import PeerSnapshots
+    from tests.helpers.sketch import sketch_cluster
 
     cfg = _secured(pem, **{"sketch.state_dir": str(tmp_path / "sketch")})
-    check_state(cfg, cfg.kafka.bootstrap)  # the changelog's 2 partitions != the events' 1: the admin deletes it
+    # the changelog's 2 partitions != the events' 1: the admin deletes it
+    check_state(cfg.kafka, cfg.sketch.state_dir, sketch_cluster(cfg))
     rec.stop_at = {"consumer"}
     with pytest.raises(_Stop):
         latest_hotset(cfg.kafka.bootstrap, "hot-set", security=client_settings(cfg.kafka))
@@ -231,7 +233,8 @@ def test_sketch_worker_clients_and_faust_app(rec, pem, tmp_path):
     assert [k for k, _ in rec.built] == ["consumer", "admin", "consumer", "consumer"]
     rec.assert_all_secured({"consumer", "admin"})
     # what faust hands its aiokafka clients
-    auth = credentials_to_aiokafka_auth(faust_settings(cfg, cfg.kafka.bootstrap)["broker_credentials"])
+    settings = faust_settings(sketch_cluster(cfg), cfg.sketch.state_dir, 1)
+    auth = credentials_to_aiokafka_auth(settings["broker_credentials"])
     assert {k: auth[k] for k in EXPECTED} == EXPECTED
     assert auth["ssl_context"] is not None  # SASL_SSL: TLS under the SASL exchange
 
@@ -240,10 +243,11 @@ def test_faust_gets_ssl_and_plaintext(monkeypatch, pem):
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
     from streamrec.sketch.app import faust_settings
+    from tests.helpers.sketch import sketch_cluster
 
-    assert faust_settings(load_config(env={}), "k:9092")["broker_credentials"] is None
+    assert faust_settings(sketch_cluster(load_config(env={}), "k:9092"), "state", 1)["broker_credentials"] is None
     cfg = load_config(overrides={"kafka.bootstrap": "k:9093", "kafka.security_protocol": "SSL"}, env={})
-    auth = credentials_to_aiokafka_auth(faust_settings(cfg, "k:9093")["broker_credentials"])
+    auth = credentials_to_aiokafka_auth(faust_settings(sketch_cluster(cfg, "k:9093"), "state", 1)["broker_credentials"])
     assert auth["security_protocol"] == "SSL" and auth["ssl_context"].check_hostname
 
 

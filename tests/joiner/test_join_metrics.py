@@ -7,9 +7,10 @@ import time
 
 from prometheus_client import generate_latest
 
+from streamrec.foundation import EventSchema
 from streamrec.app.config import load_config
 from streamrec.joiner import Action
-from streamrec.joiner.app import Joiner
+from streamrec.joiner.records import Joiner
 from streamrec.joiner.metrics import JoinMetrics
 
 
@@ -17,7 +18,7 @@ def test_a_scrape_shows_what_the_join_did():
     cfg = load_config(None, {"join.window_s": 10.0, "join.allowed_lateness_s": 0.0, "join.orphan_wait_s": 5.0},
                       env={})
     metrics = JoinMetrics(0)
-    joiner = Joiner(cfg, metrics)
+    joiner = Joiner(cfg.join, EventSchema.from_config(cfg), metrics)
     metrics.joiner = joiner
     m = joiner.add(0, {})
     m.impression("a", 0, {"ts": 0, "request_id": "a"})

@@ -1,5 +1,5 @@
 """The built-in architectures: each one ``model.architecture`` names trains in TrainerCore on the synthetic
-stream to the same progressive AUC as its independent plain-PyTorch reference (benchmarks/ref_models.py,
+stream to the same progressive AUC as its independent plain-PyTorch reference (model/references/rankers.py,
 no code shared) started from the same weights, the same rows and the same optimizers; each is
 deterministic in ``model.seed``; and a real gRPC server scores a pushed snapshot of each exactly as the
 trainer does."""
@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from streamrec.benchmarks.ref_models import load_by_order, make_net, reference_progressive
+from streamrec.app.commands.eval import reference_training
 from streamrec.embedding_store import EmbeddingStore, init_rows
 from streamrec.foundation import EventBatch, hot_budget, table_salt
 from streamrec.ingest import SyntheticStream
 from streamrec.model import DCNv2, DeepFM, DLRM, MLPRanker, build_model
+from streamrec.model.references import load_by_order, make_net, ranker_progressive
 from streamrec.trainer.core import TrainerCore
 from tests.conftest import small_config
 
@@ -101,12 +102,12 @@ def test_trainer_matches_the_independent_reference(tmp_path, arch):
     def rows(f, ids):
         return init_rows(table_salt(f), cfg.model.seed, ids, cfg.model.embedding_dim, scales[f])
 
-    ref = reference_progressive(arch, cfg, events, init_rows=rows, init_params=init)
+    ref = ranker_progressive(arch, cfg.model, reference_training(cfg), events, init_rows=rows, init_params=init)
     assert core.events == ref["events_scored"] == EVENTS
     assert abs(core.metrics.auc - ref["auc"]) <= 0.001, (arch, core.metrics.auc, ref["auc"])
     assert abs(core.metrics.logloss - ref["logloss"]) <= 0.001
     # the check can fail: the reference from its own init is another run, further off than the match above
-    other = reference_progressive(arch, cfg, events)
+    other = ranker_progressive(arch, cfg.model, reference_training(cfg), events)
     assert abs(other["auc"] - ref["auc"]) > abs(core.metrics.auc - ref["auc"])
     # and both ended at the same dense weights
     final = [p.detach() for p in core.model.parameters()]

@@ -96,7 +96,7 @@ def test_the_sketch_fills_the_device_tier_the_byte_budget_pays_for(tmp_path, bud
     from streamrec.embedding_store import EmbeddingStore
     from streamrec.foundation import EventBatch, JaggedIds, hot_budget, hot_budget_rows
     from streamrec.app.config import load_config
-    from streamrec.sketch import SketchState
+    from tests.helpers.sketch import sketch_state
 
     cfg = load_config(None, {"hot.budget_bytes": budget_bytes, "hot.budget_rows": 7, "store.path": str(tmp_path),
                              "sketch.top_k": 50_000, "model.fields": [{"name": "user"}, {"name": "item"}]}, env={})
@@ -106,7 +106,7 @@ def test_the_sketch_fills_the_device_tier_the_byte_budget_pays_for(tmp_path, bud
     finally:
         store.close()
     assert capacity == hot_budget_rows(cfg.hot, cfg.model) == budget_bytes // (4 * (cfg.model.embedding_dim + 1))
-    state = SketchState(cfg)
+    state = sketch_state(cfg)
     rng = np.random.default_rng(0)
     n = 200_000
     sparse = {f: JaggedIds(rng.zipf(1.2, n).astype(np.int64) % 40_000, np.arange(n + 1, dtype=np.int64))

@@ -268,13 +268,13 @@ def _exported_names() -> set[str]:
     from streamrec.app.config import load_config
     from streamrec.serving.metrics import ServingMetrics
     from streamrec.sketch.metrics import SketchMetrics
-    from streamrec.sketch.state import SketchState
+    from tests.helpers.sketch import sketch_state
     from streamrec.trainer.telemetry import PrometheusExporter
 
     class _Service:  # what ServingMetrics reads of the service
         swaps, events_served, current = 0, 0, None
 
-    exporters = [PrometheusExporter(0), ServingMetrics(_Service(), 0), SketchMetrics(SketchState(load_config(env={})), 0)]
+    exporters = [PrometheusExporter(0), ServingMetrics(_Service(), 0), SketchMetrics(sketch_state(load_config(env={})), 0)]
     trainer = exporters[0]
     trainer.watch_consumer(type("C", (), {"stats": type("S", (), {"events": 0, "records": 0, "bytes": 0})(),
                                           "topic": "events", "last_lag": {0: 1}})())

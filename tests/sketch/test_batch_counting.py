@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from streamrec.ingest import EventSchema, InflightMarker, InflightRange, SyntheticStream, encode_arrow, encode_json
-from streamrec.sketch import SketchState
+from tests.helpers.sketch import sketch_state
 from streamrec.sketch.counting import COUNT, BatchMarker
 from tests.conftest import small_config
 
@@ -30,10 +30,10 @@ def _records(cfg, n: int = 300):
 def test_a_batch_counts_what_its_records_count_one_by_one(tmp_path, caplog):
     cfg = small_config(tmp_path)
     values = _records(cfg)
-    one = SketchState(cfg)
+    one = sketch_state(cfg)
     for off, v in enumerate(values):
         one.apply(0, off, v)
-    many = SketchState(cfg)
+    many = sketch_state(cfg)
     many.restore(0, None)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="streamrec.sketch.state"):
@@ -55,11 +55,11 @@ def test_redelivered_quarantined_and_revoked_records_are_not_counted(tmp_path):
     cfg = small_config(tmp_path)
     values = [encode_json({"ts": 1_700_000_000_000 + i, "label": 1, "dense": [0, 0, 0],
                            "sparse": {"user": i, "item": 1, "tags": [1]}}) for i in range(100)]
-    st = SketchState(cfg)
+    st = sketch_state(cfg)
     st.restore(0, None)
     assert st.apply_many(0, list(range(60)), values[:60]) == 60
     blob = st.snapshot(0)
-    again = SketchState(cfg)
+    again = sketch_state(cfg)
     again.restore(0, blob)
     again.quarantine.add((0, 70))
     # Kafka redelivers from an older position: 40..59 were counted already, 70 killed a worker

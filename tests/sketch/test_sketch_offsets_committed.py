@@ -135,7 +135,7 @@ def test_the_group_commits_the_snapshot_offsets_and_its_lag_matches_the_worker(t
     config = write_config(cfg, tmp_path / "sketch.toml")
     log = tmp_path / "worker.log"
     topic, group, n = cfg.kafka.events_topic, cfg.kafka.sketch_group, cfg.kafka.partitions
-    changelog = changelog_topic(cfg)
+    changelog = changelog_topic(cfg.kafka.sketch_group)
 
     produce(cfg, bootstrap, 0, 20_000)
     ends = end_offsets(bootstrap, topic, n)

@@ -74,7 +74,7 @@ def test_a_full_then_read_only_state_dir_is_one_line_and_nothing_is_lost(topics,
         try:
             assert follower.wait_for(1, timeout=120, predicate=lambda h: h.events == n1), _run_log(log1)[-3000:]
             ends = end_offsets(bootstrap, cfg.kafka.events_topic, cfg.kafka.partitions)
-            wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg)) == ends, 60,
+            wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg.kafka.sketch_group)) == ends, 60,
                        "every partition's snapshot at the topic's end", interval=0.5)
 
             # 2. the disk fills up under the running worker; new events make it write
@@ -124,7 +124,7 @@ def test_a_full_then_read_only_state_dir_is_one_line_and_nothing_is_lost(topics,
             hs = follower.wait_for(1, timeout=120, predicate=lambda h: h.events == n1 + n2)
             assert hs is not None, _run_log(log4)[-4000:]
             ends = end_offsets(bootstrap, cfg.kafka.events_topic, cfg.kafka.partitions)
-            wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg)) == ends, 60,
+            wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg.kafka.sketch_group)) == ends, 60,
                        "the snapshots resumed, at the topic's end", interval=0.5)
             assert proc.poll() is None
             text = _run_log(log4)

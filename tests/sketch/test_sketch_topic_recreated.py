@@ -167,7 +167,7 @@ def test_a_restarted_worker_applies_the_policy_to_snapshots_of_a_deleted_topic(t
             hs = follower.wait_for(1, timeout=120, predicate=lambda h: h.events == n1)
             assert hs is not None, log1.read_text()[-3000:]
             ends = end_offsets(bootstrap, cfg.kafka.events_topic, cfg.kafka.partitions)
-            wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg)) == ends, 60,
+            wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg.kafka.sketch_group)) == ends, 60,
                        "every partition's snapshot at the topic's end", interval=0.5)
         finally:
             assert stop_worker(proc)

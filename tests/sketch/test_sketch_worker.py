@@ -93,7 +93,7 @@ def produce(cfg, bootstrap, start_chunk: int, n: int, bad: list[bytes] = ()) -> 
 def _wait_snapshots_at_end(cfg, bootstrap, timeout: float = 60.0) -> None:
     """Until every partition's newest snapshot in the worker's changelog holds the end of the events topic."""
     ends = end_offsets(bootstrap, cfg.kafka.events_topic, cfg.kafka.partitions)
-    wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg)) == ends, timeout,
+    wait_until(lambda: snapshot_offsets(bootstrap, changelog_topic(cfg.kafka.sketch_group)) == ends, timeout,
                f"every partition's sketch snapshot at the end of {cfg.kafka.events_topic} ({ends})", interval=0.5)
 
 
@@ -243,7 +243,7 @@ def test_two_workers_publish_the_global_hot_set(topics, bootstrap, tmp_path):
     of them (its own partitions live, the other's from the table's changelog): its top ids match what one
     worker reading everything chooses (recall >= 0.99), and it counts every event."""
     from streamrec.ingest import read_topic
-    from streamrec.sketch import SketchState
+    from tests.helpers.sketch import sketch_state
 
     cfg = topics
     cfg.sketch.publish_interval_s = 1.0
@@ -279,7 +279,7 @@ def test_two_workers_publish_the_global_hot_set(topics, bootstrap, tmp_path):
         assert all(p.poll() is None for p in procs), "a worker died"
         assert text.count("published hot set") >= 1
         # one worker reading everything: the same records through the same state
-        single = SketchState(cfg)
+        single = sketch_state(cfg)
         for r in read_topic(bootstrap, cfg.kafka.events_topic, expected=None, timeout=10):
             single.apply(r.partition, r.offset, r.value)
         want = single.choose(1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from streamrec.ingest import EventSchema, SyntheticStream, encode_arrow
-from streamrec.sketch import SketchState
+from tests.helpers.sketch import sketch_state
 from tests.conftest import small_config
 
 PARTITIONS = 4
@@ -35,7 +35,7 @@ def _keys(hs) -> set:
 def test_the_merged_hot_set_of_two_workers_is_the_single_workers(tmp_path):
     cfg = small_config(tmp_path, **{"hot.budget_rows": 500})
     recs = _records(cfg, 40_000)
-    single, a, b = SketchState(cfg), SketchState(cfg), SketchState(cfg)
+    single, a, b = sketch_state(cfg), sketch_state(cfg), sketch_state(cfg)
     for p, off, v in recs:
         single.apply(p, off, v)
         (a if p % 2 == 0 else b).apply(p, off, v)  # worker a owns 0 and 2, worker b 1 and 3
@@ -52,7 +52,7 @@ def test_the_merged_hot_set_of_two_workers_is_the_single_workers(tmp_path):
 def test_unusable_peer_snapshots_are_left_out(tmp_path):
     cfg = small_config(tmp_path)
     recs = _records(cfg, 4_000)
-    a, b = SketchState(cfg, topic_id="new-topic"), SketchState(cfg, topic_id="old-topic")
+    a, b = sketch_state(cfg, topic_id="new-topic"), sketch_state(cfg, topic_id="old-topic")
     for p, off, v in recs:
         (a if p % 2 == 0 else b).apply(p, off, v)
     peers = {1: b.snapshot(1), 3: b"\x00 not a sketch"}

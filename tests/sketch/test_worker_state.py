@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from streamrec.ingest import EventSchema, SyntheticStream, encode_arrow, encode_json
-from streamrec.sketch import SketchState
+from tests.helpers.sketch import sketch_state
 from tests.conftest import small_config
 
 
@@ -23,7 +23,7 @@ def test_malformed_records_never_reach_the_sketch(tmp_path):
     from tests.conftest import small_config
 
     cfg = small_config(tmp_path)
-    st = SketchState(cfg)
+    st = sketch_state(cfg)
     schema = EventSchema.from_config(cfg)
     good = next(SyntheticStream(cfg).batches(100))
     bad = [b"", b"garbage", b'{"ts": 1, "label": 7}', b"\xff\xff\xff\xff broken arrow",
@@ -35,7 +35,7 @@ def test_malformed_records_never_reach_the_sketch(tmp_path):
     assert st.stats.events == 100 and st.merged().events == 100
     # a redelivered record (offset below the snapshot's) is not counted twice
     blob = st.snapshot(0)
-    st2 = SketchState(cfg)
+    st2 = sketch_state(cfg)
     st2.restore(0, blob)
     assert st2.apply(0, len(bad), encode_arrow(good, schema)) is False and st2.stats.skipped == 1
     assert st2.merged().events == 100
@@ -45,7 +45,7 @@ def test_an_event_time_far_off_does_not_poison_the_counts(tmp_path):
     """An event stamped in microseconds (or at int64's extremes) is refused as a bad record: counted, it
     would wipe every count and weigh every later event 0 (or inf) for good, across restarts too, since
     snapshots carry it."""
-    st = SketchState(small_config(tmp_path))
+    st = sketch_state(small_config(tmp_path))
     now = int(time.time() * 1000)
     off = 0
     for i in range(50):
@@ -69,7 +69,7 @@ def test_an_arrow_record_keeps_its_good_events_when_one_time_is_off(tmp_path):
     from streamrec.ingest import EventSchema, SyntheticStream, encode_arrow
 
     cfg = small_config(tmp_path)
-    st = SketchState(cfg)
+    st = sketch_state(cfg)
     batch = next(SyntheticStream(cfg).batches(100))
     batch.ts[3] = int(time.time() * 1000) * 1000  # microseconds
     assert st.apply(0, 0, encode_arrow(batch, EventSchema.from_config(cfg))) is True

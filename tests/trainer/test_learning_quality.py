@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamrec.benchmarks.plain_dlrm import PlainDLRM, auc as plain_auc, progressive
+from streamrec.model.references import PlainDLRM, auc as plain_auc, mini_batches, progressive
 from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import EventBatch, JaggedIds, hot_budget, roc_auc
 from streamrec.ingest import SyntheticStream
@@ -60,13 +60,7 @@ def _plain(cfg, allb, seed=0) -> tuple[float, float]:
     m = cfg.model
     ref = PlainDLRM(vocab, m.dense_dim, m.embedding_dim, m.bottom_mlp, m.top_mlp, cfg.trainer.dense_lr,
                     cfg.store.adagrad_lr, cfg.store.adagrad_eps, seed=seed)
-
-    def batches():
-        for s in range(0, len(allb), BS):
-            b = allb.take(np.arange(s, min(len(allb), s + BS)))
-            yield b.dense, b.labels, {f: (b.sparse[f].values, b.sparse[f].offsets) for f in cfg.model.field_names}
-
-    y, p = progressive(ref, batches())
+    y, p = progressive(ref, mini_batches(allb, BS, cfg.model.field_names))
     return plain_auc(y, p), len(y)
 
 

@@ -3,8 +3,8 @@
 The file is replayed through the real trainer (Kafka: the configured cluster or an
 embedded broker, one partition so the trainer reads it in file order) and through
 an independent plain-PyTorch implementation of the configured architecture
-(``streamrec.benchmarks.plain_dlrm`` for dlrm, ``streamrec.benchmarks.ref_models`` for
-the others) in the same order; both progressive AUCs and loglosses are printed side by
+(``streamrec.model.references``: ``plain_dlrm`` for dlrm, ``rankers`` for the others)
+in the same order; both progressive AUCs and loglosses are printed side by
 side, then one JSON line. A model of several tasks is compared task by task: the trainer's
 figures for each task (over the events carrying its label) against a one-task reference
 trained on those events. A user's ``model.module``, or fields of different widths, have no
@@ -24,7 +24,12 @@ import threading
 import uuid
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from streamrec.model.references import ReferenceTraining
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,15 @@ def trainer_progressive(cfg, events, bootstrap: str, work: Path) -> dict:
     return {"auc": out["auc"], "logloss": out["logloss"], "events_scored": int(out["events_scored"]), "tasks": tasks}
 
 
+def reference_training(cfg) -> "ReferenceTraining":
+    """The trainer's and the store's values a reference trains with."""
+    from streamrec.model.references import ReferenceTraining
+
+    return ReferenceTraining(batch_size=cfg.trainer.batch_size, dense_lr=cfg.trainer.dense_lr,
+                             sparse_lr=cfg.store.adagrad_lr, eps=cfg.store.adagrad_eps,
+                             init_scale=cfg.store.init_scale)
+
+
 def reference_for(cfg) -> tuple[object | None, str]:
     """The independent reference of ``cfg``'s model, ``(progressive(cfg, events), why none)``."""
     m = cfg.model
@@ -93,13 +107,13 @@ def reference_for(cfg) -> tuple[object | None, str]:
     if len(set(m.field_dims.values())) > 1 or len(m.tables) != len(m.fields):
         return None, "fields of different widths or shared tables: the references have one table per field, one width"
     if m.architecture == "dlrm":
-        from streamrec.benchmarks.plain_dlrm import reference_progressive
+        from streamrec.model.references import dlrm_progressive
 
-        return reference_progressive, ""
-    from streamrec.benchmarks.ref_models import reference_progressive as by_name
+        return (lambda c, ev: dlrm_progressive(c.model, reference_training(c), ev)), ""
+    from streamrec.model.references import ranker_progressive
 
     def progressive(c, ev) -> dict:
-        r = by_name(c.model.architecture, c, ev)
+        r = ranker_progressive(c.model.architecture, c.model, reference_training(c), ev)
         return {k: r[k] for k in ("auc", "logloss", "events_scored")}
 
     return progressive, ""

@@ -306,7 +306,7 @@ def _generate_delayed(cfg, args) -> int:
         print("streamrec generate: --events must be >= 1", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else cfg.generator.seed
-    paths = DelayedStream(cfg, seed=seed).write(n, args.out)
+    paths = DelayedStream(cfg.model, cfg.generator, seed=seed).write(n, args.out)
     print(f"wrote {n:,} impressions and their actions to {args.out}: "
           + ", ".join(p.name for p in paths.values()) + f" (seed {seed})")
     return 0

@@ -25,6 +25,7 @@ def cmd_join(args) -> int:
     from streamrec.app.cli import config_from_args, kafka_bootstrap
     from streamrec.app.logs import set_library_level, startup_line
     from streamrec.app.preflight import ensure_port_free, ensure_writable_dir
+    from streamrec.foundation import EventSchema
     from streamrec.ingest import TopicSpec, client_settings, ensure_topics
 
     from streamrec.joiner.app import run_worker
@@ -45,4 +46,5 @@ def cmd_join(args) -> int:
                      mode=j.mode, window=f"{j.window_s:g} s + {j.allowed_lateness_s:g} s lateness",
                      data=j.state_dir, batch=j.batch_records,
                      metrics=f"{j.metrics_host}:{j.metrics_port}" if j.metrics_port else None)
-        return run_worker(cfg, bootstrap, loglevel=args.faust_log_level)
+        return run_worker(cfg.kafka, cfg.join, EventSchema.from_config(cfg), bootstrap,
+                          loglevel=args.faust_log_level)

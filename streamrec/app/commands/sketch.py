@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from streamrec.sketch import CountingSpec
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
@@ -17,6 +21,15 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--faust-log-level", default="warning",
                    help="log level of faust, mode and aiokafka, whatever --log-level is (default warning)")
     p.set_defaults(func=cmd_sketch)
+
+
+def counting_spec(cfg) -> "CountingSpec":
+    """What the sketch worker counts and chooses its hot set within, computed once from the whole config."""
+    from streamrec.foundation import EventSchema, hot_budget
+    from streamrec.sketch import CountingSpec
+
+    return CountingSpec(cfg.sketch, EventSchema.from_config(cfg), hot_budget(cfg.hot, cfg.model), dict(cfg.model.field_tables),
+                        cfg.kafka.events_topic)
 
 
 def cmd_sketch(args) -> int:
@@ -36,4 +49,4 @@ def cmd_sketch(args) -> int:
                      topics=f"{cfg.kafka.events_topic} -> {cfg.kafka.hotset_topic}", group=cfg.kafka.sketch_group,
                      device="cpu", data=cfg.sketch.state_dir,
                      publish=f"every {cfg.sketch.publish_interval_s:g} s when the hot set changed")
-        return run_worker(cfg, bootstrap, loglevel=args.faust_log_level)
+        return run_worker(cfg.kafka, counting_spec(cfg), bootstrap, loglevel=args.faust_log_level)

@@ -2,7 +2,8 @@
 
 It guards the trainer and the in-repo reference (``trainer/reference.py``, which
 shares the store's init and Adagrad code) against drifting together: nothing here
-imports ``streamrec.model``, ``streamrec.trainer`` or ``streamrec.embedding_store``.
+imports the model's own modules (``streamrec.model`` outside ``references``),
+``streamrec.trainer`` or ``streamrec.embedding_store``.
 Standard DLRM (Naumov et al. 2019): one ``nn.EmbeddingBag`` (sum) per field over a
 vocabulary fixed up front, rows uniform in +-sqrt(1/rows), bottom MLP, pairwise dot
 interaction, top MLP; Adam on the dense part, row-wise Adagrad on the touched rows.
@@ -18,6 +19,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from streamrec.foundation.model_config import ModelConfig
+
+from .training import ReferenceTraining, mini_batches
 
 
 def _mlp(sizes: Sequence[int], relu_last: bool) -> nn.Sequential:
@@ -139,18 +144,11 @@ def logloss(labels: np.ndarray, scores: np.ndarray) -> float:
     return float(-(y * np.log(p) + (1 - y) * np.log1p(-p)).mean()) if len(y) else float("nan")
 
 
-def reference_progressive(cfg, events) -> dict:
-    """Progressive AUC/logloss of the independent reference over ``events`` in order, ``trainer.batch_size`` at a time."""
-    m, bs = cfg.model, cfg.trainer.batch_size
-    scales = {f.name: f.row_init_scale(cfg.store.init_scale) for f in m.fields}
+def dlrm_progressive(m: ModelConfig, training: ReferenceTraining, events) -> dict:
+    """Progressive AUC/logloss of the independent reference of model ``m`` over ``events`` in order,
+    ``training.batch_size`` at a time."""
+    scales = {f.name: f.row_init_scale(training.init_scale) for f in m.fields}
     ref = PlainDLRM({f: events.sparse[f].values for f in m.field_names}, m.dense_dim, m.embedding_dim, m.bottom_mlp,
-                    m.top_mlp, cfg.trainer.dense_lr, cfg.store.adagrad_lr, cfg.store.adagrad_eps, seed=m.seed,
-                    init_scale=scales)
-
-    def batches():
-        for s in range(0, len(events), bs):
-            b = events.take(np.arange(s, min(len(events), s + bs)))
-            yield b.dense, b.labels, {f: (b.sparse[f].values, b.sparse[f].offsets) for f in m.field_names}
-
-    y, p = progressive(ref, batches())
+                    m.top_mlp, training.dense_lr, training.sparse_lr, training.eps, seed=m.seed, init_scale=scales)
+    y, p = progressive(ref, mini_batches(events, training.batch_size, m.field_names))
     return {"auc": auc(y, p), "logloss": logloss(y, p), "events_scored": int(len(y))}

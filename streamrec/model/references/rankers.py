@@ -1,7 +1,8 @@
 """Independent plain-PyTorch references of the built-in architectures other than DLRM (that one is
 ``plain_dlrm.py``): DCN-v2, DeepFM and the MLP ranker, written from the papers without the product's
-code. Nothing here imports ``streamrec.model``, ``streamrec.trainer`` or ``streamrec.embedding_store``:
-a bug shared by the product's module and the trainer cannot hide in both.
+code. Nothing here imports the model's own modules (``streamrec.model`` outside ``references``),
+``streamrec.trainer`` or ``streamrec.embedding_store``: a bug shared by the product's module and the trainer
+cannot hide in both.
 
 Each network takes the dense features and the sum-pooled embeddings of every field concatenated in field
 order (``[B, fields * dim]``, the product's flat ``pooled`` input) and returns a logit per event; :class:`PlainRanker` holds one ``nn.EmbeddingBag`` (sum) per field over a vocabulary fixed up
@@ -29,7 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from streamrec.foundation.model_config import ModelConfig
+
 from .plain_dlrm import auc, logloss, progressive, row_adagrad_
+from .training import ReferenceTraining, mini_batches
 
 NAMES = ("dcn_v2", "deepfm", "mlp")
 
@@ -219,25 +223,19 @@ class PlainRanker:
         return torch.sigmoid(self.logits(dense, sparse)[0]).numpy()
 
 
-def reference_progressive(name: str, cfg, events, init_rows=None, init_params: Sequence[torch.Tensor] | None = None
-                          ) -> dict:
-    """Progressive AUC/logloss of the ``name`` reference over ``events`` in order, ``trainer.batch_size`` at a time.
+def ranker_progressive(name: str, m: ModelConfig, training: ReferenceTraining, events, init_rows=None,
+                       init_params: Sequence[torch.Tensor] | None = None) -> dict:
+    """Progressive AUC/logloss of the ``name`` reference of model ``m`` over ``events`` in order,
+    ``training.batch_size`` at a time.
 
     ``init_rows`` / ``init_params`` (the product model's parameters, in order): start from those instead
     of the reference's own seeded init, so the two runs can be compared event for event."""
-    m, bs = cfg.model, cfg.trainer.batch_size
     net = make_net(name, len(m.fields), m.dense_dim, m.embedding_dim, list(m.bottom_mlp), list(m.top_mlp),
                    m.cross_layers, m.seed)
     if init_params is not None:
         load_by_order(net, init_params)
-    scales = {f.name: f.row_init_scale(cfg.store.init_scale) for f in m.fields}
-    ref = PlainRanker(net, {f: events.sparse[f].values for f in m.field_names}, m.embedding_dim, cfg.trainer.dense_lr,
-                      cfg.store.adagrad_lr, cfg.store.adagrad_eps, seed=m.seed, init_scale=scales, init_rows=init_rows)
-
-    def batches():
-        for s in range(0, len(events), bs):
-            b = events.take(np.arange(s, min(len(events), s + bs)))
-            yield b.dense, b.labels, {f: (b.sparse[f].values, b.sparse[f].offsets) for f in m.field_names}
-
-    y, p = progressive(ref, batches())
+    scales = {f.name: f.row_init_scale(training.init_scale) for f in m.fields}
+    ref = PlainRanker(net, {f: events.sparse[f].values for f in m.field_names}, m.embedding_dim, training.dense_lr,
+                      training.sparse_lr, training.eps, seed=m.seed, init_scale=scales, init_rows=init_rows)
+    y, p = progressive(ref, mini_batches(events, training.batch_size, m.field_names))
     return {"auc": auc(y, p), "logloss": logloss(y, p), "events_scored": int(len(y)), "model": ref}

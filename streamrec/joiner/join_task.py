@@ -1,0 +1,238 @@
+"""The joiner's join task: its partitions' impressions and actions in, examples out, one ``tx`` per batch.
+
+:class:`JoinTask` holds what the worker keeps per owned partition (:class:`PartitionCursor`: its store,
+where its inputs resume, how far the output log holds its examples), restores a partition when faust
+assigns it (:meth:`JoinTask.assigned`) and drops it when revoked, and runs the read-join-send-commit
+loop (:meth:`JoinTask.run`). A batch, a restore and a revocation never overlap (one lock): a restore
+reads the output log only once every example already sent for the partition is acknowledged, and a
+batch never spans an ownership change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from streamrec.ingest.ingest_config import KafkaConfig
+from streamrec.joiner.join_config import JoinConfig
+from streamrec.foundation.failpoints import hit
+from streamrec.ingest import REASON_HEADER, SOURCE_HEADER
+
+from .join_clients import ID_HEADER, IDS_HEADER, JoinClients
+from .machine import FEEDBACK_HEADER
+from .records import Joiner
+from .tx_row import BatchTx
+from .txstore import TxStore, dumps
+
+log = logging.getLogger(__name__)
+
+
+class PartitionCursor:
+    """What the join task holds for one owned partition, from its last committed batch (``tx``)."""
+
+    def __init__(self, store: TxStore, tx: BatchTx):
+        self.store = store
+        self.off = dict(tx.off)  # topic -> next offset to read
+        self.ends = dict(tx.ends)  # events partition -> offset after our last example
+        self.seq = tx.seq
+        # identities already in the output log and not produced again yet: the tx's own (found by an earlier
+        # restore, written by a run whose batches were never committed) and those past the tx's ends
+        self.written: set[str] = set(tx.pending)
+        self.epoch = 0
+
+    def batch_tx(self) -> BatchTx:
+        """The record of the batch joined so far, to commit."""
+        return BatchTx(seq=self.seq, off=self.off, ends=self.ends, pending=sorted(self.written))
+
+
+class JoinTask:
+    """The join task of one worker over ``table`` (the faust Table of join state)."""
+
+    def __init__(self, table, joiner: Joiner, clients: JoinClients, kafka: KafkaConfig, join: JoinConfig,
+                 metrics=None):
+        self.table = table
+        self.joiner = joiner
+        self.clients = clients
+        self.kafka = kafka
+        self.join = join
+        self.metrics = metrics
+        self.topics = {join.impressions_topic, join.actions_topic}
+        self.parts: dict[int, PartitionCursor] = {}
+        self.epoch: dict[int, int] = {}
+        self.batch_lock = asyncio.Lock()
+
+    # -- ownership (faust's rebalances) ------------------------------------
+
+    async def assigned(self, owned: set[int]) -> None:
+        """Drop the partitions no longer owned, restore the newly owned ones."""
+        async with self.batch_lock:
+            for p in list(self.parts):
+                if p not in owned:
+                    self.forget(p)
+            for p in sorted(owned - set(self.parts)):
+                await self.restore(p)
+
+    async def revoked(self, lost: set[int]) -> None:
+        async with self.batch_lock:
+            for p in lost:
+                if p in self.parts:
+                    self.forget(p)
+
+    def forget(self, p: int) -> None:
+        self.parts.pop(p)
+        self.joiner.drop(p)
+        self.epoch[p] = self.epoch.get(p, 0) + 1
+
+    async def restore(self, p: int) -> None:
+        await self.clients.start()
+        jc = self.join
+        store = TxStore(self.table, p, jc.impressions_topic, on_hit=hit)
+        tx = store.recover()
+        await self.write_state(p, store)  # the last tx's applies again: a changelog cut short in them is completed
+        if tx is None:  # a partition never joined: start at the inputs' beginning and the output log's end
+            store.commit(BatchTx(seq=0, off={jc.impressions_topic: None, jc.actions_topic: None},
+                                 ends=await self.clients.output_ends()))
+            await self.write_state(p, store)  # durable before any example: a crash after one finds these ends
+            tx = store.last_tx()
+        part = PartitionCursor(store, tx)
+        part.written |= await self.clients.written_since(p, part.ends)
+        self.epoch[p] = self.epoch.get(p, 0) + 1
+        part.epoch = self.epoch[p]
+        self.joiner.add(p, store)
+        self.parts[p] = part
+        log.info("partition %d: join state restored at batch %d (%d rows, %d examples already written)", p,
+                 part.seq, self.joiner.machines[p].stats.rows, len(part.written))
+
+    # -- durable state --------------------------------------------------------
+
+    async def write_state(self, p: int, store: TxStore) -> None:
+        """Produce the store's changelog records to the table's changelog partition ``p`` and wait for
+        every ack: the state written so far is then what a worker rebuilding from the changelog finds."""
+        records = store.take_outbox()
+        if not records:
+            return
+        from faust.types import TP
+
+        topic = self.table.changelog_topic.get_topic_name()
+        last = -1
+        for fut, n in await self.clients.produce(topic, p, [(k, v, []) for k, v in records]):
+            meta = await fut
+            last = max(last, meta.offset + n - 1)
+        self.table.data.set_persisted_offset(TP(topic, p), last)  # what faust's own changelog writes record
+
+    # -- one batch ------------------------------------------------------------
+
+    async def join_batch(self, p: int, recs: list) -> None:
+        part = self.parts.get(p)
+        if part is None:
+            return
+        at = part.epoch
+        examples, bad = [], []
+        for rec in recs:
+            hit("join.before_record")
+            try:
+                examples += self.joiner.handle(p, rec.topic, rec.key, rec.value)
+            except ValueError as e:
+                self.joiner.malformed += 1
+                log.warning("dead letter %s:%d@%d: %s", rec.topic, rec.partition, rec.offset, e)
+                bad.append((rec, str(e)))
+            part.off[rec.topic] = rec.offset + 1
+        hit("join.before_send")
+        await self.send_all(part, examples, bad)
+        hit("join.after_send")
+        if self.parts.get(p) is not part or part.epoch != at:
+            return  # revoked meanwhile: the new owner resumes from the last tx
+        part.seq += 1
+        part.store.commit(part.batch_tx())
+        await self.write_state(p, part.store)  # the batch's state in the changelog: a restart resumes after it
+        hit("join.after_commit")
+        if self.metrics is not None:
+            m = self.joiner.machines.get(p)
+            if m is not None and m.wa is not None:
+                self.metrics.watermark(p, m.wa)
+
+    async def send_all(self, part: PartitionCursor, examples: list, bad: list) -> None:
+        """Send a batch's examples (those not already in the log) and dead letters; wait for every ack.
+
+        An example goes to the partition its key (``request_id``) hashes to, as a keyed send would put it.
+        JSON: one example per message, its identity in :data:`ID_HEADER`. Arrow: the examples of one
+        output partition in messages of up to ``kafka.events_per_message`` events, each message with the
+        identities of its examples in :data:`IDS_HEADER` and their kinds (comma-separated, in order) in
+        :data:`FEEDBACK_HEADER`; a message is acknowledged whole or not at all, so the identities found in
+        the log after a crash are exactly the examples written."""
+        topic = self.kafka.events_topic
+        partition_of = await self.clients.partitioner()
+        by_q: dict[int, list] = {}
+        for key, ev, kind, ident in examples:
+            if ident in part.written:
+                part.written.discard(ident)
+                continue
+            by_q.setdefault(partition_of(key), []).append((key, ev, kind, ident))
+        futs = []
+        for q, exs in sorted(by_q.items()):
+            futs += [(q, f, n) for f, n in await self.clients.produce(topic, q, self.messages(exs))]
+        dead = [await self.clients.prod.send(self.kafka.dlq_topic, rec.value or b"", key=rec.key, headers=[
+                    (REASON_HEADER, reason[:2000].encode("utf-8", "backslashreplace")),
+                    (SOURCE_HEADER, f"{rec.topic}:{rec.partition}:{rec.offset}".encode())]) for rec, reason in bad]
+        for q, f, n in futs:
+            meta = await f
+            part.ends[q] = max(part.ends.get(q, 0), meta.offset + n)
+            hit("join.between_acks")  # some of the batch's messages acknowledged, maybe not all
+        for f in dead:
+            await f
+
+    def messages(self, exs: list) -> list:
+        """One output partition's examples as ``(key, value, headers)`` messages in ``kafka.codec``."""
+        if self.kafka.codec == "json":
+            return [(key, self.joiner.encode(ev), [(FEEDBACK_HEADER, kind.encode()), (ID_HEADER, ident.encode())])
+                    for key, ev, kind, ident in exs]
+        step = max(1, int(self.kafka.events_per_message))
+        records = []
+        for i in range(0, len(exs), step):
+            chunk = exs[i:i + step]
+            records.append((None, self.joiner.encode_many([ev for _, ev, _, _ in chunk]), [
+                (FEEDBACK_HEADER, ",".join(kind for _, _, kind, _ in chunk).encode()),
+                (IDS_HEADER, dumps([ident for _, _, _, ident in chunk]))]))
+        return records
+
+    # -- the loop -------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read the owned partitions and join them batch by batch until the app stops."""
+        await self.clients.start()
+        positioned: dict[int, int] = {}
+        try:
+            while True:
+                positioned = await self.position(positioned)
+                if not positioned:
+                    await asyncio.sleep(0.2)
+                    continue
+                got = await self.clients.reader.getmany(timeout_ms=200, max_records=self.join.batch_records)
+                by_p: dict[int, list] = {}
+                for tp, recs in got.items():
+                    by_p.setdefault(tp.partition, []).extend(recs)
+                for p, recs in sorted(by_p.items()):
+                    async with self.batch_lock:
+                        if self.parts.get(p) is not None and self.parts[p].epoch == positioned.get(p):
+                            await self.join_batch(p, recs)
+        finally:
+            await self.clients.stop()
+
+    async def position(self, positioned: dict[int, int]) -> dict[int, int]:
+        """Assign the reader the owned partitions of both topics, each at its resume offset, when ownership
+        changed since ``positioned`` (partition -> epoch); returns the epochs now positioned."""
+        from aiokafka import TopicPartition
+
+        want = {p: part.epoch for p, part in self.parts.items()}
+        if want == positioned:
+            return positioned
+        reader = self.clients.reader
+        reader.assign([TopicPartition(t, p) for p in sorted(want) for t in sorted(self.topics)])
+        for p in want:
+            for t in self.topics:
+                o = self.parts[p].off.get(t)
+                if o is None:
+                    await reader.seek_to_beginning(TopicPartition(t, p))
+                else:
+                    reader.seek(TopicPartition(t, p), o)
+        return want

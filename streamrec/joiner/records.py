@@ -1,0 +1,113 @@
+"""What the joiner does with one input record, apart from faust and Kafka: parse it, join it, encode the
+examples it completes (:class:`Joiner`, over one :class:`~.machine.JoinState` per owned partition)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from streamrec.foundation import EventSchema
+from streamrec.joiner.join_config import JoinConfig
+from streamrec.ingest import encode_arrow
+
+from .machine import JoinRules, JoinState, JoinStats, parse_action
+from .txstore import dumps, loads
+
+
+class Joiner:
+    """What the join task does with one record, apart from faust: parse, join, encode. ``schema``: the
+    labelled events it writes (an impression is checked against it without the label). ``retired``: totals
+    of the machines dropped at rebalances (the live ones keep their own)."""
+
+    def __init__(self, join: JoinConfig, schema: EventSchema, metrics=None):
+        self.rules = JoinRules.from_config(join)
+        self.impressions_topic = join.impressions_topic
+        self.schema_in = dataclasses.replace(schema, require_label=False)  # an impression carries no label
+        self.schema_out = schema
+        self.machines: dict[int, JoinState] = {}
+        self.retired = JoinStats()
+        self.malformed = 0
+        self.metrics = metrics
+
+    def add(self, p: int, store) -> JoinState:
+        on_delay = self.metrics.delay if self.metrics is not None else None
+        m = self.machines[p] = JoinState(self.rules, store, on_delay=on_delay)
+        return m
+
+    def drop(self, p: int) -> None:
+        m = self.machines.pop(p, None)
+        if m is None:
+            return
+        for k, v in vars(m.stats).items():
+            if k == "examples":
+                for kind, n in v.items():
+                    self.retired.examples[kind] += n
+            elif k != "rows":
+                setattr(self.retired, k, getattr(self.retired, k) + v)
+
+    def totals(self) -> JoinStats:
+        out = JoinStats(**{k: v for k, v in vars(self.retired).items() if k != "examples"})
+        out.examples = dict(self.retired.examples)
+        out.rows = 0
+        for m in list(self.machines.values()):
+            for k, v in vars(m.stats).items():
+                if k == "examples":
+                    for kind, n in v.items():
+                        out.examples[kind] += n
+                else:
+                    setattr(out, k, getattr(out, k) + v)
+        return out
+
+    def handle(self, p: int, topic: str, key: bytes | None, value: bytes | None) -> list:
+        """The examples one record completes, as ``(key, event, kind, identity)``; ValueError: the record is
+        malformed (the reason)."""
+        try:
+            obj = loads(value) if value else None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"not JSON: {e}") from None
+        if obj is None:
+            raise ValueError("empty record")
+        m = self.machines[p]
+        if topic == self.impressions_topic:
+            rid, ts, ev = self._impression(obj)
+            self._check_key(key, rid)
+            exs = m.impression(rid, ts, ev)
+        else:
+            action = parse_action(obj)
+            self._check_key(key, action.request_id)
+            exs = m.action(action)
+        out = []
+        for ex in exs:
+            task = ""
+            if ex.kind == "positive" and self.rules.mode == "fake_negative":
+                labels = ex.event.get("labels") or {}
+                task = next((t for t, y in labels.items() if y == 1), self.rules.task_names[0])
+            kind = "example" if self.rules.mode == "window" else ex.kind
+            ident = f"{p}|{ex.request_id}|{kind}|{task}"
+            out.append((ex.request_id.encode(), ex.event, ex.kind, ident))
+        return out
+
+    def _impression(self, obj) -> tuple[str, int, dict]:
+        if not isinstance(obj, dict):
+            raise ValueError(f"impression must be a JSON object, got {type(obj).__name__}")
+        if "label" in obj or "labels" in obj or "feedback" in obj:
+            raise ValueError("an impression carries no label or feedback kind (the joiner sets both from its "
+                             "actions)")
+        rid = obj.get("request_id")
+        if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+            raise ValueError("impression: request_id must be a non-empty string or an integer")
+        self.schema_in.validate(obj)  # EventError (a ValueError) names the field
+        return str(rid), obj.get("ts", 0), obj
+
+    @staticmethod
+    def _check_key(key: bytes | None, rid: str) -> None:
+        if key is not None and key != rid.encode():
+            raise ValueError(f"record key {key[:64]!r} is not its request_id {rid[:64]!r}: both topics must be "
+                             "keyed by request_id (co-partitioning)")
+
+    def encode(self, ev: dict) -> bytes:
+        """One event as one JSON message (``kafka.codec = json``)."""
+        return dumps(ev)
+
+    def encode_many(self, evs: list[dict]) -> bytes:
+        """Events as one Arrow IPC message (``kafka.codec = arrow``)."""
+        return encode_arrow(self.schema_out.batch_from_events(evs), self.schema_out)

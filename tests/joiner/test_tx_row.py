@@ -1,0 +1,36 @@
+"""The joiner's batch record: written and read through TxStore as a versioned BatchTx; a row written before
+the record carried its version still reads, and a newer version is refused with one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamrec.joiner.tx_row import TX_VERSION, BatchTx, TxVersionError
+from streamrec.joiner.txstore import TxStore, dumps, loads
+
+
+def test_a_commit_reads_back_as_the_record_it_wrote_and_its_changes_apply():
+    table: dict = {}
+    store = TxStore(table, 3, "impressions")
+    store["x"] = {"ts": 1}
+    tx = BatchTx(seq=2, off={"impressions": 10, "actions": None}, ends={0: 5, 1: 7}, pending=["3|r|example|"])
+    store.commit(tx)
+    row = loads(table[b"3/tx"])
+    assert row["v"] == TX_VERSION and row["ends"] == {"0": 5, "1": 7} and row["ch"] == {"x": {"ts": 1}}
+    assert TxStore(table, 3).last_tx() == tx
+    assert TxStore(table, 3)["x"] == {"ts": 1}
+
+
+def test_an_unversioned_row_reads_as_version_1_and_recovers():
+    table = {b"0/tx": dumps({"seq": 4, "off": {"impressions": 8, "actions": 2}, "ends": {"0": 11},
+                             "ch": {"k": [1, "click", 3]}})}
+    tx = TxStore(table, 0).recover()
+    assert tx == BatchTx(seq=4, off={"impressions": 8, "actions": 2}, ends={0: 11}, pending=[], version=1)
+    assert loads(table[b"0/s/k"]) == [1, "click", 3]
+
+
+def test_a_newer_record_is_refused_before_anything_applies():
+    table = {b"0/tx": dumps({"v": TX_VERSION + 1, "seq": 1, "off": {}, "ends": {}, "ch": {"k": 1}})}
+    with pytest.raises(TxVersionError, match="batch record of version"):
+        TxStore(table, 0).recover()
+    assert b"0/s/k" not in table
