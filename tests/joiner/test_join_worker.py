@@ -5,6 +5,7 @@ topics that are not co-partitioned are refused at start-up in one line."""
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 import sys
 import uuid
@@ -65,16 +66,26 @@ def produce(bootstrap, cfg, imps, acts, bad=()) -> None:
     prod.close()
 
 
-def read_all(bootstrap, topic: str, timeout_ms: int = 2000) -> list:
+def read_all(bootstrap, topic: str, timeout_s: float = 60.0) -> list:
+    """Every record of ``topic`` up to its end offsets as they are now: read until each partition's position
+    reaches its end (not until a quiet spell, which a loaded machine's slow first fetch would end early)."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                      auto_offset_reset="earliest", consumer_timeout_ms=timeout_ms)
-    parts = c.partitions_for_topic(topic) or set()
-    c.assign([TopicPartition(topic, p) for p in parts])
-    out = list(c)
-    c.close()
-    return out
+                      auto_offset_reset="earliest")
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or set())]
+        c.assign(parts)
+        ends = c.end_offsets(parts)
+        out: list = []
+        deadline = time.monotonic() + timeout_s
+        while any(c.position(tp) < ends[tp] for tp in parts):
+            assert time.monotonic() < deadline, f"{topic}: not read to its end offsets {ends} in {timeout_s} s"
+            for records in c.poll(timeout_ms=500).values():
+                out.extend(records)
+        return out
+    finally:
+        c.close()
 
 
 def examples(bootstrap, cfg, r: JoinRules) -> Counter:
