@@ -101,9 +101,8 @@ def cfg(tmp_path) -> Config:
     return small_config(tmp_path)
 
 
-@pytest.fixture
-def topics(bootstrap, cfg, request):
-    """Fresh, uniquely named pipeline topics on the shared broker; returns the config using them."""
+def with_fresh_topics(cfg: Config, bootstrap: str) -> Config:
+    """``cfg`` on fresh, uniquely named pipeline topics (created) and consumer groups of the shared broker."""
     suffix = uuid.uuid4().hex[:8]
     cfg.kafka.events_topic = f"events-{suffix}"
     cfg.kafka.dlq_topic = f"events-{suffix}.dlq"
@@ -113,6 +112,13 @@ def topics(bootstrap, cfg, request):
     cfg.kafka.bootstrap = bootstrap
     ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
     return cfg
+
+
+@pytest.fixture
+def topics(bootstrap, cfg):
+    """Fresh, uniquely named pipeline topics on the shared broker; returns the config using them (a module-scoped
+    fixture gets the same with ``with_fresh_topics(small_config(root), bootstrap)``)."""
+    return with_fresh_topics(cfg, bootstrap)
 
 
 BROKER_FIXTURES = frozenset({"broker", "bootstrap", "topics"})

@@ -2,7 +2,12 @@
 commit's atomic record and its applies, after the commit, between the acknowledgements of one batch's messages),
 one after another on the same stream: the labelled events read back from the events topic equal the undisturbed
 join's (the oracle's, which tests/joiner/test_join_worker.py shows the undisturbed worker writes): none lost, none
-doubled."""
+doubled.
+
+The module's four scenarios share nothing but the broker and spend their time waiting on restarts (a killed
+member's consumer group settles before the next run is assigned its partitions), so they run side by side
+(tests/helpers/scenarios.py), started once by ``kill_runs``; the window and fake_negative kill matrices read one
+prepared backlog (the same two input topics), each with its own group, state and output topic."""
 
 from __future__ import annotations
 
@@ -14,11 +19,18 @@ from collections import Counter
 
 import pytest
 
+from streamrec.joiner import JoinRules
+from tests.conftest import small_config, with_fresh_topics
+from tests.helpers.scenarios import Scenarios, selected_scenarios
 from tests.helpers.waiting import wait_until
+from tests.joiner.test_join_oracle import oracle
 from tests.joiner.test_join_worker import P, STREAMREC, examples, join_config, joined_streams, produce
 from tests.sketch.test_sketch_worker import stop, write_config
 
-pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+# one worker runs the module (its scenarios start once, side by side); the limit is above the longest scenario's
+# own waits (seven runs of up to 150 s each)
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess, pytest.mark.xdist_group("join-kill"),
+              pytest.mark.timeout(1200)]
 
 # one kill at each failpoint of a batch, in the order a batch reaches them; each count lies past the hits a restart's
 # recovery makes (P partitions), so every kill falls in a batch of its own run
@@ -63,17 +75,15 @@ def _final_run(config, bootstrap: str, log, read, want: Counter, settle_s: float
 # every failpoint in window mode (each start is a faust group join: seconds per point); in fake_negative mode,
 # whose batches take the same code path, the two where a restart finds a batch half done: its examples in the
 # log but not its state, and its state record written but not all applied
-@pytest.mark.parametrize("mode,points", [("window", POINTS),
-                                         ("fake_negative", ["join.mid_apply@*#11", "join.after_send@*#15"])],
-                         ids=["window-every-point", "fake_negative-two-points"])
-def test_kill_at_each_failpoint_loses_and_doubles_nothing(topics, bootstrap, tmp_path, mode, points):
-    cfg = join_config(topics, mode)
-    cfg.join.state_dir = str(tmp_path / "join")
-    cfg.join.batch_records = 9
-    r, imps, acts, want = joined_streams(bootstrap, cfg, 5, n=400)
-    produce(bootstrap, cfg, imps, acts)
-    config = write_config(cfg, tmp_path / "j.toml")
-    log = tmp_path / "join.log"
+MATRICES = {"window-every-point": ("window", POINTS),
+            "fake_negative-two-points": ("fake_negative", ["join.mid_apply@*#11", "join.after_send@*#15"])}
+
+
+def _kill_matrix(cfg, bootstrap, root, r: JoinRules, want: Counter, points: list[str]) -> None:
+    """The joiner killed at each of ``points`` in turn, then run to the end: the undisturbed join's examples."""
+    cfg.join.state_dir = str(root / "join")
+    config = write_config(cfg, root / "j.toml")
+    log = root / "join.log"
     codes = _kill_runs(points, config, bootstrap, log)
     assert sum(c == -signal.SIGKILL for c in codes) == len(points)
     mid = examples(bootstrap, cfg, r)
@@ -83,7 +93,56 @@ def test_kill_at_each_failpoint_loses_and_doubles_nothing(topics, bootstrap, tmp
                          f"{sorted(got - want)} log:\n{log.read_text()[-3000:]}")
 
 
-def test_kill_during_a_rebalance_with_two_workers(topics, bootstrap, tmp_path):
+def _start_kill_matrices(runs: Scenarios, bootstrap: str, tmp_path_factory, names: set[str]) -> None:
+    """One backlog (seed 5, 400 impressions) in one pair of input topics; each mode's matrix joins it with its own
+    group, state and output topic, against its own mode's oracle."""
+    shared, previous = None, None
+    for name, (mode, points) in MATRICES.items():
+        if name not in names:
+            continue
+        root = tmp_path_factory.mktemp(name)
+        cfg = join_config(with_fresh_topics(small_config(root), bootstrap), mode)
+        cfg.join.batch_records = 9
+        if shared is None:
+            r, imps, acts, want = joined_streams(bootstrap, cfg, 5, n=400)
+            produce(bootstrap, cfg, imps, acts)
+            shared = (cfg.join.impressions_topic, cfg.join.actions_topic, imps, acts)
+        else:
+            cfg.join.impressions_topic, cfg.join.actions_topic, imps, acts = shared
+            r = JoinRules.from_config(cfg.join)
+            want = sum((oracle(r, imps[p], acts[p]) for p in range(P)), Counter())
+        # the matrices one after the other: in fake_negative mode a kill must find examples written, and a run
+        # slowed by the other matrix's restarts has been seen to reach both points with none written yet
+        runs.start(name, _kill_matrix, cfg, bootstrap, root, r, want, points, after=previous)
+        previous = name
+
+
+@pytest.fixture(scope="module")
+def kill_runs(bootstrap, tmp_path_factory, request):
+    """The scenarios of the module's selected tests, started at once; a test waits for its own."""
+    names = selected_scenarios(request, lambda item: item.callspec.params["matrix"] if hasattr(item, "callspec")
+                               else item.originalname.removeprefix("test_"))
+    with Scenarios() as runs:
+        _start_kill_matrices(runs, bootstrap, tmp_path_factory, names)
+        for name, scenario in (("kill_during_a_rebalance_with_two_workers", _rebalance_with_two_workers),
+                               ("kill_with_arrow_messages_of_several_examples", _arrow_messages_kills)):
+            if name not in names:
+                continue
+            root = tmp_path_factory.mktemp(name)
+            runs.start(name, scenario, with_fresh_topics(small_config(root), bootstrap), bootstrap, root)
+        yield runs
+
+
+@pytest.mark.parametrize("matrix", list(MATRICES))
+def test_kill_at_each_failpoint_loses_and_doubles_nothing(kill_runs, matrix):
+    kill_runs.result(matrix)
+
+
+def test_kill_during_a_rebalance_with_two_workers(kill_runs):
+    kill_runs.result("kill_during_a_rebalance_with_two_workers")
+
+
+def _rebalance_with_two_workers(topics, bootstrap, tmp_path) -> None:
     """Two workers split the partitions; one is killed in the middle of a batch while the other is running,
     so its partitions move; later it comes back and the partitions move again: the same examples as the
     undisturbed join."""
@@ -148,7 +207,11 @@ def arrow_examples(bootstrap, cfg) -> Counter:
     return got
 
 
-def test_kill_with_arrow_messages_of_several_examples(topics, bootstrap, tmp_path):
+def test_kill_with_arrow_messages_of_several_examples(kill_runs):
+    kill_runs.result("kill_with_arrow_messages_of_several_examples")
+
+
+def _arrow_messages_kills(topics, bootstrap, tmp_path) -> None:
     """Arrow output, a few examples per message: a kill after some of a batch's messages were acknowledged,
     then one between the commit's record and its applies, leave exactly the undisturbed join's examples, each
     once."""

@@ -2,7 +2,9 @@
 figures its goals name, each finite: a bench that breaks (a renamed attribute, a key dropped, a ratio
 divided by zero) fails here, not on the next person who runs it. Nothing here asserts a speed.
 
-Benches that need Kafka share the session's embedded broker (``--bootstrap``)."""
+Benches that need Kafka share the session's embedded broker (``--bootstrap``). ``bench train --tiny`` and its
+``--host-ceiling`` and ``--device-busy`` modes are the GPU check's dry-run benches: their figures are read from
+that one run (tests/project/conftest.py) rather than measured twice."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 import pytest
 
 from streamrec.benchmarks.cli import NAMES
+from tests.project.conftest import DRY_RUN_BENCHES, GPU_CHECK_WORKER
 
 # name -> (extra arguments, keys the JSON must hold: the figures its goals and baselines name)
 BENCHES: dict[str, tuple[list[str], list[str]]] = {
@@ -83,6 +86,28 @@ def _run(name: str, extra: list[str], timeout: float = 240.0) -> dict:
     return out
 
 
+def _dry_run_name(name: str, extra: list[str]) -> str | None:
+    """The GPU check's name of the bench run ``streamrec bench NAME EXTRA --tiny`` is, if its dry run makes it."""
+    return next((k for k, args in DRY_RUN_BENCHES.items() if args == (name, *extra)), None)
+
+
+def _result(name: str, extra: list[str], request) -> dict:
+    """The JSON of ``streamrec bench NAME EXTRA --tiny --json``: from the GPU check's dry run where it runs that
+    bench (the same command with ``--device cpu``), else from a run of its own."""
+    key = _dry_run_name(name, extra)
+    if key is None:
+        return _run(name, extra)
+    bench = request.getfixturevalue("gpu_check_dry_run").summary["benches"][key]
+    assert bench["rc"] == 0 and "result" in bench, f"bench {name} {' '.join(extra)}: {bench.get('error')}"
+    assert sorted(bench["command"].split()[1:]) == sorted(["bench", name, *extra, "--tiny", "--json", "--device", "cpu"])
+    return bench["result"]
+
+
+def _on_dry_run_worker(name: str, extra: list[str], *values):
+    """A parameter of the bench tests, on the dry run's xdist worker when its figures come from the dry run."""
+    return pytest.param(*values, marks=[GPU_CHECK_WORKER] if _dry_run_name(name, extra) else [])
+
+
 def _bad_numbers(x, path: str = "") -> list[str]:
     """Paths of non-finite numbers and of nulls in a JSON value."""
     if isinstance(x, dict):
@@ -110,14 +135,14 @@ def test_every_bench_is_in_the_smoke_table():
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("name", sorted(set(BENCHES) - BROKER))
-def test_bench_runs_tiny_and_reports_its_goal_figures(name):
+@pytest.mark.parametrize("name", [_on_dry_run_worker(n, BENCHES[n][0], n) for n in sorted(set(BENCHES) - BROKER)])
+def test_bench_runs_tiny_and_reports_its_goal_figures(name, request):
     if name == "cluster":
         from streamrec.benchmarks import netns
 
         if netns.available():
             pytest.skip(f"bench cluster needs network namespaces: {netns.available()}")
-    out = _run(name, BENCHES[name][0])
+    out = _result(name, BENCHES[name][0], request)
     _check(name, out)
     if name == "cluster":  # two hosts train the loopback group's model, and every offset ends committed
         assert abs(out["auc_cluster_minus_loopback"]) <= 0.001 and out["offsets_committed"] is True
@@ -146,9 +171,10 @@ VARIANT_NULL_OK = {"--device-busy": ("device_busy_share",)}  # a CPU has no devi
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("name,extra,keys", VARIANTS, ids=[f"{n}{'_'.join(a)}" for n, a, _ in VARIANTS])
-def test_bench_modes_run_tiny_and_report_their_goal_figures(name, extra, keys):
-    out = _run(name, extra)
+@pytest.mark.parametrize("name,extra,keys", [_on_dry_run_worker(n, a, n, a, k) for n, a, k in VARIANTS],
+                         ids=[f"{n}{'_'.join(a)}" for n, a, _ in VARIANTS])
+def test_bench_modes_run_tiny_and_report_their_goal_figures(name, extra, keys, request):
+    out = _result(name, extra, request)
     missing = [k for k in keys if k not in out]
     assert not missing, f"bench {name} {' '.join(extra)}: JSON lacks {missing}; has {sorted(out)}"
     allowed = tuple(p for a in extra for p in VARIANT_NULL_OK.get(a, ()))

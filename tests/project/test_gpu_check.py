@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.project.conftest import DRY_RUN_BENCHES, GPU_CHECK_WORKER
 
-pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(420), GPU_CHECK_WORKER]
 
 
-def test_gpu_check_dry_run(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable}
-    out = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(tmp_path), "--benches", "train,host_ceiling,device_busy"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=400)
-    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+def test_gpu_check_dry_run(gpu_check_dry_run):
+    out, summary = gpu_check_dry_run, gpu_check_dry_run.summary
     assert out.returncode == 0 and summary["ok"], (out.stderr[-3000:], json.dumps(summary)[:3000])
     assert summary["dry_run"] and summary["machine"]["device"] == "cpu"
     tests = summary["tests"]
@@ -30,7 +23,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert any("test_gpu_trainer_matches_cpu_trainer" in name for name in tests["cases"])
     assert any("test_cuda_hot_tier_matches_reference" in name for name in tests["cases"])
     # bench serve's --tiny run (the longest) is in tests/project/test_benches.py; the driver's bench step is one code path
-    assert set(summary["benches"]) == {"train", "host_ceiling", "device_busy"}
+    assert set(summary["benches"]) == set(DRY_RUN_BENCHES)
     for name, bench in summary["benches"].items():
         assert bench["rc"] == 0 and bench["result"]["device"] == "cpu", (name, bench.get("error"))
         assert "--tiny" in bench["command"] and "--device cpu" in bench["command"]

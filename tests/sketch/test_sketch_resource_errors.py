@@ -10,23 +10,21 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from contextlib import ExitStack
 
 import pytest
 
 from streamrec.sketch import HotSetFollower
 from streamrec.sketch.app import changelog_topic
+from tests.conftest import small_config, with_fresh_topics
 from tests.helpers.disks import tmpfs
+from tests.helpers.scenarios import Scenarios, selected_scenarios
 from tests.helpers.sketch import (end_offsets, produce_events, snapshot_offsets, start_worker, stop_worker,
                                   write_config)
 from tests.helpers.waiting import wait_until
 
-pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    with tmpfs(tmp_path / "disk", "4m") as mnt:
-        yield mnt
+# one worker runs the module: its cases start once, side by side
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess, pytest.mark.xdist_group("sketch-full-disk")]
 
 
 def _wait_exit(proc, timeout: float) -> int | None:
@@ -54,10 +52,31 @@ def _one_line(text: str, needle: str) -> str:
 
 # bytes left free when the disk fills: none (the first write fails: the in-flight marker of a batch), or a
 # little (the marker still fits, the state table's RocksDB write of a snapshot does not)
-@pytest.mark.parametrize("leave", [0, 8192], ids=["every-write-fails", "the-table-write-fails"])
+LEAVE = {"every-write-fails": 0, "the-table-write-fails": 8192}
+
+
+@pytest.fixture(scope="module")
+def disk_runs(bootstrap, tmp_path_factory, request):
+    """Each selected case on a small tmpfs of its own, the cases side by side (their time is the workers'
+    start-ups and exits: tests/helpers/scenarios.py); a test waits for its own."""
+    names = selected_scenarios(request, lambda item: item.callspec.params["case"])
+    with ExitStack() as stack:
+        roots = {name: tmp_path_factory.mktemp(name) for name in names}
+        disks = {name: stack.enter_context(tmpfs(root / "disk", "4m")) for name, root in roots.items()}
+        runs = stack.enter_context(Scenarios())  # entered last, left first: every case ends before its disk goes
+        for name, root in roots.items():
+            runs.start(name, _full_then_read_only, with_fresh_topics(small_config(root), bootstrap), bootstrap, root,
+                       disks[name], LEAVE[name])
+        yield runs
+
+
+@pytest.mark.parametrize("case", list(LEAVE))
 @pytest.mark.timeout(420)
-def test_a_full_then_read_only_state_dir_is_one_line_and_nothing_is_lost(topics, bootstrap, tmp_path, small_disk,
-                                                                           leave):
+def test_a_full_then_read_only_state_dir_is_one_line_and_nothing_is_lost(disk_runs, case):
+    disk_runs.result(case)
+
+
+def _full_then_read_only(topics, bootstrap, tmp_path, small_disk, leave: int) -> None:
     cfg = topics
     cfg.sketch.state_dir = str(small_disk / "sketch")
     cfg.sketch.publish_interval_s = 1.0
