@@ -103,7 +103,7 @@ class TrainerService(TrainerReporting):
                                            version_file=Path(t.checkpoint_dir) / VERSION_FILE,
                                            ) if t.snapshot_every > 0 else None
         # the quality evidence each snapshot carries (trainer/evidence.py): on the process that publishes
-        self.evidence = collector_for(cfg, self.core) \
+        self.evidence = collector_for(cfg.model, t.metrics_window, self.core) \
             if self.publisher is not None and getattr(self, "rank", 0) == 0 else None
         self.seq = 0
         self._pushed_events, self._pushed_version = -1, None  # the newest snapshot built: events it holds, version

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamrec.snapshot import PusherFactory, empty_evidence, is_retryable, needs_full, write_snapshot
+from streamrec.snapshot import Evidence, PusherFactory, empty_evidence, is_retryable, needs_full, write_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class SnapshotPublisher:
 
     def publish(self, version: int, epoch: int, store, model, kafka_offsets: dict, metrics: dict,
                 newest_event_ms: int, plan: tuple[bool, int | None, int] | None = None, rows=None,
-                evidence: dict | None = None, deleted: dict | None = None) -> Path | None:
+                evidence: Evidence | None = None, deleted: dict | None = None) -> Path | None:
         """Build snapshot ``version`` (store state as of ``epoch``) and queue it for pushing.
 
         Returns the snapshot dir, or None when skipped because a push is still pending.
@@ -223,7 +223,7 @@ class SnapshotPublisher:
             model_config=dataclasses.asdict(self.cfg.model),
             store_config=dataclasses.asdict(self.cfg.store),
             tasks=list(self.cfg.model.task_names), program=program, program_data=program_data,
-            evidence=evidence if evidence is not None else empty_evidence(),
+            evidence=evidence.to_block() if evidence is not None else empty_evidence(),
             model_line=self.cfg.serving.model_line,
             deleted=None if full else deleted,
         )

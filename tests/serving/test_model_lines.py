@@ -251,7 +251,7 @@ def _evidence(label_rate=0.2):
     from streamrec.snapshot import make_evidence, window
 
     w = window(2000, auc=0.75, logloss=0.45, label_rate=label_rate, mean_prediction=label_rate)
-    return make_evidence(w, dict(w), records=2000, field_novel_share={"user": 0.1})
+    return make_evidence(w, w, records=2000, field_novel_share={"user": 0.1})
 
 
 def _with_evidence(snap, ev):
