@@ -60,7 +60,7 @@ def drill(cfg, events, heldout, drill_name: str, pre: int, incident: int, post: 
     from streamrec.trainer import TrainerCore, collector_for
 
     store = EmbeddingStore.from_config(cfg, "cpu", path=str(workdir / f"store-{drill_name}"))
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     collector = collector_for(cfg.model, cfg.trainer.metrics_window, core)
     rng = np.random.default_rng(7)
     start = pre + push_every // 2  # the incident starts half-way between two pushes

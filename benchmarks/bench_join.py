@@ -105,7 +105,7 @@ def _progressive(cfg, mode: str, imps, acts, truth: dict[str, int], tmp: Path, s
 
     schema = EventSchema.from_config(cfg)
     store = EmbeddingStore.from_config(cfg, "cpu", path=str(tmp / f"store-{mode}-{cfg.model.seed}"))
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     rules = JoinRules.from_config(cfg.join)
     join = JoinState(rules)
     scores: list[np.ndarray] = []

@@ -62,7 +62,7 @@ def _hot_set(batch: EventBatch, fields, per_field: int) -> dict[str, np.ndarray]
 def _train(cfg, device: torch.device, train: EventBatch, hot: dict) -> tuple[TrainerCore, EmbeddingStore, np.ndarray]:
     torch.manual_seed(0)  # the dense network's initial weights
     store = EmbeddingStore.from_config(cfg, device)
-    core = TrainerCore(cfg, store, device)
+    core = TrainerCore(cfg.model, cfg.trainer, store, device, store_cfg=cfg.store, join=cfg.join)
     core.apply_hot_set(1, hot)
     scores = []
     for s in range(0, len(train), WINDOW):
@@ -80,7 +80,7 @@ def test_auto_device_and_placement(tmp_path):
     batch = _events(cfg, 2 * BS)
     store = EmbeddingStore.from_config(cfg, device)
     try:
-        core = TrainerCore(cfg, store, device)
+        core = TrainerCore(cfg.model, cfg.trainer, store, device, store_cfg=cfg.store, join=cfg.join)
         assert {p.device.type for p in core.model.parameters()} == {device.type}
         core.apply_hot_set(1, _hot_set(batch, cfg.model.field_names, 200))
         f = cfg.model.field_names[0]

@@ -112,7 +112,8 @@ def _rank1_config_errors(cases, rank, world, cfg, tmp):
             setattr(c.trainer, key, value)
         store = EmbeddingStore.from_config(c, torch.device("cpu"), path=str(tmp / f"store-{i}-{rank}"))
         try:
-            ShardedTrainerCore(c, store, torch.device("cpu"), rank, world).train_window(None)
+            ShardedTrainerCore(c.model, c.trainer, store, torch.device("cpu"), rank, world,
+                               store_cfg=c.store, join=c.join).train_window(None)
             out.append("no error")
         except RuntimeError as e:
             out.append(str(e))
