@@ -46,7 +46,6 @@ from streamrec.foundation.failpoints import hit
 
 from .checkpoint import (CHECKSUMS, INFLIGHT, STATE, CheckpointError, choose_checkpoint, offsets_from_json,
                          offsets_to_json, read_checkpoint, set_aside, verify_checkpoint, write_checkpoint)
-from .hotset import NoHotSource
 from .reshard import rank_dir, reshard_into, shard_checkpoints
 from .batch_sizes import batch_sizes
 from .run_loop import RunLoop, Turn
@@ -212,9 +211,6 @@ class GroupTrainerService(TrainerService):
         c = self.cfg
         return ShardedTrainerCore(c.model, c.trainer, self.store, self.device, self.rank, self.world, self.group,
                                   comm_device=comm, store_cfg=c.store, join=c.join, sizes=self.sizes)
-
-    def _make_hot_source(self):
-        return super()._make_hot_source() if self.rank == 0 else NoHotSource()
 
     def _make_consumer(self):
         from streamrec.ingest import EventConsumer

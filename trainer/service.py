@@ -31,7 +31,7 @@ from .changes import ChangeJournal
 from .checkpoint import INFLIGHT, offsets_from_json, offsets_to_json, write_checkpoint
 from .core import TrainerCore
 from .evidence import collector_for
-from .hotset import SampleHotSource, make_hot_source
+from .hotset import NoHotSource, SampleHotSource, make_hot_source
 from .hotset_types import HotSetSource, HotUpdate
 from .merge import PartitionMerger
 from .positions import StreamEnd, position_consumer
@@ -94,8 +94,9 @@ class TrainerService(TrainerReporting):
         if self.prom is not None:
             pusher_factory = self.prom.timed_pushers(pusher_factory)
             self.core.on_step = self.prom.step_seconds.observe
-        self.publisher = SnapshotPublisher(cfg, t.snapshot_dir, push=t.push_snapshots,
-                                           full_every=t.full_snapshot_every,
+        self.publisher = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, t.snapshot_dir,
+                                           model_hash=cfg.model_hash(), targets=cfg.push_targets(),
+                                           push=t.push_snapshots, full_every=t.full_snapshot_every,
                                            give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
                                            version_file=Path(t.checkpoint_dir) / VERSION_FILE,
                                            ) if t.snapshot_every > 0 else None
@@ -108,19 +109,7 @@ class TrainerService(TrainerReporting):
         self.topic_ids: dict[str, str] = {}  # topic -> its id when the checkpoint's offsets were read
         self.resumed_from: str | None = None
         if ckpt is not None:
-            self.core.load_dense_state(dense)
-            self.merger.load_state(dense.get("merge"))
-            self.core.load_counters(state)
-            self.seq = int(state["seq"])
-            self.offsets = offsets_from_json(state.get("offsets", []))
-            self.topic_ids = {str(k): str(v) for k, v in (state.get("topic_ids") or {}).items()}
-            if self.publisher is not None:
-                self.publisher.load_state(state.get("snapshot", {}))
-                self.publisher.request_full()  # serving may hold a newer version than this checkpoint knew
-            self.core.hot_version = int(state.get("hot_version", 0))
-            self.core.hot_rows = int(self.store.stats()["hot_rows"])
-            self.resumed_from = str(ckpt)
-            log.info("resumed from %s: %d events, offsets %s", ckpt, self.core.events, self.offsets)
+            self._resume(ckpt, state, dense)
         self.hot = self._make_hot_source()
         if isinstance(self.hot, SampleHotSource):
             # continue from the checkpoint's set: restarting at 0 made hot_version go backwards and
@@ -154,6 +143,22 @@ class TrainerService(TrainerReporting):
 
     rank, world = 0, 1  # a trainer group's rank has its own (streamrec.trainer.group)
 
+    def _resume(self, ckpt: Path, state: dict[str, Any], dense: dict[str, Any]) -> None:
+        """Take the model, counters, offsets and publisher state of checkpoint ``ckpt`` back."""
+        self.core.load_dense_state(dense)
+        self.merger.load_state(dense.get("merge"))
+        self.core.load_counters(state)
+        self.seq = int(state["seq"])
+        self.offsets = offsets_from_json(state.get("offsets", []))
+        self.topic_ids = {str(k): str(v) for k, v in (state.get("topic_ids") or {}).items()}
+        if self.publisher is not None:
+            self.publisher.load_state(state.get("snapshot", {}))
+            self.publisher.request_full()  # serving may hold a newer version than this checkpoint knew
+        self.core.hot_version = int(state.get("hot_version", 0))
+        self.core.hot_rows = int(self.store.stats()["hot_rows"])
+        self.resumed_from = str(ckpt)
+        log.info("resumed from %s: %d events, offsets %s", ckpt, self.core.events, self.offsets)
+
     # -- the crash-loop breaker for training steps (streamrec.ingest.inflight, phase "step") ----
     pins_training_crashes = True  # a group rank does not: its steps are collectives every rank must run
 
@@ -171,6 +176,9 @@ class TrainerService(TrainerReporting):
                            sizes=self.sizes)
 
     def _make_hot_source(self) -> HotSetSource:
+        """The source ``trainer.hot_source`` names; a group's other ranks get rank 0's set from it, so none."""
+        if self.rank != 0:
+            return NoHotSource()
         c = self.cfg
         return make_hot_source(c.trainer, c.model, c.kafka, self.hot_budget, self.bootstrap)
 

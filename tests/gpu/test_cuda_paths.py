@@ -141,7 +141,8 @@ def test_snapshot_trained_on_gpu_serves_on_cpu(tmp_path):
     device = resolve_device(DEVICE)
     train = _events(cfg, 8 * BS)
     core, store, _ = _train(cfg, device, train, _hot_set(train, cfg.model.field_names, 300))
-    publisher = SnapshotPublisher(cfg, tmp_path / "snapshots", push=False)
+    publisher = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, tmp_path / "snapshots",
+                                  model_hash=cfg.model_hash(), targets=cfg.push_targets(), push=False)
     srv = serve(cfg, device="cpu")
     try:
         path = publisher.publish(1, 0, store, core.model, {}, {"auc": core.metrics.auc}, core.newest_event_ms,

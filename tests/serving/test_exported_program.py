@@ -86,7 +86,9 @@ class Trainer:
         self.cfg = cfg
         self.model = build_model(cfg.model).eval()
         self.store = EmbeddingStore.from_config(cfg, torch.device("cpu"), path=str(tmp_path / "trainer-store"))
-        self.publisher = SnapshotPublisher(cfg, tmp_path / "snapshots", push=False, keep=100)
+        self.publisher = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, tmp_path / "snapshots",
+                                           model_hash=cfg.model_hash(), targets=cfg.push_targets(),
+                                           push=False, keep=100)
         self.rng = np.random.default_rng(seed)
         self.version = 0
         self.touched: dict[str, set] = {}

@@ -321,7 +321,9 @@ def test_the_trainers_publisher_pushes_to_its_serving_model_line(cfg, tmp_path):
     tcfg = copy.deepcopy(cfg)
     tcfg.serving.model_line = "b"
     trainer = FakeTrainer(cfg, tmp_path)
-    pub = SnapshotPublisher(tcfg, tmp_path / "snapshots", push=True, full_every=100, backoff_s=0.05,
+    pub = SnapshotPublisher(tcfg.model, tcfg.store, tcfg.serving, tmp_path / "snapshots",
+                            model_hash=tcfg.model_hash(), targets=tcfg.push_targets(),
+                            push=True, full_every=100, backoff_s=0.05,
                             max_backoff_s=0.2, pusher_factory=SnapshotPusher.factory(tcfg))
     events = make_events(cfg, 16)
     try:

@@ -48,7 +48,9 @@ def test_serving_holds_what_the_trainer_admitted_and_drops_what_it_evicted(tmp_p
     cfg.serving.push_targets = server.target
     store = ChangeJournal(EmbeddingStore.from_config(cfg, "cpu"))
     core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
-    pub = SnapshotPublisher(cfg, tmp_path / "snaps", push=True, full_every=1000, backoff_s=0.05,
+    pub = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, tmp_path / "snaps",
+                            model_hash=cfg.model_hash(), targets=cfg.push_targets(),
+                            push=True, full_every=1000, backoff_s=0.05,
                             pusher_factory=SnapshotPusher.factory(cfg))
     fields = cfg.model.field_names
     all_events = EventBatch.concat(list(SyntheticStream(cfg).batches(8 * 1024)), cfg.model.dense_dim, fields)
