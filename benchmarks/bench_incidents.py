@@ -59,10 +59,9 @@ def drill(cfg, events, heldout, drill_name: str, pre: int, incident: int, post: 
     from streamrec.serving import Guard
     from streamrec.trainer import TrainerCore, collector_for
 
-    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
-                                         "cpu", path=str(workdir / f"store-{drill_name}"))
-    core = TrainerCore(cfg, store, torch.device("cpu"))
-    collector = collector_for(cfg, core)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(workdir / f"store-{drill_name}"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
+    collector = collector_for(cfg.model, cfg.trainer.metrics_window, core)
     rng = np.random.default_rng(7)
     start = pre + push_every // 2  # the incident starts half-way between two pushes
     end = start + incident
@@ -80,7 +79,7 @@ def drill(cfg, events, heldout, drill_name: str, pre: int, incident: int, post: 
             window = type(window).concat([window.take(np.arange(lo - a)), bad, window.take(np.arange(hi - a, b - a))],
                                          cfg.model.dense_dim, cfg.model.field_names)
         core.feed(window, flush=True)
-        ev = collector.take(0)
+        ev = collector.take(0).to_block()  # the manifest's form, as serving's guard gets it
         auc = roc_auc(heldout.labels, core.predict(heldout)[:, 0])
         pushes.append((a, b, ev, float(auc)))
     store.close()

@@ -91,7 +91,7 @@ def _trainer(cfg, events, path: Path, hot=None, shift: int = 0):
     from streamrec.trainer import TrainerCore
 
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(path))
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     if hot is not None:
         core.apply_hot_set(1, hot)
     if shift:  # a first mini-batch ``shift`` events short

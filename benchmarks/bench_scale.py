@@ -171,10 +171,12 @@ class _Runner:
         if self.sharded:
             from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-            self.core = ShardedTrainerCore(cfg, self.store, torch.device("cpu"), rank, world)
+            self.core = ShardedTrainerCore(cfg.model, cfg.trainer, self.store, torch.device("cpu"), rank, world,
+                                           store_cfg=cfg.store, join=cfg.join)
             self.traffic = _Traffic(self.core.exchange)
         else:
-            self.core = TrainerCore(cfg, self.store, torch.device("cpu"))
+            self.core = TrainerCore(cfg.model, cfg.trainer, self.store, torch.device("cpu"),
+                                    store_cfg=cfg.store, join=cfg.join)
         # every set-up cuts the stream into the same number of windows (one window = 4096 events of the
         # group, 8 of its steps), so window i of every set-up covers the same stretch of the stream
         w = world if mode in ("exact", "online", "control", "rank") else 1

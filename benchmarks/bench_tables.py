@@ -95,7 +95,7 @@ def _train(cfg, events, path: Path, shift: int = 0, evict: bool = False, keep: b
 
     t0 = time.perf_counter()
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(path))
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     start = 0
     if shift:
         start = cfg.trainer.batch_size - shift

@@ -130,7 +130,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
         from streamrec.trainer.metrics import StreamingMetrics
         from streamrec.trainer.reference import MemoryDLRM
 
-        model = MemoryDLRM(cfg, LazyVocab(cfg), dev)
+        model = MemoryDLRM(cfg.model, cfg.trainer, cfg.store, LazyVocab(cfg), dev)
         metrics = StreamingMetrics(cfg.trainer.metrics_window)
         extra["rows"] = sum(len(v) for v in model.ids.values())
         extra["table_mb"] = model.nbytes() / 2**20
@@ -147,7 +147,7 @@ def run_one(setup: str, events: int, ids: int, batch: int, sample: int, threads:
         from streamrec.trainer.hotset import SampleHotSource
 
         store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), dev)
-        core = TrainerCore(cfg, store, dev)
+        core = TrainerCore(cfg.model, cfg.trainer, store, dev, store_cfg=cfg.store, join=cfg.join)
         core.batcher.early_scores = early_scores  # False: a diagnostic (what honest early scores cost)
         metrics = core.metrics
         extra["host_cache_rows"] = cfg.store.host_cache_rows

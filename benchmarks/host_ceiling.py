@@ -70,7 +70,7 @@ def _set_up(root: str, events: int, ids: int, batch: int, device, model: dict | 
     decoder = Decoder(schema)
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), device)
     store.compiled_index = True  # the hot index a device trainer probes with (hot_index.py), on every machine
-    core = TrainerCore(cfg, store, device)
+    core = TrainerCore(cfg.model, cfg.trainer, store, device, store_cfg=cfg.store, join=cfg.join)
     # FAE's hot set from a sample of the stream's first windows, which then train as the warm-up
     src = SampleHotSource(fields, hot_budget_rows(cfg.hot, cfg.model), sample_events=sample)
     warm, upd = [], None

@@ -137,7 +137,7 @@ def _trace(cfg, batches: list, world: int, hot_set: bool):
     from streamrec.foundation import EventBatch
     from streamrec.model import field_tables, unique_ids
     from streamrec.trainer import hot_samples, plan
-    from streamrec.trainer.sharded_core import local_batch
+    from streamrec.trainer.batch_sizes import batch_sizes
     from streamrec.trainer.sharding import owners_of_fields
 
     m, t = cfg.model, cfg.trainer
@@ -156,7 +156,7 @@ def _trace(cfg, batches: list, world: int, hot_set: bool):
         at = np.minimum(np.searchsorted(h, ids), len(h) - 1)
         return h[at] == ids
 
-    lb = local_batch(t, world)
+    lb = batch_sizes(t, world).step
     window = max(1, t.batch_size * t.window_batches // (world if t.group_batch == "group" else 1))
     schedule = t.schedule if hot else "arrival"
     rank_events = [np.flatnonzero(rank_of == r) for r in range(world)]

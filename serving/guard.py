@@ -1,6 +1,6 @@
 """The promotion guard: whether a pushed version's quality evidence lets it reach users (``[serving.guard]``).
 
-A version is judged on the evidence its manifest carries (``streamrec.snapshot.evidence``): what the trainer
+A version is judged on the evidence its manifest carries, read as a ``streamrec.snapshot.Evidence``: what the trainer
 saw since the previous version. The checks, in the order a hold names them (the first that fails is the
 reason, every failing one is in the detail):
 
@@ -37,7 +37,9 @@ chance must not hand users a model that is still damaged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
+
+from streamrec.snapshot.evidence import Evidence, Figures, InputHealth, read_evidence
 
 REASONS = ("dead_letters", "dense_zeros", "field_empty", "field_novel", "label_rate", "calibration", "logloss",
            "auc", "recovering")
@@ -97,64 +99,74 @@ class Guard:
     def enabled(self) -> bool:
         return bool(self.cfg.enabled)
 
-    def _figures(self, ev: dict) -> dict | None:
+    def _figures(self, ev: Evidence) -> Figures | None:
         """The window the label and score checks read (see the module docstring), or None."""
-        for key in ("since_previous", "recent"):
-            w = ev.get(key) or {}
-            if int(w.get("events") or 0) >= self.cfg.min_events:
+        for w in (ev.since_previous, ev.recent):
+            if w.events >= self.cfg.min_events:
                 return w
         return None
 
-    def judge(self, ev: dict | None) -> Verdict:
+    def judge(self, block: Mapping[str, Any] | None) -> Verdict:
+        """The verdict on a manifest's evidence block (``manifest.evidence``; None: the version carries none)."""
         if not self.enabled:
             return Verdict(True)
+        ev = read_evidence(block)
         if ev is None:
             return Verdict(False, "no_evidence", "the version carries no quality evidence")
-        g, h = self.cfg, self.history
-        fails: list[tuple[str, str]] = []
-        inp = ev.get("input") or {}
-        if int(inp.get("records", 0)) + int(inp.get("dead_letters", 0)):
-            share = float(inp.get("dead_letter_share", 0.0))
-            if share > g.dead_letter_share_max:
-                fails.append(("dead_letters", f"dead-lettered share {share:.3f} > {g.dead_letter_share_max:g}"))
-        if int(inp.get("records", 0)):
-            if h.dense_zero is not None and inp.get("dense_zero_share", 0.0) - h.dense_zero > g.zero_share_jump:
-                fails.append(("dense_zeros", f"all-zero dense vectors {inp['dense_zero_share']:.3f}, history "
-                                             f"{h.dense_zero:.3f}"))
-            for i, x in enumerate(inp.get("dense_column_zero_share") or []):
-                base = h.dense_cols[i] if i < len(h.dense_cols) else None
-                if base is not None and x - base > g.zero_share_jump:
-                    fails.append(("dense_zeros", f"dense[{i}] zero share {x:.3f}, history {base:.3f}"))
-            for key, hist, jump, what in (("field_empty_share", h.empty, g.empty_share_jump, "field_empty"),
-                                          ("field_novel_share", h.novel, g.novel_share_jump, "field_novel")):
-                for name, x in (inp.get(key) or {}).items():
-                    base = hist.get(name)
-                    if base is not None and x - base > jump:
-                        noun = "events without ids" if what == "field_empty" else "unseen ids"
-                        fails.append((what, f"field {name!r} {noun} {x:.3f}, history {base:.3f}"))
-        w = self._figures(ev)
-        if w is not None:
-            lr, mp, ll = w.get("label_rate"), w.get("mean_prediction"), w.get("logloss")
-            if lr is not None and h.label_rate is not None:
-                allowed = max(g.label_rate_tolerance * h.label_rate, g.label_rate_floor)
-                if abs(lr - h.label_rate) > allowed:
-                    fails.append(("label_rate", f"label rate {lr:.3f}, history {h.label_rate:.3f} (+-{allowed:.3f})"))
-            if lr and mp is not None:
-                cal = mp / lr
-                if not g.calibration_min <= cal <= g.calibration_max:
-                    fails.append(("calibration", f"calibration {cal:.3f} outside [{g.calibration_min:g}, "
-                                                 f"{g.calibration_max:g}]"))
-            if ll is not None and h.logloss is not None and ll > h.logloss * (1 + g.logloss_margin):
-                fails.append(("logloss", f"logloss {ll:.4f} > history {h.logloss:.4f} + {g.logloss_margin:.0%}"))
-            auc = w.get("auc")
-            if auc is not None and h.auc is not None and auc < h.auc - g.auc_margin:
-                fails.append(("auc", f"AUC {auc:.4f} < history {h.auc:.4f} - {g.auc_margin:g}"))
+        fails = self._input_fails(ev.input) + self._score_fails(self._figures(ev))
         if not fails:
             return Verdict(True)
         fails.sort(key=lambda f: REASONS.index(f[0]))
         return Verdict(False, fails[0][0], "; ".join(dict.fromkeys(d for _, d in fails)))
 
-    def decide(self, ev: dict | None) -> Verdict:
+    def _input_fails(self, inp: InputHealth) -> list[tuple[str, str]]:
+        """The input checks' failures: dead letters, dense zeros, empty and novel fields."""
+        g, h = self.cfg, self.history
+        fails: list[tuple[str, str]] = []
+        if inp.records + inp.dead_letters and inp.dead_letter_share > g.dead_letter_share_max:
+            fails.append(("dead_letters", f"dead-lettered share {inp.dead_letter_share:.3f} > "
+                                          f"{g.dead_letter_share_max:g}"))
+        if not inp.records:
+            return fails
+        if h.dense_zero is not None and inp.dense_zero_share - h.dense_zero > g.zero_share_jump:
+            fails.append(("dense_zeros", f"all-zero dense vectors {inp.dense_zero_share:.3f}, history "
+                                         f"{h.dense_zero:.3f}"))
+        for i, x in enumerate(inp.dense_column_zero_share):
+            base = h.dense_cols[i] if i < len(h.dense_cols) else None
+            if base is not None and x - base > g.zero_share_jump:
+                fails.append(("dense_zeros", f"dense[{i}] zero share {x:.3f}, history {base:.3f}"))
+        for shares, hist, jump, what in ((inp.field_empty_share, h.empty, g.empty_share_jump, "field_empty"),
+                                         (inp.field_novel_share, h.novel, g.novel_share_jump, "field_novel")):
+            for name, x in shares.items():
+                base = hist.get(name)
+                if base is not None and x - base > jump:
+                    noun = "events without ids" if what == "field_empty" else "unseen ids"
+                    fails.append((what, f"field {name!r} {noun} {x:.3f}, history {base:.3f}"))
+        return fails
+
+    def _score_fails(self, w: Figures | None) -> list[tuple[str, str]]:
+        """The label and score checks' failures on the window ``_figures`` chose (none without one)."""
+        if w is None:
+            return []
+        g, h = self.cfg, self.history
+        fails: list[tuple[str, str]] = []
+        lr, mp, ll = w.label_rate, w.mean_prediction, w.logloss
+        if lr is not None and h.label_rate is not None:
+            allowed = max(g.label_rate_tolerance * h.label_rate, g.label_rate_floor)
+            if abs(lr - h.label_rate) > allowed:
+                fails.append(("label_rate", f"label rate {lr:.3f}, history {h.label_rate:.3f} (+-{allowed:.3f})"))
+        if lr and mp is not None:
+            cal = mp / lr
+            if not g.calibration_min <= cal <= g.calibration_max:
+                fails.append(("calibration", f"calibration {cal:.3f} outside [{g.calibration_min:g}, "
+                                             f"{g.calibration_max:g}]"))
+        if ll is not None and h.logloss is not None and ll > h.logloss * (1 + g.logloss_margin):
+            fails.append(("logloss", f"logloss {ll:.4f} > history {h.logloss:.4f} + {g.logloss_margin:.0%}"))
+        if w.auc is not None and h.auc is not None and w.auc < h.auc - g.auc_margin:
+            fails.append(("auc", f"AUC {w.auc:.4f} < history {h.auc:.4f} - {g.auc_margin:g}"))
+        return fails
+
+    def decide(self, ev: Mapping[str, Any] | None) -> Verdict:
         """``judge``, with recovery after a hold (see the module docstring): the verdict serving acts on."""
         v = self.judge(ev)
         if not v.ok:
@@ -170,28 +182,28 @@ class Guard:
         self.passing = None
         return v
 
-    def promoted(self, ev: dict | None) -> None:
-        """Fold a promoted version's evidence into the histories."""
+    def promoted(self, block: Mapping[str, Any] | None) -> None:
+        """Fold a promoted version's evidence block into the histories."""
+        ev = read_evidence(block)
         if ev is None:
             return
         h, wt = self.history, (1.0 if self.history.promoted == 0 else float(self.cfg.history_weight))
         w = self._figures(ev)
         if w is not None:
-            h.logloss = _ewma(h.logloss, w.get("logloss"), wt)
-            h.auc = _ewma(h.auc, w.get("auc"), wt)
-            h.label_rate = _ewma(h.label_rate, w.get("label_rate"), wt)
-        inp = ev.get("input") or {}
-        if int(inp.get("records", 0)):
-            h.dense_zero = _share_ewma(h.dense_zero, inp.get("dense_zero_share"), wt)
-            cols = list(inp.get("dense_column_zero_share") or [])
+            h.logloss = _ewma(h.logloss, w.logloss, wt)
+            h.auc = _ewma(h.auc, w.auc, wt)
+            h.label_rate = _ewma(h.label_rate, w.label_rate, wt)
+        inp = ev.input
+        if inp.records:
+            h.dense_zero = _share_ewma(h.dense_zero, inp.dense_zero_share, wt)
             h.dense_cols = [_share_ewma(h.dense_cols[i] if i < len(h.dense_cols) else None, x, wt)
-                            for i, x in enumerate(cols)]
-            for key, hist in (("field_empty_share", h.empty), ("field_novel_share", h.novel)):
-                for name, x in (inp.get(key) or {}).items():
+                            for i, x in enumerate(inp.dense_column_zero_share)]
+            for shares, hist in ((inp.field_empty_share, h.empty), (inp.field_novel_share, h.novel)):
+                for name, x in shares.items():
                     hist[name] = _share_ewma(hist.get(name), x, wt)
         h.promoted += 1
 
-    def reset(self, ev: dict | None) -> None:
+    def reset(self, ev: Mapping[str, Any] | None) -> None:
         """Start the histories again from ``ev`` alone (an operator accepted a changed stream)."""
         self.history = History()
         self.passing = None

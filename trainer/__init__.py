@@ -4,11 +4,12 @@ mini-batches, progressive validation, checkpoints + offsets, serving snapshots.
 Public surface::
 
     TrainerService(cfg, bootstrap, stop=, progress=, pusher_factory=).run() -> summary
-    TrainerCore(cfg, store, device)            # train one window of events, no Kafka
+    TrainerCore(model, trainer, store, device, store_cfg=, join=, sizes=)  # train one window of events, no Kafka
+    BatchSizes, batch_sizes(trainer, world)    # the step, window and hot-wait sizes, derived once per process
     SnapshotPublisher                          # snapshots after checkpoints, pushed in the background
     EvidenceCollector, collector_for           # the quality evidence each snapshot carries (serving's guard reads it)
     StreamingMetrics, MemoryDLRM               # progressive AUC/logloss; the all-in-memory reference
-    make_hot_source(cfg, bootstrap), SampleHotSource, TopicHotSource, HotUpdate
+    make_hot_source(trainer, model, kafka, budget, bootstrap), SampleHotSource, TopicHotSource, HotUpdate
     HotSetSource                               # the Protocol a hot-set source satisfies
     plan, hot_samples, MiniBatch               # FAE's hot/cold mini-batch schedule
     dense_optimizer, train_step                # the per-table step (the fused step's reference)
@@ -17,7 +18,8 @@ Public surface::
     StageClock                                 # seconds per pipeline stage (bench train --host-ceiling)
     probe_train, probe_records                 # which events (records) kill a process training them alone
     GroupTrainerService(cfg, bootstrap, rank, world, ...).run()  # one rank of a group (torchrun)
-    ShardedTrainerCore(cfg, store, device, rank, world)          # TrainerCore with row-wise sharded rows
+    ShardedTrainerCore(model, trainer, store, device, rank, world, ...)  # TrainerCore with row-wise sharded rows
+    RunLoop, RunTimers                         # the one training loop of a process and of a group's rank
     owner_of, RowExchange, reshard_into                           # who owns a row; the step's traffic; N -> M
     DenseOptimizer, Schedule, Precision, Compression, GroupBatch, HotSource  # trainer.* values (Literal aliases)
 """
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
+    from .batch_sizes import BatchSizes, batch_sizes
     from .core import TrainerCore, WindowResult
     from .crash_probe import probe_records, probe_train
     from .evidence import EvidenceCollector, collector_for
@@ -38,6 +41,8 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .reference import MemoryDLRM
     from .schedule import MiniBatch, hot_samples, plan
     from .reshard import reshard_into
+    from .run_loop import RunLoop
+    from .run_timers import RunTimers
     from .service import TrainerService
     from .sharded_core import ShardedTrainerCore
     from .sharding import RowExchange, owner_of
@@ -48,6 +53,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .trainer_types import Compression, DenseOptimizer, GroupBatch, HotSource, Precision, Schedule
 
 _EXPORTS = {  # submodule: the public names it defines
+    ".batch_sizes": "BatchSizes batch_sizes",
     ".core": "TrainerCore WindowResult",
     ".crash_probe": "probe_records probe_train",
     ".evidence": "EvidenceCollector collector_for",
@@ -59,6 +65,8 @@ _EXPORTS = {  # submodule: the public names it defines
     ".reference": "MemoryDLRM",
     ".schedule": "MiniBatch hot_samples plan",
     ".reshard": "reshard_into",
+    ".run_loop": "RunLoop",
+    ".run_timers": "RunTimers",
     ".service": "TrainerService",
     ".sharded_core": "ShardedTrainerCore",
     ".sharding": "RowExchange owner_of",

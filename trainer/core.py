@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -29,12 +29,19 @@ from streamrec.foundation import EventBatch, KeyedJaggedIds
 
 from .metrics import StreamingMetrics
 from streamrec.model import build_model, predict_batch, unique_ids
+from .batch_sizes import BatchSizes, batch_sizes
 from .batching import EventBatcher, Step
 from .delayed_metrics import DelayedLabels
 from .fused_step import FusedStep, PreparedStep
 from .schedule import MiniBatch, plan
 from .stage_clock import StageClock
 from .step import NonFiniteStep, dense_optimizer
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store.store_config import StoreConfig
+    from streamrec.foundation.model_config import ModelConfig
+    from streamrec.joiner.join_config import JoinConfig
+    from streamrec.trainer.trainer_config import TrainerConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,28 +59,37 @@ class WindowResult:
 
 
 class TrainerCore:
-    def __init__(self, cfg, store, device: torch.device):
-        self.cfg = cfg
+    """The model, its optimizers, the batcher and the metrics of one trainer (module doc). It reads the
+    ``model`` and ``trainer`` sections, of ``store_cfg`` whether admission counts occurrences, and of
+    ``join`` whether the stream is a fake-negative one; ``sizes`` (default :func:`~.batch_sizes.batch_sizes`
+    of one trainer) are its step, window and hot-wait counts."""
+
+    def __init__(self, model: ModelConfig, trainer: TrainerConfig, store, device: torch.device, *,
+                 store_cfg: StoreConfig | None = None, join: JoinConfig | None = None,
+                 sizes: BatchSizes | None = None):
+        self.model_cfg, self.trainer_cfg = model, trainer
+        self.sizes = sizes if sizes is not None else batch_sizes(trainer)
         self.store = store
         self.device = device
-        self.fields = cfg.model.field_names
-        self.field_tables = cfg.model.field_tables  # {field: table}: the store and the hot set are keyed by table
+        # admission counts each id's occurrences in the step (``store.admit_min_count``)
+        self.counts_occurrences = store_cfg is not None and store_cfg.admit_min_count >= 2
+        self.fields = model.field_names
+        self.field_tables = model.field_tables  # {field: table}: the store and the hot set are keyed by table
         self._key_tables = [self.field_tables[f] for f in self.fields]
-        self.task_names = cfg.model.task_names
-        self.model = build_model(cfg.model).to(device)
-        self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
+        self.task_names = model.task_names
+        self.model = build_model(model).to(device)
+        self.opt = dense_optimizer(self.model, trainer.dense_optimizer, trainer.dense_lr)
         # one per task, each updated with the events that carry its label; ``metrics`` is the first task's
-        self.task_metrics = {name: StreamingMetrics(cfg.trainer.metrics_window) for name in self.task_names}
+        self.task_metrics = {name: StreamingMetrics(trainer.metrics_window) for name in self.task_names}
         self.metrics = self.task_metrics[self.task_names[0]]
-        t = cfg.trainer
-        join = getattr(cfg, "join", None)
         fake_stream = join is not None and join.mode == "fake_negative"
         # the fake-negative weighted loss (step.py), and each impression scored once against its final label
-        self.fake_negative = fake_stream and bool(getattr(t, "fake_negative_correction", True))
+        self.fake_negative = fake_stream and bool(trainer.fake_negative_correction)
         self.delayed = DelayedLabels(len(self.task_names), int(round((join.window_s + join.allowed_lateness_s) * 1000)),
-                                     int(getattr(t, "delayed_max_held", 1_000_000))) if fake_stream else None
-        self.batcher = EventBatcher(t.batch_size, t.batch_size * t.window_batches, cfg.model.dense_dim, self.fields,
-                                    hot_wait=round(t.batch_size * t.hot_wait_batches), num_tasks=len(self.task_names))
+                                     int(trainer.delayed_max_held)) if fake_stream else None
+        sz = self.sizes
+        self.batcher = EventBatcher(sz.step, sz.window, model.dense_dim, self.fields, hot_wait=sz.hot_wait,
+                                    num_tasks=len(self.task_names))
         self.events = 0
         self.hot_events = 0
         self.hot_version = 0
@@ -82,7 +98,7 @@ class TrainerCore:
         self.nonfinite_batches = 0  # mini-batches whose loss or gradients were not finite (nothing applied)
         self.rejected_events = 0  # events of those batches that were not trained (dead-lettered by the service)
         self.clock = StageClock()  # seconds per pipeline stage (``bench train --host-ceiling`` reads it)
-        self.fused = FusedStep(self.model, self.opt, cfg.model, store, device, fake_negative=self.fake_negative,
+        self.fused = FusedStep(self.model, self.opt, model, store, device, fake_negative=self.fake_negative,
                                clock=self.clock)
 
     # -- hot set ---------------------------------------------------------------
@@ -121,12 +137,12 @@ class TrainerCore:
     # -- training ------------------------------------------------------------
     def plan(self, batch: EventBatch) -> list[MiniBatch]:
         """One window's FAE plan (a trainer group's ranks train self-contained windows with it)."""
-        t = self.cfg.trainer
+        t = self.trainer_cfg
         if t.schedule == "fae" and self.hot_rows:
             hot = self.classify_hot(batch)
         else:
             hot = np.zeros(len(batch), dtype=bool)
-        return plan(hot, t.batch_size, t.schedule if self.hot_rows else "arrival", t.hot_per_cold)
+        return plan(hot, self.sizes.step, t.schedule if self.hot_rows else "arrival", t.hot_per_cold)
 
     def train_window(self, batch: EventBatch) -> WindowResult:
         """Train on ``batch`` and on everything still waiting, partial mini-batches included.
@@ -142,7 +158,7 @@ class TrainerCore:
         Events that complete no mini-batch wait (``pending``); the checkpoint keeps them."""
         with self.clock.stage("batching"):
             hot = None
-            if self.cfg.trainer.schedule == "fae" and self.hot_rows and len(batch):
+            if self.trainer_cfg.schedule == "fae" and self.hot_rows and len(batch):
                 hot = self.classify_hot(batch)
             base = self.batcher.next_seq
             steps = self.batcher.add(batch, hot)
@@ -284,11 +300,11 @@ class TrainerCore:
     def _step(self, sub: EventBatch, prepared: PreparedStep | None,
               ahead: Callable[[], None] | None = None) -> np.ndarray:
         t0 = time.perf_counter()
-        if self.cfg.store.admit_min_count >= 2:  # admission counts each id's occurrences in the step
+        if self.counts_occurrences:  # admission counts each id's occurrences in the step
             from streamrec.embedding_store import note_occurrences
 
             with self.clock.stage("ids"):
-                for table, (ids, inverse) in unique_ids(sub, self.cfg.model).items():
+                for table, (ids, inverse) in unique_ids(sub, self.model_cfg).items():
                     note_occurrences(self.store, table, ids, np.bincount(inverse, minlength=len(ids)))
         try:
             return self.fused.run(prepared if prepared is not None else self.fused.prepare(sub), ahead)
@@ -323,7 +339,7 @@ class TrainerCore:
         """Probabilities ``[B, T]``."""
         self.model.eval()
         try:
-            return predict_batch(self.model, batch, self.cfg.model, self.store.peek, self.device)
+            return predict_batch(self.model, batch, self.model_cfg, self.store.peek, self.device)
         finally:
             self.model.train()
 

@@ -12,18 +12,23 @@ set in either), and the dead-lettered records (the consumer's counter, passed in
 :meth:`attach` hooks it onto a trainer core's ``score_trained`` (the events trained and their batch) and
 ``update_metrics`` (their resolved labels and scores: in a fake-negative stream these arrive when each
 impression's label is final), so every path that scores trained events feeds it. :meth:`take` returns the
-evidence block and starts the next since-previous window.
+snapshot's :class:`~streamrec.snapshot.Evidence` and starts the next since-previous window.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from streamrec.foundation import roc_auc
-from streamrec.snapshot.evidence import make_evidence, window
+from streamrec.snapshot.evidence import Evidence, Figures, input_health
+
+if TYPE_CHECKING:
+    from streamrec.foundation.model_config import ModelConfig
 
 SEEN_BITS = 1 << 19  # bits per field in each of the two rotating id memories
 ROTATE_FILL = 0.10  # the current memory is rotated when this share of its bits is set (false "seen" stays low)
@@ -31,16 +36,16 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 EPS = 1e-7
 
 
-def _figures(labels: np.ndarray, scores: np.ndarray) -> dict:
+def _figures(labels: np.ndarray, scores: np.ndarray) -> Figures:
     n = len(labels)
     if n == 0:
-        return window(0)
+        return Figures()
     p = np.clip(scores.astype(np.float64), EPS, 1 - EPS)
     y = labels.astype(np.float64)
     ll = float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
     auc = roc_auc(y, p)
-    return window(n, auc=None if auc != auc else float(auc), logloss=min(ll, 1e3),
-                  label_rate=float(np.clip(y.mean(), 0, 1)), mean_prediction=float(p.mean()))
+    return Figures(n, auc=None if auc != auc else float(auc), logloss=min(ll, 1e3),
+                   label_rate=float(np.clip(y.mean(), 0, 1)), mean_prediction=float(p.mean()))
 
 
 class _Scores:
@@ -59,9 +64,9 @@ class _Scores:
         while self.cap is not None and self.n - len(self.parts[0][0]) >= self.cap:
             self.n -= len(self.parts.popleft()[0])
 
-    def figures(self) -> dict:
+    def figures(self) -> Figures:
         if not self.parts:
-            return window(0)
+            return Figures()
         y = np.concatenate([p[0] for p in self.parts])
         s = np.concatenate([p[1] for p in self.parts])
         if self.cap is not None:
@@ -163,31 +168,28 @@ class EvidenceCollector:
         return self
 
     # -- taking ----------------------------------------------------------------------------------
-    def _windows(self, scores: dict) -> dict:
+    def _windows(self, scores: dict) -> Figures:
         per = {t: s.figures() for t, s in scores.items()}
-        top = dict(per[self.task_names[0]]) if self.task_names else window(0)
-        if len(per) > 1:
-            top["tasks"] = per
-        return top
+        top = per[self.task_names[0]] if self.task_names else Figures()
+        return dataclasses.replace(top, tasks=per) if len(per) > 1 else top
 
-    def take(self, dead_letters_total: int = 0) -> dict:
+    def take(self, dead_letters_total: int = 0) -> Evidence:
         """The evidence block since the previous take (``dead_letters_total``: the consumer's counter now)."""
         with self._lock:
             dead = max(0, int(dead_letters_total) - (self._dead_at if self._dead_at is not None else
                                                        int(dead_letters_total)))
             self._dead_at = int(dead_letters_total)
             n = self._records
-            ev = make_evidence(
-                self._windows(self._window), self._windows(self._recent), records=n, dead_letters=dead,
-                dense_zero_share=self._dense_zero / n if n else 0.0,
+            ev = Evidence(self._windows(self._window), self._windows(self._recent), input_health(
+                records=n, dead_letters=dead, dense_zero_share=self._dense_zero / n if n else 0.0,
                 dense_column_zero_share=(self._col_zero / n).tolist() if n else [0.0] * self.dense_dim,
                 field_empty_share={f: (self._empty[f] / n if n else 0.0) for f in self.fields},
-                field_novel_share={f: (self._novel[f] / self._ids[f] if self._ids[f] else 0.0) for f in self.fields})
+                field_novel_share={f: (self._novel[f] / self._ids[f] if self._ids[f] else 0.0) for f in self.fields}))
             self._reset()
         return ev
 
 
-def collector_for(cfg, core) -> EvidenceCollector:
-    """An :class:`EvidenceCollector` for ``cfg``'s model, attached to ``core``."""
-    mc = cfg.model
-    return EvidenceCollector(mc.task_names, mc.field_names, mc.dense_dim, cfg.trainer.metrics_window).attach(core)
+def collector_for(model: ModelConfig, recent_events: int, core) -> EvidenceCollector:
+    """An :class:`EvidenceCollector` for ``model``, its longer window the newest ``recent_events`` events
+    (``trainer.metrics_window``), attached to ``core``."""
+    return EvidenceCollector(model.task_names, model.field_names, model.dense_dim, recent_events).attach(core)

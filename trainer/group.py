@@ -28,15 +28,14 @@
 
 from __future__ import annotations
 
-import copy
-import gc
+import dataclasses
 import io
 import logging
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -47,11 +46,17 @@ from streamrec.foundation.failpoints import hit
 
 from .checkpoint import (CHECKSUMS, INFLIGHT, STATE, CheckpointError, choose_checkpoint, offsets_from_json,
                          offsets_to_json, read_checkpoint, set_aside, verify_checkpoint, write_checkpoint)
-from .hotset import NoHotSource
 from .reshard import rank_dir, reshard_into, shard_checkpoints
-from .service import TrainerService, freeze_heap, open_store
-from .sharded_core import ShardedTrainerCore, local_batch
+from .batch_sizes import batch_sizes
+from .run_loop import RunLoop, Turn
+from .run_timers import Due, RunTimers
+from .service import TrainerService, open_store
+from .sharded_core import ShardedTrainerCore
 from .sharding import SHARDING
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store.store_config import StoreConfig
+    from streamrec.trainer.trainer_config import TrainerConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,20 +75,17 @@ def assigned_partitions(n_partitions: int, rank: int, world: int) -> list[int]:
     return [p for p in range(n_partitions) if p % world == rank]
 
 
-def rank_config(cfg, rank: int, world: int):
-    """The config one rank runs with: its own store directory and share of ``store.max_rows``; logs, metrics
-    port, snapshots and the hot-set source on rank 0 only."""
-    c = copy.deepcopy(cfg)
-    c.store.path = str(Path(cfg.store.path) / f"rank-{rank:03d}")
-    if cfg.store.max_rows > 0:  # each rank owns about 1/world of every table's rows: the cap is shared the same way
-        c.store.max_rows = -(-cfg.store.max_rows // world)
-    t = c.trainer
-    t.ranks = world
-    if t.trace_path:
-        t.trace_path = f"{t.trace_path}.rank{rank}"
+def rank_sections(store: StoreConfig, trainer: TrainerConfig, rank: int,
+                  world: int) -> tuple[StoreConfig, TrainerConfig]:
+    """The store and trainer sections one rank runs with: its own store directory and share of
+    ``store.max_rows``; logs, metrics port, snapshots and the hot-set source on rank 0 only."""
+    # each rank owns about 1/world of every table's rows: the cap is shared the same way
+    max_rows = -(-store.max_rows // world) if store.max_rows > 0 else store.max_rows
+    rank_store = dataclasses.replace(store, path=str(Path(store.path) / f"rank-{rank:03d}"), max_rows=max_rows)
+    own = {"ranks": world, "trace_path": f"{trainer.trace_path}.rank{rank}" if trainer.trace_path else ""}
     if rank != 0:
-        t.log_path, t.metrics_port, t.snapshot_every = "", 0, 0
-    return c
+        own.update(log_path="", metrics_port=0, snapshot_every=0)
+    return rank_store, dataclasses.replace(trainer, **own)
 
 
 def _merged_deletions(parts) -> dict[str, np.ndarray]:
@@ -95,15 +97,15 @@ def _merged_deletions(parts) -> dict[str, np.ndarray]:
     return {t: np.unique(np.asarray(v, dtype=np.int64)) for t, v in out.items() if v}
 
 
-def batch_mode(trainer_cfg, world: int) -> dict[str, Any]:
+def batch_mode(trainer_cfg: TrainerConfig, world: int) -> dict[str, Any]:
     """What a group checkpoint's manifest records about its batches: ``trainer.group_batch``, the events one
     rank trains per step and the group's (global) batch, so a restart can tell whether it would train
     with another batch than the model so far was trained with."""
-    per_rank = local_batch(trainer_cfg, world)
-    return {"group_batch": trainer_cfg.group_batch, "rank_batch": per_rank, "global_batch": per_rank * world}
+    sizes = batch_sizes(trainer_cfg, world)
+    return {"group_batch": trainer_cfg.group_batch, "rank_batch": sizes.step, "global_batch": sizes.global_step}
 
 
-def check_batch_mode(manifest: dict, trainer_cfg, world: int, name: str = "the checkpoint") -> None:
+def check_batch_mode(manifest: dict, trainer_cfg: TrainerConfig, world: int, name: str = "the checkpoint") -> None:
     """Refuse to resume a group checkpoint with another ``trainer.group_batch`` than it was written with.
 
     The two modes give the same ``batch_size`` different meanings (the group's step, or each rank's), so
@@ -196,7 +198,8 @@ class GroupTrainerService(TrainerService):
             log.warning("trainer.batch_size %d is not a multiple of %d ranks: a step trains %d events, not %d",
                         cfg.trainer.batch_size, world, cfg.trainer.batch_size // world * world, cfg.trainer.batch_size)
         self.comm_device = torch.device("cpu") if dist.get_backend(group) == "gloo" else None
-        super().__init__(rank_config(cfg, rank, world), bootstrap, stop=stop,
+        rank_store, rank_trainer = rank_sections(cfg.store, cfg.trainer, rank, world)
+        super().__init__(dataclasses.replace(cfg, store=rank_store, trainer=rank_trainer), bootstrap, stop=stop,
                          progress=progress if rank == 0 else False, pusher_factory=pusher_factory if rank == 0 else None)
         self.core.hot_rows = 0  # the group's set arrives again from rank 0's source (the store keeps its rows)
         # row exchange, dense all-reduce and metrics bytes at the last record, and when it was made
@@ -207,11 +210,9 @@ class GroupTrainerService(TrainerService):
     # -- the parts of TrainerService a rank replaces --------------------------------
     def _make_core(self):
         comm = self.comm_device if self.comm_device is not None else self.device
-        return ShardedTrainerCore(self.cfg, self.store, self.device, self.rank, self.world, self.group,
-                                  comm_device=comm)
-
-    def _make_hot_source(self):
-        return super()._make_hot_source() if self.rank == 0 else NoHotSource()
+        c = self.cfg
+        return ShardedTrainerCore(c.model, c.trainer, self.store, self.device, self.rank, self.world, self.group,
+                                  comm_device=comm, store_cfg=c.store, join=c.join, sizes=self.sizes)
 
     def _make_consumer(self):
         from streamrec.ingest import EventConsumer, EventSchema
@@ -312,76 +313,10 @@ class GroupTrainerService(TrainerService):
         st.setdefault("hot_version", 0)
         return st
 
-    # -- the loop ---------------------------------------------------------------
+    # -- the loop (trainer/run_loop.py) ---------------------------------------------
     def run(self) -> dict[str, Any]:
-        t = self.cfg.trainer
-        # this rank's poll: its share of a group window ("group": 1/N of batch_size x window_batches), or a
-        # whole window of its own mini-batches ("rank": each rank trains batch_size per step)
-        window = max(1, t.batch_size * t.window_batches // (self.world if t.group_batch == "group" else 1))
-        last_ckpt_t = last_log_t = idle_since = last_push_t = time.monotonic()
-        events_at_ckpt = events_at_push = self._group_events = int(self._sum(self.core.events))
-        push_every = self.cfg.serving.push_every_s
-        dirty = False
-        reason = "stopped"
-        freeze_heap()
-        try:
-            while True:
-                batch = self.consumer.poll_batch(window, timeout=0.2)
-                now = time.monotonic()
-                upd = self.hot.poll() if self.rank == 0 else None
-                r0 = self.rank == 0
-                ckpt_due = r0 and dirty and (self._group_events - events_at_ckpt >= t.checkpoint_every_events
-                                             or now - last_ckpt_t >= t.checkpoint_every_s)
-                log_due = r0 and now - last_log_t >= t.log_every_s
-                idle_due = r0 and bool(t.idle_exit_s) and now - idle_since > t.idle_exit_s
-                push_due = (r0 and push_every > 0 and self.publisher is not None and now - last_push_t >= push_every
-                            and (self._group_events != events_at_push or self.publisher.wants_full))
-                n = len(batch) if batch is not None else 0
-                # this rank's own partitions merged by event time (trainer/merge.py); a quiet poll releases all
-                ready = self._merge(batch, now) if batch is not None else self.merger.drain()
-                moved = self.consumer.partitions_changed is not None  # the topic gained partitions
-                ctrl = torch.tensor([float(self.stop.is_set()), float(upd is not None), float(ckpt_due),
-                                     float(log_due), float(idle_due), float(n), float(moved), float(push_due),
-                                     float(len(ready) if ready is not None else 0)], dtype=torch.float64)
-                dist.all_reduce(ctrl, group=self.group)
-                (stop_any, hot_any, ckpt_any, log_any, idle_any, n_group, moved_any, push_any,
-                 ready_group) = (float(x) for x in ctrl)
-                if hot_any:
-                    box = [upd]
-                    dist.broadcast_object_list(box, src=0, group=self.group)
-                    self._apply_hot(box[0])
-                if batch is not None:
-                    self.hot.observe(batch)
-                if ready_group:
-                    self._train(ready)
-                    hit("group.trained")  # the window is trained, its offsets not recorded
-                if (n_group or ready_group) and r0:  # idle means no events for trainer.idle_exit_s, not training
-                    idle_since = time.monotonic()
-                if n_group:  # events waiting in a rank's merge are trained before the next checkpoint
-                    if batch is not None:
-                        self._record_trained(batch)
-                    self._group_events += int(n_group)
-                    dirty = True
-                idle_any = idle_any and not (n_group or ready_group)  # this poll brought events: not idle
-                done = (stop_any and "stopped") or (moved_any and "repartition") or (idle_any and "idle") or (
-                    t.max_events and self._group_events >= t.max_events and "max_events")
-                if ckpt_any or (done and dirty):
-                    self._train_held()
-                    self.checkpoint()
-                    events_at_ckpt, last_ckpt_t, dirty = self._group_events, time.monotonic(), False
-                # the final model goes out on the way out too; every rank knows _group_events, so all agree
-                final_push = bool(done) and push_every > 0 and self._group_events != events_at_push
-                if (push_any or final_push) and self._push():
-                    last_push_t, events_at_push = time.monotonic(), self._group_events
-                if log_any or done:
-                    self.emit()
-                    last_log_t = now
-                if done:
-                    reason = str(done)
-                    break
-        finally:
-            gc.unfreeze()
-            self.close()
+        self._group_events = int(self._sum(self.core.events))
+        reason = RunLoop(self, RunTimers(self.cfg.trainer, self.cfg.serving.push_every_s, self._group_events)).run()
         if reason == "repartition":  # a non-zero exit: torchrun restarts the group, which re-plans the partitions
             raise GroupError(f"the topic {self.consumer.topic!r} gained partitions; checkpoint {self.seq} is written "
                              "and the group restarts to assign every partition")
@@ -389,6 +324,66 @@ class GroupTrainerService(TrainerService):
                 "world": self.world, "auc": self.last_record.get("auc", float("nan")),
                 "window_auc": self.last_record.get("window_auc", float("nan")),
                 "dead_letters": self.last_record.get("dead_letters", 0)}
+
+    @property
+    def trained_events(self) -> int:
+        return self._group_events
+
+    def turn(self, timers: RunTimers) -> Turn:
+        """One lockstep turn: every rank polls its partitions (this rank's share of a group window, or a whole
+        window of its own mini-batches in "rank" mode: ``sizes.window``), then one ``all_reduce`` carries the
+        turn's decisions (rank 0's clock, every rank's stop and counts), then every rank trains."""
+        t = self.cfg.trainer
+        batch = self.consumer.poll_batch(self.sizes.window, timeout=0.2)
+        r0 = self.rank == 0
+        upd = self.hot.poll() if r0 else None
+        due = timers.due(self._group_events, self.publisher.wants_full if self.publisher is not None else None) \
+            if r0 else Due()
+        n = len(batch) if batch is not None else 0
+        # this rank's own partitions merged by event time (trainer/merge.py); a quiet poll releases all
+        ready = self._merge(batch, time.monotonic()) if batch is not None else self.merger.drain()
+        moved = self.consumer.partitions_changed is not None  # the topic gained partitions
+        ctrl = torch.tensor([float(self.stop.is_set()), float(upd is not None), float(due.checkpoint),
+                             float(due.log), float(due.idle), float(n), float(moved), float(due.push),
+                             float(len(ready) if ready is not None else 0)], dtype=torch.float64)
+        dist.all_reduce(ctrl, group=self.group)
+        (stop_any, hot_any, ckpt_any, log_any, idle_any, n_group, moved_any, push_any,
+         ready_group) = (float(x) for x in ctrl)
+        if hot_any:
+            box = [upd]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            self.apply_hot_set(box[0])
+        if batch is not None:
+            self.hot.observe(batch)
+        if ready_group:
+            self._train(ready)
+            hit("group.trained")  # the window is trained, its offsets not recorded
+        if (n_group or ready_group) and r0:  # idle means no events for trainer.idle_exit_s, not training
+            timers.busy()
+        if n_group:  # events waiting in a rank's merge are trained before the next checkpoint
+            if batch is not None:
+                self._record_trained(batch)
+            self._group_events += int(n_group)
+            timers.received()
+        idle_any = idle_any and not (n_group or ready_group)  # this poll brought events: not idle
+        done = (stop_any and "stopped") or (moved_any and "repartition") or (idle_any and "idle") or (
+            t.max_events and self._group_events >= t.max_events and "max_events")
+        return Turn(Due(bool(ckpt_any), bool(push_any), bool(log_any), bool(idle_any)), str(done or ""))
+
+    def wind_down(self, reason: str) -> None:
+        """Nothing: what waits in the ranks' merges trains in the final checkpoint (:meth:`save`)."""
+
+    def save(self) -> None:
+        self._train_held()
+        self.checkpoint()
+
+    def push_due(self) -> bool:
+        return self._push()
+
+    def push_last(self, turn: Turn, timers: RunTimers) -> None:
+        """The final model goes out on the way out too; every rank knows ``_group_events``, so all agree."""
+        if turn.due.push or (timers.push_every_s > 0 and self._group_events != timers.events_at_push):
+            self._push()
 
     def _train(self, ready) -> None:
         """Train this rank's window (a collective: every rank calls it, ``ready`` may be None).
@@ -411,14 +406,6 @@ class GroupTrainerService(TrainerService):
         dist.all_reduce(k, group=self.group)
         if float(k[0]):
             self._train(held)
-
-    def _apply_hot(self, upd) -> None:
-        if upd is None:
-            return
-        self.core.apply_hot_set(upd.version, upd.tables)
-        self.hot_coverage = upd.coverage
-        if upd.hit_rate == upd.hit_rate:
-            self.hit_rate = upd.hit_rate
 
     def _sum(self, *values: float) -> list[float] | float:
         x = torch.tensor([float(v) for v in values], dtype=torch.float64)
@@ -573,7 +560,7 @@ class GroupTrainerService(TrainerService):
         if tasks is not None:
             rec["tasks"] = tasks
         self.bytes_at_log = (row_bytes, dense_bytes, metric_bytes, now)
-        if self.rank == 0:  # the other ranks' sinks are off (rank_config); rank 0 shows the group's figures
+        if self.rank == 0:  # the other ranks' sinks are off (rank_sections); rank 0 shows the group's figures
             self._publish_record(rec)
         else:
             self.last_record = rec

@@ -17,14 +17,19 @@ table's width (``foundation.HotBudget``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, get_args
+from typing import TYPE_CHECKING, Mapping, get_args
 
 import numpy as np
 
-from streamrec.foundation import EventBatch, HotBudget, hot_budget
+from streamrec.foundation import EventBatch, HotBudget
 
 from .hotset_types import HotSetSource, HotUpdate
 from .trainer_types import HotSource
+
+if TYPE_CHECKING:
+    from streamrec.foundation.model_config import ModelConfig
+    from streamrec.ingest.ingest_config import KafkaConfig
+    from streamrec.trainer.trainer_config import TrainerConfig
 
 
 def top_rows(counts: dict[str, tuple[np.ndarray, np.ndarray]], budget: int | HotBudget) -> tuple[dict[str, np.ndarray], float]:
@@ -137,18 +142,20 @@ class NoHotSource:
         return None
 
 
-def make_hot_source(cfg, bootstrap: str | None) -> HotSetSource:
-    kind = cfg.trainer.hot_source
-    budget = hot_budget(cfg.hot, cfg.model)
+def make_hot_source(trainer: TrainerConfig, model: ModelConfig, kafka: KafkaConfig, budget: HotBudget,
+                    bootstrap: str | None) -> HotSetSource:
+    """The hot-set source ``trainer.hot_source`` names, choosing at most ``budget`` (the store's device tier,
+    ``foundation.hot_budget``); ``kafka``: the hot-set topic and the cluster's security settings."""
+    kind = trainer.hot_source
     if kind == "none" or budget.rows == 0:
         return NoHotSource()
     if kind == "sample":
-        return SampleHotSource(cfg.model.field_names, budget, cfg.trainer.hot_sample_events,
-                               cfg.trainer.hot_refresh_events, field_tables=dict(cfg.model.field_tables))
+        return SampleHotSource(model.field_names, budget, trainer.hot_sample_events,
+                               trainer.hot_refresh_events, field_tables=dict(model.field_tables))
     if kind == "topic":
         if not bootstrap:
             raise ValueError("trainer.hot_source='topic' needs a Kafka bootstrap")
         from streamrec.ingest import client_settings
 
-        return TopicHotSource(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg.kafka))
+        return TopicHotSource(bootstrap, kafka.hotset_topic, security=client_settings(kafka))
     raise ValueError(f"trainer.hot_source must be one of {', '.join(get_args(HotSource))}, got {kind!r}")

@@ -95,6 +95,12 @@ class StreamingMetrics:
             return float("nan")
         return logloss_sum(self._wy[: self._wn], self._wp[: self._wn]) / self._wn
 
+    def newest(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The labels and scores of the window's newest ``n`` events (fewer when it holds fewer), oldest first."""
+        n = min(int(n), self._wn)
+        at = (self._wi - np.arange(n, 0, -1)) % self.window  # ring positions, oldest first
+        return self._wy[at], self._wp[at]
+
     def state(self) -> dict:
         """Everything needed to continue after a restart (goes into the checkpoint)."""
         return {"pos": self.pos.tolist(), "neg": self.neg.tolist(), "count": self.count,

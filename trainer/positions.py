@@ -19,16 +19,17 @@ import threading
 log = logging.getLogger(__name__)
 
 
-def position_consumer(consumer, cfg, offsets: dict[tuple[str, int], int], topic_ids: dict[str, str],
-                      fell_back: bool, stop: threading.Event) -> dict[tuple[str, int], int]:
+def position_consumer(consumer, offsets: dict[tuple[str, int], int], topic_ids: dict[str, str],
+                      fell_back: bool, stop: threading.Event, max_poll_interval_ms: int) -> dict[tuple[str, int], int]:
     """Position ``consumer`` (an ``EventConsumer``) once the group assigned it partitions: ``{(topic,
     partition): offset}`` for each, {} when ``stop`` was set before any assignment. ``offsets`` and
-    ``topic_ids`` are the checkpoint's."""
+    ``topic_ids`` are the checkpoint's; the assignment is awaited three ``kafka.max_poll_interval_ms``
+    (at least a minute)."""
     from kafka import TopicPartition
 
     c = consumer
     kc = c.consumer
-    tps = c.wait_for_assignment(max(60.0, cfg.kafka.max_poll_interval_ms / 1000 * 3), stop)
+    tps = c.wait_for_assignment(max(60.0, max_poll_interval_ms / 1000 * 3), stop)
     if not tps:  # stopped (SIGTERM) before the group assigned anything: the run exits as "stopped"
         return {}
     begin, end = kc.beginning_offsets(tps), kc.end_offsets(tps)

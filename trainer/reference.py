@@ -11,7 +11,7 @@ share its rows, their vocabularies united.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,6 +21,11 @@ from streamrec.model import build_model, predict_batch
 
 from .fused_step import FusedStep
 from .step import dense_optimizer
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store.store_config import StoreConfig
+    from streamrec.foundation.model_config import ModelConfig
+    from streamrec.trainer.trainer_config import TrainerConfig
 
 
 class _Arena:
@@ -39,23 +44,25 @@ class MemoryDLRM:
     row resident in one device tensor per width: a :class:`~.step_types.RowSource` that never has a
     cold row."""
 
-    def __init__(self, cfg, vocab: Mapping[str, np.ndarray], device: torch.device | str = "cpu",
-                 init_chunk: int = 1 << 17):
-        self.cfg = cfg
+    def __init__(self, model: ModelConfig, trainer: TrainerConfig, store: StoreConfig, vocab: Mapping[str, np.ndarray],
+                 device: torch.device | str = "cpu", init_chunk: int = 1 << 17):
+        """``model``: the tables and the network; ``trainer``: the dense optimizer; ``store``: the rows' Adagrad
+        and initial scale (the tiered store's own, so both start from the same rows)."""
+        self.model_cfg = model
         self.device = torch.device(device)
-        self.fields = cfg.model.field_names
-        self.model = build_model(cfg.model).to(self.device)
-        self.opt = dense_optimizer(self.model, cfg.trainer.dense_optimizer, cfg.trainer.dense_lr)
-        self.lr, self.eps = float(cfg.store.adagrad_lr), float(cfg.store.adagrad_eps)
+        self.fields = model.field_names
+        self.model = build_model(model).to(self.device)
+        self.opt = dense_optimizer(self.model, trainer.dense_optimizer, trainer.dense_lr)
+        self.lr, self.eps = float(store.adagrad_lr), float(store.adagrad_eps)
         self.ids: dict[str, np.ndarray] = {}
         self.base: dict[str, int] = {}
-        self._dims = dict(cfg.model.tables)
-        scales = cfg.model.init_scales(cfg.store.init_scale)  # the store's per-table rule (DLRM: sqrt(1/rows))
+        self._dims = dict(model.tables)
+        scales = model.init_scales(store.init_scale)  # the store's per-table rule (DLRM: sqrt(1/rows))
         uses: dict[str, list[str]] = {}
-        for f, t in cfg.model.field_tables.items():
+        for f, t in model.field_tables.items():
             uses.setdefault(t, []).append(f)
         rows: dict[int, int] = {}  # rows per width so far: each table's base in its width's arena
-        for t, dim in cfg.model.tables.items():
+        for t, dim in model.tables.items():
             self.ids[t] = np.unique(np.concatenate([np.asarray(vocab[f], dtype=np.int64) for f in uses[t]]))
             self.base[t] = rows.get(dim, 0)
             rows[dim] = self.base[t] + len(self.ids[t])
@@ -63,16 +70,16 @@ class MemoryDLRM:
         self.arenas: dict[int, _Arena] = {}
         for dim, n in rows.items():
             w = np.zeros((n + 1, dim), np.float32)  # the last row: the arena's scratch row
-            for t, tdim in cfg.model.tables.items():
+            for t, tdim in model.tables.items():
                 if tdim != dim:
                     continue
                 ids, at = self.ids[t], self.base[t]
                 for s in range(0, len(ids), init_chunk):
                     w[at + s:at + s + len(ids[s:s + init_chunk])] = init_rows(
-                        table_salt(t), cfg.model.seed, ids[s:s + init_chunk], dim, scales[t])
+                        table_salt(t), model.seed, ids[s:s + init_chunk], dim, scales[t])
             self.arenas[dim] = _Arena(torch.from_numpy(w).to(self.device),
                                       torch.zeros(n + 1, dtype=torch.float32, device=self.device))
-        self.step = FusedStep(self.model, self.opt, cfg.model, self, self.device)
+        self.step = FusedStep(self.model, self.opt, model, self, self.device)
 
     def index(self, table: str, ids: np.ndarray) -> np.ndarray:
         """Each id's row in the table's own range (a ``KeyError`` names ids outside the vocabulary)."""
@@ -134,7 +141,7 @@ class MemoryDLRM:
 
     def predict(self, batch) -> np.ndarray:
         self.model.eval()
-        return predict_batch(self.model, batch, self.cfg.model, self.lookup, self.device)
+        return predict_batch(self.model, batch, self.model_cfg, self.lookup, self.device)
 
     def nbytes(self) -> int:
         return sum(a.w.numel() * 4 + a.acc.numel() * 4 for a in self.arenas.values())

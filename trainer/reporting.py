@@ -19,9 +19,12 @@ flat ``auc.<task>`` / ``logloss.<task>`` keys to the snapshot's metrics (a manif
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .metrics import finite
+
+if TYPE_CHECKING:
+    from streamrec.snapshot import Evidence
 
 
 class TrainerReporting:
@@ -38,7 +41,7 @@ class TrainerReporting:
                 out[f"auc.{name}"], out[f"logloss.{name}"] = f["auc"], f["logloss"]
         return out
 
-    def _evidence(self) -> dict | None:
+    def _evidence(self) -> Evidence | None:
         """The quality evidence of the snapshot being built (``trainer/evidence.py``): what the trainer saw
         since the previous snapshot; None where this process collects none (a trainer group's other ranks:
         rank 0's own events are the group's evidence)."""

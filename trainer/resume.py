@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from streamrec.foundation import StreamrecError, hot_budget, is_resource_error
 
@@ -37,21 +37,24 @@ def open_store(cfg, device, restore_from: Path | None):
     return EmbeddingStore(spec)
 
 
-def restore_point(cfg, device, root: str, refused: list[str]) -> tuple[Path | None, dict[str, Any], dict[str, Any], Any]:
+def restore_point(open_at: Callable[[Path | None], Any], store_path: str, root: str, refused: list[str],
+                  map_location: str = "cpu") -> tuple[Path | None, dict[str, Any], dict[str, Any], Any]:
     """Open the store at the newest checkpoint under ``root`` that verifies and loads:
-    ``(dir, state, dense, store)``, or ``(None, {}, {}, a fresh store)`` when there is none. Each checkpoint
+    ``(dir, state, dense, store)``, or ``(None, {}, {}, a fresh store)`` when there is none. ``open_at(dir)``
+    opens the store at a checkpoint (None: fresh, e.g. :func:`open_store` bound to a config and device);
+    ``store_path`` is the live store's (``store.path``); ``map_location`` where tensors load. Each checkpoint
     refused on the way is appended to ``refused`` (``"<dir>: <why>"``)."""
     while True:
         ckpt, skipped = choose_checkpoint(root)
         refused += skipped
         if ckpt is None:
             if refused:
-                set_live_store_aside(cfg)
-            return None, {}, {}, open_store(cfg, device, None)
+                set_live_store_aside(store_path)
+            return None, {}, {}, open_at(None)
         try:
-            state, dense = read_checkpoint(ckpt, map_location=str(device))
+            state, dense = read_checkpoint(ckpt, map_location=map_location)
             if "world" not in state:  # a group's manifest holds no store: its shards are per rank
-                return ckpt, state, dense, open_store(cfg, device, ckpt)
+                return ckpt, state, dense, open_at(ckpt)
         except (StreamrecError, OSError, ValueError, RuntimeError, KeyError) as e:  # torch.load, json, RocksDB
             if is_resource_error(e):  # a full or read-only disk is not a corrupt checkpoint: stop, keep it
                 raise
@@ -67,11 +70,11 @@ def restore_point(cfg, device, root: str, refused: list[str]) -> tuple[Path | No
                              "`streamrec train --nproc N` (any N; its rows are resharded when N differs)")
 
 
-def set_live_store_aside(cfg) -> None:
-    """Every checkpoint was refused: the live store holds rows of events the restart will train again
-    (and may share the corrupt file by hard link), so training starts from an empty store. The old
-    one is moved aside, not deleted."""
-    live = Path(cfg.store.path)
+def set_live_store_aside(store_path: str) -> None:
+    """Every checkpoint was refused: the live store at ``store_path`` (``store.path``) holds rows of events the
+    restart will train again (and may share the corrupt file by hard link), so training starts from an empty
+    store. The old one is moved aside, not deleted."""
+    live = Path(store_path)
     if live.exists():
         aside = live.with_name(f"corrupt-{live.name}-{int(time.time())}")
         live.rename(aside)

@@ -13,7 +13,6 @@ is full, from the re-trained checkpoint, under a newer version; later pushes sup
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -24,17 +23,21 @@ from typing import Any
 
 import torch
 
-from streamrec.foundation import is_resource_error, resolve_device
+from streamrec.foundation import hot_budget, is_resource_error, resolve_device
 from streamrec.snapshot import PusherFactory
 
+from .batch_sizes import batch_sizes
 from .changes import ChangeJournal
 from .checkpoint import INFLIGHT, offsets_from_json, offsets_to_json, write_checkpoint
 from .core import TrainerCore
 from .evidence import collector_for
-from .hotset import HotUpdate, SampleHotSource, make_hot_source
+from .hotset import NoHotSource, SampleHotSource, make_hot_source
+from .hotset_types import HotSetSource, HotUpdate
 from .merge import PartitionMerger
 from .positions import StreamEnd, position_consumer
 from .reporting import TrainerReporting
+from .run_loop import RunLoop, Turn
+from .run_timers import RunTimers
 from .resume import open_store, restore_point  # noqa: F401  (open_store: importable from here too)
 from .snapshots import SnapshotPublisher
 from .step_breaker import arm_step_breaker
@@ -64,15 +67,6 @@ class Trace:
             self._f.close()
 
 
-def freeze_heap() -> None:
-    """Freeze what exists now (torch, the model, the store, every module) out of the cyclic GC for a
-    training loop's life (``gc.unfreeze()`` when it ends): a full collection no longer walks it.
-    Decoding one-event JSON records allocates objects per record, which triggers full collections;
-    frozen, those walk only what the loop itself keeps, not every object of the process."""
-    gc.collect()
-    gc.freeze()
-
-
 class TrainerService(TrainerReporting):
     """One trainer process (its metrics records: :class:`~.reporting.TrainerReporting`). ``pusher_factory(target)`` delivers its snapshots to serving
     (needed when ``trainer.push_snapshots`` is on; the CLI passes serving's gRPC pusher)."""
@@ -86,6 +80,9 @@ class TrainerService(TrainerReporting):
         if t.torch_threads > 0:
             torch.set_num_threads(t.torch_threads)
         self.device = resolve_device(t.device)
+        # the values derived from several keys, once for this process: its batch sizes, the hot tier's budget
+        self.sizes = batch_sizes(t, self.world)
+        self.hot_budget = hot_budget(cfg)
         ckpt, state, dense = self._restore_point(t.checkpoint_dir)
         self.fell_back = bool(self.refused_checkpoints)
         self.store = ChangeJournal(self.store)  # before the core: it writes through the journal
@@ -97,33 +94,22 @@ class TrainerService(TrainerReporting):
         if self.prom is not None:
             pusher_factory = self.prom.timed_pushers(pusher_factory)
             self.core.on_step = self.prom.step_seconds.observe
-        self.publisher = SnapshotPublisher(cfg, t.snapshot_dir, push=t.push_snapshots,
-                                           full_every=t.full_snapshot_every,
+        self.publisher = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, t.snapshot_dir,
+                                           model_hash=cfg.model_hash(), targets=cfg.push_targets(),
+                                           push=t.push_snapshots, full_every=t.full_snapshot_every,
                                            give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
                                            version_file=Path(t.checkpoint_dir) / VERSION_FILE,
                                            ) if t.snapshot_every > 0 else None
         # the quality evidence each snapshot carries (trainer/evidence.py): on the process that publishes
-        self.evidence = collector_for(cfg, self.core) \
-            if self.publisher is not None and getattr(self, "rank", 0) == 0 else None
+        self.evidence = collector_for(cfg.model, t.metrics_window, self.core) \
+            if self.publisher is not None and self.rank == 0 else None
         self.seq = 0
         self._pushed_events, self._pushed_version = -1, None  # the newest snapshot built: events it holds, version
         self.offsets: dict[tuple[str, int], int] = {}
         self.topic_ids: dict[str, str] = {}  # topic -> its id when the checkpoint's offsets were read
         self.resumed_from: str | None = None
         if ckpt is not None:
-            self.core.load_dense_state(dense)
-            self.merger.load_state(dense.get("merge"))
-            self.core.load_counters(state)
-            self.seq = int(state["seq"])
-            self.offsets = offsets_from_json(state.get("offsets", []))
-            self.topic_ids = {str(k): str(v) for k, v in (state.get("topic_ids") or {}).items()}
-            if self.publisher is not None:
-                self.publisher.load_state(state.get("snapshot", {}))
-                self.publisher.request_full()  # serving may hold a newer version than this checkpoint knew
-            self.core.hot_version = int(state.get("hot_version", 0))
-            self.core.hot_rows = int(self.store.stats()["hot_rows"])
-            self.resumed_from = str(ckpt)
-            log.info("resumed from %s: %d events, offsets %s", ckpt, self.core.events, self.offsets)
+            self._resume(ckpt, state, dense)
         self.hot = self._make_hot_source()
         if isinstance(self.hot, SampleHotSource):
             # continue from the checkpoint's set: restarting at 0 made hot_version go backwards and
@@ -155,19 +141,46 @@ class TrainerService(TrainerReporting):
         self._hot_at_log = (self.core.events, self.core.hot_events)
         self.last_record: dict[str, Any] = {}
 
+    rank, world = 0, 1  # a trainer group's rank has its own (streamrec.trainer.group)
+
+    def _resume(self, ckpt: Path, state: dict[str, Any], dense: dict[str, Any]) -> None:
+        """Take the model, counters, offsets and publisher state of checkpoint ``ckpt`` back."""
+        self.core.load_dense_state(dense)
+        self.merger.load_state(dense.get("merge"))
+        self.core.load_counters(state)
+        self.seq = int(state["seq"])
+        self.offsets = offsets_from_json(state.get("offsets", []))
+        self.topic_ids = {str(k): str(v) for k, v in (state.get("topic_ids") or {}).items()}
+        if self.publisher is not None:
+            self.publisher.load_state(state.get("snapshot", {}))
+            self.publisher.request_full()  # serving may hold a newer version than this checkpoint knew
+        self.core.hot_version = int(state.get("hot_version", 0))
+        self.core.hot_rows = int(self.store.stats()["hot_rows"])
+        self.resumed_from = str(ckpt)
+        log.info("resumed from %s: %d events, offsets %s", ckpt, self.core.events, self.offsets)
+
     # -- the crash-loop breaker for training steps (streamrec.ingest.inflight, phase "step") ----
     pins_training_crashes = True  # a group rank does not: its steps are collectives every rank must run
 
     def _arm_crash_breaker(self) -> None:
         """Mark each training step's records; probe a dead predecessor's step records (trainer/step_breaker.py)."""
-        arm_step_breaker(self.cfg, self.core, self.consumer, self.merger)
+        from .crash_probe import ProbeModel  # loads the ingest package's probe: only where crashes are pinned
+
+        c = self.cfg
+        arm_step_breaker(ProbeModel(c.model, c.trainer, c.store), self.core, self.consumer, self.merger)
 
     # -- the parts a trainer group's rank replaces (streamrec.trainer.group) -------------
     def _make_core(self) -> TrainerCore:
-        return TrainerCore(self.cfg, self.store, self.device)
+        c = self.cfg
+        return TrainerCore(c.model, c.trainer, self.store, self.device, store_cfg=c.store, join=c.join,
+                           sizes=self.sizes)
 
-    def _make_hot_source(self):
-        return make_hot_source(self.cfg, self.bootstrap)
+    def _make_hot_source(self) -> HotSetSource:
+        """The source ``trainer.hot_source`` names; a group's other ranks get rank 0's set from it, so none."""
+        if self.rank != 0:
+            return NoHotSource()
+        c = self.cfg
+        return make_hot_source(c.trainer, c.model, c.kafka, self.hot_budget, self.bootstrap)
 
     def _make_consumer(self):
         from streamrec.ingest import EventConsumer, EventSchema
@@ -182,97 +195,93 @@ class TrainerService(TrainerReporting):
         """Open ``self.store`` at the newest checkpoint that verifies and loads; ``(dir, state, dense)``.
         Checkpoints refused on the way are set aside and listed in ``refused_checkpoints`` (trainer/resume.py)."""
         self.refused_checkpoints: list[str] = []
-        ckpt, state, dense, self.store = restore_point(self.cfg, self.device, root, self.refused_checkpoints)
+        ckpt, state, dense, self.store = restore_point(lambda at: open_store(self.cfg, self.device, at),
+                                                       self.cfg.store.path, root, self.refused_checkpoints,
+                                                       str(self.device))
         return ckpt, state, dense
 
     # -- consumer position (trainer/positions.py) ---------------------------------
     def _position_consumer(self) -> dict[tuple[str, int], int]:
         """Resume every assigned partition at the checkpoint's offset, else the committed one, else the start."""
-        return position_consumer(self.consumer, self.cfg, self.offsets, self.topic_ids, self.fell_back, self.stop)
+        return position_consumer(self.consumer, self.offsets, self.topic_ids, self.fell_back, self.stop,
+                                 self.cfg.kafka.max_poll_interval_ms)
 
     def _at_end(self, quiet: bool = False) -> bool:
         """``trainer.until_end``: every partition read up to its end as of start (``quiet``: the last poll
         brought nothing, so a partition whose high watermark was never seen counts too)."""
         return self.end_at is not None and self.end_at.reached(self.pos, quiet)
 
-    # -- the loop ---------------------------------------------------------------
+    # -- the loop (trainer/run_loop.py) ---------------------------------------------
     def run(self) -> dict[str, Any]:
-        t = self.cfg.trainer
-        window = t.batch_size * t.window_batches
-        last_ckpt_t = last_log_t = last_push_t = time.monotonic()
-        idle_since = time.monotonic()
-        events_at_ckpt = events_at_push = self.core.events
-        push_every = self.cfg.serving.push_every_s
-        dirty = False
-        first_poll = True
-        batch = None
-        reason = "stopped"
-        freeze_heap()
-        try:
-            while not self.stop.is_set():
-                received = self.core.events + self.core.rejected_events + self.core.pending + len(self.merger)
-                if t.max_events and received >= t.max_events:
-                    reason = "max_events"
-                    break
-                if self._at_end(quiet=not first_poll and batch is None):  # trainer.until_end: read up to the end
-                    reason = "end of stream"
-                    break
-                self._maybe_apply_hot_set()
-                want = window if not t.max_events else max(1, min(window, t.max_events - received))
-                first_poll = False
-                batch = self.consumer.poll_batch(want, timeout=0.5)
-                now = time.monotonic()
-                if batch is not None:
-                    idle_since = now
-                    self.hot.observe(batch)
-                    # partitions merged by event time (trainer/merge.py); mini-batches form by event count
-                    # (trainer/batching.py), whatever the poll brought; both checkpoint what waits in them
-                    ready = self._merge(batch, now)
-                    if ready is not None:
-                        self._dead_letter(self.core.feed(ready))
-                        self._maybe_evict()
-                    self._record_trained(batch)
-                    dirty = True
-                    idle_since = time.monotonic()  # idle means no events for trainer.idle_exit_s, not training
-                elif len(self.merger) or self.core.pending:  # a quiet stream: train what waits, hold nothing back
-                    ready = self.merger.drain()
-                    self._dead_letter(self.core.feed(ready, flush=True) if ready is not None else self.core.flush())
-                    idle_since = time.monotonic()
-                elif t.idle_exit_s and now - idle_since > t.idle_exit_s:
-                    reason = "idle"
-                    break
-                if dirty and (self.core.events - events_at_ckpt >= t.checkpoint_every_events
-                              or now - last_ckpt_t >= t.checkpoint_every_s):
-                    self.checkpoint()
-                    events_at_ckpt, last_ckpt_t, dirty = self.core.events, time.monotonic(), False
-                if (push_every > 0 and self.publisher is not None and time.monotonic() - last_push_t >= push_every
-                        and (self.core.events != events_at_push or self.publisher.wants_full)):
-                    if self.push() is not None:  # None: the last push is still being retried
-                        last_push_t, events_at_push = time.monotonic(), self.core.events
-                if now - last_log_t >= t.log_every_s:
-                    self.emit()
-                    last_log_t = now
-            if (self.core.pending or len(self.merger)) and reason != "stopped":  # the end of the stream: its tail trains too
-                ready = self.merger.drain()
-                self._dead_letter(self.core.feed(ready, flush=True) if ready is not None else self.core.flush())
-            if dirty:
-                self.checkpoint()
-            self.push_final()  # every stop: serving gets the model the final checkpoint holds
-            self.emit()
-        finally:
-            gc.unfreeze()
-            self.close()
+        self._first_poll, self._last_batch = True, None
+        reason = RunLoop(self, RunTimers(self.cfg.trainer, self.cfg.serving.push_every_s, self.core.events)).run()
         m = self.core.metrics
         return {"reason": reason, "events": self.core.events, "checkpoint": self.seq,
                 "auc": m.auc, "logloss": m.logloss, "events_scored": m.count, "window_auc": m.window_auc(),
                 "tasks": self.core.task_figures(), "dead_letters": self.consumer.stats.dead_letters}
 
+    @property
+    def trained_events(self) -> int:
+        return self.core.events
+
+    def turn(self, timers: RunTimers) -> Turn:
+        """One poll: the stop conditions first, then the hot set, then the events that arrived are merged,
+        batched and trained (a quiet poll trains what waits: nothing is held back)."""
+        t = self.cfg.trainer
+        if self.stop.is_set():
+            return Turn(reason="stopped")
+        received = self.core.events + self.core.rejected_events + self.core.pending + len(self.merger)
+        if t.max_events and received >= t.max_events:
+            return Turn(reason="max_events")
+        if self._at_end(quiet=not self._first_poll and self._last_batch is None):  # trainer.until_end
+            return Turn(reason="end of stream")
+        self.apply_hot_set(self.hot.poll())
+        window = self.sizes.window
+        want = window if not t.max_events else max(1, min(window, t.max_events - received))
+        self._first_poll = False
+        batch = self._last_batch = self.consumer.poll_batch(want, timeout=0.5)
+        if batch is not None:
+            timers.busy()
+            self.hot.observe(batch)
+            # partitions merged by event time (trainer/merge.py); mini-batches form by event count
+            # (trainer/batching.py), whatever the poll brought; both checkpoint what waits in them
+            ready = self._merge(batch, time.monotonic())
+            if ready is not None:
+                self._dead_letter(self.core.feed(ready))
+                self._maybe_evict()
+            self._record_trained(batch)
+            timers.received()
+            timers.busy()  # idle means no events for trainer.idle_exit_s, not training
+        elif len(self.merger) or self.core.pending:  # a quiet stream: train what waits, hold nothing back
+            self._train_waiting()
+            timers.busy()
+        due = timers.due(self.core.events, self.publisher.wants_full if self.publisher is not None else None)
+        return Turn(due, "idle" if due.idle else "")
+
+    def wind_down(self, reason: str) -> None:
+        """The end of the stream (not a stop): its tail trains too."""
+        if (self.core.pending or len(self.merger)) and reason != "stopped":
+            self._train_waiting()
+
+    def _train_waiting(self) -> None:
+        ready = self.merger.drain()
+        self._dead_letter(self.core.feed(ready, flush=True) if ready is not None else self.core.flush())
+
+    def save(self) -> None:
+        self.checkpoint()
+
+    def push_due(self) -> bool:
+        return self.push() is not None  # None: the last push is still being retried
+
+    def push_last(self, turn: Turn, timers: RunTimers) -> None:
+        self.push_final()
+
     def _dead_letter(self, res) -> None:
         if res.rejected_batch is not None:  # a non-finite step: those events were not trained
             self.consumer.dead_letter_events(res.rejected_batch, res.reject_reason, source="trainer")
 
-    def _maybe_apply_hot_set(self) -> None:
-        upd: HotUpdate | None = self.hot.poll()
+    def apply_hot_set(self, upd: HotUpdate | None) -> None:
+        """Migrate to the hot set ``upd`` (None: none is new) and show its coverage and hit rate."""
         if upd is None:
             return
         self.core.apply_hot_set(upd.version, upd.tables)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import torch
@@ -42,23 +42,22 @@ from streamrec.foundation import EventBatch
 from streamrec.foundation.failpoints import hit
 from streamrec.model import pool_sum, task_logits, unique_ids
 
+from .batch_sizes import BatchSizes, batch_sizes
 from .core import TrainerCore, WindowResult
 from .dense_sync import COMPRESSIONS, WIRE as _WIRE, DenseSync, ring_bytes
 from .schedule import hot_samples, plan
 from .sharding import RowExchange, owned_part
 from .step import GRAD_ABS_MAX, label_matrix, masked_task_losses, weighted_losses
 
+if TYPE_CHECKING:
+    from streamrec.embedding_store.store_config import StoreConfig
+    from streamrec.foundation.model_config import ModelConfig
+    from streamrec.joiner.join_config import JoinConfig
+    from streamrec.trainer.trainer_config import TrainerConfig
+
 log = logging.getLogger(__name__)
 
 _OK, _BAD_LOSS, _BAD_GRAD = 0, 1, 2
-
-
-def local_batch(trainer_cfg, world: int) -> int:
-    """Events one rank trains per step: ``batch_size // world`` when ``trainer.group_batch`` is
-    ``"group"`` (the group's step is one trainer's batch), ``batch_size`` when it is ``"rank"``."""
-    if trainer_cfg.group_batch == "rank":
-        return max(1, int(trainer_cfg.batch_size))
-    return max(1, int(trainer_cfg.batch_size) // max(1, int(world)))
 
 
 class ShardedTrainerCore(TrainerCore):
@@ -72,29 +71,33 @@ class ShardedTrainerCore(TrainerCore):
     events; every rank pays the step's fixed per-field cost for a full batch instead of a
     1/world slice of one (the CPU per event that the "group" split costs)."""
 
-    def __init__(self, cfg, store, device: torch.device, rank: int, world: int, group=None,
-                 comm_device: torch.device | str = "cpu"):
-        if cfg.store.admit_min_count >= 2 and cfg.store.unadmitted == "shared" and int(world) > 1:
+    def __init__(self, model: ModelConfig, trainer: TrainerConfig, store, device: torch.device, rank: int,
+                 world: int, group=None, comm_device: torch.device | str = "cpu", *,
+                 store_cfg: StoreConfig | None = None, join: JoinConfig | None = None,
+                 sizes: BatchSizes | None = None):
+        if (store_cfg is not None and store_cfg.admit_min_count >= 2 and store_cfg.unadmitted == "shared"
+                and int(world) > 1):
             from streamrec.foundation import ConfigError
 
             # each rank's store would keep a shared row of its own for the ids it owns: not one model any more
             raise ConfigError("store.unadmitted = \"shared\" needs one trainer; a trainer group admits ids with "
                               "store.unadmitted = \"zero\" (set it, or store.admit_min_count = 0)")
-        super().__init__(cfg, store, device)
+        super().__init__(model, trainer, store, device, store_cfg=store_cfg, join=join,
+                         sizes=sizes if sizes is not None else batch_sizes(trainer, world))
         self.rank, self.world, self.group = int(rank), int(world), group
         self.comm = torch.device(comm_device)
-        self.local_batch = local_batch(cfg.trainer, self.world)
-        t = cfg.trainer
-        self.tables = list(cfg.model.tables)  # the exchange's keys: each table once, in order of first use
+        self.local_batch = self.sizes.step
+        t = trainer
+        self.tables = list(model.tables)  # the exchange's keys: each table once, in order of first use
         self.table_fields: dict[str, list[str]] = {}
         for f, tb in self.field_tables.items():
             self.table_fields.setdefault(tb, []).append(f)
-        self.task_weights = [float(tk.weight) for tk in cfg.model.tasks]
-        self.exchange = RowExchange(dict(cfg.model.tables), None, store.lookup, store.apply_gradients,
+        self.task_weights = [float(tk.weight) for tk in model.tasks]
+        self.exchange = RowExchange(dict(model.tables), None, store.lookup, store.apply_gradients,
                                     self.rank, self.world, group, comm_device=self.comm,
                                     precision=t.exchange_precision,
                                     note=functools.partial(note_occurrences, store)
-                                    if cfg.store.admit_min_count >= 2 else None)
+                                    if self.counts_occurrences else None)
         self._hot_all: dict[str, np.ndarray] = {}  # the whole group's hot set (plans need it; rows live with owners)
         self.steps = 0
         self.windows = 0
@@ -143,7 +146,7 @@ class ShardedTrainerCore(TrainerCore):
 
     # -- training ------------------------------------------------------------
     def plan(self, batch: EventBatch):
-        t = self.cfg.trainer
+        t = self.trainer_cfg
         hot_on = t.schedule == "fae" and self.hot_rows
         hot = hot_samples(batch, self.fields, self.hot_mask) if hot_on else np.zeros(len(batch), dtype=bool)
         return plan(hot, self.local_batch, t.schedule if self.hot_rows else "arrival", t.hot_per_cold)
@@ -152,7 +155,7 @@ class ShardedTrainerCore(TrainerCore):
         """The group's step count for this window (the largest plan); checks that every rank is at the same
         window, so a caller that calls ``train_window`` unevenly gets this error, not a gloo size mismatch."""
         self.windows += 1
-        t = self.cfg.trainer
+        t = self.trainer_cfg
         # the settings every rank must share (the ranks would misread each other's rows, gradients, steps or
         # PowerSGD factors otherwise): wire formats, the per-rank batch, the dense sum's compression
         mine = [list(_WIRE).index(t.exchange_precision), list(_WIRE).index(t.dense_allreduce_precision),
@@ -180,7 +183,7 @@ class ShardedTrainerCore(TrainerCore):
     def train_window(self, batch: EventBatch | None) -> WindowResult:
         """Train this rank's window (``None`` or empty: an idle rank) in lockstep with the group."""
         if batch is None:
-            batch = EventBatch.empty(self.cfg.model.dense_dim, self.fields)
+            batch = EventBatch.empty(self.model_cfg.dense_dim, self.fields)
         self.model.train()
         scores = np.zeros((len(batch), len(self.task_names)), np.float32)
         mbs = self.plan(batch)
@@ -241,7 +244,7 @@ class ShardedTrainerCore(TrainerCore):
         """One synchronous step of the group: ``(status, scores, local culprits, every rank's batch size,
         which ranks saw non-finite gradients of their own)``."""
         T = len(self.task_names)
-        uniq = unique_ids(sub, self.cfg.model)
+        uniq = unique_ids(sub, self.model_cfg)
         counts = ({tb: np.bincount(uniq[tb][1], minlength=len(uniq[tb][0])) for tb in self.tables}
                   if self.exchange.note is not None else None)  # admission counts occurrences, at the owners
         rows, sizes = self.exchange.fetch({tb: uniq[tb][0] for tb in self.tables}, len(sub), counts)
@@ -346,7 +349,7 @@ class ShardedTrainerCore(TrainerCore):
         self.metrics_bytes_sent += ring_bytes(vec.numel(), vec.element_size(), self.world)
         v = vec.cpu().numpy()
         b = m.bins
-        g = StreamingMetrics(self.cfg.trainer.metrics_window, bins=b)
+        g = StreamingMetrics(self.trainer_cfg.metrics_window, bins=b)
 
         def totals():  # copies: update() adds to pos/neg in place, and the sums must not take the window twice
             return {"pos": v[:b].copy(), "neg": v[b:2 * b].copy(), "loss_total": float(v[2 * b]),
@@ -354,10 +357,10 @@ class ShardedTrainerCore(TrainerCore):
 
         g.load_state(totals())
         share = max(1, m.window // self.world)
-        n = min(share, m._wn)
-        newest = (m._wi - np.arange(n, 0, -1)) % m.window  # ring positions of this rank's newest n, oldest first
+        ys_mine, ps_mine = m.newest(share)  # this rank's newest events, oldest first
+        n = len(ys_mine)
         mine = np.zeros((2, share + 1), np.float32)
-        mine[0, :n], mine[1, :n], mine[0, share] = m._wy[newest], m._wp[newest], n
+        mine[0, :n], mine[1, :n], mine[0, share] = ys_mine, ps_mine, n
         got = [torch.empty((2, share + 1), dtype=torch.float32, device=self.comm) for _ in range(self.world)]
         dist.all_gather(got, torch.from_numpy(mine).to(self.comm), group=self.group)
         self.metrics_bytes_sent += (self.world - 1) * mine.nbytes  # a ring all-gather passes on every other piece

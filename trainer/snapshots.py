@@ -56,9 +56,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
-from streamrec.snapshot import PusherFactory, empty_evidence, is_retryable, needs_full, write_snapshot
+from streamrec.snapshot import Evidence, PusherFactory, empty_evidence, is_retryable, needs_full, write_snapshot
+
+if TYPE_CHECKING:
+    from streamrec.embedding_store.store_config import StoreConfig
+    from streamrec.foundation.model_config import ModelConfig
+    from streamrec.serving.serving_config import ServingConfig
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +86,17 @@ class SnapshotState:
 class SnapshotPublisher:
     """Builds snapshot directories and pushes them with a background retry loop."""
 
-    def __init__(self, cfg, out_dir: str | Path, push: bool = True, full_every: int = 10,
+    def __init__(self, model: ModelConfig, store: StoreConfig, serving: ServingConfig, out_dir: str | Path, *,
+                 model_hash: str, targets: Sequence[str] = (), push: bool = True, full_every: int = 10,
                  keep: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0, give_up_s: float = 120.0,
                  pusher_factory: PusherFactory | None = None, version_file: str | Path | None = None):
+        """``model``, ``store``: the sections each manifest records; ``serving``: the rows' precision and the
+        model line; ``model_hash``: the config's (``Config.model_hash``); ``targets``: where pushes go
+        (``Config.push_targets``)."""
         if push and pusher_factory is None:
             raise ValueError("pushing snapshots needs a pusher_factory (e.g. streamrec.serving.SnapshotPusher.factory(cfg))")
         self.pusher_factory = pusher_factory
-        self.cfg = cfg
+        self.model_cfg, self.store_cfg, self.serving_cfg, self.model_hash = model, store, serving, model_hash
         self.out_dir = Path(out_dir)
         self.push_enabled = push
         self.full_every = max(1, full_every)
@@ -100,7 +109,7 @@ class SnapshotPublisher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.targets = cfg.push_targets()
+        self.targets = list(targets)
         self.give_up_s = give_up_s
         self._remaining: list[str] = []  # targets that have not accepted the pending snapshot yet
         self._refused: list[str] = []  # targets that refused the pending snapshot for good (not retried)
@@ -183,7 +192,7 @@ class SnapshotPublisher:
 
     def publish(self, version: int, epoch: int, store, model, kafka_offsets: dict, metrics: dict,
                 newest_event_ms: int, plan: tuple[bool, int | None, int] | None = None, rows=None,
-                evidence: dict | None = None, deleted: dict | None = None) -> Path | None:
+                evidence: Evidence | None = None, deleted: dict | None = None) -> Path | None:
         """Build snapshot ``version`` (store state as of ``epoch``) and queue it for pushing.
 
         Returns the snapshot dir, or None when skipped because a push is still pending.
@@ -210,21 +219,21 @@ class SnapshotPublisher:
         program, program_data = self._program(model, dense_state)
         from .rowprobe import RowSample, build_row_probe
 
-        precision = self.cfg.serving.row_precision
-        sample = RowSample(rows, self.cfg.model.tables)
+        precision = self.serving_cfg.row_precision
+        sample = RowSample(rows, self.model_cfg.tables)
         write_snapshot(
             out, version=version, parent_version=parent, kind="full" if full else "delta",
             dense_state=dense_state, rows=sample, row_precision=precision,
-            row_probe=lambda: build_row_probe(model, self.cfg.model, sample, precision),
+            row_probe=lambda: build_row_probe(model, self.model_cfg, sample, precision),
             kafka_offsets={f"{t}:{p}": o for (t, p), o in kafka_offsets.items()},
             metrics={k: float(v) for k, v in metrics.items()
                      if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")},
-            config_hash=self.cfg.model_hash(), newest_event_ms=int(newest_event_ms),
-            model_config=dataclasses.asdict(self.cfg.model),
-            store_config=dataclasses.asdict(self.cfg.store),
-            tasks=list(self.cfg.model.task_names), program=program, program_data=program_data,
-            evidence=evidence if evidence is not None else empty_evidence(),
-            model_line=self.cfg.serving.model_line,
+            config_hash=self.model_hash, newest_event_ms=int(newest_event_ms),
+            model_config=dataclasses.asdict(self.model_cfg),
+            store_config=dataclasses.asdict(self.store_cfg),
+            tasks=list(self.model_cfg.task_names), program=program, program_data=program_data,
+            evidence=evidence.to_block() if evidence is not None else empty_evidence(),
+            model_line=self.serving_cfg.model_line,
             deleted=None if full else deleted,
         )
         with self._lock:
@@ -253,7 +262,7 @@ class SnapshotPublisher:
 
         from streamrec.snapshot import SnapshotError, export_dense, probe_inputs, task_logits
 
-        mc = self.cfg.model
+        mc = self.model_cfg
         tasks = list(mc.task_names)
         if self._exported is None and not self.program_error:
             try:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from streamrec.foundation import FEEDBACK_CODES
+from streamrec.foundation import FEEDBACK_CODES, EventBatch
 from streamrec.model import RankingModel, embed_batch, task_logits
 
 from .trainer_types import DenseOptimizer
@@ -70,17 +70,9 @@ class NonFiniteStep(ArithmeticError):
         self.rows = rows
 
 
-def label_matrix(batch, num_tasks: int) -> np.ndarray:
+def label_matrix(batch: EventBatch, num_tasks: int) -> np.ndarray:
     """The batch's labels as float32 ``[B, num_tasks]``, NaN where a task's label is missing."""
-    lm = getattr(batch, "label_matrix", None)
-    if lm is not None:
-        return np.asarray(lm(num_tasks), np.float32)
-    tl = getattr(batch, "task_labels", None)
-    if tl is not None:
-        return np.asarray(tl, np.float32)
-    if num_tasks != 1:
-        raise ValueError(f"a batch without task labels for a model of {num_tasks} tasks")
-    return np.asarray(batch.labels, np.float32).reshape(-1, 1)
+    return np.asarray(batch.label_matrix(num_tasks), np.float32)
 
 
 def task_weights(fields, weights: Sequence[float] | None) -> list[float]:
@@ -99,11 +91,11 @@ def masked_task_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torc
     return torch.where(present, per, torch.zeros_like(per)), present
 
 
-def fake_negative_weights(batch, logits: torch.Tensor) -> torch.Tensor | None:
+def fake_negative_weights(batch: EventBatch, logits: torch.Tensor) -> torch.Tensor | None:
     """The fake-negative loss weights ``[B, T]`` of a batch of a fake-negative stream (module doc): ``1 + f``
     for a ``positive``, ``(1 - f)(1 + f)`` for a ``fake_negative``, 1 for the rest, with ``f`` the detached
     probability; None when no event has one of those two kinds (every weight would be 1)."""
-    fb = getattr(batch, "feedback", None)
+    fb = batch.feedback
     if fb is None:
         return None
     pos, fake = fb == FEEDBACK_POSITIVE, fb == FEEDBACK_FAKE_NEGATIVE
@@ -117,7 +109,7 @@ def fake_negative_weights(batch, logits: torch.Tensor) -> torch.Tensor | None:
     return torch.where(pos_t, 1 + f, torch.where(fake_t, (1 - f) * (1 + f), one))
 
 
-def weighted_losses(per: torch.Tensor, batch, logits: torch.Tensor, fake_negative: bool) -> torch.Tensor:
+def weighted_losses(per: torch.Tensor, batch: EventBatch, logits: torch.Tensor, fake_negative: bool) -> torch.Tensor:
     """The per-event per-task loss terms ``[B, T]``, weighed by :func:`fake_negative_weights` when
     ``fake_negative`` (the same tensor when every weight is 1)."""
     if fake_negative:
@@ -127,10 +119,12 @@ def weighted_losses(per: torch.Tensor, batch, logits: torch.Tensor, fake_negativ
     return per
 
 
-def train_step(model: RankingModel, opt: torch.optim.Optimizer, batch, fields, lookup: Lookup,
+def train_step(model: RankingModel, opt: torch.optim.Optimizer, batch: EventBatch, fields, lookup: Lookup,
                apply_grads: ApplyGrads, device: torch.device, uniques=None,
                weights: Sequence[float] | None = None, fake_negative: bool = False) -> np.ndarray:
     """Score (before update) and train on one mini-batch; returns the scores ``[B, T]``.
+    ``batch``: an :class:`~streamrec.foundation.EventBatch` (its labels, ``task_labels`` and ``feedback``
+    as the batch carries them: a reader of another shape converts to one first);
     ``fields``: the model config (its tables and tasks), ``{field: table}`` or field names;
     ``uniques``: the batch's ``model.unique_ids`` when the caller already has them;
     ``weights``: the tasks' loss weights (default: the config's, or one task of weight 1);

@@ -12,24 +12,28 @@ stay and train. Dead letters are flushed before training goes on: their offsets 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .crash_probe import ProbeModel
 
 log = logging.getLogger(__name__)
 
 
-def arm_step_breaker(cfg, core, consumer, merger) -> None:
+def arm_step_breaker(sections: ProbeModel, core, consumer, merger) -> None:
     """Mark each of ``core``'s training steps through ``consumer`` (an ``EventConsumer``), give the
-    consumer the training-step probe, and quarantine the restored events a dead predecessor's step held
-    (in ``merger`` and ``core.batcher``)."""
+    consumer the training-step probe (it trains ``sections``' model), and quarantine the restored events a
+    dead predecessor's step held (in ``merger`` and ``core.batcher``)."""
     from .crash_probe import probe_records
 
     core.step_marker = consumer
-    consumer.step_probe = lambda values: probe_records(cfg, core.model.state_dict(), values)
-    quarantine_restored(cfg, core, consumer, merger)
+    consumer.step_probe = lambda values: probe_records(sections, consumer.schema, core.model.state_dict(), values)
+    quarantine_restored(sections, core, consumer, merger)
 
 
-def quarantine_restored(cfg, core, consumer, merger) -> None:
+def quarantine_restored(sections: ProbeModel, core, consumer, merger) -> None:
     """The events restored into the merge and the batcher whose records a training step died holding:
     probed (trained one by one in a child process) at the first death, the ones that kill it dead-lettered;
     at a later death, all of them. The rest stay and train."""
@@ -48,12 +52,12 @@ def quarantine_restored(cfg, core, consumer, merger) -> None:
     if deaths == 0:
         from .crash_probe import probe_train
 
-        waiting = EventBatch.concat([h.buffer.take(x) for h, x in zip(holders, hits)], cfg.model.dense_dim,
-                                    cfg.model.field_names)
+        waiting = EventBatch.concat([h.buffer.take(x) for h, x in zip(holders, hits)], sections.model.dense_dim,
+                                    sections.model.field_names)
         src = [(np.asarray(h.part[x], np.int64), np.asarray(h.off[x], np.int64)) for h, x in zip(holders, hits)]
         part, off = np.concatenate([p for p, _ in src]), np.concatenate([o for _, o in src])
         log.warning("probing %d restored events whose records a training step died holding", len(waiting))
-        bad = probe_train(cfg, core.model.state_dict(), waiting)
+        bad = probe_train(sections, core.model.state_dict(), waiting)
         culprit = {(int(part[i]), int(off[i])) for i in bad}
         hits = [x[[(int(h.part[i]), int(h.off[i])) in culprit for i in x]] if len(x) else x
                 for h, x in zip(holders, hits)]

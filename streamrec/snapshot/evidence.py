@@ -1,5 +1,9 @@
 """A snapshot's quality evidence: what the trainer saw while it trained the version (manifest ``evidence``).
 
+The block is declared by :class:`Evidence` (its windows :class:`Figures`, its input :class:`InputHealth`):
+the trainer builds one and writes ``Evidence.to_block()`` into the manifest; serving reads it back with
+:func:`read_evidence`. ``format`` is the block's version: a reader refuses a version it does not know.
+
 Serving's promotion guard decides from this block alone whether a version may reach users, so it is checked
 like the rest of the manifest (types, ranges, sizes) before a byte of the snapshot is stored. It arrives
 inside an authenticated push: a forged block needs the push token like any other push.
@@ -28,7 +32,8 @@ label_rate``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 from .errors import SnapshotError
 
@@ -120,33 +125,112 @@ def check_evidence(ev: Any) -> None:
             _share(x, f"input.{k}.{name}")
 
 
-def window(events: int = 0, auc: float | None = None, logloss: float | None = None,
-           label_rate: float | None = None, mean_prediction: float | None = None, tasks: dict | None = None) -> dict:
-    """One window's figures in the evidence shape."""
-    w = {"events": int(events), "auc": auc, "logloss": logloss, "label_rate": label_rate,
-         "mean_prediction": mean_prediction}
-    if tasks:
-        w["tasks"] = tasks
-    return w
+@dataclass(frozen=True)
+class Figures:
+    """One window's figures (``WINDOW`` above); ``tasks`` (top-level windows only) holds every task's."""
+
+    events: int = 0
+    auc: float | None = None
+    logloss: float | None = None
+    label_rate: float | None = None
+    mean_prediction: float | None = None
+    tasks: Mapping[str, "Figures"] = field(default_factory=dict)
+
+    def to_block(self) -> dict[str, Any]:
+        w: dict[str, Any] = {"events": int(self.events), "auc": self.auc, "logloss": self.logloss,
+                             "label_rate": self.label_rate, "mean_prediction": self.mean_prediction}
+        if self.tasks:
+            w["tasks"] = {name: f.to_block() for name, f in self.tasks.items()}
+        return w
+
+    @classmethod
+    def from_block(cls, w: Mapping[str, Any]) -> "Figures":
+        return cls(int(w["events"]), w.get("auc"), w.get("logloss"), w.get("label_rate"), w.get("mean_prediction"),
+                   {name: cls.from_block(f) for name, f in (w.get("tasks") or {}).items()})
 
 
-def make_evidence(since_previous: dict, recent: dict, records: int = 0, dead_letters: int = 0,
-                  dense_zero_share: float = 0.0, dense_column_zero_share: list | None = None,
-                  field_empty_share: dict | None = None, field_novel_share: dict | None = None) -> dict:
-    """An evidence block from its parts (checked by :func:`check_evidence`)."""
+@dataclass(frozen=True)
+class InputHealth:
+    """The input's health since the previous snapshot (``input`` above)."""
+
+    records: int = 0
+    dead_letters: int = 0
+    dead_letter_share: float = 0.0
+    dense_zero_share: float = 0.0
+    dense_column_zero_share: tuple[float, ...] = ()
+    field_empty_share: Mapping[str, float] = field(default_factory=dict)
+    field_novel_share: Mapping[str, float] = field(default_factory=dict)
+
+    def to_block(self) -> dict[str, Any]:
+        return {"records": int(self.records), "dead_letters": int(self.dead_letters),
+                "dead_letter_share": float(self.dead_letter_share), "dense_zero_share": float(self.dense_zero_share),
+                "dense_column_zero_share": [float(x) for x in self.dense_column_zero_share],
+                "field_empty_share": {k: float(v) for k, v in self.field_empty_share.items()},
+                "field_novel_share": {k: float(v) for k, v in self.field_novel_share.items()}}
+
+    @classmethod
+    def from_block(cls, inp: Mapping[str, Any]) -> "InputHealth":
+        return cls(int(inp["records"]), int(inp["dead_letters"]), float(inp["dead_letter_share"]),
+                   float(inp["dense_zero_share"]), tuple(float(x) for x in inp.get("dense_column_zero_share") or ()),
+                   dict(inp.get("field_empty_share") or {}), dict(inp.get("field_novel_share") or {}))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A snapshot's evidence block as a value: the trainer builds one, :meth:`to_block` is the manifest's form,
+    :func:`read_evidence` the reader's way back. ``format`` is the block's version (:data:`EVIDENCE_FORMAT`)."""
+
+    since_previous: Figures
+    recent: Figures
+    input: InputHealth = field(default_factory=InputHealth)
+    format: int = EVIDENCE_FORMAT
+
+    def to_block(self) -> dict[str, Any]:
+        """The manifest's ``evidence`` object (checked by :func:`check_evidence`)."""
+        ev = {"format": self.format, "since_previous": self.since_previous.to_block(),
+              "recent": self.recent.to_block(), "input": self.input.to_block()}
+        check_evidence(ev)
+        return ev
+
+
+def read_evidence(block: Mapping[str, Any] | None) -> Evidence | None:
+    """The :class:`Evidence` of a manifest's ``evidence`` object (None: the snapshot carries none); a block of
+    a wrong type, range or version raises ``SnapshotError`` (INVALID_ARGUMENT) as :func:`check_evidence`."""
+    if block is None:
+        return None
+    check_evidence(block)
+    return Evidence(Figures.from_block(block["since_previous"]), Figures.from_block(block["recent"]),
+                    InputHealth.from_block(block["input"]), int(block["format"]))
+
+
+def input_health(records: int = 0, dead_letters: int = 0, dense_zero_share: float = 0.0,
+                 dense_column_zero_share: Sequence[float] = (), field_empty_share: Mapping[str, float] | None = None,
+                 field_novel_share: Mapping[str, float] | None = None) -> InputHealth:
+    """The input's health from its counts: ``dead_letter_share`` is derived from ``records`` and ``dead_letters``."""
     total = records + dead_letters
-    ev = {"format": EVIDENCE_FORMAT, "since_previous": since_previous, "recent": recent,
-          "input": {"records": int(records), "dead_letters": int(dead_letters),
-                    "dead_letter_share": (dead_letters / total) if total else 0.0,
-                    "dense_zero_share": float(dense_zero_share),
-                    "dense_column_zero_share": [float(x) for x in (dense_column_zero_share or [])],
-                    "field_empty_share": {k: float(v) for k, v in (field_empty_share or {}).items()},
-                    "field_novel_share": {k: float(v) for k, v in (field_novel_share or {}).items()}}}
-    check_evidence(ev)
-    return ev
+    return InputHealth(int(records), int(dead_letters), (dead_letters / total) if total else 0.0,
+                       float(dense_zero_share), tuple(float(x) for x in dense_column_zero_share),
+                       dict(field_empty_share or {}), dict(field_novel_share or {}))
 
 
-def empty_evidence() -> dict:
+def window(events: int = 0, auc: float | None = None, logloss: float | None = None,
+           label_rate: float | None = None, mean_prediction: float | None = None,
+           tasks: Mapping[str, Figures] | None = None) -> Figures:
+    """One window's figures."""
+    return Figures(int(events), auc, logloss, label_rate, mean_prediction, dict(tasks or {}))
+
+
+def make_evidence(since_previous: Figures, recent: Figures, records: int = 0, dead_letters: int = 0,
+                  dense_zero_share: float = 0.0, dense_column_zero_share: Sequence[float] | None = None,
+                  field_empty_share: Mapping[str, float] | None = None,
+                  field_novel_share: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """An evidence block (the manifest's form) from its parts (a hand-made snapshot's, a test's)."""
+    return Evidence(since_previous, recent, input_health(records, dead_letters, dense_zero_share,
+                                                         dense_column_zero_share or (), field_empty_share,
+                                                         field_novel_share)).to_block()
+
+
+def empty_evidence() -> dict[str, Any]:
     """The evidence of a snapshot written with no events seen since the previous one (a test's or a tool's
     hand-made snapshot): no figure to judge, so the guard passes it; the push still needs its token."""
-    return make_evidence(window(0), window(0))
+    return Evidence(Figures(), Figures()).to_block()

@@ -62,7 +62,7 @@ def _hot_set(batch: EventBatch, fields, per_field: int) -> dict[str, np.ndarray]
 def _train(cfg, device: torch.device, train: EventBatch, hot: dict) -> tuple[TrainerCore, EmbeddingStore, np.ndarray]:
     torch.manual_seed(0)  # the dense network's initial weights
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), device)
-    core = TrainerCore(cfg, store, device)
+    core = TrainerCore(cfg.model, cfg.trainer, store, device, store_cfg=cfg.store, join=cfg.join)
     core.apply_hot_set(1, hot)
     scores = []
     for s in range(0, len(train), WINDOW):
@@ -80,7 +80,7 @@ def test_auto_device_and_placement(tmp_path):
     batch = _events(cfg, 2 * BS)
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), device)
     try:
-        core = TrainerCore(cfg, store, device)
+        core = TrainerCore(cfg.model, cfg.trainer, store, device, store_cfg=cfg.store, join=cfg.join)
         assert {p.device.type for p in core.model.parameters()} == {device.type}
         core.apply_hot_set(1, _hot_set(batch, cfg.model.field_names, 200))
         f = cfg.model.field_names[0]
@@ -142,7 +142,8 @@ def test_snapshot_trained_on_gpu_serves_on_cpu(tmp_path):
     device = resolve_device(DEVICE)
     train = _events(cfg, 8 * BS)
     core, store, _ = _train(cfg, device, train, _hot_set(train, cfg.model.field_names, 300))
-    publisher = SnapshotPublisher(cfg, tmp_path / "snapshots", push=False)
+    publisher = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, tmp_path / "snapshots",
+                                  model_hash=cfg.model_hash(), targets=cfg.push_targets(), push=False)
     srv = serve(server_settings(cfg), device="cpu")
     try:
         path = publisher.publish(1, 0, store, core.model, {}, {"auc": core.metrics.auc}, core.newest_event_ms,

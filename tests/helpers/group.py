@@ -114,7 +114,8 @@ def _rank1_config_errors(cases, rank, world, cfg, tmp):
         store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model),
                                              torch.device("cpu"), path=str(tmp / f"store-{i}-{rank}"))
         try:
-            ShardedTrainerCore(c, store, torch.device("cpu"), rank, world).train_window(None)
+            ShardedTrainerCore(c.model, c.trainer, store, torch.device("cpu"), rank, world,
+                               store_cfg=c.store, join=c.join).train_window(None)
             out.append("no error")
         except RuntimeError as e:
             out.append(str(e))

@@ -202,13 +202,14 @@ def test_cli_broker_check_and_topic_creation(rec, pem):
 
 
 def test_trainer_hot_set_follower_and_group_partition_check(rec, pem):
+    from streamrec.foundation import hot_budget
     from streamrec.trainer.group import check_partitions
     from streamrec.trainer.hotset import make_hot_source
 
     cfg = _secured(pem)
     rec.stop_at = {"consumer"}
     with pytest.raises(_Stop):
-        make_hot_source(cfg, cfg.kafka.bootstrap)
+        make_hot_source(cfg.trainer, cfg.model, cfg.kafka, hot_budget(cfg), cfg.kafka.bootstrap)
     with pytest.raises(_Stop):
         check_partitions(cfg.kafka.bootstrap, "events", 1, security=client_settings(cfg.kafka))
     rec.assert_all_secured({"consumer"})

@@ -32,7 +32,7 @@ def _cfg(tmp_path, arch: str, **over):
 
 def _train(cfg, events):
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     init = [p.detach().clone() for p in core.model.parameters()]
     for s in range(0, len(events), BS * 8):  # as the service does: batches form across the windows
         core.feed(events.take(np.arange(s, min(len(events), s + BS * 8))))

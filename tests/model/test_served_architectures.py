@@ -40,7 +40,7 @@ def _trained(tmp_path, over: dict):
     cfg = small_config(tmp_path / "trainer", **{"trainer.batch_size": 256, **over})
     events = EventBatch.concat(list(SyntheticStream(cfg).batches(2048)), cfg.model.dense_dim, cfg.model.field_names)
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     core.feed(events)
     core.flush()
     trained = {f: np.unique(events.sparse[f].values) for f in cfg.model.field_names}

@@ -30,7 +30,7 @@ def test_a_users_module_is_trained_by_the_trainer(tmp_path):
         events = EventBatch.concat(list(SyntheticStream(cfg).batches(4096)), cfg.model.dense_dim,
                                    cfg.model.field_names)
         store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
-        core = TrainerCore(cfg, store, torch.device("cpu"))
+        core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
         assert type(core.model).__name__ == "TwoTower"
         before = [p.detach().clone() for p in core.model.parameters()]
         core.feed(events)

@@ -88,9 +88,10 @@ class Trainer:
 
         self.cfg = cfg
         self.model = build_model(cfg.model).eval()
-        self.store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
-                                                  torch.device("cpu"), path=str(tmp_path / "trainer-store"))
-        self.publisher = SnapshotPublisher(cfg, tmp_path / "snapshots", push=False, keep=100)
+        self.store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), torch.device("cpu"), path=str(tmp_path / "trainer-store"))
+        self.publisher = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, tmp_path / "snapshots",
+                                           model_hash=cfg.model_hash(), targets=cfg.push_targets(),
+                                           push=False, keep=100)
         self.rng = np.random.default_rng(seed)
         self.version = 0
         self.touched: dict[str, set] = {}

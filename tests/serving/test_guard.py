@@ -10,14 +10,14 @@ import pytest
 from streamrec.foundation import EventBatch, JaggedIds
 from streamrec.app.config import load_config
 from streamrec.serving.guard import Guard
-from streamrec.snapshot import SnapshotError, check_evidence, make_evidence, window
+from streamrec.snapshot import SnapshotError, check_evidence, make_evidence, read_evidence, window
 from streamrec.trainer.evidence import EvidenceCollector
 
 
 def _ev(label_rate=0.2, mean_pred=0.2, logloss=0.45, events=2000, dense_zero=0.0, cols=(0.0, 0.05),
         empty=None, novel=None, dead=0):
     w = window(events, auc=0.75, logloss=logloss, label_rate=label_rate, mean_prediction=mean_pred)
-    return make_evidence(w, dict(w), records=events, dead_letters=dead, dense_zero_share=dense_zero,
+    return make_evidence(w, w, records=events, dead_letters=dead, dense_zero_share=dense_zero,
                          dense_column_zero_share=list(cols), field_empty_share=empty or {"user": 0.0, "item": 0.01},
                          field_novel_share=novel or {"user": 0.1, "item": 0.05})
 
@@ -152,19 +152,19 @@ def test_the_collector_measures_labels_scores_and_input_health():
     c.observe_inputs(b)
     c.observe_scores(b.labels[:, None], np.full((len(b), 1), 0.3))
     ev = c.take(4)
-    check_evidence(ev)
-    sp = ev["since_previous"]
-    assert sp["events"] == 400 and abs(sp["label_rate"] - b.labels.mean()) < 1e-9 and sp["mean_prediction"] == \
+    assert read_evidence(ev.to_block()) == ev  # the manifest's form reads back as the same value
+    sp = ev.since_previous
+    assert sp.events == 400 and abs(sp.label_rate - b.labels.mean()) < 1e-9 and sp.mean_prediction == \
         pytest.approx(0.3)
-    assert ev["recent"]["events"] == 1000  # bounded to trainer.metrics_window
-    assert ev["input"]["dense_zero_share"] == 0 and ev["input"]["field_novel_share"]["item"] < 0.05
-    assert ev["input"]["dead_letters"] == 4
+    assert ev.recent.events == 1000  # bounded to trainer.metrics_window
+    assert ev.input.dense_zero_share == 0 and ev.input.field_novel_share["item"] < 0.05
+    assert ev.input.dead_letters == 4
     b = batch(400, zero_dense=True, random_item=True)
     c.observe_inputs(b)
     ev = c.take(4)
-    assert ev["input"]["dense_zero_share"] == 1.0 and ev["input"]["dense_column_zero_share"] == [1.0, 1.0]
-    assert ev["input"]["field_novel_share"]["item"] > 0.8 and ev["input"]["field_novel_share"]["user"] < 0.05
-    assert ev["input"]["dead_letters"] == 0 and ev["since_previous"]["events"] == 0
+    assert ev.input.dense_zero_share == 1.0 and ev.input.dense_column_zero_share == (1.0, 1.0)
+    assert ev.input.field_novel_share["item"] > 0.8 and ev.input.field_novel_share["user"] < 0.05
+    assert ev.input.dead_letters == 0 and ev.since_previous.events == 0
 
 
 def test_after_a_hold_several_passing_versions_in_a_row_are_needed():

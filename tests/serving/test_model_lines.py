@@ -253,7 +253,7 @@ def _evidence(label_rate=0.2):
     from streamrec.snapshot import make_evidence, window
 
     w = window(2000, auc=0.75, logloss=0.45, label_rate=label_rate, mean_prediction=label_rate)
-    return make_evidence(w, dict(w), records=2000, field_novel_share={"user": 0.1})
+    return make_evidence(w, w, records=2000, field_novel_share={"user": 0.1})
 
 
 def _with_evidence(snap, ev):
@@ -323,7 +323,9 @@ def test_the_trainers_publisher_pushes_to_its_serving_model_line(cfg, tmp_path):
     tcfg = copy.deepcopy(cfg)
     tcfg.serving.model_line = "b"
     trainer = FakeTrainer(cfg, tmp_path)
-    pub = SnapshotPublisher(tcfg, tmp_path / "snapshots", push=True, full_every=100, backoff_s=0.05,
+    pub = SnapshotPublisher(tcfg.model, tcfg.store, tcfg.serving, tmp_path / "snapshots",
+                            model_hash=tcfg.model_hash(), targets=tcfg.push_targets(),
+                            push=True, full_every=100, backoff_s=0.05,
                             max_backoff_s=0.2, pusher_factory=SnapshotPusher.factory(tcfg.serving))
     events = make_events(cfg, 16)
     try:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.grpc
 
 def _evidence(label_rate=0.2, mean_pred=0.2, logloss=0.45, events=2000):
     w = window(events, auc=0.75, logloss=logloss, label_rate=label_rate, mean_prediction=mean_pred)
-    return make_evidence(w, dict(w), records=events, field_novel_share={"user": 0.1})
+    return make_evidence(w, w, records=events, field_novel_share={"user": 0.1})
 
 
 def _set_evidence(snap, ev):

@@ -132,7 +132,9 @@ def test_the_trainers_publisher_sends_int8_rows_with_a_probe_serving_accepts(cfg
     trainer = FakeTrainer(cfg, tmp_path)
     with serve(server_settings(cfg), device="cpu") as srv:
         cfg.serving.target = srv.target
-        pub = SnapshotPublisher(cfg, tmp_path / "snapshots", push=True, backoff_s=0.05, max_backoff_s=0.1,
+        pub = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, tmp_path / "snapshots",
+                                model_hash=cfg.model_hash(), targets=cfg.push_targets(),
+                                push=True, backoff_s=0.05, max_backoff_s=0.1,
                                 pusher_factory=SnapshotPusher.factory(cfg.serving))
         try:
             for version in (1, 2):

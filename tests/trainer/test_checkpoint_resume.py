@@ -45,7 +45,7 @@ def test_resume_uses_the_configured_hot_budget_not_the_checkpoints(tmp_path):
     cfg.hot.budget_rows = 50
     store = open_store(cfg, torch.device("cpu"), ckpt)
     try:
-        core = TrainerCore(cfg, store, torch.device("cpu"))
+        core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
         core.apply_hot_set(2, {"user": np.arange(30), "item": np.arange(20)})
         assert store.stats()["hot_rows"] == 50 and core.hot_rows == 50
     finally:

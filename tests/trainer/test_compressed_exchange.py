@@ -52,9 +52,9 @@ def _train_each_precision(rank, world, cfg, tmp):
         c = copy.deepcopy(cfg)
         c.trainer.exchange_precision = c.trainer.dense_allreduce_precision = p.partition("-")[0]
         torch.manual_seed(0)
-        store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model),
-                                             torch.device("cpu"), path=str(tmp / f"store-{p}-{rank}"))
-        core = ShardedTrainerCore(c, store, torch.device("cpu"), rank, world)
+        store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model), torch.device("cpu"), path=str(tmp / f"store-{p}-{rank}"))
+        core = ShardedTrainerCore(c.model, c.trainer, store, torch.device("cpu"), rank, world,
+                                  store_cfg=c.store, join=c.join)
         if p == "fp16-overflow":
             core.dense_scale = 2.0 ** 40  # every rank: the first steps' fp16 sums overflow and are summed in fp32
         res = core.train_window(batch)

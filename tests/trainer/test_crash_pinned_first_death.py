@@ -133,7 +133,7 @@ def test_the_marker_before_each_step_names_exactly_the_records_it_trains(tmp_pat
     cfg = small_config(tmp_path)
     cfg.trainer.batch_size, cfg.trainer.window_batches, cfg.trainer.device = 32, 2, "cpu"
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
-    core = TrainerCore(cfg, store, "cpu")
+    core = TrainerCore(cfg.model, cfg.trainer, store, "cpu", store_cfg=cfg.store, join=cfg.join)
     marker = InflightMarker(tmp_path / "inflight.json")
     marks: list = []
     trained: list = []
@@ -182,6 +182,7 @@ def _with_sources(b: EventBatch, rows: np.ndarray) -> EventBatch:
 @pytest.mark.subprocess
 def test_the_probe_pins_the_one_event_that_kills_a_training_step(tmp_path, monkeypatch):
     from streamrec.trainer import probe_train
+    from streamrec.trainer.crash_probe import ProbeModel
 
     cfg = small_config(tmp_path)
     b = _events(cfg, 40, np.zeros(40), np.arange(40))
@@ -189,9 +190,9 @@ def test_the_probe_pins_the_one_event_that_kills_a_training_step(tmp_path, monke
     env = install_step_crash_hook(tmp_path / "hook", {})
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert probe_train(cfg, None, b) == [13]
+    assert probe_train(ProbeModel(cfg.model, cfg.trainer, cfg.store), None, b) == [13]
     b.dense[13, 0] = 0.0
-    assert probe_train(cfg, None, b) == []  # nothing kills it: nothing pinned
+    assert probe_train(ProbeModel(cfg.model, cfg.trainer, cfg.store), None, b) == []  # nothing kills it: nothing pinned
 
 
 @pytest.mark.subprocess

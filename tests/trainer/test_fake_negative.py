@@ -98,7 +98,7 @@ def _fake_negative_stream(cfg, n: int, seed: int = 5):
 
 def _train(cfg, stream):
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     scores = [core.feed(stream.take(np.arange(s, min(len(stream), s + 4096)))).scores
               for s in range(0, len(stream), 4096)]
     core.flush()
@@ -139,7 +139,7 @@ def test_progressive_validation_scores_each_impression_once_against_its_final_la
     cfg = _cfg(tmp_path, "pv", True)
     stream, imp, truth = _fake_negative_stream(cfg, n, seed=9)
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     seen: list[tuple[np.ndarray, np.ndarray]] = []
     real = core.update_metrics
 
@@ -177,7 +177,7 @@ def test_progressive_validation_scores_each_impression_once_against_its_final_la
     assert fig["unmatched_positives"] == 0 and fig["duplicate_fake_negatives"] == 0, fig
 
     # the held scores survive a checkpoint's counters; the restored core resolves them as the first would
-    other = TrainerCore(cfg, store, torch.device("cpu"))
+    other = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     other.load_counters(core.counters())
     assert other.delayed.state() == core.delayed.state() and other.metrics.count == core.metrics.count
     store.close()

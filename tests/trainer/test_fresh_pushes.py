@@ -29,7 +29,9 @@ class Pushing:
         self.events = make_events(cfg, 24)
 
     def publisher(self, version_file=None):
-        return SnapshotPublisher(self.cfg, self.tmp / "snapshots", push=True, full_every=1000, backoff_s=0.05,
+        return SnapshotPublisher(self.cfg.model, self.cfg.store, self.cfg.serving, self.tmp / "snapshots",
+                                 model_hash=self.cfg.model_hash(), targets=self.cfg.push_targets(),
+                                 push=True, full_every=1000, backoff_s=0.05,
                                  max_backoff_s=0.2, pusher_factory=SnapshotPusher.factory(self.cfg.serving),
                                  version_file=version_file)
 

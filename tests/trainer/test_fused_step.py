@@ -137,7 +137,7 @@ def test_the_store_and_the_in_memory_baseline_are_row_sources(tmp_path):
     with EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu") as store:
         assert isinstance(store, RowSource)
     vocab = {f: np.arange(10, dtype=np.int64) for f in cfg.model.field_names}
-    assert isinstance(MemoryDLRM(cfg, vocab), RowSource)
+    assert isinstance(MemoryDLRM(cfg.model, cfg.trainer, cfg.store, vocab), RowSource)
 
 
 def test_unique_fixed_pads_with_the_fill_and_inverts():

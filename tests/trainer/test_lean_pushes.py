@@ -48,8 +48,10 @@ def test_serving_holds_what_the_trainer_admitted_and_drops_what_it_evicted(tmp_p
     server = serve(server_settings(cfg), device="cpu", port=0)
     cfg.serving.push_targets = server.target
     store = ChangeJournal(EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu"))
-    core = TrainerCore(cfg, store, torch.device("cpu"))
-    pub = SnapshotPublisher(cfg, tmp_path / "snaps", push=True, full_every=1000, backoff_s=0.05,
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
+    pub = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, tmp_path / "snaps",
+                            model_hash=cfg.model_hash(), targets=cfg.push_targets(),
+                            push=True, full_every=1000, backoff_s=0.05,
                             pusher_factory=SnapshotPusher.factory(cfg.serving))
     fields = cfg.model.field_names
     all_events = EventBatch.concat(list(SyntheticStream(cfg).batches(8 * 1024)), cfg.model.dense_dim, fields)

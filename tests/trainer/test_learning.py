@@ -28,7 +28,7 @@ def _data(tmp_path, n_train, n_held, **over):
 
 def _train_core(cfg, train, hot=None) -> tuple[TrainerCore, EmbeddingStore]:
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     if hot is not None:
         core.apply_hot_set(1, hot)
     for s in range(0, len(train), WINDOW):  # as the service does: batches form across the windows
@@ -57,7 +57,7 @@ def test_equivalence_with_in_memory_dlrm(tmp_path):
     cfg.trainer.dense_lr = lr
     fields = cfg.model.field_names
     vocab = {f: np.unique(allb.sparse[f].values) for f in fields}
-    ref = MemoryDLRM(cfg, vocab)
+    ref = MemoryDLRM(cfg.model, cfg.trainer, cfg.store, vocab)
     for s in range(0, n_train, BS):
         ref.train_batch(train.take(np.arange(s, s + BS)))
     auc_ref = roc_auc(held.labels, ref.predict(held)[:, 0])

@@ -42,7 +42,7 @@ def _with_expected_ids(cfg, allb):
 def _train(cfg, allb, chunks, hot=None, path=None):
     """Feed ``allb`` in the given chunk sizes (cycled), then flush; returns the core (store closed)."""
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=path)
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     if hot is not None:
         core.apply_hot_set(1, hot)
     s, i = 0, 0
@@ -141,7 +141,7 @@ def test_an_event_is_never_scored_by_a_model_trained_on_a_later_event(tmp_path):
     assert k - 4 <= core.hot_events < k
     first = np.arange(0, 2 * k, 2)
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(tmp_path / "probe"))
-    probe = TrainerCore(cfg, store, torch.device("cpu"))
+    probe = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     probe.apply_hot_set(1, hot)
     res = probe.train_window(batch)
     store.close()
@@ -150,7 +150,7 @@ def test_an_event_is_never_scored_by_a_model_trained_on_a_later_event(tmp_path):
     assert abs(honest - 0.5) < 0.05, honest
     # the signal is there to be caught: a model that trains each pair's second event before scoring the first
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(tmp_path / "cheat"))
-    cheat = TrainerCore(cfg, store, torch.device("cpu"))
+    cheat = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     # per 64 pairs: a mini-batch of their second events, then one of their first events
     peek = np.concatenate([np.r_[first[i:i + 64] + 1, first[i:i + 64]] for i in range(0, k, 64)])
     res = cheat.train_window(batch.take(peek))

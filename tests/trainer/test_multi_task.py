@@ -33,7 +33,7 @@ def _train(tmp_path, name, tasks, events):
     cfg.trainer.batch_size = BS
     cfg.model.tasks = tasks
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     n = len(events)
     scores = [core.feed(events.take(np.arange(s, min(n, s + 8192)))).scores for s in range(0, n, 8192)]
     tail = core.flush()
@@ -84,7 +84,7 @@ def test_task_metrics_survive_the_counters_round_trip(tmp_path):
     c = small_config(tmp_path / "b")
     c.model.tasks = [TaskSpec("click"), TaskSpec("conversion")]
     store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model), "cpu")
-    other = TrainerCore(c, store, torch.device("cpu"))
+    other = TrainerCore(c.model, c.trainer, store, torch.device("cpu"), store_cfg=c.store, join=c.join)
     other.load_counters(core.counters())
     store.close()
     assert other.task_figures() == core.task_figures() and other.task_figures()["conversion"]["labelled"] > 0

@@ -18,7 +18,8 @@ from tests.conftest import small_config
 def _core(tmp_path):
     cfg = small_config(tmp_path, **{"trainer.batch_size": 64, "hot.budget_rows": 0})
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu")
-    return cfg, store, TrainerCore(cfg, store, torch.device("cpu"))
+    return cfg, store, TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"),
+                                   store_cfg=cfg.store, join=cfg.join)
 
 
 def test_an_event_with_a_huge_dense_value_is_rejected_and_the_rest_trains(tmp_path):

@@ -8,6 +8,7 @@ processes on 127.0.0.1, real RocksDB shards."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 
 import numpy as np
@@ -69,9 +70,9 @@ def _train_setups(rank, world, cfg, tmp):
         c.trainer.dense_allreduce_compression = "none" if name == "exact" else "powersgd"
         c.trainer.powersgd_rank, c.trainer.powersgd_start_iter = k, start
         torch.manual_seed(0)
-        store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model),
-                                             torch.device("cpu"), path=str(tmp / f"store-{name}-{rank}"))
-        core = ShardedTrainerCore(c, store, torch.device("cpu"), rank, world)
+        store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model), torch.device("cpu"), path=str(tmp / f"store-{name}-{rank}"))
+        core = ShardedTrainerCore(c.model, c.trainer, store, torch.device("cpu"), rank, world,
+                                  store_cfg=c.store, join=c.join)
         res = core.train_window(batch)
         g = core.group_metrics()
         out[name] = {"auc": g.auc, "logloss": g.logloss, "steps": core.steps, "rejected": len(res.rejected),
@@ -168,9 +169,9 @@ def _guard(rank, world, cfg, tmp):
     c = copy.deepcopy(cfg)
     c.model.top_mlp = small_config(tmp).model.top_mlp
     c.trainer.dense_allreduce_compression, c.trainer.powersgd_start_iter, c.trainer.powersgd_rank = "powersgd", 0, 1
-    store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model),
-                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
-    core = ShardedTrainerCore(c, store, torch.device("cpu"), rank, world)
+    store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model), torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    core = ShardedTrainerCore(c.model, c.trainer, store, torch.device("cpu"), rank, world,
+                              store_cfg=c.store, join=c.join)
     b = synthetic(c, 512)
     if rank == 1:
         b.dense[5, 0] = 3e38
@@ -222,9 +223,9 @@ def _resume(rank, world, cfg, tmp):
     out = {}
     for run in ("straight", "resumed", "reset"):
         torch.manual_seed(0)
-        store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
-                                             torch.device("cpu"), path=str(tmp / f"store-{run}-{rank}"))
-        core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
+        store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), torch.device("cpu"), path=str(tmp / f"store-{run}-{rank}"))
+        core = ShardedTrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), rank, world,
+                                  store_cfg=cfg.store, join=cfg.join)
         core.train_window(w1)
         if run != "straight":
             box = [core.dense_state() if rank == 0 else None]
@@ -233,7 +234,8 @@ def _resume(rank, world, cfg, tmp):
             if run == "reset":
                 state.pop("dense_sync_rank")
             torch.manual_seed(1)  # another process, other seeds
-            core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
+            core = ShardedTrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), rank, world,
+                                      store_cfg=cfg.store, join=cfg.join)
             core.load_dense_state(state)
         core.train_window(w2)
         out[run] = {k: v.detach().numpy().copy() for k, v in core.model.state_dict().items()}
@@ -275,14 +277,15 @@ def test_a_rank_gets_its_own_shard_s_error_feedback_back(tmp_path):
     dense.pt, and ``_open_shard`` hands it back for ``load_dense_state``; a shard without one (written
     before PowerSGD) gives nothing, and the error feedback starts at zero."""
     from streamrec.trainer.checkpoint import write_checkpoint
-    from streamrec.trainer.group import GroupTrainerService, rank_config
+    from streamrec.trainer.group import GroupTrainerService, rank_sections
     from streamrec.trainer.reshard import rank_dir
 
     cfg = _cfg(tmp_path)
     root = tmp_path / "ckpt"
     error = torch.arange(7, dtype=torch.float32)
     for seq, dense in ((1, {"dense_sync_rank": {"world": 2, "numel": 7, "error": error}}), (2, {})):
-        c = rank_config(cfg, 1, 2)
+        rank_store, rank_trainer = rank_sections(cfg.store, cfg.trainer, 1, 2)
+        c = dataclasses.replace(cfg, store=rank_store, trainer=rank_trainer)
         store = EmbeddingStore.from_sections(c.store, c.model, hot_budget(c.hot, c.model), torch.device("cpu"))
         write_checkpoint(rank_dir(root, 1), seq, {"rank": 1, "world": 2}, dense,
                          lambda d: {"epoch": int(store.checkpoint(d))})

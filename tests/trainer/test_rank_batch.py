@@ -17,7 +17,7 @@ from streamrec.foundation.config import ConfigError
 from streamrec.app.config import load_config
 from streamrec.trainer import TrainerCore
 from streamrec.trainer.group import GroupError, batch_mode, check_batch_mode
-from streamrec.trainer.sharded_core import local_batch
+from streamrec.trainer.batch_sizes import batch_sizes
 
 from ..conftest import small_config
 from ..helpers.group import run_group, split, synthetic
@@ -35,9 +35,9 @@ def _rank_mode_rank(rank, world, cfg, tmp):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
     torch.manual_seed(rank)  # different seeds: the broadcast at start must make the ranks' weights one
-    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
-                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
-    core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    core = ShardedTrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), rank, world,
+                              store_cfg=cfg.store, join=cfg.join)
     step_sizes = []  # every rank's events in each step, as the counts message told this rank
     fetch = core.exchange.fetch
 
@@ -72,9 +72,9 @@ def test_rank_mode_steps_hold_batch_size_per_rank_and_train_one_trainer_at_n_tim
     cfg = small_config(tmp_path)
     cfg.trainer.batch_size, cfg.trainer.device = 2 * BATCH, "cpu"
     torch.manual_seed(0)
-    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
-                                         torch.device("cpu"), path=str(tmp_path / "single"))
-    single = TrainerCore(cfg, store, torch.device("cpu"))  # seed 0: the group's start is rank 0's (seed 0) weights
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), torch.device("cpu"), path=str(tmp_path / "single"))
+    # seed 0: the group's start is rank 0's (seed 0) weights
+    single = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     single.train_window(synthetic(cfg, N_EVENTS))
     assert abs(ranks[0]["auc"] - single.metrics.auc) <= 0.001, (ranks[0]["auc"], single.metrics.auc)
     assert abs(ranks[0]["logloss"] - single.metrics.logloss) <= 1e-3
@@ -87,10 +87,10 @@ def test_local_batch_and_the_manifest_fields(tmp_path):
     cfg = small_config(tmp_path)
     cfg.trainer.batch_size = 512
     assert cfg.trainer.group_batch == "group"  # the default: exact, the group's batch
-    assert local_batch(cfg.trainer, 4) == 128 and batch_mode(cfg.trainer, 4) == {
+    assert batch_sizes(cfg.trainer, 4).step == 128 and batch_mode(cfg.trainer, 4) == {
         "group_batch": "group", "rank_batch": 128, "global_batch": 512}
     cfg.trainer.group_batch = "rank"
-    assert local_batch(cfg.trainer, 4) == 512 and batch_mode(cfg.trainer, 4) == {
+    assert batch_sizes(cfg.trainer, 4).step == 512 and batch_mode(cfg.trainer, 4) == {
         "group_batch": "rank", "rank_batch": 512, "global_batch": 2048}
 
 

@@ -78,9 +78,9 @@ def _train_rank(rank, world, cfg, tmp, arch: str = "dlrm", tasks: bool = False, 
 
     cfg = _setup(cfg, arch, tasks, tables, fake, admit)
     torch.manual_seed(0)
-    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
-                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
-    core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    core = ShardedTrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), rank, world,
+                              store_cfg=cfg.store, join=cfg.join)
     batch = split(_events(cfg), rank, world)
     core.train_window(batch)
     # the rank's own rows: every id it was asked for that it owns
@@ -103,9 +103,8 @@ def _single(tmp, arch: str = "dlrm", tasks: bool = False, tables: bool = False, 
             admit: bool = False):
     cfg = _setup(_cfg(tmp), arch, tasks, tables, fake, admit)
     torch.manual_seed(0)
-    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
-                                         torch.device("cpu"), path=str(tmp / "single"))
-    core = TrainerCore(cfg, store, torch.device("cpu"))
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), torch.device("cpu"), path=str(tmp / "single"))
+    core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     core.train_window(_events(cfg))
     return core, store
 
@@ -166,9 +165,9 @@ def test_an_idle_rank_joins_every_step_with_an_empty_batch(group_runs):
 def _idle_rank(rank, world, cfg, tmp):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
-                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
-    core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    core = ShardedTrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), rank, world,
+                              store_cfg=cfg.store, join=cfg.join)
     core.train_window(synthetic(cfg, N_EVENTS // 2) if rank == 0 else None)
     out = {"events": core.events, "steps": core.steps, "auc": core.group_metrics().auc}
     store.close()
@@ -187,9 +186,9 @@ def test_a_poisoned_event_is_refused_by_the_whole_group(group_runs):
 def _poisoned_rank(rank, world, cfg, tmp):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
-                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
-    core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    core = ShardedTrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), rank, world,
+                              store_cfg=cfg.store, join=cfg.join)
     b = synthetic(cfg, 512)
     if rank == 1:
         b.dense[5, 0] = 3e38  # contract-valid only if the bound is off; here straight into the core
@@ -213,9 +212,9 @@ def test_owners_are_stable_and_spread():
 def _out_of_step_rank(rank, world, cfg, tmp):
     from streamrec.trainer.sharded_core import ShardedTrainerCore
 
-    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model),
-                                         torch.device("cpu"), path=str(tmp / f"store-{rank}"))
-    core = ShardedTrainerCore(cfg, store, torch.device("cpu"), rank, world)
+    store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), torch.device("cpu"), path=str(tmp / f"store-{rank}"))
+    core = ShardedTrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), rank, world,
+                              store_cfg=cfg.store, join=cfg.join)
     core.train_window(None)
     if rank == 1:
         core.windows += 1  # as if this rank had trained a window the other did not
@@ -284,6 +283,7 @@ def test_a_group_refuses_the_shared_unadmitted_row_before_any_collective(tmp_pat
                                          torch.device("cpu"), path=str(tmp_path / "s"))
     try:
         with pytest.raises(ConfigError, match='store.unadmitted = "zero"'):
-            ShardedTrainerCore(cfg, store, torch.device("cpu"), 0, 2)  # no process group: nothing else ran
+            ShardedTrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), 0, 2,
+                               store_cfg=cfg.store, join=cfg.join)  # no process group: nothing else ran
     finally:
         store.close()

@@ -102,7 +102,7 @@ def test_the_hot_rows_of_a_shared_table_are_counted_from_both_fields(tmp_path):
     """Id 7 is the hottest user only when its lookups as ``user`` and as ``last_clicked_user`` add up."""
     cfg = shared_config(tmp_path, **{"hot.budget_rows": 2, "trainer.hot_source": "sample",
                                      "trainer.hot_sample_events": 10})
-    src = make_hot_source(cfg, None)
+    src = make_hot_source(cfg.trainer, cfg.model, cfg.kafka, hot_budget(cfg), None)
     # user 5: 6 lookups as user; user 7: 4 as user + 4 as last_clicked_user; item 9: 5
     src.observe(batch([5] * 6 + [7] * 4, [7] * 4 + [1, 2, 3, 4, 6, 8], [9] * 5 + [10, 11, 12, 13, 14]))
     upd = src.poll()
@@ -136,7 +136,7 @@ def test_restoring_a_checkpoint_of_another_width_is_refused_naming_the_table(tmp
     # the config's fault, not the checkpoint's: resume stops with the error and keeps the checkpoint
     refused: list[str] = []
     with pytest.raises(StoreMismatchError, match="table 'user' has dim 16"):
-        restore_point(narrow, CPU, str(tmp_path / "ckpt"), refused)
+        restore_point(lambda at: open_store(narrow, CPU, at), narrow.store.path, str(tmp_path / "ckpt"), refused)
     assert ck.exists() and not list((tmp_path / "ckpt").glob("corrupt-*")) and refused == []
     # the width it was written with restores it
     back = open_store(wide, CPU, ck)

@@ -32,7 +32,9 @@ def group(cfg, tmp_path):
 
     servers = [start(i, str(tmp_path / f"serving-{i}")) for i in range(2)]
     trainer = FakeTrainer(cfg, tmp_path)
-    pub = SnapshotPublisher(cfg, tmp_path / "snapshots", push=True, full_every=100, backoff_s=0.05, max_backoff_s=0.2,
+    pub = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, tmp_path / "snapshots",
+                            model_hash=cfg.model_hash(), targets=cfg.push_targets(),
+                            push=True, full_every=100, backoff_s=0.05, max_backoff_s=0.2,
                             pusher_factory=SnapshotPusher.factory(cfg.serving))
     state = {"version": 0, "events": make_events(cfg, 16)}
 
