@@ -79,7 +79,9 @@ def _measure(bootstrap: str, rate: float, seconds: float, wait_ms: float) -> dic
         ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         total = int(rate * seconds)
         cfg.trainer.max_events = total
-        svc = TrainerService(cfg, bootstrap, progress=False)
+        from streamrec.app.wiring import trainer_settings
+
+        svc = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
         waits: list[np.ndarray] = []
         arrived = np.zeros(total + 1)  # per merge arrival number: when the poll brought the event
         merger = svc.merger

@@ -3,7 +3,8 @@ mini-batches, progressive validation, checkpoints + offsets, serving snapshots.
 
 Public surface::
 
-    TrainerService(cfg, bootstrap, stop=, progress=, pusher_factory=).run() -> summary
+    TrainerService(settings, bootstrap, stop=, progress=, pusher_factory=).run() -> summary
+    TrainerSettings                     # what a service reads (the app's wiring.trainer_settings(cfg))
     TrainerCore(model, trainer, store, device, store_cfg=, join=, sizes=)  # train one window of events, no Kafka
     BatchSizes, batch_sizes(trainer, world)    # the step, window and hot-wait sizes, derived once per process
     SnapshotPublisher                          # snapshots after checkpoints, pushed in the background
@@ -17,7 +18,7 @@ Public surface::
     RowSource                                  # the Protocol a fused step's row owner satisfies (store, in-memory baseline)
     StageClock                                 # seconds per pipeline stage (bench train --host-ceiling)
     probe_train, probe_records                 # which events (records) kill a process training them alone
-    GroupTrainerService(cfg, bootstrap, rank, world, ...).run()  # one rank of a group (torchrun)
+    GroupTrainerService(settings, bootstrap, rank, world, ...).run()  # one rank of a group (torchrun)
     ShardedTrainerCore(model, trainer, store, device, rank, world, ...)  # TrainerCore with row-wise sharded rows
     RunLoop, RunTimers                         # the one training loop of a process and of a group's rank
     owner_of, RowExchange, reshard_into                           # who owns a row; the step's traffic; N -> M
@@ -30,6 +31,8 @@ from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .batch_sizes import BatchSizes, batch_sizes
+    from .trainer_config import TrainerConfig
+    from .trainer_settings import TrainerSettings
     from .core import TrainerCore, WindowResult
     from .crash_probe import probe_records, probe_train
     from .evidence import EvidenceCollector, collector_for
@@ -68,6 +71,8 @@ _EXPORTS = {  # submodule: the public names it defines
     ".run_loop": "RunLoop",
     ".run_timers": "RunTimers",
     ".service": "TrainerService",
+    ".trainer_config": "TrainerConfig",
+    ".trainer_settings": "TrainerSettings",
     ".sharded_core": "ShardedTrainerCore",
     ".sharding": "RowExchange owner_of",
     ".snapshots": "SnapshotPublisher",

@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from streamrec.embedding_store.store_config import StoreConfig
     from streamrec.trainer.trainer_config import TrainerConfig
 
+    from .trainer_settings import TrainerSettings
+
 log = logging.getLogger(__name__)
 
 
@@ -184,33 +186,33 @@ class GroupTrainerService(TrainerService):
 
     pins_training_crashes = False  # a step is a collective: a rank must not drop events of it on its own
 
-    def __init__(self, cfg, bootstrap: str, rank: int, world: int, stop=None, progress: bool | None = None,
-                 pusher_factory=None, group=None):
+    def __init__(self, settings: TrainerSettings, bootstrap: str, rank: int, world: int, stop=None,
+                 progress: bool | None = None, pusher_factory=None, group=None):
         self.rank, self.world, self.group = int(rank), int(world), group
-        self.root = Path(cfg.trainer.checkpoint_dir)
-        self.snapshot_every = cfg.trainer.snapshot_every
+        self.root = Path(settings.trainer.checkpoint_dir)
+        self.snapshot_every = settings.trainer.snapshot_every
         from streamrec.ingest import client_settings
 
         self.partitions = assigned_partitions(
-            check_partitions(bootstrap, cfg.kafka.events_topic, world, security=client_settings(cfg.kafka)),
+            check_partitions(bootstrap, settings.kafka.events_topic, world, security=client_settings(settings.kafka)),
             rank, world)
-        if cfg.trainer.group_batch == "group" and cfg.trainer.batch_size % world:
+        if settings.trainer.group_batch == "group" and settings.trainer.batch_size % world:
             log.warning("trainer.batch_size %d is not a multiple of %d ranks: a step trains %d events, not %d",
-                        cfg.trainer.batch_size, world, cfg.trainer.batch_size // world * world, cfg.trainer.batch_size)
+                        settings.trainer.batch_size, world, settings.trainer.batch_size // world * world, settings.trainer.batch_size)
         self.comm_device = torch.device("cpu") if dist.get_backend(group) == "gloo" else None
-        rank_store, rank_trainer = rank_sections(cfg.store, cfg.trainer, rank, world)
-        super().__init__(dataclasses.replace(cfg, store=rank_store, trainer=rank_trainer), bootstrap, stop=stop,
+        rank_store, rank_trainer = rank_sections(settings.store, settings.trainer, rank, world)
+        super().__init__(dataclasses.replace(settings, store=rank_store, trainer=rank_trainer), bootstrap, stop=stop,
                          progress=progress if rank == 0 else False, pusher_factory=pusher_factory if rank == 0 else None)
         self.core.hot_rows = 0  # the group's set arrives again from rank 0's source (the store keeps its rows)
         # row exchange, dense all-reduce and metrics bytes at the last record, and when it was made
         self.bytes_at_log = (0, 0, 0, 0.0)
         log.info("rank %d of %d: partitions %s of %r, store %s, resumed from %s", rank, world, self.partitions,
-                 cfg.kafka.events_topic, self.cfg.store.path, self.resumed_from or "nothing (fresh start)")
+                 settings.kafka.events_topic, self.settings.store.path, self.resumed_from or "nothing (fresh start)")
 
     # -- the parts of TrainerService a rank replaces --------------------------------
     def _make_core(self):
         comm = self.comm_device if self.comm_device is not None else self.device
-        c = self.cfg
+        c = self.settings
         return ShardedTrainerCore(c.model, c.trainer, self.store, self.device, self.rank, self.world, self.group,
                                   comm_device=comm, store_cfg=c.store, join=c.join, sizes=self.sizes)
 
@@ -219,8 +221,8 @@ class GroupTrainerService(TrainerService):
 
         d = rank_dir(self.root, self.rank)
         d.mkdir(parents=True, exist_ok=True)
-        return EventConsumer(self.bootstrap, self.cfg.kafka, self.cfg.ingest, EventSchema.from_config(self.cfg),
-                             group_id=self.cfg.kafka.trainer_group, mode="assign",
+        return EventConsumer(self.bootstrap, self.settings.kafka, self.settings.ingest, EventSchema.from_config(self.settings),
+                             group_id=self.settings.kafka.trainer_group, mode="assign",
                              partitions=self.partitions, inflight_path=d / INFLIGHT)
 
     def _restore_point(self, root: str):
@@ -246,7 +248,7 @@ class GroupTrainerService(TrainerService):
                 self._fresh_store()
                 return None, {}, {}
             ckpt, state, dense = Path(pick[0][0]), pick[0][1], pick[0][2]
-            check_batch_mode(state, self.cfg.trainer, self.world, ckpt.name)  # every rank: the same manifest
+            check_batch_mode(state, self.settings.trainer, self.world, ckpt.name)  # every rank: the same manifest
             why = ""
             try:
                 local = self._open_shard(ckpt, state)
@@ -269,9 +271,8 @@ class GroupTrainerService(TrainerService):
 
     def _fresh_store(self) -> None:
         from streamrec.embedding_store import EmbeddingStore
-        from streamrec.foundation import hot_budget
-
-        self.store = EmbeddingStore.from_sections(self.cfg.store, self.cfg.model, hot_budget(self.cfg.hot, self.cfg.model), self.device)
+        self.store = EmbeddingStore.from_sections(self.settings.store, self.settings.model, self.settings.hot_budget,
+                                                  self.device)
 
     def _open_shard(self, ckpt: Path, state: dict) -> dict | None:
         """Open this rank's store at the checkpoint: its own shard, or resharded from all of them. Its own
@@ -286,13 +287,13 @@ class GroupTrainerService(TrainerService):
             if want and sha256_file(shard / CHECKSUMS) != want:
                 raise CheckpointError(f"{shard}: not the shard manifest {ckpt.name} recorded (a leftover of a run "
                                       "that died before its manifest)")
-            self.store = open_store(self.cfg, self.device, shard)
+            self.store = open_store(self.settings, self.device, shard)
             shard_state, rank_dense = read_checkpoint(shard)  # verified above, with the rest of the shard
             self._rank_dense = dict(rank_dense or {})
             return shard_state
         # another world size (or a plain trainer's checkpoint): every row to its new owner
-        if Path(self.cfg.store.path).exists():
-            shutil.rmtree(self.cfg.store.path)
+        if Path(self.settings.store.path).exists():
+            shutil.rmtree(self.settings.store.path)
         self._fresh_store()
         try:
             reshard_into(self.store, shard_checkpoints(self.root, ckpt, state), self.rank, self.world)
@@ -316,7 +317,7 @@ class GroupTrainerService(TrainerService):
     # -- the loop (trainer/run_loop.py) ---------------------------------------------
     def run(self) -> dict[str, Any]:
         self._group_events = int(self._sum(self.core.events))
-        reason = RunLoop(self, RunTimers(self.cfg.trainer, self.cfg.serving.push_every_s, self._group_events)).run()
+        reason = RunLoop(self, RunTimers(self.settings.trainer, self.settings.push_every_s, self._group_events)).run()
         if reason == "repartition":  # a non-zero exit: torchrun restarts the group, which re-plans the partitions
             raise GroupError(f"the topic {self.consumer.topic!r} gained partitions; checkpoint {self.seq} is written "
                              "and the group restarts to assign every partition")
@@ -333,7 +334,7 @@ class GroupTrainerService(TrainerService):
         """One lockstep turn: every rank polls its partitions (this rank's share of a group window, or a whole
         window of its own mini-batches in "rank" mode: ``sizes.window``), then one ``all_reduce`` carries the
         turn's decisions (rank 0's clock, every rank's stop and counts), then every rank trains."""
-        t = self.cfg.trainer
+        t = self.settings.trainer
         batch = self.consumer.poll_batch(self.sizes.window, timeout=0.2)
         r0 = self.rank == 0
         upd = self.hot.poll() if r0 else None
@@ -435,7 +436,7 @@ class GroupTrainerService(TrainerService):
                        "dead_letters": self.consumer.stats.dead_letters, "quarantined": self.consumer.stats.quarantined,
                        "rows_expired": self.rows_expired, "rows_evicted": self.rows_evicted, **self.core.counters()}
         shard = write_checkpoint(rank_dir(self.root, self.rank), seq, shard_state, self.core.rank_dense_state(),
-                                 write_store, keep=self.cfg.trainer.keep_checkpoints)
+                                 write_store, keep=self.settings.trainer.keep_checkpoints)
         mine = {"rank": self.rank, "digest": sha256_file(shard / CHECKSUMS), "offsets": offsets_to_json(own),
                 "events": self.core.events, "hot_events": self.core.hot_events,
                 "newest_event_ms": self.core.newest_event_ms, "nonfinite_batches": self.core.nonfinite_batches,
@@ -454,7 +455,7 @@ class GroupTrainerService(TrainerService):
         if self.rank == 0:
             manifest = {
                 "world": self.world, "sharding": SHARDING, "shards": {str(s["rank"]): s["digest"] for s in shards},
-                **batch_mode(self.cfg.trainer, self.world),
+                **batch_mode(self.settings.trainer, self.world),
                 "offsets": offsets_to_json(offsets), "topic_ids": dict(self.topic_ids), "ts": time.time(),
                 "hot_version": self.core.hot_version, "metrics": group_metrics.state(),
                 "snapshot": self.publisher.state() if self.publisher else {},
@@ -463,7 +464,7 @@ class GroupTrainerService(TrainerService):
             }
             hit("group.before_manifest")
             path = write_checkpoint(self.root, seq, manifest, self.core.dense_state(), lambda d: {"group": True},
-                                    keep=self.cfg.trainer.keep_checkpoints)
+                                    keep=self.settings.trainer.keep_checkpoints)
             hit("group.manifest_written")  # durable, offsets not committed yet
             self.consumer.mark_durable(offsets)  # rank 0 commits every partition, after the manifest
             hit("group.committed")
@@ -471,7 +472,7 @@ class GroupTrainerService(TrainerService):
                 self.prom.checkpoint_seconds.observe(time.perf_counter() - t0)
             log.info("checkpoint %d at %d events (%d ranks) -> %s", seq, int(manifest["events"]), self.world, path)
         self.trace.write({"checkpoint": seq, "offsets": offsets_to_json(own), "events": self.core.events})
-        if self.cfg.serving.push_every_s <= 0 and self.snapshot_every > 0 and seq % self.snapshot_every == 0:
+        if self.settings.push_every_s <= 0 and self.snapshot_every > 0 and seq % self.snapshot_every == 0:
             self._push(group_metrics)
         return seq
 

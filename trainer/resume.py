@@ -12,26 +12,29 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from streamrec.foundation import StreamrecError, hot_budget, is_resource_error
+from streamrec.foundation import StreamrecError, is_resource_error
 
 from .checkpoint import STORE, choose_checkpoint, read_checkpoint, set_aside
+
+if TYPE_CHECKING:
+    from .trainer_settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
 
-def open_store(cfg, device, restore_from: Path | None):
+def open_store(settings: TrainerSettings, device, restore_from: Path | None):
     """Open the tiered store; after a crash roll it back to the checkpoint's copy first.
 
-    The hot tier's size comes from the config (``hot.budget_*``), not the checkpoint's
+    The hot tier's size comes from the settings (``hot.budget_*``), not the checkpoint's
     manifest: after a raised budget, the hot source's bigger sets must fit the store. The tables are
-    the config's (``model.tables``, each once): a checkpoint holding a table at another width is
+    the model's (``model.tables``, each once): a checkpoint holding a table at another width is
     refused with a ``StoreMismatchError`` naming it.
     """
     from streamrec.embedding_store import EmbeddingStore, StoreSpec
 
-    spec = StoreSpec.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), device)
+    spec = StoreSpec.from_sections(settings.store, settings.model, settings.hot_budget, device)
     if restore_from is not None and (restore_from / STORE).exists():
         return EmbeddingStore.restore(str(restore_from / STORE), spec)
     return EmbeddingStore(spec)

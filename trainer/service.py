@@ -19,11 +19,11 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from streamrec.foundation import hot_budget, is_resource_error, resolve_device
+from streamrec.foundation import is_resource_error, resolve_device
 from streamrec.snapshot import PusherFactory
 
 from .batch_sizes import batch_sizes
@@ -42,6 +42,9 @@ from .resume import open_store, restore_point  # noqa: F401  (open_store: import
 from .snapshots import SnapshotPublisher
 from .step_breaker import arm_step_breaker
 from .telemetry import Freshness, MetricsLog, ProgressLine, PrometheusExporter, Rate
+
+if TYPE_CHECKING:
+    from .trainer_settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
@@ -71,37 +74,38 @@ class TrainerService(TrainerReporting):
     """One trainer process (its metrics records: :class:`~.reporting.TrainerReporting`). ``pusher_factory(target)`` delivers its snapshots to serving
     (needed when ``trainer.push_snapshots`` is on; the CLI passes serving's gRPC pusher)."""
 
-    def __init__(self, cfg, bootstrap: str, stop: threading.Event | None = None, progress: bool | None = None,
-                 pusher_factory: PusherFactory | None = None):
-        self.cfg = cfg
+    def __init__(self, settings: TrainerSettings, bootstrap: str, stop: threading.Event | None = None,
+                 progress: bool | None = None, pusher_factory: PusherFactory | None = None):
+        self.settings = settings
         self.bootstrap = bootstrap
         self.stop = stop or threading.Event()
-        t = cfg.trainer
+        t = settings.trainer
         if t.torch_threads > 0:
             torch.set_num_threads(t.torch_threads)
         self.device = resolve_device(t.device)
         # the values derived from several keys, once for this process: its batch sizes, the hot tier's budget
         self.sizes = batch_sizes(t, self.world)
-        self.hot_budget = hot_budget(cfg)
+        self.hot_budget = settings.hot_budget
         ckpt, state, dense = self._restore_point(t.checkpoint_dir)
         self.fell_back = bool(self.refused_checkpoints)
         self.store = ChangeJournal(self.store)  # before the core: it writes through the journal
         self.core = self._make_core()
         # several partitions are merged by event time before training (trainer/merge.py)
-        self.merger = PartitionMerger(t.merge_wait_ms, t.merge_max_events, cfg.model.dense_dim, cfg.model.field_names)
+        self.merger = PartitionMerger(t.merge_wait_ms, t.merge_max_events, settings.model.dense_dim,
+                                      settings.model.field_names)
         # before the publisher: it times and counts the pushes
         self.prom = PrometheusExporter(t.metrics_port, t.metrics_host) if t.metrics_port else None
         if self.prom is not None:
             pusher_factory = self.prom.timed_pushers(pusher_factory)
             self.core.on_step = self.prom.step_seconds.observe
-        self.publisher = SnapshotPublisher(cfg.model, cfg.store, cfg.serving, t.snapshot_dir,
-                                           model_hash=cfg.model_hash(), targets=cfg.push_targets(),
+        self.publisher = SnapshotPublisher(settings.model, settings.store, settings.snapshot_form, t.snapshot_dir,
+                                           model_hash=settings.model_hash, targets=list(settings.push_targets),
                                            push=t.push_snapshots, full_every=t.full_snapshot_every,
                                            give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
                                            version_file=Path(t.checkpoint_dir) / VERSION_FILE,
                                            ) if t.snapshot_every > 0 else None
         # the quality evidence each snapshot carries (trainer/evidence.py): on the process that publishes
-        self.evidence = collector_for(cfg.model, t.metrics_window, self.core) \
+        self.evidence = collector_for(settings.model, t.metrics_window, self.core) \
             if self.publisher is not None and self.rank == 0 else None
         self.seq = 0
         self._pushed_events, self._pushed_version = -1, None  # the newest snapshot built: events it holds, version
@@ -166,12 +170,12 @@ class TrainerService(TrainerReporting):
         """Mark each training step's records; probe a dead predecessor's step records (trainer/step_breaker.py)."""
         from .crash_probe import ProbeModel  # loads the ingest package's probe: only where crashes are pinned
 
-        c = self.cfg
+        c = self.settings
         arm_step_breaker(ProbeModel(c.model, c.trainer, c.store), self.core, self.consumer, self.merger)
 
     # -- the parts a trainer group's rank replaces (streamrec.trainer.group) -------------
     def _make_core(self) -> TrainerCore:
-        c = self.cfg
+        c = self.settings
         return TrainerCore(c.model, c.trainer, self.store, self.device, store_cfg=c.store, join=c.join,
                            sizes=self.sizes)
 
@@ -179,24 +183,24 @@ class TrainerService(TrainerReporting):
         """The source ``trainer.hot_source`` names; a group's other ranks get rank 0's set from it, so none."""
         if self.rank != 0:
             return NoHotSource()
-        c = self.cfg
+        c = self.settings
         return make_hot_source(c.trainer, c.model, c.kafka, self.hot_budget, self.bootstrap)
 
     def _make_consumer(self):
         from streamrec.ingest import EventConsumer, EventSchema
 
         # the crash-loop breaker's marker lives with the checkpoints: it is about this trainer's progress
-        return EventConsumer(self.bootstrap, self.cfg.kafka, self.cfg.ingest, EventSchema.from_config(self.cfg),
-                             group_id=self.cfg.kafka.trainer_group,
-                             mode=self.cfg.kafka.consumer_mode,
-                             inflight_path=os.path.join(self.cfg.trainer.checkpoint_dir, INFLIGHT))
+        return EventConsumer(self.bootstrap, self.settings.kafka, self.settings.ingest, EventSchema.from_config(self.settings),
+                             group_id=self.settings.kafka.trainer_group,
+                             mode=self.settings.kafka.consumer_mode,
+                             inflight_path=os.path.join(self.settings.trainer.checkpoint_dir, INFLIGHT))
 
     def _restore_point(self, root: str) -> tuple[Path | None, dict[str, Any], dict[str, Any]]:
         """Open ``self.store`` at the newest checkpoint that verifies and loads; ``(dir, state, dense)``.
         Checkpoints refused on the way are set aside and listed in ``refused_checkpoints`` (trainer/resume.py)."""
         self.refused_checkpoints: list[str] = []
-        ckpt, state, dense, self.store = restore_point(lambda at: open_store(self.cfg, self.device, at),
-                                                       self.cfg.store.path, root, self.refused_checkpoints,
+        ckpt, state, dense, self.store = restore_point(lambda at: open_store(self.settings, self.device, at),
+                                                       self.settings.store.path, root, self.refused_checkpoints,
                                                        str(self.device))
         return ckpt, state, dense
 
@@ -204,7 +208,7 @@ class TrainerService(TrainerReporting):
     def _position_consumer(self) -> dict[tuple[str, int], int]:
         """Resume every assigned partition at the checkpoint's offset, else the committed one, else the start."""
         return position_consumer(self.consumer, self.offsets, self.topic_ids, self.fell_back, self.stop,
-                                 self.cfg.kafka.max_poll_interval_ms)
+                                 self.settings.kafka.max_poll_interval_ms)
 
     def _at_end(self, quiet: bool = False) -> bool:
         """``trainer.until_end``: every partition read up to its end as of start (``quiet``: the last poll
@@ -214,7 +218,7 @@ class TrainerService(TrainerReporting):
     # -- the loop (trainer/run_loop.py) ---------------------------------------------
     def run(self) -> dict[str, Any]:
         self._first_poll, self._last_batch = True, None
-        reason = RunLoop(self, RunTimers(self.cfg.trainer, self.cfg.serving.push_every_s, self.core.events)).run()
+        reason = RunLoop(self, RunTimers(self.settings.trainer, self.settings.push_every_s, self.core.events)).run()
         m = self.core.metrics
         return {"reason": reason, "events": self.core.events, "checkpoint": self.seq,
                 "auc": m.auc, "logloss": m.logloss, "events_scored": m.count, "window_auc": m.window_auc(),
@@ -227,7 +231,7 @@ class TrainerService(TrainerReporting):
     def turn(self, timers: RunTimers) -> Turn:
         """One poll: the stop conditions first, then the hot set, then the events that arrived are merged,
         batched and trained (a quiet poll trains what waits: nothing is held back)."""
-        t = self.cfg.trainer
+        t = self.settings.trainer
         if self.stop.is_set():
             return Turn(reason="stopped")
         received = self.core.events + self.core.rejected_events + self.core.pending + len(self.merger)
@@ -313,7 +317,7 @@ class TrainerService(TrainerReporting):
     # -- durability -------------------------------------------------------------
     def _maybe_expire(self) -> None:
         """Delete cold rows untouched for ``store.expire_after_s`` (a full scan, so at most every half period)."""
-        after = self.cfg.store.expire_after_s
+        after = self.settings.store.expire_after_s
         if after <= 0 or time.monotonic() - self._last_sweep < after / 2:
             return
         t0 = time.monotonic()
@@ -325,7 +329,7 @@ class TrainerService(TrainerReporting):
     def _maybe_evict(self) -> None:
         """Cut the tables past ``store.max_rows`` (and its slack) back to the cap; the deleted ids go to the next
         delta (the journal notes them)."""
-        if self.cfg.store.max_rows <= 0:
+        if self.settings.store.max_rows <= 0:
             return
         t0 = time.monotonic()
         gone = self.store.evict()
@@ -363,15 +367,15 @@ class TrainerService(TrainerReporting):
             **self.core.counters(),
         }
         dense = {**self.core.dense_state(), "merge": self.merger.state()}  # events waiting in the merge
-        path = write_checkpoint(self.cfg.trainer.checkpoint_dir, seq, state, dense, write_store,
-                                keep=self.cfg.trainer.keep_checkpoints)
+        path = write_checkpoint(self.settings.trainer.checkpoint_dir, seq, state, dense, write_store,
+                                keep=self.settings.trainer.keep_checkpoints)
         if self.prom is not None:
             self.prom.checkpoint_seconds.observe(time.perf_counter() - t0)
         self.consumer.mark_durable(dict(self.offsets))
         self.trace.write({"checkpoint": seq, "offsets": offsets_to_json(self.offsets), "events": self.core.events})
         log.info("checkpoint %d at %d events -> %s", seq, self.core.events, path)
-        if (self.publisher is not None and self.cfg.serving.push_every_s <= 0
-                and seq % max(1, self.cfg.trainer.snapshot_every) == 0):
+        if (self.publisher is not None and self.settings.push_every_s <= 0
+                and seq % max(1, self.settings.trainer.snapshot_every) == 0):
             self.push()
         return seq
 
@@ -388,7 +392,7 @@ class TrainerService(TrainerReporting):
         pub = self.publisher
         if pub is None:
             return None
-        wait = min(self.cfg.trainer.push_give_up_s, FINAL_PUSH_WAIT_S)
+        wait = min(self.settings.trainer.push_give_up_s, FINAL_PUSH_WAIT_S)
         if not pub.wait_idle(wait, until_failure=True):
             log.warning("the final model is not pushed: the previous push is unanswered (%s); serving keeps "
                         "version %d", pub.st.last_error or f"no answer in {wait:.0f} s", pub.version)

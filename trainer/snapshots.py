@@ -56,16 +56,24 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from streamrec.snapshot import Evidence, PusherFactory, empty_evidence, is_retryable, needs_full, write_snapshot
 
 if TYPE_CHECKING:
     from streamrec.embedding_store.store_config import StoreConfig
     from streamrec.foundation.model_config import ModelConfig
-    from streamrec.serving.serving_config import ServingConfig
+    from streamrec.snapshot.snapshot_types import RowPrecision
 
 log = logging.getLogger(__name__)
+
+
+class SnapshotForm(Protocol):
+    """What a snapshot takes from the serving side's settings (``[serving]`` has both): the precision its rows
+    travel in and the model line its manifest names."""
+
+    row_precision: RowPrecision
+    model_line: str
 
 HISTORY = 1000  # built snapshots remembered in SnapshotState.history
 
@@ -86,7 +94,7 @@ class SnapshotState:
 class SnapshotPublisher:
     """Builds snapshot directories and pushes them with a background retry loop."""
 
-    def __init__(self, model: ModelConfig, store: StoreConfig, serving: ServingConfig, out_dir: str | Path, *,
+    def __init__(self, model: ModelConfig, store: StoreConfig, serving: SnapshotForm, out_dir: str | Path, *,
                  model_hash: str, targets: Sequence[str] = (), push: bool = True, full_every: int = 10,
                  keep: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0, give_up_s: float = 120.0,
                  pusher_factory: PusherFactory | None = None, version_file: str | Path | None = None):

@@ -18,7 +18,7 @@ import tomli_w
 
 from streamrec.ingest import EventProducer, EventSchema, SyntheticStream
 from streamrec.serving import ServingClient, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from tests.helpers.trainer import trainer_cfg
 
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess, pytest.mark.grpc]

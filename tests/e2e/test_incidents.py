@@ -17,7 +17,7 @@ import pytest
 from streamrec.foundation import roc_auc
 from streamrec.ingest import EventProducer, EventSchema, SyntheticStream
 from streamrec.serving import ServingClient, SnapshotPusher, batch_to_request, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings, trainer_settings
 from streamrec.trainer import TrainerService
 from tests.helpers.trainer import trainer_cfg
 
@@ -58,7 +58,7 @@ def test_incident_drill(topics, tmp_path, bootstrap, drill):
     heldout = events.take(np.arange(len(events) - HELDOUT, len(events)))
     request = batch_to_request(heldout)
     stop = threading.Event()
-    svc = TrainerService(cfg, bootstrap, stop=stop, progress=False, pusher_factory=SnapshotPusher.factory(cfg.serving))
+    svc = TrainerService(trainer_settings(cfg), bootstrap, stop=stop, progress=False, pusher_factory=SnapshotPusher.factory(cfg.serving))
     trainer = threading.Thread(target=svc.run, daemon=True)
     prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     client = ServingClient(server.target, timeout=10)

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.ingest import (EmbeddedBroker, EventConsumer, EventProducer, EventSchema, OffsetsLostError,
                               SyntheticStream, ensure_topics, free_port, pipeline_topics)
 from streamrec.trainer import TrainerService
@@ -51,7 +52,7 @@ def restarted_empty(tmp_path_factory):
     with EmbeddedBroker(port=port) as broker:
         ensure_topics(broker.bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         _produce(cfg, broker.bootstrap, 2048, seed=1)
-        summary = TrainerService(cfg, broker.bootstrap, progress=False).run()
+        summary = TrainerService(trainer_settings(cfg), broker.bootstrap, progress=False).run()
         assert summary["events"] == 2048
     broker = EmbeddedBroker(port=port).start()
     try:
@@ -75,7 +76,7 @@ def _resume_dir(restarted, tmp_path, policy: str):
 def test_a_recreated_topic_stops_the_trainer_with_a_clear_message_by_default(tmp_path, restarted_empty):
     cfg = _resume_dir(restarted_empty, tmp_path, "fail")
     with pytest.raises(OffsetsLostError) as e:
-        TrainerService(cfg, restarted_empty[0].bootstrap, progress=False).run()
+        TrainerService(trainer_settings(cfg), restarted_empty[0].bootstrap, progress=False).run()
     msg = str(e.value)
     assert f"{cfg.kafka.events_topic}[0]" in msg and "expected to resume at offset" in msg
     assert "deleted and recreated" in msg and "kafka.on_offsets_lost=earliest" in msg
@@ -84,7 +85,7 @@ def test_a_recreated_topic_stops_the_trainer_with_a_clear_message_by_default(tmp
 @RESTARTED_EMPTY_WORKER
 def test_with_earliest_every_event_after_the_restart_is_trained(tmp_path, restarted_empty):
     cfg = _resume_dir(restarted_empty, tmp_path, "earliest")
-    summary = TrainerService(cfg, restarted_empty[0].bootstrap, progress=False).run()
+    summary = TrainerService(trainer_settings(cfg), restarted_empty[0].bootstrap, progress=False).run()
     assert summary["events"] == 2048 + 384  # the resumed counters plus every new event, once
 
 
@@ -101,7 +102,7 @@ def test_a_broker_that_comes_back_empty_mid_run_is_caught_up_from_the_start(tmp_
     try:
         ensure_topics(broker.bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         _produce(cfg, broker.bootstrap, 1024, seed=1)
-        svc = TrainerService(cfg, broker.bootstrap, stop=stop, progress=False)
+        svc = TrainerService(trainer_settings(cfg), broker.bootstrap, stop=stop, progress=False)
         th = threading.Thread(target=lambda: out.update(svc.run()), daemon=True)
         th.start()
         deadline = time.monotonic() + 60
@@ -183,7 +184,7 @@ def test_a_trainer_slower_than_its_poll_interval_stays_correct(topics, tmp_path,
         return real(self, batch, flush)
 
     monkeypatch.setattr(TrainerCore, "feed", slow_window)
-    svc = TrainerService(cfg, bootstrap, progress=False)
+    svc = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
     summary = svc.run()
     assert summary["events"] == 2048  # every event exactly once
     assert svc.consumer.stats.commit_failures + svc.consumer.stats.rebalances >= 1
@@ -204,7 +205,7 @@ def test_a_topic_recreated_with_more_partitions_is_read_in_full(tmp_path):
     try:
         ensure_topics(broker.bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))  # 2 partitions
         _produce(cfg, broker.bootstrap, 512, seed=1)
-        svc = TrainerService(cfg, broker.bootstrap, stop=stop, progress=False)
+        svc = TrainerService(trainer_settings(cfg), broker.bootstrap, stop=stop, progress=False)
         th = threading.Thread(target=lambda: out.update(svc.run()), daemon=True)
         th.start()
         deadline = time.monotonic() + 60

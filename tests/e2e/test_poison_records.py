@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.ingest import REASON_HEADER, EventProducer, EventSchema, SyntheticStream, encode_json, read_topic
 from tests.helpers.sketch import sketch_state
 from streamrec.trainer import TrainerService
@@ -90,7 +91,7 @@ def test_poison_records_are_dead_lettered_and_every_good_event_is_trained(topics
         prod.send_raw(raw, key=f"poison-{k}".encode())
     prod.close()
 
-    summary = TrainerService(cfg, bootstrap, progress=False).run()
+    summary = TrainerService(trainer_settings(cfg), bootstrap, progress=False).run()
     assert summary["reason"] == "idle"
     assert summary["events"] == good
     assert summary["dead_letters"] == len(POISON)

@@ -134,7 +134,7 @@ def test_gpu_trainer_matches_cpu_trainer(tmp_path):
 def test_snapshot_trained_on_gpu_serves_on_cpu(tmp_path):
     """A snapshot the trainer built on ``DEVICE`` loads into a CPU server, which scores as the trainer does."""
     from streamrec.serving import ServingClient, SnapshotPusher, serve
-    from streamrec.app.serving_wiring import server_settings
+    from streamrec.app.wiring import server_settings
     from streamrec.trainer import SnapshotPublisher
     from tests.helpers.serving import events_to_batch, make_events
 

@@ -12,7 +12,7 @@ import torch
 from streamrec.snapshot import empty_evidence, rows_batch, write_snapshot
 from streamrec.model import DLRM, predict_batch
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 
 
 class FakeTrainer:

@@ -209,7 +209,7 @@ def test_trainer_hot_set_follower_and_group_partition_check(rec, pem):
     cfg = _secured(pem)
     rec.stop_at = {"consumer"}
     with pytest.raises(_Stop):
-        make_hot_source(cfg.trainer, cfg.model, cfg.kafka, hot_budget(cfg), cfg.kafka.bootstrap)
+        make_hot_source(cfg.trainer, cfg.model, cfg.kafka, hot_budget(cfg.hot, cfg.model), cfg.kafka.bootstrap)
     with pytest.raises(_Stop):
         check_partitions(cfg.kafka.bootstrap, "events", 1, security=client_settings(cfg.kafka))
     rec.assert_all_secured({"consumer"})

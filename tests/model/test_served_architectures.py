@@ -13,7 +13,7 @@ from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import EventBatch, hot_budget
 from streamrec.ingest import SyntheticStream
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.snapshot import empty_evidence, rows_batch, write_snapshot
 from tests.conftest import small_config
 from tests.helpers.serving import events_to_batch, make_events

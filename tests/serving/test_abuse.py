@@ -37,7 +37,7 @@ from grpc_reflection.v1alpha import reflection_pb2 as refl
 
 from streamrec.foundation import ConfigError
 from streamrec.serving import ServingClient, ServingServer, SnapshotPusher, serve, snapshot_chunks
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.serving.pb import pb
 from streamrec.serving.server import is_loopback
 from tests.helpers.serving import (FakeTrainer, Touched, events_to_batch, make_events, push_stream, serving_version_1,

@@ -11,7 +11,7 @@ import torch
 
 from streamrec.benchmarks.bench_serve import _LocalContext, idle_gap_latency
 from streamrec.serving import events_to_request
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.serving.pb import pb
 from streamrec.serving.server import StreamRecService
 from streamrec.snapshot import verify_snapshot

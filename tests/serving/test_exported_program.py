@@ -23,7 +23,7 @@ from torch import nn
 from streamrec.foundation import sha256_file
 from streamrec.foundation.model_config import TaskSpec
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.serving import pb as _pb  # noqa: F401  (the generated messages load with the package)
 from streamrec.snapshot import (MANIFEST, SnapshotError, empty_evidence, export_dense, read_manifest, rows_batch,
                                 verify_snapshot, write_snapshot)

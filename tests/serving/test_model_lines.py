@@ -17,7 +17,7 @@ from streamrec.foundation import ConfigError
 from streamrec.app.config import load_config
 from streamrec.serving.serving_config import ExperimentSpec
 from streamrec.serving import ServingClient, SnapshotPusher, events_to_request, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.serving.lines import MAIN, Split, shadow_auc, split_key
 from streamrec.snapshot import rows_batch, write_snapshot
 from streamrec.snapshot import empty_evidence

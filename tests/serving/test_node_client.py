@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from tests.helpers.serving import FakeTrainer, Touched, make_events
 
 pytestmark = [pytest.mark.grpc, pytest.mark.subprocess]

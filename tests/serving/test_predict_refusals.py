@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, events_to_request, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from tests.helpers.serving import FakeTrainer, Touched, make_events, still_serving_v1
 
 pytestmark = pytest.mark.grpc

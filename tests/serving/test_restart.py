@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from tests.conftest import small_config
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events
 

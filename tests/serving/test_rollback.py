@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.snapshot import make_evidence, window
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events
 

@@ -14,7 +14,7 @@ import torch
 from streamrec.foundation import sha256_file
 from streamrec.model import predict_batch
 from streamrec.serving import SnapshotPusher
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.serving.rows import MemoryRows
 from streamrec.snapshot import empty_evidence, round_trip, rows_batch, write_snapshot
 from streamrec.trainer.rowprobe import RowSample, build_row_probe

@@ -16,7 +16,7 @@ import pytest
 
 from streamrec.app.config import save_config
 from streamrec.serving import ServingClient, SnapshotPusher, events_to_request
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.serving.pb import pb_grpc
 from streamrec.serving.siblings import read_group_file
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events

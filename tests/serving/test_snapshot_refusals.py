@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, ServingServer, SnapshotPusher, serve, snapshot_chunks
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.serving.pb import pb, pb_grpc
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, push_stream, still_serving_v1
 

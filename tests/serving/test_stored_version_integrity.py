@@ -24,7 +24,7 @@ import pytest
 
 from streamrec.app.config import save_config
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.serving.siblings import read_group_file
 from streamrec.snapshot import needs_full
 from tests.helpers.serving import FakeTrainer, Touched, events_to_batch, make_events

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.ingest import EventProducer, EventSchema, SyntheticStream
 from streamrec.trainer import TrainerService
 from streamrec.trainer.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint, write_checkpoint
@@ -58,7 +59,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_and_replays_from_kafka(topics, t
         prod.send_batch(b)
     prod.close()
     reference_dir = tmp_path / "reference-ckpts"
-    first = TrainerService(cfg, bootstrap, progress=False).run()
+    first = TrainerService(trainer_settings(cfg), bootstrap, progress=False).run()
     assert first["events"] == 2048
     shutil.copytree(cfg.trainer.checkpoint_dir, reference_dir)
     cks = list_checkpoints(cfg.trainer.checkpoint_dir)
@@ -76,7 +77,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_and_replays_from_kafka(topics, t
     intact = [p for _, p in cks if p not in sharing]
     _flip(target)
 
-    again = TrainerService(cfg, bootstrap, progress=False)
+    again = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
     assert again.refused_checkpoints and target.name in again.refused_checkpoints[0]
     assert len(again.refused_checkpoints) == len(sharing)  # every checkpoint holding that inode, none other
     assert again.resumed_from == (str(intact[-1]) if intact else None)

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import torch
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import hot_budget
 from streamrec.trainer.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint, write_checkpoint
@@ -61,12 +62,12 @@ def test_sampled_hot_set_version_continues_after_a_resume(topics, tmp_path, boot
     t.log_path, t.log_every_s = str(tmp_path / "metrics.jsonl"), 0.2
     cfg.hot.budget_rows = 200
     produce(cfg, bootstrap, 2048)
-    first = TrainerService(cfg, bootstrap, progress=False)
+    first = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
     first.run()
     assert first.core.hot_version == 1
     produce(cfg, bootstrap, 1024)
     t.hot_refresh_events = 512  # the resumed trainer re-counts: its next set must be v2, not v1 again
-    second = TrainerService(cfg, bootstrap, progress=False)
+    second = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
     applied = []
     apply = second.core.apply_hot_set
     second.core.apply_hot_set = lambda version, tables: (applied.append(version), apply(version, tables))[1]
@@ -83,10 +84,10 @@ def test_dead_letter_and_expired_row_counts_survive_a_resume(topics, tmp_path, b
     cfg = stream_cfg(topics, tmp_path)
     cfg.store.expire_after_s = 0.001  # the final checkpoint's sweep expires the untouched cold rows
     produce(cfg, bootstrap, 1024, bad=3)
-    first = TrainerService(cfg, bootstrap, progress=False)
+    first = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
     summary = first.run()
     assert summary["dead_letters"] == 3 and first.rows_expired > 0
-    second = TrainerService(cfg, bootstrap, progress=False)
+    second = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
     try:
         rec = second.emit()
         assert second.resumed_from and rec["dead_letters"] == 3 and rec["rows_expired"] == first.rows_expired

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings, trainer_settings
 from streamrec.trainer.service import TrainerService
 from tests.helpers.trainer import produce, trainer_cfg
 
@@ -47,7 +47,7 @@ def test_max_events_ends_with_the_final_model_served_though_a_push_was_pending(t
     try:
         cfg = _cfg(topics, tmp_path, server.target)
         produce(cfg, bootstrap, EVENTS)
-        svc = TrainerService(cfg, bootstrap, progress=False,
+        svc = TrainerService(trainer_settings(cfg), bootstrap, progress=False,
                              pusher_factory=lambda target: SlowPusher(target, cfg, delay=1.0))
         res = svc.run()
         assert res["reason"] == "max_events" and res["events"] == EVENTS
@@ -66,7 +66,7 @@ def test_a_stop_with_serving_down_does_not_wait_out_the_retries(topics, tmp_path
     cfg = _cfg(topics, tmp_path, f"127.0.0.1:{free_port()}")  # nobody listens there
     cfg.trainer.push_give_up_s = 600.0
     produce(cfg, bootstrap, EVENTS)
-    svc = TrainerService(cfg, bootstrap, progress=False, pusher_factory=SnapshotPusher.factory(cfg.serving))
+    svc = TrainerService(trainer_settings(cfg), bootstrap, progress=False, pusher_factory=SnapshotPusher.factory(cfg.serving))
     t0 = time.monotonic()
     res = svc.run()
     assert res["reason"] == "max_events" and res["events"] == EVENTS

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.trainer.changes import ChangeJournal
 from streamrec.trainer.snapshots import SnapshotPublisher
 from tests.helpers.serving import FakeTrainer, events_to_batch, make_events

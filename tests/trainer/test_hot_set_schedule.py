@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.ingest import EventBatch, JaggedIds, make_producer
 from streamrec.trainer.hotset import top_rows
 from streamrec.trainer.schedule import hot_samples, plan
@@ -49,7 +50,7 @@ def test_a_hot_set_bigger_than_the_budget_is_cut_to_fit_instead_of_crashing(topi
     p.flush(30)
     p.close()
     produce(cfg, bootstrap, 2048)
-    svc = TrainerService(cfg, bootstrap, progress=False)
+    svc = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
     assert svc.hot.follower.wait_for(3, timeout=20) is not None
     summary = svc.run()
     assert summary["events"] == 2048

@@ -16,7 +16,7 @@ from streamrec.embedding_store.store_types import UNADMITTED_ID
 from streamrec.foundation import EventBatch, hot_budget
 from streamrec.ingest import SyntheticStream
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.snapshot import DELETED
 from streamrec.trainer.changes import ChangeJournal
 from streamrec.trainer.core import TrainerCore

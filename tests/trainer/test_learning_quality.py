@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.model.references import PlainDLRM, auc as plain_auc, mini_batches, progressive
 from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import EventBatch, JaggedIds, hot_budget, roc_auc
@@ -236,7 +237,7 @@ def test_the_same_stream_read_with_other_fetch_sizes_trains_the_same_model(tmp_p
             return real(self, int(sizes[next(calls)]) if cut else max_events, timeout)
 
         monkeypatch.setattr(EventConsumer, "poll_batch", poll)
-        out.append(TrainerService(cfg, bootstrap, progress=False).run())
+        out.append(TrainerService(trainer_settings(cfg), bootstrap, progress=False).run())
     a, b = out
     assert a["events"] == b["events"] == a["events_scored"] == 6_000, out
     assert abs(a["auc"] - b["auc"]) <= 1e-6 and abs(a["logloss"] - b["logloss"]) <= 1e-6, out

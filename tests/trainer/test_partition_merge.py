@@ -10,6 +10,7 @@ import uuid
 import numpy as np
 import pytest
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.foundation import EventBatch
 from streamrec.ingest import SyntheticStream
 from streamrec.trainer.merge import PartitionMerger
@@ -182,7 +183,7 @@ def test_events_produced_unevenly_to_four_partitions_train_in_time_order(tmp_pat
         cfg.store.path, cfg.trainer.checkpoint_dir = str(tmp_path / run / "store"), str(tmp_path / run / "ckpt")
         cfg.kafka.trainer_group = f"trainer-{uuid.uuid4().hex[:8]}"
         cfg.trainer.merge_wait_ms = wait
-        res = TrainerService(cfg, bootstrap, progress=False).run()
+        res = TrainerService(trainer_settings(cfg), bootstrap, progress=False).run()
         assert res["events"] == 6_000 and sorted(recorded) == sorted(ts.tolist()), (run, res)
         inversions = int((np.diff(np.asarray(recorded)) < 0).sum())
         out[run] = inversions
@@ -201,7 +202,7 @@ def test_a_stop_with_events_waiting_in_the_merge_loses_none_and_trains_none_twic
     cfg.trainer.merge_wait_ms = 60_000.0  # only the end of the stream (or the stop) releases a held partition
     ts = _produce_unevenly(cfg, bootstrap, 6_000, [0.45, 0.25, 0.002, 0.298], seed=1)
     stop = threading.Event()
-    first = TrainerService(cfg, bootstrap, stop=stop, progress=False)
+    first = TrainerService(trainer_settings(cfg), bootstrap, stop=stop, progress=False)
     real_merge = first._merge
     held = []
 
@@ -217,7 +218,7 @@ def test_a_stop_with_events_waiting_in_the_merge_loses_none_and_trains_none_twic
     assert res1["reason"] == "stopped" and held, res1
     part1 = list(recorded)
     recorded.clear()
-    res2 = TrainerService(cfg, bootstrap, progress=False).run()
+    res2 = TrainerService(trainer_settings(cfg), bootstrap, progress=False).run()
     part2 = list(recorded)
     assert res2["reason"] == "end of stream" and res2["events"] == 6_000, res2
     assert sorted(part1 + part2) == sorted(ts.tolist())  # none lost, none twice

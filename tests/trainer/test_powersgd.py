@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.embedding_store import EmbeddingStore
 from streamrec.foundation import hot_budget
 from streamrec.foundation.config import ConfigError
@@ -291,7 +292,8 @@ def test_a_rank_gets_its_own_shard_s_error_feedback_back(tmp_path):
                          lambda d: {"epoch": int(store.checkpoint(d))})
         store.close()
         svc = object.__new__(GroupTrainerService)  # only what _open_shard reads
-        svc.root, svc.rank, svc.world, svc.cfg, svc.device = root, 1, 2, c, torch.device("cpu")
+        svc.root, svc.rank, svc.world, svc.device = root, 1, 2, torch.device("cpu")
+        svc.settings = trainer_settings(c)
         svc._open_shard(root / f"ckpt-{seq:09d}", {"world": 2})
         svc.store.close()
         if seq == 1:

@@ -102,7 +102,7 @@ def test_the_hot_rows_of_a_shared_table_are_counted_from_both_fields(tmp_path):
     """Id 7 is the hottest user only when its lookups as ``user`` and as ``last_clicked_user`` add up."""
     cfg = shared_config(tmp_path, **{"hot.budget_rows": 2, "trainer.hot_source": "sample",
                                      "trainer.hot_sample_events": 10})
-    src = make_hot_source(cfg.trainer, cfg.model, cfg.kafka, hot_budget(cfg), None)
+    src = make_hot_source(cfg.trainer, cfg.model, cfg.kafka, hot_budget(cfg.hot, cfg.model), None)
     # user 5: 6 lookups as user; user 7: 4 as user + 4 as last_clicked_user; item 9: 5
     src.observe(batch([5] * 6 + [7] * 4, [7] * 4 + [1, 2, 3, 4, 6, 8], [9] * 5 + [10, 11, 12, 13, 14]))
     upd = src.poll()

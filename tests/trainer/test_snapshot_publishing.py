@@ -11,7 +11,7 @@ import pytest
 
 from streamrec.ingest import free_port
 from streamrec.serving import ServingClient, SnapshotPusher, serve
-from streamrec.app.serving_wiring import server_settings
+from streamrec.app.wiring import server_settings
 from streamrec.trainer.snapshots import SnapshotPublisher
 from tests.helpers.serving import FakeTrainer, events_to_batch, make_events
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.ingest import EventProducer, EventSchema, SyntheticStream, read_topic
 from streamrec.trainer.service import TrainerService
 from tests.helpers.trainer import read_jsonl, stream_cfg, trainer_cfg
@@ -25,7 +26,7 @@ def test_bad_records_are_dead_lettered_and_training_goes_on(topics, tmp_path, bo
         prod.send_raw(b"\x00not an event")
         prod.send_raw(json.dumps({"ts": 1, "label": 1, "dense": [1.0], "sparse": {}}).encode())  # wrong width
     prod.close()
-    svc = TrainerService(cfg, bootstrap, progress=False)
+    svc = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
     summary = svc.run()
     assert summary["events"] == good
     assert summary["dead_letters"] >= 2 and summary["dead_letters"] % 2 == 0
@@ -41,6 +42,6 @@ def test_stop_while_waiting_for_partitions_exits_as_stopped(topics, tmp_path, bo
     cfg.kafka.consumer_mode = "group"
     stop = threading.Event()
     stop.set()  # the signal arrived before the group assigned anything
-    svc = TrainerService(cfg, bootstrap, stop=stop, progress=False)
+    svc = TrainerService(trainer_settings(cfg), bootstrap, stop=stop, progress=False)
     summary = svc.run()
     assert summary["reason"] == "stopped" and summary["events"] == 0 and summary["checkpoint"] == 0

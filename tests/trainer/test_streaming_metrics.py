@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.foundation import roc_auc
 from streamrec.trainer.metrics import StreamingMetrics
 from streamrec.trainer.service import TrainerService
@@ -33,7 +34,7 @@ def test_hit_rate_has_no_value_before_any_lookup(topics, tmp_path, bootstrap):
     0.0, which would read as a hot tier that misses everything."""
     cfg = stream_cfg(topics, tmp_path)
     cfg.trainer.log_path = str(tmp_path / "metrics.jsonl")
-    svc = TrainerService(cfg, bootstrap, progress=False)
+    svc = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
     try:
         rec = svc.emit()
     finally:

@@ -14,7 +14,6 @@ independent reference: the trainer's figures are printed alone.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import logging
@@ -23,12 +22,12 @@ import tempfile
 import threading
 import uuid
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from streamrec.app.config import Config
     from streamrec.model.references import ReferenceTraining
 
 log = logging.getLogger(__name__)
@@ -62,28 +61,29 @@ def read_all(path: str, cfg, layout: str | None, limit: int):
     return EventBatch.concat(parts, cfg.model.dense_dim, cfg.model.field_names)
 
 
-def trainer_progressive(cfg, events, bootstrap: str, work: Path) -> dict:
+def trainer_progressive(cfg: Config, events, bootstrap: str, work: Path) -> dict:
     """Produce ``events`` into a fresh one-partition topic and train on it until its end."""
     from streamrec.ingest import EventProducer, EventSchema, ensure_topics, pipeline_topics
     from streamrec.trainer import TrainerService
 
-    t = cfg.trainer
-    cfg.kafka.events_topic = f"eval-{uuid.uuid4().hex[:12]}"
-    cfg.kafka.partitions = 1
-    cfg.kafka.consumer_mode = "assign"
-    cfg.store.path, t.checkpoint_dir = str(work / "store"), str(work / "checkpoints")
-    t.snapshot_every, t.push_snapshots, t.metrics_port, t.log_path, t.trace_path = 0, False, 0, "", ""
-    t.until_end, t.max_events, t.idle_exit_s = True, 0, 30.0
-    t.checkpoint_every_events, t.checkpoint_every_s = 10**12, 1e9  # only the final checkpoint
-    if t.hot_source == "topic":  # no sketch worker runs here: count popularity in-process instead
-        t.hot_source = "sample"
+    cfg = cfg.with_values(
+        kafka={"events_topic": f"eval-{uuid.uuid4().hex[:12]}", "partitions": 1, "consumer_mode": "assign"},
+        store={"path": str(work / "store")},
+        trainer={"checkpoint_dir": str(work / "checkpoints"), "snapshot_every": 0, "push_snapshots": False,
+                 "metrics_port": 0, "log_path": "", "trace_path": "", "until_end": True, "max_events": 0,
+                 "idle_exit_s": 30.0,
+                 "checkpoint_every_events": 10**12, "checkpoint_every_s": 1e9,  # only the final checkpoint
+                 # no sketch worker runs here: count popularity in-process instead
+                 "hot_source": "sample" if cfg.trainer.hot_source == "topic" else cfg.trainer.hot_source})
     ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
     prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
     bs = 8192
     for s in range(0, len(events), bs):
         prod.send_batch(events.take(np.arange(s, min(len(events), s + bs))))
     prod.close()
-    svc = TrainerService(cfg, bootstrap, stop=threading.Event(), progress=False)
+    from streamrec.app.wiring import trainer_settings
+
+    svc = TrainerService(trainer_settings(cfg), bootstrap, stop=threading.Event(), progress=False)
     out = svc.run()
     tasks = {name: {"auc": f["auc"], "logloss": f["logloss"], "events_scored": int(f["labelled"])}
              for name, f in out["tasks"].items()}
@@ -134,19 +134,18 @@ def cmd_eval(args) -> int:
     if len(events) == 0:
         print(f"streamrec eval: {args.file} holds no events", file=sys.stderr)
         return 1
-    for f in cfg.model.fields:  # DLRM's init rule needs each table's size: take it from the file when unset
-        if f.expected_ids == 0 and f.init_scale == 0:
-            f.expected_ids = max(1, int(len(np.unique(events.sparse[f.name].values))))
+    # DLRM's init rule needs each table's size: take it from the file when unset
+    cfg = cfg.with_values(model={"fields": [
+        dataclasses.replace(f, expected_ids=max(1, int(len(np.unique(events.sparse[f.name].values)))))
+        if f.expected_ids == 0 and f.init_scale == 0 else f for f in cfg.model.fields]})
     seeds = [cfg.model.seed + i for i in range(args.seeds)]
     tasks = cfg.model.task_names
     ours, refs = [], []  # refs: per seed, per task, the one-task reference's figures (empty without a reference)
     with tempfile.TemporaryDirectory(prefix="streamrec-eval-") as tmp, kafka_bootstrap(cfg) as bootstrap:
         for seed in seeds:
-            c = copy.deepcopy(cfg)
-            c.model.seed = seed
+            c = cfg.with_values(model={"seed": seed})
             if reference is not None:
-                one = copy.deepcopy(c)
-                one.model.tasks = one.model.tasks[:1]
+                one = c.with_values(model={"tasks": c.model.tasks[:1]})
                 refs.append({name: reference(one, events if len(tasks) == 1 else events.task_events(t, len(tasks)))
                              for t, name in enumerate(tasks)})
             ours.append(trainer_progressive(c, events, bootstrap, Path(tmp) / f"seed-{seed}"))

@@ -85,7 +85,7 @@ def cmd_accept(args) -> int:
 
 def cmd_serve(args) -> int:
     from streamrec.app.cli import config_from_args
-    from streamrec.app.serving_wiring import server_settings
+    from streamrec.app.wiring import server_settings
     from streamrec.serving import serve
 
     import logging

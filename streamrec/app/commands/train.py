@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.app.config import Config
 from streamrec.foundation.config import ConfigError
 
@@ -82,7 +83,7 @@ def cmd_train(args) -> int:
 
         # a resource error whose writer named neither itself nor its file still names the data directory
         with resource_step("a write of the trainer", os.path.dirname(os.path.abspath(cfg.trainer.checkpoint_dir))):
-            svc = TrainerService(cfg, bootstrap, stop=stop, progress=False if args.no_progress else None,
+            svc = TrainerService(trainer_settings(cfg), bootstrap, stop=stop, progress=False if args.no_progress else None,
                                  pusher_factory=SnapshotPusher.factory(cfg.serving))
             return _finish(svc.run())
 
@@ -150,7 +151,7 @@ def _group_of_one(cfg, bootstrap: str, stop, args) -> dict:
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        svc = GroupTrainerService(cfg, bootstrap, 0, 1, stop=stop, progress=False if args.no_progress else None,
+        svc = GroupTrainerService(trainer_settings(cfg), bootstrap, 0, 1, stop=stop, progress=False if args.no_progress else None,
                                   pusher_factory=SnapshotPusher.factory(cfg.serving))
         return svc.run()
     finally:
@@ -191,7 +192,7 @@ def _run_rank(cfg, args, stop) -> int:
         log.warning("trainer group restarted (%d so far): a rank died (torchrun's log above names it); resuming from "
                     "the last complete checkpoint", restart)
     try:
-        svc = GroupTrainerService(cfg, cfg.kafka.bootstrap, rank, world, stop=stop,
+        svc = GroupTrainerService(trainer_settings(cfg), cfg.kafka.bootstrap, rank, world, stop=stop,
                                   progress=False if args.no_progress or rank else None,
                                   pusher_factory=SnapshotPusher.factory(cfg.serving) if rank == 0 else None)
         summary = svc.run()
