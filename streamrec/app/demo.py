@@ -25,12 +25,16 @@ import time
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .cli import config_from_args, kafka_bootstrap
 from streamrec.foundation import ConfigError
 from streamrec.app.config import Config, save_config
-from .procs import Supervisor
+from .procs import Child, Supervisor
+
+if TYPE_CHECKING:
+    from streamrec.serving import ServingClient
+    from streamrec.sketch import HotSetFollower
 
 log = logging.getLogger("streamrec.app.demo")
 
@@ -469,24 +473,57 @@ def _check_children(sup: Supervisor, errors: list[str]) -> None:
 
 def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, view: View,
          stop: threading.Event, err) -> dict[str, Any]:
-    import grpc
-
     from streamrec.ingest import client_settings
     from streamrec.serving import ServingClient, serving_target
     from streamrec.sketch import HotSetFollower
 
+    deadline = time.monotonic() + args.timeout
+    target = serving_target(cfg.serving)
+    delayed = getattr(args, "delayed_feedback", False)
+    trainer = _start_children(cfg, cfg_path, bootstrap, args, sup, view, delayed)
+    client = ServingClient(target, token=cfg.serving.predict_token)
+    _wait_for_serving(client, target, sup, deadline)
+    err.print(f"serving endpoint up at [cyan]{target}[/cyan] (no model yet)")
+
+    errors: list[str] = []
+    producer, held, truth = _start_producer(cfg, bootstrap, args, view, stop, errors, delayed)
+    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg.kafka))
+    metrics_path = Path(cfg.trainer.log_path)
+    figures = _Figures(view, client, follower, producer, metrics_path, open(metrics_path.parent / "view.jsonl", "a"),
+                       delayed, cfg.join.metrics_port)
+    view.phase = "streaming + training"
+    try:
+        with _live(view, args, err) as update:
+            _watch_training(trainer, sup, errors, deadline, args.timeout, view, figures.refresh, update,
+                            cfg.kafka.dlq_topic)
+            _wait_for_final_snapshot(sup, errors, deadline, view, figures.refresh, update)
+            view.phase = "scoring held-out events through gRPC Predict"
+            update()
+    finally:
+        follower.close()
+        figures.close()
+
+    events = _held_out_events(cfg, held, max(args.predict, 1))
+    scores, version = client.predict(events)
+    scores = [float(s) for s in scores]
+    if not scores or not all(math.isfinite(s) for s in scores):
+        raise DemoFailure(f"Predict returned bad scores: {scores}")
+    ev = _evaluate(cfg, client, held, truth, args, view, figures.freshness, figures.freshness_event)
+    return _result(cfg, view, figures, scores, int(version), ev, delayed)
+
+
+def _start_children(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, view: View,
+                    delayed: bool) -> Child:
+    """Start serving, the sketch worker(s), the joiner (with ``delayed``, after creating its topics) and the
+    trainer, each a ``streamrec`` child logging as the demo was told to; the trainer's child."""
     base = [sys.executable, "-m", "streamrec"]
     common = ["--config", str(cfg_path), "--bootstrap", bootstrap,  # children log as the demo was told to
               "--log-level", str(getattr(args, "log_level", "INFO")), "--log-format", getattr(args, "log_format", "text")]
-    deadline = time.monotonic() + args.timeout
-    target = serving_target(cfg.serving)
-
     view.phase = "starting serving, sketch and trainer"
     sup.start("serving", base + ["serve", *common])
     sup.start("sketch", base + ["sketch", *common])
     for i in range(2, cfg.trainer.ranks + 1):  # with a trainer group, as many sketch workers (one app)
         sup.start(f"sketch-{i}", base + ["sketch", *common, "--set", f"sketch.state_dir={cfg.sketch.state_dir}-{i}"])
-    delayed = getattr(args, "delayed_feedback", False)
     if delayed:
         from streamrec.ingest import TopicSpec, client_settings, ensure_topics
 
@@ -495,19 +532,27 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
                       security=client_settings(cfg.kafka))
         sup.start("join", base + ["join", *common])
         view.join = {}
-    trainer = sup.start("trainer", base + ["train", *common], expected_exit=True)
-    client = ServingClient(target, token=cfg.serving.predict_token)
+    return sup.start("trainer", base + ["train", *common], expected_exit=True)
+
+
+def _wait_for_serving(client: ServingClient, target: str, sup: Supervisor, deadline: float) -> None:
+    """Return once serving answers at ``target``; DemoFailure when a child dies or the deadline passes first."""
+    import grpc
+
     while True:
         try:
             client.wait_ready(timeout=0.5)
-            break
+            return
         except grpc.FutureTimeoutError:
             _check_children(sup, [])
             if time.monotonic() > deadline:
                 raise DemoFailure(f"serving did not come up at {target}") from None
-    err.print(f"serving endpoint up at [cyan]{target}[/cyan] (no model yet)")
 
-    errors: list[str] = []
+
+def _start_producer(cfg: Config, bootstrap: str, args, view: View, stop: threading.Event, errors: list[str],
+                    delayed: bool) -> tuple[threading.Thread, list, list]:
+    """The started producer thread (impressions and actions with ``delayed``, else labelled events), the held-out
+    batches and their true click probabilities (none for delayed feedback)."""
     if delayed:
         from streamrec.foundation import EventSchema
 
@@ -520,93 +565,116 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
         producer = threading.Thread(target=_produce, args=(cfg, bootstrap, batches, args.rate, view, stop, errors),
                                     daemon=True, name="producer")
     producer.start()
-    follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg.kafka))
-    metrics_path = Path(cfg.trainer.log_path)
-    view_log = open(metrics_path.parent / "view.jsonl", "a")
-    view.phase = "streaming + training"
+    return producer, held, truth
 
+
+@dataclass
+class _Figures:
+    """The live view's figures, refreshed from the trainer's metrics log, the joiner's metrics (``delayed``),
+    the hot set and serving's status, each refresh appended to ``view_log`` (view.jsonl); and the served model's
+    ages sampled while the stream is live."""
+
+    view: View
+    client: ServingClient
+    follower: HotSetFollower
+    producer: threading.Thread
+    metrics_path: Path
+    view_log: IO[str]
+    delayed: bool
+    join_port: int
     # served model's age while events flow: now minus when its newest event entered Kafka (the record
     # timestamp); the event's own ts is kept beside it (replayed files carry old times: ages of years)
-    freshness: list[float] = []
-    freshness_event: list[float] = []
+    freshness: list[float] = field(default_factory=list)
+    freshness_event: list[float] = field(default_factory=list)
 
-    def refresh():
-        view.metrics = _last_json_line(metrics_path) or view.metrics
-        if delayed:
-            view.join = join_figures(cfg.join.metrics_port) or view.join
-        hs = follower.latest()
+    def refresh(self) -> None:
+        view = self.view
+        view.metrics = _last_json_line(self.metrics_path) or view.metrics
+        if self.delayed:
+            view.join = join_figures(self.join_port) or view.join
+        hs = self.follower.latest()
         if hs is not None:
             view.hot_version = hs.version
             view.hot_rows = int(sum(len(v) for v in hs.tables.values()))
             view.hot_coverage = float(hs.coverage)
         try:
-            st = client.status()
-            if st.get("serving"):
-                view.served_version = int(st.get("version", 0))
-                view.newest_version = int(st.get("newest_version", 0))
-                view.held_reason = str(st.get("held_reason", ""))
-                if int(st.get("newest_event_ms", 0)) > 0:  # files without event times have no event-time age
-                    view.freshness_event_s = float(st.get("freshness_s", 0.0))
-                kafka_ms = float((st.get("metrics") or {}).get("newest_kafka_ms", 0.0))
-                if kafka_ms > 0:
-                    view.freshness_s = max(0.0, time.time() - kafka_ms / 1000.0)
-                if producer.is_alive() or not freshness:  # while the stream is live
-                    if view.freshness_s is not None:
-                        freshness.append(view.freshness_s)
-                    if view.freshness_event_s is not None:
-                        freshness_event.append(view.freshness_event_s)
+            self._serving_status()
         except Exception:
             pass
-        view_log.write(json.dumps({
+        self.view_log.write(json.dumps({
             "t": time.time(), "produced": view.produced, "hot_version": view.hot_version,
             "hot_rows": view.hot_rows, "hot_coverage": view.hot_coverage,
             "served_version": view.served_version, "freshness_s": view.freshness_s,
-            "freshness_event_s": view.freshness_event_s, **({"join": view.join} if delayed else {}),
+            "freshness_event_s": view.freshness_event_s, **({"join": view.join} if self.delayed else {}),
         }) + "\n")
-        view_log.flush()
+        self.view_log.flush()
 
-    try:
-        with _live(view, args, err) as update:
-            while trainer.poll() is None:
-                _check_children(sup, errors)
-                if time.monotonic() > deadline:
-                    raise DemoFailure(f"timed out after {args.timeout:.0f}s (trainer at {view.metrics.get('events', 0)} events)")
-                refresh()
-                update()
-                time.sleep(0.5)
-            _check_children(sup, errors)
-            refresh()
-            if not view.metrics.get("events"):  # no snapshot ever comes: waiting for one ran into --timeout
-                raise DemoFailure(f"the trainer exited with no events trained (produced {view.produced:,}; "
-                                  f"an empty file, or every record dead-lettered to {cfg.kafka.dlq_topic!r}?)")
-            view.phase = "waiting for the final snapshot to be served"
-            final_version = view.metrics.get("snapshot_version")
-            while True:
-                refresh()
-                update()
-                if view.served_version is not None and (final_version is None or view.served_version >= final_version):
-                    break
-                if view.held_reason and final_version is not None and view.newest_version >= final_version:
-                    # the guard holds the final version back: Predict answers with the last promoted one
-                    log.warning("serving holds version %d back (%s): scoring with version %d", view.newest_version,
-                                view.held_reason, view.served_version)
-                    break
-                _check_children(sup, errors)
-                if time.monotonic() > deadline:
-                    raise DemoFailure(f"served version {view.served_version} never reached {final_version}")
-                time.sleep(0.3)
-            view.phase = "scoring held-out events through gRPC Predict"
-            update()
-    finally:
-        follower.close()
-        view_log.close()
+    def _serving_status(self) -> None:
+        view = self.view
+        st = self.client.status()
+        if st.get("serving"):
+            view.served_version = int(st.get("version", 0))
+            view.newest_version = int(st.get("newest_version", 0))
+            view.held_reason = str(st.get("held_reason", ""))
+            if int(st.get("newest_event_ms", 0)) > 0:  # files without event times have no event-time age
+                view.freshness_event_s = float(st.get("freshness_s", 0.0))
+            kafka_ms = float((st.get("metrics") or {}).get("newest_kafka_ms", 0.0))
+            if kafka_ms > 0:
+                view.freshness_s = max(0.0, time.time() - kafka_ms / 1000.0)
+            if self.producer.is_alive() or not self.freshness:  # while the stream is live
+                if view.freshness_s is not None:
+                    self.freshness.append(view.freshness_s)
+                if view.freshness_event_s is not None:
+                    self.freshness_event.append(view.freshness_event_s)
 
-    events = _held_out_events(cfg, held, max(args.predict, 1))
-    scores, version = client.predict(events)
-    scores = [float(s) for s in scores]
-    if not scores or not all(math.isfinite(s) for s in scores):
-        raise DemoFailure(f"Predict returned bad scores: {scores}")
-    ev = _evaluate(cfg, client, held, truth, args, view, freshness, freshness_event)
+    def close(self) -> None:
+        self.view_log.close()
+
+
+def _watch_training(trainer: Child, sup: Supervisor, errors: list[str], deadline: float, timeout: float, view: View,
+                    refresh, update, dlq_topic: str) -> None:
+    """Refresh the view until the trainer exits; DemoFailure when a child dies, the deadline passes or the trainer
+    trained no event."""
+    while trainer.poll() is None:
+        _check_children(sup, errors)
+        if time.monotonic() > deadline:
+            raise DemoFailure(f"timed out after {timeout:.0f}s (trainer at {view.metrics.get('events', 0)} events)")
+        refresh()
+        update()
+        time.sleep(0.5)
+    _check_children(sup, errors)
+    refresh()
+    if not view.metrics.get("events"):  # no snapshot ever comes: waiting for one ran into --timeout
+        raise DemoFailure(f"the trainer exited with no events trained (produced {view.produced:,}; "
+                          f"an empty file, or every record dead-lettered to {dlq_topic!r}?)")
+
+
+def _wait_for_final_snapshot(sup: Supervisor, errors: list[str], deadline: float, view: View, refresh,
+                             update) -> None:
+    """Refresh the view until serving serves the trainer's last snapshot (or its guard holds it back and serves
+    the last promoted one); DemoFailure when a child dies or the deadline passes first."""
+    view.phase = "waiting for the final snapshot to be served"
+    final_version = view.metrics.get("snapshot_version")
+    while True:
+        refresh()
+        update()
+        if view.served_version is not None and (final_version is None or view.served_version >= final_version):
+            return
+        if view.held_reason and final_version is not None and view.newest_version >= final_version:
+            # the guard holds the final version back: Predict answers with the last promoted one
+            log.warning("serving holds version %d back (%s): scoring with version %d", view.newest_version,
+                        view.held_reason, view.served_version)
+            return
+        _check_children(sup, errors)
+        if time.monotonic() > deadline:
+            raise DemoFailure(f"served version {view.served_version} never reached {final_version}")
+        time.sleep(0.3)
+
+
+def _result(cfg: Config, view: View, figures: _Figures, scores: list[float], version: int, ev: dict[str, Any],
+            delayed: bool) -> dict[str, Any]:
+    """The demo's JSON result: the trainer's last figures, the served version, the freshness medians and the
+    served model's scores."""
     m = view.metrics
     return {
         "events_trained": int(m.get("events", 0)),
@@ -615,10 +683,10 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
         "logloss": _finite(m.get("logloss")),
         "events_scored": int(m.get("events_scored", 0)),  # progressive validation: each scored before training
         "hot_coverage": _finite(view.hot_coverage if view.hot_coverage is not None else m.get("hot_coverage")),
-        "served_version": int(version),
+        "served_version": version,
         **({"held_version": view.newest_version, "held_reason": view.held_reason} if view.held_reason else {}),
-        "freshness_s_median": _median(freshness),  # since the newest served event entered Kafka
-        "freshness_event_s_median": _median(freshness_event),  # since its own ts
+        "freshness_s_median": _median(figures.freshness),  # since the newest served event entered Kafka
+        "freshness_event_s_median": _median(figures.freshness_event),  # since its own ts
         "served_auc": ev.get("served_auc"),
         "bayes_auc": ev.get("bayes_auc"),
         "predict_latency_ms": ev.get("predict_latency_ms"),

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from streamrec.foundation import stop_process
 
@@ -33,11 +34,17 @@ class Child:
     proc: subprocess.Popen
     log_path: Path
     expected_exit: bool = False  # a child that finishes its job (trainer with max_events)
-    _log: object = field(default=None, repr=False)
+    _log: IO[bytes] | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def close_log(self) -> None:
+        """Close the parent's handle on the child's log file; closing twice is a no-op."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -92,9 +99,7 @@ class Supervisor:
 
     def stop(self, child: Child, grace: float = 10.0, sig: int = signal.SIGTERM) -> int | None:
         stop_process(child.proc, grace, sig, group=True)
-        if child._log is not None:
-            child._log.close()
-            child._log = None
+        child.close_log()
         return child.proc.returncode
 
     def stop_all(self, grace: float = 10.0) -> None:

@@ -183,11 +183,6 @@ def _settings(run_dir: Path, ev: dict) -> list[tuple[str, str]]:
 def write_report(run_dir: Path, lines: list[str] | None = None) -> tuple[Path, Path]:
     """``report.png`` and ``report.md`` of a run directory: settings, results, and six panels over time;
     ``lines``: the model lines' table (``lines_table``), placed after the results."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from .evaluation import read_evaluation
 
     run_dir = Path(run_dir)
@@ -196,7 +191,18 @@ def write_report(run_dir: Path, lines: list[str] | None = None) -> tuple[Path, P
         raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: nothing to report")
     view = _read_jsonl(run_dir / "view.jsonl")
     ev = read_evaluation(run_dir)
-    # the clock starts at the first record of either log (the demo's view starts before training does)
+    _add_elapsed(metrics, view)
+    served_freshness = any(isinstance(r.get("freshness_s"), (int, float)) for r in view)  # the demo's served model
+    png = _plot(run_dir / "report.png", metrics, view, ev, served_freshness)
+    md = run_dir / "report.md"
+    md.write_text("\n".join(_markdown(run_dir, metrics, view, ev, served_freshness)
+                            + [*(lines or []), f"![run]({png.name})", ""]))
+    return png, md
+
+
+def _add_elapsed(metrics: list[dict], view: list[dict]) -> None:
+    """Each record's ``elapsed_s``: seconds since the first record of either log (the demo's view starts before
+    training does); a record without a numeric time has none."""
     t0 = min([r["ts"] for r in metrics if isinstance(r.get("ts"), (int, float))]
              + [r["t"] for r in view if isinstance(r.get("t"), (int, float))], default=0)
     for r in metrics:
@@ -206,11 +212,32 @@ def write_report(run_dir: Path, lines: list[str] | None = None) -> tuple[Path, P
         if isinstance(r.get("t"), (int, float)):  # "t": null raised TypeError
             r["elapsed_s"] = r["t"] - t0
 
-    dot = dict(marker=".", markersize=4)  # a 20-second run has ~10 records: show each one
+
+def _plot(png: Path, metrics: list[dict], view: list[dict], ev: dict, served_freshness: bool) -> Path:
+    """The six panels over time, written to ``png``: training on the top row, hot set, snapshots and freshness
+    below."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(2, 3, figsize=(16, 8))
-    ax = axes[0][0]
+    _plot_training(axes[0], metrics, ev)
+    _plot_serving(axes[1], metrics, view, served_freshness)
+    fig.tight_layout()
+    fig.savefig(png, dpi=80)
+    plt.close(fig)
+    return png
+
+
+_DOT = dict(marker=".", markersize=4)  # a 20-second run has ~10 records: show each one
+
+
+def _plot_training(axes, metrics: list[dict], ev: dict) -> None:
+    """Progressive validation (with the served and Bayes-optimal AUCs), throughput and consumer lag."""
+    ax = axes[0]
     for key, label in (("auc", "AUC since start"), ("window_auc", "AUC, sliding window")):
-        ax.plot(*_series(metrics, "events", key), label=label, **dot)
+        ax.plot(*_series(metrics, "events", key), label=label, **_DOT)
     for key, label, style in (("served_auc", "served model, held-out events", "--"),
                               ("bayes_auc", "Bayes-optimal (generator's truth)", ":")):
         if isinstance(ev.get(key), (int, float)):
@@ -219,110 +246,115 @@ def write_report(run_dir: Path, lines: list[str] | None = None) -> tuple[Path, P
     ax.set_ylabel("AUC")
     ax.set_title("Progressive validation")
     ax.legend(loc="lower right", fontsize=8)
-    ax = axes[0][1]
-    ax.plot(*_series(metrics, "elapsed_s", "events_per_s"), **dot)
+    ax = axes[1]
+    ax.plot(*_series(metrics, "elapsed_s", "events_per_s"), **_DOT)
     ax.set_xlabel("seconds")
     ax.set_ylabel("events/s")
     ax.set_title("Training throughput")
-    ax = axes[0][2]
-    ax.plot(*_series(metrics, "elapsed_s", "lag"), color="tab:orange", **dot)
+    ax = axes[2]
+    ax.plot(*_series(metrics, "elapsed_s", "lag"), color="tab:orange", **_DOT)
     ax.set_xlabel("seconds")
     ax.set_ylabel("records behind the topic head")
     ax.set_title("Consumer lag (trainer)")
-    ax = axes[1][0]
-    ax.plot(*_series(metrics, "elapsed_s", "hot_fraction"), label="hot fraction of trained samples", **dot)
-    ax.plot(*_series(metrics, "elapsed_s", "hit_rate"), label="hot-tier hit rate of lookups", **dot)
-    ax.plot(*_series(view or metrics, "elapsed_s", "hot_coverage"), label="hot-set coverage (sketch estimate)", **dot)
+
+
+def _plot_serving(axes, metrics: list[dict], view: list[dict], served_freshness: bool) -> None:
+    """The hot set, the snapshot (or served) versions and freshness by the Kafka clock."""
+    ax = axes[0]
+    ax.plot(*_series(metrics, "elapsed_s", "hot_fraction"), label="hot fraction of trained samples", **_DOT)
+    ax.plot(*_series(metrics, "elapsed_s", "hit_rate"), label="hot-tier hit rate of lookups", **_DOT)
+    ax.plot(*_series(view or metrics, "elapsed_s", "hot_coverage"), label="hot-set coverage (sketch estimate)", **_DOT)
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("seconds")
     ax.set_title("Hot set")
     ax.legend(loc="lower right", fontsize=8)
-    ax = axes[1][1]
+    ax = axes[1]
     ax.step(*_series(view or metrics, "elapsed_s", "served_version" if view else "snapshot_version"),
             where="post", label="served version" if view else "snapshot version")
     ax.set_xlabel("seconds")
     ax.set_ylabel("version")
     ax.set_title("Snapshots")
-    ax = axes[1][2]
-    fresh_src = view if any(isinstance(r.get("freshness_s"), (int, float)) for r in view) else None
-    if fresh_src is not None:  # the served model (demo)
-        ax.plot(*_series(view, "elapsed_s", "freshness_s"), color="tab:green", label="served: since in Kafka", **dot)
+    ax = axes[2]
+    if served_freshness:  # the served model (demo)
+        ax.plot(*_series(view, "elapsed_s", "freshness_s"), color="tab:green", label="served: since in Kafka", **_DOT)
     ax.plot(*_series(metrics, "elapsed_s", "freshness_kafka_s"), color="tab:olive", label="trained: since in Kafka",
-            **dot)
+            **_DOT)
     ax.set_xlabel("seconds")
     ax.set_ylabel("seconds")
     ax.set_title("Freshness (age of the newest event, Kafka clock)")
     ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    png = run_dir / "report.png"
-    fig.savefig(png, dpi=80)
-    plt.close(fig)
 
+
+def _fmt(v, f="{:.4f}") -> str:
+    return f.format(v) if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def _med(xs):
+    xs = sorted(x for x in xs if isinstance(x, (int, float)) and math.isfinite(x))
+    return xs[len(xs) // 2] if xs else None
+
+
+def _col(records: list[dict], key: str) -> list:
+    return [r.get(key) for r in records]
+
+
+def _markdown(run_dir: Path, metrics: list[dict], view: list[dict], ev: dict, served_freshness: bool) -> list[str]:
+    """The report's title, run settings (when its config is there) and results table, one line each."""
     last = metrics[-1]
     served = [r.get("served_version") for r in view if r.get("served_version") is not None]
-
-    def fmt(v, f="{:.4f}"):
-        return f.format(v) if isinstance(v, (int, float)) and math.isfinite(v) else "-"
-
-    def med(xs):
-        xs = sorted(x for x in xs if isinstance(x, (int, float)) and math.isfinite(x))
-        return xs[len(xs) // 2] if xs else None
-
-    def col(records, key):
-        return [r.get(key) for r in records]
-
-    rate = col(metrics, "events_per_s")
-    lag = [x for x in col(metrics, "lag") if isinstance(x, (int, float)) and x >= 0]
-    fresh_kafka = med(col(view, "freshness_s")) if fresh_src is not None else med(col(metrics, "freshness_kafka_s"))
-    fresh_event = med(col(view, "freshness_event_s")) if view else med(col(metrics, "freshness_event_s"))
-    lat = ev.get("predict_latency_ms") or {}
+    lag = [x for x in _col(metrics, "lag") if isinstance(x, (int, float)) and x >= 0]
+    fresh_kafka = _med(_col(view, "freshness_s")) if served_freshness else _med(_col(metrics, "freshness_kafka_s"))
+    fresh_event = _med(_col(view, "freshness_event_s")) if view else _med(_col(metrics, "freshness_event_s"))
     elapsed = max((r.get("elapsed_s", 0) for r in metrics + view if isinstance(r.get("elapsed_s"), (int, float))),
                   default=0)
     settings = _settings(run_dir, ev)
-    held = "held-out" if ev.get("held_out", True) else "last events of the file (trained on: no held-out part)"
-    lines = [f"# streamrec run {run_dir.name}", ""]
+    out = [f"# streamrec run {run_dir.name}", ""]
     if settings:
-        lines += ["## Run settings", "", "| setting | value |", "| --- | --- |"]
-        lines += [f"| {k} | {v} |" for k, v in settings] + [""]
-    lines += [
+        out += ["## Run settings", "", "| setting | value |", "| --- | --- |"]
+        out += [f"| {k} | {v} |" for k, v in settings] + [""]
+    out += [
         "## Results", "",
         "| metric | value |",
         "| --- | --- |",
-        f"| run length (first to last record) | {fmt(elapsed, '{:.0f} s')} |",
-        f"| events trained | {fmt(last.get('events'), '{:,}')} |",
-        f"| progressive AUC since start | {fmt(last.get('auc'))} |",
-        f"| progressive AUC, last window | {fmt(last.get('window_auc'))} |",
-        f"| logloss since start | {fmt(last.get('logloss'))} |",
+        f"| run length (first to last record) | {_fmt(elapsed, '{:.0f} s')} |",
+        f"| events trained | {_fmt(last.get('events'), '{:,}')} |",
+        f"| progressive AUC since start | {_fmt(last.get('auc'))} |",
+        f"| progressive AUC, last window | {_fmt(last.get('window_auc'))} |",
+        f"| logloss since start | {_fmt(last.get('logloss'))} |",
     ]
     for task, f in (last.get("tasks") or {}).items():  # a model of several tasks: each over its labelled events
-        lines.append(f"| task {task}: progressive AUC / logloss since start ({fmt(f.get('labelled'), '{:,}')} "
-                     f"labelled events) | {fmt(f.get('auc'))} / {fmt(f.get('logloss'))} |")
-    if ev:
-        lines.append(f"| served model's AUC, {fmt(ev.get('events'), '{:,}')} {held} events via Predict "
-                     f"(v{ev.get('served_version', '-')}) | {fmt(ev.get('served_auc'))} |")
-    if isinstance(ev.get("bayes_auc"), (int, float)):
-        lines.append(f"| Bayes-optimal AUC of the same events (generated data: the ceiling) | {fmt(ev['bayes_auc'])} |")
-    if lat:
-        lines.append(f"| Predict latency, one event per call ({ev.get('latency_calls', '-')} calls) | p50 "
-                     f"{fmt(lat.get('p50'), '{:.2f}')} ms · p90 {fmt(lat.get('p90'), '{:.2f}')} ms · p99 "
-                     f"{fmt(lat.get('p99'), '{:.2f}')} ms |")
-    lines += [
-        f"| median training events/s | {fmt(med(rate), '{:,.0f}')} |",
-        f"| consumer lag, max / last (records) | {fmt(max(lag) if lag else None, '{:,}')} / "
-        f"{fmt(lag[-1] if lag else None, '{:,}')} |",
-        f"| hot fraction of trained samples (last) | {fmt(last.get('hot_fraction'), '{:.1%}')} |",
-        f"| hot-tier hit rate (last) | {fmt(last.get('hit_rate'), '{:.1%}')} |",
-        f"| dead letters | {fmt(last.get('dead_letters'), '{:,}')} |",
-        f"| last snapshot version built by the trainer | {fmt(last.get('snapshot_version'), '{:,}')} |",
+        out.append(f"| task {task}: progressive AUC / logloss since start ({_fmt(f.get('labelled'), '{:,}')} "
+                   f"labelled events) | {_fmt(f.get('auc'))} / {_fmt(f.get('logloss'))} |")
+    out += _evaluation_rows(ev)
+    return out + [
+        f"| median training events/s | {_fmt(_med(_col(metrics, 'events_per_s')), '{:,.0f}')} |",
+        f"| consumer lag, max / last (records) | {_fmt(max(lag) if lag else None, '{:,}')} / "
+        f"{_fmt(lag[-1] if lag else None, '{:,}')} |",
+        f"| hot fraction of trained samples (last) | {_fmt(last.get('hot_fraction'), '{:.1%}')} |",
+        f"| hot-tier hit rate (last) | {_fmt(last.get('hit_rate'), '{:.1%}')} |",
+        f"| dead letters | {_fmt(last.get('dead_letters'), '{:,}')} |",
+        f"| last snapshot version built by the trainer | {_fmt(last.get('snapshot_version'), '{:,}')} |",
         f"| last served version | {served[-1] if served else '-'} |",
-        f"| median freshness, since the event entered Kafka ({'served' if fresh_src is not None else 'trained'} "
-        f"model) | {fmt(fresh_kafka, '{:.1f} s')} |",
-        f"| median age by the events' own time | {fmt(fresh_event, '{:,.1f} s')} |",
-        "",
-        *(lines or []),
-        f"![run]({png.name})",
+        f"| median freshness, since the event entered Kafka ({'served' if served_freshness else 'trained'} "
+        f"model) | {_fmt(fresh_kafka, '{:.1f} s')} |",
+        f"| median age by the events' own time | {_fmt(fresh_event, '{:,.1f} s')} |",
         "",
     ]
-    md = run_dir / "report.md"
-    md.write_text("\n".join(lines))
-    return png, md
+
+
+def _evaluation_rows(ev: dict) -> list[str]:
+    """The results rows of the run's evaluation: the served model's AUC, the Bayes-optimal AUC of generated data
+    and Predict latency, each when the evaluation has it."""
+    out = []
+    held = "held-out" if ev.get("held_out", True) else "last events of the file (trained on: no held-out part)"
+    if ev:
+        out.append(f"| served model's AUC, {_fmt(ev.get('events'), '{:,}')} {held} events via Predict "
+                   f"(v{ev.get('served_version', '-')}) | {_fmt(ev.get('served_auc'))} |")
+    if isinstance(ev.get("bayes_auc"), (int, float)):
+        out.append(f"| Bayes-optimal AUC of the same events (generated data: the ceiling) | {_fmt(ev['bayes_auc'])} |")
+    lat = ev.get("predict_latency_ms") or {}
+    if lat:
+        out.append(f"| Predict latency, one event per call ({ev.get('latency_calls', '-')} calls) | p50 "
+                   f"{_fmt(lat.get('p50'), '{:.2f}')} ms · p90 {_fmt(lat.get('p90'), '{:.2f}')} ms · p99 "
+                   f"{_fmt(lat.get('p99'), '{:.2f}')} ms |")
+    return out

@@ -20,15 +20,18 @@ from __future__ import annotations
 import itertools
 import reprlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from .errors import EventError
 from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids
 
-__all__ = ["EventBatch", "EventError", "EventSchema", "JaggedIds", "hash_id", "hash_ids", "INT64_MAX", "INT64_MIN",
-           "FLOAT32_MAX", "FEEDBACK_CODES", "FEEDBACK_NAMES", "FEEDBACK_PLAIN", "FEEDBACK_NEGATIVE",
+if TYPE_CHECKING:
+    from .model_config import ModelConfig
+
+__all__ = ["DenseBound", "EventBatch", "EventError", "EventSchema", "JaggedIds", "hash_id", "hash_ids", "INT64_MAX",
+           "INT64_MIN", "FLOAT32_MAX", "FEEDBACK_CODES", "FEEDBACK_NAMES", "FEEDBACK_PLAIN", "FEEDBACK_NEGATIVE",
            "FEEDBACK_FAKE_NEGATIVE", "FEEDBACK_POSITIVE", "feedback_code"]
 
 _ALLOWED_KEYS = frozenset({"ts", "label", "labels", "dense", "sparse", "user", "item", "request_id", "feedback"})
@@ -41,6 +44,12 @@ FEEDBACK_NAMES: dict[int, str] = {c: k for k, c in FEEDBACK_CODES.items()}
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 _SHORT = reprlib.Repr()  # a bad value in an error message: bounded in length and depth
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 2, 60, 60, 60
+
+
+class DenseBound(Protocol):
+    """What the schema reads of the ingest section: the largest absolute dense value an event may carry."""
+
+    dense_abs_max: float
 
 
 def _show(x: Any) -> str:
@@ -304,9 +313,15 @@ class EventSchema:
     tasks: tuple[str, ...] = ("click",)  # the model's tasks in output order; an event's ``label`` is the first's
 
     @classmethod
+    def from_sections(cls, model: ModelConfig, ingest: DenseBound, require_label: bool = True) -> "EventSchema":
+        """The schema of ``model``'s events, refusing dense values beyond ``ingest.dense_abs_max``."""
+        return cls(tuple(model.field_names), model.dense_dim, require_label, float(ingest.dense_abs_max),
+                   tuple(model.task_names))
+
+    @classmethod
     def from_config(cls, cfg: Any, require_label: bool = True) -> "EventSchema":
-        return cls(tuple(cfg.model.field_names), cfg.model.dense_dim, require_label, float(cfg.ingest.dense_abs_max),
-                   tuple(cfg.model.task_names))
+        """:meth:`from_sections` of a config's ``model`` and ``ingest`` sections."""
+        return cls.from_sections(cfg.model, cfg.ingest, require_label)
 
     def validate(self, ev: Any) -> tuple[int, float, list[float], dict[str, list[int]], str | None,
                                          tuple[float, ...] | None, int]:
@@ -330,29 +345,7 @@ class EventSchema:
         ts = ev.get("ts", 0)
         if type(ts) is not int or not INT64_MIN <= ts <= INT64_MAX:  # beyond int64 the batch build overflowed
             raise EventError(f"ts must be an integer (ms since epoch) within int64, got {_show(ts)}")
-        label = ev.get("label")
-        task = None
-        labels = ev.get("labels")  # null: no task labels, as an absent key (as for dense and sparse)
-        if labels is not None:
-            label, task = self._task_labels(labels, label)
-        elif label is None:
-            if self.require_label:
-                raise EventError("missing label")
-            label = 0.0
-            if len(self.tasks) > 1:
-                task = self._no_labels
-        else:
-            tl = type(label)
-            if tl is not float and tl is not int:
-                if tl is bool:
-                    label = float(label)
-                else:
-                    raise EventError(f"label must be a number in [0, 1], got {_show(label)}")
-            if not 0.0 <= label <= 1.0:  # also rejects NaN
-                raise EventError(f"label must be a number in [0, 1], got {_show(label)}")
-            label = float(label)
-            if len(self.tasks) > 1:
-                task = (label,) + self._no_labels[1:]
+        label, task = self._labels_of(ev)
         dense = ev.get("dense")
         if dense is None:
             dense = []
@@ -368,6 +361,43 @@ class EventSchema:
             if not -bound <= x <= bound:  # NaN, inf or huge values would poison training
                 raise EventError(f"dense values must be finite numbers within +-{bound:g} "
                                  f"(ingest.dense_abs_max), got {_show(x)}")
+        ids = self._ids_of(ev)
+        rid = ev.get("request_id")
+        if rid is not None:
+            if isinstance(rid, str):
+                _check_text(rid, "request_id")
+            elif isinstance(rid, (int, float)):  # a number: its text, as ever
+                rid = str(rid)
+            else:
+                raise EventError(f"request_id must be a string or a number, got {type(rid).__name__}")
+        fb = ev.get("feedback")
+        return ts, label, dense, ids, rid, task, (0 if fb is None else feedback_code(fb))
+
+    def _labels_of(self, ev: dict) -> tuple[float, tuple[float, ...] | None]:
+        """The first task's label (0.0 when missing) and every task's (NaN = missing; None for a single-task
+        event of a single-task model) of an event's ``label`` and ``labels``, or EventError."""
+        label = ev.get("label")
+        labels = ev.get("labels")  # null: no task labels, as an absent key (as for dense and sparse)
+        if labels is not None:
+            return self._task_labels(labels, label)
+        if label is None:
+            if self.require_label:
+                raise EventError("missing label")
+            return 0.0, (self._no_labels if len(self.tasks) > 1 else None)
+        tl = type(label)
+        if tl is not float and tl is not int:
+            if tl is bool:
+                label = float(label)
+            else:
+                raise EventError(f"label must be a number in [0, 1], got {_show(label)}")
+        if not 0.0 <= label <= 1.0:  # also rejects NaN
+            raise EventError(f"label must be a number in [0, 1], got {_show(label)}")
+        label = float(label)
+        return label, ((label,) + self._no_labels[1:] if len(self.tasks) > 1 else None)
+
+    def _ids_of(self, ev: dict) -> dict[str, list[int]]:
+        """Every model field's ids (ints as they are, strings hashed; an absent field has none) of an event's
+        ``sparse`` object and its top-level ``user``/``item``, or EventError."""
         sparse = ev.get("sparse")
         if sparse is None:
             sparse = {}
@@ -402,16 +432,7 @@ class EventSchema:
                     except EventError as e:
                         raise EventError(f"sparse field {f!r}: {e}") from None
             ids[f] = out
-        rid = ev.get("request_id")
-        if rid is not None:
-            if isinstance(rid, str):
-                _check_text(rid, "request_id")
-            elif isinstance(rid, (int, float)):  # a number: its text, as ever
-                rid = str(rid)
-            else:
-                raise EventError(f"request_id must be a string or a number, got {type(rid).__name__}")
-        fb = ev.get("feedback")
-        return ts, label, dense, ids, rid, task, (0 if fb is None else feedback_code(fb))
+        return ids
 
     def _task_labels(self, labels: Any, label: Any) -> tuple[float, tuple[float, ...]]:
         """The first task's label (0.0 when missing) and every task's (NaN = missing) of an event's

@@ -122,7 +122,8 @@ def export_dense(model: torch.nn.Module, dense_dim: int, pooled_dim: int, num_ta
             raise SnapshotError("the exported program holds a non-tensor constant (a script object)")
         ser = S.ExportedProgramSerializer().serialize(ep, serialize_state_dict=False, serialize_constants=False,
                                                       serialize_example_inputs=False)
-        blob = json.dumps(S._dataclass_to_dict(ser.exported_program), cls=S.EnumEncoder).encode()
+        program = S._dataclass_to_dict(ser.exported_program)  # torch.export has no public dict form of a program
+        blob = json.dumps(program, cls=S.EnumEncoder).encode()
         weight_keys = sorted(ep.state_dict)
         # the check runs what serving will run: the program read back from its JSON and safetensors-able tensors
         mod = load_program(blob, {k: weights[k].detach().cpu() for k in weight_keys}, constants)
@@ -151,7 +152,7 @@ def load_program(program_json: bytes, weights: dict[str, torch.Tensor],
     try:
         raw = json.loads(program_json)
         check_expressions(raw)
-        prog = S._dict_to_dataclass(S.ExportedProgram, raw)
+        prog = S._dict_to_dataclass(S.ExportedProgram, raw)  # torch.export has no public dict-to-program reader
         check_operators(prog)
         sig = prog.graph_module.signature
         names = _named_inputs(sig)

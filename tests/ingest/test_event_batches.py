@@ -26,3 +26,13 @@ def test_batch_from_parsed_total_equals_events_with_empty_bags(cfg):
     for other in schema.fields[1:]:
         assert batch.sparse[other].offsets.tolist() == [0, 0, 0, 0]
     assert np.array_equal(batch.dense, np.full((3, cfg.model.dense_dim), 0.5, np.float32))
+
+
+def test_schema_from_sections_reads_the_model_and_the_ingest_bound(cfg):
+    """The schema built from the ``model`` section and any object with ``dense_abs_max`` is the config's."""
+    from types import SimpleNamespace
+
+    schema = EventSchema.from_sections(cfg.model, SimpleNamespace(dense_abs_max=cfg.ingest.dense_abs_max))
+    assert schema == EventSchema.from_config(cfg)
+    assert schema.fields == tuple(cfg.model.field_names) and schema.tasks == tuple(cfg.model.task_names)
+    assert EventSchema.from_sections(cfg.model, cfg.ingest, require_label=False).require_label is False

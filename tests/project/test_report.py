@@ -64,3 +64,15 @@ def test_report_and_metrics_endpoint_give_each_task_its_figures(tmp_path):
         assert reg.get_sample_value("streamrec_trainer_task_labelled_events", {"task": "conversion"}) == 97
     finally:
         exporter.close()
+
+
+def test_report_places_the_model_lines_after_the_results_once(tmp_path):
+    from streamrec.app.report import lines_table
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"ts": 1.0, "events": 10, "auc": 0.6}) + "\n")
+    table = lines_table({"lines": [{"model_line": "main", "share": 1.0, "version": 4}]})
+    _, md = write_report(tmp_path, lines=table)
+    text = md.read_text()
+    assert text.count("# streamrec run") == 1 and text.count("## Results") == 1
+    assert text.index("## Results") < text.index("## Model lines") < text.index("![run](report.png)")
+    assert "| main | 100% | 4 |" in text

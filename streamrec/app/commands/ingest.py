@@ -10,8 +10,13 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, Iterator
 
 from streamrec.ingest.datasets import FORMATS, LAYOUTS
+
+if TYPE_CHECKING:
+    from streamrec.app.config import Config
+    from streamrec.foundation import EventBatch
 
 
 def register(sub, common: argparse.ArgumentParser) -> None:
@@ -187,17 +192,36 @@ def produce_keyed(cfg, args) -> int:
     return 0
 
 
+@dataclasses.dataclass
+class _ProducePlan:
+    """What ``streamrec produce`` sends: the config it sends with, the event batches, how many (None: all the
+    file holds) and the source's name for the log lines."""
+
+    cfg: Config
+    source: Iterator[EventBatch]
+    total: int | None
+    what: str
+
+
 def cmd_produce(args) -> int:
-    from streamrec.app.cli import config_from_args, kafka_bootstrap
-
-    from streamrec.ingest import DatasetError, EventProducer, EventSchema, SyntheticStream, layout_config, read_events
-
-    from streamrec.app.data_schema import model_for_file
-    from streamrec.app.logs import IntervalLog, startup_line
+    from streamrec.app.cli import config_from_args
 
     cfg = config_from_args(args)
     if args.topic:
         return produce_keyed(cfg, args)
+    plan = _produce_plan(cfg, args)
+    if isinstance(plan, int):
+        return plan
+    return _send_plan(plan, args)
+
+
+def _produce_plan(cfg: Config, args) -> _ProducePlan | int:
+    """The config, source and size of a ``produce`` run from its arguments, or the exit code after the error
+    line when they do not make one."""
+    from streamrec.ingest import DatasetError, EventSchema, SyntheticStream, layout_config, read_events
+
+    from streamrec.app.data_schema import model_for_file
+
     if args.layout:
         cfg = dataclasses.replace(cfg, model=layout_config(args.layout, cfg.model))
     if args.codec:
@@ -233,6 +257,18 @@ def cmd_produce(args) -> int:
               + "; for a broker that outlives it run `streamrec broker` and pass --bootstrap", file=sys.stderr)
     if args.rate:
         source = _sliced(source, max(1, min(cfg.kafka.events_per_message, int(args.rate / 20) or 1)))
+    return _ProducePlan(cfg, source, total, what)
+
+
+def _send_plan(plan: _ProducePlan, args) -> int:
+    """Send the plan's batches (at ``--rate`` when given, until Ctrl-C), print the summary line and, with
+    ``--hold`` on the embedded broker, keep it serving; the exit code."""
+    from streamrec.app.cli import kafka_bootstrap
+    from streamrec.ingest import DatasetError, EventProducer, EventSchema
+
+    from streamrec.app.logs import IntervalLog, startup_line
+
+    cfg, source, total, what = plan.cfg, plan.source, plan.total, plan.what
     sent = 0
     interrupted = False
     stop = threading.Event()  # Ctrl-C sets it; the loop stops between batches, so counts stay exact
