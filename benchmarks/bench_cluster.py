@@ -170,7 +170,7 @@ class ClusterBench:
         from streamrec.ingest import SyntheticStream, encode_messages
 
         cfg = load_config(str(self.root / "produce" / "config.toml"), env={})
-        schema = EventSchema.from_config(cfg)
+        schema = EventSchema.from_sections(cfg.model, cfg.ingest)
         n = min(self.events, 20_000)
         total = 0
         for b in SyntheticStream(cfg).batches(n):

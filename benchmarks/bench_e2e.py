@@ -292,7 +292,7 @@ def decode_costs(cfg, n: int = 20_000, repeats: int = 5) -> dict:
     from streamrec.ingest import codec
     from streamrec.ingest.codec import encode_json_batch
 
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     dec = Decoder(schema)
     ints = [m for b in _events(cfg, n) for m in encode_json_batch(b)][:n]
     strs = []
@@ -370,7 +370,7 @@ def run(size: str = "full", freshness: bool = True, bootstrap: str | None = None
         cfg_arrow.kafka.trainer_group = f"bench-trainer-arrow-{suffix}"
         ensure_topics(bs, pipeline_topics(cfg.kafka, cfg.trainer.ranks)
                       + pipeline_topics(cfg_arrow.kafka, cfg_arrow.trainer.ranks))
-        schema = EventSchema.from_config(cfg)
+        schema = EventSchema.from_sections(cfg.model, cfg.ingest)
         batches = _events(cfg, n_arrow)
         t0 = time.perf_counter()
         json_msgs = [m for b in batches[: -(-n_json // 20_000)] for m in encode_json_batch(b)][:n_json]
@@ -458,7 +458,7 @@ def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None) -> d
         cfg.trainer.device = device
         cfg.trainer.torch_threads = 0  # every core: the device trainer's host side is what this measures
         ensure_topics(bs, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
-        schema = EventSchema.from_config(cfg)
+        schema = EventSchema.from_sections(cfg.model, cfg.ingest)
         msgs = [m for b in _events(cfg, n) for m in encode_messages(b, schema, "arrow", cfg.kafka.events_per_message)]
         _produce(bs, cfg.kafka.events_topic, msgs)
         del msgs

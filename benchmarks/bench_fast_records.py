@@ -32,7 +32,7 @@ def _read(bootstrap: str, cfg, topic: str, n: int, fast: bool, decoded: bool) ->
     from streamrec.ingest.fast_records import RecordRun
 
     cfg.kafka.fast_records = fast
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       f"bench-fr-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
     try:
         if c.fast_records != fast:

@@ -51,7 +51,7 @@ def _seeds():
     from streamrec.ingest.codec import batch_to_arrow
 
     cfg = load_config(None, {}, env={})  # the default model: 4 sparse fields (one multi-valued), dense 4
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     b = next(SyntheticStream(cfg, chunk=512).batches(512))
     b.request_ids = [f"req-{i}" if i % 4 else None for i in range(len(b))]
     arrow = [encode_arrow(b.take(np.arange(k)), schema) for k in (1, 16, 512)]

@@ -22,7 +22,7 @@ import uuid
 def _consume_decoded(bootstrap, cfg, topic, n_events, timeout):
     from streamrec.ingest import EventConsumer, EventSchema
 
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       f"bench-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
     try:
         got = 0
@@ -53,7 +53,7 @@ def _record_values(recs):
 def _consume_raw(bootstrap, cfg, topic, n_records, timeout):
     from streamrec.ingest import EventConsumer, EventSchema
 
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       f"bench-{uuid.uuid4().hex[:6]}", mode="assign", dlq=False, topic=topic)
     try:
         got = nbytes = 0
@@ -77,7 +77,7 @@ def _run_codec(bootstrap, cfg, codec, batches, repeats, timeout):
     from streamrec.ingest.broker import TopicSpec
     from streamrec.ingest.codec import encode_messages
 
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     n = sum(len(b) for b in batches)
     topic = f"bench-{codec}-{uuid.uuid4().hex[:6]}"
     ensure_topics(bootstrap, [TopicSpec(topic, cfg.kafka.partitions)])

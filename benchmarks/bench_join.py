@@ -103,7 +103,7 @@ def _progressive(cfg, mode: str, imps, acts, truth: dict[str, int], tmp: Path, s
     from streamrec.joiner.machine import encode_value
     from streamrec.trainer import TrainerCore
 
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(tmp / f"store-{mode}-{cfg.model.seed}"))
     core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
     rules = JoinRules.from_config(cfg.join)

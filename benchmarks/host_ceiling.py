@@ -62,7 +62,7 @@ def _set_up(root: str, events: int, ids: int, batch: int, device, model: dict | 
     cfg = bench_config(root, ids, batch, "fae", model, device=str(device))
     fields = cfg.model.field_names
     window = batch * cfg.trainer.window_batches
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     sample = min(50_000, events // 2)
     backlog = []  # one window's record values at a time, as a poll hands them over
     for w in windows_of(SyntheticStream(cfg), events + sample + window, window, cfg.model.dense_dim, fields):

@@ -295,7 +295,7 @@ def link_terms(cfg, world: int, steps: int, events: int, batches: Sequence | Non
     params = sum(p.numel() for p in build_model(cfg.model).parameters())
     size = {"fp32": 4, "bf16": 2, "fp16": 2}[cfg.trainer.dense_allreduce_precision]
     dense = world * steps * ring_bytes(params + world + 1, size, world) / events
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     src = batches if batches is not None else SyntheticStream(cfg).batches(min(events, 20_000))
     total = n = 0
     for b in src:

@@ -221,7 +221,7 @@ class GroupTrainerService(TrainerService):
 
         d = rank_dir(self.root, self.rank)
         d.mkdir(parents=True, exist_ok=True)
-        return EventConsumer(self.bootstrap, self.settings.kafka, self.settings.ingest, EventSchema.from_config(self.settings),
+        return EventConsumer(self.bootstrap, self.settings.kafka, self.settings.ingest, EventSchema.from_sections(self.settings.model, self.settings.ingest),
                              group_id=self.settings.kafka.trainer_group, mode="assign",
                              partitions=self.partitions, inflight_path=d / INFLIGHT)
 

@@ -190,7 +190,7 @@ class TrainerService(TrainerReporting):
         from streamrec.ingest import EventConsumer, EventSchema
 
         # the crash-loop breaker's marker lives with the checkpoints: it is about this trainer's progress
-        return EventConsumer(self.bootstrap, self.settings.kafka, self.settings.ingest, EventSchema.from_config(self.settings),
+        return EventConsumer(self.bootstrap, self.settings.kafka, self.settings.ingest, EventSchema.from_sections(self.settings.model, self.settings.ingest),
                              group_id=self.settings.kafka.trainer_group,
                              mode=self.settings.kafka.consumer_mode,
                              inflight_path=os.path.join(self.settings.trainer.checkpoint_dir, INFLIGHT))

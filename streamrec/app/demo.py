@@ -331,7 +331,7 @@ def _event_source(cfg: Config, args):
 
         def replay():
             left = args.events or float("inf")
-            for b in read_file(args.data, EventSchema.from_config(cfg), layout=args.layout):
+            for b in read_file(args.data, EventSchema.from_sections(cfg.model, cfg.ingest), layout=args.layout):
                 if len(b) > left:
                     b = b.take(np.arange(int(left)))
                 left -= len(b)
@@ -367,7 +367,7 @@ def _produce(cfg: Config, bootstrap: str, batches, rate: float, view: View, stop
     from streamrec.ingest import EventProducer, EventSchema
 
     try:
-        producer = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+        producer = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
         t0 = time.monotonic()
         for b in batches:
             if stop.is_set():
@@ -557,7 +557,7 @@ def _start_producer(cfg: Config, bootstrap: str, args, view: View, stop: threadi
         from streamrec.foundation import EventSchema
 
         imps, acts, held_events = args.delayed
-        held, truth = [EventSchema.from_config(cfg).batch_from_events(held_events)], []
+        held, truth = [EventSchema.from_sections(cfg.model, cfg.ingest).batch_from_events(held_events)], []
         producer = threading.Thread(target=_produce_delayed, args=(cfg, bootstrap, imps, acts, args.rate, view, stop,
                                                                   errors), daemon=True, name="producer")
     else:

@@ -87,7 +87,7 @@ def topic_labels(cfg, request_ids: set, timeout: float) -> dict:
     from streamrec.foundation import EventError
     from streamrec.ingest import Decoder, EventSchema, client_settings, read_topic
 
-    dec = Decoder(EventSchema.from_config(cfg))
+    dec = Decoder(EventSchema.from_sections(cfg.model, cfg.ingest))
     out = {}
     for rec in read_topic(cfg.kafka.bootstrap, cfg.kafka.events_topic, timeout=timeout,
                           security=client_settings(cfg.kafka)):

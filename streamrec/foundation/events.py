@@ -318,11 +318,6 @@ class EventSchema:
         return cls(tuple(model.field_names), model.dense_dim, require_label, float(ingest.dense_abs_max),
                    tuple(model.task_names))
 
-    @classmethod
-    def from_config(cls, cfg: Any, require_label: bool = True) -> "EventSchema":
-        """:meth:`from_sections` of a config's ``model`` and ``ingest`` sections."""
-        return cls.from_sections(cfg.model, cfg.ingest, require_label)
-
     def validate(self, ev: Any) -> tuple[int, float, list[float], dict[str, list[int]], str | None,
                                          tuple[float, ...] | None, int]:
         """Check one decoded JSON event; return its normalised parts or raise EventError.

@@ -32,7 +32,7 @@ def test_a_record_that_crashes_the_decoder_is_quarantined_by_the_next_start(topi
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
     env = install_crash_hook(tmp_path / "hook")
 
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     good = 0
     for i, b in enumerate(SyntheticStream(cfg).batches(1200)):
         prod.send_batch(b)
@@ -67,7 +67,7 @@ def test_records_in_flight_at_two_training_deaths_are_quarantined(topics, tmp_pa
 
     cfg = topics
     cfg.kafka.codec, cfg.kafka.partitions = "json", 1
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     for b in SyntheticStream(cfg).batches(100):
         prod.send_batch(b)
     prod.close()
@@ -75,7 +75,7 @@ def test_records_in_flight_at_two_training_deaths_are_quarantined(topics, tmp_pa
     topic = cfg.kafka.events_topic
     parts = sorted({r.partition for r in read_topic(bootstrap, topic, expected=100)})
     InflightMarker(marker).mark(TRAIN, [InflightRange(topic, parts[0], 0, 3)], deaths=deaths_before)
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       group_id=f"g-{topic}", mode="assign", inflight_path=marker)
     try:
         got = sum(len(b) for b in poll_events(c, 100 - (4 if deaths_before else 0), timeout=30, max_events=10_000))
@@ -104,7 +104,7 @@ def test_records_of_a_training_step_that_died_are_probed_then_quarantined(topics
 
     cfg = topics
     cfg.kafka.codec, cfg.kafka.partitions = "json", 1
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     for b in SyntheticStream(cfg).batches(100):
         prod.send_batch(b)
     prod.close()
@@ -114,7 +114,7 @@ def test_records_of_a_training_step_that_died_are_probed_then_quarantined(topics
     # a step of records 2, 3 and 7 (not contiguous: the merge and the batcher reorder)
     InflightMarker(marker).mark(STEP, [InflightRange(topic, part, 2, 3), InflightRange(topic, part, 7, 7)],
                                 deaths=deaths_before)
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       group_id=f"g-{topic}", mode="assign", inflight_path=marker)
     probed: list = []
 

@@ -113,7 +113,7 @@ def test_demo_replays_a_file(bootstrap, tmp_path):
 
     data = tmp_path / "events.jsonl"
     cfg = load_config(None, env={})
-    write_events(data, SyntheticStream(cfg).batches(12_000), EventSchema.from_config(cfg))
+    write_events(data, SyntheticStream(cfg).batches(12_000), EventSchema.from_sections(cfg.model, cfg.ingest))
     run_dir = tmp_path / "run3"
     cmd = _demo_cmd(run_dir, bootstrap, 0)
     i = cmd.index("--events")

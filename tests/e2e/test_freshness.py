@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.subprocess, pytest.mark.grpc]
 def _produce(cfg, bootstrap, stop: threading.Event, per_s: float = 2000.0):
     import numpy as np
 
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     for chunk in SyntheticStream(cfg).batches(10**7):
         for s in range(0, len(chunk), 256):
             if stop.is_set():

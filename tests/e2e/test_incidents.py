@@ -60,7 +60,7 @@ def test_incident_drill(topics, tmp_path, bootstrap, drill):
     stop = threading.Event()
     svc = TrainerService(trainer_settings(cfg), bootstrap, stop=stop, progress=False, pusher_factory=SnapshotPusher.factory(cfg.serving))
     trainer = threading.Thread(target=svc.run, daemon=True)
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     client = ServingClient(server.target, timeout=10)
     rng = np.random.default_rng(3)
 

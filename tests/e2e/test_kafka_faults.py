@@ -31,7 +31,7 @@ def _cfg(tmp_path, policy: str):
 
 def _produce(cfg, bootstrap, n, seed):
     cfg.generator.seed = seed
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     for b in SyntheticStream(cfg).batches(n):
         prod.send_batch(b)
     prod.close()
@@ -139,7 +139,7 @@ def test_a_consumer_slower_than_its_poll_interval_rejoins_and_loses_or_repeats_n
     cfg = topics
     cfg.kafka.events_per_message = 32
     _produce(cfg, bootstrap, 640, seed=3)
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       group_id=f"slow-{cfg.kafka.events_topic}", mode="group",
                       max_poll_interval_ms=6000, session_timeout_ms=6000, heartbeat_interval_ms=1000)
     try:

@@ -80,7 +80,7 @@ def _trainer_cfg(cfg):
 
 def test_poison_records_are_dead_lettered_and_every_good_event_is_trained(topics, bootstrap):
     cfg = _trainer_cfg(topics)
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg), codec="arrow")
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest), codec="arrow")
     good = 0
     batches = list(SyntheticStream(cfg, chunk=200).batches(200 * len(POISON)))
     for k, (b, (raw, _)) in enumerate(zip(batches, POISON.values())):

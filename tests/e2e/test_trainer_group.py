@@ -106,7 +106,7 @@ def _train(cfg, tmp_path, bootstrap, nproc, env_extra=None, timeout=400):
 def _produce_slowly(cfg, bootstrap, n, per_s, done: threading.Event, sent: list):
     import numpy as np
 
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     step = PER_MESSAGE * 2
     for chunk in SyntheticStream(cfg).batches(n):
         for s in range(0, len(chunk), step):
@@ -235,7 +235,7 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     assert abs(clean_auc - log[-1]["auc"]) <= 0.01, (clean_auc, log[-1]["auc"])
 
     # the same checkpoint, resumed by 3 ranks: resharded, and training goes on from the same offsets
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     for b in SyntheticStream(cfg).batches(8192):
         prod.send_batch(b)
     prod.close()

@@ -37,7 +37,7 @@ def consume_all(bootstrap, cfg, expected_events, mode="assign", group=None, time
     meanwhile is in the batches and the stats, so a test can assert that nothing else arrives."""
     from streamrec.ingest import EventConsumer, EventSchema
 
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       group or f"g-{uuid.uuid4().hex[:6]}", mode=mode, **opts)
     try:
         batches = poll_events(c, expected_events, timeout)

@@ -105,7 +105,7 @@ def events_to_batch(cfg, events):
     """The trainer-side batch of the events: ingest's validation + hashing, jagged ids per field."""
     from streamrec.ingest import EventBatch, EventSchema, JaggedIds
 
-    schema = EventSchema.from_config(cfg, require_label=False)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest, require_label=False)
     rows = [schema.validate(e) for e in events]
     return EventBatch(ts=np.array([r[0] for r in rows], np.int64), labels=np.zeros(len(rows), np.float32),
                       dense=np.array([r[2] for r in rows], np.float32).reshape(len(rows), cfg.model.dense_dim),

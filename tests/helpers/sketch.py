@@ -170,7 +170,7 @@ def produce_events(cfg, bootstrap: str, n: int, seed: int = 0) -> int:
 
     cfg = copy.deepcopy(cfg)
     cfg.generator.seed = seed
-    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     try:
         for b in SyntheticStream(cfg).batches(n):
             b.ts[:] = int(time.time() * 1000)

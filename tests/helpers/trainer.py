@@ -41,7 +41,7 @@ def trainer_cfg(cfg, tmp_path):
 
 def produce(cfg, bootstrap, n, bad=0):
     """``n`` synthetic events into the events topic, then ``bad`` records that do not decode."""
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     for b in SyntheticStream(cfg).batches(n):
         prod.send_batch(b)
     for _ in range(bad):

@@ -48,10 +48,10 @@ def test_round_trip_through_broker(bootstrap, tmp_path, codec, dense_dim):
     cfg.kafka.events_topic, cfg.kafka.dlq_topic = f"rt-{sfx}", f"rt-{sfx}.dlq"
     cfg.kafka.events_per_message = 100
     ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     hand = schema.batch_from_events(hand_events(dense_dim))
     synth = list(SyntheticStream(cfg, chunk=250).batches(500))
-    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg), codec=codec)
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest), codec=codec)
     for b in [hand, *synth]:
         p.send_batch(b)
     p.close()
@@ -74,7 +74,7 @@ def test_third_party_producer_decodes_like_ours(topics, bootstrap):
     for ev in evs:
         prod.produce(cfg.kafka.events_topic, json.dumps(ev).encode())
     assert prod.flush(30) == 0
-    ours = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg), codec="json")
+    ours = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest), codec="json")
     for ev in evs:
         ours.send_raw(json.dumps(ev, separators=(",", ":")).encode())
     ours.close()

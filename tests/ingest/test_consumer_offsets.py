@@ -15,7 +15,7 @@ pytestmark = pytest.mark.broker
 
 
 def _send_synthetic(bootstrap, cfg, n):
-    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg), codec="json")
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest), codec="json")
     for b in SyntheticStream(cfg).batches(n):
         p.send_batch(b)
     p.close()
@@ -27,7 +27,7 @@ def test_offsets_commit_only_when_durable(topics, bootstrap):
     group = cfg.kafka.trainer_group
 
     def first_batch():
-        c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg), group, mode="assign")
+        c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest), group, mode="assign")
         return c, poll_events(c, 300, timeout=15, max_events=1000)
 
     c1, got1 = first_batch()
@@ -42,7 +42,7 @@ def test_offsets_commit_only_when_durable(topics, bootstrap):
     c2.mark_durable(offsets)
     assert {k: v for k, v in c2.committed().items() if v is not None} == offsets
     c2.close()
-    c3 = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg), group, mode="assign")
+    c3 = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest), group, mode="assign")
     try:
         assert c3.poll_batch(1000, timeout=2.0) is None  # nothing new after the durable mark
         _send_synthetic(bootstrap, cfg, 10)
@@ -65,7 +65,7 @@ def test_group_mode_joins_and_resumes(topics, bootstrap):
     _send_synthetic(bootstrap, cfg, 200)
     batches, _ = consume_all(bootstrap, cfg, 200, mode="group", group=cfg.kafka.trainer_group, timeout=60)
     assert sum(len(b) for b in batches) == 200
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       cfg.kafka.trainer_group, mode="group")
     try:  # nothing was marked durable: a new member of the group starts over
         got = poll_events(c, 200, timeout=60, max_events=1000)
@@ -80,11 +80,11 @@ def test_a_poll_hands_over_about_what_was_asked_even_before_it_knows_the_records
     the events asked for plus one record's (a poll counts records; until it has decoded one it cannot know
     how many events a record holds, and must not hand over the backlog in one piece)."""
     cfg = topics
-    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg), codec="arrow")
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest), codec="arrow")
     for b in SyntheticStream(cfg).batches(40 * 512):
         p.send_batch(b)
     p.close()
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       cfg.kafka.trainer_group, mode="assign")
     try:
         sizes, deadline = [], time.monotonic() + 30

@@ -20,7 +20,7 @@ from streamrec.app.cli import main as streamrec_main
 
 def events_of(model) -> EventSchema:
     """The events of a ``[model]`` section (the other sections at their defaults)."""
-    return EventSchema.from_config(Config(model=model))
+    return EventSchema.from_sections(model, Config().ingest)
 
 
 def ids(batch, field):
@@ -65,7 +65,7 @@ def test_criteo_bad_cells_and_wrong_config(tmp_path, cfg):
     with pytest.raises(DatasetError, match="'zz12' is not a hexadecimal id"):
         list(read_events(path, events_of(criteo_config()), format="criteo"))
     with pytest.raises(DatasetError, match="does not match the criteo layout"):
-        read_events(path, EventSchema.from_config(cfg), format="criteo")  # checked before any reading starts
+        read_events(path, EventSchema.from_sections(cfg.model, cfg.ingest), format="criteo")  # checked before any reading starts
     short = tmp_path / "short.txt"
     short.write_text("1\t2\t3\n")
     with pytest.raises(DatasetError, match="short.txt"):
@@ -108,7 +108,7 @@ def test_generic_csv_mapping(tmp_path, cfg):
                     "1,5,0.5,1,2,42,abc,1|2|x,r1\n"
                     "0,,,,,,7,,\n"
                     "0.25,9,1,1,1,18446744073709551615,-3,|4|,r3\n")
-    (b,) = list(read_events(path, EventSchema.from_config(cfg)))
+    (b,) = list(read_events(path, EventSchema.from_sections(cfg.model, cfg.ingest)))
     assert b.labels.tolist() == [1.0, 0.0, 0.25]
     assert b.ts.tolist() == [5, 0, 9]
     assert b.dense.tolist() == [[0.5, 1, 2], [0, 0, 0], [1, 1, 1]]
@@ -119,10 +119,10 @@ def test_generic_csv_mapping(tmp_path, cfg):
     bad = tmp_path / "bad.csv"
     bad.write_text("label,dense_0,dense_1,dense_2,user,colour\n1,0,0,0,1,red\n")
     with pytest.raises(DatasetError, match="unknown column 'colour'"):
-        read_events(bad, EventSchema.from_config(cfg))
+        read_events(bad, EventSchema.from_sections(cfg.model, cfg.ingest))
     tsv = tmp_path / "ev.tsv"
     tsv.write_text("label\tdense_0\tdense_1\tdense_2\titem\n1\t1\t2\t3\t99\n")
-    (t,) = list(read_events(tsv, EventSchema.from_config(cfg)))
+    (t,) = list(read_events(tsv, EventSchema.from_sections(cfg.model, cfg.ingest)))
     assert ids(t, "item") == [[99]] and ids(t, "user") == [[]]
 
 
@@ -131,8 +131,8 @@ def test_parquet_and_jsonl_round_trip(tmp_path, cfg):
     expected = [ev for b in src for ev in b.to_events()]
     for name in ("ev.parquet", "ev.jsonl", "ev.jsonl.gz"):
         path = tmp_path / name
-        assert write_events(path, iter(src), EventSchema.from_config(cfg)) == 2500
-        got = list(read_file(path, EventSchema.from_config(cfg), chunk=1000))
+        assert write_events(path, iter(src), EventSchema.from_sections(cfg.model, cfg.ingest)) == 2500
+        got = list(read_file(path, EventSchema.from_sections(cfg.model, cfg.ingest), chunk=1000))
         assert [len(b) for b in got] == [1000, 1000, 500]
         assert [ev for b in got for ev in b.to_events()] == expected, name
 
@@ -142,7 +142,7 @@ def test_jsonl_bad_line_names_the_line(tmp_path, cfg):
     good = {"label": 1, "dense": [0, 0, 0], "sparse": {"user": 1}}
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "dense": [1]}) + "\n")
     with pytest.raises(DatasetError, match=r"ev.jsonl:2: dense has 1 values, the model expects 3"):
-        list(read_events(path, EventSchema.from_config(cfg)))
+        list(read_events(path, EventSchema.from_sections(cfg.model, cfg.ingest)))
     with pytest.raises(DatasetError, match="extension"):
         detect_format(tmp_path / "x.bin")
 
@@ -157,7 +157,7 @@ def test_generate_command_writes_file_and_prints_bayes_auc(tmp_path, capsys):
     from streamrec.app.config import load_config
 
     cfg = load_config(None, {"generator.seed": 3}, env={})
-    assert sum(len(b) for b in read_events(out, EventSchema.from_config(cfg))) == 3000
+    assert sum(len(b) for b in read_events(out, EventSchema.from_sections(cfg.model, cfg.ingest))) == 3000
     assert abs(SyntheticStream(cfg).bayes_auc(3000) - auc) < 1e-4
 
 
@@ -166,7 +166,7 @@ def test_empty_csv_says_it_is_empty(tmp_path, cfg):
     p = tmp_path / "ev.csv"
     p.write_text("")
     with pytest.raises(DatasetError) as e:
-        list(read_events(p, EventSchema.from_config(cfg)))
+        list(read_events(p, EventSchema.from_sections(cfg.model, cfg.ingest)))
     assert "empty" in str(e.value) and "header" in str(e.value) and "unknown column" not in str(e.value)
 
 
@@ -178,7 +178,7 @@ def test_unknown_csv_column_message_without_dense_features(tmp_path):
     p = tmp_path / "ev.csv"
     p.write_text("label,colour\n1,3\n")
     with pytest.raises(DatasetError) as e:
-        list(read_events(p, EventSchema.from_config(cfg)))
+        list(read_events(p, EventSchema.from_sections(cfg.model, cfg.ingest)))
     msg = str(e.value)
     assert "unknown column 'colour'" in msg and "dense_-1" not in msg and "dense_0" not in msg
 
@@ -193,7 +193,7 @@ def test_csv_with_non_finite_dense_is_refused(tmp_path, cfg):
     path = tmp_path / "ev.csv"
     path.write_text("label,dense_0,dense_1,dense_2,user\n1,0.5,0,1,7\n0,nan,0,1,8\n")
     with pytest.raises(DatasetError, match="finite"):
-        list(read_events(path, EventSchema.from_config(cfg)))
+        list(read_events(path, EventSchema.from_sections(cfg.model, cfg.ingest)))
 
 
 def test_jsonl_with_invalid_utf8_names_the_line(tmp_path, cfg):
@@ -204,7 +204,7 @@ def test_jsonl_with_invalid_utf8_names_the_line(tmp_path, cfg):
     good = json.dumps(_good_event()).encode()
     path.write_bytes(good + b"\n" + good.replace(b'"a"', b'"caf\xe9"') + b"\n")
     with pytest.raises(DatasetError, match=r"ev.jsonl:2: bad JSON"):
-        list(read_events(path, EventSchema.from_config(cfg)))
+        list(read_events(path, EventSchema.from_sections(cfg.model, cfg.ingest)))
 
 
 def test_csv_with_utf8_bom_reads_like_without(tmp_path, cfg):
@@ -215,6 +215,6 @@ def test_csv_with_utf8_bom_reads_like_without(tmp_path, cfg):
     plain, bom = tmp_path / "plain.csv", tmp_path / "bom.csv"
     plain.write_text(text, encoding="utf-8")
     bom.write_text(text, encoding="utf-8-sig")
-    want = [ev for b in read_events(plain, EventSchema.from_config(cfg)) for ev in b.to_events()]
+    want = [ev for b in read_events(plain, EventSchema.from_sections(cfg.model, cfg.ingest)) for ev in b.to_events()]
     assert len(want) == 1
-    assert [ev for b in read_events(bom, EventSchema.from_config(cfg)) for ev in b.to_events()] == want
+    assert [ev for b in read_events(bom, EventSchema.from_sections(cfg.model, cfg.ingest)) for ev in b.to_events()] == want

@@ -41,7 +41,7 @@ PATHOLOGICAL = {
 
 
 def test_pathological_records_are_dead_lettered_by_the_decoder(cfg):
-    dec = Decoder(EventSchema.from_config(cfg))
+    dec = Decoder(EventSchema.from_sections(cfg.model, cfg.ingest))
     values = [json.dumps(_good(0)).encode()]
     for raw in PATHOLOGICAL.values():
         values += [raw, json.dumps(_good(len(values) + 1)).encode()]
@@ -58,12 +58,12 @@ def test_pathological_records_are_dead_lettered_by_the_decoder(cfg):
 def test_pathological_records_reach_the_dlq_through_the_broker(topics, bootstrap):
     """The consumer keeps going: good records arrive, each bad one is in the DLQ with its bytes and reason."""
     cfg = topics
-    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     for i, raw in enumerate(PATHOLOGICAL.values()):
         p.send_raw(raw, key=str(i).encode())
         p.send_raw(json.dumps(_good(100 + i)).encode())
     p.close()
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       f"g-{uuid.uuid4().hex[:6]}", mode="assign")
     got = 0
     deadline = time.monotonic() + 20
@@ -84,7 +84,7 @@ def test_pathological_records_reach_the_dlq_through_the_broker(topics, bootstrap
 
 def test_every_bad_record_goes_to_the_dlq(topics, bootstrap):
     cfg = topics
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     good = {"ts": 1, "label": 1, "dense": [0, 0, 0], "sparse": {"user": 1}}
     arrow = encode_arrow(schema.batch_from_events([good] * 3), schema)
     bad = {
@@ -99,7 +99,7 @@ def test_every_bad_record_goes_to_the_dlq(topics, bootstrap):
         "truncated Arrow": arrow[: len(arrow) // 2],
         "empty": b"",
     }
-    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     sent_good = 0
     for i, raw in enumerate(bad.values()):
         p.send_raw(json.dumps({**good, "ts": 100 + i}).encode())
@@ -143,11 +143,11 @@ def test_a_dead_letter_the_dlq_refuses_stops_progress_with_a_clear_error(topics,
 
     cfg = topics
     good = {"ts": 1, "label": 1, "dense": [0, 0, 0], "sparse": {"user": 1}}
-    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     p.send_raw(json.dumps(good).encode())
     p.send_raw(b"x" * 500)  # bad, and too big for the DLQ producer below
     p.close()
-    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg),
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
                       f"g-{uuid.uuid4().hex[:6]}", mode="assign")
     try:
         c._dlq.close()
@@ -174,7 +174,7 @@ def test_a_bad_record_bigger_than_the_dlq_takes_is_dead_lettered_truncated_with_
     cfg = topics
     cfg.ingest.dlq_max_bytes = 4096
     huge = b'{"label": 1, "ts": 1, "sparse": {"user": "' + b"x" * 50_000  # bad JSON, 50 KB
-    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     p.send_raw(json.dumps(_good()).encode())
     p.send_raw(huge)
     p.close()

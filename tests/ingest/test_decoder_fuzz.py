@@ -25,7 +25,7 @@ from streamrec.ingest import Decoder, EventError, EventSchema, SyntheticStream, 
 from tests.conftest import fuzz_examples, small_config
 
 CFG = small_config(Path("/nonexistent/decoder-fuzz"))  # the paths are never used: decoding only
-SCHEMA = EventSchema.from_config(CFG)  # fields user, item, tags; dense 3; dense_abs_max 1e9 (the default)
+SCHEMA = EventSchema.from_sections(CFG.model, CFG.ingest)  # fields user, item, tags; dense 3; dense_abs_max 1e9 (the default)
 DEC = Decoder(SCHEMA)
 # 300 examples a test under the ci profile (a tenth under dev); STREAMREC_FUZZ_EXAMPLES=20000 fuzzes longer
 FUZZ = settings(max_examples=fuzz_examples(300), deadline=None, database=None,

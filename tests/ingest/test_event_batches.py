@@ -11,7 +11,7 @@ from streamrec.ingest import EventSchema
 def test_batch_from_parsed_total_equals_events_with_empty_bags(cfg):
     """As many ids as events, but not one per event (a bag of two, an empty bag, a bag of one):
     the offsets follow the bags. 'Total ids == events' must not be taken to mean one id each."""
-    schema = EventSchema.from_config(cfg, require_label=False)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest, require_label=False)
     f = schema.fields[0]
     events = []
     for bag in ([11, 12], [], [13]):  # 3 ids over 3 events, but not one each
@@ -33,6 +33,6 @@ def test_schema_from_sections_reads_the_model_and_the_ingest_bound(cfg):
     from types import SimpleNamespace
 
     schema = EventSchema.from_sections(cfg.model, SimpleNamespace(dense_abs_max=cfg.ingest.dense_abs_max))
-    assert schema == EventSchema.from_config(cfg)
+    assert schema == EventSchema.from_sections(cfg.model, cfg.ingest)
     assert schema.fields == tuple(cfg.model.field_names) and schema.tasks == tuple(cfg.model.task_names)
     assert EventSchema.from_sections(cfg.model, cfg.ingest, require_label=False).require_label is False

@@ -39,7 +39,7 @@ def test_string_id_hash_is_stable():
 
 
 def test_decode_many_matches_single_decode_and_reports_bad_records(cfg):
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     dec = Decoder(schema)
     b = next(SyntheticStream(cfg, chunk=64).batches(64))
     msgs = encode_json_batch(b)
@@ -56,7 +56,7 @@ def test_decode_many_matches_single_decode_and_reports_bad_records(cfg):
 
 
 def test_json_event_with_string_ids_and_optional_keys(cfg):
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     ev = {"ts": 3, "label": True, "dense": [1, 2.5, 0], "user": "alice", "item": 9,
           "sparse": {"tags": ["a", 2]}, "request_id": 77}
     b = Decoder(schema).decode(encode_json(ev))
@@ -67,8 +67,8 @@ def test_json_event_with_string_ids_and_optional_keys(cfg):
 def test_consecutive_arrow_records_decode_together_and_bad_one_is_named(cfg, tmp_path):
     from tests.conftest import small_config
 
-    schema = EventSchema.from_config(cfg)
-    other = EventSchema.from_config(small_config(tmp_path, **{"model.dense_dim": 2}))
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
+    other = _schema(small_config(tmp_path, **{"model.dense_dim": 2}))
     b = next(SyntheticStream(cfg, chunk=30).batches(30))
     wide = b.take(np.arange(5))
     wide.dense = wide.dense[:, :2].copy()
@@ -81,7 +81,7 @@ def test_consecutive_arrow_records_decode_together_and_bad_one_is_named(cfg, tmp
 
 def test_arrow_request_id_of_ints_is_converted_like_json(cfg):
     """An int64 request_id column becomes strings, as a non-string request_id in JSON does."""
-    dec = Decoder(EventSchema.from_config(cfg))
+    dec = Decoder(EventSchema.from_sections(cfg.model, cfg.ingest))
     arrow = arrow_ipc(_cols(request_id=pa.array([7, None], pa.int64())))
     js = b'{"label": 1, "dense": [0, 1, 2], "request_id": 7}'
     batch, errors = dec.decode_many([arrow, js])
@@ -92,7 +92,7 @@ def test_arrow_request_id_of_ints_is_converted_like_json(cfg):
 def test_arrow_uint64_ts_beyond_int64_is_refused_not_wrapped(cfg):
     """A uint64 ts of 2**63 is refused as JSON refuses a ts beyond int64, never wrapped to -2**63;
     the other records of the batch decode."""
-    dec = Decoder(EventSchema.from_config(cfg))
+    dec = Decoder(EventSchema.from_sections(cfg.model, cfg.ingest))
     big = arrow_ipc(_cols(ts=pa.array([5, 2**63], pa.uint64())))
     fine = arrow_ipc(_cols(ts=pa.array([5, 6], pa.uint64())))
     batch, errors = dec.decode_many([big, fine, json.dumps({"ts": 2**63, "label": 1, "dense": [0, 1, 2]}).encode()])
@@ -104,7 +104,7 @@ def test_arrow_uint64_ts_beyond_int64_is_refused_not_wrapped(cfg):
 def test_arrow_nan_label_is_refused_like_json(cfg):
     import pyarrow as pa
 
-    dec = Decoder(EventSchema.from_config(cfg))
+    dec = Decoder(EventSchema.from_sections(cfg.model, cfg.ingest))
     nan_label = arrow_ipc({"label": pa.array([float("nan")], pa.float32()),
                         "dense": pa.array([[0.0, 1.0, 2.0]], pa.list_(pa.float32(), 3))})
     batch, errors = dec.decode_many([nan_label, b'{"label": NaN, "dense": [0, 1, 2]}'])
@@ -117,7 +117,7 @@ def test_non_finite_dense_values_are_refused(cfg):
     accepted, they would poison training."""
     import pyarrow as pa
 
-    dec = Decoder(EventSchema.from_config(cfg))
+    dec = Decoder(EventSchema.from_sections(cfg.model, cfg.ingest))
     dense3 = pa.list_(pa.float32(), 3)
     bad = [
         b'{"label": 1, "dense": [NaN, 0, 0]}',  # Python's json accepts these non-standard literals
@@ -130,3 +130,7 @@ def test_non_finite_dense_values_are_refused(cfg):
     assert len(batch) == 1
     assert [i for i, _ in errors] == list(range(1, len(bad) + 1))
     assert all("finite" in r for _, r in errors), errors
+
+
+def _schema(cfg):
+    return EventSchema.from_sections(cfg.model, cfg.ingest)

@@ -236,14 +236,14 @@ def test_event_consumer_switch(bootstrap, topics):
     from tests.helpers.ingest import poll_events
 
     sent = list(SyntheticStream(topics).batches(3000))
-    prod = EventProducer(bootstrap, topics.kafka, EventSchema.from_config(topics), codec="json")
+    prod = EventProducer(bootstrap, topics.kafka, EventSchema.from_sections(topics.model, topics.ingest), codec="json")
     for b in sent:
         prod.send_batch(b)
     prod.close()
-    on = EventConsumer(bootstrap, topics.kafka, topics.ingest, EventSchema.from_config(topics),
+    on = EventConsumer(bootstrap, topics.kafka, topics.ingest, EventSchema.from_sections(topics.model, topics.ingest),
                        "g-on", mode="assign", dlq=False)
     topics.kafka.fast_records = False
-    off = EventConsumer(bootstrap, topics.kafka, topics.ingest, EventSchema.from_config(topics),
+    off = EventConsumer(bootstrap, topics.kafka, topics.ingest, EventSchema.from_sections(topics.model, topics.ingest),
                         "g-off", mode="assign", dlq=False)
     try:
         assert on.fast_records and fast_records.installed(on.consumer)

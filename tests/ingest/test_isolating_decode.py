@@ -21,7 +21,7 @@ from tests.conftest import fuzz_examples, small_config
 from tests.ingest.test_json_columns import _bytes, _same, events
 
 CFG = small_config(Path("/nonexistent/isolating-decode"))  # fields user, item, tags; dense 3
-SCHEMA = EventSchema.from_config(CFG)
+SCHEMA = EventSchema.from_sections(CFG.model, CFG.ingest)
 FUZZ = settings(max_examples=fuzz_examples(100), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.large_base_example])

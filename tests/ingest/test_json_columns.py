@@ -18,7 +18,7 @@ from streamrec.ingest.json_columns import decode_json_columns
 from tests.conftest import fuzz_examples, small_config
 
 CFG = small_config(Path("/nonexistent/json-columns"))  # fields user, item, tags; dense 3
-SCHEMA = EventSchema.from_config(CFG)
+SCHEMA = EventSchema.from_sections(CFG.model, CFG.ingest)
 DEC = Decoder(SCHEMA)
 FUZZ = settings(max_examples=fuzz_examples(200), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

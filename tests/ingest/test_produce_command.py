@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_produce_command_replays_a_file(topics, bootstrap, tmp_path, capsys):
     cfg = topics
     path = tmp_path / "ev.parquet"
-    write_events(path, SyntheticStream(cfg).batches(3000), EventSchema.from_config(cfg))
+    write_events(path, SyntheticStream(cfg).batches(3000), EventSchema.from_sections(cfg.model, cfg.ingest))
     args = ["produce", str(path), "--bootstrap", bootstrap, "--codec", "arrow", "-q", "--limit", "2500",
             "--set", f"kafka.events_topic={cfg.kafka.events_topic}", "--set", f"kafka.dlq_topic={cfg.kafka.dlq_topic}",
             "--set", f"kafka.hotset_topic={cfg.kafka.hotset_topic}",
@@ -63,7 +63,7 @@ def test_produce_ctrl_c_stops_cleanly(topics, bootstrap, tmp_path):
     full = load_default_cfg()
     from streamrec.ingest import Decoder
 
-    dec = Decoder(EventSchema.from_config(full))
+    dec = Decoder(EventSchema.from_sections(full.model, full.ingest))
     assert sum(len(dec.decode(r.value)) for r in records) == sent  # everything reported sent is in the topic
 
 

@@ -32,7 +32,7 @@ def test_jsonl_fields_in_order_of_appearance_and_dense_width(tmp_path):
     model = tomllib.loads(s.toml())["model"]  # the printed TOML is a loadable config
     assert model == {"dense_dim": 1, "fields": [{"name": "page"}, {"name": "user"}, {"name": "tags"}]}
     cfg = Config(model=s.apply(ModelConfig()))
-    assert sum(len(b) for b in read_events(p, EventSchema.from_config(cfg))) == 2  # the inferred config reads the file
+    assert sum(len(b) for b in read_events(p, EventSchema.from_sections(cfg.model, cfg.ingest))) == 2  # the inferred config reads the file
 
 
 def test_jsonl_with_two_dense_widths_names_the_line(tmp_path):
@@ -53,7 +53,7 @@ def test_csv_header_and_parquet_columns(tmp_path):
         infer_schema(gap)
     cfg = load_config(None, {"model.fields": [{"name": "u"}, {"name": "v"}], "model.dense_dim": 3}, env={})
     pq = tmp_path / "e.parquet"
-    write_events(pq, SyntheticStream(cfg).batches(50), EventSchema.from_config(cfg))
+    write_events(pq, SyntheticStream(cfg).batches(50), EventSchema.from_sections(cfg.model, cfg.ingest))
     s = infer_schema(pq)
     assert (s.format, s.fields, s.dense_dim) == ("parquet", ["u", "v"], 3)
 

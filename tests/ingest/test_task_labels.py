@@ -200,7 +200,7 @@ def test_bad_arrow_labels_are_event_errors_with_a_reason(labels, label, why):
 def test_parquet_round_trip_of_task_labels(tmp_path: Path):
     cfg = small_config(tmp_path)
     cfg.model.tasks = [TaskSpec("click"), TaskSpec("conversion", 0.5)]
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     assert schema.tasks == TASKS
     b = SyntheticStream(cfg).batches(300).__next__()
     path = tmp_path / "events.parquet"
@@ -302,7 +302,7 @@ def test_generator_conversion_labelled_fraction_is_configurable(tmp_path: Path):
 
 def test_generated_conversion_labels_survive_the_wire(tmp_path: Path):
     cfg = _multi_cfg(tmp_path)
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     b = next(SyntheticStream(cfg).batches(200))
     for codec in ("json", "arrow"):
         got, errors = Decoder(schema).decode_many(encode_messages(b, schema, codec, 64))
@@ -328,7 +328,7 @@ def test_task_labels_through_the_broker(bootstrap, tmp_path: Path, codec):
     cfg.kafka.events_per_message = 100
     ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
     synth = list(SyntheticStream(cfg, chunk=150).batches(300))
-    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg), codec=codec)
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest), codec=codec)
     for b in synth:
         p.send_batch(b)
     p.close()
@@ -340,7 +340,7 @@ def test_task_labels_through_the_broker(bootstrap, tmp_path: Path, codec):
     assert third.flush(30) == 0
     batches, stats = consume_all(bootstrap, cfg, 303)
     assert stats.dead_letters == 1
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     assert events_of(batches) == events_of([*synth, schema.batch_from_events(hand)])
     got = EventBatch.concat(batches, schema.dense_dim, schema.fields)
     assert got.task_labels.shape == (303, 2)

@@ -18,7 +18,7 @@ def test_a_scrape_shows_what_the_join_did():
     cfg = load_config(None, {"join.window_s": 10.0, "join.allowed_lateness_s": 0.0, "join.orphan_wait_s": 5.0},
                       env={})
     metrics = JoinMetrics(0)
-    joiner = Joiner(cfg.join, EventSchema.from_config(cfg), metrics)
+    joiner = Joiner(cfg.join, EventSchema.from_sections(cfg.model, cfg.ingest), metrics)
     metrics.joiner = joiner
     m = joiner.add(0, {})
     m.impression("a", 0, {"ts": 0, "request_id": "a"})

@@ -23,7 +23,7 @@ def _records(cfg, n: int = 300):
     values[10] = b"not an event"
     values[20] = b'{"ts": 1, "label": 9, "dense": [0, 0, 0]}'
     values[30] = None
-    values[40] = encode_arrow(b.take(np.arange(5)), EventSchema.from_config(cfg))
+    values[40] = encode_arrow(b.take(np.arange(5)), EventSchema.from_sections(cfg.model, cfg.ingest))
     return values
 
 
@@ -73,7 +73,7 @@ def test_redelivered_quarantined_and_revoked_records_are_not_counted(tmp_path):
 @pytest.mark.subprocess  # the suspect batch is probed in a child process
 def test_the_marker_of_a_dead_worker_gets_its_batch_probed_then_skipped(tmp_path):
     cfg = small_config(tmp_path)
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     path = tmp_path / "inflight.json"
     values = [json.dumps({"ts": i, "label": 1, "dense": [0, 0, 0]}).encode() for i in range(5)]
     # a worker died counting p2@100-104 for the first time: the records are probed (none kills the probe)

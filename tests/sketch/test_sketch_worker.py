@@ -74,7 +74,7 @@ def stop(proc: subprocess.Popen, sig=signal.SIGTERM, wait: float = 15.0) -> bool
 def produce(cfg, bootstrap, start_chunk: int, n: int, bad: list[bytes] = ()) -> collections.Counter:
     """Send ``n`` synthetic events from chunk ``start_chunk`` on; returns the true (field, id) counts."""
     stream = SyntheticStream(cfg)
-    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    p = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     truth: collections.Counter = collections.Counter()
     done, i = 0, start_chunk
     while done < n:

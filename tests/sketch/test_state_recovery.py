@@ -14,7 +14,7 @@ from tests.conftest import small_config
 
 
 def _records(cfg, n=512):
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     out = []
     for b in SyntheticStream(cfg).batches(n):
         b.ts[:] = int(time.time() * 1000)

@@ -14,7 +14,7 @@ PARTITIONS = 4
 
 
 def _records(cfg, n_events: int, per_message: int = 128):
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     out = []  # (partition, offset, bytes), round-robin like an unkeyed producer
     offsets = [0] * PARTITIONS
     i = 0

@@ -24,7 +24,7 @@ def test_malformed_records_never_reach_the_sketch(tmp_path):
 
     cfg = small_config(tmp_path)
     st = sketch_state(cfg)
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     good = next(SyntheticStream(cfg).batches(100))
     bad = [b"", b"garbage", b'{"ts": 1, "label": 7}', b"\xff\xff\xff\xff broken arrow",
            encode_json({"ts": 1, "label": 1, "dense": [0, 0, 0], "sparse": {"nope": 1}}), None]
@@ -72,6 +72,6 @@ def test_an_arrow_record_keeps_its_good_events_when_one_time_is_off(tmp_path):
     st = sketch_state(cfg)
     batch = next(SyntheticStream(cfg).batches(100))
     batch.ts[3] = int(time.time() * 1000) * 1000  # microseconds
-    assert st.apply(0, 0, encode_arrow(batch, EventSchema.from_config(cfg))) is True
+    assert st.apply(0, 0, encode_arrow(batch, EventSchema.from_sections(cfg.model, cfg.ingest))) is True
     assert st.stats.events == 99 and st.stats.bad_times == 1 and st.stats.bad_records == 0
     assert st.merged().events == 99 and st.merged().now_ms == int(np.delete(batch.ts, 3).max())

@@ -54,7 +54,7 @@ def test_checksums_name_the_corrupt_file(tmp_path):
 @pytest.mark.parametrize("victim", ["sst", "store-own-file", "dense.pt"])
 def test_a_corrupt_newest_checkpoint_falls_back_and_replays_from_kafka(topics, tmp_path, bootstrap, victim):
     cfg = _cfg(topics)
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     for b in SyntheticStream(cfg).batches(2048):
         prod.send_batch(b)
     prod.close()

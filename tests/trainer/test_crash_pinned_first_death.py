@@ -212,7 +212,7 @@ def test_a_record_that_kills_a_training_step_after_waiting_in_the_merge_is_dead_
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
     env = install_step_crash_hook(tmp_path / "hook", dict(__import__("os").environ))
 
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     good = 0
     for i, b in enumerate(SyntheticStream(cfg).batches(900)):
         prod.send_batch(b)
@@ -266,7 +266,7 @@ def test_each_decoded_event_names_its_record_arrow_records_holding_many(tmp_path
     from streamrec.ingest.kafka_io import _record_offsets
 
     cfg = small_config(tmp_path)
-    schema = EventSchema.from_config(cfg)
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     b = next(SyntheticStream(cfg).batches(8)).take(np.arange(8))
     arrow = encode_messages(b, schema, "arrow", 5)  # 2 records: 5 and 3 events
     one = encode_messages(b.take(np.array([0])), schema, "json", 1)[0]

@@ -226,7 +226,7 @@ def test_the_joiner_writes_each_examples_kind_into_the_event(tmp_path):
     from streamrec.joiner.machine import Action, JoinRules, JoinState
 
     cfg = small_config(tmp_path, **{"join.mode": "fake_negative"})
-    schema_in = EventSchema.from_config(cfg)
+    schema_in = EventSchema.from_sections(cfg.model, cfg.ingest)
     rules = JoinRules.from_config(cfg.join)
     imp = {"ts": 1000, "dense": [0.0] * cfg.model.dense_dim, "sparse": {"user": 1}, "request_id": "q"}
     out = []

@@ -221,7 +221,7 @@ def test_the_same_stream_read_with_other_fetch_sizes_trains_the_same_model(tmp_p
     cfg.kafka.dlq_topic, cfg.kafka.events_per_message = cfg.kafka.events_topic + ".dlq", 100
     cfg.trainer.until_end, cfg.trainer.idle_exit_s = True, 30.0
     ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     for b in SyntheticStream(cfg).batches(6_000):
         prod.send_batch(b)
     prod.close()

@@ -132,8 +132,8 @@ def _produce_unevenly(cfg, bootstrap, n, weights, seed=0):
     allb = EventBatch.concat(list(SyntheticStream(cfg).batches(n)), cfg.model.dense_dim, cfg.model.field_names)
     allb.ts = np.arange(n, dtype=np.int64) + 1_700_000_000_000
     parts = np.random.default_rng(seed).choice(len(weights), size=n, p=weights)
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
-    schema = EventSchema.from_config(cfg)
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
+    schema = EventSchema.from_sections(cfg.model, cfg.ingest)
     for p in range(len(weights)):
         mine = allb.take(np.flatnonzero(parts == p))
         for m in encode_messages(mine, schema, cfg.kafka.codec, cfg.kafka.events_per_message):

@@ -267,7 +267,7 @@ def test_a_full_then_read_only_data_dir_stops_with_one_line_and_resumes_losing_n
     cfg.store.host_cache_rows, cfg.store.block_cache_mb = 0, 8
     cfg_path = tmp_path / "config.toml"
     cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     total = 20_000
     for b in SyntheticStream(cfg).batches(total):
         prod.send_batch(b)

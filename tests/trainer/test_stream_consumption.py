@@ -18,7 +18,7 @@ def test_bad_records_are_dead_lettered_and_training_goes_on(topics, tmp_path, bo
     cfg = trainer_cfg(topics, tmp_path)
     cfg.trainer.snapshot_every = 0
     cfg.trainer.idle_exit_s = 2.0
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     good = 0
     for i, b in enumerate(SyntheticStream(cfg).batches(6_000)):
         prod.send_batch(b)

@@ -51,7 +51,7 @@ def read_all(path: str, cfg, layout: str | None, limit: int):
     from streamrec.ingest import EventSchema, read_file
 
     parts, n = [], 0
-    for b in read_file(path, EventSchema.from_config(cfg), layout or "auto"):
+    for b in read_file(path, EventSchema.from_sections(cfg.model, cfg.ingest), layout or "auto"):
         if limit and n + len(b) > limit:
             b = b.take(np.arange(limit - n))
         parts.append(b)
@@ -76,7 +76,7 @@ def trainer_progressive(cfg: Config, events, bootstrap: str, work: Path) -> dict
                  # no sketch worker runs here: count popularity in-process instead
                  "hot_source": "sample" if cfg.trainer.hot_source == "topic" else cfg.trainer.hot_source})
     ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     bs = 8192
     for s in range(0, len(events), bs):
         prod.send_batch(events.take(np.arange(s, min(len(events), s + bs))))

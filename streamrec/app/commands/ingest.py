@@ -245,7 +245,7 @@ def _produce_plan(cfg: Config, args) -> _ProducePlan | int:
     else:
         total = args.limit or None
         try:
-            source = read_events(args.file, EventSchema.from_config(cfg), format=args.format, chunk=args.chunk)
+            source = read_events(args.file, EventSchema.from_sections(cfg.model, cfg.ingest), format=args.format, chunk=args.chunk)
             source = _limited(source, args.limit) if args.limit else source
         except DatasetError as e:
             print(f"streamrec produce: {e}", file=sys.stderr)
@@ -278,7 +278,7 @@ def _send_plan(plan: _ProducePlan, args) -> int:
         with kafka_bootstrap(cfg) as bootstrap:
             startup_line("produce", args, brokers=bootstrap, topics=cfg.kafka.events_topic, source=what,
                          codec=cfg.kafka.codec, rate=f"{args.rate:g} events/s" if args.rate else "as fast as possible")
-            producer = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+            producer = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
             no_tty = IntervalLog(logging.getLogger("streamrec.produce")) if not sys.stderr.isatty() else None
             with _progress(args.quiet or no_tty is not None, total) as progress:
                 task = progress.add_task(f"{cfg.kafka.events_topic} <- {what}", total=total, rate=0.0)
@@ -391,7 +391,7 @@ def cmd_generate(args) -> int:
 
     t0 = time.monotonic()
     try:
-        written = write_events(args.out, batches(), EventSchema.from_config(cfg))
+        written = write_events(args.out, batches(), EventSchema.from_sections(cfg.model, cfg.ingest))
     except DatasetError as e:
         print(f"streamrec generate: {e}", file=sys.stderr)
         return 2

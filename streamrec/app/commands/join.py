@@ -46,5 +46,5 @@ def cmd_join(args) -> int:
                      mode=j.mode, window=f"{j.window_s:g} s + {j.allowed_lateness_s:g} s lateness",
                      data=j.state_dir, batch=j.batch_records,
                      metrics=f"{j.metrics_host}:{j.metrics_port}" if j.metrics_port else None)
-        return run_worker(cfg.kafka, cfg.join, EventSchema.from_config(cfg), bootstrap,
+        return run_worker(cfg.kafka, cfg.join, EventSchema.from_sections(cfg.model, cfg.ingest), bootstrap,
                           loglevel=args.faust_log_level)

@@ -28,7 +28,7 @@ def counting_spec(cfg) -> "CountingSpec":
     from streamrec.foundation import EventSchema, hot_budget
     from streamrec.sketch import CountingSpec
 
-    return CountingSpec(cfg.sketch, EventSchema.from_config(cfg), hot_budget(cfg.hot, cfg.model), dict(cfg.model.field_tables),
+    return CountingSpec(cfg.sketch, EventSchema.from_sections(cfg.model, cfg.ingest), hot_budget(cfg.hot, cfg.model), dict(cfg.model.field_tables),
                         cfg.kafka.events_topic)
 
 
