@@ -57,6 +57,8 @@ def drill(cfg, events, heldout, drill_name: str, pre: int, incident: int, post: 
     from streamrec.embedding_store import EmbeddingStore
     from streamrec.foundation import hot_budget, roc_auc
     from streamrec.serving import Guard
+    from streamrec.serving.golden import GoldenSet
+    from streamrec.snapshot import read_evidence
     from streamrec.trainer import TrainerCore, collector_for
 
     store = EmbeddingStore.from_sections(cfg.store, cfg.model, hot_budget(cfg.hot, cfg.model), "cpu", path=str(workdir / f"store-{drill_name}"))
@@ -67,6 +69,18 @@ def drill(cfg, events, heldout, drill_name: str, pre: int, incident: int, post: 
     end = start + incident
     total = pre + incident + post
     pushes = []  # (first event of the window, last event + 1, evidence, held-out AUC)
+    guard, golden, verdicts = Guard(cfg.serving.guard), GoldenSet(cfg.serving.guard.golden_events), []
+
+    def judge(ev) -> None:
+        """The guarded replay's verdict on the version just pushed, as serving gives it: on its evidence and on
+        the golden set (promoted windows' samples; the promoted version's scores kept at its promotion)."""
+        first = not guard.history.promoted
+        verdict = None if first else guard.decide(ev, golden.compare(core.predict))
+        if verdict is None or verdict.ok:
+            guard.reset(ev) if first else guard.promoted(ev)
+            golden.promoted(read_evidence(ev).sample, core.predict, cfg.model.field_names, cfg.model.dense_dim)
+        verdicts.append(verdict)
+
     t0 = time.perf_counter()
     for a in range(0, total, push_every):
         b = min(total, a + push_every)
@@ -82,19 +96,17 @@ def drill(cfg, events, heldout, drill_name: str, pre: int, incident: int, post: 
         ev = collector.take(0).to_block()  # the manifest's form, as serving's guard gets it
         auc = roc_auc(heldout.labels, core.predict(heldout)[:, 0])
         pushes.append((a, b, ev, float(auc)))
+        judge(ev)
     store.close()
     seconds = time.perf_counter() - t0
 
     def serve(guarded: bool) -> dict:
-        guard = Guard(cfg.serving.guard)
         served_auc, pre_auc, drop, to_hold, held_seen, resumed, reasons = None, None, 0.0, 0, False, False, {}
         false_holds, resumed_after = 0, None
-        for a, b, ev, auc in pushes:
-            verdict = guard.decide(ev) if guarded and served_auc is not None else None
+        for (a, b, ev, auc), verdict in zip(pushes, verdicts if guarded else [None] * len(pushes)):
             ok = verdict is None or verdict.ok
             if ok:
                 served_auc = auc
-                guard.promoted(ev) if guard.history.promoted else guard.reset(ev)
             else:
                 reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
             if b <= start:

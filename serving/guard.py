@@ -17,7 +17,27 @@ reason, every failing one is in the detail):
 - ``logloss``: the progressive logloss is more than ``logloss_margin`` (a share) above its history;
 - ``auc``: the progressive AUC is more than ``auc_margin`` below its history (a model whose ranking was
   damaged, by an incident it has since been trained past, keeps a worse AUC after its calibration and logloss
-  have recovered).
+  have recovered);
+- ``golden``: on serving's golden set (``golden.py``: labelled events of windows whose versions were
+  promoted), the candidate's AUC is more than ``golden_auc_margin`` below the promoted version's on the same
+  events, or its logloss more than ``golden_logloss_margin`` (a share) above it. A model that has fitted a
+  broken stream passes its own window; this check holds it whatever its window says.
+
+**Noise.** A window of a few thousand events measures AUC, logloss and label rate with a sampling error
+close to the margins, so a fixed margin holds good versions on chance dips. Each label and score check
+(and ``golden``) holds a version only when it is both *practically* worse (the difference exceeds its
+margin above, which stays the least difference worth a hold) and *statistically* worse (the difference
+exceeds ``z`` standard errors of the window it was measured on, ``noise.py``): a hold needs
+``difference > max(margin, z * SE)``. SE is Hanley-McNeil's for AUC (the window's positive and negative
+counts), sqrt(per-event loss variance / n) for logloss, the binomial sqrt(p(1-p)/n) for the label rate (at
+the history's rate) and for calibration its relative form on log(mean prediction / label rate), which is
+held only when also more than ``z`` relative errors from 1; a window's SE is scaled by sqrt(2 / (2 -
+history_weight)) for the noise of the history it is compared with. On ``golden`` the SE is that of the paired
+difference (DeLong for AUC). A test on each window, rather than a sequential test across versions, keeps
+each verdict a function of one version's evidence and the promoted history, so an incident is held at its
+first version as before: an incident's differences are many standard errors wide. An evidence block of an
+older trainer (no positive count, no logloss variance) has its counts derived from its label rate and its
+logloss judged on the margin alone.
 
 The label and score checks read the since-previous window when it holds at least ``min_events`` labelled
 events, else the trainer's longer window; with fewer than that in both they are skipped (a trainer that has
@@ -31,18 +51,24 @@ else could be served) and starts the histories.
 Recovery (``decide``): after a hold, ``recovery_versions`` versions in a row must pass before the newest is
 promoted (reason ``recovering`` until then). A model an incident damaged recovers gradually while the
 trainer learns from the clean stream again; each version's figures are noisy, and one of them passing by
-chance must not hand users a model that is still damaged.
+chance must not hand users a model that is still damaged. When no newer version comes (the stream paused),
+serving's book (``history.py``) promotes a passing version that has stayed the newest for
+``settle_s`` seconds though the count is short: the newest good model reaches users.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from streamrec.snapshot.evidence import Evidence, Figures, InputHealth, read_evidence
 
+from .golden import GoldenComparison
+from .noise import auc_se, binomial_se, mean_se
+
 REASONS = ("dead_letters", "dense_zeros", "field_empty", "field_novel", "label_rate", "calibration", "logloss",
-           "auc", "recovering")
+           "auc", "golden", "recovering")
 
 
 @dataclass
@@ -106,14 +132,15 @@ class Guard:
                 return w
         return None
 
-    def judge(self, block: Mapping[str, Any] | None) -> Verdict:
-        """The verdict on a manifest's evidence block (``manifest.evidence``; None: the version carries none)."""
+    def judge(self, block: Mapping[str, Any] | None, golden: GoldenComparison | None = None) -> Verdict:
+        """The verdict on a manifest's evidence block (``manifest.evidence``; None: the version carries none)
+        and, when given, the candidate's comparison with the promoted version on the golden set."""
         if not self.enabled:
             return Verdict(True)
         ev = read_evidence(block)
         if ev is None:
             return Verdict(False, "no_evidence", "the version carries no quality evidence")
-        fails = self._input_fails(ev.input) + self._score_fails(self._figures(ev))
+        fails = self._input_fails(ev.input) + self._score_fails(self._figures(ev)) + self._golden_fails(golden)
         if not fails:
             return Verdict(True)
         fails.sort(key=lambda f: REASONS.index(f[0]))
@@ -144,31 +171,63 @@ class Guard:
                     fails.append((what, f"field {name!r} {noun} {x:.3f}, history {base:.3f}"))
         return fails
 
+    def _allowed(self, margin: float, se: float) -> float:
+        """The difference a check holds beyond: its margin, or ``z`` standard errors when that is wider."""
+        return max(margin, float(self.cfg.z) * se) if math.isfinite(se) else math.inf
+
     def _score_fails(self, w: Figures | None) -> list[tuple[str, str]]:
         """The label and score checks' failures on the window ``_figures`` chose (none without one)."""
         if w is None:
             return []
         g, h = self.cfg, self.history
         fails: list[tuple[str, str]] = []
-        lr, mp, ll = w.label_rate, w.mean_prediction, w.logloss
+        lr, mp, ll, n = w.label_rate, w.mean_prediction, w.logloss, w.events
+        hist_noise = math.sqrt(2 / (2 - float(g.history_weight)))  # the history's own noise, see the docstring
         if lr is not None and h.label_rate is not None:
-            allowed = max(g.label_rate_tolerance * h.label_rate, g.label_rate_floor)
+            se = binomial_se(h.label_rate, n) * hist_noise
+            allowed = self._allowed(max(g.label_rate_tolerance * h.label_rate, g.label_rate_floor), se)
             if abs(lr - h.label_rate) > allowed:
                 fails.append(("label_rate", f"label rate {lr:.3f}, history {h.label_rate:.3f} (+-{allowed:.3f})"))
         if lr and mp is not None:
             cal = mp / lr
-            if not g.calibration_min <= cal <= g.calibration_max:
+            rel_se = binomial_se(lr, n) / lr
+            if not g.calibration_min <= cal <= g.calibration_max and (cal <= 0 or abs(math.log(cal)) > g.z * rel_se):
                 fails.append(("calibration", f"calibration {cal:.3f} outside [{g.calibration_min:g}, "
                                              f"{g.calibration_max:g}]"))
-        if ll is not None and h.logloss is not None and ll > h.logloss * (1 + g.logloss_margin):
-            fails.append(("logloss", f"logloss {ll:.4f} > history {h.logloss:.4f} + {g.logloss_margin:.0%}"))
-        if w.auc is not None and h.auc is not None and w.auc < h.auc - g.auc_margin:
-            fails.append(("auc", f"AUC {w.auc:.4f} < history {h.auc:.4f} - {g.auc_margin:g}"))
+        if ll is not None and h.logloss is not None:
+            se = mean_se(w.logloss_var, n) * hist_noise if w.logloss_var is not None else 0.0
+            allowed = self._allowed(h.logloss * g.logloss_margin, se)
+            if ll - h.logloss > allowed:
+                fails.append(("logloss", f"logloss {ll:.4f} > history {h.logloss:.4f} + {allowed:.4f} (margin "
+                                         f"{g.logloss_margin:.0%}, {g.z:g} SE {g.z * se:.4f})"))
+        counts = w.labelled
+        if w.auc is not None and h.auc is not None:
+            se = auc_se(h.auc, *counts) * hist_noise if counts else 0.0
+            allowed = self._allowed(g.auc_margin, se)
+            if h.auc - w.auc > allowed:
+                fails.append(("auc", f"AUC {w.auc:.4f} < history {h.auc:.4f} - {allowed:.4f} (margin "
+                                     f"{g.auc_margin:g}, {g.z:g} SE {g.z * se:.4f})"))
         return fails
 
-    def decide(self, ev: Mapping[str, Any] | None) -> Verdict:
+    def _golden_fails(self, c: GoldenComparison | None) -> list[tuple[str, str]]:
+        """The golden set's check (see the module docstring); none without a comparison."""
+        g = self.cfg
+        if c is None or not g.golden_events:
+            return []
+        fails: list[tuple[str, str]] = []
+        allowed = self._allowed(g.golden_auc_margin, c.auc_se)
+        if -c.auc_delta > allowed:
+            fails.append(("golden", f"golden-set AUC {c.auc:.4f} < promoted {c.auc_promoted:.4f} - {allowed:.4f} "
+                                    f"({c.events} events)"))
+        allowed = self._allowed(g.golden_logloss_margin * c.logloss_promoted, c.logloss_se)
+        if c.logloss_delta > allowed:
+            fails.append(("golden", f"golden-set logloss {c.logloss:.4f} > promoted {c.logloss_promoted:.4f} + "
+                                    f"{allowed:.4f} ({c.events} events)"))
+        return fails
+
+    def decide(self, ev: Mapping[str, Any] | None, golden: GoldenComparison | None = None) -> Verdict:
         """``judge``, with recovery after a hold (see the module docstring): the verdict serving acts on."""
-        v = self.judge(ev)
+        v = self.judge(ev, golden)
         if not v.ok:
             self.passing = 0
             return v

@@ -19,6 +19,16 @@ temporary file, fsynced, renamed): the served version, whether it is pinned, the
 is held, and the guard's histories. A restart restores the head (the newest version that verifies), every
 kept version, and serves the one the state names; without a state file it serves the head, as before.
 
+The guard judges each version on its evidence and on the **golden set** (``golden.py``): the evidence
+samples of promoted versions, scored by each promoted version at its promotion and by each candidate when
+it is judged. A restart builds the golden set again from the kept versions' samples.
+
+**Settling.** After a hold the guard wants ``recovery_versions`` passing versions in a row; a head that
+passes but is held only for that count (``recovering``) and stays the newest for ``serving.guard.settle_s``
+is promoted anyway (``promote_settled``): a paused stream sends no further version, and users would
+otherwise keep an older model for as long as the pause lasts. The book checks when a timer it starts at
+such a verdict fires (``on_settle``: the server's re-check, which serves what ``promote_settled`` returns).
+
 The served version sits behind one small interface (``served`` in, the version to serve out) so that a later
 split of traffic over several model lines can keep one book per line.
 """
@@ -32,11 +42,13 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 from streamrec.embedding_store.store_config import StoreConfig
 from streamrec.serving.serving_config import ServingConfig
-from streamrec.snapshot import SnapshotError
+from streamrec.snapshot import SnapshotError, read_evidence
 
+from .golden import GoldenComparison, GoldenSet
 from .guard import Guard, Verdict
 from .version import ServedVersion, restore_newest, restore_version
 
@@ -48,14 +60,21 @@ STATE = "serving-state.json"
 class VersionBook:
     """See the module docstring. Calls that change the book hold its lock; the server swaps ``current``."""
 
-    def __init__(self, root: Path, serving: ServingConfig, store_cfg: StoreConfig):
+    def __init__(self, root: Path, serving: ServingConfig, store_cfg: StoreConfig,
+                 on_settle: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic):
         """``serving``: the line's section (kept versions, guard); ``store_cfg``: the settings restored
-        versions open their stores with."""
+        versions open their stores with; ``on_settle``: called (on a timer thread) when a held head may have
+        settled, to call ``promote_settled`` and serve what it returns; ``clock``: seconds, for settling."""
         self.root = Path(root)
         self.versions_root = self.root / "versions"
         self.store_cfg = store_cfg
         self.keep = int(serving.keep_versions)
         self.guard = Guard(serving.guard)
+        self.golden = GoldenSet(serving.guard.golden_events if serving.guard.enabled else 0)
+        self.settle_s = float(serving.guard.settle_s)
+        self.on_settle, self.clock = on_settle, clock
+        self._settling: tuple[int, float] | None = None  # (head version, since) while it waits as `recovering`
+        self._timer: threading.Timer | None = None
         self.head: ServedVersion | None = None
         self.kept: list[ServedVersion] = []  # promoted versions, oldest first
         self.pinned = False
@@ -99,6 +118,8 @@ class VersionBook:
                 continue
             self._all[n] = v
         self.kept = [self._all[n] for n in kept_ns if n in self._all]
+        for k in self.kept:
+            self._add_golden(k, k.manifest.evidence)
         if isinstance(st.get("guard"), dict):
             self.guard.load_state(st["guard"])
         self.held_reason = str(st.get("held_reason", "")) if st.get("head") == head.version else ""
@@ -108,11 +129,13 @@ class VersionBook:
             served = self.kept[-1] if self.kept and self.held_reason else head
         if served is not head and not self.pinned and head.version > int(st.get("head") or 0):
             # installed after the state was written (a stop during its install): judged now, as a push would be
-            verdict = self.guard.decide(head.manifest.evidence)
+            verdict = self.guard.decide(head.manifest.evidence, self._golden_for(head))
             if verdict.ok:
                 served = head
             else:
                 self.held_reason = f"{verdict.reason}: {verdict.detail}"
+        if served is not head and self.held_reason.startswith("recovering"):
+            self._await_settle(head)  # it waits its settle_s again from this start
         if served is head and (not self.kept or self.kept[-1] is not head):
             self._promote(head, head.manifest.evidence, reset=not self.guard.history.promoted)
         if self.pinned:
@@ -145,7 +168,10 @@ class VersionBook:
             if served is None:
                 self._promote(v, ev, reset=not self.guard.history.promoted)
                 return Verdict(True)
-            verdict = self.guard.decide(ev)
+            verdict = self.guard.decide(ev, self._golden_for(v))
+            self._settling = None
+            if verdict.reason == "recovering":
+                self._await_settle(v)
             if verdict.ok:
                 self._promote(v, ev)
                 self.held_reason = ""
@@ -160,9 +186,51 @@ class VersionBook:
     def _promote(self, v: ServedVersion, ev, reset: bool = False) -> None:
         if reset:
             self.guard.reset(ev)
+            self.golden.clear()  # the stream changed (or nothing was promoted yet): its old events do not judge
         else:
             self.guard.promoted(ev)
+        self._add_golden(v, ev)
         self.kept.append(v)
+
+    def _add_golden(self, v: ServedVersion, ev) -> None:
+        """``v`` was promoted: its evidence sample joins the golden set, which ``v`` scores."""
+        if self.golden.max_events:
+            sample = read_evidence(ev).sample if ev is not None else None
+            self.golden.promoted(sample, v.predict, v.fields, v.dense_dim)
+
+    def _golden_for(self, v: ServedVersion) -> GoldenComparison | None:
+        return self.golden.compare(v.predict) if self.golden.max_events else None
+
+    def _await_settle(self, v: ServedVersion) -> None:
+        """``v`` passed and waits only for the recovery count: it settles after ``settle_s`` as the newest."""
+        if not self.settle_s:
+            return
+        self._settling = (v.version, self.clock())
+        if self.on_settle is not None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(self.settle_s + 0.05, self.on_settle)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def promote_settled(self, served: ServedVersion | None) -> ServedVersion | None:
+        """Promote the head when it has settled (see the module docstring): it is returned to be served
+        (None: nothing settled, or a pin keeps the served version; the head is then promoted, not served)."""
+        with self.lock:
+            s, head = self._settling, self.head
+            if (s is None or head is None or head.version != s[0] or not self.held_reason.startswith("recovering")
+                    or self.clock() - s[1] < self.settle_s):
+                return None
+            self._settling = None
+            self.guard.passing = None
+            self._promote(head, head.manifest.evidence)
+            log.warning("version %d promoted: it passed and stayed the newest for %.0f s (settle_s; was held: %s)",
+                        head.version, self.settle_s, self.held_reason)
+            self.held_reason = ""
+            if self.pinned or served is None:
+                self.settle(served)
+                return None
+            return head
 
     def rollback(self, to: int, served: ServedVersion | None) -> ServedVersion:
         """The kept version to serve and pin: ``to``, or (0) the newest kept one older than ``served``."""
@@ -206,6 +274,7 @@ class VersionBook:
                                     "can be accepted", code="FAILED_PRECONDITION")
             log.warning("version %d accepted by an operator (was held: %s); the guard's history starts from it",
                         head.version, self.held_reason)
+            self._settling = None
             self._promote(head, head.manifest.evidence, reset=True)
             self.held_reason = ""
             return head
@@ -249,6 +318,8 @@ class VersionBook:
     def close(self) -> None:
         """Retire every version, keeping its directory for the next start."""
         with self.lock:
+            if self._timer is not None:
+                self._timer.cancel()
             for v in self._all.values():
                 v.retire(keep_dir=True)
             self._all.clear()

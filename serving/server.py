@@ -229,7 +229,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         skipped: list = []
         # the head, the kept and the served version, and the guard (history.py); a restart serves what it
         # served before, pinned or not
-        self.book = VersionBook(root, s, settings.store)
+        self.book = VersionBook(root, s, settings.store, on_settle=lambda: serve_settled(self))
         restored = self.book.restore(device, skipped)
         self.stored_refused += sum(isinstance(e, StoredVersionDamaged) for _, e in skipped)
         if restored is not None:
@@ -582,6 +582,14 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         self.book.status(resp, v)
         self.lines.status(resp, pb)
         return resp
+
+
+def serve_settled(service: StreamRecService) -> None:
+    """Serve the head when the book's settle rule promotes it (history.py): the book's timer asks."""
+    with service.book.lock:
+        v = service.book.promote_settled(service.current)
+        if v is not None:
+            service.swap_in(v)
 
 
 def version_status(resp, v: ServedVersion) -> None:

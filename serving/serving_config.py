@@ -21,7 +21,8 @@ _RANGES = (  # key, lowest, highest, the error's message
     ("shadow_max_pending", 0, 100_000, "must be in 0..100000"),
 )
 _GUARD_SHARES = ("logloss_margin", "auc_margin", "label_rate_tolerance", "label_rate_floor", "dead_letter_share_max",
-                 "zero_share_jump", "empty_share_jump", "novel_share_jump")
+                 "zero_share_jump", "empty_share_jump", "novel_share_jump", "z", "golden_auc_margin",
+                 "golden_logloss_margin")
 
 
 @dataclass
@@ -48,6 +49,11 @@ class GuardConfig:
     novel_share_jump: float = 0.3  # hold when a field's share of ids the trainer has not seen lately is this much above its history
     history_weight: float = 0.2  # weight of each promoted version in the histories (EWMA) the checks compare with
     recovery_versions: int = 3  # after a hold, this many versions in a row must pass before the newest is promoted (a model damaged by an incident recovers gradually; noise lets one version through)
+    z: float = 3.0  # the label and score checks hold only a difference from history larger than this many standard errors of the window it was measured on (and larger than its margin)
+    settle_s: float = 60.0  # a version that passes and stays the newest this long is promoted though fewer than recovery_versions passed in a row (0 = never)
+    golden_events: int = 2000  # labelled events of promoted versions' evidence samples kept to score each candidate against the promoted version (0 = no golden set)
+    golden_auc_margin: float = 0.02  # hold a candidate whose AUC on the golden set is more than this below the promoted version's (and more than z standard errors of the paired difference)
+    golden_logloss_margin: float = 0.05  # hold a candidate whose logloss on the golden set is more than this share above the promoted version's (and more than z standard errors)
 
 
     def __post_init__(self) -> None:
@@ -63,6 +69,10 @@ class GuardConfig:
             raise InvalidValue("history_weight", "must be in (0, 1]", "serving.guard")
         if not 1 <= self.recovery_versions <= 1000:
             raise InvalidValue("recovery_versions", "must be in 1..1000", "serving.guard")
+        if not 0 <= self.settle_s <= 86_400 * 30:
+            raise InvalidValue("settle_s", "must be in 0..2592000 seconds", "serving.guard")
+        if not 0 <= self.golden_events <= 100_000:
+            raise InvalidValue("golden_events", "must be in 0..100000", "serving.guard")
 
 
 @dataclass

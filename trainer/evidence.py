@@ -7,7 +7,11 @@ the input's health over the events since the previous snapshot: the share of all
 dense column the share of zeros, per field the share of events with no id and of the distinct ids of each
 batch that are not in the trainer's
 recent memory of that field's ids (two rotating bitsets of hashed ids: an id counts as seen while its bit is
-set in either), and the dead-lettered records (the consumer's counter, passed in).
+set in either), and the dead-lettered records (the consumer's counter, passed in). Each window's figures carry its positive
+count and the per-event logloss's variance (serving's guard scales its margins by the window's sampling
+error), and the evidence carries a uniform sample of up to ``SAMPLE_EVENTS`` labelled events of the
+since-previous window (serving builds its golden set from the samples of versions it promoted). An event
+whose label is not final yet (a fake negative) is not sampled.
 
 :meth:`attach` hooks it onto a trainer core's ``score_trained`` (the events trained and their batch) and
 ``update_metrics`` (their resolved labels and scores: in a fake-negative stream these arrive when each
@@ -24,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from streamrec.foundation import roc_auc
-from streamrec.snapshot.evidence import Evidence, Figures, input_health
+from streamrec.foundation import FEEDBACK_CODES, roc_auc
+from streamrec.snapshot.evidence import Evidence, EventSample, Figures, input_health
 
 if TYPE_CHECKING:
     from streamrec.foundation.model_config import ModelConfig
@@ -34,6 +38,7 @@ SEEN_BITS = 1 << 19  # bits per field in each of the two rotating id memories
 ROTATE_FILL = 0.10  # the current memory is rotated when this share of its bits is set (false "seen" stays low)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 EPS = 1e-7
+SAMPLE_EVENTS = 256  # labelled events of each since-previous window the evidence carries (serving's golden set)
 
 
 def _figures(labels: np.ndarray, scores: np.ndarray) -> Figures:
@@ -42,10 +47,46 @@ def _figures(labels: np.ndarray, scores: np.ndarray) -> Figures:
         return Figures()
     p = np.clip(scores.astype(np.float64), EPS, 1 - EPS)
     y = labels.astype(np.float64)
-    ll = float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
+    losses = -(y * np.log(p) + (1 - y) * np.log(1 - p))
     auc = roc_auc(y, p)
-    return Figures(n, auc=None if auc != auc else float(auc), logloss=min(ll, 1e3),
-                   label_rate=float(np.clip(y.mean(), 0, 1)), mean_prediction=float(p.mean()))
+    return Figures(n, auc=None if auc != auc else float(auc), logloss=min(float(losses.mean()), 1e3),
+                   label_rate=float(np.clip(y.mean(), 0, 1)), mean_prediction=float(p.mean()),
+                   positives=int(np.count_nonzero(y > 0.5)), logloss_var=min(float(losses.var()), 1e6))
+
+
+class _Sample:
+    """A uniform sample of up to ``cap`` labelled events (bottom-k of a random key per event): each event
+    becomes plain values only when its key is among the ``cap`` smallest so far."""
+
+    def __init__(self, cap: int, fields, rng: np.random.Generator):
+        self.cap, self.fields, self.rng = int(cap), list(fields), rng
+        self.kept: list = []  # (key, label, dense row, {field: ids}), smallest key first after a trim
+
+    def add(self, batch) -> None:
+        labels = batch.task_labels[:, 0] if batch.task_labels is not None else batch.labels
+        ok = ~np.isnan(labels)
+        if batch.feedback is not None:
+            ok &= batch.feedback != FEEDBACK_CODES["fake_negative"]
+        rows = np.flatnonzero(ok)
+        keys = self.rng.random(len(rows))
+        if len(self.kept) >= self.cap:
+            bar = self.kept[-1][0]
+            rows, keys = rows[keys < bar], keys[keys < bar]
+        for r, k in zip(rows.tolist(), keys.tolist()):
+            ids = {f: tuple(int(i) for i in batch.sparse[f].values[batch.sparse[f].offsets[r]:
+                                                                    batch.sparse[f].offsets[r + 1]])
+                   if f in batch.sparse else () for f in self.fields}
+            self.kept.append((k, int(labels[r] > 0.5), tuple(float(x) for x in batch.dense[r]), ids))
+        if len(rows):
+            self.kept.sort(key=lambda e: e[0])
+            del self.kept[self.cap:]
+
+    def take(self) -> EventSample | None:
+        if not self.kept:
+            return None
+        kept, self.kept = self.kept, []
+        return EventSample(tuple(e[1] for e in kept), tuple(e[2] for e in kept),
+                           {f: tuple(e[3][f] for e in kept) for f in self.fields})
 
 
 class _Scores:
@@ -77,7 +118,8 @@ class _Scores:
 class EvidenceCollector:
     """See the module docstring. Thread-safe: the trainer's loop feeds it, the snapshot path takes from it."""
 
-    def __init__(self, task_names, fields, dense_dim: int, recent_events: int = 20_000):
+    def __init__(self, task_names, fields, dense_dim: int, recent_events: int = 20_000,
+                 sample_events: int = SAMPLE_EVENTS, seed: int = 0):
         self.task_names = list(task_names)
         self.fields = list(fields)
         self.dense_dim = int(dense_dim)
@@ -86,6 +128,7 @@ class EvidenceCollector:
         self._recent = {t: _Scores(self.recent_events) for t in self.task_names}
         self._seen = {f: [np.zeros(SEEN_BITS, bool), np.zeros(SEEN_BITS, bool), 0] for f in self.fields}
         self._dead_at = None  # the dead-letter counter at the previous take
+        self._sample = _Sample(sample_events, self.fields, np.random.default_rng(seed))
         self._reset()
 
     def _reset(self) -> None:
@@ -107,6 +150,8 @@ class EvidenceCollector:
             return
         with self._lock:
             self._records += n
+            if self._sample.cap:
+                self._sample.add(batch)
             if self.dense_dim and batch.dense.size:
                 zero = batch.dense == 0
                 self._dense_zero += int(zero.all(axis=1).sum())
@@ -184,7 +229,8 @@ class EvidenceCollector:
                 records=n, dead_letters=dead, dense_zero_share=self._dense_zero / n if n else 0.0,
                 dense_column_zero_share=(self._col_zero / n).tolist() if n else [0.0] * self.dense_dim,
                 field_empty_share={f: (self._empty[f] / n if n else 0.0) for f in self.fields},
-                field_novel_share={f: (self._novel[f] / self._ids[f] if self._ids[f] else 0.0) for f in self.fields}))
+                field_novel_share={f: (self._novel[f] / self._ids[f] if self._ids[f] else 0.0) for f in self.fields}),
+                sample=self._sample.take())
             self._reset()
         return ev
 

@@ -1,6 +1,7 @@
 """The promotion guard on sequences of evidence blocks: a clean stream passes, each incident is held with its
-reason named, promotion resumes when the evidence recovers, and an accept restarts the history. Also the
-evidence block's own checks (Manifest.check refuses a malformed one) and the trainer's collector."""
+reason named, promotion resumes when the evidence recovers, and an accept restarts the history; a dip within
+the window's sampling error passes; a candidate worse on the golden set is held; a passing head settles.
+Also the evidence block's own checks (Manifest.check refuses a malformed one) and the trainer's collector."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import pytest
 
 from streamrec.foundation import EventBatch, JaggedIds
 from streamrec.app.config import load_config
+from streamrec.serving.golden import GoldenSet
 from streamrec.serving.guard import Guard
-from streamrec.snapshot import SnapshotError, check_evidence, make_evidence, read_evidence, window
-from streamrec.trainer.evidence import EvidenceCollector
+from streamrec.serving.history import VersionBook
+from streamrec.snapshot import EventSample, SnapshotError, check_evidence, make_evidence, read_evidence, window
+from streamrec.trainer.evidence import SAMPLE_EVENTS, EvidenceCollector
 
 
 def _ev(label_rate=0.2, mean_pred=0.2, logloss=0.45, events=2000, dense_zero=0.0, cols=(0.0, 0.05),
-        empty=None, novel=None, dead=0):
-    w = window(events, auc=0.75, logloss=logloss, label_rate=label_rate, mean_prediction=mean_pred)
+        empty=None, novel=None, dead=0, auc=0.75, logloss_var=0.3):
+    w = window(events, auc=auc, logloss=logloss, label_rate=label_rate, mean_prediction=mean_pred,
+               positives=int(round(label_rate * events)), logloss_var=logloss_var)
     return make_evidence(w, w, records=events, dead_letters=dead, dense_zero_share=dense_zero,
                          dense_column_zero_share=list(cols), field_empty_share=empty or {"user": 0.0, "item": 0.01},
                          field_novel_share=novel or {"user": 0.1, "item": 0.05})
@@ -153,7 +157,10 @@ def test_the_collector_measures_labels_scores_and_input_health():
     c.observe_scores(b.labels[:, None], np.full((len(b), 1), 0.3))
     ev = c.take(4)
     assert read_evidence(ev.to_block()) == ev  # the manifest's form reads back as the same value
+    assert len(ev.sample) == SAMPLE_EVENTS and set(ev.sample.labels) <= {0, 1}  # a sample of the 400 events
+    assert set(ev.sample.ids) == {"user", "item"} and all(len(r) == 2 for r in ev.sample.dense)
     sp = ev.since_previous
+    assert sp.positives == int(b.labels.sum()) and sp.logloss_var > 0
     assert sp.events == 400 and abs(sp.label_rate - b.labels.mean()) < 1e-9 and sp.mean_prediction == \
         pytest.approx(0.3)
     assert ev.recent.events == 1000  # bounded to trainer.metrics_window
@@ -177,3 +184,118 @@ def test_after_a_hold_several_passing_versions_in_a_row_are_needed():
     assert g.decide(_ev(dense_zero=1.0, cols=(1.0, 1.0))).reason == "dense_zeros"  # the streak starts again
     assert [g.decide(_ev()).reason for _ in range(3)] == ["recovering", "recovering", ""]
     assert g.decide(_ev()).ok  # no hold since: promoted at once
+
+
+def test_a_dip_within_the_windows_sampling_error_passes_and_an_incident_still_holds():
+    """History AUC 0.75 / logloss 0.45 on 2000-event windows; a 1500-event window a little past the fixed
+    margins (AUC -0.035 > 0.03, logloss +11% > 10%) is within 3 standard errors: held only with z = 0."""
+    clean = [_ev() for _ in range(5)]
+    dip_auc = _ev(events=1500, auc=0.715)
+    dip_ll = _ev(events=1500, logloss=0.497, logloss_var=0.5)
+    for dip, reason in ((dip_auc, "auc"), (dip_ll, "logloss")):
+        old = _guard(z=0)  # the margins alone: what a fixed margin holds
+        _run(old, clean)
+        assert old.judge(dip).reason == reason
+        g = _guard()
+        _run(g, clean)
+        assert g.judge(dip).ok, g.judge(dip).detail
+    g = _guard()
+    _run(g, clean)
+    v = g.judge(_ev(auc=0.62))  # a damaged ranking: many standard errors below
+    assert v.reason == "auc" and "SE" in v.detail
+    assert g.judge(_ev(label_rate=0.5, mean_pred=0.5, logloss=0.69)).reason == "label_rate"  # a label flip
+    assert g.judge(_ev(events=300_000, auc=0.74)).ok  # tiny SE: the margin still sets the least hold
+    older = window(2000, auc=0.62, logloss=0.45, label_rate=0.2, mean_prediction=0.2)  # no counts, no variance
+    assert read_evidence(make_evidence(older, older)).since_previous.labelled == (400, 1600)
+    assert g.judge(make_evidence(older, older, records=2000)).reason == "auc"  # an older trainer's block
+
+
+def _sample(n, rng):
+    """Labelled events whose first dense feature predicts the label; the second is noise."""
+    y = (rng.random(n) < 0.4).astype(int)
+    dense = np.stack([y * 1.5 + rng.normal(0, 1, n), rng.normal(0, 1, n)], axis=1)
+    return EventSample(tuple(y.tolist()), tuple(tuple(r) for r in dense.tolist()),
+                       {"user": tuple((int(i),) for i in rng.integers(0, 99, n)), "item": ((),) * n})
+
+
+def _scorer(col):
+    return lambda batch: 1 / (1 + np.exp(-batch.dense[:, col:col + 1]))
+
+
+def test_a_model_that_fitted_a_broken_stream_is_held_on_the_golden_set():
+    rng = np.random.default_rng(3)
+    good, broken = _scorer(0), _scorer(1)  # broken: learned from a misaligned field, its ranking is noise
+    gs = GoldenSet(2000)
+    for _ in range(4):  # promoted versions: each sample joins at the next promotion
+        gs.promoted(_sample(300, rng), good, ["user", "item"], 2)
+    assert len(gs) == 900
+    for _ in range(6):
+        gs.promoted(_sample(300, rng), good, ["user", "item"], 2)
+    assert len(gs) <= 2000 and len(gs.parts) == 6  # bounded, the oldest out
+    g = _guard()
+    _run(g, [_ev() for _ in range(3)])
+    fitted = _ev()  # its own window looks clean: it fits the stream it trained on
+    c = gs.compare(broken)
+    assert c.auc_delta < -0.2 and c.auc_se < 0.05
+    v = g.decide(fitted, c)
+    assert v.reason == "golden" and "golden-set AUC" in v.detail
+    same = gs.compare(good)
+    assert same.auc_delta == 0 and g.judge(fitted, same).ok
+    assert _guard(golden_events=0).judge(fitted, c).ok  # no golden set: the check is off
+    gs.promoted(_sample(300, rng), good, ["user"], 2)  # the schema changed: the set starts anew
+    assert len(gs) == 0 and gs.compare(good) is None
+
+
+class _Version:
+    """What the book reads of a served version."""
+
+    fields, dense_dim = ["user", "item"], 2
+
+    def __init__(self, n, ev):
+        self.version, self.manifest = n, type("M", (), {"evidence": ev})()
+
+    def predict(self, batch):
+        return np.full((len(batch), 1), 0.2)
+
+    def retire(self, keep_dir=False):
+        pass
+
+
+def test_a_passing_head_settles_after_settle_s_with_the_recovery_count_short(tmp_path):
+    now = [0.0]
+    cfg = load_config(None, {"serving.guard.settle_s": 60, "serving.guard.recovery_versions": 3}, env={})
+    book = VersionBook(tmp_path, cfg.serving, cfg.store, clock=lambda: now[0])
+    served = _Version(1, _ev())
+    assert book.add(served, None).ok
+    assert book.add(_Version(2, _ev(label_rate=1.0)), served).reason == "label_rate"
+    assert book.add(_Version(3, _ev()), served).reason == "recovering"
+    now[0] = 59.0
+    assert book.promote_settled(served) is None  # not yet
+    now[0] = 30.0
+    v4 = _Version(4, _ev())
+    assert book.add(v4, served).reason == "recovering"  # a newer version: its own clock
+    now[0] = 89.0
+    assert book.promote_settled(served) is None
+    now[0] = 91.0
+    assert book.promote_settled(served) is v4 and book.held_reason == "" and book.kept[-1] is v4
+    assert book.promote_settled(v4) is None  # once
+    assert book.add(_Version(5, _ev()), v4).ok  # no hold since: promoted at once
+    assert book.add(_Version(6, _ev(label_rate=1.0)), v4).reason == "label_rate"
+    now[0] = 1000.0
+    assert book.promote_settled(v4) is None  # a held head never settles
+
+
+def test_the_settle_timer_asks_the_server_to_serve(tmp_path):
+    import threading
+
+    cfg = load_config(None, {"serving.guard.settle_s": 0.05}, env={})
+    asked = threading.Event()
+    book = VersionBook(tmp_path, cfg.serving, cfg.store, on_settle=asked.set)
+    served = _Version(1, _ev())
+    book.add(served, None)
+    book.add(_Version(2, _ev(label_rate=1.0)), served)
+    v3 = _Version(3, _ev())
+    assert book.add(v3, served).reason == "recovering"
+    assert asked.wait(5)
+    assert book.promote_settled(served) is v3
+    book.close()
