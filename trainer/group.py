@@ -23,7 +23,10 @@
 - **Snapshots**: every ``serving.push_every_s`` (rank 0's clock, in the turn's decisions),
   not tied to the checkpoints: every rank sends the rows it owns that changed since the last
   accepted push (its own :class:`~.changes.ChangeJournal`) to rank 0, which builds and pushes
-  one snapshot, so serving sees whole versions only.
+  one snapshot, so serving sees whole versions only. Every stop ends as a single trainer's does
+  (:meth:`~.service.TrainerService.push_final`): rank 0 waits for a push still pending and decides
+  whether the final model is to be built, every rank takes part in building it, and rank 0 waits
+  for serving's answer.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from .reshard import rank_dir, reshard_into, shard_checkpoints
 from .batch_sizes import batch_sizes
 from .run_loop import RunLoop, Turn
 from .run_timers import Due, RunTimers
-from .service import TrainerService, open_store
+from .service import FINAL_PUSH_WAIT_S, TrainerService, open_store
 from .sharded_core import ShardedTrainerCore
 from .sharding import SHARDING
 
@@ -66,6 +69,9 @@ log = logging.getLogger(__name__)
 # per-rank totals: each shard holds its rank's, the manifest their sum (all a resharded rank 0 takes over)
 _RANK_COUNTERS = ("events", "hot_events", "nonfinite_batches", "rejected_events", "dead_letters", "quarantined",
                   "rows_expired")
+
+
+SIGNAL_STOP_WAIT_S = 6.0  # each wait of a signalled group's final push (four of them fit torchrun's 30 s grace)
 
 
 class GroupError(StreamrecError, RuntimeError):
@@ -381,10 +387,20 @@ class GroupTrainerService(TrainerService):
     def push_due(self) -> bool:
         return self._push()
 
-    def push_last(self, turn: Turn, timers: RunTimers) -> None:
-        """The final model goes out on the way out too; every rank knows ``_group_events``, so all agree."""
-        if turn.due.push or (timers.push_every_s > 0 and self._group_events != timers.events_at_push):
-            self._push()
+    def _final_wait_s(self) -> float:
+        """Stopped by a signal, each wait of the final push is cut to ``SIGNAL_STOP_WAIT_S``: torchrun kills the
+        ranks 30 s after it passes a SIGTERM on (the final checkpoint is written before the push either way)."""
+        wait = min(self.settings.trainer.push_give_up_s, FINAL_PUSH_WAIT_S)
+        return min(wait, SIGNAL_STOP_WAIT_S) if self.stop.is_set() else wait
+
+    def _agree(self, wanted: bool) -> bool:
+        """Rank 0's decision (it publishes), on every rank: the final snapshot is a collective."""
+        box = [wanted if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return bool(box[0])
+
+    def _build_final(self) -> bool:
+        return self._push()
 
     def _train(self, ready) -> None:
         """Train this rank's window (a collective: every rank calls it, ``ready`` may be None).
@@ -514,6 +530,7 @@ class GroupTrainerService(TrainerService):
                                    max(g["newest_event_ms"] for g in got), plan=plan[0],
                                    rows=(b for g in got for b in _batches(g["rows"])), evidence=self._evidence(),
                                    deleted=_merged_deletions(g.get("deleted") or {} for g in got))
+            self._pushed_events, self._pushed_version = self._group_events, version
         except Exception:  # a snapshot failure must never stop training
             log.exception("building a snapshot failed")
             self.publisher.request_full()

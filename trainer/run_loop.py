@@ -58,8 +58,9 @@ class LoopHost(Protocol):
         """Push a snapshot now; False when none was built (the last push is still pending)."""
         ...
 
-    def push_last(self, turn: Turn, timers: RunTimers) -> None:
-        """The run ends: serving gets the final model."""
+    def push_final(self) -> int | None:
+        """The run ends: serving gets the model the final checkpoint holds and acknowledges it (its version;
+        None where it did not, or where this process does not publish)."""
         ...
 
     def emit(self) -> object:
@@ -97,7 +98,7 @@ class RunLoop:
             host.save()
             timers.checkpointed(host.trained_events)
         if ending:
-            host.push_last(turn, timers)  # every stop: serving gets the model the final checkpoint holds
+            host.push_final()  # every stop: serving gets the model the final checkpoint holds
         elif turn.due.push and host.push_due():
             timers.pushed(host.trained_events)
         if turn.due.log or ending:

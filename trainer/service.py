@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FINAL_PUSH_WAIT_S = 60.0  # the most a stop waits for a pending push, and again for the final one's answer
+FINAL_BUILDS = 2  # final snapshots a stop builds at most: a second one when serving dropped the first
 VERSION_FILE = "snapshot-version.json"  # the newest snapshot version built, next to the checkpoints (durable)
 
 
@@ -277,9 +278,6 @@ class TrainerService(TrainerReporting):
     def push_due(self) -> bool:
         return self.push() is not None  # None: the last push is still being retried
 
-    def push_last(self, turn: Turn, timers: RunTimers) -> None:
-        self.push_final()
-
     def _dead_letter(self, res) -> None:
         if res.rejected_batch is not None:  # a non-finite step: those events were not trained
             self.consumer.dead_letter_events(res.rejected_batch, res.reject_reason, source="trainer")
@@ -382,34 +380,53 @@ class TrainerService(TrainerReporting):
     # -- freshness ----------------------------------------------------------------
     def push_final(self) -> int | None:
         """At a stop (the stream's end, ``--max-events``, idle exit, SIGTERM): serving gets the model as the
-        final checkpoint holds it. A push still pending is waited for first (it is an older model: building
-        the final one beside it is refused), then the final model is pushed unless the newest snapshot
-        already holds every event trained, and serving's answer is waited for; each wait is bounded by
-        ``trainer.push_give_up_s`` and at most ``FINAL_PUSH_WAIT_S``, and ends at a failed attempt (serving
-        down: the stop does not sit out the retries). Returns the final version serving
-        acknowledged, None when none was (logged with the reason; the final checkpoint holds every event,
-        and a restart pushes a full snapshot)."""
+        final checkpoint holds it, with the evidence of every event since the previous snapshot. A push
+        still pending is waited for first (it is an older model: building the final one beside it is
+        refused), then the final model is built unless the newest snapshot serving holds already has every
+        event trained, and serving's answer is waited for; a final snapshot serving dropped (it needed a
+        full one) is built once more, full. Each wait is bounded by ``trainer.push_give_up_s`` and at most
+        ``FINAL_PUSH_WAIT_S``, and ends at a failed attempt (serving down: the stop does not sit out the
+        retries). Returns the final version serving acknowledged, None when none was (logged with the
+        reason; the final checkpoint holds every event, and a restart pushes a full snapshot)."""
+        for _ in range(FINAL_BUILDS):
+            if not self._agree(self._final_wanted()) or not self._build_final():
+                break
+        return self._final_answer()
+
+    def _final_wait_s(self) -> float:
+        return min(self.settings.trainer.push_give_up_s, FINAL_PUSH_WAIT_S)
+
+    def _final_wanted(self) -> bool:
+        """Where the snapshots are published: wait for the push pending, then whether the final model is still
+        to be built (serving's newest snapshot misses events trained, or serving dropped it)."""
         pub = self.publisher
+        if pub is None or not pub.wait_idle(self._final_wait_s(), until_failure=True):
+            return False
+        return self.trained_events != self._pushed_events or not pub.holds(self._pushed_version)
+
+    def _agree(self, wanted: bool) -> bool:
+        """What every process that builds a snapshot decides (a trainer group's ranks: rank 0's decision)."""
+        return wanted
+
+    def _build_final(self) -> bool:
+        return self.push() is not None
+
+    def _final_answer(self) -> int | None:
+        """Wait for serving's answer to the final snapshot; its version when serving holds every event trained."""
+        pub, version, wait = self.publisher, self._pushed_version, self._final_wait_s()
         if pub is None:
             return None
-        wait = min(self.settings.trainer.push_give_up_s, FINAL_PUSH_WAIT_S)
-        if not pub.wait_idle(wait, until_failure=True):
-            log.warning("the final model is not pushed: the previous push is unanswered (%s); serving keeps "
-                        "version %d", pub.st.last_error or f"no answer in {wait:.0f} s", pub.version)
-            return None
-        version = self._pushed_version
-        if self.core.events != self._pushed_events or version is None:
-            version = self.push()
-            if version is None:
-                return None  # push() logged why
+        pub.wait_idle(wait, until_failure=True)
         if not pub.push_enabled:
             return None
-        if not pub.wait_idle(wait, until_failure=True) or pub.version < version:
-            log.warning("the final model (version %d, %d events) was not acknowledged by serving (%s)",
-                        version, self.core.events, pub.st.last_error or f"no answer in {wait:.0f} s")
-            return None
-        log.info("the final model (version %d, %d events) is served", version, self.core.events)
-        return version
+        if self._pushed_events == self.trained_events and pub.holds(version):
+            log.info("the final model (version %d, %d events) is acknowledged by serving", version,
+                     self.trained_events)
+            return version
+        log.warning("the final model (%d events) is not acknowledged by serving (%s); serving keeps version %d",
+                    self.trained_events, pub.unanswered(wait) if pub.busy or self._pushed_events == self.trained_events
+                    else "its snapshot was not built", pub.version)
+        return None
 
     def push(self) -> int | None:
         """Build a snapshot of the model as it is now and queue it for serving: a delta of the rows written
@@ -424,7 +441,7 @@ class TrainerService(TrainerReporting):
             self.publisher.publish(version, mark, None, self.core.model, dict(self.offsets), self._metric_values(),
                                    self.core.newest_event_ms, plan=plan, rows=rows, evidence=self._evidence(),
                                    deleted=self.store.last_deleted)
-            self._pushed_events, self._pushed_version = self.core.events, version
+            self._pushed_events, self._pushed_version = self.trained_events, version
             return version
         except Exception as e:
             self.publisher.request_full()  # the journal may be cut past what serving holds

@@ -432,6 +432,18 @@ class SnapshotPublisher:
             time.sleep(0.05)
         return not self.busy
 
+    def holds(self, version: int | None) -> bool:
+        """Whether ``version`` has reached serving as far as this publisher knows: accepted (a newer accepted
+        version holds its rows too); with pushes off, built."""
+        if version is None:
+            return False
+        return self.version >= version if self.push_enabled else self.st.built_version >= version
+
+    def unanswered(self, waited_s: float) -> str:
+        """Why the newest push has no answer: its last error, or that ``waited_s`` passed without one."""
+        with self._lock:
+            return self.st.last_error if self._failing and self.st.last_error else f"no answer in {waited_s:.0f} s"
+
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
