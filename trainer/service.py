@@ -104,6 +104,8 @@ class TrainerService(TrainerReporting):
                                            give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
                                            version_file=Path(t.checkpoint_dir) / VERSION_FILE,
                                            ) if t.snapshot_every > 0 else None
+        if self.publisher is not None:
+            self.publisher.prepare(self.core.model)  # exported on a thread of its own, off the poll loop
         # the quality evidence each snapshot carries (trainer/evidence.py): on the process that publishes
         self.evidence = collector_for(settings.model, t.metrics_window, self.core) \
             if self.publisher is not None and self.rank == 0 else None
@@ -393,6 +395,7 @@ class TrainerService(TrainerReporting):
         if pub is None:
             return None
         wait = min(self.settings.trainer.push_give_up_s, FINAL_PUSH_WAIT_S)
+        pub.wait_exported(wait)  # a run shorter than the model's export: its first snapshot is this one
         if not pub.wait_idle(wait, until_failure=True):
             log.warning("the final model is not pushed: the previous push is unanswered (%s); serving keeps "
                         "version %d", pub.st.last_error or f"no answer in {wait:.0f} s", pub.version)
