@@ -145,11 +145,22 @@ def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
         raise SnapshotError(f"manifest.model_config: {e}", code="INVALID_ARGUMENT") from None
 
 
+def _refusal(e: ConfigError) -> str:
+    """Why serving cannot build the model a snapshot without a program needs, naming the real cause: the
+    module does not import here, or its builder or its forward on the probe batch fails."""
+    stage = getattr(e, "stage", "build")
+    if stage == "import":
+        return (f"{e}: the snapshot carries no exported program, so serving builds the model from its code, "
+                "which must be importable where serving runs")
+    return f"{e} (serving builds the model from its code: the snapshot carries no exported program)"
+
+
 def model_params(mc: ModelConfig, program: bool = False) -> int:
     """Dense parameters ``build_model(mc)`` would allocate, counted by building it on the ``meta`` device
     (shapes only, no memory), so every architecture and a user's module are counted by their own code.
-    A ``model.module`` that cannot be imported here, or builds no ranking model, is refused: serving
-    builds the same model to load the snapshot.
+    A ``model.module`` that cannot be imported here, or whose builder fails, is refused naming the cause:
+    serving builds the same model to load the snapshot. Its forward is not run here (no forward can read a
+    value on the meta device): :func:`built_model` probes it on the CPU.
 
     ``program``: the snapshot carries an exported program, so serving never imports or builds the module;
     its parameters are counted from ``dense.safetensors`` when it arrives (``check_program_weights``), and
@@ -159,11 +170,21 @@ def model_params(mc: ModelConfig, program: bool = False) -> int:
         return int(mc.dense_dim) + int(mc.pooled_dim)
     try:
         with torch.device("meta"):
-            model = build_model(mc)
+            model = build_model(mc, probe=False)
     except ConfigError as e:
-        raise SnapshotError(f"manifest.model_config: {e}; serving builds the model it loads, so the module must be "
-                            "importable where serving runs", code="INVALID_ARGUMENT") from None
+        raise SnapshotError(f"manifest.model_config: {_refusal(e)}", code="INVALID_ARGUMENT") from None
     return sum(p.numel() for p in model.parameters())
+
+
+def built_model(mc: ModelConfig) -> RankingModel:
+    """The model of a snapshot without an exported program, built from its code on the CPU and checked on a
+    real probe batch there (``build_model``), so a forward that branches on a value is run as it will be on
+    requests; ``Refused`` (INVALID_ARGUMENT) naming the cause when it cannot be built or fails the probe."""
+    try:
+        with torch.device("cpu"):
+            return build_model(mc)
+    except ConfigError as e:
+        raise Refused(f"manifest.model_config: {_refusal(e)}", code="INVALID_ARGUMENT") from None
 
 
 def check_model_config(d: Any, limits, program: bool = False) -> ModelConfig:
@@ -326,8 +347,13 @@ def scoring_forward(model: RankingModel, model_cfg: ModelConfig, device: torch.d
     ``model`` itself. So scores never depend on which one runs. The trace is built once per loaded
     version (a delta too: its weights are folded in). ``traced``: the module to trace when it is not
     ``model`` itself (an exported program's module without its input check), its scores compared with
-    ``model``'s."""
+    ``model``'s. A user's module built from its code (no program) always scores eager: its trainer could
+    not export it, which most often means Python control flow on values, and a trace would fix the branch
+    the probe batch took."""
     import warnings
+
+    if traced is None and model_cfg.module:
+        return model
 
     g = torch.Generator().manual_seed(0)
     dense = torch.randn(64, model_cfg.dense_dim, generator=g).to(device)
@@ -643,7 +669,7 @@ def _dense_network(staged: Path, manifest: Manifest, parent: ServedVersion | Non
             blob, consts = _program_files(staged, manifest)
         program = load_checked_program(manifest, model_cfg, blob, consts, state, device)
         return state, program, program.module
-    model = build_model(model_cfg)
+    model = built_model(model_cfg)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -793,7 +819,7 @@ def restore_version(vdir: Path, store_cfg: StoreConfig, device: torch.device) ->
         program = load_checked_program(manifest, model_cfg, blob, consts, state, device)
         model = program.module
     else:
-        model = build_model(model_cfg)
+        model = built_model(model_cfg)
         model.load_state_dict(state, strict=True)
         model.to(device).eval()
     store = _open_stored(vdir, store_cfg, manifest, device)

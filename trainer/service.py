@@ -105,6 +105,8 @@ class TrainerService(TrainerReporting):
                                            give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
                                            version_file=Path(t.checkpoint_dir) / VERSION_FILE,
                                            ) if t.snapshot_every > 0 else None
+        if self.publisher is not None:
+            self.publisher.prepare(self.core.model)  # exported on a thread of its own, off the poll loop
         # the quality evidence each snapshot carries (trainer/evidence.py): on the process that publishes
         self.evidence = collector_for(settings.model, t.metrics_window, self.core) \
             if self.publisher is not None and self.rank == 0 else None
@@ -400,7 +402,10 @@ class TrainerService(TrainerReporting):
         """Where the snapshots are published: wait for the push pending, then whether the final model is still
         to be built (serving's newest snapshot misses events trained, or serving dropped it)."""
         pub = self.publisher
-        if pub is None or not pub.wait_idle(self._final_wait_s(), until_failure=True):
+        if pub is None:
+            return False
+        pub.wait_exported(self._final_wait_s())  # a run shorter than the model's export: its first snapshot is this one
+        if not pub.wait_idle(self._final_wait_s(), until_failure=True):
             return False
         return self.trained_events != self._pushed_events or not pub.holds(self._pushed_version)
 

@@ -31,6 +31,11 @@ the dropped one's rows too; when others took it, the refusing replica is left be
 Every snapshot carries the dense network as an exported program (``streamrec.snapshot.export_dense``), so
 serving scores it without importing the model's code. The model is exported once per publisher (the graph
 does not hold the weights); a full snapshot writes the program's files, a delta names the same program.
+The export may take seconds, so a trainer starts it ahead, on a thread of its own
+(:meth:`SnapshotPublisher.prepare`), and its poll loop never waits for it: :meth:`~SnapshotPublisher.plan_next`
+plans no snapshot while it runs, so the first snapshot is built when it is done, with the program; a stop
+waits for it (:meth:`~SnapshotPublisher.wait_exported`). A publisher nobody prepared exports on the first
+snapshot.
 Before each snapshot is written the program, with that snapshot's weights, must give the module's logits
 on the probe batch bit for bit; those logits go into the manifest, and serving checks the program against
 them. A model that cannot be exported (or whose program scores differently) is logged as one error line and
@@ -128,6 +133,7 @@ class SnapshotPublisher:
         self.version_file = Path(version_file) if version_file else None
         self._served_floor = 0  # the newest version a replica said it serves when it refused ours as not newer
         self._exported = None  # (ExportedDense, its loaded program module), built on the first snapshot
+        self._exporting: threading.Thread | None = None  # the export started by prepare()
         self.program_error = ""  # why the model has no exported program ("" = it has one, or none tried yet)
         if self.version_file is not None and self.version_file.exists():
             try:
@@ -190,10 +196,10 @@ class SnapshotPublisher:
     # -- building ------------------------------------------------------------
     def plan_next(self) -> tuple[bool, int | None, int] | None:
         """What the next snapshot will be, ``(full, parent version, rows changed after epoch)``, or None
-        while a push is still pending (no snapshot is built then). A trainer group decides this once, on
-        rank 0, and every rank contributes its rows changed after that epoch."""
+        while a push is still pending or the model's export is running (no snapshot is built then). A trainer
+        group decides this once, on rank 0, and every rank contributes its rows changed after that epoch."""
         with self._lock:
-            if self._pending is not None:
+            if self._pending is not None or self.exporting:
                 return None
             full = self.st.need_full or self.st.accepted_version == 0 or (self.st.built % self.full_every == 0)
             return full, (None if full else self.st.accepted_version), (0 if full else self.st.accepted_epoch)
@@ -261,32 +267,72 @@ class SnapshotPublisher:
             self._wake.set()
         return out
 
+    # -- the exported program ------------------------------------------------
+    def prepare(self, model) -> None:
+        """Start exporting ``model``'s dense network (a copy on the CPU) on a thread of its own, so the first
+        snapshot does not export on the caller's thread; :meth:`plan_next` plans none until it is done. Only
+        the graph is taken from ``model``: each snapshot's weights are its own."""
+        with self._lock:
+            if self._exporting is not None or self._exported is not None or self.program_error:
+                return
+            self._exporting = threading.Thread(target=self._export, args=(self._cpu_copy(model),),
+                                               name="snapshot-export", daemon=True)
+        self._exporting.start()
+
+    @property
+    def exporting(self) -> bool:
+        """The export :meth:`prepare` started is still running."""
+        t = self._exporting
+        return t is not None and t.is_alive()
+
+    def wait_exported(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the export :meth:`prepare` started; False (logged) when it is still
+        running, so no snapshot can be built yet."""
+        t = self._exporting
+        if t is not None:
+            t.join(timeout)
+        if self.exporting:
+            log.warning("the model's export is still running after %.0f s: no snapshot can be built yet", timeout)
+            return False
+        return True
+
+    @staticmethod
+    def _cpu_copy(model):
+        import copy
+
+        return copy.deepcopy(model).cpu()
+
+    def _export(self, cpu_model) -> None:
+        """Export ``cpu_model`` into ``_exported``, or say in ``program_error`` (one error line) why not."""
+        from streamrec.snapshot import SnapshotError, export_dense, load_program
+
+        mc = self.model_cfg
+        try:
+            ex = export_dense(cpu_model, mc.dense_dim, mc.pooled_dim, len(mc.task_names))
+            weights = cpu_model.state_dict()
+            mod = load_program(ex.program_json, {k: weights[k].detach() for k in ex.weight_keys}, ex.constants)
+            self._exported = (ex, mod)
+        except SnapshotError as e:
+            self.program_error = str(e)
+        except Exception as e:  # a model's own code may raise anything while it is traced
+            self.program_error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+        if self.program_error:
+            log.error("snapshots carry no exported program (serving builds the model from its code, so the module "
+                      "must be importable where serving runs): %s", self.program_error)
+
     def _program(self, model, dense_state: dict) -> tuple[dict | None, Any]:
         """The manifest's ``program`` entry for a snapshot of ``model`` with ``dense_state``, and the
         ``ExportedDense`` whose files a full snapshot writes; ``(None, None)`` when the model has no program."""
-        import copy
-
         import torch
 
-        from streamrec.snapshot import SnapshotError, export_dense, probe_inputs, task_logits
+        from streamrec.snapshot import probe_inputs, task_logits
 
         mc = self.model_cfg
         tasks = list(mc.task_names)
-        if self._exported is None and not self.program_error:
-            try:
-                cpu_model = copy.deepcopy(model).cpu()
-                ex = export_dense(cpu_model, mc.dense_dim, mc.pooled_dim, len(tasks))
-                from streamrec.snapshot import load_program
-
-                mod = load_program(ex.program_json, {k: dense_state[k] for k in ex.weight_keys}, ex.constants)
-                self._exported = (ex, mod)
-            except SnapshotError as e:
-                self.program_error = str(e)
-            except Exception as e:  # a model's own code may raise anything while it is traced
-                self.program_error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
-            if self.program_error:
-                log.error("snapshots carry no exported program (serving will build the model from its config "
-                          "and must import its code): %s", self.program_error)
+        if self._exporting is not None:
+            self._exporting.join()  # planned while it ran (a plan taken by hand): the program is wanted
+        elif self._exported is None and not self.program_error:
+            self._export(self._cpu_copy(model))
         if self._exported is None:
             return None, None
         ex, mod = self._exported

@@ -128,18 +128,26 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
         return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:  # a free-form table: string keys, each value checked against the value type
+        inner = typing.get_args(tp)[1]
+        return {str(k): _coerce(v, inner, f"{key}.{k}") for k, v in _table(value, key).items()}
     if dataclasses.is_dataclass(tp):
         if isinstance(tp, type) and isinstance(value, tp):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{key}: expected a table, got {value!r}") from e
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a table, got {type(value).__name__} {value!r}")
-        return build_section(tp, value, key)
+        return build_section(tp, _table(value, key), key)
     return _coerce_scalar(value, tp, key)
+
+
+def _table(value: Any, key: str) -> Mapping[str, Any]:
+    """``value`` as a table: a mapping as it is, a string from env/CLI read as JSON."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{key}: expected a table, got {value!r}") from e
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: expected a table, got {type(value).__name__} {value!r}")
+    return value
 
 
 def build_section(cls: type, data: Mapping[str, Any], prefix: str) -> Any:

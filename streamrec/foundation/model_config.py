@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from .config import InvalidValue, build_section, check_choice
 
@@ -23,7 +24,7 @@ GENERATED_FIELD_KEYS = ("cardinality", "zipf", "multi")
 """Keys of the synthetic generator's ``[[generator.fields]]`` that older configs wrote on ``[[model.fields]]``."""
 
 MODEL_HASH_OPTIONAL = {"architecture": "dlrm", "module": "", "cross_layers": 3,
-                       "tasks": [{"name": "click", "weight": 1.0}]}
+                       "tasks": [{"name": "click", "weight": 1.0}], "params": {}}
 """``[model]`` keys that enter ``model_hash`` only when set away from their default: a DLRM's hash does
 not depend on keys that did not exist when its checkpoints were written."""
 FIELD_HASH_OPTIONAL = {"dim": 0, "table": ""}
@@ -96,14 +97,16 @@ class ModelConfig:
     top_mlp: list[int] = field(default_factory=lambda: [64, 32])  # top MLP hidden sizes (a 1-unit output layer is added); dcn_v2's deep part, deepfm's deep part, mlp's layers
     seed: int = 0  # seeds embedding initialisation: rows are a function of (table, id, seed); also the dense network's initial weights
     architecture: Architecture = "dlrm"  # the built-in dense network: dlrm (bottom MLP, pairwise dot interaction, top MLP) | dcn_v2 (cross network, then top_mlp) | deepfm (FM + first-order terms + a top_mlp deep part) | mlp (concatenate, then top_mlp)
-    module: str = ""  # a user's own model builder as "package.module:function" (called with this section, returns a RankingModel); replaces architecture; must be importable where the trainer and serving run ("" = the built-in architecture)
+    module: str = ""  # a user's own model builder as "package.module:function" (called with this section, returns a RankingModel); replaces architecture; must be importable where the trainer runs, and where serving runs when the model cannot be exported ("" = the built-in architecture)
     cross_layers: int = 3  # dcn_v2: full-rank cross layers x_{l+1} = x0 * (W x_l + b) + x_l before the top_mlp deep part (0 = none)
     tasks: list[TaskSpec] = field(default_factory=lambda: [TaskSpec("click")])  # the model's prediction tasks, one logit each, in output order; an event's `label` is the first task's label, `labels` names them
+    params: dict[str, Any] = field(default_factory=dict)  # [model.params]: a free-form table of model.module's own settings, passed to its builder as model_cfg.params, which checks them; part of the model hash when set (strings, numbers, booleans, arrays and tables)
 
     def __post_init__(self) -> None:
         check_choice("model", self, "architecture", Architecture)
         self._check_sizes()
         self._check_tables()
+        _check_params(self.params, "params")
 
     def _check_sizes(self) -> None:
         if not self.fields:
@@ -200,6 +203,24 @@ class ModelConfig:
                     del f[key]
         blob = json.dumps(model, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _check_params(value: Any, key: str) -> None:
+    """``[model.params]`` holds what a manifest's JSON and the model hash can carry: string keys; strings,
+    booleans, finite numbers, arrays and tables of them."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str) or not k:
+                raise InvalidValue(key, f"has key {k!r}: keys are non-empty strings", "model")
+            _check_params(v, f"{key}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_params(v, f"{key}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidValue(key, f"must be finite, got {value!r}", "model")
+    elif not isinstance(value, (str, bool, int, float)):
+        raise InvalidValue(key, f"is a {type(value).__name__}: a model parameter is a string, boolean, number, "
+                                "array or table", "model")
 
 
 def model_config_from_dict(data: dict) -> ModelConfig:

@@ -4,8 +4,9 @@ Public surface::
 
     RankingModel, ModelBuilder        # the extension point (model_types.py)
     Architecture                      # model.architecture's values (a Literal alias)
-    build_model(model_cfg)            # the one builder: model.module (a user's), else model.architecture
+    build_model(model_cfg, probe=True)  # the one builder: model.module (a user's), else model.architecture
     load_builder("pkg.mod:build")     # a user's ModelBuilder by import path
+    ModelModuleError                  # model.module gives no usable model; .stage: import | build | probe
     DLRM, DCNv2, DeepFM, MLPRanker    # the built-in architectures (one module each)
     mlp                               # a ReLU MLP of given sizes
     embed_batch, pool_sum, unique_ids, predict_batch   # batch -> tensors -> scores (per table, [B, T])
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .dlrm import DLRM, embed_batch, field_tables, mlp, pool_sum, predict_batch, task_logits, unique_ids
     from .mlp_model import MLPRanker
     from .model_types import Architecture, ModelBuilder, RankingModel
-    from .registry import BUILTINS, build_model, load_builder
+    from .registry import BUILTINS, ModelModuleError, build_model, load_builder
 
 _EXPORTS = {  # submodule: the public names it defines
     ".dcn_v2": "DCNv2",
@@ -37,7 +38,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".dlrm": "DLRM embed_batch field_tables mlp pool_sum predict_batch task_logits unique_ids",
     ".mlp_model": "MLPRanker",
     ".model_types": "Architecture ModelBuilder RankingModel",
-    ".registry": "BUILTINS build_model load_builder",
+    ".registry": "BUILTINS ModelModuleError build_model load_builder",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

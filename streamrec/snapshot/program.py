@@ -17,12 +17,17 @@ does (``torch.equal`` on CPU; within 1e-6 on another device), with logits ``[B, 
 recorded in the manifest, and serving runs the program on the same probe before it swaps the version in:
 a program that does not deserialize, raises, returns another shape or other scores is refused
 (INVALID_ARGUMENT).
+
+What torch itself writes while it exports (symbolic-shape warnings, Python warnings, the partial FX graph of a
+failed trace) is collected into one DEBUG record of this module's logger (``torch_output.py``): the caller
+reports the outcome in a line of its own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +35,9 @@ from typing import Any
 import torch
 
 from .errors import SnapshotError
+from .torch_output import torch_output_captured
+
+log = logging.getLogger(__name__)
 
 PROGRAM = "program.json"
 PROGRAM_CONSTANTS = "program-constants.safetensors"
@@ -98,7 +106,7 @@ class ExportedDense:
 def export_dense(model: torch.nn.Module, dense_dim: int, pooled_dim: int, num_tasks: int) -> ExportedDense:
     """Export ``model`` (on CPU, eval mode, batch dimension dynamic) and prove the program scores the probe batch
     exactly as the module does. Raises ``SnapshotError`` naming the problem when it cannot be exported or its
-    program differs."""
+    program differs. torch's own output meanwhile is one DEBUG record (module doc)."""
     from torch._export.serde import serialize as S
 
     was_training = model.training
@@ -109,7 +117,8 @@ def export_dense(model: torch.nn.Module, dense_dim: int, pooled_dim: int, num_ta
             want = task_logits(model(dense, pooled), num_tasks, PROBE_ROWS)
         batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
         try:
-            ep = torch.export.export(model, (dense, pooled), dynamic_shapes=({0: batch}, {0: batch}))
+            with torch_output_captured(log, "exporting the model with torch.export"):
+                ep = torch.export.export(model, (dense, pooled), dynamic_shapes=({0: batch}, {0: batch}))
         except Exception as e:
             raise SnapshotError(f"the model cannot be exported with torch.export: {type(e).__name__}: "
                                 f"{_first_line(e)}") from None

@@ -46,6 +46,30 @@ def two_logits(model_cfg):
 
 def raises(model_cfg):
     raise RuntimeError("the builder is broken\\non two lines")
+
+
+class Experts(nn.Module):
+    """A mixture of ``experts`` linear experts under a softmax gate over the dense features."""
+
+    def __init__(self, inputs, dense_dim, experts):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(inputs, 1) for _ in range(experts))
+        self.gate = nn.Linear(dense_dim, experts)
+
+    def forward(self, dense, pooled):
+        x = torch.cat([dense, pooled], dim=1)
+        w = torch.softmax(self.gate(dense), dim=1)
+        return sum(w[:, i] * e(x).squeeze(1) for i, e in enumerate(self.experts))
+
+
+def experts(model_cfg):
+    """Reads its own setting from [model.params] and refuses a value it cannot use, naming the key."""
+    from streamrec.foundation import ConfigError
+
+    n = model_cfg.params["experts"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"model.params.experts: must be an integer >= 1, got {n!r}")
+    return Experts(model_cfg.dense_dim + model_cfg.pooled_dim, model_cfg.dense_dim, n)
 '''
 
 

@@ -6,6 +6,7 @@ keeps serving. Real files, real RocksDB stores, real gRPC servers on 127.0.0.1 (
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -59,23 +60,75 @@ def build(model_cfg):
 '''
 
 
-@pytest.fixture
-def user_module(cfg, tmp_path):
-    """A user's model in a package that only this (trainer-side) process can import: two tasks."""
+VALUE_DEPENDENT_MODEL = '''
+import torch
+from torch import nn
+
+from streamrec.foundation import ConfigError
+
+
+class ClippedExperts(nn.Module):
+    """A mixture of experts that clips the dense features only when a batch holds a large one: Python control
+    flow on a value, which torch.export cannot capture."""
+
+    def __init__(self, dense_dim, pooled_dim, tasks, experts):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(dense_dim + pooled_dim, tasks) for _ in range(experts))
+        self.gate = nn.Linear(dense_dim, experts)
+
+    def forward(self, dense, pooled):
+        if float(dense.abs().max()) > 5:  # beyond any probe batch's values: only a real request takes it
+            dense = dense.clamp(-5, 5)
+        x = torch.cat([dense, pooled], dim=1)
+        w = torch.softmax(self.gate(dense), dim=1)
+        return (torch.stack([e(x) for e in self.experts], dim=2) * w.unsqueeze(1)).sum(dim=2)
+
+
+def build(model_cfg):
+    n = model_cfg.params["experts"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"model.params.experts: must be an integer >= 1, got {n!r}")
+    return ClippedExperts(model_cfg.dense_dim, model_cfg.pooled_dim, len(model_cfg.tasks), n)
+
+
+class Broken(nn.Module):
+    def forward(self, dense, pooled):
+        raise RuntimeError("the experts are not loaded")
+
+
+def broken(model_cfg):
+    return Broken()
+'''
+
+
+def _user_package(tmp_path, source: str) -> tuple[Path, str]:
+    """A fresh package ``<name>.ranking`` holding ``source`` under ``tmp_path/userpkgs``, importable here
+    until the test ends: (its root, its name)."""
     name = f"userrank_{uuid.uuid4().hex[:8]}"
     root = tmp_path / "userpkgs"
     (root / name).mkdir(parents=True)
     (root / name / "__init__.py").write_text("")
-    (root / name / "ranking.py").write_text(textwrap.dedent(USER_MODEL))
+    (root / name / "ranking.py").write_text(textwrap.dedent(source))
     sys.path.insert(0, str(root))
+    return root, name
+
+
+def _forget_package(root: Path, name: str) -> None:
+    sys.path.remove(str(root))
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[mod]
+
+
+@pytest.fixture
+def user_module(cfg, tmp_path):
+    """A user's model in a package that only this (trainer-side) process can import: two tasks."""
+    root, name = _user_package(tmp_path, USER_MODEL)
     cfg.model.module = f"{name}.ranking:build"
     cfg.model.tasks = [TaskSpec("click"), TaskSpec("conversion", 0.5)]
     try:
         yield name
     finally:
-        sys.path.remove(str(root))
-        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-            del sys.modules[mod]
+        _forget_package(root, name)
 
 
 class Trainer:
@@ -121,12 +174,15 @@ class Trainer:
 
 
 class ServeProcess:
-    """``streamrec serve`` as its own process, its environment without the user's package."""
+    """``streamrec serve`` as its own process, its environment without the user's package (``pythonpath``: a
+    folder it may import packages from)."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, pythonpath: Path | None = None):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env.update(STREAMREC_SERVING__DATA_DIR=str(data_dir), STREAMREC_SERVING__PUSH_TOKEN="tok",
                    OMP_NUM_THREADS="1")
+        if pythonpath is not None:
+            env["PYTHONPATH"] = str(pythonpath)
         self.env = env
         self.proc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--port", "0", "--device", "cpu"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
@@ -407,6 +463,93 @@ def test_a_model_that_cannot_be_exported_is_snapshotted_without_a_program(cfg, t
     errors = [r for r in caplog.records if "no exported program" in r.getMessage()]
     assert len(errors) == 1 and "\n" not in errors[0].getMessage()
     assert trainer.publisher.program_error
+
+
+def test_a_failing_export_logs_one_line_and_one_debug_record_of_torchs_output(cfg, tmp_path, caplog, capfd):
+    """torch.export's own warnings, symbolic-shape logs and FX graph dump stay out of the log: streamrec's one
+    error line, and torch's output in one DEBUG record."""
+    root, name = _user_package(tmp_path, VALUE_DEPENDENT_MODEL)
+    try:
+        cfg.model.module, cfg.model.params = f"{name}.ranking:build", {"experts": 2}
+        trainer = Trainer(cfg, tmp_path)
+        trainer.step()
+        capfd.readouterr()
+        with caplog.at_level("DEBUG"):
+            snap = trainer.snapshot(full=True)
+    finally:
+        _forget_package(root, name)
+    assert read_manifest(snap).program is None
+    err = capfd.readouterr().err
+    assert "def forward" not in err and "symbolic_shapes" not in err and "zuf0" not in err, err
+    mine = [r for r in caplog.records if r.levelno >= logging.INFO or "torch" in r.getMessage()]
+    assert [(r.name, r.levelname) for r in mine] == [("streamrec.snapshot.program", "DEBUG"),
+                                                     ("streamrec.trainer.snapshots", "ERROR")], mine
+    line, dump = mine[1].getMessage(), mine[0].getMessage()
+    assert "\n" not in line and "cannot be exported with torch.export" in line
+    assert "def forward" in dump and "Unable to find user code" in dump  # what torch said, kept for debugging
+
+
+def test_a_value_dependent_module_is_built_and_served_by_a_server_that_imports_it(cfg, tmp_path):
+    """A module torch.export refuses (a branch on a value) ships without a program; a server process that can
+    import it builds it, probes it on the CPU with real tensors and serves the trainer's scores on both
+    branches; a refusal names its real cause (a bad ``[model.params]`` value, a failing forward, a module
+    that does not import there)."""
+    root, name = _user_package(tmp_path, VALUE_DEPENDENT_MODEL)
+    try:
+        cfg.model.module, cfg.model.params = f"{name}.ranking:build", {"experts": 3}
+        cfg.model.tasks = [TaskSpec("click"), TaskSpec("conversion", 0.5)]
+        trainer = Trainer(cfg, tmp_path)
+        trainer.step()
+        full = trainer.snapshot(full=True)
+        m = read_manifest(full)
+        assert m.program is None and m.model_config["params"] == {"experts": 3}
+        calm = make_events(cfg, 24, seed=5)
+        for e in calm:
+            e["dense"] = [x * 0.2 for x in e["dense"]]
+        wild = [dict(e) for e in calm]
+        wild[3] = dict(wild[3], dense=[9.0] + wild[3]["dense"][1:])  # one large value clips the whole batch
+        want = {k: trainer.scores(events_to_batch(cfg, ev)) for k, ev in (("calm", calm), ("wild", wild))}
+        assert np.abs(want["calm"] - want["wild"]).max() > 1e-4  # the two branches score differently
+    finally:
+        _forget_package(root, name)
+
+    srv = ServeProcess(tmp_path / "serving", pythonpath=root)
+    try:
+        with SnapshotPusher(srv.target, token="tok") as p:
+            r = p.push(full)
+            assert r.ok, r.reason
+        with ServingClient(srv.target) as c:
+            for k, ev in (("calm", calm), ("wild", wild), ("calm", calm)):
+                per_task, v = c.predict_tasks(ev)
+                got = np.stack([per_task["click"], per_task["conversion"]], 1)
+                assert v == 1
+                np.testing.assert_allclose(got, want[k], atol=1e-6, rtol=0, err_msg=k)
+            assert c.status()["exported_program"] is False
+
+        def refusal(edit) -> str:
+            snap = _rewrite(full, tmp_path / f"refused-{uuid.uuid4().hex[:6]}",
+                            lambda d: edit(d["model_config"]))
+            with SnapshotPusher(srv.target, token="tok", attempts=1) as p:
+                r = p.push(snap)
+            assert not r.ok and r.code == "INVALID_ARGUMENT", (r.code, r.reason)
+            return r.reason
+
+        reason = refusal(lambda mc: mc["params"].update(experts=0))
+        assert "model.params.experts: must be an integer >= 1, got 0" in reason and "importable" not in reason
+        reason = refusal(lambda mc: mc.update(module=f"{name}.ranking:broken"))
+        assert "fails on a probe batch" in reason and "on cpu" in reason and "the experts are not loaded" in reason
+        assert "importable" not in reason
+        reason = refusal(lambda mc: mc.update(module=f"{name}_elsewhere.ranking:build"))
+        assert f"cannot import '{name}_elsewhere.ranking'" in reason and "must be importable where serving runs" \
+            in reason
+        with ServingClient(srv.target) as c:
+            per_task, v = c.predict_tasks(wild)
+        assert v == 1  # every refusal kept the version it served
+        np.testing.assert_allclose(np.stack([per_task["click"], per_task["conversion"]], 1), want["wild"],
+                                   atol=1e-6, rtol=0)
+    finally:
+        srv.stop()
+    assert "Traceback" not in "".join(srv.err), "".join(srv.err)
 
 
 def _old_predict_response():

@@ -149,3 +149,45 @@ def test_a_replica_left_behind_does_not_hold_back_every_later_snapshot(group):
     v = publish()
     assert pub.wait_idle(30), "the healthy replica waited give_up_s again for the one left behind"
     assert pub.version == v and served(0)[0] == v and pub.left_behind == [pub.targets[1]]
+
+
+def test_the_export_runs_off_the_callers_thread_and_the_first_snapshot_carries_its_program(cfg, tmp_path,
+                                                                                          monkeypatch):
+    """``prepare`` exports on a thread of its own: the caller goes on (no snapshot is planned meanwhile), and the
+    first snapshot after it carries the same program, bit for bit, as one exported on the first snapshot."""
+    import threading
+
+    import streamrec.snapshot as snapshot
+    from streamrec.snapshot import read_manifest
+
+    trainer = FakeTrainer(cfg, tmp_path)
+    trainer.step()
+
+    def publisher(name: str) -> SnapshotPublisher:
+        return SnapshotPublisher(cfg.model, cfg.store, cfg.serving, tmp_path / name, model_hash=cfg.model_hash(),
+                                 push=False)
+
+    def snap(pub: SnapshotPublisher):
+        out = pub.publish(1, 0, trainer.store, trainer.model, {}, {"auc": 0.5}, trainer.newest_event_ms)
+        return out, read_manifest(out)
+
+    want_dir, want = snap(publisher("unprepared"))  # exported on its first snapshot, on the caller's thread
+    real, started, release = snapshot.export_dense, threading.Event(), threading.Event()
+
+    def slow_export(*args, **kwargs):  # an export that lasts until the test lets it end
+        started.set()
+        assert release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(snapshot, "export_dense", slow_export)
+    pub = publisher("prepared")
+    pub.prepare(trainer.model)  # returns while the export is held: it runs on another thread
+    assert started.wait(30) and pub.exporting
+    assert pub.plan_next() is None and pub.wait_exported(0.05) is False  # no snapshot while it runs
+    release.set()
+    assert pub.wait_exported(60) and not pub.exporting and pub.plan_next() == (True, None, 0)
+    got_dir, got = snap(pub)
+    assert got.program is not None and got.program["sha256"] == want.program["sha256"]
+    assert got.program["probe_logits"] == want.program["probe_logits"]
+    assert (got_dir / got.program["file"]).read_bytes() == (want_dir / want.program["file"]).read_bytes()
+    assert got.files == want.files  # the same snapshot, file for file
