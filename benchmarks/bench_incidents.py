@@ -17,7 +17,7 @@ generator's too; the incident's random draws).
 The ``clean`` drill delivers the stream as it is: every hold there is a false alarm, and the served version's
 lag (events the newest version was trained on that the served one was not, at each push) is what the guard's
 caution costs users on a healthy stream. The incidents, each starting half-way between two pushes and lasting
-``--incident`` events:
+the size's incident stretch (``SIZES``):
 
 - ``labels``: the producer sends every label as 1;
 - ``label_flip``: every label arrives inverted (1 - label);

@@ -228,7 +228,7 @@ def test_broker_bench_runs_tiny_and_reports_its_goal_figures(name, bootstrap):
         assert {g["key"] for g in out["goals"]} == {"join_vs_train_json", "auc_gap_best", "calibration_fake_negative"}
 
 
-def test_incident_drills_deliver_what_they_name_and_served_figures_follow_the_promotions():
+def test_incidents_drills_deliver_what_they_name_and_served_figures_follow_the_promotions():
     """The label flip inverts every label; the misaligned join takes the join's field from the event
     ``MISALIGN_ROWS`` later and leaves the rest alone; the held versions, the lag and the recovery count read
     off which versions were promoted."""
