@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from streamrec.benchmarks.cli import NAMES
@@ -54,7 +55,8 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
                   "auc_gap_best", "calibration_fake_negative", "calibration_fake_negative_naive",
                   "freshness_p50_s_window", "freshness_p99_s_window", "freshness_p50_s_fake_negative",
                   "freshness_p99_s_fake_negative", "state_bytes_per_impression", "goals"]),
-    "incidents": ([], ["served_auc_drop_max", "served_auc_drop_max_unguarded", "pushes_to_hold_max", "drills"]),
+    "incidents": ([], ["clean_versions_held_share", "served_auc_drop_max", "served_auc_drop_max_unguarded",
+                       "pushes_to_hold_max", "recovery_versions_max", "streams", "drills"]),
     "tables": ([], ["synthetic", "movielens", "recommended_admit_min_count", "int8_served_auc_diff",
                     "fp16_served_auc_diff", "int8_table_bytes_ratio", "fp16_table_bytes_ratio", "int8_push_bytes_ratio",
                     "fp16_push_bytes_ratio", "int8_max_score_diff", "dim32", "cap_rows", "auc_cost_cap_lfu",
@@ -155,6 +157,13 @@ def test_bench_runs_tiny_and_reports_its_goal_figures(name, request):
         assert out["device"] == "cpu"
     if name == "quality":
         assert set(out["synthetic"]) >= {"auc_trainer", "auc_reference", "auc_fae", "goals"}
+    if name == "incidents":  # every drill, the clean one too, on both streams; the top-level share is the larger
+        from streamrec.benchmarks.bench_incidents import CLEAN, DRILLS, STREAMS
+
+        assert {(d["stream"], d["drill"]) for d in out["drills"]} == {(s, d) for s in STREAMS for d in (CLEAN, *DRILLS)}
+        shares = [out["streams"][s]["clean_versions_held_share"] for s in STREAMS]
+        assert out["clean_versions_held_share"] == max(shares) and all(0 <= x <= 1 for x in shares)
+        assert all(d["versions_judged"] == d["versions"] - 1 > 0 for d in out["drills"])
 
 
 # a bench's other modes, each with the keys its goals name: (name, arguments, keys)
@@ -217,6 +226,36 @@ def test_broker_bench_runs_tiny_and_reports_its_goal_figures(name, bootstrap):
         assert out["join_examples"] > out["join_impressions"] > 0 and out["join_events_per_s"] > 0
         assert out["freshness_p50_s_fake_negative"] < out["freshness_p50_s_window"]
         assert {g["key"] for g in out["goals"]} == {"join_vs_train_json", "auc_gap_best", "calibration_fake_negative"}
+
+
+def test_incidents_drills_deliver_what_they_name_and_served_figures_follow_the_promotions():
+    """The label flip inverts every label; the misaligned join takes the join's field from the event
+    ``MISALIGN_ROWS`` later and leaves the rest alone; the held versions, the lag and the recovery count read
+    off which versions were promoted."""
+    from streamrec.benchmarks.bench_incidents import MISALIGN_FIELD, MISALIGN_ROWS, _corrupt, _served_figures
+    from streamrec.foundation import EventBatch, JaggedIds
+
+    n = 3 * MISALIGN_ROWS
+    rng = np.random.default_rng(0)
+    ids = {f: JaggedIds(rng.integers(1, 10**6, n), np.arange(n + 1)) for f in ("user", MISALIGN_FIELD)}
+    events = EventBatch(np.arange(n), (rng.random(n) < 0.55).astype(np.float32), rng.random((n, 1), np.float32), ids)
+    rows, labels = np.arange(10, 20), events.labels.copy()
+    flip = _corrupt(events, rows, "label_flip", rng)
+    assert np.array_equal(flip.labels, 1 - labels[rows]) and np.array_equal(events.labels, labels)  # a copy
+    join = _corrupt(events, rows, "misaligned_join", rng)
+    assert np.array_equal(join.sparse[MISALIGN_FIELD].values, events.sparse[MISALIGN_FIELD].values[rows + MISALIGN_ROWS])
+    assert np.array_equal(join.sparse["user"].values, events.sparse["user"].values[rows])
+    assert np.array_equal(join.labels, events.labels[rows]) and np.array_equal(join.dense, events.dense[rows])
+
+    # versions of 100 events; the stream is clean from event 300; versions 4 and 5 beat the served one (v1)
+    aucs = [0.70, 0.71, 0.60, 0.65, 0.72, 0.73, 0.74]
+    pushes = [(100 * i, 100 * (i + 1), {}, auc) for i, auc in enumerate(aucs)]
+    f = _served_figures(pushes, [0, 1, 5, 6], end=300)
+    assert (f["versions_held"], f["versions_judged"]) == (3, 6)
+    assert f["served_lag_events_max"] == 300 and f["served_lag_events_mean"] == pytest.approx(600 / 7)
+    assert (f["recovery_versions"], f["recovered"]) == (1, True)  # v4 installed, v5 served
+    f = _served_figures(pushes, [0, 1], end=300)
+    assert (f["recovery_versions"], f["recovered"]) == (3, False)  # v4..v6 installed, none served
 
 
 def test_device_option_resolves_and_refuses_a_missing_device():
