@@ -44,7 +44,7 @@ def test_resume_uses_the_configured_hot_budget_not_the_checkpoints(tmp_path):
     store.checkpoint(str(ckpt / "store"))
     store.close()
     cfg.hot.budget_rows = 50
-    store = open_store(cfg, torch.device("cpu"), ckpt)
+    store = open_store(trainer_settings(cfg), torch.device("cpu"), ckpt)
     try:
         core = TrainerCore(cfg.model, cfg.trainer, store, torch.device("cpu"), store_cfg=cfg.store, join=cfg.join)
         core.apply_hot_set(2, {"user": np.arange(30), "item": np.arange(20)})

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from streamrec.app.wiring import trainer_settings
 from streamrec.embedding_store import EmbeddingStore, StoreMismatchError
 from streamrec.foundation import EventBatch, JaggedIds, hot_budget, hot_row_bytes
 from streamrec.foundation.model_config import FieldSpec
@@ -129,17 +130,17 @@ def test_restoring_a_checkpoint_of_another_width_is_refused_naming_the_table(tmp
     torch.save({}, ck / "dense.pt")
     narrow = shared_config(tmp_path, user_dim=8)
     with pytest.raises(StoreMismatchError) as e:
-        open_store(narrow, CPU, ck)
+        open_store(trainer_settings(narrow), CPU, ck)
     msg = str(e.value)
     assert "\n" not in msg and "table 'user' has dim 16 in the checkpoint, the config asks for dim 8" in msg
     assert "item" not in msg  # only the table that differs is named
     # the config's fault, not the checkpoint's: resume stops with the error and keeps the checkpoint
     refused: list[str] = []
     with pytest.raises(StoreMismatchError, match="table 'user' has dim 16"):
-        restore_point(lambda at: open_store(narrow, CPU, at), narrow.store.path, str(tmp_path / "ckpt"), refused)
+        restore_point(lambda at: open_store(trainer_settings(narrow), CPU, at), narrow.store.path, str(tmp_path / "ckpt"), refused)
     assert ck.exists() and not list((tmp_path / "ckpt").glob("corrupt-*")) and refused == []
     # the width it was written with restores it
-    back = open_store(wide, CPU, ck)
+    back = open_store(trainer_settings(wide), CPU, ck)
     try:
         assert back.tables["user"].dim == 16
     finally:
