@@ -39,6 +39,14 @@ first version as before: an incident's differences are many standard errors wide
 older trainer (no positive count, no logloss variance) has its counts derived from its label rate and its
 logloss judged on the margin alone.
 
+A real stream's windows also differ by what they hold (which users, which items), beyond sampling: the
+guard keeps the last ``SPREAD_WINDOWS`` judged windows' AUC and logloss differences from their histories
+(held windows too, else the bound that holds them would hide the spread it should learn) and, once
+``SPREAD_VERSIONS`` are in, uses their robust standard deviation (1.4826 median absolute difference, which
+an incident covering fewer than half of them barely moves) where it is wider than the window's sampling
+error. A smooth stream keeps its tight sampling bounds; a bursty one is judged against how much its
+windows vary; the golden set and the input and label checks do not widen with it.
+
 The label and score checks read the since-previous window when it holds at least ``min_events`` labelled
 events, else the trainer's longer window; with fewer than that in both they are skipped (a trainer that has
 just started). The histories are exponentially weighted averages (``history_weight`` per version; an input
@@ -94,12 +102,36 @@ class History:
     empty: dict = field(default_factory=dict)
     novel: dict = field(default_factory=dict)
     promoted: int = 0  # versions folded in since the last reset
+    # the last judged windows' differences from the history (SPREAD_WINDOWS of them): how much a real stream's
+    # windows differ beyond sampling (which users, which items a window holds)
+    auc_devs: list = field(default_factory=list)
+    logloss_devs: list = field(default_factory=list)
 
 
 def _ewma(old, new, w: float):
     if new is None:
         return old
     return float(new) if old is None else float((1 - w) * old + w * new)
+
+
+SPREAD_WINDOWS = 30  # judged windows whose differences from the history give the spread
+SPREAD_VERSIONS = 8  # windows the spread needs before the checks use it; before that, sampling error alone
+
+
+def _note(devs: list, value, base) -> None:
+    """Keep ``value - base`` among the last ``SPREAD_WINDOWS`` differences."""
+    if value is not None and base is not None:
+        devs.append(float(value) - float(base))
+        del devs[:-SPREAD_WINDOWS]
+
+
+def _spread(devs: list) -> float:
+    """A robust standard deviation of ``devs`` (1.4826 median absolute differences: an incident in fewer than
+    half of the windows barely moves it); 0 until ``SPREAD_VERSIONS`` are known."""
+    if len(devs) < SPREAD_VERSIONS:
+        return 0.0
+    d = sorted(abs(x) for x in devs)
+    return 1.4826 * d[len(d) // 2]
 
 
 DOWN_WEIGHT = 0.5  # an input share's history follows a fall this fast (a rise at history_weight)
@@ -196,6 +228,7 @@ class Guard:
                                              f"{g.calibration_max:g}]"))
         if ll is not None and h.logloss is not None:
             se = mean_se(w.logloss_var, n) * hist_noise if w.logloss_var is not None else 0.0
+            se = max(se, _spread(h.logloss_devs))
             allowed = self._allowed(h.logloss * g.logloss_margin, se)
             if ll - h.logloss > allowed:
                 fails.append(("logloss", f"logloss {ll:.4f} > history {h.logloss:.4f} + {allowed:.4f} (margin "
@@ -203,6 +236,7 @@ class Guard:
         counts = w.labelled
         if w.auc is not None and h.auc is not None:
             se = auc_se(h.auc, *counts) * hist_noise if counts else 0.0
+            se = max(se, _spread(h.auc_devs))
             allowed = self._allowed(g.auc_margin, se)
             if h.auc - w.auc > allowed:
                 fails.append(("auc", f"AUC {w.auc:.4f} < history {h.auc:.4f} - {allowed:.4f} (margin "
@@ -226,8 +260,15 @@ class Guard:
         return fails
 
     def decide(self, ev: Mapping[str, Any] | None, golden: GoldenComparison | None = None) -> Verdict:
-        """``judge``, with recovery after a hold (see the module docstring): the verdict serving acts on."""
-        v = self.judge(ev, golden)
+        """``judge``, with recovery after a hold (see the module docstring): the verdict serving acts on. A
+        version it holds has its window's differences kept for the spread (a promoted one's: ``promoted``)."""
+        v = self._recovering(self.judge(ev, golden))
+        held = read_evidence(ev) if not v.ok and ev is not None else None
+        if held is not None:
+            self._note_spread(self._figures(held))
+        return v
+
+    def _recovering(self, v: Verdict) -> Verdict:
         if not v.ok:
             self.passing = 0
             return v
@@ -241,6 +282,11 @@ class Guard:
         self.passing = None
         return v
 
+    def _note_spread(self, w: Figures | None) -> None:
+        if w is not None:
+            _note(self.history.auc_devs, w.auc, self.history.auc)
+            _note(self.history.logloss_devs, w.logloss, self.history.logloss)
+
     def promoted(self, block: Mapping[str, Any] | None) -> None:
         """Fold a promoted version's evidence block into the histories."""
         ev = read_evidence(block)
@@ -249,6 +295,7 @@ class Guard:
         h, wt = self.history, (1.0 if self.history.promoted == 0 else float(self.cfg.history_weight))
         w = self._figures(ev)
         if w is not None:
+            self._note_spread(w)
             h.logloss = _ewma(h.logloss, w.logloss, wt)
             h.auc = _ewma(h.auc, w.auc, wt)
             h.label_rate = _ewma(h.label_rate, w.label_rate, wt)
@@ -272,13 +319,16 @@ class Guard:
         h = self.history
         return {"logloss": h.logloss, "auc": h.auc, "label_rate": h.label_rate, "dense_zero": h.dense_zero,
                 "dense_cols": list(h.dense_cols), "empty": dict(h.empty), "novel": dict(h.novel),
-                "promoted": h.promoted, "passing": self.passing}
+                "promoted": h.promoted, "passing": self.passing, "auc_devs": list(h.auc_devs),
+                "logloss_devs": list(h.logloss_devs)}
 
     def load_state(self, d: dict[str, Any]) -> None:
         try:
             self.history = History(d.get("logloss"), d.get("auc"), d.get("label_rate"), d.get("dense_zero"),
                                    list(d.get("dense_cols") or []), dict(d.get("empty") or {}),
-                                   dict(d.get("novel") or {}), int(d.get("promoted", 0)))
+                                   dict(d.get("novel") or {}), int(d.get("promoted", 0)),
+                                   [float(x) for x in d.get("auc_devs") or []][-SPREAD_WINDOWS:],
+                                   [float(x) for x in d.get("logloss_devs") or []][-SPREAD_WINDOWS:])
             self.passing = None if d.get("passing") is None else int(d["passing"])
         except (TypeError, ValueError, AttributeError):
             self.history = History()

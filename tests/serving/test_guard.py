@@ -210,6 +210,27 @@ def test_a_dip_within_the_windows_sampling_error_passes_and_an_incident_still_ho
     assert g.judge(make_evidence(older, older, records=2000)).reason == "auc"  # an older trainer's block
 
 
+def test_a_bursty_streams_spread_widens_its_bounds_and_a_smooth_one_keeps_them():
+    """Windows whose AUC varies by about 0.05 (a real stream's windows hold different users) make a dip of
+    0.07 pass; on windows that agree to 0.002 the same dip is held, and a damaged ranking is held on both."""
+    rng = np.random.default_rng(1)
+    bursty, smooth = _guard(), _guard()
+    for g, sd in ((bursty, 0.05), (smooth, 0.002)):
+        for _ in range(30):
+            ev = _ev(auc=0.75 + rng.normal(0, sd))
+            if g.decide(ev).ok:
+                g.promoted(ev)
+    base = bursty.history.auc
+    assert bursty.judge(_ev(auc=base - 0.07)).ok, bursty.judge(_ev(auc=base - 0.07)).detail
+    assert smooth.judge(_ev(auc=smooth.history.auc - 0.07)).reason == "auc"
+    for g in (bursty, smooth):
+        assert g.judge(_ev(auc=g.history.auc - 0.3)).reason == "auc"
+    state = bursty.state()
+    again = _guard()
+    again.load_state(state)
+    assert again.history.auc_devs == bursty.history.auc_devs and len(again.history.auc_devs) == 29  # the first has no history
+
+
 def _sample(n, rng):
     """Labelled events whose first dense feature predicts the label; the second is noise."""
     y = (rng.random(n) < 0.4).astype(int)
