@@ -42,29 +42,47 @@ def test_the_harness_removes_every_namespace_link_and_process_even_when_a_test_f
     assert not any(n in _namespaces() for n in names)
 
 
+LOSSES = (("kill", 0.1), ("cut", 0.5), ("kill", 0.9))  # (how, phase of the checkpoint interval)
+
+
+def _lose_a_host(root, how: str, phase: float, benches: list) -> dict:
+    """One host-loss run on a simulated cluster of its own (its broker, backlog and hosts), closed after it."""
+    from streamrec.benchmarks.bench_cluster import ClusterBench
+
+    b = ClusterBench(root, 2, 60_000)
+    benches.append(b)
+    try:
+        # 10 Mbit/s links: the group trains long enough for a loss late in its first interval
+        return b.host_loss(how, phase, group_timeout_s=5.0, mbit=10, idle_exit_s=3.0)
+    finally:
+        b.close()
+
+
 @needs_netns
 @pytest.mark.timeout(900)
 def test_a_trainer_host_lost_at_three_points_of_a_checkpoint_cycle_loses_nothing_and_serving_answers(tmp_path):
     """A 2-host group (elastic, torchrun on each host as on separate machines) loses its second host 10%, 50%
     and 90% into a checkpoint interval (killed, cut, killed): the first host goes on as a group of one from the
     last complete checkpoint, every record ends consumed by the final checkpoint, what is trained twice stays
-    within one interval, and serving on the broker's host answers Predict throughout with newer versions."""
-    from streamrec.benchmarks.bench_cluster import ClusterBench
+    within one interval, and serving on the broker's host answers Predict throughout with newer versions.
+    The three losses run at once, each on a cluster of its own: most of a run is waiting (on a 10 Mbit/s
+    link, on a lost host's timeout, on the idle exit), not computing."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    b = ClusterBench(tmp_path, 2, 60_000)
-    try:
-        for how, phase in (("kill", 0.1), ("cut", 0.5), ("kill", 0.9)):
-            # 10 Mbit/s links: the group trains long enough for a loss late in its first interval
-            x = b.host_loss(how, phase, group_timeout_s=5.0, mbit=10, idle_exit_s=3.0)
-            where = f"{how} at {phase:.0%}: {x}; logs in {tmp_path / 'hosts'}"
-            assert not x["after_end"], "the loss came after the last event: " + where
-            assert x["detect_s"] is not None and x["detect_s"] <= 30, where
-            assert x["recover_s"] is not None and x["recover_s"] >= x["detect_s"], where
-            assert x["events_lost"] == 0, where
-            assert x["events_duplicated"] is not None and x["events_duplicated"] <= x["duplicates_bound"], where
-            assert x["predict_ok"] > 0 and x["predict_failed"] == 0, where
-            first, last = x["served_versions"]
-            assert last > first, where  # the smaller group's snapshots reached serving
-    finally:
-        b.close()
-    assert not any(h.ns in _namespaces() for h in b.cluster.hosts)
+    benches: list = []
+    with ThreadPoolExecutor(len(LOSSES)) as pool:
+        runs = {(how, phase): pool.submit(_lose_a_host, tmp_path / f"{how}-{int(phase * 100)}", how, phase, benches)
+                for how, phase in LOSSES}
+    for (how, phase), run in runs.items():
+        x = run.result()
+        where = f"{how} at {phase:.0%}: {x}; logs in {tmp_path / f'{how}-{int(phase * 100)}' / 'hosts'}"
+        assert not x["after_end"], "the loss came after the last event: " + where
+        assert x["detect_s"] is not None and x["detect_s"] <= 30, where
+        assert x["recover_s"] is not None and x["recover_s"] >= x["detect_s"], where
+        assert x["events_lost"] == 0, where
+        assert x["events_duplicated"] is not None and x["events_duplicated"] <= x["duplicates_bound"], where
+        assert x["predict_ok"] > 0 and x["predict_failed"] == 0, where
+        first, last = x["served_versions"]
+        assert last > first, where  # the smaller group's snapshots reached serving
+    assert len(benches) == len(LOSSES)
+    assert not any(h.ns in _namespaces() for b in benches for h in b.cluster.hosts)

@@ -13,6 +13,21 @@ from pathlib import Path
 
 
 def parse(path: Path) -> ast.Module:
+    """The module's tree, parsed once per test process while the file is unchanged (several project tests walk
+    every production file): callers read the tree and never change it."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (p, st.st_mtime_ns, st.st_size)
+    tree = _TREES.get(key)
+    if tree is None:
+        tree = _TREES[key] = _parse(p)
+    return tree
+
+
+_TREES: dict[tuple[Path, int, int], ast.Module] = {}
+
+
+def _parse(path: Path) -> ast.Module:
     text = Path(path).read_text(encoding="utf-8")
     for attempt in range(5):
         try:

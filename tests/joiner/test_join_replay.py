@@ -5,9 +5,11 @@ never wall time or how the two topics happened to interleave."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -19,21 +21,22 @@ from tests.sketch.test_sketch_worker import stop, write_config
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
 
 
-def _run_until(cfg, bootstrap, tmp_path, name: str, want_total: int, r, feed=None):
+def _start(cfg, bootstrap, tmp_path, name: str) -> tuple[subprocess.Popen, Path]:
+    """A joiner process for ``cfg`` (its config written to a file of its own, its log ``<name>.log``)."""
     config = write_config(cfg, tmp_path / f"{name}.toml")
     log = tmp_path / f"{name}.log"
     proc = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-    try:
-        if feed is not None:
-            feed()
-        wait_until(lambda: sum(examples(bootstrap, cfg, r).values()) >= want_total or proc.poll() is not None,
-                   120, f"the {name} joiner's examples", interval=1.0)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        time.sleep(1.0)  # nothing more comes: a doubled example would show now
-        return examples(bootstrap, cfg, r)
-    finally:
-        stop(proc)
+    return proc, log
+
+
+def _examples_once_complete(cfg, bootstrap, proc, log, name: str, want_total: int, r):
+    """The examples of ``cfg``'s output once ``want_total`` have arrived and nothing more came for 1 s."""
+    wait_until(lambda: sum(examples(bootstrap, cfg, r).values()) >= want_total or proc.poll() is not None,
+               120, f"the {name} joiner's examples", interval=1.0)
+    assert proc.poll() is None, log.read_text()[-3000:]
+    time.sleep(1.0)  # nothing more comes: a doubled example would show now
+    return examples(bootstrap, cfg, r)
 
 
 @pytest.mark.parametrize("mode", ["fake_negative"])  # its examples depend on the most: both kinds, both topics
@@ -53,12 +56,23 @@ def test_a_replay_from_the_start_writes_what_the_live_run_wrote(topics, bootstra
             time.sleep(0.3)
             produce(bootstrap, cfg, chunk(imps, k), chunk(acts, k + 2) if k + 2 < 5 else none)
 
-    live = _run_until(cfg, bootstrap, tmp_path, "live", sum(want.values()), r, feed_live)
-    assert live == want
-
-    s = uuid.uuid4().hex[:8]
-    cfg.join.group, cfg.join.state_dir = f"replay-{s}", str(tmp_path / "replay")
-    cfg.kafka.events_topic = f"events-replay-{s}"
-    ensure_topics(bootstrap, [TopicSpec(cfg.kafka.events_topic, P)])
-    replay = _run_until(cfg, bootstrap, tmp_path, "replay", sum(want.values()), r)
-    assert replay == live
+    live_proc, live_log = _start(cfg, bootstrap, tmp_path, "live")
+    replay_proc = None
+    try:
+        feed_live()
+        # every record is in both topics now: the replay starts (from the start of both) while the live run finishes
+        replay_cfg = copy.deepcopy(cfg)
+        s = uuid.uuid4().hex[:8]
+        replay_cfg.join.group, replay_cfg.join.state_dir = f"replay-{s}", str(tmp_path / "replay")
+        replay_cfg.kafka.events_topic = f"events-replay-{s}"
+        ensure_topics(bootstrap, [TopicSpec(replay_cfg.kafka.events_topic, P)])
+        replay_proc, replay_log = _start(replay_cfg, bootstrap, tmp_path, "replay")
+        live = _examples_once_complete(cfg, bootstrap, live_proc, live_log, "live", sum(want.values()), r)
+        assert live == want
+        replay = _examples_once_complete(replay_cfg, bootstrap, replay_proc, replay_log, "replay",
+                                         sum(want.values()), r)
+        assert replay == live
+    finally:
+        stop(live_proc)
+        if replay_proc is not None:
+            stop(replay_proc)

@@ -20,10 +20,14 @@ import pytest
 from streamrec.ingest import EventProducer, EventSchema, SyntheticStream
 from streamrec.sketch import HotSetFollower, latest_hotset
 from streamrec.sketch.app import changelog_topic
+from tests.conftest import small_config, with_fresh_topics
+from tests.helpers.scenarios import Scenarios, selected_scenarios
 from tests.helpers.sketch import end_offsets, snapshot_offsets
 from tests.helpers.waiting import wait_until
 
-pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
+# the module's worker scenarios run side by side on one xdist worker (tests/helpers/scenarios.py)
+pytestmark = [pytest.mark.broker, pytest.mark.subprocess, pytest.mark.xdist_group("sketch-worker"),
+              pytest.mark.timeout(600)]
 
 STREAMREC = str(Path(sys.executable).with_name("streamrec"))
 
@@ -97,7 +101,7 @@ def _wait_snapshots_at_end(cfg, bootstrap, timeout: float = 60.0) -> None:
                f"every partition's sketch snapshot at the end of {cfg.kafka.events_topic} ({ends})", interval=0.5)
 
 
-def test_worker_publishes_hottest_ids_and_resumes_after_kill(topics, bootstrap, tmp_path):
+def _worker_publishes_hottest_ids_and_resumes_after_kill(topics, bootstrap, tmp_path):
     cfg = topics
     cfg.sketch.publish_interval_s = 1.0
     cfg.sketch.checkpoint_interval_s = 0.5
@@ -156,7 +160,7 @@ def test_worker_publishes_hottest_ids_and_resumes_after_kill(topics, bootstrap, 
     assert proc.returncode is not None
 
 
-def test_a_restarted_worker_publishes_every_partitions_restored_counts(topics, bootstrap, tmp_path):
+def _a_restarted_worker_publishes_every_partitions_restored_counts(topics, bootstrap, tmp_path):
     """A restarted worker restores every partition's snapshot at once, not when the partition's next record
     arrives: its first hot set counts the events of all partitions, also those with no new records."""
     import signal
@@ -203,7 +207,7 @@ def test_a_restarted_worker_publishes_every_partitions_restored_counts(topics, b
     assert exited, "worker ignored SIGTERM"
 
 
-def test_a_record_that_kills_the_worker_is_skipped_by_the_next_start(topics, bootstrap, tmp_path):
+def _a_record_that_kills_the_worker_is_skipped_by_the_next_start(topics, bootstrap, tmp_path):
     """A record that segfaults the worker while it is counted (a sitecustomize hook stands in for a
     native decoder bug) is skipped by the restarted worker instead of killing it again."""
     import json
@@ -238,7 +242,7 @@ def test_a_record_that_kills_the_worker_is_skipped_by_the_next_start(topics, boo
         follower.close()
 
 
-def test_two_workers_publish_the_global_hot_set(topics, bootstrap, tmp_path):
+def _two_workers_publish_the_global_hot_set(topics, bootstrap, tmp_path):
     """Two workers of one app split the partitions; the one holding partition 0 publishes the hot set of all
     of them (its own partitions live, the other's from the table's changelog): its top ids match what one
     worker reading everything chooses (recall >= 0.99), and it counts every event."""
@@ -290,3 +294,41 @@ def test_two_workers_publish_the_global_hot_set(topics, bootstrap, tmp_path):
         for p in procs:
             stop(p, signal.SIGTERM)
         follower.close()
+
+
+SCENARIOS = {
+    "worker_publishes_hottest_ids_and_resumes_after_kill": _worker_publishes_hottest_ids_and_resumes_after_kill,
+    "a_restarted_worker_publishes_every_partitions_restored_counts":
+        _a_restarted_worker_publishes_every_partitions_restored_counts,
+    "a_record_that_kills_the_worker_is_skipped_by_the_next_start":
+        _a_record_that_kills_the_worker_is_skipped_by_the_next_start,
+    "two_workers_publish_the_global_hot_set": _two_workers_publish_the_global_hot_set,
+}
+
+
+@pytest.fixture(scope="module")
+def worker_runs(bootstrap, tmp_path_factory, request):
+    """The scenarios of the module's selected tests, started at once, each on topics and a directory of its own;
+    a test waits for its own."""
+    names = selected_scenarios(request, lambda item: item.originalname.removeprefix("test_"))
+    with Scenarios() as runs:
+        for name in sorted(names & SCENARIOS.keys()):
+            root = tmp_path_factory.mktemp(name[:40])
+            runs.start(name, SCENARIOS[name], with_fresh_topics(small_config(root), bootstrap), bootstrap, root)
+        yield runs
+
+
+def test_worker_publishes_hottest_ids_and_resumes_after_kill(worker_runs):
+    worker_runs.result("worker_publishes_hottest_ids_and_resumes_after_kill")
+
+
+def test_a_restarted_worker_publishes_every_partitions_restored_counts(worker_runs):
+    worker_runs.result("a_restarted_worker_publishes_every_partitions_restored_counts")
+
+
+def test_a_record_that_kills_the_worker_is_skipped_by_the_next_start(worker_runs):
+    worker_runs.result("a_record_that_kills_the_worker_is_skipped_by_the_next_start")
+
+
+def test_two_workers_publish_the_global_hot_set(worker_runs):
+    worker_runs.result("two_workers_publish_the_global_hot_set")
