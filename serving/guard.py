@@ -44,8 +44,10 @@ guard keeps the last ``SPREAD_WINDOWS`` judged windows' AUC and logloss differen
 (held windows too, else the bound that holds them would hide the spread it should learn) and, once
 ``SPREAD_VERSIONS`` are in, uses their robust standard deviation (1.4826 median absolute difference, which
 an incident covering fewer than half of them barely moves) where it is wider than the window's sampling
-error. A smooth stream keeps its tight sampling bounds; a bursty one is judged against how much its
-windows vary; the golden set and the input and label checks do not widen with it.
+error, up to ``SPREAD_CAP`` times that error: a stream's spread may be inflated by a slow incident (a
+misaligned join degrades a model gradually), and the cap keeps such an incident above the bound. A smooth
+stream keeps its tight sampling bounds; a bursty one is judged against how much its windows vary; the
+golden set and the input and label checks do not widen with it.
 
 The label and score checks read the since-previous window when it holds at least ``min_events`` labelled
 events, else the trainer's longer window; with fewer than that in both they are skipped (a trainer that has
@@ -116,6 +118,7 @@ def _ewma(old, new, w: float):
 
 SPREAD_WINDOWS = 30  # judged windows whose differences from the history give the spread
 SPREAD_VERSIONS = 8  # windows the spread needs before the checks use it; before that, sampling error alone
+SPREAD_CAP = 2.0  # the spread widens a check to at most this many times the window's sampling error
 
 
 def _note(devs: list, value, base) -> None:
@@ -228,7 +231,7 @@ class Guard:
                                              f"{g.calibration_max:g}]"))
         if ll is not None and h.logloss is not None:
             se = mean_se(w.logloss_var, n) * hist_noise if w.logloss_var is not None else 0.0
-            se = max(se, _spread(h.logloss_devs))
+            se = max(se, min(_spread(h.logloss_devs), SPREAD_CAP * se))
             allowed = self._allowed(h.logloss * g.logloss_margin, se)
             if ll - h.logloss > allowed:
                 fails.append(("logloss", f"logloss {ll:.4f} > history {h.logloss:.4f} + {allowed:.4f} (margin "
@@ -236,7 +239,7 @@ class Guard:
         counts = w.labelled
         if w.auc is not None and h.auc is not None:
             se = auc_se(h.auc, *counts) * hist_noise if counts else 0.0
-            se = max(se, _spread(h.auc_devs))
+            se = max(se, min(_spread(h.auc_devs), SPREAD_CAP * se))
             allowed = self._allowed(g.auc_margin, se)
             if h.auc - w.auc > allowed:
                 fails.append(("auc", f"AUC {w.auc:.4f} < history {h.auc:.4f} - {allowed:.4f} (margin "
