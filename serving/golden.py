@@ -33,7 +33,7 @@ from .noise import mean_se, paired_auc
 
 log = logging.getLogger("streamrec.serving")
 
-MIN_EVENTS = 500  # a golden set smaller than this is not compared (its figures would be mostly noise)
+MIN_EVENTS = 1000  # a golden set smaller than this is not compared (its figures would be mostly noise)
 EPS = 1e-7
 
 Predict = Callable[[EventBatch], np.ndarray]

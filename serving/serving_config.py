@@ -53,7 +53,7 @@ class GuardConfig:
     settle_s: float = 60.0  # a version that passes and stays the newest this long is promoted though fewer than recovery_versions passed in a row (0 = never)
     golden_events: int = 2000  # labelled events of promoted versions' evidence samples kept to score each candidate against the promoted version (0 = no golden set)
     golden_auc_margin: float = 0.02  # hold a candidate whose AUC on the golden set is more than this below the promoted version's (and more than z standard errors of the paired difference)
-    golden_logloss_margin: float = 0.05  # hold a candidate whose logloss on the golden set is more than this share above the promoted version's (and more than z standard errors)
+    golden_logloss_margin: float = 0.1  # hold a candidate whose logloss on the golden set is more than this share above the promoted version's (and more than z standard errors)
 
 
     def __post_init__(self) -> None:

@@ -103,11 +103,10 @@ class SnapshotPublisher:
                  model_hash: str, targets: Sequence[str] = (), push: bool = True, full_every: int = 10,
                  keep: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 30.0, give_up_s: float = 120.0,
                  pusher_factory: PusherFactory | None = None, version_file: str | Path | None = None):
-        """``model``, ``store``: the sections each manifest records; ``serving``: the rows' precision and the
-        model line; ``model_hash``: the config's (``Config.model_hash``); ``targets``: where pushes go
-        (``Config.push_targets``)."""
+        """``model``, ``store``: the sections each manifest records; ``serving``: the rows' precision and model
+        line; ``model_hash``: ``ModelConfig.model_hash``; ``targets``: where pushes go."""
         if push and pusher_factory is None:
-            raise ValueError("pushing snapshots needs a pusher_factory (e.g. streamrec.serving.SnapshotPusher.factory(cfg))")
+            raise ValueError("pushing snapshots needs a pusher_factory (e.g. SnapshotPusher.factory(serving_section))")
         self.pusher_factory = pusher_factory
         self.model_cfg, self.store_cfg, self.serving_cfg, self.model_hash = model, store, serving, model_hash
         self.out_dir = Path(out_dir)
@@ -282,12 +281,10 @@ class SnapshotPublisher:
     @property
     def exporting(self) -> bool:
         """The export :meth:`prepare` started is still running."""
-        t = self._exporting
-        return t is not None and t.is_alive()
+        return self._exporting is not None and self._exporting.is_alive()
 
     def wait_exported(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for the export :meth:`prepare` started; False (logged) when it is still
-        running, so no snapshot can be built yet."""
+        """Wait up to ``timeout`` s for :meth:`prepare`'s export; False (logged) while it still runs."""
         t = self._exporting
         if t is not None:
             t.join(timeout)
