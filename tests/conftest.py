@@ -194,3 +194,23 @@ def pytest_runtest_makereport(item, call):
             rep.longrepr = f"{item.nodeid} started a child process ({', '.join(started)}) but is not marked subprocess"
         started.clear()  # reported once, in the phase that started it
     return rep
+
+
+@pytest.fixture(autouse=True)
+def _root_log_handlers_restored():
+    """A test that sets up the CLI's logging in this process (``setup_logging``) leaves handlers on the root logger
+    whose streams pytest closes after the test; a later test's log records would then fail on them ("I/O
+    operation on closed file", written to stderr). Each test ends with the root logger's handlers and level as
+    it found them."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in root.handlers[:]:
+        if h not in handlers:
+            root.removeHandler(h)
+    for h in handlers:  # setup_logging removes the handlers it finds: pytest's own come back
+        if h not in root.handlers:
+            root.addHandler(h)
+    root.setLevel(level)

@@ -105,8 +105,6 @@ class TrainerService(TrainerReporting):
                                            give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
                                            version_file=Path(t.checkpoint_dir) / VERSION_FILE,
                                            ) if t.snapshot_every > 0 else None
-        if self.publisher is not None:
-            self.publisher.prepare(self.core.model)  # exported on a thread of its own, off the poll loop
         # the quality evidence each snapshot carries (trainer/evidence.py): on the process that publishes
         self.evidence = collector_for(settings.model, t.metrics_window, self.core) \
             if self.publisher is not None and self.rank == 0 else None

@@ -31,11 +31,10 @@ the dropped one's rows too; when others took it, the refusing replica is left be
 Every snapshot carries the dense network as an exported program (``streamrec.snapshot.export_dense``), so
 serving scores it without importing the model's code. The model is exported once per publisher (the graph
 does not hold the weights); a full snapshot writes the program's files, a delta names the same program.
-The export may take seconds, so a trainer starts it ahead, on a thread of its own
-(:meth:`SnapshotPublisher.prepare`), and its poll loop never waits for it: :meth:`~SnapshotPublisher.plan_next`
-plans no snapshot while it runs, so the first snapshot is built when it is done, with the program; a stop
-waits for it (:meth:`~SnapshotPublisher.wait_exported`). A publisher nobody prepared exports on the first
-snapshot.
+The trainer exports on its first snapshot. A caller may start the export ahead on a thread of its own
+(:meth:`SnapshotPublisher.prepare`): :meth:`~SnapshotPublisher.plan_next` then plans no snapshot while it runs,
+so the first snapshot is built when it is done, with the program, and a stop waits for it
+(:meth:`~SnapshotPublisher.wait_exported`).
 Before each snapshot is written the program, with that snapshot's weights, must give the module's logits
 on the probe batch bit for bit; those logits go into the manifest, and serving checks the program against
 them. A model that cannot be exported (or whose program scores differently) is logged as one error line and

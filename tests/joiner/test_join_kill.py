@@ -87,7 +87,10 @@ def _kill_matrix(cfg, bootstrap, root, r: JoinRules, want: Counter, points: list
     codes = _kill_runs(points, config, bootstrap, log)
     assert sum(c == -signal.SIGKILL for c in codes) == len(points)
     mid = examples(bootstrap, cfg, r)
-    assert 0 < sum(mid.values()) < sum(want.values()), "the kills left work for the last run"
+    # the kills fell inside the run (each point's line is in the log: _kill_runs); whether a killed batch's
+    # examples are visible on the topic yet depends on timing, so only "work was left" is asserted here, and the
+    # final run's exact equality is what proves nothing lost or doubled
+    assert sum(mid.values()) < sum(want.values()), "the kills left no work for the last run"
     got = _final_run(config, bootstrap, log, lambda: examples(bootstrap, cfg, r), want)
     assert got == want, (f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}; "
                          f"{sorted(got - want)} log:\n{log.read_text()[-3000:]}")
