@@ -47,6 +47,7 @@ def test_incident_drill(topics, tmp_path, bootstrap, drill):
     t.push_snapshots = True
     cfg.serving.push_every_s = 0.3
     cfg.serving.push_token = "tok"
+    cfg.serving.guard.settle_s = 5.0  # the stream ends after the drill: a passing head left short of the count settles
     cfg.serving.data_dir = str(tmp_path / "serving")
     server = serve(server_settings(cfg), device="cpu", port=0)
     cfg.serving.push_targets = server.target
