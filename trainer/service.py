@@ -402,7 +402,6 @@ class TrainerService(TrainerReporting):
         pub = self.publisher
         if pub is None:
             return False
-        pub.wait_exported(self._final_wait_s())  # a run shorter than the model's export: its first snapshot is this one
         if not pub.wait_idle(self._final_wait_s(), until_failure=True):
             return False
         return self.trained_events != self._pushed_events or not pub.holds(self._pushed_version)

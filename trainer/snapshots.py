@@ -31,10 +31,7 @@ the dropped one's rows too; when others took it, the refusing replica is left be
 Every snapshot carries the dense network as an exported program (``streamrec.snapshot.export_dense``), so
 serving scores it without importing the model's code. The model is exported once per publisher (the graph
 does not hold the weights); a full snapshot writes the program's files, a delta names the same program.
-The trainer exports on its first snapshot. A caller may start the export ahead on a thread of its own
-(:meth:`SnapshotPublisher.prepare`): :meth:`~SnapshotPublisher.plan_next` then plans no snapshot while it runs,
-so the first snapshot is built when it is done, with the program, and a stop waits for it
-(:meth:`~SnapshotPublisher.wait_exported`).
+The export happens on the first snapshot.
 Before each snapshot is written the program, with that snapshot's weights, must give the module's logits
 on the probe batch bit for bit; those logits go into the manifest, and serving checks the program against
 them. A model that cannot be exported (or whose program scores differently) is logged as one error line and
@@ -131,7 +128,6 @@ class SnapshotPublisher:
         self.version_file = Path(version_file) if version_file else None
         self._served_floor = 0  # the newest version a replica said it serves when it refused ours as not newer
         self._exported = None  # (ExportedDense, its loaded program module), built on the first snapshot
-        self._exporting: threading.Thread | None = None  # the export started by prepare()
         self.program_error = ""  # why the model has no exported program ("" = it has one, or none tried yet)
         if self.version_file is not None and self.version_file.exists():
             try:
@@ -197,7 +193,7 @@ class SnapshotPublisher:
         while a push is still pending or the model's export is running (no snapshot is built then). A trainer
         group decides this once, on rank 0, and every rank contributes its rows changed after that epoch."""
         with self._lock:
-            if self._pending is not None or self.exporting:
+            if self._pending is not None:
                 return None
             full = self.st.need_full or self.st.accepted_version == 0 or (self.st.built % self.full_every == 0)
             return full, (None if full else self.st.accepted_version), (0 if full else self.st.accepted_epoch)
@@ -266,32 +262,6 @@ class SnapshotPublisher:
         return out
 
     # -- the exported program ------------------------------------------------
-    def prepare(self, model) -> None:
-        """Start exporting ``model``'s dense network (a copy on the CPU) on a thread of its own, so the first
-        snapshot does not export on the caller's thread; :meth:`plan_next` plans none until it is done. Only
-        the graph is taken from ``model``: each snapshot's weights are its own."""
-        with self._lock:
-            if self._exporting is not None or self._exported is not None or self.program_error:
-                return
-            self._exporting = threading.Thread(target=self._export, args=(self._cpu_copy(model),),
-                                               name="snapshot-export", daemon=True)
-        self._exporting.start()
-
-    @property
-    def exporting(self) -> bool:
-        """The export :meth:`prepare` started is still running."""
-        return self._exporting is not None and self._exporting.is_alive()
-
-    def wait_exported(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for :meth:`prepare`'s export; False (logged) while it still runs."""
-        t = self._exporting
-        if t is not None:
-            t.join(timeout)
-        if self.exporting:
-            log.warning("the model's export is still running after %.0f s: no snapshot can be built yet", timeout)
-            return False
-        return True
-
     @staticmethod
     def _cpu_copy(model):
         import copy
@@ -325,9 +295,7 @@ class SnapshotPublisher:
 
         mc = self.model_cfg
         tasks = list(mc.task_names)
-        if self._exporting is not None:
-            self._exporting.join()  # planned while it ran (a plan taken by hand): the program is wanted
-        elif self._exported is None and not self.program_error:
+        if self._exported is None and not self.program_error:
             self._export(self._cpu_copy(model))
         if self._exported is None:
             return None, None
