@@ -7,11 +7,10 @@ from streamrec.serving.serving_config import ServingConfig
 
 def serving_target(serving: ServingConfig) -> str:
     """Where clients connect: ``serving.target``, else ``serving.host:serving.port``."""
-    return serving.target or f"{serving.host}:{serving.port}"
+    return serving.serving_target()
 
 
 def push_targets(serving: ServingConfig) -> list[str]:
     """Every replica a trainer pushes snapshots to: ``serving.push_targets`` (comma-separated, deduplicated in
     order), else :func:`serving_target`."""
-    listed = (t.strip() for t in serving.push_targets.split(","))
-    return list(dict.fromkeys(t for t in listed if t)) or [serving_target(serving)]
+    return serving.push_targets_list()
