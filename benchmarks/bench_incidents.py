@@ -37,6 +37,11 @@ served one's, the versions until one of them is served (to the end of the run wh
 stream's share of clean-drill versions held, goal <= 0.02), and over every incident drill, stream and seed
 ``served_auc_drop_max`` (goal <= 0.01), ``pushes_to_hold_max`` (goal <= 2) and ``recovery_versions_max``
 (goal <= 5); per stream the same figures and the clean drill's lag under ``streams``.
+
+It also ends a real trainer process each of the three ways a run stops without its stream ending
+(``--max-events``, SIGTERM, idle exit) while it pushes to a real server (``final_push_lag.py``):
+``final_push_lag_events`` is the largest number of events the final checkpoint holds that the served
+version does not (goal 0), each stop's figures under ``final_push``.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ SIZES = {"tiny": (3_000, 1_500, 3_000, 2_000), "quick": (20_000, 20_000, 20_000,
          "full": (40_000, 20_000, 30_000, 10_000)}
 SEEDS = {"tiny": 1, "quick": 2, "full": 3}
 GOALS = {"clean_versions_held_share": "<= 0.02", "served_auc_drop_max": "<= 0.01", "pushes_to_hold_max": "<= 2",
-         "recovery_versions_max": "<= 5"}
+         "recovery_versions_max": "<= 5", "final_push_lag_events": "= 0"}
 
 
 def _corrupt(events, rows: np.ndarray, drill: str, rng):
@@ -233,7 +238,9 @@ def _summary(drills: list[dict]) -> dict:
 
 
 def run(pre: int, incident: int, post: int, push_every: int, heldout_n: int, threads: int,
-        seeds: list[int], streams: tuple[str, ...] = STREAMS, echo=None) -> dict:
+        seeds: list[int], streams: tuple[str, ...] = STREAMS, echo=None, final_push: dict | None = None) -> dict:
+    """The drills (module doc); ``final_push``: the stops' figures (``final_push_lag.final_push_lag_events``)
+    to report with them."""
     import torch
 
     torch.set_num_threads(threads)
@@ -266,8 +273,10 @@ def run(pre: int, incident: int, post: int, push_every: int, heldout_n: int, thr
         "clean_versions_held_share": max(s["clean_versions_held_share"] for s in per_stream.values()),
         **{k: every[k] for k in ("served_auc_drop_max", "served_auc_drop_max_unguarded", "pushes_to_hold_max",
                                  "recovery_versions_max", "recovered_all", "resumed_all")},
+        **({"final_push_lag_events": final_push["final_push_lag_events"]} if final_push else {}),
         "streams": per_stream,
         "drills": drills,
+        **({"final_push": final_push} if final_push else {}),
         "events": {"pre": pre, "incident": incident, "post": post, "push_every": push_every, "heldout": heldout_n,
                    "misalign_rows": MISALIGN_ROWS},
         "seeds": seeds,
@@ -297,14 +306,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=0, help="seeds per drill (default 3, quick 2, tiny 1)")
     p.add_argument("--stream", choices=("all", *STREAMS), default="all", help="which stream to drill on")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--bootstrap", help="the final-push stops' Kafka cluster (default: an embedded broker)")
     a = p.parse_args(argv)
     size = "tiny" if a.tiny else "quick" if a.quick else "full"
     pre, incident, post, heldout = SIZES[size]
     push_every = a.push_every or (500 if a.tiny else 1_000)
     seeds = list(range(a.seeds or SEEDS[size]))
     streams = STREAMS if a.stream == "all" else (a.stream,)
+    from .final_push_lag import final_push_lag_events
+
+    stops = final_push_lag_events(size == "tiny", a.bootstrap)
+    for st in stops["stops"].values():
+        print(f"final push, {st['stop']:<10} checkpoint {st['checkpoint_events']:,} events, served v{st['served_version']}"
+              f" {st['served_events']:,} (lag {st['lag_events']:,}), exit {st['exit_code']}", flush=True)
     r = run(pre, incident, post, push_every, heldout, a.threads, seeds, streams,
-            echo=lambda d: print(_line(d), flush=True))
+            echo=lambda d: print(_line(d), flush=True), final_push=stops)
     for name, s in r["streams"].items():
         print(f"{name}: clean versions held {s['clean_versions_held']} of {s['clean_versions_judged']} "
               f"({s['clean_versions_held_share']:.3f}), served lag mean {s['served_lag_events_mean']:.0f} max "
@@ -314,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"clean_versions_held_share {r['clean_versions_held_share']:.3f} (goal <= 0.02); served_auc_drop_max "
           f"{r['served_auc_drop_max']:.4f} (goal <= 0.01), unguarded {r['served_auc_drop_max_unguarded']:.4f}; "
           f"pushes_to_hold_max {r['pushes_to_hold_max']} (goal <= 2); recovery_versions_max "
-          f"{r['recovery_versions_max']} (goal <= 5); {r['seconds']:.0f} s")
+          f"{r['recovery_versions_max']} (goal <= 5); final_push_lag_events {r['final_push_lag_events']} (goal 0, "
+          f"largest over {', '.join(stops['stops'])}); {r['seconds']:.0f} s")
     if a.json:
         print(json.dumps(r))
     sys.stdout.flush()

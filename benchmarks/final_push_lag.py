@@ -54,7 +54,7 @@ def _produce(bootstrap: str, cfg, n: int) -> None:
     from streamrec.ingest import EventProducer, EventSchema, SyntheticStream, ensure_topics, pipeline_topics
 
     ensure_topics(bootstrap, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
-    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_config(cfg))
+    prod = EventProducer(bootstrap, cfg.kafka, EventSchema.from_sections(cfg.model, cfg.ingest))
     for b in SyntheticStream(cfg).batches(n):
         prod.send_batch(b)
     prod.close()

@@ -56,7 +56,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
                   "freshness_p50_s_window", "freshness_p99_s_window", "freshness_p50_s_fake_negative",
                   "freshness_p99_s_fake_negative", "state_bytes_per_impression", "goals"]),
     "incidents": ([], ["clean_versions_held_share", "served_auc_drop_max", "served_auc_drop_max_unguarded",
-                       "pushes_to_hold_max", "recovery_versions_max", "streams", "drills"]),
+                       "pushes_to_hold_max", "recovery_versions_max", "final_push_lag_events", "streams", "drills"]),
     "tables": ([], ["synthetic", "movielens", "recommended_admit_min_count", "int8_served_auc_diff",
                     "fp16_served_auc_diff", "int8_table_bytes_ratio", "fp16_table_bytes_ratio", "int8_push_bytes_ratio",
                     "fp16_push_bytes_ratio", "int8_max_score_diff", "dim32", "cap_rows", "auc_cost_cap_lfu",
@@ -71,7 +71,9 @@ BROKER = {"ingest", "merge", "e2e", "freshness", "join"}
 NULL_OK = {
     "scale": ("projection[0].",),  # one rank puts nothing on the wire: no network-bound rate to project
     "e2e": ("freshness_p50_s", "freshness_p99_s", "goals["),  # --no-freshness: reported as FAIL with its reason
-    "incidents": ("drills[",),  # resumed_after_events: null where promotion did not resume within the run
+    # resumed_after_events: null where promotion did not resume within the run; offsets_match: null when the
+    # served version's manifest is no longer on disk
+    "incidents": ("drills[", "final_push.stops."),
     # --tiny: one unshaped link (nothing link-bound to predict) and no host lost, each goal a FAIL naming why
     "cluster": ("host_loss_", "events_lost", "events_duplicated", "goals["),
 }
@@ -164,6 +166,12 @@ def test_bench_runs_tiny_and_reports_its_goal_figures(name, request):
         shares = [out["streams"][s]["clean_versions_held_share"] for s in STREAMS]
         assert out["clean_versions_held_share"] == max(shares) and all(0 <= x <= 1 for x in shares)
         assert all(d["versions_judged"] == d["versions"] - 1 > 0 for d in out["drills"])
+        from streamrec.benchmarks.final_push_lag import STOPS  # a real trainer ended each way, its lag measured
+
+        stops = out["final_push"]["stops"]
+        assert set(stops) == set(STOPS) and all(s["exit_code"] == 0 and s["checkpoint_events"] > 0
+                                                for s in stops.values()), stops
+        assert out["final_push_lag_events"] == max(s["lag_events"] for s in stops.values()) >= 0
 
 
 # a bench's other modes, each with the keys its goals name: (name, arguments, keys)
