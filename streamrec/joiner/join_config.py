@@ -21,6 +21,7 @@ class JoinConfig:
     window_s: float = 3600.0  # attribution window: an action counts when its ts is at most this many seconds after the impression's ts (event time)
     allowed_lateness_s: float = 60.0  # the window closes when the actions' event-time watermark passes impression ts + window_s + this
     orphan_wait_s: float = 300.0  # an action that arrives before its impression waits until the impressions' watermark passes its ts + this (event time)
+    merge_wait_ms: float = 500.0  # ms a partition's topic that delivered nothing (and is not known to hold more) no longer holds back the other in the merge of impressions and actions by event time; 10x this bounds the wait on a topic the broker says holds more
     state_dir: str = "data/joiner"  # faust table state (RocksDB) of the joiner
     batch_records: int = 2000  # input records joined per state commit (one atomic write per partition and batch: its examples are acknowledged before it; that write holds the batch's state changes: they must fit the changelog topic's max.message.bytes)
     metrics_port: int = 0  # Prometheus HTTP port of the joiner, 0 = off
@@ -40,7 +41,7 @@ class JoinConfig:
             raise InvalidValue("window_s", "must be > 0", "join")
         if self.batch_records < 1:
             raise InvalidValue("batch_records", "must be >= 1", "join")
-        for key in ("allowed_lateness_s", "orphan_wait_s"):
+        for key in ("allowed_lateness_s", "orphan_wait_s", "merge_wait_ms"):
             if getattr(self, key) < 0:
                 raise InvalidValue(key, "must be >= 0", "join")
 

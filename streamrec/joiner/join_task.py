@@ -2,8 +2,10 @@
 
 :class:`JoinTask` holds what the worker keeps per owned partition (:class:`PartitionCursor`: its store,
 where its inputs resume, how far the output log holds its examples), restores a partition when faust
-assigns it (:meth:`JoinTask.assigned`) and drops it when revoked, and runs the read-join-send-commit
-loop (:meth:`JoinTask.run`). A batch, a restore and a revocation never overlap (one lock): a restore
+assigns it (:meth:`JoinTask.assigned`) and drops it when revoked, and runs the read-merge-join-send-commit
+loop (:meth:`JoinTask.run`): each partition's two topics are joined in event-time order
+(:class:`~.input_merge.InputMerge`), and its ``tx`` records the offsets of the records joined, never of
+those still waiting in the merge. A batch, a restore and a revocation never overlap (one lock): a restore
 reads the output log only once every example already sent for the partition is acknowledged, and a
 batch never spans an ownership change.
 """
@@ -12,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from streamrec.ingest.ingest_config import KafkaConfig
 from streamrec.joiner.join_config import JoinConfig
 from streamrec.foundation.failpoints import hit
 from streamrec.ingest import REASON_HEADER, SOURCE_HEADER
 
+from .input_merge import InputMerge
 from .join_clients import ID_HEADER, IDS_HEADER, JoinClients
 from .machine import FEEDBACK_HEADER
 from .records import Joiner
@@ -30,15 +34,23 @@ log = logging.getLogger(__name__)
 class PartitionCursor:
     """What the join task holds for one owned partition, from its last committed batch (``tx``)."""
 
-    def __init__(self, store: TxStore, tx: BatchTx):
+    def __init__(self, store: TxStore, tx: BatchTx, merge: InputMerge):
         self.store = store
         self.off = dict(tx.off)  # topic -> next offset to read
+        self.merge = merge  # the records fetched and not joined yet, in event-time order (not durable)
+        self.fetched = dict(tx.off)  # topic -> the offset after the last record fetched (None: none yet)
         self.ends = dict(tx.ends)  # events partition -> offset after our last example
         self.seq = tx.seq
         # identities already in the output log and not produced again yet: the tx's own (found by an earlier
         # restore, written by a run whose batches were never committed) and those past the tx's ends
         self.written: set[str] = set(tx.pending)
         self.epoch = 0
+
+    def refetch(self, newest: dict[str, int | None]) -> None:
+        """Drop what the merge holds (``newest``: each topic's watermark in the join): the reader reads
+        again from the offsets joined so far."""
+        self.merge.clear(newest)
+        self.fetched = dict(self.off)
 
     def batch_tx(self) -> BatchTx:
         """The record of the batch joined so far, to commit."""
@@ -94,14 +106,20 @@ class JoinTask:
                                  ends=await self.clients.output_ends()))
             await self.write_state(p, store)  # durable before any example: a crash after one finds these ends
             tx = store.last_tx()
-        part = PartitionCursor(store, tx)
+        self.joiner.add(p, store)
+        part = PartitionCursor(store, tx, InputMerge(jc.impressions_topic, jc.actions_topic, self.watermarks(p),
+                                                     jc.merge_wait_ms / 1000.0))
         part.written |= await self.clients.written_since(p, part.ends)
         self.epoch[p] = self.epoch.get(p, 0) + 1
         part.epoch = self.epoch[p]
-        self.joiner.add(p, store)
         self.parts[p] = part
         log.info("partition %d: join state restored at batch %d (%d rows, %d examples already written)", p,
                  part.seq, self.joiner.machines[p].stats.rows, len(part.written))
+
+    def watermarks(self, p: int) -> dict[str, int | None]:
+        """Partition ``p``'s join watermarks by topic: where its merge's running maxima continue."""
+        m = self.joiner.machines[p]
+        return {self.join.impressions_topic: m.wi, self.join.actions_topic: m.wa}
 
     # -- durable state --------------------------------------------------------
 
@@ -123,15 +141,16 @@ class JoinTask:
     # -- one batch ------------------------------------------------------------
 
     async def join_batch(self, p: int, recs: list) -> None:
+        """Join ``(record, decoded)`` pairs of partition ``p`` in this order, send their examples, commit."""
         part = self.parts.get(p)
         if part is None:
             return
         at = part.epoch
         examples, bad = [], []
-        for rec in recs:
+        for rec, decoded in recs:
             hit("join.before_record")
             try:
-                examples += self.joiner.handle(p, rec.topic, rec.key, rec.value)
+                examples += self.joiner.apply(p, decoded)
             except ValueError as e:
                 self.joiner.malformed += 1
                 log.warning("dead letter %s:%d@%d: %s", rec.topic, rec.partition, rec.offset, e)
@@ -198,7 +217,8 @@ class JoinTask:
     # -- the loop -------------------------------------------------------------
 
     async def run(self) -> None:
-        """Read the owned partitions and join them batch by batch until the app stops."""
+        """Read the owned partitions and join them batch by batch, each partition's two topics merged by
+        event time (:class:`~.input_merge.InputMerge`), until the app stops."""
         await self.clients.start()
         positioned: dict[int, int] = {}
         try:
@@ -207,16 +227,68 @@ class JoinTask:
                 if not positioned:
                     await asyncio.sleep(0.2)
                     continue
-                got = await self.clients.reader.getmany(timeout_ms=200, max_records=self.join.batch_records)
-                by_p: dict[int, list] = {}
-                for tp, recs in got.items():
-                    by_p.setdefault(tp.partition, []).extend(recs)
-                for p, recs in sorted(by_p.items()):
-                    async with self.batch_lock:
-                        if self.parts.get(p) is not None and self.parts[p].epoch == positioned.get(p):
-                            await self.join_batch(p, recs)
+                got = await self.clients.reader.getmany(timeout_ms=100, max_records=self.join.batch_records)
+                self.take(got, positioned)
+                for p in sorted(positioned):
+                    await self.join_released(p, positioned[p])
+                self.pace(positioned)
         finally:
             await self.clients.stop()
+
+    def take(self, got: dict, positioned: dict[int, int]) -> None:
+        """Queue a fetch's records in their partitions' merges (those of partitions positioned for the
+        cursor that owns them now)."""
+        now = time.monotonic()
+        for tp, recs in got.items():
+            part = self.parts.get(tp.partition)
+            if part is None or part.epoch != positioned.get(tp.partition) or not recs:
+                continue
+            decode = self.joiner.decode
+            items = []
+            for rec in recs:
+                d = decode(rec.topic, rec.key, rec.value)
+                items.append((d.ts, (rec, d)))
+            part.merge.add(tp.topic, items, now)
+            part.fetched[tp.topic] = recs[-1].offset + 1
+
+    async def join_released(self, p: int, epoch: int) -> None:
+        """Join, batch by batch, what partition ``p``'s merge releases now."""
+        while True:
+            async with self.batch_lock:
+                part = self.parts.get(p)
+                if part is None or part.epoch != epoch:
+                    return
+                released = part.merge.release(self.join.batch_records,
+                                              lambda t: part.merge.holds(t, self.behind(p, t, part)))
+                if not released:
+                    return
+                await self.join_batch(p, [item for _, item in released])
+
+    def behind(self, p: int, topic: str, part: PartitionCursor) -> bool:
+        """Whether the reader knows of records of ``topic`` partition ``p`` not fetched yet (or has had no
+        answer about it)."""
+        from aiokafka import TopicPartition
+
+        hw = self.clients.reader.highwater(TopicPartition(topic, p))
+        at = part.fetched.get(topic)
+        return hw is None or (hw > 0 if at is None else at < hw)
+
+    def pace(self, positioned: dict[int, int]) -> None:
+        """Pause a topic partition whose merge queue holds a batch or more (the other topic is fetched
+        meanwhile), resume it below that."""
+        from aiokafka import TopicPartition
+
+        reader, full, room = self.clients.reader, [], []
+        for p in positioned:
+            part = self.parts.get(p)
+            if part is None:
+                continue
+            for t in self.topics:
+                (full if part.merge.waiting(t) >= self.join.batch_records else room).append(TopicPartition(t, p))
+        if full:
+            reader.pause(*full)
+        if room:
+            reader.resume(*room)
 
     async def position(self, positioned: dict[int, int]) -> dict[int, int]:
         """Assign the reader the owned partitions of both topics, each at its resume offset, when ownership
@@ -229,6 +301,7 @@ class JoinTask:
         reader = self.clients.reader
         reader.assign([TopicPartition(t, p) for p in sorted(want) for t in sorted(self.topics)])
         for p in want:
+            self.parts[p].refetch(self.watermarks(p))
             for t in self.topics:
                 o = self.parts[p].off.get(t)
                 if o is None:

@@ -17,11 +17,16 @@ largest action ``ts`` seen. With ``W`` = ``join.window_s``, ``L`` = ``join.allow
   ``a.ts <= t + W`` (else: after the window), ``wa`` through the action is ``<= t + W + L`` (else: late)
   and ``a.ts + O >= wi_I`` (else: an orphan that expired before its impression came);
 * an action whose impression has not arrived waits (an orphan) until ``wi`` passes ``a.ts + O``;
-* the window of ``I`` closes when ``wa`` passes ``t + W + L``: every action that can count has arrived.
+* the window of ``I`` closes when ``wa`` passes ``t + W + L`` (every action that can count has arrived), or
+  when ``wi`` passes ``t + H``: a partition whose actions stop still closes its windows as its impressions
+  move on, and no row outlives the dedupe horizon open.
 
-Each rule reads only the order of records within one topic partition, never how the two topics were
-interleaved, so the examples (not their emission times) are the same for every interleaving: a replay from
-the start gives what a live run gave. Modes (``join.mode``):
+The rules read the order of records within each topic partition; how the two topics interleave matters only
+through the close by ``wi``, and only for an action that would count but is joined after an impression more
+than ``O`` of event time newer than the action's running watermark. Fed in event-time order (the join task's
+merge, ``input_merge.py``) or with the actions never that far behind, the examples (not their emission
+times) are the same for every interleaving: a replay from the start gives what a live run gave. Modes
+(``join.mode``):
 
 * ``window``: one example per impression, a positive as soon as every task has a counting action, else at
   the close (label 1 for tasks with a counting action, 0 for the rest);
@@ -214,17 +219,17 @@ class JoinState:
         self.wi = ts if self.wi is None else max(self.wi, ts)
         self._save_wm()
         self._expire_orphans()
+        out: list[Example] = self._close_due()
         self._purge_closed()
         if ts + r.horizon_ms < self.wi:
             self.stats.late_impressions += 1
-            return []
+            return out
         key = IMPRESSION + rid
         if key in self.store:
             self.stats.duplicate_impressions += 1
-            return []
+            return out
         self.stats.impressions += 1
         rec = ImpressionRow(ts=ts, wi=self.wi, ev=event, open=True, pos=[], done=False)
-        out: list[Example] = []
         if r.mode == "fake_negative":
             out.append(self._example(rid, rec, "fake_negative", {t: 0 for t in r.task_names}))
         waiting: list[WaitingAction] | None = self.store.get(WAITING + rid)
@@ -316,8 +321,13 @@ class JoinState:
         return out
 
     def _close_due(self) -> list[Example]:
+        """Close the open windows whose ``t + W + L`` is below ``wa`` or below ``wi - O`` (``t + H < wi``)."""
         out: list[Example] = []
-        while self._closing and self.wa is not None and self._closing[0][0] < self.wa:
+        due = [w for w in (self.wa, None if self.wi is None else self.wi - self.rules.orphan_ms) if w is not None]
+        if not due:
+            return out
+        due_at = max(due)
+        while self._closing and self._closing[0][0] < due_at:
             _, rid = heapq.heappop(self._closing)
             rec = self.store.get(IMPRESSION + rid)
             if rec is None or not rec["open"]:

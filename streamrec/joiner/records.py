@@ -4,6 +4,8 @@ examples it completes (:class:`Joiner`, over one :class:`~.machine.JoinState` pe
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import Any
 
 from streamrec.foundation import EventSchema
 from streamrec.joiner.join_config import JoinConfig
@@ -11,6 +13,19 @@ from streamrec.ingest import encode_arrow
 
 from .machine import JoinRules, JoinState, JoinStats, parse_action
 from .txstore import dumps, loads
+
+
+@dataclass(slots=True)
+class Decoded:
+    """One input record parsed: an impression (``body``: its event) or an action (``body``: an
+    :class:`~.machine.Action`), its event time (None: not an integer, or malformed), its request id; a
+    malformed record has ``error`` set and nothing else."""
+
+    impression: bool
+    ts: int | None
+    rid: str | None
+    body: Any
+    error: str | None = None
 
 
 class Joiner:
@@ -60,21 +75,35 @@ class Joiner:
     def handle(self, p: int, topic: str, key: bytes | None, value: bytes | None) -> list:
         """The examples one record completes, as ``(key, event, kind, identity)``; ValueError: the record is
         malformed (the reason)."""
+        return self.apply(p, self.decode(topic, key, value))
+
+    def decode(self, topic: str, key: bytes | None, value: bytes | None) -> Decoded:
+        """One record parsed and checked, not joined yet (its ``ts`` orders it, ``error`` says why it is
+        malformed)."""
         try:
-            obj = loads(value) if value else None
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ValueError(f"not JSON: {e}") from None
-        if obj is None:
-            raise ValueError("empty record")
-        m = self.machines[p]
-        if topic == self.impressions_topic:
-            rid, ts, ev = self._impression(obj)
-            self._check_key(key, rid)
-            exs = m.impression(rid, ts, ev)
-        else:
+            try:
+                obj = loads(value) if value else None
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"not JSON: {e}") from None
+            if obj is None:
+                raise ValueError("empty record")
+            if topic == self.impressions_topic:
+                rid, ts, ev = self._impression(obj)
+                self._check_key(key, rid)
+                return Decoded(True, ts if type(ts) is int else None, rid, ev)
             action = parse_action(obj)
             self._check_key(key, action.request_id)
-            exs = m.action(action)
+            return Decoded(False, action.ts, action.request_id, action)
+        except ValueError as e:
+            return Decoded(topic == self.impressions_topic, None, None, None, str(e))
+
+    def apply(self, p: int, d: Decoded) -> list:
+        """The examples a decoded record completes in partition ``p``, as ``(key, event, kind, identity)``;
+        ValueError: the record is malformed (the reason)."""
+        if d.error is not None:
+            raise ValueError(d.error)
+        m = self.machines[p]
+        exs = m.impression(d.rid, d.body.get("ts", 0), d.body) if d.impression else m.action(d.body)
         out = []
         for ex in exs:
             task = ""

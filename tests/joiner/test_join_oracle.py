@@ -77,7 +77,7 @@ def oracle(r: JoinRules, imps: list, acts: list) -> Counter:
                 if (a.request_id == rid and a.type == typ and a.ts <= t + W and wa_a <= t + W + L
                         and a.ts + O >= wi_i):
                     counted.add(task)
-        closed = wa is not None and wa > t + W + L
+        closed = (wa is not None and wa > t + W + L) or (wi is not None and wi > t + H)
         if r.mode == "window":
             if len(counted) == len(names):
                 out[(rid, "positive", tuple((n, 1) for n in names))] += 1
@@ -97,17 +97,29 @@ def as_key(r: JoinRules, ex) -> tuple:
     return (ex.request_id, ex.kind, tuple((n, labels[n]) for n in r.task_names))
 
 
+def running_max(values: list[int]) -> list[int]:
+    out, top = [], None
+    for v in values:
+        top = v if top is None else max(top, v)
+        out.append(top)
+    return out
+
+
 def run(r: JoinRules, imps: list, acts: list, rnd: random.Random, restart_at: int = -1) -> Counter:
-    """Feed one random interleaving; at record ``restart_at`` start a new machine on the same store."""
+    """Feed one random interleaving in which the impressions never run more than the orphan wait ahead of the
+    actions still to come (their running ts maxima): the interleavings a replay and a live run without
+    stalled actions may take; at record ``restart_at`` start a new machine on the same store."""
     store: dict = {}
     m = JoinState(r, store)
     out: Counter = Counter()
+    ki, ka = running_max([ts for _, ts, _ in imps]), running_max([a.ts for a in acts])
     i = j = k = 0
     while i < len(imps) or j < len(acts):
         if k == restart_at:
             m = JoinState(r, store)
         k += 1
-        if j >= len(acts) or (i < len(imps) and rnd.random() < 0.5):
+        may_impression = i < len(imps) and (j >= len(acts) or ki[i] - O <= ka[j])
+        if j >= len(acts) or (may_impression and rnd.random() < 0.5):
             rid, ts, ev = imps[i]
             i += 1
             exs = m.impression(rid, ts, ev)

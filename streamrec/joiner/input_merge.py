@@ -1,0 +1,90 @@
+"""Event-time order within a partition: the impressions and actions fetched for it, merged by event time.
+
+A Kafka reader hands a partition's two topics over in whatever order its fetches come back (during a
+backlog, thousands of one topic's records before the other's), and the join emits a positive when its
+action is joined, so without a merge a positive lands as far after its fake negative as the fetches
+happened to put it. :class:`InputMerge` sits between the reader and the join of one partition, on the
+rule the trainer's partition merge (``streamrec.trainer.merge``) applies to event partitions:
+
+- each topic's records wait in their own queue, in offset order; a record's *key* is the running
+  maximum of ``ts`` over its topic (continued from the join's watermark of that topic), so each topic is
+  released in its own offset order and the join's per-topic rules see exactly the topic's order; a record
+  without a readable ``ts`` (malformed: it goes to the dead letters) takes the running maximum;
+- the head with the smaller key is released first (ties: the impression, which precedes its actions);
+- while one topic's queue is empty, the other waits as long as the empty topic *holds*: the reader knows
+  it has records not fetched yet (its position is below the broker's high watermark, or no fetch of it
+  answered yet), bounded by ``10 x wait`` since it last delivered, or it delivered within ``wait``
+  (``join.merge_wait_ms``; a broker may report a high watermark short of its log end);
+- nothing here is durable: the join commits the offsets of the records it joined, never of records
+  waiting here, so a restart reads those again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable
+
+
+class InputMerge:
+    """One partition's two input topics; ``first`` wins ties. ``newest``: each topic's running ``ts`` maximum
+    so far (the join's watermarks; None: nothing joined yet)."""
+
+    def __init__(self, first: str, second: str, newest: dict[str, int | None], wait_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.first, self.second = first, second
+        self.wait_s = max(0.0, float(wait_s))
+        self.clock = clock
+        self.clear(newest)
+
+    def clear(self, newest: dict[str, int | None]) -> None:
+        """Drop every queued record; the running maxima continue from ``newest``, the waits start now."""
+        self.queues: dict[str, deque] = {self.first: deque(), self.second: deque()}
+        self.newest: dict[str, int | None] = {t: newest.get(t) for t in (self.first, self.second)}
+        started = self.clock()
+        self.last: dict[str, float] = {self.first: started, self.second: started}  # last delivery (or the start)
+
+    def __len__(self) -> int:
+        return len(self.queues[self.first]) + len(self.queues[self.second])
+
+    def waiting(self, topic: str) -> int:
+        return len(self.queues[topic])
+
+    def add(self, topic: str, items: list[tuple[int | None, Any]], now: float | None = None) -> None:
+        """Queue one fetch of ``topic``: ``(ts, item)`` in offset order (ts None: not readable)."""
+        if not items:
+            return
+        q, top = self.queues[topic], self.newest[topic]
+        for ts, item in items:
+            if ts is not None and (top is None or ts > top):
+                top = ts
+            q.append((top, item))
+        self.newest[topic] = top
+        self.last[topic] = self.clock() if now is None else now
+
+    def holds(self, topic: str, behind: bool, now: float | None = None) -> bool:
+        """Whether ``topic``, its queue empty, holds the other topic back (``behind``: the reader knows of
+        records of it not fetched yet, or has no answer about it yet)."""
+        quiet = (self.clock() if now is None else now) - self.last[topic]
+        return quiet < self.wait_s or (behind and quiet < 10 * self.wait_s)
+
+    def release(self, limit: int, holding: Callable[[str], bool]) -> list[tuple[str, Any]]:
+        """Up to ``limit`` ``(topic, item)`` in merged order; ``holding(topic)`` is asked when that topic's
+        queue is empty and the other's is not."""
+        out: list[tuple[str, Any]] = []
+        a, b = self.queues[self.first], self.queues[self.second]
+        held: dict[str, bool] = {}
+        while len(out) < limit:
+            if a and b:
+                take = self.first if a[0][0] is None or (b[0][0] is not None and a[0][0] <= b[0][0]) else self.second
+            elif a or b:
+                empty = self.second if a else self.first
+                if empty not in held:
+                    held[empty] = holding(empty)
+                if held[empty]:
+                    break
+                take = self.first if a else self.second
+            else:
+                break
+            out.append((take, self.queues[take].popleft()[1]))
+        return out
