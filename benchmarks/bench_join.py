@@ -34,6 +34,11 @@ sum of the two parts' quantiles (exact when a long label delay comes with a long
 independent delays it overstates p99). ``freshness_p50_s_window``, ``freshness_p99_s_window``,
 ``freshness_p50_s_fake_negative``, ``freshness_p99_s_fake_negative``.
 
+Restart: ``restart_s`` = seconds from the start of a ``streamrec join`` worker killed with SIGKILL to it
+joining again (the examples of new impressions on the events topic), with ``restart_state_impressions``
+impressions of state behind it (100k; 2k at ``--tiny``), measured by :mod:`.join_restart` (goal <= 5 s
+with 100k).
+
 State: ``state_bytes_per_impression`` = the join's table bytes (keys + JSON values, as the worker writes
 them to its RocksDB table and changelog; waiting actions and watermarks included) over the impressions it
 holds (open, or closed and kept for dedupe until ``W + L + O`` has passed), sampled through the
@@ -72,6 +77,9 @@ SIZES = {  # (impressions for quality, seeds, impressions for throughput, JSON e
     "quick": (40_000, 1, 150_000, 600_000, 4.0, 10.0, 15.0, 10.0),
     "tiny": (3_000, 1, 6_000, 100_000, 0.3, 1.0, 2.0, 3.0),
 }
+RESTART_STATE = {"full": 100_000, "quick": 100_000, "tiny": 2_000}  # impressions of state behind a restart
+GOAL_RESTART_S = 5.0
+GOAL_RESTART_STATE = 100_000
 MODES = ("oracle", "window", "fake_negative", "fake_negative_naive")
 
 
@@ -271,10 +279,26 @@ def _count_examples(bootstrap: str, topic: str, want: int, proc, log: Path, time
     return got, (last - first) / 1000.0
 
 
+def worker_config(bootstrap: str, name: str, suffix: str, state_dir: Path, **over):
+    """A fake_negative joiner's config on fresh JSON topics named after ``name`` and ``suffix`` (created,
+    ``PARTITIONS`` each); ``over`` adds settings."""
+    from streamrec.app.config import load_config
+    from streamrec.ingest import TopicSpec, ensure_topics
+
+    cfg = load_config(None, {
+        "kafka.partitions": PARTITIONS, "kafka.codec": "json",
+        "kafka.events_topic": f"{name}-out-{suffix}", "kafka.dlq_topic": f"{name}-out-{suffix}.dlq",
+        "join.impressions_topic": f"{name}-imp-{suffix}", "join.actions_topic": f"{name}-act-{suffix}",
+        "join.group": f"bench-{name}-{suffix}", "join.mode": "fake_negative", "join.state_dir": str(state_dir),
+        "generator.events_per_s": 50.0, **over}, env={})
+    ensure_topics(bootstrap, [TopicSpec(t, PARTITIONS) for t in (cfg.join.impressions_topic, cfg.join.actions_topic,
+                                                                 cfg.kafka.events_topic, cfg.kafka.dlq_topic)])
+    return cfg
+
+
 def throughput(bootstrap: str, size: str, root: Path) -> dict:
     import tomli_w
 
-    from streamrec.app.config import load_config
     from streamrec.ingest import TopicSpec, ensure_topics
     from streamrec.joiner import DelayedStream
 
@@ -282,14 +306,7 @@ def throughput(bootstrap: str, size: str, root: Path) -> dict:
 
     _, _, n_imp, n_json, warmup_s, window_s, _, _ = SIZES[size]
     suffix = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
-    cfg = load_config(None, {
-        "kafka.partitions": PARTITIONS, "kafka.codec": "json",
-        "kafka.events_topic": f"join-out-{suffix}", "kafka.dlq_topic": f"join-out-{suffix}.dlq",
-        "join.impressions_topic": f"imp-{suffix}", "join.actions_topic": f"act-{suffix}",
-        "join.group": f"bench-join-{suffix}", "join.mode": "fake_negative", "join.state_dir": str(root / "join"),
-        "generator.events_per_s": 50.0}, env={})
-    ensure_topics(bootstrap, [TopicSpec(t, PARTITIONS) for t in (cfg.join.impressions_topic, cfg.join.actions_topic,
-                                                                 cfg.kafka.events_topic, cfg.kafka.dlq_topic)])
+    cfg = worker_config(bootstrap, "join", suffix, root / "join")
     imps, acts, _ = DelayedStream(cfg.model, cfg.generator, seed=11).generate(n_imp)
     want = _expected_examples(cfg, imps, acts)
     _produce_keyed(bootstrap, cfg.join.impressions_topic, imps)
@@ -336,6 +353,18 @@ def throughput(bootstrap: str, size: str, root: Path) -> dict:
     return r
 
 
+def restart(bootstrap: str, size: str, root: Path) -> dict:
+    from . import bench_e2e
+    from .join_restart import measure_restart
+
+    d = root / "restart"
+    d.mkdir()
+    m = measure_restart(bootstrap, RESTART_STATE[size], d, bench_e2e.STREAMREC)
+    print(f"  restart after kill -9          {m['restart_s']:9.1f} s  ({m['state_impressions']:,} impressions of "
+          f"state; the restarted worker's log, stamped: {d / 'restart.log'})", flush=True)
+    return {"restart_s": m["restart_s"], "restart_state_impressions": m["state_impressions"]}
+
+
 def freshness(bootstrap: str, size: str, q: dict) -> dict:
     from .bench_freshness import measure_freshness
 
@@ -359,7 +388,12 @@ def goals(r: dict) -> list[dict]:
         return {"goal": goal, "key": key, "value": v, "status": "PASS" if ok(v) else "FAIL", "reason": ""}
 
     lo, hi = GOAL_CAL
-    return [one(f"join_vs_train_json >= {GOAL_JOIN_X:g}", "join_vs_train_json", lambda v: v >= GOAL_JOIN_X),
+    restart = one(f"restart_s <= {GOAL_RESTART_S:g} with {GOAL_RESTART_STATE:,} impressions of state", "restart_s",
+                  lambda v: v <= GOAL_RESTART_S)
+    if restart["value"] is not None and (r.get("restart_state_impressions") or 0) < GOAL_RESTART_STATE:
+        restart.update(status="FAIL", reason=f"not measured: {r.get('restart_state_impressions')} impressions of "
+                                             f"state, not {GOAL_RESTART_STATE:,}")
+    return [restart, one(f"join_vs_train_json >= {GOAL_JOIN_X:g}", "join_vs_train_json", lambda v: v >= GOAL_JOIN_X),
             one(f"auc_gap_best <= {GOAL_GAP:g}", "auc_gap_best", lambda v: v <= GOAL_GAP),
             one(f"{lo:g} <= calibration_fake_negative <= {hi:g}", "calibration_fake_negative",
                 lambda v: lo <= v <= hi)]
@@ -373,7 +407,8 @@ KEYS = ("join_events_per_s", "train_json_events_per_s", "raw_consume_events_per_
         "freshness_p99_s_fake_negative", "label_delay_p50_s_window", "label_delay_p99_s_window",
         "label_delay_p50_s_fake_negative", "label_delay_p99_s_fake_negative", "pipeline_freshness_p50_s",
         "pipeline_freshness_p99_s", "state_bytes_per_impression", "state_rows_max", "train_json_ran_out",
-        "join_impressions", "join_actions", "join_examples", "join_span_s", "quality_impressions", "seeds")
+        "join_impressions", "join_actions", "join_examples", "join_span_s", "quality_impressions", "seeds",
+        "restart_s", "restart_state_impressions")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     with (nullcontext() if args.bootstrap else EmbeddedBroker()) as broker:
         bs = args.bootstrap or broker.bootstrap
         r.update(throughput(bs, size, root))
+        r.update(restart(bs, size, root))
         r.update(freshness(bs, size, r))
     shutil.rmtree(root, ignore_errors=True)  # kept when a step failed: its logs are named in the error
     print(f"  freshness p50/p99: window {r['freshness_p50_s_window']:.1f} / {r['freshness_p99_s_window']:.1f} s, "

@@ -22,14 +22,16 @@
   acknowledged before its ``tx`` is written, so a durable ``tx`` never lacks its examples; after a crash the
   partition resumes from its last ``tx`` (the join is deterministic: the same records give the same
   examples) and first reads the output log from the ends that ``tx`` recorded, so an example already
-  written is not written again. A worker that died uncleanly starts from the changelog, not its local
-  RocksDB copy (which may hold writes the changelog never got). Dead letters are at least once.
+  written is not written again. Dead letters are at least once.
+* Restarts in seconds: a batch reaches the local RocksDB copy only after the changelog acknowledged it,
+  with the changelog offset it reached, so a restarted worker (also after ``kill -9``) keeps each copy that
+  :func:`~.local_state.check_local_state` finds written against this changelog, and faust reads the
+  changelog only past that offset; any other copy is removed and rebuilt from the changelog.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 from streamrec.foundation import EventSchema, StreamrecError
@@ -39,15 +41,15 @@ from streamrec.ingest.faust_worker import Cluster, add_membership, run_app, watc
 
 from .join_clients import ID_HEADER, IDS_HEADER, JoinClients
 from .join_task import JoinTask
+from .local_state import check_local_state
 from .records import Joiner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CLEAN", "ID_HEADER", "IDS_HEADER", "TABLE_NAME", "JoinSetupError", "Joiner", "build_app",
+__all__ = ["ID_HEADER", "IDS_HEADER", "TABLE_NAME", "JoinSetupError", "Joiner", "build_app",
            "changelog_topic", "check_copartitioned", "faust_settings", "run_worker"]
 
 TABLE_NAME = "join-state"
-CLEAN = "clean-shutdown"  # in join.state_dir: the local RocksDB copy matches the changelog
 
 
 class JoinSetupError(StreamrecError, RuntimeError):
@@ -58,8 +60,8 @@ def faust_settings(cluster: Cluster, state_dir: str, partitions: int) -> dict:
     """faust App settings of the joiner (:func:`~streamrec.ingest.faust_worker.worker_settings`), its state
     in ``state_dir`` (``join.state_dir``)."""
     # a kept local copy may record a changelog offset above the end ListOffsets answers (the embedded
-    # broker answers short of the log end after a batched produce): it is complete (a worker that did not
-    # stop cleanly starts from the changelog, run_worker), so nothing is read again instead of a refusal
+    # broker answers short of the log end after a batched produce): it is complete (run_worker keeps only
+    # a copy whose checkpoint record the changelog holds), so nothing is read again instead of a refusal
     return worker_settings(cluster, state_dir, partitions, recovery_consistency_check=False)
 
 
@@ -115,19 +117,15 @@ def build_app(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, cluster
 
 def run_worker(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, bootstrap: str,
                loglevel: str = "warning") -> int:
-    """Run the joiner until SIGINT/SIGTERM (faust's Worker installs the signal handlers). A state directory
-    left by a worker that did not stop cleanly is emptied first: faust then rebuilds the table from its
-    changelog, which the join's batches were committed to."""
+    """Run the joiner until SIGINT/SIGTERM (faust's Worker installs the signal handlers). Each local partition
+    database in ``join.state_dir`` is checked first (:func:`~.local_state.check_local_state`): one written
+    against this changelog is kept and faust reads the changelog only past its offset; any other is removed
+    and faust rebuilds that partition from the changelog."""
     cluster = Cluster.of(bootstrap, kafka)
     partitions = check_copartitioned(join, cluster)
     state = Path(join.state_dir)
-    clean = state / CLEAN
-    if state.exists() and any(state.iterdir()) and not clean.exists():
-        log.info("%s: the last worker did not stop cleanly; the state is rebuilt from %s", state,
-                 changelog_topic(join.group))
-        shutil.rmtree(state)
     state.mkdir(parents=True, exist_ok=True)
-    clean.unlink(missing_ok=True)
+    check_local_state(state, TABLE_NAME, changelog_topic(join.group), cluster.bootstrap, cluster.security)
     metrics = None
     if join.metrics_port:
         from .metrics import JoinMetrics
@@ -138,10 +136,7 @@ def run_worker(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, bootst
         metrics.joiner = joiner
         metrics.start()
     try:
-        code = run_app(app, loglevel)
+        return run_app(app, loglevel)
     finally:
         if metrics is not None:
             metrics.close()
-    if code == 0:  # faust stopped on a signal and flushed: the local copy matches the changelog
-        clean.touch()
-    return code

@@ -69,28 +69,33 @@ class JoinClients:
         ends = await c.end_offsets([TopicPartition(topic, q) for q in ps])
         return {tp.partition: int(o) for tp, o in ends.items()}
 
-    async def written_since(self, p: int, ends: dict[int, int]) -> set[str]:
-        """Identities of partition ``p``'s examples in the output log from ``ends`` to its end."""
+    async def written_since(self, ends_of: dict[int, dict[int, int]]) -> dict[int, set[str]]:
+        """For each source partition ``p`` in ``ends_of``: the identities of its examples in the output log
+        from ``ends_of[p]`` (output partition -> offset) to the log's end; one read of the log for all."""
         from aiokafka import TopicPartition
 
         c = self.scan
         now = await self.output_ends()
-        # every partition, also one whose end looks already reached: the end a broker answers may be short of
-        # the log's (the read below goes on until nothing more comes)
-        tps = {TopicPartition(self.events_topic, q): ends.get(q, 0) for q in now}
-        out: set[str] = set()
-        if not tps:
+        out: dict[int, set[str]] = {p: set() for p in ends_of}
+        if not now or not ends_of:
             return out
+        # every partition, also one whose end looks already reached: the end a broker answers may be short of
+        # the log's (the read below goes on until nothing more comes); one before each end: a broker may
+        # answer ListOffsets one short of the log end
+        since = {p: {q: max(0, ends.get(q, 0) - 1) for q in now} for p, ends in ends_of.items()}
+        tps = {TopicPartition(self.events_topic, q): min(s[q] for s in since.values()) for q in now}
         c.assign(list(tps))
         for tp, o in tps.items():
-            c.seek(tp, max(0, o - 1))  # one before: a broker may answer ListOffsets one short of the log end
-        prefix = f"{p}|"
+            c.seek(tp, o)
         idle_since = None
         while True:
             got = await c.getmany(timeout_ms=300, max_records=10_000)
-            for recs in got.values():
+            for tp, recs in got.items():
                 for r in recs:
-                    out.update(i for i in _identities(r.headers) if i.startswith(prefix))
+                    for i in _identities(r.headers):
+                        p = int(i.split("|", 1)[0])
+                        if p in out and r.offset >= since[p][tp.partition]:
+                            out[p].add(i)
             done = True
             for tp in tps:
                 done = done and await c.position(tp) >= now[tp.partition]

@@ -81,8 +81,7 @@ class JoinTask:
             for p in list(self.parts):
                 if p not in owned:
                     self.forget(p)
-            for p in sorted(owned - set(self.parts)):
-                await self.restore(p)
+            await self.restore(sorted(owned - set(self.parts)))
 
     async def revoked(self, lost: set[int]) -> None:
         async with self.batch_lock:
@@ -95,26 +94,35 @@ class JoinTask:
         self.joiner.drop(p)
         self.epoch[p] = self.epoch.get(p, 0) + 1
 
-    async def restore(self, p: int) -> None:
+    async def restore(self, ps: list[int]) -> None:
+        """Restore partitions ``ps`` from their last ``tx`` each, then read the output log once for the
+        examples of theirs already written past the ends their ``tx`` recorded."""
+        if not ps:
+            return
         await self.clients.start()
         jc = self.join
-        store = TxStore(self.table, p, jc.impressions_topic, on_hit=hit)
-        tx = store.recover()
-        await self.write_state(p, store)  # the last tx's applies again: a changelog cut short in them is completed
-        if tx is None:  # a partition never joined: start at the inputs' beginning and the output log's end
-            store.commit(BatchTx(seq=0, off={jc.impressions_topic: None, jc.actions_topic: None},
-                                 ends=await self.clients.output_ends()))
-            await self.write_state(p, store)  # durable before any example: a crash after one finds these ends
-            tx = store.last_tx()
-        self.joiner.add(p, store)
-        part = PartitionCursor(store, tx, InputMerge(jc.impressions_topic, jc.actions_topic, self.watermarks(p),
-                                                     jc.merge_wait_ms / 1000.0))
-        part.written |= await self.clients.written_since(p, part.ends)
-        self.epoch[p] = self.epoch.get(p, 0) + 1
-        part.epoch = self.epoch[p]
-        self.parts[p] = part
-        log.info("partition %d: join state restored at batch %d (%d rows, %d examples already written)", p,
-                 part.seq, self.joiner.machines[p].stats.rows, len(part.written))
+        parts: dict[int, PartitionCursor] = {}
+        for p in ps:
+            store = TxStore(self.table, p, jc.impressions_topic, on_hit=hit)
+            tx = store.recover()
+            await self.write_state(p, store)
+            log.info("TMP restore %d written", p)  # the last tx again: a changelog cut short in its applies is completed
+            if tx is None:  # a partition never joined: start at the inputs' beginning and the output log's end
+                store.commit(BatchTx(seq=0, off={jc.impressions_topic: None, jc.actions_topic: None},
+                                     ends=await self.clients.output_ends()))
+                await self.write_state(p, store)  # durable before any example: a crash after one finds these ends
+                tx = store.last_tx()
+            self.joiner.add(p, store)
+            parts[p] = PartitionCursor(store, tx, InputMerge(jc.impressions_topic, jc.actions_topic,
+                                                             self.watermarks(p), jc.merge_wait_ms / 1000.0))
+        written = await self.clients.written_since({p: part.ends for p, part in parts.items()})
+        for p, part in parts.items():
+            part.written |= written.get(p, set())
+            self.epoch[p] = self.epoch.get(p, 0) + 1
+            part.epoch = self.epoch[p]
+            self.parts[p] = part
+            log.info("partition %d: join state restored at batch %d (%d rows, %d examples already written)", p,
+                     part.seq, self.joiner.machines[p].stats.rows, len(part.written))
 
     def watermarks(self, p: int) -> dict[str, int | None]:
         """Partition ``p``'s join watermarks by topic: where its merge's running maxima continue."""
@@ -124,19 +132,21 @@ class JoinTask:
     # -- durable state --------------------------------------------------------
 
     async def write_state(self, p: int, store: TxStore) -> None:
-        """Produce the store's changelog records to the table's changelog partition ``p`` and wait for
-        every ack: the state written so far is then what a worker rebuilding from the changelog finds."""
+        """Produce the store's changelog records to the table's changelog partition ``p``, wait for every
+        ack, then write them to the local database with the offsets they reached (:meth:`TxStore.persist`):
+        the state written so far is then what a worker rebuilding from the changelog finds, and the local
+        copy is the changelog's up to a recorded offset."""
         records = store.take_outbox()
         if not records:
             return
-        from faust.types import TP
-
         topic = self.table.changelog_topic.get_topic_name()
-        last = -1
+        first, last = -1, -1
         for fut, n in await self.clients.produce(topic, p, [(k, v, []) for k, v in records]):
             meta = await fut
+            first = meta.offset if first < 0 else min(first, meta.offset)
             last = max(last, meta.offset + n - 1)
-        self.table.data.set_persisted_offset(TP(topic, p), last)  # what faust's own changelog writes record
+        hit("join.before_local")  # the changelog holds the records, the local copy not yet
+        store.persist(records, topic, first, last)
 
     # -- one batch ------------------------------------------------------------
 

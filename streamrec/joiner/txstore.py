@@ -1,13 +1,18 @@
 """One partition's join state in the faust table, committed atomically per batch of input records.
 
 State keys live in the table as ``<p>/s/<key>`` (JSON values). While a batch is joined, writes stay in a
-buffer the reads see; :meth:`TxStore.commit` then writes ONE value, ``<p>/tx``: the batch's changes, the
-input offsets after the batch and the output log's end offsets (a :class:`~.tx_row.BatchTx`), and only
-then applies the changes to their keys. The writes go to the partition's RocksDB database at once and, in
-the same order, to :attr:`TxStore.outbox`: the records the caller produces to changelog partition ``p``
-(one producer, one partition: they arrive in order). A changelog cut short by a crash therefore holds the
-state after some complete ``tx`` plus a part of the applies that follow it: :meth:`TxStore.recover` applies the last ``tx``
-again, which makes the state exactly the state after that batch.
+buffer the reads see; :meth:`TxStore.commit` then stages ONE value, ``<p>/tx``: the batch's changes, the
+input offsets after the batch and the output log's end offsets (a :class:`~.tx_row.BatchTx`), followed by
+the changes to their keys, in :attr:`TxStore.outbox`: the records the caller produces to changelog
+partition ``p`` (one producer, one partition: they arrive in order). Only once the changelog acknowledged
+them does :meth:`TxStore.persist` write them to the partition's RocksDB database, in one atomic write with
+the changelog offset they reach and the :class:`Checkpoint` naming the ``tx`` record's place in the
+changelog. So the local database always holds exactly the state the changelog holds up to its recorded
+offset, and a restart reads the changelog only past it (:mod:`.local_state` checks the copy first).
+
+A changelog cut short by a crash holds the state after some complete ``tx`` plus a part of the applies that
+follow it: :meth:`TxStore.recover` stages the last ``tx`` and its applies again, which makes the state
+exactly the state after that batch, in the changelog and then in the local copy.
 
 With a faust Table the store reads and writes the partition's RocksDB database directly (the database
 faust's own reads use and its changelog recovery writes), not through faust's per-write changelog buffer;
@@ -16,8 +21,11 @@ any other mapping of bytes (tests) is read and written as it is.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -25,6 +33,32 @@ import orjson
 from .tx_row import BatchTx
 
 _DEL = object()
+OFFSET_KEY = b"__faust\0offset__"  # where faust's RocksDB store keeps a partition's changelog offset
+
+
+def digest(value: bytes) -> str:
+    """A short fingerprint of a changelog record's value."""
+    return hashlib.blake2b(value, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where the local copy stands in the changelog: the changelog topic, the offset of the last ``tx``
+    record it holds and that record's fingerprint (the ``tx`` carries a nonce of the worker run that wrote
+    it, so the same offset in another run's changelog, or another topic's, does not match)."""
+
+    topic: str
+    offset: int
+    digest: str
+
+    def to_bytes(self) -> bytes:
+        return dumps({"topic": self.topic, "offset": self.offset, "digest": self.digest})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "Checkpoint":
+        """ValueError (or KeyError/TypeError): not a checkpoint."""
+        row = loads(raw)
+        return cls(str(row["topic"]), int(row["offset"]), str(row["digest"]))
 
 
 def dumps(v: Any) -> bytes:
@@ -45,7 +79,10 @@ def loads(raw: bytes) -> Any:
 class _Db:
     """Partition ``p``'s key-value database: the faust table's RocksDB database for ``p``, or the mapping."""
 
+    FLUSH_BYTES = 8 << 20  # written since the last flush of the memtable: bounds the log a reopen replays
+
     def __init__(self, table, p: int):
+        self.unflushed = 0
         store = getattr(table, "data", None)
         self.faust = store is not None and hasattr(store, "_db_for_partition")
         self.table = table
@@ -73,6 +110,27 @@ class _Db:
     def items(self):
         return list(self._rocks().items()) if self.faust else list(self.table.items())
 
+    def write(self, records: list[tuple[bytes, bytes | None]]) -> None:
+        """Write ``records`` in order, as one atomic write (RocksDB's WriteBatch) with faust's table."""
+        if self.faust:
+            import rocksdict
+
+            target = rocksdict.WriteBatch(raw_mode=True)
+        else:
+            target = self
+        for k, v in records:
+            if v is None:
+                target.delete(k)
+            else:
+                target.put(k, v)
+        if self.faust:
+            db = self._rocks()
+            db.write(target)
+            self.unflushed += sum(len(k) + len(v or b"") for k, v in records)
+            if self.unflushed >= self.FLUSH_BYTES:  # in the background: a restart opens the database in
+                db.flush(False)  # about the time of reading its files, not of replaying every write since
+                self.unflushed = 0
+
 
 class TxStore(MutableMapping):
     """Partition ``p``'s state keys over ``table`` (a faust Table, or any mapping of bytes in tests).
@@ -87,6 +145,8 @@ class TxStore(MutableMapping):
         self.topic = topic
         self.prefix = f"{p}/s/".encode()
         self.tx_key = f"{p}/tx".encode()
+        self.ck_key = f"{p}/ck".encode()
+        self.run = os.urandom(8).hex()  # in every tx row this store writes: its fingerprint is this run's
         self.buf: dict[str, Any] = {}
         self.outbox: list[tuple[bytes, bytes | None]] = []  # changelog records not handed to a producer yet
         self.hit = on_hit or (lambda name: None)
@@ -148,13 +208,13 @@ class TxStore(MutableMapping):
         return BatchTx.from_row(row) if row is not None else None
 
     def commit(self, tx: BatchTx) -> BatchTx:
-        """Write the batch's changes with ``tx`` (offsets, output ends, seq) as one ``tx`` row, then apply them;
-        the changelog records, in that order, are appended to :attr:`outbox`. Returns ``tx``."""
+        """Stage the batch's changes with ``tx`` (offsets, output ends, seq) as one ``tx`` row followed by
+        their applies, in that order, in :attr:`outbox` (nothing is written before the changelog has them:
+        :meth:`persist`). Returns ``tx``."""
         enc = {k: (None if v is _DEL else dumps(v)) for k, v in self.buf.items()}
         ch = b",".join(dumps(k) + b":" + (b"null" if v is None else v) for k, v in enc.items())
-        head = dumps(tx.to_row())
-        row = head[:-1] + (b"," if len(head) > 2 else b"") + b'"ch":{' + ch + b"}}"
-        self.db.put(self.tx_key, row)
+        head = dumps({**tx.to_row(), "run": self.run})
+        row = head[:-1] + b',"ch":{' + ch + b"}}"
         self.outbox.append((self.tx_key, row))
         self.hit("join.after_tx")
         self._apply(enc)
@@ -162,11 +222,20 @@ class TxStore(MutableMapping):
         return tx
 
     def recover(self) -> BatchTx | None:
-        """Apply the last ``tx`` again (its applies may have been cut short); return its record."""
+        """Stage the last ``tx`` and its applies again (the changelog's copy of them may have been cut
+        short), unless this copy persisted that very ``tx`` (its checkpoint names it: the changelog had
+        acknowledged all of the batch); return its record."""
         row = self._tx_row()
         if row is None:
             return None
         tx = BatchTx.from_row(row)  # a row of a version this streamrec cannot read is refused before any apply
+        raw, ck = self.db.get(self.tx_key), self.db.get(self.ck_key)
+        try:
+            if ck is not None and Checkpoint.from_bytes(ck).digest == digest(raw):
+                return tx
+        except (ValueError, KeyError, TypeError):
+            pass  # no usable checkpoint: staged again
+        self.outbox.append((self.tx_key, raw))
         self._apply({k: (None if v is None else dumps(v)) for k, v in row["ch"].items()})
         return tx
 
@@ -174,13 +243,22 @@ class TxStore(MutableMapping):
         for i, k in enumerate(sorted(changes)):
             if i == 1:
                 self.hit("join.mid_apply")
-            key, v = self.prefix + k.encode(), changes[k]
-            if v is None:  # a tombstone also for a key this copy never saw: an older run's write of it
-                self.db.delete(key)  # may sit in the changelog past where this copy's recovery stopped
-            else:
-                self.db.put(key, v)
-            self.outbox.append((key, v))
+            # a tombstone also for a key this copy never saw: an older run's write of it may sit in the
+            # changelog past where this copy's recovery stopped
+            self.outbox.append((self.prefix + k.encode(), changes[k]))
 
     def take_outbox(self) -> list[tuple[bytes, bytes | None]]:
         out, self.outbox = self.outbox, []
         return out
+
+    def persist(self, records: list[tuple[bytes, bytes | None]], topic: str = "", first: int = -1,
+                last: int = -1) -> None:
+        """Write ``records`` (taken from :attr:`outbox`, a ``tx`` row first) to the local database once the
+        changelog acknowledged them at offsets ``first`` to ``last`` of ``topic``: one atomic write with
+        faust's changelog offset (``last``) and the :class:`Checkpoint` of that ``tx`` row (``first``).
+        Without a changelog (``last`` < 0: tests) only the records are written."""
+        extra: list[tuple[bytes, bytes | None]] = []
+        if last >= 0 and records and records[0][0] == self.tx_key and records[0][1] is not None:
+            extra = [(OFFSET_KEY, str(last).encode()),
+                     (self.ck_key, Checkpoint(topic, first, digest(records[0][1])).to_bytes())]
+        self.db.write(list(records) + extra)

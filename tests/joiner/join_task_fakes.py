@@ -77,8 +77,8 @@ class FakeClients:
     async def output_ends(self) -> dict[int, int]:
         return {0: len(self.out.get(EVENTS, []))}
 
-    async def written_since(self, p: int, ends: dict[int, int]) -> set[str]:
-        return set()
+    async def written_since(self, ends_of: dict[int, dict[int, int]]) -> dict[int, set[str]]:
+        return {p: set() for p in ends_of}
 
     async def partitioner(self):
         return lambda key: 0
@@ -98,7 +98,6 @@ class FakeTable(dict):
     """The join table as a plain mapping of bytes, with the changelog names the task asks for."""
 
     changelog_topic = SimpleNamespace(get_topic_name=lambda: "join-changelog")
-    data = SimpleNamespace(set_persisted_offset=lambda tp, offset: None)
 
 
 def logs_of(cfg, imps: dict, acts: dict) -> dict:

@@ -1,5 +1,6 @@
 """kill -9 of the joiner at each of its failpoints (mid-batch, before and after the batch's sends, between the
-commit's atomic record and its applies, after the commit, between the acknowledgements of one batch's messages),
+commit's atomic record and its applies, between the changelog's acknowledgement of a batch and its write to the
+local RocksDB copy (which the restart keeps), after the commit, between the acknowledgements of one batch's messages),
 one after another on the same stream: the labelled events read back from the events topic equal the undisturbed
 join's (the oracle's, which tests/joiner/test_join_worker.py shows the undisturbed worker writes): none lost, none
 doubled.
@@ -35,7 +36,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.subprocess, pytest.mark.xdist_grou
 # one kill at each failpoint of a batch, in the order a batch reaches them; each count lies past the hits a restart's
 # recovery makes (P partitions), so every kill falls in a batch of its own run
 POINTS = ["join.before_record@*#40", "join.before_send@*#9", "join.after_send@*#12", "join.after_tx@*#10",
-          "join.mid_apply@*#11", "join.after_commit@*#9"]
+          "join.mid_apply@*#11", "join.before_local@*#10", "join.after_commit@*#9"]
 
 
 def _kill_runs(points, config, bootstrap: str, log) -> list[int]:

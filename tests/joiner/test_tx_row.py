@@ -15,6 +15,8 @@ def test_a_commit_reads_back_as_the_record_it_wrote_and_its_changes_apply():
     store["x"] = {"ts": 1}
     tx = BatchTx(seq=2, off={"impressions": 10, "actions": None}, ends={0: 5, 1: 7}, pending=["3|r|example|"])
     store.commit(tx)
+    assert not table  # nothing reaches the database before the changelog has it
+    store.persist(store.take_outbox())
     row = loads(table[b"3/tx"])
     assert row["v"] == TX_VERSION and row["ends"] == {"0": 5, "1": 7} and row["ch"] == {"x": {"ts": 1}}
     assert TxStore(table, 3).last_tx() == tx
@@ -24,8 +26,10 @@ def test_a_commit_reads_back_as_the_record_it_wrote_and_its_changes_apply():
 def test_an_unversioned_row_reads_as_version_1_and_recovers():
     table = {b"0/tx": dumps({"seq": 4, "off": {"impressions": 8, "actions": 2}, "ends": {"0": 11},
                              "ch": {"k": [1, "click", 3]}})}
-    tx = TxStore(table, 0).recover()
+    store = TxStore(table, 0)
+    tx = store.recover()
     assert tx == BatchTx(seq=4, off={"impressions": 8, "actions": 2}, ends={0: 11}, pending=[], version=1)
+    store.persist(store.take_outbox())
     assert loads(table[b"0/s/k"]) == [1, "click", 3]
 
 

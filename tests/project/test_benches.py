@@ -54,7 +54,8 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
                   "join_vs_raw", "auc_oracle", "auc_window", "auc_fake_negative", "auc_fake_negative_naive",
                   "auc_gap_best", "calibration_fake_negative", "calibration_fake_negative_naive",
                   "freshness_p50_s_window", "freshness_p99_s_window", "freshness_p50_s_fake_negative",
-                  "freshness_p99_s_fake_negative", "state_bytes_per_impression", "goals"]),
+                  "freshness_p99_s_fake_negative", "state_bytes_per_impression", "restart_s",
+                  "restart_state_impressions", "goals"]),
     "incidents": ([], ["clean_versions_held_share", "served_auc_drop_max", "served_auc_drop_max_unguarded",
                        "pushes_to_hold_max", "recovery_versions_max", "final_push_lag_events", "streams", "drills"]),
     "tables": ([], ["synthetic", "movielens", "recommended_admit_min_count", "int8_served_auc_diff",
@@ -233,7 +234,9 @@ def test_broker_bench_runs_tiny_and_reports_its_goal_figures(name, bootstrap):
     if name == "join":  # every example the join defines was read back; a fake negative waits for nothing
         assert out["join_examples"] > out["join_impressions"] > 0 and out["join_events_per_s"] > 0
         assert out["freshness_p50_s_fake_negative"] < out["freshness_p50_s_window"]
-        assert {g["key"] for g in out["goals"]} == {"join_vs_train_json", "auc_gap_best", "calibration_fake_negative"}
+        assert {g["key"] for g in out["goals"]} == {"join_vs_train_json", "auc_gap_best", "calibration_fake_negative",
+                                                    "restart_s"}
+        assert out["restart_s"] > 0 and out["restart_state_impressions"] > 0  # the restarted worker joined again
 
 
 def test_incidents_drills_deliver_what_they_name_and_served_figures_follow_the_promotions():
