@@ -9,7 +9,7 @@ from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .broker import BrokerError, EmbeddedBroker, TopicSpec, ensure_topics, free_port, pipeline_topics, wait_for_broker
-    from .codec import Decoder, encode_arrow, encode_json, encode_messages
+    from .codec import Decoder, encode_arrow, encode_json, encode_messages, is_arrow
     from .datasets import (
         DatasetError, avazu_config, criteo_config, detect_format, layout_config, layout_toml, read_events, read_file,
         write_events,
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 
 _EXPORTS = {  # submodule: the public names it defines
     ".broker": "BrokerError EmbeddedBroker TopicSpec ensure_topics free_port pipeline_topics wait_for_broker",
-    ".codec": "Decoder encode_arrow encode_json encode_messages",
+    ".codec": "Decoder encode_arrow encode_json encode_messages is_arrow",
     ".datasets": "DatasetError avazu_config criteo_config detect_format layout_config layout_toml read_events read_file write_events",
     "streamrec.foundation.events": "EventBatch EventError EventSchema JaggedIds hash_id hash_ids",
     ".consumer_stats": "ConsumerStats",

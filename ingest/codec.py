@@ -52,6 +52,11 @@ _COLUMNS_MIN = 32  # records from which decode_many tries the columnar JSON path
 _ISOLATE_FAILURES = 24  # refused pieces after which Decoder._isolate stops halving (not a few bad records)
 
 
+def is_arrow(value: bytes | None) -> bool:
+    """Whether a record value is in the Arrow form (starts as an IPC stream does), not one JSON object."""
+    return bool(value) and value[:4] == _ARROW_MAGIC
+
+
 def _why(e: BaseException) -> str:
     """An unexpected exception as a dead-letter reason: its type, then the start of its message."""
     try:
@@ -184,9 +189,16 @@ def batch_to_arrow(batch: EventBatch, schema: EventSchema, with_labels: bool | N
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(schema, with_labels, batch.feedback is not None))
 
 
-def encode_arrow(batch: EventBatch, schema: EventSchema) -> bytes:
-    """One Arrow IPC stream (schema + one record batch) holding every event of ``batch``."""
+_LABEL_COLUMNS = ("label", "labels", "feedback")  # what an unlabelled event (an impression) never carries
+
+
+def encode_arrow(batch: EventBatch, schema: EventSchema, labelled: bool = True) -> bytes:
+    """One Arrow IPC stream (schema + one record batch) holding every event of ``batch``; with ``labelled``
+    false the same columns without ``label``, ``labels`` and ``feedback`` (unlabelled events: the joiner's
+    impressions, read by a ``Decoder(..., unlabelled=True)``)."""
     rb = batch_to_arrow(batch, schema)
+    if not labelled:
+        rb = rb.select([n for n in rb.schema.names if n not in _LABEL_COLUMNS])
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, rb.schema) as w:
         w.write_batch(rb)
@@ -258,9 +270,11 @@ class Decoder:
     :meth:`decode_many` reports each bad record by its index and reason.
     """
 
-    def __init__(self, schema: EventSchema):
+    def __init__(self, schema: EventSchema, unlabelled: bool = False):
         self.schema = schema
         self._columns = frozenset({"ts", "label", "labels", "dense", "request_id", "feedback", *schema.fields})
+        # unlabelled events (the joiner's impressions): a label, labels or feedback column is refused by name
+        self._refused = frozenset(_LABEL_COLUMNS) if unlabelled else frozenset()
         self._schemas_ok: dict[bytes, pa.Schema] = {}  # schema messages whose columns passed _check_columns
         self._columns_failed = False  # the last JSON batch was refused as columns, beyond a few bad records
 
@@ -512,6 +526,9 @@ class Decoder:
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
             raise EventError(f"duplicate column {dup!r}")
+        refused = [n for n in names if n in self._refused]
+        if refused:
+            raise EventError(f"column {refused[0]!r}: these events carry no label or feedback kind")
         extra = [n for n in names if n not in self._columns]
         if extra:
             raise EventError(f"unknown column {sorted(extra)[0]!r}; model fields: {', '.join(s.fields)}")

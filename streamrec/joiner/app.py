@@ -104,7 +104,7 @@ def build_app(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, cluster
     ``schema``: the labelled events the joiner writes to ``kafka.events_topic``."""
     import faust
 
-    joiner = Joiner(join, schema, metrics)
+    joiner = Joiner(join, schema, metrics, partitions)
     app = faust.App(join.group, **faust_settings(cluster, join.state_dir, partitions))
     table = app.Table(TABLE_NAME, partitions=partitions, key_type=bytes, value_type=bytes,
                       options={"driver": "rocksdict"})

@@ -15,6 +15,9 @@ rule the trainer's partition merge (``streamrec.trainer.merge``) applies to even
   it has records not fetched yet (its position is below the broker's high watermark, or no fetch of it
   answered yet), bounded by ``10 x wait`` since it last delivered, or it delivered within ``wait``
   (``join.merge_wait_ms``; a broker may report a high watermark short of its log end);
+- a record weighs what ``weight(item)`` says (an Arrow record of many impressions: their count), and the
+  batch limits of :meth:`InputMerge.release` and :meth:`InputMerge.waiting` count weight, so a batch's
+  state and the queues stay bounded in impressions, not messages;
 - nothing here is durable: the join commits the offsets of the records it joined, never of records
   waiting here, so a restart reads those again.
 """
@@ -28,18 +31,21 @@ from typing import Any, Callable
 
 class InputMerge:
     """One partition's two input topics; ``first`` wins ties. ``newest``: each topic's running ``ts`` maximum
-    so far (the join's watermarks; None: nothing joined yet)."""
+    so far (the join's watermarks; None: nothing joined yet). ``weight(item)``: what one record counts
+    for in the batch limits (1 when not given)."""
 
     def __init__(self, first: str, second: str, newest: dict[str, int | None], wait_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, weight: Callable[[Any], int] | None = None):
         self.first, self.second = first, second
+        self.weight = weight
         self.wait_s = max(0.0, float(wait_s))
         self.clock = clock
         self.clear(newest)
 
     def clear(self, newest: dict[str, int | None]) -> None:
         """Drop every queued record; the running maxima continue from ``newest``, the waits start now."""
-        self.queues: dict[str, deque] = {self.first: deque(), self.second: deque()}
+        self.queues: dict[str, deque] = {self.first: deque(), self.second: deque()}  # (key, item, weight)
+        self.weights: dict[str, int] = {self.first: 0, self.second: 0}  # each queue's total weight
         self.newest: dict[str, int | None] = {t: newest.get(t) for t in (self.first, self.second)}
         started = self.clock()
         self.last: dict[str, float] = {self.first: started, self.second: started}  # last delivery (or the start)
@@ -48,17 +54,20 @@ class InputMerge:
         return len(self.queues[self.first]) + len(self.queues[self.second])
 
     def waiting(self, topic: str) -> int:
-        return len(self.queues[topic])
+        """The total weight of ``topic``'s queued records."""
+        return self.weights[topic]
 
     def add(self, topic: str, items: list[tuple[int | None, Any]], now: float | None = None) -> None:
         """Queue one fetch of ``topic``: ``(ts, item)`` in offset order (ts None: not readable)."""
         if not items:
             return
-        q, top = self.queues[topic], self.newest[topic]
+        q, top, weight = self.queues[topic], self.newest[topic], self.weight
         for ts, item in items:
             if ts is not None and (top is None or ts > top):
                 top = ts
-            q.append((top, item))
+            w = 1 if weight is None else weight(item)
+            q.append((top, item, w))
+            self.weights[topic] += w
         self.newest[topic] = top
         self.last[topic] = self.clock() if now is None else now
 
@@ -69,12 +78,13 @@ class InputMerge:
         return quiet < self.wait_s or (behind and quiet < 10 * self.wait_s)
 
     def release(self, limit: int, holding: Callable[[str], bool]) -> list[tuple[str, Any]]:
-        """Up to ``limit`` ``(topic, item)`` in merged order; ``holding(topic)`` is asked when that topic's
-        queue is empty and the other's is not."""
+        """``(topic, item)`` in merged order, up to ``limit`` of weight (at least one record, whatever it
+        weighs); ``holding(topic)`` is asked when that topic's queue is empty and the other's is not."""
         out: list[tuple[str, Any]] = []
         a, b = self.queues[self.first], self.queues[self.second]
         held: dict[str, bool] = {}
-        while len(out) < limit:
+        taken = 0
+        while taken < limit:
             if a and b:
                 take = self.first if a[0][0] is None or (b[0][0] is not None and a[0][0] <= b[0][0]) else self.second
             elif a or b:
@@ -86,5 +96,11 @@ class InputMerge:
                 take = self.first if a else self.second
             else:
                 break
-            out.append((take, self.queues[take].popleft()[1]))
+            q = self.queues[take]
+            if out and taken + q[0][2] > limit:
+                break
+            _, item, w = q.popleft()
+            self.weights[take] -= w
+            taken += w
+            out.append((take, item))
         return out

@@ -13,7 +13,7 @@ from .join_types import JoinMode
 @dataclass
 class JoinConfig:
     mode: JoinMode = "window"  # window (one example per impression: a positive when its action arrives in the window, a negative when the window closes in event time) | fake_negative (a negative at once, a positive when the action arrives)
-    impressions_topic: str = "impressions"  # topic of unlabelled events (request_id required), keyed by request_id
+    impressions_topic: str = "impressions"  # topic of unlabelled events (request_id required); the producer chooses each record's form: one JSON impression keyed by its request_id, or an Arrow record of many (kafka.codec's Arrow columns without label, labels, feedback) sent to the partition their request_ids hash to
     actions_topic: str = "actions"  # topic of actions (request_id, ts, type, optional value), keyed by request_id; co-partitioned with impressions_topic
     group: str = "streamrec-joiner"  # consumer group (faust app id) of the joiner workers
     label_action: str = "click"  # the action type that makes an impression a positive (single-task output: `label`)
@@ -23,7 +23,7 @@ class JoinConfig:
     orphan_wait_s: float = 300.0  # an action that arrives before its impression waits until the impressions' watermark passes its ts + this (event time)
     merge_wait_ms: float = 500.0  # ms a partition's topic that delivered nothing (and is not known to hold more) no longer holds back the other in the merge of impressions and actions by event time; 10x this bounds the wait on a topic the broker says holds more
     state_dir: str = "data/joiner"  # faust table state (RocksDB) of the joiner
-    batch_records: int = 2000  # input records joined per state commit (one atomic write per partition and batch: its examples are acknowledged before it; that write holds the batch's state changes: they must fit the changelog topic's max.message.bytes)
+    batch_records: int = 2000  # input records joined per state commit (an Arrow record counts its impressions; one record is never split) (one atomic write per partition and batch: its examples are acknowledged before it; that write holds the batch's state changes: they must fit the changelog topic's max.message.bytes)
     metrics_port: int = 0  # Prometheus HTTP port of the joiner, 0 = off
     metrics_host: str = "127.0.0.1"  # address the joiner's Prometheus endpoint binds (0.0.0.0 to publish it)
 

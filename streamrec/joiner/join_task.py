@@ -31,6 +31,13 @@ from .txstore import TxStore, dumps
 log = logging.getLogger(__name__)
 
 
+def _impressions_in(item) -> int:
+    """What one queued ``(record, decoded)`` counts for in a batch: its impressions (an Arrow record holds
+    many), else 1."""
+    d = item[1]
+    return len(d.body) if d.many else 1
+
+
 class PartitionCursor:
     """What the join task holds for one owned partition, from its last committed batch (``tx``)."""
 
@@ -114,7 +121,8 @@ class JoinTask:
                 tx = store.last_tx()
             self.joiner.add(p, store)
             parts[p] = PartitionCursor(store, tx, InputMerge(jc.impressions_topic, jc.actions_topic,
-                                                             self.watermarks(p), jc.merge_wait_ms / 1000.0))
+                                                             self.watermarks(p), jc.merge_wait_ms / 1000.0,
+                                                             weight=_impressions_in))
         written = await self.clients.written_since({p: part.ends for p, part in parts.items()})
         for p, part in parts.items():
             part.written |= written.get(p, set())
@@ -256,7 +264,7 @@ class JoinTask:
             decode = self.joiner.decode
             items = []
             for rec in recs:
-                d = decode(rec.topic, rec.key, rec.value)
+                d = decode(rec.topic, rec.key, rec.value, rec.partition)
                 items.append((d.ts, (rec, d)))
             part.merge.add(tp.topic, items, now)
             part.fetched[tp.topic] = recs[-1].offset + 1

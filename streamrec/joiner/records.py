@@ -9,7 +9,7 @@ from typing import Any
 
 from streamrec.foundation import EventSchema
 from streamrec.joiner.join_config import JoinConfig
-from streamrec.ingest import encode_arrow
+from streamrec.ingest import Decoder, encode_arrow, is_arrow
 
 from .machine import JoinRules, JoinState, JoinStats, parse_action
 from .txstore import dumps, loads
@@ -19,13 +19,16 @@ from .txstore import dumps, loads
 class Decoded:
     """One input record parsed: an impression (``body``: its event) or an action (``body``: an
     :class:`~.machine.Action`), its event time (None: not an integer, or malformed), its request id; a
-    malformed record has ``error`` set and nothing else."""
+    malformed record has ``error`` set and nothing else. An Arrow record of many impressions has ``many``
+    set: ``body`` is then its impressions as ``(request_id, ts, event)`` in row order, ``rid`` None and
+    ``ts`` the earliest of their times (the merge releases the message before the actions that follow it)."""
 
     impression: bool
     ts: int | None
     rid: str | None
     body: Any
     error: str | None = None
+    many: bool = False
 
 
 class Joiner:
@@ -33,10 +36,12 @@ class Joiner:
     labelled events it writes (an impression is checked against it without the label). ``retired``: totals
     of the machines dropped at rebalances (the live ones keep their own)."""
 
-    def __init__(self, join: JoinConfig, schema: EventSchema, metrics=None):
+    def __init__(self, join: JoinConfig, schema: EventSchema, metrics=None, partitions: int | None = None):
         self.rules = JoinRules.from_config(join)
         self.impressions_topic = join.impressions_topic
         self.schema_in = dataclasses.replace(schema, require_label=False)  # an impression carries no label
+        self.arrow = Decoder(self.schema_in, unlabelled=True)  # Arrow impressions: the events' columns, no label
+        self.partitions = partitions  # the input topics' partition count (None: Arrow rows' partitions unchecked)
         self.schema_out = schema
         self.machines: dict[int, JoinState] = {}
         self.retired = JoinStats()
@@ -77,10 +82,17 @@ class Joiner:
         malformed (the reason)."""
         return self.apply(p, self.decode(topic, key, value))
 
-    def decode(self, topic: str, key: bytes | None, value: bytes | None) -> Decoded:
-        """One record parsed and checked, not joined yet (its ``ts`` orders it, ``error`` says why it is
-        malformed)."""
+    def decode(self, topic: str, key: bytes | None, value: bytes | None, partition: int | None = None) -> Decoded:
+        """One record of input partition ``partition`` parsed and checked, not joined yet (its ``ts`` orders
+        it, ``error`` says why it is malformed)."""
         try:
+            if topic == self.impressions_topic and is_arrow(value):
+                try:
+                    return self._arrow_impressions(value, partition)
+                except ValueError:
+                    raise
+                except Exception as e:  # one record's failure, whatever it is: a dead letter, never a stop
+                    raise ValueError(f"Arrow impressions: {type(e).__name__}: {e}") from None
             try:
                 obj = loads(value) if value else None
             except (ValueError, UnicodeDecodeError) as e:
@@ -103,7 +115,10 @@ class Joiner:
         if d.error is not None:
             raise ValueError(d.error)
         m = self.machines[p]
-        exs = m.impression(d.rid, d.body.get("ts", 0), d.body) if d.impression else m.action(d.body)
+        if d.many:
+            exs = [ex for rid, ts, ev in d.body for ex in m.impression(rid, ts, ev)]
+        else:
+            exs = m.impression(d.rid, d.body.get("ts", 0), d.body) if d.impression else m.action(d.body)
         out = []
         for ex in exs:
             task = ""
@@ -126,6 +141,36 @@ class Joiner:
             raise ValueError("impression: request_id must be a non-empty string or an integer")
         self.schema_in.validate(obj)  # EventError (a ValueError) names the field
         return str(rid), obj.get("ts", 0), obj
+
+    def _arrow_impressions(self, value: bytes, partition: int | None) -> Decoded:
+        """An Arrow record of impressions (``encode_arrow(..., labelled=False)``): the events' Arrow columns
+        without ``label``, ``labels`` or ``feedback``, every row with a non-empty ``request_id`` that hashes
+        to the record's partition (where its actions are); any row failing makes the whole record malformed,
+        so a record's impressions are all joined or none. Raises ValueError (EventError) with the reason."""
+        batch = self.arrow.decode_arrow(value)
+        n = len(batch)
+        if not n:
+            raise ValueError("Arrow impressions: the record holds no impression")
+        rids = batch.request_ids
+        bad = 0 if rids is None else next((i for i, r in enumerate(rids) if not r), None)
+        if bad is not None:
+            raise ValueError(f"impression: request_id must be a non-empty string or an integer (row {bad})")
+        if partition is not None and self.partitions:
+            from aiokafka.partitioner import murmur2
+
+            for i, rid in enumerate(rids):  # as a keyed send of request_id: where its actions are
+                q = (murmur2(rid.encode()) & 0x7FFFFFFF) % self.partitions
+                if q != partition:
+                    raise ValueError(f"impression {rid[:64]!r} (row {i}) hashes to partition {q}, not this "
+                                     f"record's {partition}: both topics must be partitioned by request_id "
+                                     "(co-partitioning)")
+        events = batch.to_events(self.schema_in.tasks if batch.task_labels is not None else None)
+        body = []
+        for rid, ev in zip(rids, events):
+            ev.pop("label", None)  # to_events fills the absent labels in; the joiner sets them
+            ev.pop("labels", None)
+            body.append((rid, ev["ts"], ev))
+        return Decoded(True, int(batch.ts.min()), None, body, many=True)
 
     @staticmethod
     def _check_key(key: bytes | None, rid: str) -> None:

@@ -91,7 +91,8 @@ class FakeClients:
         return [(fut, len(records))] if records else []
 
     async def _send(self, topic, value, key=None, headers=None):
-        return await self.produce(topic, 0, [(key, value, headers)])
+        (fut, _n), = await self.produce(topic, 0, [(key, value, headers)])
+        return fut  # as the producer's send: the future of the record's acknowledgement
 
 
 class FakeTable(dict):
@@ -113,9 +114,11 @@ def logs_of(cfg, imps: dict, acts: dict) -> dict:
     return logs
 
 
-async def join_all(cfg, schema, logs: dict, first: str, want: int, timeout_s: float = 60.0) -> list:
+async def join_all(cfg, schema, logs: dict, first: str, want: int, timeout_s: float = 60.0,
+                   keep_all: bool = False) -> list | dict:
     """Run the join task over ``logs`` (fetched ``first`` topic first) until ``want`` examples are out; the
-    output messages' ``(key, value, headers)`` in the order they were written."""
+    output messages' ``(key, value, headers)`` in the order they were written (``keep_all``: every topic's,
+    by topic: the dead letters too)."""
     clients = FakeClients(FakeReader(logs, first))
     task = JoinTask(FakeTable(), Joiner(cfg.join, schema), clients, cfg.kafka, cfg.join)
     await task.assigned(set(logs[first]))
@@ -129,7 +132,7 @@ async def join_all(cfg, schema, logs: dict, first: str, want: int, timeout_s: fl
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
-    return clients.out.get(EVENTS, [])
+    return clients.out if keep_all else clients.out.get(EVENTS, [])
 
 
 def kinds(out: list) -> Counter:
