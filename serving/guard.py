@@ -18,6 +18,11 @@ reason, every failing one is in the detail):
 - ``auc``: the progressive AUC is more than ``auc_margin`` below its history (a model whose ranking was
   damaged, by an incident it has since been trained past, keeps a worse AUC after its calibration and logloss
   have recovered);
+- ``field_contribution``: a field's contribution to the ranking on the window (the model's AUC minus its AUC
+  with that field's ids removed, paired on the same events, measured by the trainer before it learnt them:
+  ``manifest.evidence.field_contribution``) is more than ``field_contribution_margin`` below its history. A
+  field whose ids stopped belonging to their events (a misaligned upstream join) stops helping the ranking at
+  once, while the window's AUC and the golden set move by less than their noise;
 - ``golden``: on serving's golden set (``golden.py``: labelled events of windows whose versions were
   promoted), the candidate's AUC is more than ``golden_auc_margin`` below the promoted version's on the same
   events, or its logloss more than ``golden_logloss_margin`` (a share) above it. A model that has fitted a
@@ -27,21 +32,21 @@ reason, every failing one is in the detail):
 close to the margins, so a fixed margin holds good versions on chance dips. Each label and score check
 (and ``golden``) holds a version only when it is both *practically* worse (the difference exceeds its
 margin above, which stays the least difference worth a hold) and *statistically* worse (the difference
-exceeds ``z`` standard errors of the window it was measured on, ``noise.py``): a hold needs
+exceeds ``z`` standard errors of the window it was measured on, ``streamrec.foundation.noise``): a hold needs
 ``difference > max(margin, z * SE)``. SE is Hanley-McNeil's for AUC (the window's positive and negative
 counts), sqrt(per-event loss variance / n) for logloss, the binomial sqrt(p(1-p)/n) for the label rate (at
 the history's rate) and for calibration its relative form on log(mean prediction / label rate), which is
 held only when also more than ``z`` relative errors from 1; a window's SE is scaled by sqrt(2 / (2 -
 history_weight)) for the noise of the history it is compared with. On ``golden`` the SE is that of the paired
-difference (DeLong for AUC). A test on each window, rather than a sequential test across versions, keeps
-each verdict a function of one version's evidence and the promoted history, so an incident is held at its
+difference (DeLong for AUC); on ``field_contribution`` the trainer's DeLong SE of the paired contribution. A
+test on each window, rather than a sequential test across versions, keeps each verdict a function of one version's evidence and the promoted history, so an incident is held at its
 first version as before: an incident's differences are many standard errors wide. An evidence block of an
 older trainer (no positive count, no logloss variance) has its counts derived from its label rate and its
 logloss judged on the margin alone.
 
 A real stream's windows also differ by what they hold (which users, which items), beyond sampling: the
-guard keeps the last ``SPREAD_WINDOWS`` judged windows' AUC and logloss differences from their histories
-(held windows too, else the bound that holds them would hide the spread it should learn) and, once
+guard keeps the last ``SPREAD_WINDOWS`` judged windows' AUC, logloss and per-field contribution differences
+from their histories (held windows too, else the bound that holds them would hide the spread it should learn) and, once
 ``SPREAD_VERSIONS`` are in, uses their robust standard deviation (1.4826 median absolute difference, which
 an incident covering fewer than half of them barely moves) where it is wider than the window's sampling
 error, up to ``SPREAD_CAP`` times that error: a stream's spread may be inflated by a slow incident (a
@@ -58,6 +63,15 @@ users were last given. ``reset`` (an operator's ``streamrec accept``) starts the
 evidence: the stream really changed. The first version a server gets is promoted whatever it holds (nothing
 else could be served) and starts the histories.
 
+**Field contribution.** A field is judged when its figure was measured on at least
+``CONTRIBUTION_MIN_EVENTS`` events, its history shows it contributes at least ``field_contribution_margin``
+(an unimportant field's contribution swings around zero on a real stream, its embeddings fitted to few
+events, and its loss would cost the ranking less than the margin) and ``SPREAD_VERSIONS`` of its windows
+have given its spread (a real stream's windows differ in how much a field helps, far beyond the paired SE,
+and the check cannot tell noise before it knows by how much). Every judged field is one test, so ``z`` is
+raised to the Bonferroni value for their number: a version's chance of a false hold on this check stays
+that of one test at ``z``. A block without the figures (an older trainer's, a trainer group's) skips it.
+
 Recovery (``decide``): after a hold, ``recovery_versions`` versions in a row must pass before the newest is
 promoted (reason ``recovering`` until then). A model an incident damaged recovers gradually while the
 trainer learns from the clean stream again; each version's figures are noisy, and one of them passing by
@@ -70,15 +84,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any, Mapping
 
+from streamrec.foundation.noise import auc_se, binomial_se, mean_se
 from streamrec.snapshot.evidence import Evidence, Figures, InputHealth, read_evidence
 
 from .golden import GoldenComparison
-from .noise import auc_se, binomial_se, mean_se
 
 REASONS = ("dead_letters", "dense_zeros", "field_empty", "field_novel", "label_rate", "calibration", "logloss",
-           "auc", "golden", "recovering")
+           "auc", "field_contribution", "golden", "recovering")
 
 
 @dataclass
@@ -108,6 +123,8 @@ class History:
     # windows differ beyond sampling (which users, which items a window holds)
     auc_devs: list = field(default_factory=list)
     logloss_devs: list = field(default_factory=list)
+    contribution: dict = field(default_factory=dict)  # per field: its contribution to the ranking (EWMA)
+    contribution_devs: dict = field(default_factory=dict)  # per field: the judged windows' differences
 
 
 def _ewma(old, new, w: float):
@@ -119,6 +136,7 @@ def _ewma(old, new, w: float):
 SPREAD_WINDOWS = 30  # judged windows whose differences from the history give the spread
 SPREAD_VERSIONS = 8  # windows the spread needs before the checks use it; before that, sampling error alone
 SPREAD_CAP = 2.0  # the spread widens a check to at most this many times the window's sampling error
+CONTRIBUTION_MIN_EVENTS = 200  # events a field's contribution needs to be judged (fewer: its SE is itself noise)
 
 
 def _note(devs: list, value, base) -> None:
@@ -175,7 +193,8 @@ class Guard:
         ev = read_evidence(block)
         if ev is None:
             return Verdict(False, "no_evidence", "the version carries no quality evidence")
-        fails = self._input_fails(ev.input) + self._score_fails(self._figures(ev)) + self._golden_fails(golden)
+        fails = self._input_fails(ev.input) + self._score_fails(self._figures(ev)) + \
+            self._contribution_fails(ev) + self._golden_fails(golden)
         if not fails:
             return Verdict(True)
         fails.sort(key=lambda f: REASONS.index(f[0]))
@@ -246,6 +265,29 @@ class Guard:
                                      f"{g.auc_margin:g}, {g.z:g} SE {g.z * se:.4f})"))
         return fails
 
+    def _contribution_fails(self, ev: Evidence) -> list[tuple[str, str]]:
+        """The field contribution check's failures (see the module docstring)."""
+        g, h = self.cfg, self.history
+        hist_noise = math.sqrt(2 / (2 - float(g.history_weight)))
+        judged = {name: c for name, c in ev.field_contribution.items()
+                  if c.events >= CONTRIBUTION_MIN_EVENTS and h.contribution.get(name, -1.0) >= g.field_contribution_margin
+                  and len(h.contribution_devs.get(name, ())) >= SPREAD_VERSIONS}
+        if not judged:
+            return []
+        # one test per field: z is raised so that a version's chance of a false hold is one test's at z
+        z = -NormalDist().inv_cdf(NormalDist().cdf(-float(g.z)) / len(judged)) if g.z > 0 else 0.0
+        fails: list[tuple[str, str]] = []
+        for name, c in judged.items():
+            base = h.contribution[name]
+            se = c.se * hist_noise
+            se = max(se, min(_spread(h.contribution_devs[name]), SPREAD_CAP * se))
+            allowed = max(g.field_contribution_margin, z * se)
+            if base - c.contribution > allowed:
+                fails.append(("field_contribution", f"field {name!r} contribution {c.contribution:+.4f} < history "
+                                                    f"{base:+.4f} - {allowed:.4f} ({c.events} events, {z:.2f} SE "
+                                                    f"{z * se:.4f})"))
+        return fails
+
     def _golden_fails(self, c: GoldenComparison | None) -> list[tuple[str, str]]:
         """The golden set's check (see the module docstring); none without a comparison."""
         g = self.cfg
@@ -268,7 +310,7 @@ class Guard:
         v = self._recovering(self.judge(ev, golden))
         held = read_evidence(ev) if not v.ok and ev is not None else None
         if held is not None:
-            self._note_spread(self._figures(held))
+            self._note_spread(held)
         return v
 
     def _recovering(self, v: Verdict) -> Verdict:
@@ -285,10 +327,14 @@ class Guard:
         self.passing = None
         return v
 
-    def _note_spread(self, w: Figures | None) -> None:
+    def _note_spread(self, ev: Evidence) -> None:
+        h, w = self.history, self._figures(ev)
         if w is not None:
-            _note(self.history.auc_devs, w.auc, self.history.auc)
-            _note(self.history.logloss_devs, w.logloss, self.history.logloss)
+            _note(h.auc_devs, w.auc, h.auc)
+            _note(h.logloss_devs, w.logloss, h.logloss)
+        for name, c in ev.field_contribution.items():
+            if c.events >= CONTRIBUTION_MIN_EVENTS:
+                _note(h.contribution_devs.setdefault(name, []), c.contribution, h.contribution.get(name))
 
     def promoted(self, block: Mapping[str, Any] | None) -> None:
         """Fold a promoted version's evidence block into the histories."""
@@ -297,8 +343,11 @@ class Guard:
             return
         h, wt = self.history, (1.0 if self.history.promoted == 0 else float(self.cfg.history_weight))
         w = self._figures(ev)
+        self._note_spread(ev)
+        for name, c in ev.field_contribution.items():
+            if c.events >= CONTRIBUTION_MIN_EVENTS:
+                h.contribution[name] = _ewma(h.contribution.get(name), c.contribution, wt)
         if w is not None:
-            self._note_spread(w)
             h.logloss = _ewma(h.logloss, w.logloss, wt)
             h.auc = _ewma(h.auc, w.auc, wt)
             h.label_rate = _ewma(h.label_rate, w.label_rate, wt)
@@ -323,7 +372,8 @@ class Guard:
         return {"logloss": h.logloss, "auc": h.auc, "label_rate": h.label_rate, "dense_zero": h.dense_zero,
                 "dense_cols": list(h.dense_cols), "empty": dict(h.empty), "novel": dict(h.novel),
                 "promoted": h.promoted, "passing": self.passing, "auc_devs": list(h.auc_devs),
-                "logloss_devs": list(h.logloss_devs)}
+                "logloss_devs": list(h.logloss_devs), "contribution": dict(h.contribution),
+                "contribution_devs": {k: list(v) for k, v in h.contribution_devs.items()}}
 
     def load_state(self, d: dict[str, Any]) -> None:
         try:
@@ -331,7 +381,10 @@ class Guard:
                                    list(d.get("dense_cols") or []), dict(d.get("empty") or {}),
                                    dict(d.get("novel") or {}), int(d.get("promoted", 0)),
                                    [float(x) for x in d.get("auc_devs") or []][-SPREAD_WINDOWS:],
-                                   [float(x) for x in d.get("logloss_devs") or []][-SPREAD_WINDOWS:])
+                                   [float(x) for x in d.get("logloss_devs") or []][-SPREAD_WINDOWS:],
+                                   {str(k): float(v) for k, v in (d.get("contribution") or {}).items()},
+                                   {str(k): [float(x) for x in v][-SPREAD_WINDOWS:]
+                                    for k, v in (d.get("contribution_devs") or {}).items()})
             self.passing = None if d.get("passing") is None else int(d["passing"])
         except (TypeError, ValueError, AttributeError):
             self.history = History()
