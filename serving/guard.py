@@ -49,8 +49,10 @@ guard keeps the last ``SPREAD_WINDOWS`` judged windows' AUC, logloss and per-fie
 from their histories (held windows too, else the bound that holds them would hide the spread it should learn) and, once
 ``SPREAD_VERSIONS`` are in, uses their robust standard deviation (1.4826 median absolute difference, which
 an incident covering fewer than half of them barely moves) where it is wider than the window's sampling
-error, up to ``SPREAD_CAP`` times that error: a stream's spread may be inflated by a slow incident (a
-misaligned join degrades a model gradually), and the cap keeps such an incident above the bound. A smooth
+error, up to ``SPREAD_CAP`` times that error: a stream's spread may be inflated by a long incident whose
+windows are among the last ``SPREAD_WINDOWS``, and the cap keeps such an incident above the bound (once a
+model has fitted a misaligned join, the field adds nothing and its paired error is tiny, which keeps the
+bound tight). A smooth
 stream keeps its tight sampling bounds; a bursty one is judged against how much its windows vary; the
 golden set and the input and label checks do not widen with it.
 
@@ -69,8 +71,14 @@ else could be served) and starts the histories.
 events, and its loss would cost the ranking less than the margin) and ``SPREAD_VERSIONS`` of its windows
 have given its spread (a real stream's windows differ in how much a field helps, far beyond the paired SE,
 and the check cannot tell noise before it knows by how much). Every judged field is one test, so ``z`` is
-raised to the Bonferroni value for their number: a version's chance of a false hold on this check stays
-that of one test at ``z``. A block without the figures (an older trainer's, a trainer group's) skips it.
+raised to the Bonferroni value for their number (``z_one``): a version's chance of a false hold on this
+check stays that of one test at ``z``. A field also fails when this window and its previous judged one both
+fall past ``z_two``, the bound two successive windows pass together as often as one window passes
+``z_one`` (``Phi(-z_two)**2 = Phi(-z_one)``), and likewise when it falls past ``z_two`` while the window's
+AUC falls more than ``z_two`` of its SE (the ``auc`` check's) below its history: on a real stream one window
+in fifty may show a field helping little (a burst of one user's events) or a low AUC, each alone, while a
+misaligned join lowers both and keeps the field low window after window. A block
+without the figures (an older trainer's, a trainer group's) skips the check.
 
 Recovery (``decide``): after a hold, ``recovery_versions`` versions in a row must pass before the newest is
 promoted (reason ``recovering`` until then). A model an incident damaged recovers gradually while the
@@ -125,6 +133,7 @@ class History:
     logloss_devs: list = field(default_factory=list)
     contribution: dict = field(default_factory=dict)  # per field: its contribution to the ranking (EWMA)
     contribution_devs: dict = field(default_factory=dict)  # per field: the judged windows' differences
+    contribution_low: dict = field(default_factory=dict)  # per field: its last judged window fell past z_two
 
 
 def _ewma(old, new, w: float):
@@ -135,7 +144,7 @@ def _ewma(old, new, w: float):
 
 SPREAD_WINDOWS = 30  # judged windows whose differences from the history give the spread
 SPREAD_VERSIONS = 8  # windows the spread needs before the checks use it; before that, sampling error alone
-SPREAD_CAP = 2.0  # the spread widens a check to at most this many times the window's sampling error
+SPREAD_CAP = 3.0  # the spread widens a check to at most this many times the window's sampling error
 CONTRIBUTION_MIN_EVENTS = 200  # events a field's contribution needs to be judged (fewer: its SE is itself noise)
 
 
@@ -255,37 +264,63 @@ class Guard:
             if ll - h.logloss > allowed:
                 fails.append(("logloss", f"logloss {ll:.4f} > history {h.logloss:.4f} + {allowed:.4f} (margin "
                                          f"{g.logloss_margin:.0%}, {g.z:g} SE {g.z * se:.4f})"))
-        counts = w.labelled
         if w.auc is not None and h.auc is not None:
-            se = auc_se(h.auc, *counts) * hist_noise if counts else 0.0
-            se = max(se, min(_spread(h.auc_devs), SPREAD_CAP * se))
+            se = self._auc_se(w)
             allowed = self._allowed(g.auc_margin, se)
             if h.auc - w.auc > allowed:
                 fails.append(("auc", f"AUC {w.auc:.4f} < history {h.auc:.4f} - {allowed:.4f} (margin "
                                      f"{g.auc_margin:g}, {g.z:g} SE {g.z * se:.4f})"))
         return fails
 
-    def _contribution_fails(self, ev: Evidence) -> list[tuple[str, str]]:
-        """The field contribution check's failures (see the module docstring)."""
+    def _auc_se(self, w: Figures) -> float:
+        """The SE the ``auc`` check judges window ``w`` on: Hanley-McNeil's, widened by the spread (capped)."""
+        h, counts = self.history, w.labelled
+        se = auc_se(h.auc, *counts) * math.sqrt(2 / (2 - float(self.cfg.history_weight))) if counts else 0.0
+        return max(se, min(_spread(h.auc_devs), SPREAD_CAP * se))
+
+    def _auc_low(self, ev: Evidence, z: float) -> bool:
+        """Whether the window's AUC is more than ``z`` of its SE below its history."""
+        w = self._figures(ev)
+        if w is None or w.auc is None or self.history.auc is None:
+            return False
+        se = self._auc_se(w)
+        return math.isfinite(se) and self.history.auc - w.auc > z * se
+
+    def _contribution_drops(self, ev: Evidence) -> dict[str, tuple[float, float, float, float]]:
+        """Per judged field (see the module docstring): its drop below its history, the SE it is judged on,
+        the z of one window alone and the z of two successive windows."""
         g, h = self.cfg, self.history
         hist_noise = math.sqrt(2 / (2 - float(g.history_weight)))
         judged = {name: c for name, c in ev.field_contribution.items()
                   if c.events >= CONTRIBUTION_MIN_EVENTS and h.contribution.get(name, -1.0) >= g.field_contribution_margin
                   and len(h.contribution_devs.get(name, ())) >= SPREAD_VERSIONS}
         if not judged:
-            return []
-        # one test per field: z is raised so that a version's chance of a false hold is one test's at z
-        z = -NormalDist().inv_cdf(NormalDist().cdf(-float(g.z)) / len(judged)) if g.z > 0 else 0.0
-        fails: list[tuple[str, str]] = []
+            return {}
+        tail = NormalDist().cdf(-float(g.z)) / len(judged)  # one test per field: Bonferroni
+        z_one = -NormalDist().inv_cdf(tail) if g.z > 0 else 0.0
+        z_two = -NormalDist().inv_cdf(math.sqrt(tail)) if g.z > 0 else 0.0  # both of two windows: the same tail
+        out = {}
         for name, c in judged.items():
-            base = h.contribution[name]
             se = c.se * hist_noise
             se = max(se, min(_spread(h.contribution_devs[name]), SPREAD_CAP * se))
-            allowed = max(g.field_contribution_margin, z * se)
-            if base - c.contribution > allowed:
-                fails.append(("field_contribution", f"field {name!r} contribution {c.contribution:+.4f} < history "
-                                                    f"{base:+.4f} - {allowed:.4f} ({c.events} events, {z:.2f} SE "
-                                                    f"{z * se:.4f})"))
+            out[name] = (h.contribution[name] - c.contribution, se, z_one, z_two)
+        return out
+
+    def _contribution_fails(self, ev: Evidence) -> list[tuple[str, str]]:
+        """The field contribution check's failures: a drop beyond ``max(margin, z_one * SE)``, or beyond
+        ``max(margin, z_two * SE)`` in this window and the field's previous judged one."""
+        g, h = self.cfg, self.history
+        fails: list[tuple[str, str]] = []
+        for name, (drop, se, z_one, z_two) in self._contribution_drops(ev).items():
+            c, base = ev.field_contribution[name], h.contribution[name]
+            for z, also in ((z_one, ""), (z_two, "the previous window too"), (z_two, "the window's AUC too")):
+                allowed = max(g.field_contribution_margin, z * se)
+                if drop > allowed and (not also or (h.contribution_low.get(name) if also.startswith("the previous")
+                                                    else self._auc_low(ev, z_two))):
+                    fails.append(("field_contribution", f"field {name!r} contribution {c.contribution:+.4f} < "
+                                                        f"history {base:+.4f} - {allowed:.4f} ({c.events} events, "
+                                                        f"{z:.2f} SE{', ' + also if also else ''})"))
+                    break
         return fails
 
     def _golden_fails(self, c: GoldenComparison | None) -> list[tuple[str, str]]:
@@ -332,8 +367,11 @@ class Guard:
         if w is not None:
             _note(h.auc_devs, w.auc, h.auc)
             _note(h.logloss_devs, w.logloss, h.logloss)
+        drops = self._contribution_drops(ev)
         for name, c in ev.field_contribution.items():
             if c.events >= CONTRIBUTION_MIN_EVENTS:
+                drop, se, _, z_two = drops.get(name, (0.0, 0.0, 0.0, 0.0))
+                h.contribution_low[name] = name in drops and drop > max(self.cfg.field_contribution_margin, z_two * se)
                 _note(h.contribution_devs.setdefault(name, []), c.contribution, h.contribution.get(name))
 
     def promoted(self, block: Mapping[str, Any] | None) -> None:
@@ -373,7 +411,8 @@ class Guard:
                 "dense_cols": list(h.dense_cols), "empty": dict(h.empty), "novel": dict(h.novel),
                 "promoted": h.promoted, "passing": self.passing, "auc_devs": list(h.auc_devs),
                 "logloss_devs": list(h.logloss_devs), "contribution": dict(h.contribution),
-                "contribution_devs": {k: list(v) for k, v in h.contribution_devs.items()}}
+                "contribution_devs": {k: list(v) for k, v in h.contribution_devs.items()},
+                "contribution_low": dict(h.contribution_low)}
 
     def load_state(self, d: dict[str, Any]) -> None:
         try:
@@ -384,7 +423,8 @@ class Guard:
                                    [float(x) for x in d.get("logloss_devs") or []][-SPREAD_WINDOWS:],
                                    {str(k): float(v) for k, v in (d.get("contribution") or {}).items()},
                                    {str(k): [float(x) for x in v][-SPREAD_WINDOWS:]
-                                    for k, v in (d.get("contribution_devs") or {}).items()})
+                                    for k, v in (d.get("contribution_devs") or {}).items()},
+                                   {str(k): bool(v) for k, v in (d.get("contribution_low") or {}).items()})
             self.passing = None if d.get("passing") is None else int(d["passing"])
         except (TypeError, ValueError, AttributeError):
             self.history = History()

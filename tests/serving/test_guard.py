@@ -358,6 +358,37 @@ def test_a_field_is_judged_once_its_spread_is_known_and_only_when_it_contributes
     assert g.judge(_fc_ev(user=-0.03, item=-0.03)).reason == "field_contribution"
 
 
+def _served(g: Guard, ev) -> bool:
+    """``decide`` and, when it passes, ``promoted`` (as serving does); whether it passed."""
+    v = g.decide(ev)
+    if v.ok:
+        g.promoted(ev)
+    return v.ok
+
+
+def test_a_field_low_in_two_successive_windows_is_held_at_the_second():
+    """A drop of 2.5 SE passes alone (z_one is 3.2 for two judged fields) and is held when the previous window
+    fell past z_two (1.94) too; a window back at the history in between clears it."""
+    g = _guard()
+    _run(g, [_fc_ev() for _ in range(20)])
+    low = g.history.contribution["item"] - 2.5 * 0.007 * np.sqrt(2 / 1.8)
+    assert _served(g, _fc_ev(item=low)) and g.history.contribution_low["item"]
+    v = g.decide(_fc_ev(item=low))
+    assert v.reason == "field_contribution" and "the previous window too" in v.detail
+    h = _guard()
+    _run(h, [_fc_ev() for _ in range(20)])
+    assert [_served(h, _fc_ev(item=x)) for x in (low, 0.025, low)] == [True, True, True]
+    h2 = _guard()
+    h2.load_state(g.state())
+    assert h2.history.contribution_low == g.history.contribution_low
+    k = _guard()
+    _run(k, [_fc_ev() for _ in range(20)])
+    dip = _fc_ev(item=low)
+    dip["since_previous"]["auc"] = 0.70  # the window's AUC 2.5 SE below its history too (one window, not two)
+    v = k.judge(dip)
+    assert v.reason == "field_contribution" and "the window's AUC too" in v.detail
+
+
 def test_a_bursty_fields_spread_widens_its_bound_up_to_the_cap():
     """A field whose contribution swings by 0.05 from window to window (a real stream's windows hold different
     users) passes a dip of 0.06 that a steady field is held on; a fall to nothing is held on both."""
