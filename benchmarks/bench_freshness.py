@@ -281,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from streamrec.ingest import EmbeddedBroker
 
-    if args.tiny:  # the drain ends when every probe is learned; its bound only stops a run whose trainer, slowed
-        # by a loaded machine, learns the last probes late from reporting them as never learned (an infinite p99)
+    if args.tiny:  # the drain ends once every probe is learned; its long bound keeps the last probes of a trainer
+        # slowed by a loaded machine from counting as never learned (an infinite p99)
         rate, seconds, warmup_s, ckpt_s, drain_s = 500.0, 4.0, 4.0, args.checkpoint_every_s or 1.0, 30.0
     else:
         rate, seconds, warmup_s = args.rate, (15.0 if args.quick else 40.0), (12.0 if args.quick else 15.0)
