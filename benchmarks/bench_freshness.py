@@ -211,8 +211,14 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
             raise RuntimeError(f"the trainer exited with {trainer.returncode}; see {wd / 'trainer.log'}")
         counted = [p for p, t in probes.sent_at.items() if t - t_start >= warmup_s]
         deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline and any(p not in probes.learned_s for p in counted):
+        while (time.monotonic() < deadline and trainer.poll() is None
+               and any(p not in probes.learned_s for p in counted)):
             time.sleep(0.1)
+        if any(p not in probes.learned_s for p in counted):  # an infinite p99: the trainer's own account of why
+            tail = (wd / "trainer.log").read_bytes()[-3000:].decode(errors="replace")
+            state = "running" if trainer.poll() is None else f"exited {trainer.returncode}"
+            print(f"probes unseen after the drain; the trainer ({state}) logged last:\n{tail}", file=sys.stderr,
+                  flush=True)
     finally:
         stop.set()
         watcher.join(5)
