@@ -346,7 +346,7 @@ def _freshness(bootstrap: str, quick: bool) -> dict:
 
 SIZES = {  # (events per codec, training warm-up s, training window s): enough events for warm-up + window at
     # ~40k events/s, as a trainer that runs out reads low; tiny is a smoke run whose trainers may run out
-    "full": (2_400_000, 8.0, 30.0), "quick": (600_000, 4.0, 10.0), "tiny": (60_000, 0.5, 1.5)}
+    "full": (2_400_000, 8.0, 30.0), "quick": (600_000, 4.0, 10.0), "tiny": (30_000, 0.5, 1.5)}
 
 
 def run(size: str = "full", freshness: bool = True, bootstrap: str | None = None) -> dict:
@@ -383,7 +383,7 @@ def run(size: str = "full", freshness: bool = True, bootstrap: str | None = None
               f"({cfg.kafka.events_per_message} per message), {PARTITIONS} partitions, produced by confluent-kafka "
               f"({r['produce_json_msgs_per_s'] / 1e3:.0f}k JSON messages/s)", flush=True)
 
-        r.update(decode_costs(cfg, 10_000 if size != "full" else 20_000, 5 if size != "tiny" else 1))
+        r.update(decode_costs(cfg, {"tiny": 2_000, "quick": 10_000}.get(size, 20_000), 5 if size != "tiny" else 1))
         for kind in ("int", "str"):
             print(f"  decode_many, {kind} ids: columnar {r[f'decode_columns_{kind}_us']:.2f} us/event, record by "
                   f"record {r[f'decode_records_orjson_{kind}_us']:.2f} (orjson), "
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="streamrec bench e2e", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="600k JSON events, a 10 s training window (~2 min)")
     ap.add_argument("--tiny", action="store_true",
-                    help="a smoke run (60k events, 1.5 s training windows): checks the bench works, its figures "
+                    help="a smoke run (30k events, 1.5 s training windows): checks the bench works, its figures "
                          "mean little (trainers may run out of events: their rates are then lower bounds)")
     ap.add_argument("--bootstrap", help="use this Kafka cluster instead of an embedded broker")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")

@@ -165,6 +165,11 @@ def _watch(service, cfg, probes: Probes, stop: threading.Event, seen: list, ckpt
             v.release()
 
 
+# A --tiny run's wait for its last probes: it ends as soon as every probe is seen, so the bound only decides when a
+# stuck run reports +inf; a smoke run on a loaded machine (a consumer group join, the first export) needs the room
+TINY_DRAIN_S = 90.0
+
+
 def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.0, warmup_s: float = 15.0,
                       probes_per_s: float = 20.0, workdir: str | None = None, drain_s: float = 20.0,
                       checkpoint_every_s: float | None = None) -> dict:
@@ -206,8 +211,14 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
             raise RuntimeError(f"the trainer exited with {trainer.returncode}; see {wd / 'trainer.log'}")
         counted = [p for p, t in probes.sent_at.items() if t - t_start >= warmup_s]
         deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline and any(p not in probes.learned_s for p in counted):
+        while (time.monotonic() < deadline and trainer.poll() is None
+               and any(p not in probes.learned_s for p in counted)):
             time.sleep(0.1)
+        if any(p not in probes.learned_s for p in counted):  # an infinite p99: the trainer's own account of why
+            tail = (wd / "trainer.log").read_bytes()[-3000:].decode(errors="replace")
+            state = "running" if trainer.poll() is None else f"exited {trainer.returncode}"
+            print(f"probes unseen after the drain; the trainer ({state}) logged last:\n{tail}", file=sys.stderr,
+                  flush=True)
     finally:
         stop.set()
         watcher.join(5)
@@ -282,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     from streamrec.ingest import EmbeddedBroker
 
     if args.tiny:
-        rate, seconds, warmup_s, ckpt_s, drain_s = 500.0, 4.0, 4.0, args.checkpoint_every_s or 1.0, 10.0
+        rate, seconds, warmup_s, ckpt_s, drain_s = 500.0, 4.0, 4.0, args.checkpoint_every_s or 1.0, TINY_DRAIN_S
     else:
         rate, seconds, warmup_s = args.rate, (15.0 if args.quick else 40.0), (12.0 if args.quick else 15.0)
         ckpt_s, drain_s = args.checkpoint_every_s, 20.0

@@ -366,10 +366,11 @@ def restart(bootstrap: str, size: str, root: Path) -> dict:
 
 
 def freshness(bootstrap: str, size: str, q: dict) -> dict:
-    from .bench_freshness import measure_freshness
+    from .bench_freshness import TINY_DRAIN_S, measure_freshness
 
     *_, seconds, warmup_s = SIZES[size]
-    f = measure_freshness(bootstrap, rate=5000.0, seconds=seconds, warmup_s=warmup_s)
+    f = measure_freshness(bootstrap, rate=5000.0, seconds=seconds, warmup_s=warmup_s,
+                          **({"drain_s": TINY_DRAIN_S} if size == "tiny" else {}))
     out = {"pipeline_freshness_p50_s": f["freshness_p50_s"], "pipeline_freshness_p99_s": f["freshness_p99_s"]}
     for mode in ("window", "fake_negative"):
         for pct in ("p50", "p99"):

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from streamrec.ingest import EmbeddedBroker
 
     wait = args.wait_ms if args.wait_ms is not None else load_config(None, {}, env={}).trainer.merge_wait_ms
-    seconds = 2.0 if args.tiny else 8.0 if args.quick else 30.0
+    seconds = 1.0 if args.tiny else 8.0 if args.quick else 30.0
     broker = None if args.bootstrap else EmbeddedBroker().start()
     try:
         bs = args.bootstrap or broker.bootstrap

@@ -196,9 +196,10 @@ def idle_gap_latency(fn, gap_s: float, calls: int) -> dict:
 
 
 def predict_cell(target: str, request, clients: int, seconds: float, server_ps: list, me_ps,
-                 own_connection: bool = False) -> dict:
-    """``clients`` threads sending ``request`` back to back for ``seconds``: latency percentiles, req/s, errors,
-    and the CPU per request of the server processes ``server_ps`` and of this process."""
+                 own_connection: bool = False, warm_s: float = 0.3) -> dict:
+    """``clients`` threads sending ``request`` back to back for ``seconds`` after ``warm_s`` of the same, untimed:
+    latency percentiles, req/s, errors, and the CPU per request of the server processes ``server_ps`` and of this
+    process."""
     import grpc
 
     from streamrec.serving import ServingClient
@@ -222,7 +223,7 @@ def predict_cell(target: str, request, clients: int, seconds: float, server_ps: 
     ths = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(clients)]
     for t in ths:
         t.start()
-    time.sleep(0.3)
+    time.sleep(warm_s)
     for x in lat:
         x.clear()
     t0 = time.perf_counter()
@@ -290,7 +291,7 @@ def exported_vs_module(args, dev) -> int:
     torch.set_num_threads(1)
     names = list(MODELS) if args.model == "all" else [args.model]
     seconds = 0.1 if args.tiny else 0.5 if args.quick else 2.0
-    rounds = 2 if args.tiny else 5
+    rounds = 1 if args.tiny else 5
     out: dict = {"models": {}, "batch": 512, "device": str(dev), "rounds": rounds}
     for name in names:
         cfg = load_config(None, {"model.architecture": name}, env={})
@@ -361,7 +362,10 @@ def main(argv: list[str]) -> int:
     tiny = args.tiny
     quick = args.quick or tiny
     cell_s = args.seconds or (0.15 if tiny else 1.2 if quick else 4.0)
-    abuse_s = 0.4 if tiny else 2.0 if quick else 5.0  # per phase of the isolation measure (alone, each abuser, alone again)
+    abuse_s = 0.2 if tiny else 2.0 if quick else 5.0  # per phase of the isolation measure (alone, each abuser, alone again)
+    # a smoke run: one alternation per abuser, one round of the group against the one process, the cells' clients
+    # warmed for less, the model lines' chunks fewer
+    iso_rounds, group_rounds, warm_s = (1, 1, 0.1) if tiny else (4, 2, 0.3)
     rows_per_table = 2_000 if tiny else 20_000 if quick else 200_000
     batches = [1, 64, 512]
     clients = [1, 4, 16]
@@ -507,7 +511,7 @@ def main(argv: list[str]) -> int:
         res = {}
         for b in batches:
             for c in clients:
-                res[(b, c)] = predict_cell(target, requests[b], c, cell_s, [server_ps], me_ps)
+                res[(b, c)] = predict_cell(target, requests[b], c, cell_s, [server_ps], me_ps, warm_s=warm_s)
                 say(f"gRPC b{b:<4} clients {c:<3} p50 {res[(b, c)]['p50']:7.2f} ms  p99 {res[(b, c)]['p99']:7.2f} ms  "
                     f"{res[(b, c)]['qps']:8.1f} req/s ({res[(b, c)]['qps'] * b:9.0f} ev/s)  vs bare forward "
                     f"{res[(b, c)]['qps'] / base[b]['forward_qps']:.3f}x  vs lookup+forward "
@@ -529,10 +533,11 @@ def main(argv: list[str]) -> int:
                     assert gp.push(snap1).ok
                 gps = psutil.Process(gproc.pid)
                 group_ps = [gps, *gps.children(recursive=True)]  # the supervisor and its server processes
-                for rnd in range(2):
+                for rnd in range(group_rounds):
                     for c in (4, 16):
                         for name, t, ps in (("one", target, [server_ps]), ("group", gtarget, group_ps)):
-                            r = predict_cell(t, requests[512], c, cell_s, ps, me_ps, own_connection=True)
+                            r = predict_cell(t, requests[512], c, cell_s, ps, me_ps, own_connection=True,
+                                             warm_s=warm_s)
                             group.setdefault((name, c), []).append(r)
                             say(f"gRPC b512 clients {c:<3} own connections, {name:5s} "
                                 f"({args.processes if name == 'group' else 1} processes) round {rnd + 1}: "
@@ -542,7 +547,7 @@ def main(argv: list[str]) -> int:
                 stop_process(gproc, 15)
 
         # isolation: a well-behaved client (batch 64, one thread) alone and with an abusive client running
-        iso = isolation(target, requests[64], abuse_s, env, server_pid=proc.pid)
+        iso = isolation(target, requests[64], abuse_s, env, server_pid=proc.pid, rounds=iso_rounds)
         say(f"isolation, well-behaved client b64: alone p99 {iso['p99_ms_alone']:.2f} ms ({iso['qps_alone']:.0f} req/s); "
             + "; ".join(f"with the {n} client p99 {iso[f'p99_ms_under_{n}']:.2f} ms ({iso[f'qps_under_{n}']:.0f} req/s), "
                         f"p99 ratio {iso[f'p99_ratio_under_{n}']:.2f}" for n in ABUSERS)
@@ -613,7 +618,8 @@ def main(argv: list[str]) -> int:
                 chunks[name].append((time.perf_counter() - t0) / 10)
         handler_vs_served512 = float(np.median(chunks["handler"]) / np.median(chunks["served"]))
         # model lines: a shadow line and a 50/50 split against one line, the whole handler in-process
-        lines = line_costs(tmp, snap1, overrides, dev, requests[512], ctx, 5 if tiny else 15 if quick else 30)
+        lines = line_costs(tmp, snap1, overrides, dev, requests[512], ctx, 2 if tiny else 15 if quick else 30,
+                           warm=1 if tiny else 5)
         say(f"model lines at b512 (whole handler in-process): one line {lines['single_handler_qps_b512']:.1f} "
             f"req/s, with a shadow {lines['shadow_handler_qps_b512']:.1f} ({lines['shadow_vs_single_b512']:.2f}x, "
             f"goal >= 0.55; {lines['shadow_skipped']} not shadow-scored), 50/50 split "

@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                         "time the device is busy (benchmarks/device_busy.py)")
     add_device_arg(p)
     args = p.parse_args(argv)
-    device = str(bench_device(args.device, p))
+    # this process hands the device's name on to the set-ups' processes, which resolve it: "cpu" needs no torch here
+    device = "cpu" if args.device == "cpu" else str(bench_device(args.device, p))
     # quick: 1M ids, 12 windows of 8k events (1 warm-up + 11 timed, a few seconds per set-up)
     events = args.events or (4_096 if args.tiny else 98_304 if args.quick else 204_800)
     ids = args.ids or (20_000 if args.tiny else 1_000_000 if args.quick else TOTAL_IDS)

@@ -51,8 +51,9 @@ def _with_user(request, field: str, user: int):
     return r
 
 
-def line_costs(tmp: Path, snap: Path, overrides: dict, dev, request, ctx, rounds: int) -> dict:
-    """The three services' handler throughput at the request's batch (see the module docstring)."""
+def line_costs(tmp: Path, snap: Path, overrides: dict, dev, request, ctx, rounds: int, warm: int = WARM) -> dict:
+    """The three services' handler throughput at the request's batch (see the module docstring), after ``warm``
+    untimed passes over the requests."""
     from streamrec.serving.server import StreamRecService
     from streamrec.snapshot import verify_snapshot
 
@@ -84,7 +85,7 @@ def line_costs(tmp: Path, snap: Path, overrides: dict, dev, request, ctx, rounds
                 svc.install(s, verify_snapshot(s))
         chunks: dict[str, list[float]] = {k: [] for k in kinds}
         for name, svc in services.items():  # warm every version (a frozen program specialises on its first calls)
-            for b in blobs * WARM:
+            for b in blobs * warm:
                 svc.Predict(b, ctx)
             svc.lines.drain(60)
         for _ in range(rounds):

@@ -29,7 +29,7 @@ import numpy as np
 from streamrec.foundation import EventBatch, JaggedIds
 from streamrec.snapshot.evidence import EventSample
 
-from .noise import mean_se, paired_auc
+from streamrec.foundation.noise import mean_se, paired_auc
 
 log = logging.getLogger("streamrec.serving")
 

@@ -18,6 +18,11 @@ reason, every failing one is in the detail):
 - ``auc``: the progressive AUC is more than ``auc_margin`` below its history (a model whose ranking was
   damaged, by an incident it has since been trained past, keeps a worse AUC after its calibration and logloss
   have recovered);
+- ``field_contribution``: a field's contribution to the ranking on the window (the model's AUC minus its AUC
+  with that field's ids removed, paired on the same events, measured by the trainer before it learnt them:
+  ``manifest.evidence.field_contribution``) is more than ``field_contribution_margin`` below its history. A
+  field whose ids stopped belonging to their events (a misaligned upstream join) stops helping the ranking at
+  once, while the window's AUC and the golden set move by less than their noise;
 - ``golden``: on serving's golden set (``golden.py``: labelled events of windows whose versions were
   promoted), the candidate's AUC is more than ``golden_auc_margin`` below the promoted version's on the same
   events, or its logloss more than ``golden_logloss_margin`` (a share) above it. A model that has fitted a
@@ -27,25 +32,27 @@ reason, every failing one is in the detail):
 close to the margins, so a fixed margin holds good versions on chance dips. Each label and score check
 (and ``golden``) holds a version only when it is both *practically* worse (the difference exceeds its
 margin above, which stays the least difference worth a hold) and *statistically* worse (the difference
-exceeds ``z`` standard errors of the window it was measured on, ``noise.py``): a hold needs
+exceeds ``z`` standard errors of the window it was measured on, ``streamrec.foundation.noise``): a hold needs
 ``difference > max(margin, z * SE)``. SE is Hanley-McNeil's for AUC (the window's positive and negative
 counts), sqrt(per-event loss variance / n) for logloss, the binomial sqrt(p(1-p)/n) for the label rate (at
 the history's rate) and for calibration its relative form on log(mean prediction / label rate), which is
 held only when also more than ``z`` relative errors from 1; a window's SE is scaled by sqrt(2 / (2 -
 history_weight)) for the noise of the history it is compared with. On ``golden`` the SE is that of the paired
-difference (DeLong for AUC). A test on each window, rather than a sequential test across versions, keeps
-each verdict a function of one version's evidence and the promoted history, so an incident is held at its
+difference (DeLong for AUC); on ``field_contribution`` the trainer's DeLong SE of the paired contribution. A
+test on each window, rather than a sequential test across versions, keeps each verdict a function of one version's evidence and the promoted history, so an incident is held at its
 first version as before: an incident's differences are many standard errors wide. An evidence block of an
 older trainer (no positive count, no logloss variance) has its counts derived from its label rate and its
 logloss judged on the margin alone.
 
 A real stream's windows also differ by what they hold (which users, which items), beyond sampling: the
-guard keeps the last ``SPREAD_WINDOWS`` judged windows' AUC and logloss differences from their histories
-(held windows too, else the bound that holds them would hide the spread it should learn) and, once
+guard keeps the last ``SPREAD_WINDOWS`` judged windows' AUC, logloss and per-field contribution differences
+from their histories (held windows too, else the bound that holds them would hide the spread it should learn) and, once
 ``SPREAD_VERSIONS`` are in, uses their robust standard deviation (1.4826 median absolute difference, which
 an incident covering fewer than half of them barely moves) where it is wider than the window's sampling
-error, up to ``SPREAD_CAP`` times that error: a stream's spread may be inflated by a slow incident (a
-misaligned join degrades a model gradually), and the cap keeps such an incident above the bound. A smooth
+error, up to ``SPREAD_CAP`` times that error: a stream's spread may be inflated by a long incident whose
+windows are among the last ``SPREAD_WINDOWS``, and the cap keeps such an incident above the bound (once a
+model has fitted a misaligned join, the field adds nothing and its paired error is tiny, which keeps the
+bound tight). A smooth
 stream keeps its tight sampling bounds; a bursty one is judged against how much its windows vary; the
 golden set and the input and label checks do not widen with it.
 
@@ -57,6 +64,21 @@ baseline) over the promoted versions only, so a held stretch never moves them: t
 users were last given. ``reset`` (an operator's ``streamrec accept``) starts them again from one version's
 evidence: the stream really changed. The first version a server gets is promoted whatever it holds (nothing
 else could be served) and starts the histories.
+
+**Field contribution.** A field is judged when its figure was measured on at least
+``CONTRIBUTION_MIN_EVENTS`` events, its history shows it contributes at least ``field_contribution_margin``
+(an unimportant field's contribution swings around zero on a real stream, its embeddings fitted to few
+events, and its loss would cost the ranking less than the margin) and ``SPREAD_VERSIONS`` of its windows
+have given its spread (a real stream's windows differ in how much a field helps, far beyond the paired SE,
+and the check cannot tell noise before it knows by how much). Every judged field is one test, so ``z`` is
+raised to the Bonferroni value for their number (``z_one``): a version's chance of a false hold on this
+check stays that of one test at ``z``. A field also fails when this window and its previous judged one both
+fall past ``z_two``, the bound two successive windows pass together as often as one window passes
+``z_one`` (``Phi(-z_two)**2 = Phi(-z_one)``), and likewise when it falls past ``z_two`` while the window's
+AUC falls more than ``z_two`` of its SE (the ``auc`` check's) below its history: on a real stream one window
+in fifty may show a field helping little (a burst of one user's events) or a low AUC, each alone, while a
+misaligned join lowers both and keeps the field low window after window. A block
+without the figures (an older trainer's, a trainer group's) skips the check.
 
 Recovery (``decide``): after a hold, ``recovery_versions`` versions in a row must pass before the newest is
 promoted (reason ``recovering`` until then). A model an incident damaged recovers gradually while the
@@ -70,15 +92,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any, Mapping
 
+from streamrec.foundation.noise import auc_se, binomial_se, mean_se
 from streamrec.snapshot.evidence import Evidence, Figures, InputHealth, read_evidence
 
 from .golden import GoldenComparison
-from .noise import auc_se, binomial_se, mean_se
 
 REASONS = ("dead_letters", "dense_zeros", "field_empty", "field_novel", "label_rate", "calibration", "logloss",
-           "auc", "golden", "recovering")
+           "auc", "field_contribution", "golden", "recovering")
 
 
 @dataclass
@@ -108,6 +131,9 @@ class History:
     # windows differ beyond sampling (which users, which items a window holds)
     auc_devs: list = field(default_factory=list)
     logloss_devs: list = field(default_factory=list)
+    contribution: dict = field(default_factory=dict)  # per field: its contribution to the ranking (EWMA)
+    contribution_devs: dict = field(default_factory=dict)  # per field: the judged windows' differences
+    contribution_low: dict = field(default_factory=dict)  # per field: its last judged window fell past z_two
 
 
 def _ewma(old, new, w: float):
@@ -118,7 +144,8 @@ def _ewma(old, new, w: float):
 
 SPREAD_WINDOWS = 30  # judged windows whose differences from the history give the spread
 SPREAD_VERSIONS = 8  # windows the spread needs before the checks use it; before that, sampling error alone
-SPREAD_CAP = 2.0  # the spread widens a check to at most this many times the window's sampling error
+SPREAD_CAP = 3.0  # the spread widens a check to at most this many times the window's sampling error
+CONTRIBUTION_MIN_EVENTS = 200  # events a field's contribution needs to be judged (fewer: its SE is itself noise)
 
 
 def _note(devs: list, value, base) -> None:
@@ -175,7 +202,8 @@ class Guard:
         ev = read_evidence(block)
         if ev is None:
             return Verdict(False, "no_evidence", "the version carries no quality evidence")
-        fails = self._input_fails(ev.input) + self._score_fails(self._figures(ev)) + self._golden_fails(golden)
+        fails = self._input_fails(ev.input) + self._score_fails(self._figures(ev)) + \
+            self._contribution_fails(ev) + self._golden_fails(golden)
         if not fails:
             return Verdict(True)
         fails.sort(key=lambda f: REASONS.index(f[0]))
@@ -236,14 +264,63 @@ class Guard:
             if ll - h.logloss > allowed:
                 fails.append(("logloss", f"logloss {ll:.4f} > history {h.logloss:.4f} + {allowed:.4f} (margin "
                                          f"{g.logloss_margin:.0%}, {g.z:g} SE {g.z * se:.4f})"))
-        counts = w.labelled
         if w.auc is not None and h.auc is not None:
-            se = auc_se(h.auc, *counts) * hist_noise if counts else 0.0
-            se = max(se, min(_spread(h.auc_devs), SPREAD_CAP * se))
+            se = self._auc_se(w)
             allowed = self._allowed(g.auc_margin, se)
             if h.auc - w.auc > allowed:
                 fails.append(("auc", f"AUC {w.auc:.4f} < history {h.auc:.4f} - {allowed:.4f} (margin "
                                      f"{g.auc_margin:g}, {g.z:g} SE {g.z * se:.4f})"))
+        return fails
+
+    def _auc_se(self, w: Figures) -> float:
+        """The SE the ``auc`` check judges window ``w`` on: Hanley-McNeil's, widened by the spread (capped)."""
+        h, counts = self.history, w.labelled
+        se = auc_se(h.auc, *counts) * math.sqrt(2 / (2 - float(self.cfg.history_weight))) if counts else 0.0
+        return max(se, min(_spread(h.auc_devs), SPREAD_CAP * se))
+
+    def _auc_low(self, ev: Evidence, z: float) -> bool:
+        """Whether the window's AUC is more than ``z`` of its SE below its history."""
+        w = self._figures(ev)
+        if w is None or w.auc is None or self.history.auc is None:
+            return False
+        se = self._auc_se(w)
+        return math.isfinite(se) and self.history.auc - w.auc > z * se
+
+    def _contribution_drops(self, ev: Evidence) -> dict[str, tuple[float, float, float, float]]:
+        """Per judged field (see the module docstring): its drop below its history, the SE it is judged on,
+        the z of one window alone and the z of two successive windows."""
+        g, h = self.cfg, self.history
+        hist_noise = math.sqrt(2 / (2 - float(g.history_weight)))
+        judged = {name: c for name, c in ev.field_contribution.items()
+                  if c.events >= CONTRIBUTION_MIN_EVENTS and h.contribution.get(name, -1.0) >= g.field_contribution_margin
+                  and len(h.contribution_devs.get(name, ())) >= SPREAD_VERSIONS}
+        if not judged:
+            return {}
+        tail = NormalDist().cdf(-float(g.z)) / len(judged)  # one test per field: Bonferroni
+        z_one = -NormalDist().inv_cdf(tail) if g.z > 0 else 0.0
+        z_two = -NormalDist().inv_cdf(math.sqrt(tail)) if g.z > 0 else 0.0  # both of two windows: the same tail
+        out = {}
+        for name, c in judged.items():
+            se = c.se * hist_noise
+            se = max(se, min(_spread(h.contribution_devs[name]), SPREAD_CAP * se))
+            out[name] = (h.contribution[name] - c.contribution, se, z_one, z_two)
+        return out
+
+    def _contribution_fails(self, ev: Evidence) -> list[tuple[str, str]]:
+        """The field contribution check's failures: a drop beyond ``max(margin, z_one * SE)``, or beyond
+        ``max(margin, z_two * SE)`` in this window and the field's previous judged one."""
+        g, h = self.cfg, self.history
+        fails: list[tuple[str, str]] = []
+        for name, (drop, se, z_one, z_two) in self._contribution_drops(ev).items():
+            c, base = ev.field_contribution[name], h.contribution[name]
+            for z, also in ((z_one, ""), (z_two, "the previous window too"), (z_two, "the window's AUC too")):
+                allowed = max(g.field_contribution_margin, z * se)
+                if drop > allowed and (not also or (h.contribution_low.get(name) if also.startswith("the previous")
+                                                    else self._auc_low(ev, z_two))):
+                    fails.append(("field_contribution", f"field {name!r} contribution {c.contribution:+.4f} < "
+                                                        f"history {base:+.4f} - {allowed:.4f} ({c.events} events, "
+                                                        f"{z:.2f} SE{', ' + also if also else ''})"))
+                    break
         return fails
 
     def _golden_fails(self, c: GoldenComparison | None) -> list[tuple[str, str]]:
@@ -268,7 +345,7 @@ class Guard:
         v = self._recovering(self.judge(ev, golden))
         held = read_evidence(ev) if not v.ok and ev is not None else None
         if held is not None:
-            self._note_spread(self._figures(held))
+            self._note_spread(held)
         return v
 
     def _recovering(self, v: Verdict) -> Verdict:
@@ -285,10 +362,17 @@ class Guard:
         self.passing = None
         return v
 
-    def _note_spread(self, w: Figures | None) -> None:
+    def _note_spread(self, ev: Evidence) -> None:
+        h, w = self.history, self._figures(ev)
         if w is not None:
-            _note(self.history.auc_devs, w.auc, self.history.auc)
-            _note(self.history.logloss_devs, w.logloss, self.history.logloss)
+            _note(h.auc_devs, w.auc, h.auc)
+            _note(h.logloss_devs, w.logloss, h.logloss)
+        drops = self._contribution_drops(ev)
+        for name, c in ev.field_contribution.items():
+            if c.events >= CONTRIBUTION_MIN_EVENTS:
+                drop, se, _, z_two = drops.get(name, (0.0, 0.0, 0.0, 0.0))
+                h.contribution_low[name] = name in drops and drop > max(self.cfg.field_contribution_margin, z_two * se)
+                _note(h.contribution_devs.setdefault(name, []), c.contribution, h.contribution.get(name))
 
     def promoted(self, block: Mapping[str, Any] | None) -> None:
         """Fold a promoted version's evidence block into the histories."""
@@ -297,8 +381,11 @@ class Guard:
             return
         h, wt = self.history, (1.0 if self.history.promoted == 0 else float(self.cfg.history_weight))
         w = self._figures(ev)
+        self._note_spread(ev)
+        for name, c in ev.field_contribution.items():
+            if c.events >= CONTRIBUTION_MIN_EVENTS:
+                h.contribution[name] = _ewma(h.contribution.get(name), c.contribution, wt)
         if w is not None:
-            self._note_spread(w)
             h.logloss = _ewma(h.logloss, w.logloss, wt)
             h.auc = _ewma(h.auc, w.auc, wt)
             h.label_rate = _ewma(h.label_rate, w.label_rate, wt)
@@ -323,7 +410,9 @@ class Guard:
         return {"logloss": h.logloss, "auc": h.auc, "label_rate": h.label_rate, "dense_zero": h.dense_zero,
                 "dense_cols": list(h.dense_cols), "empty": dict(h.empty), "novel": dict(h.novel),
                 "promoted": h.promoted, "passing": self.passing, "auc_devs": list(h.auc_devs),
-                "logloss_devs": list(h.logloss_devs)}
+                "logloss_devs": list(h.logloss_devs), "contribution": dict(h.contribution),
+                "contribution_devs": {k: list(v) for k, v in h.contribution_devs.items()},
+                "contribution_low": dict(h.contribution_low)}
 
     def load_state(self, d: dict[str, Any]) -> None:
         try:
@@ -331,7 +420,11 @@ class Guard:
                                    list(d.get("dense_cols") or []), dict(d.get("empty") or {}),
                                    dict(d.get("novel") or {}), int(d.get("promoted", 0)),
                                    [float(x) for x in d.get("auc_devs") or []][-SPREAD_WINDOWS:],
-                                   [float(x) for x in d.get("logloss_devs") or []][-SPREAD_WINDOWS:])
+                                   [float(x) for x in d.get("logloss_devs") or []][-SPREAD_WINDOWS:],
+                                   {str(k): float(v) for k, v in (d.get("contribution") or {}).items()},
+                                   {str(k): [float(x) for x in v][-SPREAD_WINDOWS:]
+                                    for k, v in (d.get("contribution_devs") or {}).items()},
+                                   {str(k): bool(v) for k, v in (d.get("contribution_low") or {}).items()})
             self.passing = None if d.get("passing") is None else int(d["passing"])
         except (TypeError, ValueError, AttributeError):
             self.history = History()

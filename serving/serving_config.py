@@ -22,7 +22,7 @@ _RANGES = (  # key, lowest, highest, the error's message
 )
 _GUARD_SHARES = ("logloss_margin", "auc_margin", "label_rate_tolerance", "label_rate_floor", "dead_letter_share_max",
                  "zero_share_jump", "empty_share_jump", "novel_share_jump", "z", "golden_auc_margin",
-                 "golden_logloss_margin")
+                 "golden_logloss_margin", "field_contribution_margin")
 
 
 @dataclass
@@ -54,6 +54,7 @@ class GuardConfig:
     golden_events: int = 2000  # labelled events of promoted versions' evidence samples kept to score each candidate against the promoted version (0 = no golden set)
     golden_auc_margin: float = 0.02  # hold a candidate whose AUC on the golden set is more than this below the promoted version's (and more than z standard errors of the paired difference)
     golden_logloss_margin: float = 0.1  # hold a candidate whose logloss on the golden set is more than this share above the promoted version's (and more than z standard errors)
+    field_contribution_margin: float = 0.01  # hold a version when a field's contribution to its ranking on its window (AUC with the field minus AUC without it) is more than this below the promoted versions' (and more than z standard errors); 2 = never
 
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ Public surface::
     BatchSizes, batch_sizes(trainer, world)    # the step, window and hot-wait sizes, derived once per process
     SnapshotPublisher                          # snapshots after checkpoints, pushed in the background
     EvidenceCollector, collector_for           # the quality evidence each snapshot carries (serving's guard reads it)
+    ContributionMeter, CONTRIBUTION_EVENTS     # each field's paired AUC contribution, on a bounded sample per window
     StreamingMetrics, MemoryDLRM               # progressive AUC/logloss; the all-in-memory reference
     make_hot_source(trainer, model, kafka, budget, bootstrap), SampleHotSource, TopicHotSource, HotUpdate
     HotSetSource                               # the Protocol a hot-set source satisfies
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .trainer_settings import TrainerSettings
     from .core import TrainerCore, WindowResult
     from .crash_probe import probe_records, probe_train
+    from .contribution import CONTRIBUTION_EVENTS, ContributionMeter
     from .evidence import EvidenceCollector, collector_for
     from .fused_step import FusedStep, PreparedStep
     from .group import GroupError, GroupTrainerService
@@ -59,6 +61,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".batch_sizes": "BatchSizes batch_sizes",
     ".core": "TrainerCore WindowResult",
     ".crash_probe": "probe_records probe_train",
+    ".contribution": "CONTRIBUTION_EVENTS ContributionMeter",
     ".evidence": "EvidenceCollector collector_for",
     ".fused_step": "FusedStep PreparedStep",
     ".group": "GroupError GroupTrainerService",

@@ -190,6 +190,8 @@ class TrainerCore:
         rejected: list[np.ndarray] = []
         reasons: list[str] = []
         marker = self.step_marker
+        if self.before_training is not None and subs:
+            self.before_training(subs)
         for i, (s, sub) in enumerate(zip(steps, subs)):
             if marker is not None:  # a death from here to the next mark names exactly these events' records
                 at = np.concatenate([s.rows, s.prescore]) if len(s.prescore) else s.rows
@@ -293,6 +295,10 @@ class TrainerCore:
         return scores, out, reason
 
     on_step = None  # called with each training step's seconds (the trainer's Prometheus histogram), if set
+    # called with the mini-batches of a ``feed``/``flush`` before any of them trains (the evidence's field
+    # contribution scores some of their events with the model that has not learnt them yet), if set
+    before_training = None
+    can_predict = True  # ``predict`` scores any batch with the current model (a group's rank cannot)
     # the crash-loop marker (the consumer: ``mark_step(partitions, records)`` before each step names the
     # records of its events, early-scored ones included; ``step_done()`` after the last), if set
     step_marker = None

@@ -11,9 +11,11 @@ set in either), and the dead-lettered records (the consumer's counter, passed in
 count and the per-event logloss's variance (serving's guard scales its margins by the window's sampling
 error), and the evidence carries a uniform sample of up to ``SAMPLE_EVENTS`` labelled events of the
 since-previous window (serving builds its golden set from the samples of versions it promoted). An event
-whose label is not final yet (a fake negative) is not sampled.
+whose label is not final yet (a fake negative) is not sampled. Attached to a core that scores single
+batches, it also measures each field's contribution to the ranking on a sample of the since-previous
+window's events before the model learns them (``contribution.py``).
 
-:meth:`attach` hooks it onto a trainer core's ``score_trained`` (the events trained and their batch) and
+:meth:`attach` hooks it onto a trainer core's ``before_training`` (the field contribution), ``score_trained`` (the events trained and their batch) and
 ``update_metrics`` (their resolved labels and scores: in a fake-negative stream these arrive when each
 impression's label is final), so every path that scores trained events feeds it. :meth:`take` returns the
 snapshot's :class:`~streamrec.snapshot.Evidence` and starts the next since-previous window.
@@ -28,8 +30,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from streamrec.foundation import FEEDBACK_CODES, roc_auc
+from streamrec.foundation import roc_auc
 from streamrec.snapshot.evidence import Evidence, EventSample, Figures, input_health
+
+from .contribution import ContributionMeter, final_labelled
 
 if TYPE_CHECKING:
     from streamrec.foundation.model_config import ModelConfig
@@ -63,11 +67,7 @@ class _Sample:
         self.kept: list = []  # (key, label, dense row, {field: ids}), smallest key first after a trim
 
     def add(self, batch) -> None:
-        labels = batch.task_labels[:, 0] if batch.task_labels is not None else batch.labels
-        ok = ~np.isnan(labels)
-        if batch.feedback is not None:
-            ok &= batch.feedback != FEEDBACK_CODES["fake_negative"]
-        rows = np.flatnonzero(ok)
+        labels, rows = final_labelled(batch)
         keys = self.rng.random(len(rows))
         if len(self.kept) >= self.cap:
             bar = self.kept[-1][0]
@@ -129,6 +129,8 @@ class EvidenceCollector:
         self._seen = {f: [np.zeros(SEEN_BITS, bool), np.zeros(SEEN_BITS, bool), 0] for f in self.fields}
         self._dead_at = None  # the dead-letter counter at the previous take
         self._sample = _Sample(sample_events, self.fields, np.random.default_rng(seed))
+        self.seed = seed
+        self._contribution: ContributionMeter | None = None  # set by ``attach`` to a core that can predict
         self._reset()
 
     def _reset(self) -> None:
@@ -210,6 +212,9 @@ class EvidenceCollector:
 
         core.score_trained = scored
         core.update_metrics = updated
+        if getattr(core, "can_predict", False):  # a trainer group's rank scores inside its steps: not measured
+            self._contribution = ContributionMeter(self.fields, core.predict, seed=self.seed)
+            core.before_training = self._contribution.observe
         return self
 
     # -- taking ----------------------------------------------------------------------------------
@@ -230,7 +235,8 @@ class EvidenceCollector:
                 dense_column_zero_share=(self._col_zero / n).tolist() if n else [0.0] * self.dense_dim,
                 field_empty_share={f: (self._empty[f] / n if n else 0.0) for f in self.fields},
                 field_novel_share={f: (self._novel[f] / self._ids[f] if self._ids[f] else 0.0) for f in self.fields}),
-                sample=self._sample.take())
+                sample=self._sample.take(),
+                field_contribution=self._contribution.take() if self._contribution is not None else {})
             self._reset()
         return ev
 

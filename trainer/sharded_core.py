@@ -324,6 +324,8 @@ class ShardedTrainerCore(TrainerCore):
         super().load_dense_state(d)
         self.dense_sync.load_state(d.get("dense_sync"), d.get("dense_sync_rank"))
 
+    can_predict = False
+
     def predict(self, batch: EventBatch) -> np.ndarray:
         raise NotImplementedError("a rank of a group scores inside its training steps; serving predicts")
 

@@ -14,6 +14,7 @@ the generic loader here (``load_sections``); the whole ``Config`` is the applica
     resolve_device(name)                                # "auto" -> cuda if present, else cpu
     HotConfig, hot_budget(hot, model), hot_budget_rows(hot, model), hot_row_bytes(dim), HotBudget  # [hot]: one rule for all
     sha256_file(path), save_npz(path, arrays), roc_auc(labels, scores), StreamrecError
+    auc_se, mean_se, binomial_se, paired_auc           # sampling errors of AUC, a mean, a rate; two models' AUCs paired
     resource_error_line(exc), is_resource_error(exc)   # disk full, read-only, no file handles: one line
     ResourceError, resource_step(what, path), as_resource_error(exc, what, path)
     stop_process(proc, grace)                           # SIGTERM, then SIGKILL after a grace period
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .events import FEEDBACK_CODES, FEEDBACK_NAMES, FLOAT32_MAX, EventBatch, EventSchema, JaggedIds, feedback_code
     from .keyed_jagged import KeyedJaggedIds
     from .metrics import roc_auc
+    from .noise import auc_se, binomial_se, mean_se, paired_auc
     from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids, salted_mix, splitmix64, table_salt
     from .lazy import lazy_exports
     from .npz import save_npz
@@ -51,6 +53,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".keyed_jagged": "KeyedJaggedIds",
     ".ids": "INT64_MAX INT64_MIN hash_id hash_ids salted_mix splitmix64 table_salt",
     ".metrics": "roc_auc",
+    ".noise": "auc_se binomial_se mean_se paired_auc",
     ".npz": "save_npz",
     ".processes": "stop_process",
     ".resources": "ResourceError as_resource_error is_resource_error resource_error_line resource_step",

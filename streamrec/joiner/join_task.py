@@ -112,8 +112,7 @@ class JoinTask:
         for p in ps:
             store = TxStore(self.table, p, jc.impressions_topic, on_hit=hit)
             tx = store.recover()
-            await self.write_state(p, store)
-            log.info("TMP restore %d written", p)  # the last tx again: a changelog cut short in its applies is completed
+            await self.write_state(p, store)  # the last tx again: a changelog cut short in its applies is completed
             if tx is None:  # a partition never joined: start at the inputs' beginning and the output log's end
                 store.commit(BatchTx(seq=0, off={jc.impressions_topic: None, jc.actions_topic: None},
                                      ends=await self.clients.output_ends()))

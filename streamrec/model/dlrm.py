@@ -73,10 +73,13 @@ class DLRM(nn.Module):
                 raise ValueError(f"{len(self.field_dims)} field dims for {num_fields} fields")
             self.bottom = mlp([dense_dim, *bottom_mlp], last_activation=True) if dense_dim else None
             n = num_fields + (1 if self.bottom is not None else 0)
-            tri = torch.tril_indices(n, n, offset=-1)  # the pairs (i > j) of the interaction
+            # the pairs (i > j) of the interaction, made on the CPU (on the meta device, where serving counts a
+            # model's parameters, tril_indices runs a slow Python decomposition, once per process) and
+            # placed where the model is built
+            tri = torch.tril_indices(n, n, offset=-1, device="cpu")
             # as one flat index into the row-major [n, n] interaction matrix: one index_select,
             # cheaper than advanced indexing with two index tensors
-            self.register_buffer("_pairs", tri[0] * n + tri[1], persistent=False)
+            self.register_buffer("_pairs", (tri[0] * n + tri[1]).to(torch.empty(0).device), persistent=False)
             top_in = n * (n - 1) // 2 + (embedding_dim if self.bottom is not None else 0)
             self.top = mlp([top_in, *top_mlp, 1], last_activation=False, tasks=num_tasks, seed=seed)
             # made after every other layer, so the other layers' initial weights do not depend on the field dims

@@ -12,7 +12,7 @@ Public surface::
     PushResult, PushError, Pusher, PusherFactory  # the push side, transport-free (the pusher Protocol)
     export_dense(model, dense_dim, pooled_dim, num_tasks) -> ExportedDense   # the dense network as a program
     load_program(program_json, weights, constants) -> nn.Module ; probe_inputs ; task_logits
-    Evidence, Figures, InputHealth, EventSample, read_evidence(block)  # a snapshot's evidence (manifest.evidence)
+    Evidence, Figures, InputHealth, EventSample, Contribution, read_evidence(block)  # a snapshot's evidence (manifest.evidence)
     check_evidence(block), make_evidence(...), window(...)  # its checks; a hand-made block
     encode_rows, decode_rows, round_trip, PRECISIONS  # rows in a row precision (fp32, fp16, int8 row-wise)
     probe_batch(row_probe, fields, dense_dim), PROBE_EVENTS, ROW_PROBE_ATOL  # manifest.row_probe's events
@@ -24,8 +24,8 @@ from streamrec.foundation.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .evidence import (
-        EVIDENCE_FORMAT, Evidence, EventSample, Figures, InputHealth, check_evidence, empty_evidence, make_evidence,
-        read_evidence, window,
+        EVIDENCE_FORMAT, Contribution, Evidence, EventSample, Figures, InputHealth, check_evidence, empty_evidence,
+        make_evidence, read_evidence, window,
     )
     from .deletions import DELETED, iter_deleted
     from .errors import NEEDS_FULL, RETRYABLE, SnapshotError, is_retryable, needs_full
@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 
 # lazy: the error types must not load pyarrow and torch (the format does)
 _EXPORTS = {  # submodule: the public names it defines
-    ".evidence": "EVIDENCE_FORMAT Evidence EventSample Figures InputHealth check_evidence empty_evidence make_evidence "
+    ".evidence": "EVIDENCE_FORMAT Contribution Evidence EventSample Figures InputHealth check_evidence empty_evidence make_evidence "
                  "read_evidence window",
     ".deletions": "DELETED iter_deleted",
     ".errors": "NEEDS_FULL RETRYABLE SnapshotError is_retryable needs_full",

@@ -14,6 +14,7 @@ Shape (``format`` 1)::
      "since_previous": WINDOW,   # the events scored since the previous snapshot
      "recent": WINDOW,           # the last ``trainer.evidence_events`` events scored (a longer window)
      "sample": SAMPLE,           # optional: a few labelled events of the since-previous window
+     "field_contribution": {field: CONTRIBUTION},  # optional: each field's share of the ranking (below)
      "input": {"records": n,                     # events that reached the trainer since the previous snapshot
                "dead_letters": n,                # records dead-lettered meanwhile
                "dead_letter_share": x,           # dead_letters / (records + dead_letters)
@@ -27,6 +28,10 @@ Shape (``format`` 1)::
               "logloss_var": x|null,     # the variance of the per-event logloss over the window
               "tasks": {task: {"events", "auc", "logloss", "label_rate", "mean_prediction", ...}}}
 
+    CONTRIBUTION = {"contribution": x,   # AUC of the model minus its AUC with the field's ids removed
+                    "se": x,             # the standard error of that paired difference (DeLong)
+                    "events": n}         # the labelled events it was measured on
+
     SAMPLE = {"labels": [y],                     # the first task's label of each event, 0 or 1
               "dense": [[x]],                    # each event's dense vector
               "ids": {field: [[id]]}}            # per field, each event's ids
@@ -36,7 +41,10 @@ cannot be computed (no labelled event, one class only for AUC). Calibration is `
 label_rate``. ``positives`` and ``logloss_var`` give the window's sampling error (the guard scales its
 margins by it); a block without them (an older trainer's) reads as null and is judged on the margins alone.
 ``sample`` is what serving's golden set is built from (events of windows whose versions it promoted); a block
-without it adds nothing to the golden set.
+without it adds nothing to the golden set. ``field_contribution`` is measured on a sample of the
+since-previous window's events before the model trained on them, each event scored as it is and with one
+field's ids removed; a block without it (an older trainer's, a trainer group's) reads as empty and the guard
+skips the check that reads it.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ MAX_NAMES = 4096  # fields, tasks or dense columns one evidence block may name
 MAX_NAME_CHARS = 128
 WINDOW_KEYS = ("events", "auc", "logloss", "label_rate", "mean_prediction", "positives", "logloss_var")
 SAMPLE_KEYS = ("labels", "dense", "ids")
+CONTRIBUTION_KEYS = ("contribution", "se", "events")
 MAX_SAMPLE_EVENTS = 1024  # events one evidence sample may hold
 MAX_SAMPLE_IDS = 1 << 16  # ids one evidence sample may hold, all fields and events together
 INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -138,12 +147,25 @@ def _check_sample(sm: Any) -> None:
             _bad("sample.ids", f"more than {MAX_SAMPLE_IDS} ids")
 
 
+def _check_contribution(fc: Any) -> None:
+    for name, c in _names(fc, "field_contribution").items():
+        key = f"field_contribution.{name}"
+        if not isinstance(c, dict) or sorted(c) != sorted(CONTRIBUTION_KEYS):
+            _bad(key, f"must be an object of exactly {', '.join(CONTRIBUTION_KEYS)}")
+        x, se = c["contribution"], c["se"]
+        if type(x) not in (int, float) or not math.isfinite(x) or not -1 <= x <= 1:
+            _bad(f"{key}.contribution", f"must be a number in [-1, 1], got {x!r}")
+        if type(se) not in (int, float) or not math.isfinite(se) or not 0 <= se <= 1:
+            _bad(f"{key}.se", f"must be a number in [0, 1], got {se!r}")
+        _count(c["events"], f"{key}.events")
+
+
 def check_evidence(ev: Any) -> None:
     """Raise ``SnapshotError`` (INVALID_ARGUMENT) naming the first key of ``ev`` of a wrong type or range."""
     if not isinstance(ev, dict):
         raise SnapshotError(f"manifest.evidence: must be an object or null, got {type(ev).__name__}",
                             code="INVALID_ARGUMENT")
-    extra = sorted(set(ev) - {"format", "since_previous", "recent", "input", "sample"})
+    extra = sorted(set(ev) - {"format", "since_previous", "recent", "input", "sample", "field_contribution"})
     if extra:
         _bad(extra[0], "unknown key")
     if ev.get("format") != EVIDENCE_FORMAT:
@@ -157,6 +179,8 @@ def check_evidence(ev: Any) -> None:
                 _bad(f"{win}.tasks.{task}", "unknown key 'tasks'")
     if ev.get("sample") is not None:
         _check_sample(ev["sample"])
+    if ev.get("field_contribution") is not None:
+        _check_contribution(ev["field_contribution"])
     inp = ev.get("input")
     if not isinstance(inp, dict):
         _bad("input", "must be an object")
@@ -218,6 +242,20 @@ class Figures:
 
 
 @dataclass(frozen=True)
+class Contribution:
+    """A field's contribution to the model's ranking on a window (``CONTRIBUTION`` above): the model's AUC
+    minus its AUC with the field's ids removed, on the same ``events``, and that paired difference's
+    standard error."""
+
+    contribution: float
+    se: float
+    events: int
+
+    def to_block(self) -> dict[str, Any]:
+        return {"contribution": float(self.contribution), "se": float(self.se), "events": int(self.events)}
+
+
+@dataclass(frozen=True)
 class EventSample:
     """A few labelled events of a window (``SAMPLE`` above), as plain values: the first task's label, the
     dense vector and per field the ids of each event."""
@@ -275,6 +313,7 @@ class Evidence:
     input: InputHealth = field(default_factory=InputHealth)
     format: int = EVIDENCE_FORMAT
     sample: EventSample | None = None  # a few labelled events of the since-previous window (None: none taken)
+    field_contribution: Mapping[str, Contribution] = field(default_factory=dict)  # per field (empty: not measured)
 
     def to_block(self) -> dict[str, Any]:
         """The manifest's ``evidence`` object (checked by :func:`check_evidence`)."""
@@ -282,6 +321,8 @@ class Evidence:
               "recent": self.recent.to_block(), "input": self.input.to_block()}
         if self.sample is not None:
             ev["sample"] = self.sample.to_block()
+        if self.field_contribution:
+            ev["field_contribution"] = {name: c.to_block() for name, c in self.field_contribution.items()}
         check_evidence(ev)
         return ev
 
@@ -294,7 +335,9 @@ def read_evidence(block: Mapping[str, Any] | None) -> Evidence | None:
     check_evidence(block)
     return Evidence(Figures.from_block(block["since_previous"]), Figures.from_block(block["recent"]),
                     InputHealth.from_block(block["input"]), int(block["format"]),
-                    EventSample.from_block(block["sample"]) if block.get("sample") is not None else None)
+                    EventSample.from_block(block["sample"]) if block.get("sample") is not None else None,
+                    {name: Contribution(float(c["contribution"]), float(c["se"]), int(c["events"]))
+                     for name, c in (block.get("field_contribution") or {}).items()})
 
 
 def input_health(records: int = 0, dead_letters: int = 0, dense_zero_share: float = 0.0,
@@ -319,11 +362,13 @@ def make_evidence(since_previous: Figures, recent: Figures, records: int = 0, de
                   dense_zero_share: float = 0.0, dense_column_zero_share: Sequence[float] | None = None,
                   field_empty_share: Mapping[str, float] | None = None,
                   field_novel_share: Mapping[str, float] | None = None,
-                  sample: EventSample | None = None) -> dict[str, Any]:
+                  sample: EventSample | None = None,
+                  field_contribution: Mapping[str, Contribution] | None = None) -> dict[str, Any]:
     """An evidence block (the manifest's form) from its parts (a hand-made snapshot's, a test's)."""
     return Evidence(since_previous, recent, input_health(records, dead_letters, dense_zero_share,
                                                          dense_column_zero_share or (), field_empty_share,
-                                                         field_novel_share), sample=sample).to_block()
+                                                         field_novel_share), sample=sample,
+                    field_contribution=dict(field_contribution or {})).to_block()
 
 
 def empty_evidence() -> dict[str, Any]:

@@ -85,6 +85,7 @@ def _run(name: str, extra: list[str], timeout: float = 240.0) -> dict:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    print(p.stderr[-4000:])  # shown with a failed check: the bench's own account of a bad figure
     last = p.stdout.strip().splitlines()[-1]
     out = json.loads(last)
     assert isinstance(out, dict), last

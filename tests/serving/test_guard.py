@@ -1,6 +1,7 @@
 """The promotion guard on sequences of evidence blocks: a clean stream passes, each incident is held with its
 reason named, promotion resumes when the evidence recovers, and an accept restarts the history; a dip within
-the window's sampling error passes; a candidate worse on the golden set is held; a passing head settles.
+the window's sampling error passes; a candidate worse on the golden set is held; a passing head settles; a
+field that stops helping the ranking (a misaligned join) is held on its contribution while a clean wobble passes.
 Also the evidence block's own checks (Manifest.check refuses a malformed one) and the trainer's collector."""
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import pytest
 from streamrec.foundation import EventBatch, JaggedIds
 from streamrec.app.config import load_config
 from streamrec.serving.golden import GoldenSet
-from streamrec.serving.guard import Guard
+from streamrec.serving.guard import REASONS, Guard
 from streamrec.serving.history import VersionBook
-from streamrec.snapshot import EventSample, SnapshotError, check_evidence, make_evidence, read_evidence, window
+from streamrec.snapshot import (Contribution, EventSample, SnapshotError, check_evidence, make_evidence, read_evidence,
+                                window)
 from streamrec.trainer.evidence import SAMPLE_EVENTS, EvidenceCollector
 
 
@@ -320,3 +322,110 @@ def test_the_settle_timer_asks_the_server_to_serve(tmp_path):
     assert asked.wait(5)
     assert book.promote_settled(served) is v3
     book.close()
+
+
+def _fc_ev(item=0.025, item_se=0.007, user=0.01, events=1000, contribution=True):
+    w = window(events, auc=0.75, logloss=0.45, label_rate=0.2, mean_prediction=0.2, positives=events // 5,
+               logloss_var=0.3)
+    fc = {"item": Contribution(item, item_se, events), "user": Contribution(user, 0.004, events)}
+    return make_evidence(w, w, records=events, field_empty_share={"user": 0.0, "item": 0.0},
+                         field_novel_share={"user": 0.1, "item": 0.05},
+                         field_contribution=fc if contribution else None)
+
+
+def test_a_field_that_stops_helping_the_ranking_is_held_and_a_clean_wobble_passes():
+    rng = np.random.default_rng(0)
+    g = _guard()
+    clean = [_fc_ev(item=0.025 + rng.normal(0, 0.007)) for _ in range(20)]
+    assert _run(g, clean) == [""] * 20  # the sampling noise of a clean window passes
+    v = g.judge(_fc_ev(item=-0.02))  # the first misaligned window: its ids point at other events
+    assert not v.ok and v.reason == "field_contribution" and "'item'" in v.detail
+    assert g.judge(_fc_ev(item=0.0, item_se=0.001)).reason == "field_contribution"  # adapted: the field adds nothing
+    assert g.judge(_fc_ev(item=0.012)).ok  # within 3 SE of the history
+    assert g.judge(_fc_ev(item=0.0, item_se=0.001, events=100)).ok  # too few events to judge
+    assert g.judge(_fc_ev(contribution=False)).ok  # an older trainer's block: the check is skipped
+    assert _guard(field_contribution_margin=2).judge(_fc_ev(item=-0.02)).ok  # 2: never (a contribution is in [-1, 1])
+    assert REASONS.index("auc") < REASONS.index("field_contribution") < REASONS.index("golden")
+
+
+def test_a_field_is_judged_once_its_spread_is_known_and_only_when_it_contributes():
+    g = _guard()
+    _run(g, [_fc_ev() for _ in range(5)])
+    assert g.judge(_fc_ev(item=-0.05)).ok  # 4 windows: how much this stream's windows differ is not known yet
+    g = _guard()
+    _run(g, [_fc_ev(user=0.004) for _ in range(20)])
+    assert g.judge(_fc_ev(user=-0.03)).ok  # 'user' contributes less than the margin: its swings are not judged
+    assert g.judge(_fc_ev(user=-0.03, item=-0.03)).reason == "field_contribution"
+
+
+def _served(g: Guard, ev) -> bool:
+    """``decide`` and, when it passes, ``promoted`` (as serving does); whether it passed."""
+    v = g.decide(ev)
+    if v.ok:
+        g.promoted(ev)
+    return v.ok
+
+
+def test_a_field_low_in_two_successive_windows_is_held_at_the_second():
+    """A drop of 2.5 SE passes alone (z_one is 3.2 for two judged fields) and is held when the previous window
+    fell past z_two (1.94) too; a window back at the history in between clears it."""
+    g = _guard()
+    _run(g, [_fc_ev() for _ in range(20)])
+    low = g.history.contribution["item"] - 2.5 * 0.007 * np.sqrt(2 / 1.8)
+    assert _served(g, _fc_ev(item=low)) and g.history.contribution_low["item"]
+    v = g.decide(_fc_ev(item=low))
+    assert v.reason == "field_contribution" and "the previous window too" in v.detail
+    h = _guard()
+    _run(h, [_fc_ev() for _ in range(20)])
+    assert [_served(h, _fc_ev(item=x)) for x in (low, 0.025, low)] == [True, True, True]
+    h2 = _guard()
+    h2.load_state(g.state())
+    assert h2.history.contribution_low == g.history.contribution_low
+    k = _guard()
+    _run(k, [_fc_ev() for _ in range(20)])
+    dip = _fc_ev(item=low)
+    dip["since_previous"]["auc"] = 0.70  # the window's AUC 2.5 SE below its history too (one window, not two)
+    v = k.judge(dip)
+    assert v.reason == "field_contribution" and "the window's AUC too" in v.detail
+
+
+def test_a_bursty_fields_spread_widens_its_bound_up_to_the_cap():
+    """A field whose contribution swings by 0.05 from window to window (a real stream's windows hold different
+    users) passes a dip of 0.06 that a steady field is held on; a fall to nothing is held on both."""
+    rng = np.random.default_rng(1)
+    bursty, steady = _guard(), _guard()
+    for g, sd in ((bursty, 0.05), (steady, 0.002)):
+        for _ in range(30):
+            ev = _fc_ev(item=0.12 + rng.normal(0, sd), item_se=0.02)
+            if g.decide(ev).ok:  # a held window's difference is kept for the spread too
+                g.promoted(ev)
+    for g in (bursty, steady):
+        assert len(g.history.contribution_devs["item"]) == 29  # the first version has no history
+    assert bursty.judge(_fc_ev(item=bursty.history.contribution["item"] - 0.06, item_se=0.02)).ok
+    assert steady.judge(_fc_ev(item=steady.history.contribution["item"] - 0.07, item_se=0.02)).reason == \
+        "field_contribution"
+    for g in (bursty, steady):
+        assert g.judge(_fc_ev(item=-0.03, item_se=0.02)).reason == "field_contribution"
+    again = _guard()
+    again.load_state(bursty.state())
+    assert again.state() == bursty.state()
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"item": {"contribution": 1.5, "se": 0.01, "events": 10}}, "field_contribution.item.contribution"),
+    ({"item": {"contribution": 0.1, "se": float("nan"), "events": 10}}, "field_contribution.item.se"),
+    ({"item": {"contribution": 0.1, "se": 0.01, "events": -1}}, "field_contribution.item.events"),
+    ({"item": {"contribution": 0.1, "se": 0.01}}, "field_contribution.item"),
+    ([1], "field_contribution"),
+])
+def test_a_malformed_contribution_is_refused_naming_the_key(value, message):
+    ev = _fc_ev()
+    ev["field_contribution"] = value
+    with pytest.raises(SnapshotError, match=message.replace(".", r"\.")):
+        check_evidence(ev)
+
+
+def test_the_contribution_reads_back_and_an_older_block_reads_as_none():
+    ev = read_evidence(_fc_ev())
+    assert ev.field_contribution["item"] == Contribution(0.025, 0.007, 1000)
+    assert read_evidence(_fc_ev(contribution=False)).field_contribution == {}

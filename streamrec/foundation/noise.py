@@ -1,4 +1,5 @@
-"""The sampling error of the figures the promotion guard reads (``guard.py``, ``golden.py``).
+"""The sampling error of quality figures: the trainer's evidence measures with it, serving's promotion guard
+scales its margins by it.
 
 A window of a few thousand events measures AUC, logloss and label rate with an error of the same order as
 the guard's margins; these are the standard errors the guard scales its margins by:
