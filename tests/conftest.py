@@ -46,7 +46,7 @@ HEAVY_GROUP = "heavy-e2e"
 
 # Property tests: the "ci" profile (the default, and what CI and the README's test command run) keeps hypothesis's
 # full example counts; the "dev" profile runs a tenth of them, for the fast loop
-# (`pytest -m "not e2e and not subprocess" --hypothesis-profile=dev`). STREAMREC_HYPOTHESIS=dev selects it too.
+# (`pytest -m "not e2e and not subprocess" --hypothesis-profile=dev -n 2`). STREAMREC_HYPOTHESIS=dev selects it too.
 FULL_EXAMPLES = 100  # hypothesis's own default max_examples, the "ci" count
 settings.register_profile("ci", max_examples=FULL_EXAMPLES)
 settings.register_profile("dev", max_examples=FULL_EXAMPLES // 10)
