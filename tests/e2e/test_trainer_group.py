@@ -28,8 +28,9 @@ from tests.helpers.trainer import BS, PER_MESSAGE, read_jsonl, trainer_cfg
 pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
 
 CKPT_EVERY = 2048
-# Every run starts with its records already in the topic (the killed group's 60k events are produced before its
-# first launch: ten launches, each dying within two checkpoint intervals of its start, cannot drain them). The
+# Every run starts with its records already in the topic (the killed group's 100k events are produced before its
+# first launch: ten launches cannot drain them, though a launch whose failpoint waits for a snapshot trains on until
+# the snapshot comes, and on an idle machine that is a third of the backlog). The
 # killed group idles out after 5 s of silence (eleven launches, each restoring a checkpoint before its first fetch,
 # on a loaded machine); the clean and the 3-rank runs launch once, and 2 s of silence means the end.
 KILLED_IDLE_EXIT_S = 5.0
@@ -131,7 +132,7 @@ def _start_serving(cfg, tmp_path):
     log = open(tmp_path / "serving.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "streamrec", "serve", "--config", str(path)], stdout=log,
                             stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
-    client = ServingClient(serving_target(cfg.serving))
+    client = ServingClient(serving_target(cfg.serving), push_token=cfg.serving.push_token)
     client.wait_ready(timeout=60)
     return proc, client
 
@@ -149,7 +150,7 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     the way to rank 0; rank 0 while it builds) never leave serving with part of a version."""
     cfg = _group_cfg(topics, tmp_path)
     serving, client = _start_serving(cfg, tmp_path)
-    n_events = 60_000
+    n_events = 100_000
     sent = _produce_backlog(cfg, bootstrap, n_events)
     res = _train(cfg, tmp_path, bootstrap, 2, {"STREAMREC_FAILPOINTS": _failpoints()}, timeout=600)
     assert res.returncode == 0, res.stderr[-6000:]
@@ -176,7 +177,7 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
     assert _committed(bootstrap, cfg, ends) == ends  # rank 0 committed every partition after the manifest
     assert state["events"] >= n_events
     log = read_jsonl(tmp_path / "metrics.jsonl")
-    # the group measures a progressive AUC of 0.74 on these 60k events (a clean group 0.739; the killed one is held
+    # the group measures a progressive AUC of 0.74 on these events (a clean group 0.739; the killed one is held
     # within 0.01 of it below; Bayes-optimal 0.84): the floor is 0.06 below it
     assert log[-1]["auc"] > 0.68, log[-1]
     snaps = sorted(Path(cfg.trainer.snapshot_dir).glob("v*/manifest.json"))
@@ -188,6 +189,13 @@ def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstr
 
     status = client.status()
     newest = json.loads(snaps[-1].read_text())
+    assert int(status["newest_version"]) == newest["version"], (status, newest["version"])
+    if int(status["version"]) != newest["version"]:
+        # held by the guard, which is not under test here: the first version after a restart carries ids its fresh
+        # process has not seen (field_novel); an operator's accept serves it
+        assert status["held_reason"], status
+        client.accept(newest["version"])
+        status = client.status()
     assert int(status["version"]) == newest["version"], (status, newest["version"])
     stored = 0  # every row the group's shards hold at the final checkpoint
     from streamrec.embedding_store import EmbeddingStore, StoreSpec
