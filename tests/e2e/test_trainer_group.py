@@ -29,8 +29,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.subprocess]
 
 CKPT_EVERY = 2048
 # Every run starts with its records already in the topic (the killed group's 100k events are produced before its
-# first launch: ten launches cannot drain them, though a launch whose failpoint waits for a snapshot trains on until
-# the snapshot comes, and on an idle machine that is a third of the backlog). The
+# first launch, enough that ten launches cannot drain them: a launch whose failpoint waits for a snapshot trains on
+# until the snapshot comes, and a drained backlog leaves the later failpoints unreached). The
 # killed group idles out after 5 s of silence (eleven launches, each restoring a checkpoint before its first fetch,
 # on a loaded machine); the clean and the 3-rank runs launch once, and 2 s of silence means the end.
 KILLED_IDLE_EXIT_S = 5.0
