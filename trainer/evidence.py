@@ -7,7 +7,8 @@ the input's health over the events since the previous snapshot: the share of all
 dense column the share of zeros, per field the share of events with no id and of the distinct ids of each
 batch that are not in the trainer's
 recent memory of that field's ids (two rotating bitsets of hashed ids: an id counts as seen while its bit is
-set in either), and the dead-lettered records (the consumer's counter, passed in). Each window's figures carry its positive
+set in either; the checkpoint keeps it, so a restarted trainer's first window does not count every
+id as new), and the dead-lettered records (the consumer's counter, passed in). Each window's figures carry its positive
 count and the per-event logloss's variance (serving's guard scales its margins by the window's sampling
 error), and the evidence carries a uniform sample of up to ``SAMPLE_EVENTS`` labelled events of the
 since-previous window (serving builds its golden set from the samples of versions it promoted). An event
@@ -26,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -182,6 +183,31 @@ class EvidenceCollector:
             self._seen[f] = [np.zeros(SEEN_BITS, bool), cur, 0]
         else:
             self._seen[f][2] = set_bits
+
+    # -- the id memory across restarts -----------------------------------------------------------
+    def memory_state(self) -> dict[str, Any]:
+        """The recent-id memory of every field (packed bits), for the checkpoint: a trainer restarted from it
+        counts the ids it saw before the stop as seen, so its first snapshot's ``field_novel_share`` is the
+        stream's, not that of an empty memory (which counts every id as new and makes serving's guard hold a
+        good version as ``field_novel``)."""
+        import torch
+
+        with self._lock:
+            return {"bits": SEEN_BITS, "fields": {
+                f: {"cur": torch.from_numpy(np.packbits(cur)), "prev": torch.from_numpy(np.packbits(prev)),
+                    "set": int(n)} for f, (cur, prev, n) in self._seen.items()}}
+
+    def load_memory_state(self, st: Mapping[str, Any] | None) -> None:
+        """Take back :meth:`memory_state`'s memory; a field it lacks (new in the schema), or a memory of another
+        size, starts empty."""
+        if not st or int(st.get("bits", 0)) != SEEN_BITS:
+            return
+        with self._lock:
+            for f, m in (st.get("fields") or {}).items():
+                if f in self._seen:
+                    cur = np.unpackbits(np.asarray(m["cur"], np.uint8))[:SEEN_BITS].astype(bool)
+                    prev = np.unpackbits(np.asarray(m["prev"], np.uint8))[:SEEN_BITS].astype(bool)
+                    self._seen[f] = [cur, prev, int(m["set"])]
 
     def observe_scores(self, labels: np.ndarray, scores: np.ndarray) -> None:
         """Progressive labels and scores ``[n, T]`` (NaN label: that task's label is missing)."""

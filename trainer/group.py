@@ -479,7 +479,8 @@ class GroupTrainerService(TrainerService):
                 "newest_event_ms": max(s["newest_event_ms"] for s in shards),
             }
             hit("group.before_manifest")
-            path = write_checkpoint(self.root, seq, manifest, self.core.dense_state(), lambda d: {"group": True},
+            dense = {**self.core.dense_state(), **self._evidence_memory()}
+            path = write_checkpoint(self.root, seq, manifest, dense, lambda d: {"group": True},
                                     keep=self.settings.trainer.keep_checkpoints)
             hit("group.manifest_written")  # durable, offsets not committed yet
             self.consumer.mark_durable(offsets)  # rank 0 commits every partition, after the manifest

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 FINAL_PUSH_WAIT_S = 60.0  # the most a stop waits for a pending push, and again for the final one's answer
 FINAL_BUILDS = 2  # final snapshots a stop builds at most: a second one when serving dropped the first
+EVIDENCE_MEMORY = "evidence_memory"  # the checkpoint's dense key of the evidence's recent-id memory
 VERSION_FILE = "snapshot-version.json"  # the newest snapshot version built, next to the checkpoints (durable)
 
 
@@ -159,10 +160,16 @@ class TrainerService(TrainerReporting):
         if self.publisher is not None:
             self.publisher.load_state(state.get("snapshot", {}))
             self.publisher.request_full()  # serving may hold a newer version than this checkpoint knew
+        if self.evidence is not None:
+            self.evidence.load_memory_state(dense.get(EVIDENCE_MEMORY))
         self.core.hot_version = int(state.get("hot_version", 0))
         self.core.hot_rows = int(self.store.stats()["hot_rows"])
         self.resumed_from = str(ckpt)
         log.info("resumed from %s: %d events, offsets %s", ckpt, self.core.events, self.offsets)
+
+    def _evidence_memory(self) -> dict[str, Any]:
+        """The checkpoint's copy of the evidence's recent-id memory (where this process collects evidence)."""
+        return {EVIDENCE_MEMORY: self.evidence.memory_state()} if self.evidence is not None else {}
 
     # -- the crash-loop breaker for training steps (streamrec.ingest.inflight, phase "step") ----
     pins_training_crashes = True  # a group rank does not: its steps are collectives every rank must run
@@ -364,7 +371,8 @@ class TrainerService(TrainerReporting):
             "merge_forced": self.merger.forced,
             **self.core.counters(),
         }
-        dense = {**self.core.dense_state(), "merge": self.merger.state()}  # events waiting in the merge
+        dense = {**self.core.dense_state(), "merge": self.merger.state(),  # events waiting in the merge
+                 **self._evidence_memory()}
         path = write_checkpoint(self.settings.trainer.checkpoint_dir, seq, state, dense, write_store,
                                 keep=self.settings.trainer.keep_checkpoints)
         if self.prom is not None:
