@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamrec: {e}", file=sys.stderr)
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except ConfigError as e:
         return _fail(fmt, f"streamrec: config error: {e}", 2)
     except KeyboardInterrupt:
@@ -135,6 +135,23 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger("streamrec").debug("error", exc_info=True)
             return _fail(fmt, f"streamrec {args.command}: {type(e).__name__}: {e}", 1)
         raise
+    if argv is None and getattr(args, "exit_when_done", False):
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """End the program at once. A command that sets ``exit_when_done`` has closed everything it owns when it
+    returns; the interpreter's own teardown of the modules torch and grpc load is slow, and a supervisor
+    stopping the command (a test, docker, systemd) waits for it. Only the program's entry point (``argv`` None)
+    exits so: a caller of :func:`main` in its own process gets the code back."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to lose
+            pass
+    os._exit(code)
 
 
 def _fail(fmt: str, line: str, code: int) -> int:

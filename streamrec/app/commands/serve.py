@@ -19,7 +19,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--insecure-push", action="store_true",
                    help="start even with an empty serving.push_token on a non-loopback serving.host, i.e. let "
                         "anyone who reaches the port replace the model (warned on every start)")
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=cmd_serve, exit_when_done=True)
 
     p = sub.add_parser("predict", parents=[common], help="score JSON events (file or stdin) with a running server")
     p.add_argument("input", nargs="?", default="-",
