@@ -496,12 +496,13 @@ class GroupTrainerService(TrainerService):
     def _push(self, metrics=None) -> bool:
         """One snapshot of the whole model as it is now (a collective): rank 0 decides full or delta, every
         rank sends its rows changed since the last accepted push and its partitions' offsets. False when
-        no snapshot was built (a push is still pending, or there is no publisher)."""
+        no snapshot was built (a push is still pending, the model's export is running, or there is no
+        publisher)."""
         if self.snapshot_every <= 0:
             return False
         plan: list[Any] = [self.publisher.plan_next() if self.publisher is not None else None]
         dist.broadcast_object_list(plan, src=0, group=self.group)
-        if plan[0] is None:  # a push is still pending (or no publisher): no snapshot this time, on any rank
+        if plan[0] is None:  # a push pending, the export running, no publisher: no snapshot now, on any rank
             return False
         if metrics is None:
             metrics = self.core.group_metrics()  # a collective

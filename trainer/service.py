@@ -106,6 +106,8 @@ class TrainerService(TrainerReporting):
                                            give_up_s=t.push_give_up_s, pusher_factory=pusher_factory,
                                            version_file=Path(t.checkpoint_dir) / VERSION_FILE,
                                            ) if t.snapshot_every > 0 else None
+        if self.publisher is not None:  # off the poll loop, overlapping the group join and the first push interval
+            self.publisher.start_export(self.core.model)
         # the quality evidence each snapshot carries (trainer/evidence.py): on the process that publishes
         self.evidence = collector_for(settings.model, t.metrics_window, self.core) \
             if self.publisher is not None and self.rank == 0 else None
@@ -388,11 +390,12 @@ class TrainerService(TrainerReporting):
     # -- freshness ----------------------------------------------------------------
     def push_final(self) -> int | None:
         """At a stop (the stream's end, ``--max-events``, idle exit, SIGTERM): serving gets the model as the
-        final checkpoint holds it, with the evidence of every event since the previous snapshot. A push
-        still pending is waited for first (it is an older model: building the final one beside it is
-        refused), then the final model is built unless the newest snapshot serving holds already has every
-        event trained, and serving's answer is waited for; a final snapshot serving dropped (it needed a
-        full one) is built once more, full. Each wait is bounded by ``trainer.push_give_up_s`` and at most
+        final checkpoint holds it, with the evidence of every event since the previous snapshot. The model's
+        export, when still running, is waited for first (logged; a run shorter than it has no snapshot yet),
+        then a push still pending (it is an older model: building the final one beside it is refused), then
+        the final model is built unless the newest snapshot serving holds already has every event trained,
+        and serving's answer is waited for; a final snapshot serving dropped (it needed a full one) is built
+        once more, full. Each wait is bounded by ``trainer.push_give_up_s`` and at most
         ``FINAL_PUSH_WAIT_S``, and ends at a failed attempt (serving down: the stop does not sit out the
         retries). Returns the final version serving acknowledged, None when none was (logged with the
         reason; the final checkpoint holds every event, and a restart pushes a full snapshot)."""
@@ -409,6 +412,8 @@ class TrainerService(TrainerReporting):
         to be built (serving's newest snapshot misses events trained, or serving dropped it)."""
         pub = self.publisher
         if pub is None:
+            return False
+        if not pub.wait_export(self._final_wait_s()):  # a run shorter than the export: its first snapshot is this one
             return False
         if not pub.wait_idle(self._final_wait_s(), until_failure=True):
             return False
@@ -441,7 +446,7 @@ class TrainerService(TrainerReporting):
     def push(self) -> int | None:
         """Build a snapshot of the model as it is now and queue it for serving: a delta of the rows written
         since the last accepted push, or full when serving needs one. Its version, or None when the last
-        push is still pending (or building failed: logged, training goes on)."""
+        push is still pending or the model's export is running (or building failed: logged, training goes on)."""
         plan = self.publisher.plan_next()
         if plan is None:
             return None

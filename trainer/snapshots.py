@@ -31,7 +31,12 @@ the dropped one's rows too; when others took it, the refusing replica is left be
 Every snapshot carries the dense network as an exported program (``streamrec.snapshot.export_dense``), so
 serving scores it without importing the model's code. The model is exported once per publisher (the graph
 does not hold the weights); a full snapshot writes the program's files, a delta names the same program.
-The export happens on the first snapshot.
+A trainer starts the export as it starts, on a thread of its own (:meth:`SnapshotPublisher.start_export`,
+``trainer/program_export.py``): the export overlaps the consumer's group join and the first push interval,
+and :meth:`~SnapshotPublisher.plan_next` plans no snapshot while it runs, so the poll loop never waits for it
+and the first snapshot after it carries the program. A stop waits for it, bounded
+(:meth:`~SnapshotPublisher.wait_export`). A publisher nobody started exports on its first snapshot, on the
+caller's thread (a snapshot built by hand).
 Before each snapshot is written the program, with that snapshot's weights, must give the module's logits
 on the probe batch bit for bit; those logits go into the manifest, and serving checks the program against
 them. A model that cannot be exported (or whose program scores differently) is logged as one error line and
@@ -60,6 +65,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from streamrec.snapshot import Evidence, PusherFactory, empty_evidence, is_retryable, needs_full, write_snapshot
+
+from .program_export import DenseProgram
 
 if TYPE_CHECKING:
     from streamrec.embedding_store.store_config import StoreConfig
@@ -127,8 +134,7 @@ class SnapshotPublisher:
         self._pushers: dict = {}  # target -> the Pusher pusher_factory made for it
         self.version_file = Path(version_file) if version_file else None
         self._served_floor = 0  # the newest version a replica said it serves when it refused ours as not newer
-        self._exported = None  # (ExportedDense, its loaded program module), built on the first snapshot
-        self.program_error = ""  # why the model has no exported program ("" = it has one, or none tried yet)
+        self.program = DenseProgram(model, log)  # the dense network as an exported program
         if self.version_file is not None and self.version_file.exists():
             try:
                 self.st.built_version = int(json.loads(self.version_file.read_text())["version"])
@@ -193,7 +199,7 @@ class SnapshotPublisher:
         while a push is still pending or the model's export is running (no snapshot is built then). A trainer
         group decides this once, on rank 0, and every rank contributes its rows changed after that epoch."""
         with self._lock:
-            if self._pending is not None:
+            if self._pending is not None or self.program.running:
                 return None
             full = self.st.need_full or self.st.accepted_version == 0 or (self.st.built % self.full_every == 0)
             return full, (None if full else self.st.accepted_version), (0 if full else self.st.accepted_epoch)
@@ -224,7 +230,7 @@ class SnapshotPublisher:
             shutil.rmtree(out)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         dense_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        program, program_data = self._program(model, dense_state)
+        program, program_data = self.program.entry(model, dense_state)
         from .rowprobe import RowSample, build_row_probe
 
         precision = self.serving_cfg.row_precision
@@ -261,67 +267,24 @@ class SnapshotPublisher:
             self._wake.set()
         return out
 
-    # -- the exported program ------------------------------------------------
-    @staticmethod
-    def _cpu_copy(model):
-        import copy
+    # -- the exported program (trainer/program_export.py) ---------------------
+    def start_export(self, model) -> None:
+        """Export ``model``'s dense network on a thread of its own from now on (a trainer calls this as it
+        starts); :meth:`plan_next` plans no snapshot until it is done."""
+        self.program.start(model)
 
-        return copy.deepcopy(model).cpu()
+    @property
+    def exporting(self) -> bool:
+        return self.program.running
 
-    def _export(self, cpu_model) -> None:
-        """Export ``cpu_model`` into ``_exported``, or say in ``program_error`` (one error line) why not."""
-        from streamrec.snapshot import SnapshotError, export_dense, load_program
+    def wait_export(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the export :meth:`start_export` began; False (logged) while it runs."""
+        return self.program.wait(timeout)
 
-        mc = self.model_cfg
-        try:
-            ex = export_dense(cpu_model, mc.dense_dim, mc.pooled_dim, len(mc.task_names))
-            weights = cpu_model.state_dict()
-            mod = load_program(ex.program_json, {k: weights[k].detach() for k in ex.weight_keys}, ex.constants)
-            self._exported = (ex, mod)
-        except SnapshotError as e:
-            self.program_error = str(e)
-        except Exception as e:  # a model's own code may raise anything while it is traced
-            self.program_error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
-        if self.program_error:
-            log.error("snapshots carry no exported program (serving builds the model from its code, so the module "
-                      "must be importable where serving runs): %s", self.program_error)
-
-    def _program(self, model, dense_state: dict) -> tuple[dict | None, Any]:
-        """The manifest's ``program`` entry for a snapshot of ``model`` with ``dense_state``, and the
-        ``ExportedDense`` whose files a full snapshot writes; ``(None, None)`` when the model has no program."""
-        import torch
-
-        from streamrec.snapshot import probe_inputs, task_logits
-
-        mc = self.model_cfg
-        tasks = list(mc.task_names)
-        if self._exported is None and not self.program_error:
-            self._export(self._cpu_copy(model))
-        if self._exported is None:
-            return None, None
-        ex, mod = self._exported
-        dense, pooled = probe_inputs(mc.dense_dim, mc.pooled_dim)
-        weights = {k: dense_state[k] for k in ex.weight_keys}
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                mod.load_state_dict(weights, strict=False)
-                dev = next((p.device for p in model.parameters()), torch.device("cpu"))
-                want = task_logits(model(dense.to(dev), pooled.to(dev)), len(tasks), len(dense)).float().cpu()
-                got = task_logits(mod(dense, pooled), len(tasks), len(dense))
-        finally:
-            model.train(was_training)
-        exact = torch.equal(got, want) if dev.type == "cpu" else torch.allclose(got, want, rtol=1e-6, atol=1e-6)
-        if not exact:
-            self.program_error = (f"the exported program's logits on the probe batch differ from the module's "
-                                  f"(max |diff| {float((got - want).abs().max()):.3g})")
-            log.error("snapshots carry no exported program from now on: %s", self.program_error)
-            self._exported = None
-            return None, None
-        entry = ex.manifest_entry(mc.dense_dim, mc.pooled_dim, tasks)
-        entry["probe_logits"] = got.tolist()
-        return entry, ex
+    @property
+    def program_error(self) -> str:
+        """Why the model has no exported program ("" = it has one, or none tried yet)."""
+        return self.program.error
 
     def _prune(self) -> None:
         dirs = sorted(p for p in self.out_dir.glob("v*") if p.is_dir())
