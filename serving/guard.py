@@ -83,9 +83,9 @@ without the figures (an older trainer's, a trainer group's) skips the check.
 **Live drift** (``judge_drift``, reason ``drift``): while a candidate waits to be promoted, serving pairs its
 scores with the promoted version's on live requests (``drift.py``). The candidate fails when the mean
 ``|log-odds difference|`` over at least ``drift_min_events`` paired events is more than ``drift_max`` plus
-``z`` standard errors. Successive versions of a clean stream differ by far less (about 0.15-0.3 a version,
-at most about 0.6 even many versions apart, on the synthetic stream and MovieLens); a model that learnt
-flipped labels, a broken output bias or a dense feature on another scale differs by more. It is judged
+``z`` standard errors. The default sits well above what successive versions of a clean stream differ by, even
+many versions apart (``streamrec bench quality --drift``, BENCHMARKS.md); a model that learnt flipped labels, a
+broken output bias or a dense feature on another scale differs by more. It is judged
 only on a candidate that waits (``history.py``): a version promoted at its push is never delayed for live
 figures, and a candidate with fewer paired events than ``drift_min_events`` has no verdict.
 

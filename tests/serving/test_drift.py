@@ -117,13 +117,18 @@ def test_a_drifting_candidate_is_neither_settled_nor_recovery_promoted(tmp_path)
     assert book.drift_candidate(6) == 0
 
 
-def test_a_candidate_that_does_not_drift_or_has_too_few_events_settles(tmp_path):
+def test_a_candidate_that_does_not_drift_or_has_too_few_events_settles_or_completes_the_count(tmp_path):
     now = [0.0]
     book, served, v3 = _book(tmp_path, now)
     _live(book, v3, served, shift=0.2)
     assert book.held_reason.startswith("recovering") and book.waiting_drift()["events"] == 1200
     now[0] = 61.0
     assert book.promote_settled(served) is v3
+    now[0] = 0.0
+    book, served, v3 = _book(tmp_path / "count", now)
+    _live(book, v3, served, shift=0.2)
+    assert "2 of 3" in book.add(_Version(4, _ev()), served).detail  # the count goes on
+    assert book.add(_Version(5, _ev()), served).ok
     now[0] = 0.0
     book, served, v3 = _book(tmp_path / "few", now)
     _live(book, v3, served, shift=2.5, events=900)  # below drift_min_events: no verdict, today's rules
