@@ -284,6 +284,30 @@ def _report(r: dict) -> list[tuple[str, bool]]:
     return goals
 
 
+def _drift_mode(a, n: int, streams: list[str], seed: int) -> int:
+    """``--drift``: the figures of ``drift_versions.py`` per stream, against ``serving.guard.drift_max``."""
+    from streamrec.serving.serving_config import GuardConfig
+
+    from .drift_versions import LAGS, run as drift_run
+
+    every = 500 if a.tiny else 2048
+    out: dict = {"drift_max_default": GuardConfig().drift_max, "streams": {}}
+    for stream in streams:
+        cfg = _config(stream, {"model.seed": seed})
+        events, _ = _events(stream, cfg, n + 5_000)
+        r = out["streams"][stream] = drift_run(stream, cfg, events, every, 4_000 if not a.tiny else 500, seed)
+        print(f"{stream}: {r['events']:,} events, a version every {every}: clean versions differ by at most "
+              f"{r['clean_max']:.3f} (lags {', '.join(str(x) for x in LAGS if f'clean_lag{x}_max' in r)});"
+              f" label flip up to {r['flip_max']:.3f}, misaligned join up to {r['misaligned_join_max']:.3f}")
+    out["clean_drift_max"] = max(r["clean_max"] for r in out["streams"].values())
+    margin = out["clean_drift_max"] * 1.5 <= out["drift_max_default"]
+    out["goals"] = {"clean_drift_max * 1.5 <= drift_max_default": margin}
+    print(f"drift_max default {out['drift_max_default']:g}: clean at most {out['clean_drift_max']:.3f}")
+    if a.json:
+        print(json.dumps(out))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="streamrec bench quality", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="30k events, one seed (a smoke run: noisy)")
@@ -310,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shifts", default="0", metavar="K,L",
                    help="with --sweep: run each seed again with its first mini-batch K, L, ... events short "
                         "(paired samples of the batching noise; default 0: once)")
+    p.add_argument("--drift", action="store_true",
+                   help="instead: the live drift figure (mean |log-odds difference|) between a clean stream's "
+                        "versions and through a label flip and a misaligned join (benchmarks/drift_versions.py)")
     a = p.parse_args(argv)
     n = a.events or (3_000 if a.tiny else 30_000 if a.quick else 100_000)
     streams = ["synthetic"] if a.tiny and a.stream == "both" else list(STREAMS) if a.stream == "both" else [a.stream]
@@ -326,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:
             print(json.dumps({**r, "goals_met": all(r["goals"].values())}))
         return 0
+    if a.drift:
+        return _drift_mode(a, n, streams, seeds[0])
     if a.sweep:
         only = [int(x) for x in a.settings.split(",") if x.strip()]
         shifts = tuple(int(x) for x in a.shifts.split(",") if x.strip()) or (0,)

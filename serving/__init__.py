@@ -14,6 +14,7 @@ Public surface::
     ServingClient(...).rollback(to_version | release=True) / .accept(): the operator's calls (push token)
     Guard(cfg.serving.guard).judge(evidence) -> Verdict: the promotion guard; VersionBook: head, kept, pinned
     ModelLines: a server's model lines (a book each), the A/B Split, the shadow comparison; shadow_auc(log, labels)
+    DriftWatch / DriftFigures: a waiting candidate's live scores paired with the promoted version's (guard: drift)
 """
 
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from streamrec.foundation.lazy import lazy_exports
 if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time each loads on first use
     from .client import ServingClient, SnapshotPusher, snapshot_chunks
     from .convert import RequestError, batch_to_request, events_to_request
+    from .drift import DriftFigures, DriftWatch
     from .group import ServingGroup
     from .guard import Guard, Verdict
     from .history import VersionBook
@@ -35,6 +37,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
 _EXPORTS = {  # submodule: the public names it defines
     ".client": "ServingClient SnapshotPusher snapshot_chunks",
     ".convert": "RequestError batch_to_request events_to_request",
+    ".drift": "DriftFigures DriftWatch",
     ".group": "ServingGroup",
     ".guard": "Guard Verdict",
     ".history": "VersionBook",

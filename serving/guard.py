@@ -80,6 +80,15 @@ in fifty may show a field helping little (a burst of one user's events) or a low
 misaligned join lowers both and keeps the field low window after window. A block
 without the figures (an older trainer's, a trainer group's) skips the check.
 
+**Live drift** (``judge_drift``, reason ``drift``): while a candidate waits to be promoted, serving pairs its
+scores with the promoted version's on live requests (``drift.py``). The candidate fails when the mean
+``|log-odds difference|`` over at least ``drift_min_events`` paired events is more than ``drift_max`` plus
+``z`` standard errors. The default sits well above what successive versions of a clean stream differ by, even
+many versions apart (``streamrec bench quality --drift``, BENCHMARKS.md); a model that learnt flipped labels, a
+broken output bias or a dense feature on another scale differs by more. It is judged
+only on a candidate that waits (``history.py``): a version promoted at its push is never delayed for live
+figures, and a candidate with fewer paired events than ``drift_min_events`` has no verdict.
+
 Recovery (``decide``): after a hold, ``recovery_versions`` versions in a row must pass before the newest is
 promoted (reason ``recovering`` until then). A model an incident damaged recovers gradually while the
 trainer learns from the clean stream again; each version's figures are noisy, and one of them passing by
@@ -98,10 +107,11 @@ from typing import Any, Mapping
 from streamrec.foundation.noise import auc_se, binomial_se, mean_se
 from streamrec.snapshot.evidence import Evidence, Figures, InputHealth, read_evidence
 
+from .drift import DriftFigures
 from .golden import GoldenComparison
 
 REASONS = ("dead_letters", "dense_zeros", "field_empty", "field_novel", "label_rate", "calibration", "logloss",
-           "auc", "field_contribution", "golden", "recovering")
+           "auc", "field_contribution", "golden", "drift", "recovering")
 
 
 @dataclass
@@ -338,6 +348,19 @@ class Guard:
             fails.append(("golden", f"golden-set logloss {c.logloss:.4f} > promoted {c.logloss_promoted:.4f} + "
                                     f"{allowed:.4f} ({c.events} events)"))
         return fails
+
+    def judge_drift(self, d: DriftFigures | None) -> Verdict:
+        """The live drift check on a waiting candidate's paired figures (see the module docstring); ok while
+        they are too few to judge."""
+        g = self.cfg
+        if not self.enabled or not g.drift_max or d is None or d.events < g.drift_min_events:
+            return Verdict(True)
+        allowed = g.drift_max + float(g.z) * d.mean_abs_logit_se  # clearly beyond: its lower bound is past it
+        if d.mean_abs_logit <= allowed:
+            return Verdict(True)
+        return Verdict(False, "drift", f"live drift: mean |log-odds difference| {d.mean_abs_logit:.3f} > "
+                                       f"{allowed:.3f} against version {d.promoted} over {d.events} live events "
+                                       f"(score ratio {d.score_ratio:.3f})")
 
     def decide(self, ev: Mapping[str, Any] | None, golden: GoldenComparison | None = None) -> Verdict:
         """``judge``, with recovery after a hold (see the module docstring): the verdict serving acts on. A

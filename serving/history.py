@@ -29,6 +29,14 @@ is promoted anyway (``promote_settled``): a paused stream sends no further versi
 otherwise keep an older model for as long as the pause lasts. The book checks when a timer it starts at
 such a verdict fires (``on_settle``: the server's re-check, which serves what ``promote_settled`` returns).
 
+**Live drift.** While the head is not the promoted version, live requests answered by the promoted version
+are scored by the head too (``drift.py``), and the book keeps the paired figures of that head
+(``drift``). A head that waits as ``recovering`` (for the recovery count or ``settle_s``) and whose figures
+the guard finds clearly beyond ``serving.guard.drift_max`` is held as ``drift``: the count starts again,
+as after any hold, and it never settles. A version that passes and is promoted at its push never waits for
+live figures, so drift costs a clean stream no freshness; too few live requests leave the head to the rules
+above.
+
 The served version sits behind one small interface (``served`` in, the version to serve out) so that a later
 split of traffic over several model lines can keep one book per line.
 """
@@ -48,6 +56,7 @@ from streamrec.embedding_store.store_config import StoreConfig
 from streamrec.serving.serving_config import ServingConfig
 from streamrec.snapshot import SnapshotError, read_evidence
 
+from .drift import MAX_EVENTS as DRIFT_MAX_EVENTS, DriftFigures
 from .golden import GoldenComparison, GoldenSet
 from .guard import Guard, Verdict
 from .version import ServedVersion, restore_newest, restore_version
@@ -82,6 +91,7 @@ class VersionBook:
         self.held_total: Counter = Counter()  # versions held, by reason
         self.rollbacks = 0
         self._all: dict[int, ServedVersion] = {}  # every version the book holds open
+        self.drift: DriftFigures | None = None  # the head's live scores paired with the promoted version's (drift.py)
         self.lock = threading.RLock()
 
     # -- restore -------------------------------------------------------------------------------
@@ -200,6 +210,42 @@ class VersionBook:
 
     def _golden_for(self, v: ServedVersion) -> GoldenComparison | None:
         return self.golden.compare(v.predict) if self.golden.max_events else None
+
+    def drift_candidate(self, answered: int) -> int:
+        """The version whose live scores pair with an answer of version ``answered`` (0: none): the head,
+        while it is not the promoted version and ``answered`` is (drift.py). Read without the lock: called
+        on the answer path, and a stale read only pairs a request that ``drift_seen`` then drops."""
+        head, kept, d = self.head, self.kept, self.drift
+        if not self.guard.enabled or head is None or not kept or head is kept[-1] or kept[-1].version != answered:
+            return 0
+        if d is not None and d.candidate == head.version and d.promoted == answered and d.events >= DRIFT_MAX_EVENTS:
+            return 0
+        return head.version
+
+    def drift_seen(self, candidate: ServedVersion, promoted: int, pairs, served: ServedVersion | None) -> None:
+        """``pairs`` (candidate scores, promoted scores) of live requests join the head's drift figures. A head
+        that waits only for the recovery count or the settle rule (``recovering``) and whose figures the guard
+        finds clearly beyond ``drift_max`` is held as ``drift``: the recovery count starts again and it never
+        settles. A version promoted at once is never waited on for these figures."""
+        with self.lock:
+            if self.head is not candidate or not self.kept or self.kept[-1].version != promoted:
+                return
+            d = self.drift
+            if d is None or (d.candidate, d.promoted) != (candidate.version, promoted):
+                d = self.drift = DriftFigures(candidate.version, promoted)
+            for cand, prom in pairs:
+                d.add(cand, prom)
+            if not self.held_reason.startswith("recovering"):
+                return
+            verdict = self.guard.judge_drift(d)
+            if verdict.ok:
+                return
+            self.guard.passing = 0
+            self._settling = None
+            self.held_total[verdict.reason] += 1
+            self.held_reason = f"{verdict.reason}: {verdict.detail}"
+            log.warning("version %d held back (%s); still serving %d", candidate.version, verdict.detail, promoted)
+            self._persist(served)
 
     def _await_settle(self, v: ServedVersion) -> None:
         """``v`` passed and waits only for the recovery count: it settles after ``settle_s`` as the newest."""
@@ -336,3 +382,12 @@ class VersionBook:
             resp.versions_held = sum(self.held_total.values())
             resp.kept_versions.extend(k.version for k in self.kept)
             resp.guard_enabled = self.guard.enabled
+            for k, x in (self.waiting_drift() or {}).items():
+                setattr(resp.drift, k, x)
+
+    def waiting_drift(self) -> dict | None:
+        """The head's drift figures while it waits (it is not the promoted version), else None."""
+        d, head = self.drift, self.head
+        if d is None or head is None or d.candidate != head.version or not self.kept or self.kept[-1] is head:
+            return None
+        return d.figures()

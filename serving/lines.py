@@ -42,10 +42,12 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from streamrec.foundation import EventBatch, hash_id, roc_auc
+from streamrec.foundation import hash_id, roc_auc
 from streamrec.snapshot import SnapshotError
 
-from .convert import RequestError, request_to_batch_ids
+from .drift import DriftWatch
+from .merge import score_queued
+from .offpath import OffPathWorker
 
 log = logging.getLogger("streamrec.serving")
 
@@ -190,15 +192,12 @@ class ModelLines:
         self.shadow_unserved = 0  # requests not shadow-scored: the shadow line has no model yet
         self.shadow_errors = 0  # requests the shadow could not score (its model refused them)
         self.merge_events = max(1, int(s.merge_max_events))
-        self._queue: deque = deque()  # requests waiting for the shadow: (line, request, scores, rids, batch, fields)
-        self._busy = False  # the worker is scoring a round
-        self._stop = False
-        self._wake = threading.Condition(self._lock)
-        self._idle = threading.Condition(self._lock)
-        self._thread = None
+        # each line's candidate scored beside its promoted version on the line's answers (drift.py)
+        self.drift = DriftWatch(self._services.get, main.limits, self.max_pending, self.merge_events)
+        self._shadow = None  # the worker scoring answered requests with the shadow line (offpath.py)
         if self.shadow_line:
-            self._thread = threading.Thread(target=self._run, name="shadow", daemon=True)
-            self._thread.start()
+            self._shadow = OffPathWorker("shadow", self._take, self._shadow_round, self._shadow_failed,
+                                         self.max_pending)
         names = {*self.split.lines, *([self.shadow_line] if self.shadow_line else [])}
         if self.root.is_dir():
             names |= {p.name for p in self.root.iterdir() if p.is_dir()}
@@ -262,49 +261,38 @@ class ModelLines:
                 self.stats[name].fallbacks += 1
         return MAIN, self.main.acquire()
 
-    def answered(self, line: str, request, scores: np.ndarray, rids, t0: float, batch=None, fields=()) -> None:
-        """Count the answer in ``line``'s figures and hand the request to the shadow (``scores``: [B, T];
-        ``batch``: the request decoded for ``fields``, reused by a shadow version with the same fields)."""
+    def answered(self, line: str, request, scores: np.ndarray, rids, t0: float, batch=None, fields=(),
+                 version: int = 0) -> None:
+        """Count the answer in ``line``'s figures and hand the request to the shadow and to the line's drift
+        watch (``scores``: [B, T] of ``version``; ``batch``: the request decoded for ``fields``, reused by a
+        version with the same fields)."""
         first = scores[:, 0]
+        if version:
+            self.drift.offer(line, version, request, first, batch, fields)
         with self._lock:
             st = self.stats[line]
             st.requests += 1
             st.events += len(first)
             st.score_sum += float(first.sum())
             st.seconds += time.perf_counter() - t0
-            if self._thread is None or line == self.shadow_line:
+            if self._shadow is None or line == self.shadow_line:
                 return
-            if len(self._queue) >= self.max_pending:
+            if not self._shadow.put((line, request, first, list(rids), batch, list(fields))):
                 self.shadow_skipped += 1
-                return
-            self._queue.append((line, request, first, list(rids), batch, list(fields)))
-            self._wake.notify()
 
-    def _run(self) -> None:
-        """The shadow worker: takes every queued request (up to ``merge_max_events`` events) and scores them
-        in one pass, as the merger does for answers: a request's fixed cost is paid once per round."""
-        while True:
-            with self._lock:
-                while not self._queue and not self._stop:
-                    self._wake.wait()
-                if self._stop:
-                    return
-                take, n = [], 0
-                while self._queue and (not take or n + len(self._queue[0][2]) <= self.merge_events):
-                    take.append(self._queue.popleft())
-                    n += len(take[-1][2])
-                self._busy = True
-            try:
-                self._shadow_round(take)
-            except Exception as e:  # a model error: counted, never the answer's
-                with self._lock:
-                    self.shadow_errors += len(take)
-                log.debug("shadow line %s could not score %d requests: %s", self.shadow_line, len(take), e)
-            finally:
-                with self._lock:
-                    self._busy = False
-                    if not self._queue:
-                        self._idle.notify_all()
+    def _take(self, queue: deque) -> list:
+        """The shadow's round: every queued request, up to ``merge_max_events`` events, as the merger does for
+        answers (a request's fixed cost is paid once per round)."""
+        take, n = [], 0
+        while queue and (not take or n + len(queue[0][2]) <= self.merge_events):
+            take.append(queue.popleft())
+            n += len(take[-1][2])
+        return take
+
+    def _shadow_failed(self, take: list, e: Exception) -> None:
+        with self._lock:
+            self.shadow_errors += len(take)
+        log.debug("shadow line %s could not score %d requests: %s", self.shadow_line, len(take), e)
 
     def _shadow_round(self, take: list) -> None:
         svc = self._services.get(self.shadow_line)
@@ -314,30 +302,15 @@ class ModelLines:
                 self.shadow_unserved += len(take)
             return
         try:
-            batches, kept = [], []
-            for item in take:
-                _, request, _, _, batch, fields = item
-                if batch is None or list(v.fields) != fields or batch.dense.shape[1] != v.dense_dim:
-                    try:  # the shadow's model reads other fields: the request decoded for them
-                        batch, _ = request_to_batch_ids(request, v.fields, v.dense_dim, self.main.limits)
-                    except RequestError:
-                        with self._lock:
-                            self.shadow_errors += 1
-                        continue
-                batches.append(batch)
-                kept.append(item)
-            take = kept
-            if not take:
-                return
-            merged = batches[0] if len(batches) == 1 else EventBatch.concat(batches, v.dense_dim, v.fields)
-            shadow_all = v.predict(merged)[:, 0].astype(np.float64)
+            kept, shadow_all, refused = score_queued(v, [(r, b, f) for _, r, _, _, b, f in take], self.main.limits)
         finally:
             v.release()
         at = 0
         with self._lock:
-            for (line, _, primary, rids, _, _), b in zip(take, batches):
-                shadow = shadow_all[at:at + len(b)]
-                at += len(b)
+            self.shadow_errors += refused
+            for line, _, primary, rids, _, _ in (take[i] for i in kept):
+                shadow = shadow_all[at:at + len(primary)]
+                at += len(primary)
                 diff = np.abs(shadow - primary)
                 p = self.pairs.setdefault((line, self.shadow_line), ShadowPair())
                 p.requests += 1
@@ -351,12 +324,11 @@ class ModelLines:
                                            for rid, a, b in zip(rids, primary.tolist(), shadow.tolist()) if rid)
 
     def drain(self, timeout: float = 30.0) -> bool:
-        """Wait until no request waits for its shadow scoring (tests, benchmarks); False on timeout."""
+        """Wait until no request waits for its shadow scoring or the drift watch (tests, benchmarks); False on
+        timeout."""
         deadline = time.monotonic() + timeout
-        with self._idle:
-            while (self._queue or self._busy) and (left := deadline - time.monotonic()) > 0:
-                self._idle.wait(left)
-            return not (self._queue or self._busy)
+        shadow = self._shadow.drain(timeout) if self._shadow is not None else True
+        return self.drift.drain(max(0.0, deadline - time.monotonic())) and shadow
 
     # -- reading ------------------------------------------------------------------------------------
     def figures(self) -> dict:
@@ -385,6 +357,8 @@ class ModelLines:
             ls.held_reason = st.held_reason
             ls.versions_held = st.versions_held
             ls.kept_versions.extend(st.kept_versions)
+            if st.HasField("drift"):
+                ls.drift.CopyFrom(st.drift)
             f = figs["lines"].get(name, {})
             ls.requests = int(f.get("requests", 0))
             ls.mean_score = float(f.get("mean_score", 0.0))
@@ -401,11 +375,9 @@ class ModelLines:
             sp.calibration = f["calibration"]
 
     def close(self) -> None:
-        if self._thread is not None:
-            with self._lock:
-                self._stop = True
-                self._wake.notify_all()
-            self._thread.join(10)
+        self.drift.close()
+        if self._shadow is not None:
+            self._shadow.close()
         for name, svc in list(self._services.items()):
             if name != MAIN:
                 svc.close()

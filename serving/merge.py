@@ -118,3 +118,27 @@ class RequestMerger:
                 nxt.lead = True
         if nxt is not None:
             nxt.ready.set()
+
+
+def score_queued(v, items: Sequence[tuple], limits) -> tuple[list[int], np.ndarray, int]:
+    """Score queued answered requests with another version ``v`` (a shadow line's, a candidate's) in one
+    pass. ``items``: ``(request, batch, fields)`` per request, ``batch`` the request as decoded for the
+    answer (reused when ``v`` reads the same fields and dense width, else the request is decoded for ``v``).
+    Returns the indices of the items scored, their first-task scores concatenated in that order, and how
+    many ``v`` refused to decode."""
+    from .convert import RequestError, request_to_batch_ids
+
+    batches, kept, refused = [], [], 0
+    for i, (request, batch, fields) in enumerate(items):
+        if batch is None or list(v.fields) != list(fields) or batch.dense.shape[1] != v.dense_dim:
+            try:
+                batch, _ = request_to_batch_ids(request, v.fields, v.dense_dim, limits)
+            except RequestError:
+                refused += 1
+                continue
+        batches.append(batch)
+        kept.append(i)
+    if not batches:
+        return [], np.zeros(0), refused
+    merged = batches[0] if len(batches) == 1 else EventBatch.concat(batches, v.dense_dim, v.fields)
+    return kept, v.predict(merged)[:, 0].astype(np.float64), refused

@@ -139,6 +139,28 @@ class ServingMetrics(grpc.ServerInterceptor):
         lines = getattr(svc, "lines", None)
         if lines is not None:
             yield from _line_families(lines.figures(), {n: lines.service(n).current for n in lines.names})
+            yield from _drift_families(lines)
+
+
+def _drift_families(lines):
+    """Each line's waiting candidate against its promoted version on live requests (label ``line``; drift.py)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    fams = {"events": GaugeMetricFamily("streamrec_serving_drift_events", "live events the newest version, while "
+                                        "it waits, scored beside the promoted version", labels=["line"]),
+            "mean_abs_logit_diff": GaugeMetricFamily("streamrec_serving_drift_mean_abs_logit_diff", "mean |log-odds "
+                                                     "difference| of the waiting version's and the promoted "
+                                                     "version's live scores", labels=["line"]),
+            "score_ratio": GaugeMetricFamily("streamrec_serving_drift_score_ratio", "mean waiting-version score / "
+                                             "mean promoted score on the same live events", labels=["line"])}
+    for name in lines.names:
+        f = lines.service(name).book.waiting_drift()
+        if f is not None:
+            for key, fam in fams.items():
+                fam.add_metric([name], f[key])
+    yield from fams.values()
+    yield CounterMetricFamily("streamrec_serving_drift_skipped", "answered requests not scored by the waiting "
+                              "version: serving.shadow_max_pending were waiting", value=lines.drift.skipped)
 
 
 def _line_families(figs: dict, served: dict):

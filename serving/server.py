@@ -513,7 +513,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         with self._count_lock:
             self.requests_served += 1
             self.events_served += len(scores)
-        self.lines.answered(line, request, scores, rids, t0, batch, fields)  # per-line figures; the shadow, after
+        self.lines.answered(line, request, scores, rids, t0, batch, fields, version)  # per-line figures; the shadow, after
         resp = pb.PredictResponse(model_version=version, model_line=line)
         resp.scores.extend(scores[:, 0].tolist())  # the first task: what single-task clients read
         for t, name in enumerate(tasks):

@@ -22,7 +22,7 @@ _RANGES = (  # key, lowest, highest, the error's message
 )
 _GUARD_SHARES = ("logloss_margin", "auc_margin", "label_rate_tolerance", "label_rate_floor", "dead_letter_share_max",
                  "zero_share_jump", "empty_share_jump", "novel_share_jump", "z", "golden_auc_margin",
-                 "golden_logloss_margin", "field_contribution_margin")
+                 "golden_logloss_margin", "field_contribution_margin", "drift_max")
 
 
 @dataclass
@@ -54,6 +54,8 @@ class GuardConfig:
     golden_events: int = 2000  # labelled events of promoted versions' evidence samples kept to score each candidate against the promoted version (0 = no golden set)
     golden_auc_margin: float = 0.02  # hold a candidate whose AUC on the golden set is more than this below the promoted version's (and more than z standard errors of the paired difference)
     golden_logloss_margin: float = 0.1  # hold a candidate whose logloss on the golden set is more than this share above the promoted version's (and more than z standard errors)
+    drift_max: float = 1.0  # hold a waiting candidate (recovering, or waiting for settle_s) whose live scores differ from the promoted version's by more than this mean |log-odds difference| (and more than z standard errors); a version promoted at its push never waits for it (0 = off)
+    drift_min_events: int = 1000  # live events a candidate must be paired on before drift_max judges it (fewer: no verdict, the recovery and settle rules as without it)
     field_contribution_margin: float = 0.01  # hold a version when a field's contribution to its ranking on its window (AUC with the field minus AUC without it) is more than this below the promoted versions' (and more than z standard errors); 2 = never
 
 
@@ -72,6 +74,8 @@ class GuardConfig:
             raise InvalidValue("recovery_versions", "must be in 1..1000", "serving.guard")
         if not 0 <= self.settle_s <= 86_400 * 30:
             raise InvalidValue("settle_s", "must be in 0..2592000 seconds", "serving.guard")
+        if self.drift_min_events < 1:
+            raise InvalidValue("drift_min_events", "must be >= 1", "serving.guard")
         if not 0 <= self.golden_events <= 100_000:
             raise InvalidValue("golden_events", "must be in 0..100000", "serving.guard")
 
@@ -118,7 +122,7 @@ class ServingConfig:
     experiments: list[ExperimentSpec] = field(default_factory=list)  # [[serving.experiments]] line + share: the A/B split of Predict traffic over model lines (shares sum to 1; empty = every request on main)
     split_field: str = "user"  # what routes a request in the split: a sparse field (its first id in the first event) or "request_id"
     shadow_line: str = ""  # a model line scored on the same requests as the answering line, never returned, compared ("" = none)
-    shadow_max_pending: int = 64  # requests waiting for their shadow scoring at most; more are not shadow-scored (counted)
+    shadow_max_pending: int = 64  # requests waiting for their shadow scoring at most, and as many for the guard's live drift watch; more are not scored (counted)
     row_precision: RowPrecision = "fp32"  # embedding rows in snapshots, deltas and serving's memory: fp32 | fp16 | int8 (row-wise scale and bias); training stays fp32
 
     def __post_init__(self) -> None:

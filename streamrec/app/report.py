@@ -63,12 +63,16 @@ def lines_table(status: dict, auc: dict | None = None) -> list[str]:
     if not lines:
         return []
     out = ["## Model lines", "", "| line | share | served version | newest | pinned | held | requests answered | "
-           "mean score | fallbacks to main |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "mean score | fallbacks to main | newest's live drift (mean abs log-odds diff, score ratio, events) |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in lines:
         role = "shadow" if x.get("shadow") else f"{float(x.get('share', 0)):.0%}"
+        d = x.get("drift")
+        drift = (f"{float(d.get('mean_abs_logit_diff', 0)):.3f}, {float(d.get('score_ratio', 0)):.3f}, "
+                 f"{d.get('events', 0)}" if d else "-")
         out.append(f"| {x['model_line']} | {role} | {x.get('version', 0)} | {x.get('newest_version', 0)} | "
                    f"{'yes' if x.get('pinned') else 'no'} | {x.get('held_reason') or '-'} | {x.get('requests', 0)} | "
-                   f"{float(x.get('mean_score', 0)):.4f} | {x.get('fallbacks', 0)} |")
+                   f"{float(x.get('mean_score', 0)):.4f} | {x.get('fallbacks', 0)} | {drift} |")
     pairs = status.get("shadow") or []
     if pairs:
         out += ["", "| answering line / shadow | events | mean abs diff | share differing > 0.1 | calibration "

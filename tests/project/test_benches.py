@@ -181,6 +181,7 @@ VARIANTS = [
     ("train", ["--model", "mlp"], ["events_per_s", "vs_dlrm", "auc"]),
     ("quality", ["--tasks", "click,conversion"], ["click_auc_multi", "click_auc_single", "click_auc_multi_minus_single",
                                                   "conversion_auc_multi", "conversion_auc_single", "goals"]),
+    ("quality", ["--drift"], ["clean_drift_max", "drift_max_default", "streams", "goals"]),
     ("serve", ["--model", "deepfm"], ["exported_vs_module_b512", "models", "goals"]),
     ("train", ["--host-ceiling"], ["host_us_per_event", "device_ops_us_per_event", "host_events_per_s",
                                    "stages_us_per_event", "wall_us_per_event"]),
