@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from .metrics import finite
 
+EVIDENCE_MEMORY = "evidence_memory"  # the checkpoint's dense key of the evidence's recent-id memory
+
 if TYPE_CHECKING:
     from streamrec.snapshot import Evidence
 
@@ -47,6 +49,17 @@ class TrainerReporting:
         rank 0's own events are the group's evidence)."""
         ev = getattr(self, "evidence", None)
         return ev.take(self.consumer.stats.dead_letters) if ev is not None else None
+
+    def _evidence_memory(self) -> dict[str, Any]:
+        """The checkpoint's copy of the evidence's recent-id memory (where this process collects evidence)."""
+        ev = getattr(self, "evidence", None)
+        return {EVIDENCE_MEMORY: ev.memory_state()} if ev is not None else {}
+
+    def _restore_evidence_memory(self, dense: dict[str, Any]) -> None:
+        """Take the evidence's recent-id memory back from a checkpoint's dense part (none there: it starts empty)."""
+        ev = getattr(self, "evidence", None)
+        if ev is not None:
+            ev.load_memory_state(dense.get(EVIDENCE_MEMORY))
 
     def emit(self) -> dict[str, Any]:
         """Build the record of the trainer's state now, publish it to every sink, and return it."""

@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 
 FINAL_PUSH_WAIT_S = 60.0  # the most a stop waits for a pending push, and again for the final one's answer
 FINAL_BUILDS = 2  # final snapshots a stop builds at most: a second one when serving dropped the first
-EVIDENCE_MEMORY = "evidence_memory"  # the checkpoint's dense key of the evidence's recent-id memory
 VERSION_FILE = "snapshot-version.json"  # the newest snapshot version built, next to the checkpoints (durable)
 
 
@@ -162,16 +161,11 @@ class TrainerService(TrainerReporting):
         if self.publisher is not None:
             self.publisher.load_state(state.get("snapshot", {}))
             self.publisher.request_full()  # serving may hold a newer version than this checkpoint knew
-        if self.evidence is not None:
-            self.evidence.load_memory_state(dense.get(EVIDENCE_MEMORY))
+        self._restore_evidence_memory(dense)
         self.core.hot_version = int(state.get("hot_version", 0))
         self.core.hot_rows = int(self.store.stats()["hot_rows"])
         self.resumed_from = str(ckpt)
         log.info("resumed from %s: %d events, offsets %s", ckpt, self.core.events, self.offsets)
-
-    def _evidence_memory(self) -> dict[str, Any]:
-        """The checkpoint's copy of the evidence's recent-id memory (where this process collects evidence)."""
-        return {EVIDENCE_MEMORY: self.evidence.memory_state()} if self.evidence is not None else {}
 
     # -- the crash-loop breaker for training steps (streamrec.ingest.inflight, phase "step") ----
     pins_training_crashes = True  # a group rank does not: its steps are collectives every rank must run
@@ -373,8 +367,7 @@ class TrainerService(TrainerReporting):
             "merge_forced": self.merger.forced,
             **self.core.counters(),
         }
-        dense = {**self.core.dense_state(), "merge": self.merger.state(),  # events waiting in the merge
-                 **self._evidence_memory()}
+        dense = {**self.core.dense_state(), "merge": self.merger.state(), **self._evidence_memory()}
         path = write_checkpoint(self.settings.trainer.checkpoint_dir, seq, state, dense, write_store,
                                 keep=self.settings.trainer.keep_checkpoints)
         if self.prom is not None:
@@ -389,16 +382,15 @@ class TrainerService(TrainerReporting):
 
     # -- freshness ----------------------------------------------------------------
     def push_final(self) -> int | None:
-        """At a stop (the stream's end, ``--max-events``, idle exit, SIGTERM): serving gets the model as the
-        final checkpoint holds it, with the evidence of every event since the previous snapshot. The model's
-        export, when still running, is waited for first (logged; a run shorter than it has no snapshot yet),
-        then a push still pending (it is an older model: building the final one beside it is refused), then
-        the final model is built unless the newest snapshot serving holds already has every event trained,
-        and serving's answer is waited for; a final snapshot serving dropped (it needed a full one) is built
-        once more, full. Each wait is bounded by ``trainer.push_give_up_s`` and at most
-        ``FINAL_PUSH_WAIT_S``, and ends at a failed attempt (serving down: the stop does not sit out the
-        retries). Returns the final version serving acknowledged, None when none was (logged with the
-        reason; the final checkpoint holds every event, and a restart pushes a full snapshot)."""
+        """At a stop (the stream's end, ``--max-events``, idle exit, SIGTERM): serving gets the model as the final
+        checkpoint holds it, with the evidence of every event since the previous snapshot. The model's export,
+        when still running, is waited for first (logged), then a push still pending (an older model: building
+        the final one beside it is refused), then the final model is built unless the newest snapshot serving
+        holds already has every event trained, and serving's answer is waited for; a final snapshot serving
+        dropped (it needed a full one) is built once more, full. Each wait is bounded by
+        ``trainer.push_give_up_s`` and at most ``FINAL_PUSH_WAIT_S``, and ends at a failed attempt (serving down:
+        the stop does not sit out the retries). Returns the final version serving acknowledged, None when none
+        was (logged with the reason; the final checkpoint holds every event, and a restart pushes a full one)."""
         for _ in range(FINAL_BUILDS):
             if not self._agree(self._final_wanted()) or not self._build_final():
                 break
