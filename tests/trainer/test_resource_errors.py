@@ -99,7 +99,9 @@ def test_a_resource_error_logged_at_error_with_its_traceback_is_one_line_and_the
 
 @pytest.fixture
 def small_disk(tmp_path):
-    with tmpfs(tmp_path / "disk", "3m") as mnt:
+    # room for the store and the checkpoints a run keeps (dense state, and the evidence's id memory: two
+    # 64 KB bitsets per field)
+    with tmpfs(tmp_path / "disk", "5m") as mnt:
         yield mnt
 
 
