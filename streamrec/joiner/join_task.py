@@ -91,6 +91,8 @@ class JoinTask:
             await self.restore(sorted(owned - set(self.parts)))
 
     async def revoked(self, lost: set[int]) -> None:
+        if lost & set(self.parts):
+            hit("join.revoked")  # a rebalance takes owned partitions; a batch of theirs may be in flight
         async with self.batch_lock:
             for p in lost:
                 if p in self.parts:
