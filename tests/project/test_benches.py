@@ -50,7 +50,8 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
         "train_json_vs_arrow", "freshness_p50_s", "freshness_p99_s", "goals"]),
     "freshness": ([], ["freshness_p50_s", "freshness_p99_s", "probes", "checkpoint_interval_s",
                        "freshness_p50_vs_checkpoint_interval", "freshness_p50_vs_configured_checkpoint_every_s"]),
-    "join": ([], ["join_events_per_s", "train_json_events_per_s", "raw_consume_events_per_s", "join_vs_train_json",
+    "join": ([], ["join_events_per_s", "join_2_workers_events_per_s", "join_scaling_2_workers",
+                  "train_json_events_per_s", "raw_consume_events_per_s", "join_vs_train_json",
                   "join_vs_raw", "auc_oracle", "auc_window", "auc_fake_negative", "auc_fake_negative_naive",
                   "auc_gap_best", "calibration_fake_negative", "calibration_fake_negative_naive",
                   "freshness_p50_s_window", "freshness_p99_s_window", "freshness_p50_s_fake_negative",
@@ -236,7 +237,8 @@ def test_broker_bench_runs_tiny_and_reports_its_goal_figures(name, bootstrap):
         assert out["join_examples"] > out["join_impressions"] > 0 and out["join_events_per_s"] > 0
         assert out["freshness_p50_s_fake_negative"] < out["freshness_p50_s_window"]
         assert {g["key"] for g in out["goals"]} == {"join_vs_train_json", "auc_gap_best", "calibration_fake_negative",
-                                                    "restart_s"}
+                                                    "restart_s", "join_scaling_2_workers"}
+        assert out["join_2_workers_events_per_s"] > 0 and out["join_scaling_2_workers"] > 0  # both runs read back all
         assert out["restart_s"] > 0 and out["restart_state_impressions"] > 0  # the restarted worker joined again
 
 
