@@ -13,6 +13,11 @@ Throughput, on the embedded broker (or ``--bootstrap``), all in one run:
   ceiling), records over the summed read time.
 - ``train_json_events_per_s``: one ``streamrec train`` process on a JSON events backlog, as ``bench e2e``
   measures it (``bench_e2e.train_together``: its rate over a window after a warm-up).
+- ``join_2_workers_events_per_s``: ``streamrec join --workers 2`` (one group: each worker joins its own
+  partitions) on the same backlog, into an output topic of its own, measured as the one worker is; the
+  span starts at the first example, so a rebalance after it (the second worker joining the group late)
+  counts against it. ``join_scaling_2_workers`` = two workers' rate over one's, both measured in the same
+  run (goal >= 1.8 on a 2-core machine: the workers share nothing but the broker).
 - ``join_vs_train_json`` (goal >= 2: the joiner is never the pipeline's bottleneck) and ``join_vs_raw``.
 
 Quality, in-process (no broker): the delayed stream (clicks after a lognormal delay, some after the window,
@@ -69,6 +74,7 @@ from streamrec.foundation import stop_process
 
 PARTITIONS = 4
 GOAL_JOIN_X = 2.0
+GOAL_SCALING_2 = 1.8  # two workers (each its own partitions) against one, on a 2-core machine
 GOAL_GAP = 0.005
 GOAL_CAL = (0.95, 1.05)
 # the quality stream: 5 impressions per second of event time, a 10 min attribution window, clicks after a
@@ -312,9 +318,26 @@ def worker_config(bootstrap: str, name: str, suffix: str, state_dir: Path, **ove
     return cfg
 
 
-def throughput(bootstrap: str, size: str, root: Path) -> dict:
+def _join_run(bootstrap: str, cfg, state_dir: Path, workers: int, want: int) -> tuple[int, float]:
+    """``streamrec join --workers N`` (one group on the backlog, the partitions split among them) until the
+    events topic holds ``want`` examples; (examples, seconds between the first and last example's ts)."""
     import tomli_w
 
+    from . import bench_e2e
+
+    conf = state_dir.with_suffix(".toml")
+    conf.write_text(tomli_w.dumps(cfg.to_dict()))
+    log = state_dir.with_suffix(".log")
+    proc = subprocess.Popen([bench_e2e.STREAMREC, "join", "--config", str(conf), "--bootstrap", bootstrap,
+                             "--workers", str(workers), "--stop-grace-s", "20"],
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    try:
+        return _count_examples(bootstrap, cfg.kafka.events_topic, want, proc, log, 600.0)
+    finally:
+        stop_process(proc, 30)
+
+
+def throughput(bootstrap: str, size: str, root: Path) -> dict:
     from streamrec.ingest import TopicSpec, ensure_topics
     from streamrec.joiner import DelayedStream
 
@@ -336,19 +359,18 @@ def throughput(bootstrap: str, size: str, root: Path) -> dict:
     r["raw_consume_events_per_s"] = n_in / (t_imp + t_act)
     print(f"  raw consume (confluent-kafka)  {r['raw_consume_events_per_s'] / 1e3:9.1f} k records/s", flush=True)
 
-    conf = root / "join.toml"
-    conf.write_text(tomli_w.dumps(cfg.to_dict()))
-    log = root / "join.log"
-    proc = subprocess.Popen([bench_e2e.STREAMREC, "join", "--config", str(conf), "--bootstrap", bootstrap],
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-    try:
-        got, span = _count_examples(bootstrap, cfg.kafka.events_topic, want, proc, log, 600.0)
-    finally:
-        stop_process(proc, 30)
+    got, span = _join_run(bootstrap, cfg, root / "join", 1, want)
     r["join_events_per_s"] = n_in / max(span, 1e-3)
     r["join_span_s"] = span
     print(f"  joiner (one worker)            {r['join_events_per_s'] / 1e3:9.1f} k records/s  "
           f"({got:,} examples over {span:.1f} s)", flush=True)
+    two = worker_config(bootstrap, "join2", suffix, root / "join2", **{
+        "join.impressions_topic": cfg.join.impressions_topic, "join.actions_topic": cfg.join.actions_topic})
+    got, span = _join_run(bootstrap, two, root / "join2", 2, want)
+    r["join_2_workers_events_per_s"] = n_in / max(span, 1e-3)
+    r["join_scaling_2_workers"] = bench_e2e._ratio(r["join_2_workers_events_per_s"], r["join_events_per_s"])
+    print(f"  joiner (two workers)           {r['join_2_workers_events_per_s'] / 1e3:9.1f} k records/s  "
+          f"({got:,} examples over {span:.1f} s; {r['join_scaling_2_workers']:.2f}x one)", flush=True)
 
     jcfg = bench_e2e._config(root / "train", suffix)
     ensure_topics(bootstrap, [TopicSpec(jcfg.kafka.events_topic, PARTITIONS), TopicSpec(jcfg.kafka.dlq_topic, 1),
@@ -411,6 +433,8 @@ def goals(r: dict) -> list[dict]:
         restart.update(status="FAIL", reason=f"not measured: {r.get('restart_state_impressions')} impressions of "
                                              f"state, not {GOAL_RESTART_STATE:,}")
     return [restart, one(f"join_vs_train_json >= {GOAL_JOIN_X:g}", "join_vs_train_json", lambda v: v >= GOAL_JOIN_X),
+            one(f"join_scaling_2_workers >= {GOAL_SCALING_2:g}", "join_scaling_2_workers",
+                lambda v: v >= GOAL_SCALING_2),
             one(f"auc_gap_best <= {GOAL_GAP:g}", "auc_gap_best", lambda v: v <= GOAL_GAP),
             one(f"auc_gap_fake_negative_vs_delayed <= {GOAL_GAP:g}", "auc_gap_fake_negative_vs_delayed",
                 lambda v: v <= GOAL_GAP),
@@ -418,9 +442,10 @@ def goals(r: dict) -> list[dict]:
                 lambda v: lo <= v <= hi)]
 
 
-KEYS = ("join_events_per_s", "train_json_events_per_s", "raw_consume_events_per_s", "join_vs_train_json",
-        "join_vs_raw", "auc_oracle", "auc_oracle_delayed", "auc_gap_label_delay", "auc_gap_fake_negative_vs_delayed",
-        "auc_window", "auc_fake_negative", "auc_fake_negative_naive",
+KEYS = ("join_events_per_s", "join_2_workers_events_per_s", "join_scaling_2_workers", "train_json_events_per_s",
+        "raw_consume_events_per_s", "join_vs_train_json", "join_vs_raw", "auc_oracle", "auc_oracle_delayed",
+        "auc_gap_label_delay", "auc_gap_fake_negative_vs_delayed", "auc_window", "auc_fake_negative",
+        "auc_fake_negative_naive",
         "logloss_oracle", "logloss_window", "logloss_fake_negative", "logloss_fake_negative_naive", "auc_gap_best",
         "calibration_oracle", "calibration_window", "calibration_fake_negative", "calibration_fake_negative_naive",
         "freshness_p50_s_window", "freshness_p99_s_window", "freshness_p50_s_fake_negative",

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -108,8 +109,51 @@ class Supervisor:
         for c in reversed(self.children):
             self.stop(c, grace=grace)
 
+    def stop_together(self, grace: float = 10.0, sig: int = signal.SIGTERM) -> list[Child]:
+        """Send ``sig`` to every running child at once, give them all ``grace`` seconds together, then
+        SIGKILL the process group of each still running; the children that needed SIGKILL."""
+        live = [c for c in self.children if c.poll() is None]
+        for c in live:
+            try:
+                c.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        killed = []
+        for c in live:
+            try:
+                c.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                killed.append(c)
+                stop_process(c.proc, 0.0, signal.SIGKILL, group=True)
+            c.close_log()
+        return killed
+
     def pids(self) -> list[int]:
         return [c.pid for c in self.children]
+
+
+def watch_children(sup: Supervisor, poll_s: float = 0.2) -> tuple[Child | None, int | None]:
+    """Wait until a child of ``sup`` dies when it was not expected to, or SIGINT/SIGTERM reaches this
+    process: ``(that child, None)`` or ``(None, the signal)``. The children run in their own process
+    groups, so a terminal's Ctrl-C reaches only this process, which decides what they get; the previous
+    signal handlers are back on return."""
+    received: list[int] = []
+
+    def on_signal(signum, _frame) -> None:
+        received.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not received:
+            dead = sup.dead()
+            if dead:
+                return dead[0], None
+            time.sleep(poll_s)
+        return None, received[0]
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def pid_alive(pid: int) -> bool:

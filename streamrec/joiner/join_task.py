@@ -8,13 +8,22 @@ loop (:meth:`JoinTask.run`): each partition's two topics are joined in event-tim
 those still waiting in the merge. A batch, a restore and a revocation never overlap (one lock): a restore
 reads the output log only once every example already sent for the partition is acknowledged, and a
 batch never spans an ownership change.
+
+A batch's examples are acknowledged while the next batch is joined: a batch is joined, closed in its
+store (:meth:`~.txstore.TxStore.stage`: the next one reads its changes) and its examples sent; then the
+previous batch's acknowledgements are awaited and only then is its ``tx`` committed, so a durable ``tx``
+still never lacks an example of its batch. The examples of the batch after it may reach the log first: a
+restart from that ``tx`` finds them there by their identities, as it finds any batch's written past a
+``tx``'s ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 
 from streamrec.ingest.ingest_config import KafkaConfig
 from streamrec.joiner.join_config import JoinConfig
@@ -38,6 +47,17 @@ def _impressions_in(item) -> int:
     return len(d.body) if d.many else 1
 
 
+@dataclass
+class InFlight:
+    """A batch joined, closed in its store and sent, whose acknowledgements and ``tx`` are still to come."""
+
+    tx: BatchTx  # its record but for the output ends, which its acknowledgements give
+    stage: int  # its changes in the store (TxStore.stage)
+    sends: list  # (events partition, future of a message batch's ack, messages in it)
+    dead: list  # futures of its dead letters' acks
+    epoch: int  # the partition's ownership it was joined under
+
+
 class PartitionCursor:
     """What the join task holds for one owned partition, from its last committed batch (``tx``)."""
 
@@ -52,6 +72,7 @@ class PartitionCursor:
         # restore, written by a run whose batches were never committed) and those past the tx's ends
         self.written: set[str] = set(tx.pending)
         self.epoch = 0
+        self.inflight: InFlight | None = None  # the last batch sent, not committed yet
 
     def refetch(self, newest: dict[str, int | None]) -> None:
         """Drop what the merge holds (``newest``: each topic's watermark in the join): the reader reads
@@ -60,8 +81,8 @@ class PartitionCursor:
         self.fetched = dict(self.off)
 
     def batch_tx(self) -> BatchTx:
-        """The record of the batch joined so far, to commit."""
-        return BatchTx(seq=self.seq, off=self.off, ends=self.ends, pending=sorted(self.written))
+        """The record of the batch joined so far (its output ends as acknowledged so far), to commit."""
+        return BatchTx(seq=self.seq, off=dict(self.off), ends=dict(self.ends), pending=sorted(self.written))
 
 
 class JoinTask:
@@ -87,14 +108,26 @@ class JoinTask:
         async with self.batch_lock:
             for p in list(self.parts):
                 if p not in owned:
+                    await self.drain(self.parts[p])
                     self.forget(p)
             await self.restore(sorted(owned - set(self.parts)))
 
     async def revoked(self, lost: set[int]) -> None:
+        if lost & set(self.parts):
+            hit("join.revoked")  # a rebalance takes owned partitions; a batch of theirs may be in flight
         async with self.batch_lock:
             for p in lost:
                 if p in self.parts:
+                    await self.drain(self.parts[p])
                     self.forget(p)
+
+    async def drain(self, part: PartitionCursor) -> None:
+        """Wait for the acknowledgements of the partition's batch in flight and drop its ``tx`` (the
+        partition is leaving this worker, which writes nothing more for it; a restore here later reads the
+        output log with them in it)."""
+        flight, part.inflight = part.inflight, None
+        if flight is not None:
+            await self.acked(part, flight)
 
     def forget(self, p: int) -> None:
         self.parts.pop(p)
@@ -157,12 +190,12 @@ class JoinTask:
 
     # -- one batch ------------------------------------------------------------
 
-    async def join_batch(self, p: int, recs: list) -> None:
-        """Join ``(record, decoded)`` pairs of partition ``p`` in this order, send their examples, commit."""
+    async def join_batch(self, p: int, recs: list) -> InFlight | None:
+        """Join ``(record, decoded)`` pairs of partition ``p`` in this order, close the batch in its store and
+        send its examples; the batch in flight (None: the partition is not owned)."""
         part = self.parts.get(p)
         if part is None:
-            return
-        at = part.epoch
+            return None
         examples, bad = [], []
         for rec, decoded in recs:
             hit("join.before_record")
@@ -174,12 +207,21 @@ class JoinTask:
                 bad.append((rec, str(e)))
             part.off[rec.topic] = rec.offset + 1
         hit("join.before_send")
-        await self.send_all(part, examples, bad)
-        hit("join.after_send")
-        if self.parts.get(p) is not part or part.epoch != at:
-            return  # revoked meanwhile: the new owner resumes from the last tx
+        sends, dead = await self.send_all(part, examples, bad)
         part.seq += 1
-        part.store.commit(part.batch_tx())
+        return InFlight(part.batch_tx(), part.store.stage(), sends, dead, part.epoch)
+
+    async def settle(self, p: int, part: PartitionCursor) -> None:
+        """Commit the partition's batch in flight: wait for its acknowledgements, then write its ``tx`` with
+        the output ends they give (a batch revoked meanwhile is left to the new owner's replay)."""
+        flight, part.inflight = part.inflight, None
+        if flight is None:
+            return
+        await self.acked(part, flight)
+        hit("join.after_send")
+        if self.parts.get(p) is not part or part.epoch != flight.epoch:
+            return  # revoked meanwhile: the new owner resumes from the last tx
+        part.store.commit(dataclasses.replace(flight.tx, ends=dict(part.ends)), flight.stage)
         await self.write_state(p, part.store)  # the batch's state in the changelog: a restart resumes after it
         hit("join.after_commit")
         if self.metrics is not None:
@@ -187,8 +229,9 @@ class JoinTask:
             if m is not None and m.wa is not None:
                 self.metrics.watermark(p, m.wa)
 
-    async def send_all(self, part: PartitionCursor, examples: list, bad: list) -> None:
-        """Send a batch's examples (those not already in the log) and dead letters; wait for every ack.
+    async def send_all(self, part: PartitionCursor, examples: list, bad: list) -> tuple[list, list]:
+        """Send a batch's examples (those not already in the log) and dead letters; the futures of their
+        acknowledgements: ``(events partition, future, messages)`` and the dead letters' (:meth:`acked`).
 
         An example goes to the partition its key (``request_id``) hashes to, as a keyed send would put it.
         JSON: one example per message, its identity in :data:`ID_HEADER`. Arrow: the examples of one
@@ -210,11 +253,15 @@ class JoinTask:
         dead = [await self.clients.prod.send(self.kafka.dlq_topic, rec.value or b"", key=rec.key, headers=[
                     (REASON_HEADER, reason[:2000].encode("utf-8", "backslashreplace")),
                     (SOURCE_HEADER, f"{rec.topic}:{rec.partition}:{rec.offset}".encode())]) for rec, reason in bad]
-        for q, f, n in futs:
+        return futs, dead
+
+    async def acked(self, part: PartitionCursor, flight: InFlight) -> None:
+        """Wait for every acknowledgement of ``flight``'s messages; the output ends move past them."""
+        for q, f, n in flight.sends:
             meta = await f
             part.ends[q] = max(part.ends.get(q, 0), meta.offset + n)
             hit("join.between_acks")  # some of the batch's messages acknowledged, maybe not all
-        for f in dead:
+        for f in flight.dead:
             await f
 
     def messages(self, exs: list) -> list:
@@ -269,7 +316,8 @@ class JoinTask:
             part.fetched[tp.topic] = recs[-1].offset + 1
 
     async def join_released(self, p: int, epoch: int) -> None:
-        """Join, batch by batch, what partition ``p``'s merge releases now."""
+        """Join, batch by batch, what partition ``p``'s merge releases now: each batch's acknowledgements
+        arrive while the next one is joined, and its ``tx`` follows them."""
         while True:
             async with self.batch_lock:
                 part = self.parts.get(p)
@@ -278,8 +326,11 @@ class JoinTask:
                 released = part.merge.release(self.join.batch_records,
                                               lambda t: part.merge.holds(t, self.behind(p, t, part)))
                 if not released:
+                    await self.settle(p, part)  # nothing joins now: the last batch is committed, not left waiting
                     return
-                await self.join_batch(p, [item for _, item in released])
+                flight = await self.join_batch(p, [item for _, item in released])
+                await self.settle(p, part)  # the previous batch, acknowledged while this one was joined
+                part.inflight = flight
 
     def behind(self, p: int, topic: str, part: PartitionCursor) -> bool:
         """Whether the reader knows of records of ``topic`` partition ``p`` not fetched yet (or has had no

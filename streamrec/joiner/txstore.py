@@ -1,7 +1,9 @@
 """One partition's join state in the faust table, committed atomically per batch of input records.
 
 State keys live in the table as ``<p>/s/<key>`` (JSON values). While a batch is joined, writes stay in a
-buffer the reads see; :meth:`TxStore.commit` then stages ONE value, ``<p>/tx``: the batch's changes, the
+buffer the reads see; :meth:`TxStore.stage` closes the batch (its changes serialised, still read until the
+local database holds them, so the next batch is joined on top of it while this one's examples are being
+acknowledged); :meth:`TxStore.commit` then stages ONE value, ``<p>/tx``: the batch's changes, the
 input offsets after the batch and the output log's end offsets (a :class:`~.tx_row.BatchTx`), followed by
 the changes to their keys, in :attr:`TxStore.outbox`: the records the caller produces to changelog
 partition ``p`` (one producer, one partition: they arrive in order). Only once the changelog acknowledged
@@ -148,14 +150,28 @@ class TxStore(MutableMapping):
         self.ck_key = f"{p}/ck".encode()
         self.run = os.urandom(8).hex()  # in every tx row this store writes: its fingerprint is this run's
         self.buf: dict[str, Any] = {}
+        # closed batches not in the local database yet: key -> (value or _DEL, its batch's stage number), read
+        # after the buffer; their serialised changes by stage number until committed
+        self.staged: dict[str, tuple[Any, int]] = {}
+        self.stages: dict[int, dict[str, bytes | None]] = {}
+        self.stage_no = 0
+        self.outbox_stage = 0  # the newest stage committed to the outbox
+        self.taken_stage = 0  # the newest stage in the records last taken from the outbox
         self.outbox: list[tuple[bytes, bytes | None]] = []  # changelog records not handed to a producer yet
         self.hit = on_hit or (lambda name: None)
 
     def _raw(self, key: str):
         return self.db.get(self.prefix + key.encode())
 
-    def __getitem__(self, key: str) -> Any:
+    def _unwritten(self, key: str) -> Any:
+        """The key's value in the buffer, else in a closed batch not persisted yet (None: neither)."""
         v = self.buf.get(key)
+        if v is None and key in self.staged:
+            v = self.staged[key][0]
+        return v
+
+    def __getitem__(self, key: str) -> Any:
+        v = self._unwritten(key)
         if v is _DEL:
             raise KeyError(key)
         if v is not None:
@@ -166,7 +182,7 @@ class TxStore(MutableMapping):
         return loads(raw)
 
     def get(self, key: str, default: Any = None) -> Any:
-        v = self.buf.get(key)
+        v = self._unwritten(key)
         if v is _DEL:
             return default
         if v is not None:
@@ -175,7 +191,7 @@ class TxStore(MutableMapping):
         return default if raw is None else loads(raw)
 
     def __contains__(self, key) -> bool:
-        v = self.buf.get(key)
+        v = self._unwritten(key)
         if v is not None:
             return v is not _DEL
         return self._raw(key) is not None
@@ -207,18 +223,30 @@ class TxStore(MutableMapping):
         row = self._tx_row()
         return BatchTx.from_row(row) if row is not None else None
 
-    def commit(self, tx: BatchTx) -> BatchTx:
-        """Stage the batch's changes with ``tx`` (offsets, output ends, seq) as one ``tx`` row followed by
-        their applies, in that order, in :attr:`outbox` (nothing is written before the changelog has them:
-        :meth:`persist`). Returns ``tx``."""
-        enc = {k: (None if v is _DEL else dumps(v)) for k, v in self.buf.items()}
+    def stage(self) -> int:
+        """Close the batch joined so far: its changes serialised as they are now, read on until the local
+        database holds them (the next batch joins on top); returns its stage number, for :meth:`commit`."""
+        self.stage_no += 1
+        self.stages[self.stage_no] = {k: (None if v is _DEL else dumps(v)) for k, v in self.buf.items()}
+        for k, v in self.buf.items():
+            self.staged[k] = (v, self.stage_no)
+        self.buf.clear()
+        return self.stage_no
+
+    def commit(self, tx: BatchTx, stage: int | None = None) -> BatchTx:
+        """Stage the changes of closed batch ``stage`` (default: close the batch joined so far) with ``tx``
+        (offsets, output ends, seq) as one ``tx`` row followed by their applies, in that order, in
+        :attr:`outbox` (nothing is written before the changelog has them: :meth:`persist`). Batches are
+        committed in the order they were closed. Returns ``tx``."""
+        stage = self.stage() if stage is None else stage
+        enc = self.stages.pop(stage)
         ch = b",".join(dumps(k) + b":" + (b"null" if v is None else v) for k, v in enc.items())
         head = dumps({**tx.to_row(), "run": self.run})
         row = head[:-1] + b',"ch":{' + ch + b"}}"
         self.outbox.append((self.tx_key, row))
         self.hit("join.after_tx")
         self._apply(enc)
-        self.buf.clear()
+        self.outbox_stage = stage
         return tx
 
     def recover(self) -> BatchTx | None:
@@ -249,6 +277,7 @@ class TxStore(MutableMapping):
 
     def take_outbox(self) -> list[tuple[bytes, bytes | None]]:
         out, self.outbox = self.outbox, []
+        self.taken_stage = self.outbox_stage
         return out
 
     def persist(self, records: list[tuple[bytes, bytes | None]], topic: str = "", first: int = -1,
@@ -262,3 +291,5 @@ class TxStore(MutableMapping):
             extra = [(OFFSET_KEY, str(last).encode()),
                      (self.ck_key, Checkpoint(topic, first, digest(records[0][1])).to_bytes())]
         self.db.write(list(records) + extra)
+        # the closed batches these records hold are read from the database now
+        self.staged = {k: e for k, e in self.staged.items() if e[1] > self.taken_stage}

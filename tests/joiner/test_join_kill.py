@@ -1,11 +1,11 @@
 """kill -9 of the joiner at each of its failpoints (mid-batch, before and after the batch's sends, between the
 commit's atomic record and its applies, between the changelog's acknowledgement of a batch and its write to the
 local RocksDB copy (which the restart keeps), after the commit, between the acknowledgements of one batch's messages),
-one after another on the same stream: the labelled events read back from the events topic equal the undisturbed
+one after another on the same stream, and of one of two or three workers while the partitions move: the labelled events read back from the events topic equal the undisturbed
 join's (the oracle's, which tests/joiner/test_join_worker.py shows the undisturbed worker writes): none lost, none
 doubled.
 
-The module's four scenarios share nothing but the broker and spend their time waiting on restarts (a killed
+The module's five scenarios share nothing but the broker and spend their time waiting on restarts (a killed
 member's consumer group settles before the next run is assigned its partitions), so they run side by side
 (tests/helpers/scenarios.py), started once by ``kill_runs``; the window and fake_negative kill matrices read one
 prepared backlog (the same two input topics), each with its own group, state and output topic."""
@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 
@@ -129,6 +130,7 @@ def kill_runs(bootstrap, tmp_path_factory, request):
     with Scenarios() as runs:
         _start_kill_matrices(runs, bootstrap, tmp_path_factory, names)
         for name, scenario in (("kill_during_a_rebalance_with_two_workers", _rebalance_with_two_workers),
+                               ("kill_during_a_rebalance_with_three_workers", _rebalance_with_three_workers),
                                ("kill_with_arrow_messages_of_several_examples", _arrow_messages_kills)):
             if name not in names:
                 continue
@@ -146,6 +148,42 @@ def test_kill_during_a_rebalance_with_two_workers(kill_runs):
     kill_runs.result("kill_during_a_rebalance_with_two_workers")
 
 
+def _workers(cfg, bootstrap: str, tmp_path, names: str):
+    """Worker processes named by the letters of ``names``, each with its own state dir and log: (their
+    processes by name, their logs by name, ``start(name, env_extra=None)``, which (re)starts one)."""
+    procs: dict[str, subprocess.Popen] = {}
+    logs = {w: tmp_path / f"join-{w}.log" for w in names}
+
+    def start(w: str, env_extra: dict | None = None) -> None:
+        cfg.join.state_dir = str(tmp_path / f"state-{w}")
+        config = write_config(cfg, tmp_path / f"{w}.toml")
+        env = dict(os.environ, **(env_extra or {}))
+        procs[w] = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
+                                    stdout=open(logs[w], "ab"), stderr=subprocess.STDOUT, env=env)
+
+    return procs, logs, start
+
+
+RESTORED = "partition {}: join state restored"
+
+
+def _restored(log, partitions: int) -> set[int]:
+    """The partitions a worker's log says it restored (took over) so far."""
+    text = log.read_text()
+    return {p for p in range(partitions) if RESTORED.format(p) in text}
+
+
+def _all_examples(bootstrap, cfg, r, want: Counter, procs: dict, what: str, logs: dict) -> None:
+    """Wait until the events topic holds as many examples as ``want`` with every worker running, then
+    for a doubled one to show: exactly ``want``."""
+    wait_until(lambda: sum(examples(bootstrap, cfg, r).values()) >= sum(want.values())
+               or any(p.poll() is not None for p in procs.values()), 180, what, interval=1.0)
+    assert all(p.poll() is None for p in procs.values()), {w: log.read_text()[-2000:] for w, log in logs.items()}
+    time.sleep(2)  # nothing more arrives
+    got = examples(bootstrap, cfg, r)
+    assert got == want, f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}"
+
+
 def _rebalance_with_two_workers(topics, bootstrap, tmp_path) -> None:
     """Two workers split the partitions; one is killed in the middle of a batch while the other is running,
     so its partitions move; later it comes back and the partitions move again: the same examples as the
@@ -154,34 +192,91 @@ def _rebalance_with_two_workers(topics, bootstrap, tmp_path) -> None:
     cfg.join.batch_records = 9
     r, imps, acts, want = joined_streams(bootstrap, cfg, 9, n=400)
     produce(bootstrap, cfg, imps, acts)
-    procs = {}
-    logs = {w: tmp_path / f"join-{w}.log" for w in "ab"}
-
-    def start(w: str, env_extra: dict | None = None):
-        cfg.join.state_dir = str(tmp_path / f"state-{w}")
-        config = write_config(cfg, tmp_path / f"{w}.toml")
-        env = dict(os.environ, **(env_extra or {}))
-        procs[w] = subprocess.Popen([STREAMREC, "join", "--config", str(config), "--bootstrap", bootstrap],
-                                    stdout=open(logs[w], "ab"), stderr=subprocess.STDOUT, env=env)
-
+    procs, logs, start = _workers(cfg, bootstrap, tmp_path, "ab")
     start("b")
     start("a", {"STREAMREC_FAILPOINTS": "join.after_send@*#12"})
     try:
         procs["a"].wait(90)
         assert procs["a"].returncode == -signal.SIGKILL, logs["a"].read_text()[-3000:]
-        restores = "partition {}: join state restored"
-        mine = [p for p in range(P) if restores.format(p) in logs["a"].read_text()]
+        mine = _restored(logs["a"], P)
         assert mine, logs["a"].read_text()[-3000:]
-        wait_until(lambda: all(restores.format(p) in logs["b"].read_text() for p in mine), 60,
-                   f"worker b taking over partitions {mine}", interval=0.5)
+        wait_until(lambda: mine <= _restored(logs["b"], P), 60, f"worker b taking over partitions {mine}",
+                   interval=0.5)
         start("a")  # and the partitions move again
-        wait_until(lambda: sum(examples(bootstrap, cfg, r).values()) >= sum(want.values())
-                   or any(p.poll() is not None for p in procs.values()), 180,
-                   "the two workers' examples", interval=1.0)
-        assert all(p.poll() is None for p in procs.values()), logs["a"].read_text()[-3000:]
-        time.sleep(2)  # nothing more arrives
-        got = examples(bootstrap, cfg, r)
-        assert got == want, f"lost {sum((want - got).values())}, doubled {sum((got - want).values())}"
+        _all_examples(bootstrap, cfg, r, want, procs, "the two workers' examples", logs)
+    finally:
+        for p in procs.values():
+            stop(p)
+
+
+def test_kill_during_a_rebalance_with_three_workers(kill_runs):
+    kill_runs.result("kill_during_a_rebalance_with_three_workers")
+
+
+THREE = 3  # partitions of the three workers' topics: one each once the group settles
+
+
+def _running_max(tss) -> list[int]:
+    out, m = [], None
+    for t in tss:
+        m = t if m is None else max(m, t)
+        out.append(m)
+    return out
+
+
+def produce_paced(bootstrap, cfg, imps: dict, acts: dict, chunks: int, pause_s: float) -> None:
+    """``produce`` in ``chunks`` slices of event time, ``pause_s`` apart: each slice holds the records of both
+    topics whose running maximum ``ts`` (the key the joiner's merge orders by) falls in it, so each topic
+    keeps its order and, the merge waiting longer than a pause (``join.merge_wait_ms``), the join reads them
+    in the order it reads the backlog: the same examples."""
+    ikeys = {p: _running_max(ts for _, ts, _ in imps[p]) for p in imps}
+    akeys = {p: _running_max(a.ts for a in acts[p]) for p in acts}
+    every = [k for ks in (*ikeys.values(), *akeys.values()) for k in ks]
+    lo, hi = min(every), max(every) + 1
+    bounds = [lo + (hi - lo) * i // chunks for i in range(chunks)] + [hi]
+    for b0, b1 in zip(bounds, bounds[1:]):
+        produce(bootstrap, cfg, {p: [x for x, k in zip(imps[p], ikeys[p]) if b0 <= k < b1] for p in imps},
+                {p: [x for x, k in zip(acts[p], akeys[p]) if b0 <= k < b1] for p in acts})
+        time.sleep(pause_s)
+
+
+def _rebalance_with_three_workers(topics, bootstrap, tmp_path) -> None:
+    """Worker a joins alone and owns every partition; the stream starts (paced: its last records come
+    seconds after the workers' joins) and b and c join, and the rebalance that takes a's partitions kills
+    it mid-work (``join.revoked``: the revocation reached it, a batch of its own may be in flight). b and c
+    take them over; a comes back and the three split the partitions: the same examples as the undisturbed
+    join of the backlog, nothing lost or doubled."""
+    cfg = join_config(topics, "fake_negative")
+    cfg.kafka.partitions = THREE
+    cfg.join.batch_records = 9
+    cfg.join.merge_wait_ms = 3000.0  # above produce_paced's pauses
+    r, imps, acts, want = joined_streams(bootstrap, cfg, 13, partitions=THREE, n=800)
+    procs, logs, start = _workers(cfg, bootstrap, tmp_path, "abc")
+    start("a", {"STREAMREC_FAILPOINTS": "join.revoked@*#1"})
+    try:
+        wait_until(lambda: _restored(logs["a"], THREE) == set(range(THREE)) or procs["a"].poll() is not None, 90,
+                   "worker a owning every partition", interval=0.2)
+        start("b")
+        start("c")
+        producing = threading.Thread(target=produce_paced, args=(bootstrap, cfg, imps, acts, 40, 0.3))
+        producing.start()
+        procs["a"].wait(90)
+        assert procs["a"].returncode == -signal.SIGKILL, logs["a"].read_text()[-3000:]
+        assert "failpoint join.revoked reached" in logs["a"].read_text()
+        mid = sum(examples(bootstrap, cfg, r).values())
+        assert 0 < mid < sum(want.values()), f"{mid} of {sum(want.values())} examples when a died: no work moved"
+        wait_until(lambda: _restored(logs["b"], THREE) | _restored(logs["c"], THREE) == set(range(THREE)), 60,
+                   "b and c taking over every partition", interval=0.5)
+        start("a")  # the partitions move again, now among three
+
+        def owners() -> dict[str, set[int]]:
+            a_again = logs["a"].read_text().split("failpoint join.revoked reached")[-1]
+            return {w: {p for p in range(THREE) if RESTORED.format(p) in text} for w, text in
+                    (("a", a_again), ("b", logs["b"].read_text()), ("c", logs["c"].read_text()))}
+
+        wait_until(lambda: all(owners().values()), 90, "the three workers splitting the partitions", interval=0.5)
+        producing.join(60)
+        _all_examples(bootstrap, cfg, r, want, procs, "the three workers' examples", logs)
     finally:
         for p in procs.values():
             stop(p)

@@ -26,14 +26,16 @@ STREAMREC = str(Path(sys.executable).with_name("streamrec"))
 P = 2
 
 
-def joined_streams(bootstrap, cfg, seed: int, **kw) -> tuple[JoinRules, dict, dict, Counter]:
-    """The join's two topics created, ``P`` partitions each; its rules, seeded impressions and actions per
-    partition (``make_streams(seed, P, **kw)``) and the examples the oracle says the join writes for them."""
-    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, P), TopicSpec(cfg.join.actions_topic, P)])
+def joined_streams(bootstrap, cfg, seed: int, partitions: int = P, **kw) -> tuple[JoinRules, dict, dict, Counter]:
+    """The join's two topics created, ``partitions`` each; its rules, seeded impressions and actions per
+    partition (``make_streams(seed, partitions, **kw)``) and the examples the oracle says the join writes for
+    them."""
+    ensure_topics(bootstrap, [TopicSpec(cfg.join.impressions_topic, partitions),
+                              TopicSpec(cfg.join.actions_topic, partitions)])
     r = JoinRules.from_config(cfg.join)
-    imps, acts = make_streams(seed, P, **kw)
+    imps, acts = make_streams(seed, partitions, **kw)
     want: Counter = Counter()
-    for p in range(P):
+    for p in range(partitions):
         want += oracle(r, imps[p], acts[p])
     return r, imps, acts, want
 
@@ -53,7 +55,7 @@ def produce(bootstrap, cfg, imps, acts, bad=()) -> None:
     from kafka import KafkaProducer
 
     prod = KafkaProducer(bootstrap_servers=bootstrap)
-    for p in range(P):
+    for p in imps:
         for rid, ts, ev in imps[p]:
             ev = {"ts": ts, "dense": [0.5, 0.25, 1.0], "sparse": {"user": ev["sparse"]["user"]}, "request_id": rid}
             prod.send(cfg.join.impressions_topic, json.dumps(ev).encode(), key=rid.encode(), partition=p)

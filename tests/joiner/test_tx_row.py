@@ -38,3 +38,23 @@ def test_a_newer_record_is_refused_before_anything_applies():
     with pytest.raises(TxVersionError, match="batch record of version"):
         TxStore(table, 0).recover()
     assert b"0/s/k" not in table
+
+
+def test_a_closed_batch_is_read_by_the_next_until_persisted_and_commits_only_its_own_changes():
+    table: dict = {}
+    store = TxStore(table, 1, "impressions")
+    store["x"], store["y"] = {"n": 1}, {"n": 1}
+    first = store.stage()  # its examples still in flight: the next batch joins on top of it
+    assert store["x"] == {"n": 1} and "y" in store and not table
+    store["x"] = {"n": 2}
+    del store["y"]
+    second = store.stage()
+    assert store["x"] == {"n": 2} and "y" not in store and store.get("y") is None
+    store.commit(BatchTx(seq=1, off={"impressions": 3}, ends={0: 1}), first)
+    store.persist(store.take_outbox())
+    assert loads(table[b"1/tx"])["ch"] == {"x": {"n": 1}, "y": {"n": 1}}  # the first batch's, not the second's
+    assert store["x"] == {"n": 2} and "y" not in store  # the second batch is still read over the database
+    store.commit(BatchTx(seq=2, off={"impressions": 6}, ends={0: 2}), second)
+    store.persist(store.take_outbox())
+    assert loads(table[b"1/tx"])["ch"] == {"x": {"n": 2}, "y": None} and b"1/s/y" not in table
+    assert not store.staged and TxStore(table, 1)["x"] == {"n": 2}

@@ -50,9 +50,11 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
         "train_json_vs_arrow", "freshness_p50_s", "freshness_p99_s", "goals"]),
     "freshness": ([], ["freshness_p50_s", "freshness_p99_s", "probes", "checkpoint_interval_s",
                        "freshness_p50_vs_checkpoint_interval", "freshness_p50_vs_configured_checkpoint_every_s"]),
-    "join": ([], ["join_events_per_s", "train_json_events_per_s", "raw_consume_events_per_s", "join_vs_train_json",
-                  "join_vs_raw", "auc_oracle", "auc_oracle_delayed", "auc_window", "auc_fake_negative", "auc_fake_negative_naive",
-                  "auc_gap_best", "auc_gap_label_delay", "auc_gap_fake_negative_vs_delayed", "calibration_fake_negative", "calibration_fake_negative_naive",
+    "join": ([], ["join_events_per_s", "join_2_workers_events_per_s", "join_scaling_2_workers",
+                  "train_json_events_per_s", "raw_consume_events_per_s", "join_vs_train_json",
+                  "join_vs_raw", "auc_oracle", "auc_oracle_delayed", "auc_window", "auc_fake_negative",
+                  "auc_fake_negative_naive", "auc_gap_best", "auc_gap_label_delay", "auc_gap_fake_negative_vs_delayed",
+                  "calibration_fake_negative", "calibration_fake_negative_naive",
                   "freshness_p50_s_window", "freshness_p99_s_window", "freshness_p50_s_fake_negative",
                   "freshness_p99_s_fake_negative", "state_bytes_per_impression", "restart_s",
                   "restart_state_impressions", "goals"]),
@@ -237,9 +239,11 @@ def test_broker_bench_runs_tiny_and_reports_its_goal_figures(name, bootstrap):
         assert out["join_examples"] > out["join_impressions"] > 0 and out["join_events_per_s"] > 0
         assert out["freshness_p50_s_fake_negative"] < out["freshness_p50_s_window"]
         assert {g["key"] for g in out["goals"]} == {"join_vs_train_json", "auc_gap_best", "calibration_fake_negative",
-                                                    "restart_s", "auc_gap_fake_negative_vs_delayed"}
+                                                    "restart_s", "auc_gap_fake_negative_vs_delayed",
+                                                    "join_scaling_2_workers"}
         assert out["auc_gap_label_delay"] + out["auc_gap_fake_negative_vs_delayed"] == pytest.approx(
             out["auc_oracle"] - out["auc_fake_negative"])  # the two parts make the fake-negative mode's gap
+        assert out["join_2_workers_events_per_s"] > 0 and out["join_scaling_2_workers"] > 0  # both runs read back all
         assert out["restart_s"] > 0 and out["restart_state_impressions"] > 0  # the restarted worker joined again
 
 
