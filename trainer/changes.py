@@ -4,8 +4,10 @@ Why: serving gets a delta every ``serving.push_every_s`` (about a second), far m
 durable checkpoint is written. The store can list the rows changed after a *checkpoint* epoch, but
 only with a scan of all of RocksDB; once a second that would cost more than the training. So the
 trainer keeps its own journal: :class:`ChangeJournal` stands in front of the store, passes every
-call through, and notes the ids of each write (``apply_gradients``, ``upsert_rows``, the only calls
-that change a vector). ``cut()`` closes the current segment and returns its mark; ``rows_since(m)``
+call through, and notes the ids of each write (``apply_gradients``, ``upsert_rows``). The fused step
+updates the device tier's hot rows in place and only stamps them (``mark_hot_written``: each hot row's
+``ts``), so ``cut()`` first notes every hot row written since the previous cut. ``cut()`` then closes the
+current segment and returns its mark; ``rows_since(m)``
 reads the current vectors of the ids written after mark ``m`` (a read that changes nothing: no cache
 recency, no counters). In a trainer group every rank's store gets its own journal (a rank's store
 is written only for the rows it owns), and the ranks cut in the same collective, so their marks agree.
@@ -21,12 +23,14 @@ The journal lives in memory only: after a restart the first push is full. It is 
 
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 import numpy as np
 import torch
 
 READ_CHUNK = 65_536  # ids read from the store at once
+HOT_CLOCK_SLACK_S = 1.0  # hot rows stamped this long before the previous cut are noted again at a cut
 
 
 class ChangeJournal:
@@ -45,6 +49,7 @@ class ChangeJournal:
         self._deleted_open: dict[str, list[np.ndarray]] = {}  # ids evicted in the open segment
         self._deleted: list[tuple[int, dict[str, np.ndarray]]] = []  # (mark, evicted ids per table), oldest first
         self.last_deleted: dict[str, np.ndarray] = {}  # what the last snapshot_rows' delta deletes
+        self._cut_at = time.time()  # wall time of the last cut: hot rows stamped after it are noted at the next
 
     def __getattr__(self, name: str):
         return getattr(self.store, name)
@@ -101,8 +106,23 @@ class ChangeJournal:
         """Ids noted since the last cut (with repeats)."""
         return self._open_n
 
+    def _note_hot_written(self) -> None:
+        """Note the hot rows the device tier stamped as written since the previous cut (with a margin of
+        ``HOT_CLOCK_SLACK_S`` for a wall clock stepped back: a row noted twice only repeats it in a delta)."""
+        now = time.time()
+        since = self._cut_at - HOT_CLOCK_SLACK_S
+        for name, t in getattr(self.store, "tables", {}).items():
+            h = getattr(t, "hot", None)
+            if h is None or not len(h.ts):
+                continue
+            sel = np.flatnonzero(h.ts > since)
+            if len(sel):
+                self._note(name, h.slot_ids()[sel])
+        self._cut_at = now
+
     def cut(self) -> int:
         """Close the current segment; rows written from now on are after the returned mark."""
+        self._note_hot_written()
         self.mark += 1
         seg = {t: np.unique(np.concatenate(p)) for t, p in self._open.items()}
         if seg:
