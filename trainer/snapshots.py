@@ -84,6 +84,7 @@ class SnapshotForm(Protocol):
     model_line: str
 
 HISTORY = 1000  # built snapshots remembered in SnapshotState.history
+EXPORT_CLOSE_WAIT_S = 120.0  # the most a closing publisher waits for the model's export to finish
 
 
 @dataclass
@@ -418,6 +419,9 @@ class SnapshotPublisher:
             return self.st.last_error if self._failing and self.st.last_error else f"no answer in {waited_s:.0f} s"
 
     def close(self) -> None:
+        # the export thread runs torch's C++ code: left running into the interpreter's teardown (a run that
+        # stops early, e.g. on a full disk) it aborts the process, so the close waits for it first
+        self.wait_export(EXPORT_CLOSE_WAIT_S)
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
