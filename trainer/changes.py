@@ -6,7 +6,7 @@ only with a scan of all of RocksDB; once a second that would cost more than the 
 trainer keeps its own journal: :class:`ChangeJournal` stands in front of the store, passes every
 call through, and notes the ids of each write (``apply_gradients``, ``upsert_rows``). The fused step
 updates the device tier's hot rows in place and only stamps them (``mark_hot_written``: each hot row's
-``ts``), so ``cut()`` first notes every hot row written since the previous cut. ``cut()`` then closes the
+``ts``), so ``cut()`` first notes every hot row stamped since the previous cut. ``cut()`` then closes the
 current segment and returns its mark; ``rows_since(m)``
 reads the current vectors of the ids written after mark ``m`` (a read that changes nothing: no cache
 recency, no counters). In a trainer group every rank's store gets its own journal (a rank's store
@@ -30,7 +30,6 @@ import numpy as np
 import torch
 
 READ_CHUNK = 65_536  # ids read from the store at once
-HOT_CLOCK_SLACK_S = 1.0  # hot rows stamped this long before the previous cut are noted again at a cut
 
 
 class ChangeJournal:
@@ -107,15 +106,16 @@ class ChangeJournal:
         return self._open_n
 
     def _note_hot_written(self) -> None:
-        """Note the hot rows the device tier stamped as written since the previous cut (with a margin of
-        ``HOT_CLOCK_SLACK_S`` for a wall clock stepped back: a row noted twice only repeats it in a delta)."""
+        """Note the hot rows the device tier stamped as written since the previous cut. The stamps and the cut's
+        time come from the same wall clock on the training thread; a clock stepped back below the previous cut
+        notes every hot row once (a superset: a delta may carry rows that did not change, never miss one)."""
         now = time.time()
-        since = self._cut_at - HOT_CLOCK_SLACK_S
+        since = self._cut_at if now >= self._cut_at else -np.inf
         for name, t in getattr(self.store, "tables", {}).items():
             h = getattr(t, "hot", None)
             if h is None or not len(h.ts):
                 continue
-            sel = np.flatnonzero(h.ts > since)
+            sel = np.flatnonzero(h.ts >= since)
             if len(sel):
                 self._note(name, h.slot_ids()[sel])
         self._cut_at = now

@@ -51,12 +51,6 @@ def test_a_delta_carries_every_hot_row_trained_since_the_previous_snapshot(tmp_p
     for k in changed:  # serving gets each trained hot row's current vector
         assert (table, int(hot[k])) in delta, int(hot[k])
         np.testing.assert_array_equal(delta[(table, int(hot[k]))], now[k])
-    # and the next delta, with nothing trained in between and past the clock slack, repeats none of them
-    import streamrec.trainer.changes as changes
-
-    changes.HOT_CLOCK_SLACK_S, slack = 0.0, changes.HOT_CLOCK_SLACK_S
-    try:
-        _, mark2 = store.snapshot_rows((False, 1, mark))
-        assert not _rows(store.snapshot_rows((False, 2, mark2))[0])
-    finally:
-        changes.HOT_CLOCK_SLACK_S = slack
+    # and the next delta, with nothing trained in between, repeats none of them
+    _, mark2 = store.snapshot_rows((False, 1, mark))
+    assert not _rows(store.snapshot_rows((False, 2, mark2))[0])
