@@ -749,7 +749,8 @@ class _live:
             self._live.update(self._table())
         elif time.monotonic() - self._last > 5:
             self._last = time.monotonic()
-            self.console.print(" · ".join(f"{k}: {v}" for k, v in self.view.rows()), highlight=False)
+            # one unwrapped line per refresh: a log reader greps it whole, whatever the console's width
+            self.console.print(" · ".join(f"{k}: {v}" for k, v in self.view.rows()), highlight=False, soft_wrap=True)
 
     def __enter__(self):
         if self.tty:
