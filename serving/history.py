@@ -188,9 +188,7 @@ class VersionBook:
                 if self.pinned:
                     return Verdict(False, "pinned", f"version {served.version} is pinned")
                 return verdict
-            self.held_total[verdict.reason] += 1
-            self.held_reason = f"{verdict.reason}: {verdict.detail}"
-            log.warning("version %d held back (%s); still serving %d", v.version, verdict.detail, served.version)
+            self._record_hold(v.version, verdict, served.version)
             return verdict
 
     def _promote(self, v: ServedVersion, ev, reset: bool = False) -> None:
@@ -242,10 +240,14 @@ class VersionBook:
                 return
             self.guard.passing = 0
             self._settling = None
-            self.held_total[verdict.reason] += 1
-            self.held_reason = f"{verdict.reason}: {verdict.detail}"
-            log.warning("version %d held back (%s); still serving %d", candidate.version, verdict.detail, promoted)
+            self._record_hold(candidate.version, verdict, promoted)
             self._persist(served)
+
+    def _record_hold(self, version: int, verdict: Verdict, serving: int) -> None:
+        """Count and state the hold of ``version`` (its reason shows in Status until the next verdict)."""
+        self.held_total[verdict.reason] += 1
+        self.held_reason = f"{verdict.reason}: {verdict.detail}"
+        log.warning("version %d held back (%s); still serving %d", version, verdict.detail, serving)
 
     def _await_settle(self, v: ServedVersion) -> None:
         """``v`` passed and waits only for the recovery count: it settles after ``settle_s`` as the newest."""

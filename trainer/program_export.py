@@ -83,7 +83,7 @@ class DenseProgram:
             self.error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
         if self.error:
             self.log.error("snapshots carry no exported program (serving builds the model from its code, so the module "
-                      "must be importable where serving runs): %s", self.error)
+                           "must be importable where serving runs): %s", self.error)
 
     def entry(self, model, dense_state: dict) -> tuple[dict | None, Any]:
         """The manifest's ``program`` entry for a snapshot of ``model`` with ``dense_state``, and the
