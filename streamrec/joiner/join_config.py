@@ -23,6 +23,7 @@ class JoinConfig:
     allowed_lateness_s: float = 60.0  # the window closes when the actions' event-time watermark passes impression ts + window_s + this
     orphan_wait_s: float = 300.0  # an action that arrives before its impression waits until the impressions' watermark passes its ts + this (event time)
     merge_wait_ms: float = 500.0  # ms a partition's topic that delivered nothing (and is not known to hold more) no longer holds back the other in the merge of impressions and actions by event time; 10x this bounds the wait on a topic the broker says holds more
+    idle_close_s: float = 0.0  # a partition that received no impression and no action for this many seconds of wall time while it holds open windows or waiting actions has its event time (both watermarks) advanced by the wall time passed, closing what is then due (0 = off; wall-time dependent: see docs/joining.md)
     state_dir: str = "data/joiner"  # faust table state (RocksDB) of the joiner
     batch_records: int = 2000  # input records joined per state commit (an Arrow record counts its impressions; one record is never split) (one atomic write per partition and batch: its examples are acknowledged before it; that write holds the batch's state changes: they must fit the changelog topic's max.message.bytes)
     metrics_port: int = 0  # Prometheus HTTP port of the joiner, 0 = off
@@ -42,7 +43,7 @@ class JoinConfig:
             raise InvalidValue("window_s", "must be > 0", "join")
         if self.batch_records < 1:
             raise InvalidValue("batch_records", "must be >= 1", "join")
-        for key in ("allowed_lateness_s", "orphan_wait_s", "merge_wait_ms"):
+        for key in ("allowed_lateness_s", "orphan_wait_s", "merge_wait_ms", "idle_close_s"):
             if getattr(self, key) < 0:
                 raise InvalidValue(key, "must be >= 0", "join")
 

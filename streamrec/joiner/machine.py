@@ -22,7 +22,10 @@ else ``join.window_s``), ``W`` the longest of them, ``L`` = ``join.allowed_laten
 * an action whose impression has not arrived waits (an orphan) until ``wi`` passes ``a.ts + O``;
 * the window of ``I`` closes when ``wa`` passes ``t + W + L`` (every action that can count for any task has
   arrived), or when ``wi`` passes ``t + H``: a partition whose actions stop still closes its windows as its
-  impressions move on, and no row outlives the dedupe horizon open.
+  impressions move on, and no row outlives the dedupe horizon open;
+* :meth:`JoinState.advance` moves both watermarks on without a record (the join task's idle timeout,
+  ``join.idle_close_s``): a partition whose two topics both stop still closes its windows and expires its
+  orphans as wall time passes. Such closes depend on wall time, not on the records alone.
 
 The rules read the order of records within each topic partition; how the two topics interleave matters only
 through the close by ``wi``, and only for an action that would count but is joined after an impression more
@@ -313,6 +316,35 @@ class JoinState:
                     heapq.heappush(self._orphans, (action.ts + r.orphan_ms, rid))
         out += self._close_due()
         return out
+
+    def advance(self, ms: int) -> list[Example]:
+        """Move the partition's event time ``ms`` on without a record (the join task's idle timeout): both
+        watermarks by ``ms`` (one not set yet starts from the other), then what is due closes, expires and is
+        purged as after a record; the examples the closes write."""
+        if ms <= 0 or (self.wi is None and self.wa is None):
+            return []
+        base = self.wi if self.wi is not None else self.wa
+        self.wi = base + ms
+        self.wa = (self.wa if self.wa is not None else base) + ms
+        self._save_wm()
+        self._expire_orphans()
+        out = self._close_due()
+        self._purge_closed()
+        return out
+
+    def holds_open(self) -> bool:
+        """Whether an impression's window is open or an action waits for its impression: what moving event
+        time on could close or expire (entries of the due-time heaps whose row is gone are dropped here)."""
+        while self._closing:
+            rec = self.store.get(IMPRESSION + self._closing[0][1])
+            if rec is not None and rec["open"]:
+                return True
+            heapq.heappop(self._closing)
+        while self._orphans:
+            if self.store.get(WAITING + self._orphans[0][1]):
+                return True
+            heapq.heappop(self._orphans)
+        return False
 
     # -- rules ---------------------------------------------------------------------------------------
     def _count(self, rid: str, rec: ImpressionRow, ats: int, typ: str, wa: int) -> list[Example]:
