@@ -15,6 +15,10 @@ previous batch's acknowledgements are awaited and only then is its ``tx`` commit
 still never lacks an example of its batch. The examples of the batch after it may reach the log first: a
 restart from that ``tx`` finds them there by their identities, as it finds any batch's written past a
 ``tx``'s ends.
+
+With ``join.idle_close_s`` set, a partition that received no record for that long while it holds open windows
+or waiting actions has its event time moved on by the wall time passed (:meth:`JoinTask.close_idle`), in a
+batch of no records under the same lock and commit as a batch of records.
 """
 
 from __future__ import annotations
@@ -349,29 +353,24 @@ class JoinTask:
             now = time.monotonic()
             if part is None or part.epoch != epoch or len(part.merge) or now - part.heard < self.join.idle_close_s:
                 return
-            if any(self.known_behind(p, t, part) for t in self.topics) or not self.joiner.machines[p].holds_open():
+            if any(self.behind(p, t, part, unanswered=False) for t in self.topics) \
+                    or not self.joiner.machines[p].holds_open():
                 return
             ms, part.heard = int((now - part.heard) * 1000), now
             await self.settle(p, part)
             part.inflight = await self.join_batch(p, [], advance_ms=ms)
             await self.settle(p, part)
 
-    def known_behind(self, p: int, topic: str, part: PartitionCursor) -> bool:
-        """Whether a fetch answered that ``topic`` partition ``p`` holds records not fetched yet."""
+    def behind(self, p: int, topic: str, part: PartitionCursor, unanswered: bool = True) -> bool:
+        """Whether the reader knows of records of ``topic`` partition ``p`` not fetched yet (``unanswered``
+        when no fetch of it answered yet)."""
         from aiokafka import TopicPartition
 
         hw = self.clients.reader.highwater(TopicPartition(topic, p))
+        if hw is None:
+            return unanswered
         at = part.fetched.get(topic)
-        return hw is not None and (hw > 0 if at is None else at < hw)
-
-    def behind(self, p: int, topic: str, part: PartitionCursor) -> bool:
-        """Whether the reader knows of records of ``topic`` partition ``p`` not fetched yet (or has had no
-        answer about it)."""
-        from aiokafka import TopicPartition
-
-        hw = self.clients.reader.highwater(TopicPartition(topic, p))
-        at = part.fetched.get(topic)
-        return hw is None or (hw > 0 if at is None else at < hw)
+        return hw > 0 if at is None else at < hw
 
     def pace(self, positioned: dict[int, int]) -> None:
         """Pause a topic partition whose merge queue holds a batch or more (the other topic is fetched
