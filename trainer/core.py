@@ -85,7 +85,8 @@ class TrainerCore:
         fake_stream = join is not None and join.mode == "fake_negative"
         # the fake-negative weighted loss (step.py), and each impression scored once against its final label
         self.fake_negative = fake_stream and bool(trainer.fake_negative_correction)
-        self.delayed = DelayedLabels(len(self.task_names), int(round((join.window_s + join.allowed_lateness_s) * 1000)),
+        self.delayed = DelayedLabels(len(self.task_names),
+                                     int(round((join.longest_window_s + join.allowed_lateness_s) * 1000)),
                                      int(trainer.delayed_max_held)) if fake_stream else None
         sz = self.sizes
         self.batcher = EventBatcher(sz.step, sz.window, model.dense_dim, self.fields, hot_wait=sz.hot_wait,

@@ -9,7 +9,8 @@ they come would count a converting impression twice (once with the wrong label).
 * a later ``positive`` of that ``request_id`` resolves each task it labels 1 as a positive with the
   HELD score; the positive itself is trained on, but never scored;
 * when the event-time watermark (the largest ``ts`` of the events trained so far) passes the
-  impression's ``ts + join.window_s + join.allowed_lateness_s`` (the joiner writes no positive
+  impression's ``ts + W + join.allowed_lateness_s`` (``W`` the longest task window: ``join.window_s`` or
+  a task's ``@window_s`` in ``join.task_actions``; the joiner writes no positive
   after that), the tasks still unresolved are negatives with their held score.
 
 The metrics therefore get one (label, score) per impression and task, when it is resolved. Events
@@ -44,8 +45,8 @@ _HELD, _EARLY = 0, 1  # an entry: a fake negative's held scores | positives trai
 
 
 class DelayedLabels:
-    """Held progressive scores of fake negatives (module doc). ``horizon_ms``: ``join.window_s +
-    join.allowed_lateness_s`` in ms; ``max_held``: the most entries kept."""
+    """Held progressive scores of fake negatives (module doc). ``horizon_ms``: the longest task window
+    plus ``join.allowed_lateness_s``, in ms; ``max_held``: the most entries kept."""
 
     def __init__(self, num_tasks: int, horizon_ms: int, max_held: int):
         self.num_tasks = int(num_tasks)

@@ -68,7 +68,7 @@ class TrainerConfig:
     push_give_up_s: float = 120.0  # a replica still missing a snapshot after this long is left behind (others move on; it gets a full one when back)
     trace_path: str = ""  # JSON-lines debug file of trained Kafka offset ranges ("" = none)
     fake_negative_correction: bool = True  # join.mode = fake_negative streams: weigh positives (1 + f) and fake negatives (1 - f)(1 + f), f = the model's own detached probability (Ktena et al. 2019); false = the naive loss
-    delayed_max_held: int = 1_000_000  # fake_negative streams: progressive scores held for a possible positive (one per impression, until join.window_s + join.allowed_lateness_s of event time pass); past this, the oldest are counted as negatives
+    delayed_max_held: int = 1_000_000  # fake_negative streams: progressive scores held for a possible positive (one per impression, until the longest join task window + join.allowed_lateness_s of event time pass); past this, the oldest are counted as negatives
 
     def __post_init__(self) -> None:
         for key, allowed in (("dense_optimizer", DenseOptimizer), ("schedule", Schedule),

@@ -10,7 +10,8 @@
   ``join.batch_records`` records as one atomic ``tx`` (``txstore.py``): the input offsets after the batch
   and the output log's end offsets travel in it. The state's writes go to the partition's RocksDB database
   and, through this worker's producer, to the table's changelog in record batches. State is bounded by the
-  rate times ``join.window_s + join.allowed_lateness_s + join.orphan_wait_s``.
+  rate times the longest task window (``join.window_s``, or a task's ``@window_s``) plus
+  ``join.allowed_lateness_s + join.orphan_wait_s``.
 * Examples go to ``kafka.events_topic``, each to the partition its ``request_id`` hashes to, in
   ``kafka.codec``: JSON, one example per message keyed by ``request_id``, its kind in the
   ``streamrec-feedback`` header (:data:`~.machine.FEEDBACK_HEADER`) and its identity (source partition,

@@ -15,6 +15,10 @@ previous batch's acknowledgements are awaited and only then is its ``tx`` commit
 still never lacks an example of its batch. The examples of the batch after it may reach the log first: a
 restart from that ``tx`` finds them there by their identities, as it finds any batch's written past a
 ``tx``'s ends.
+
+With ``join.idle_close_s`` set, a partition that received no record for that long while it holds open windows
+or waiting actions has its event time moved on by the wall time passed (:meth:`JoinTask.close_idle`), in a
+batch of no records under the same lock and commit as a batch of records.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class PartitionCursor:
         self.written: set[str] = set(tx.pending)
         self.epoch = 0
         self.inflight: InFlight | None = None  # the last batch sent, not committed yet
+        self.heard = time.monotonic()  # when a record of the partition last arrived (or its event time last moved)
 
     def refetch(self, newest: dict[str, int | None]) -> None:
         """Drop what the merge holds (``newest``: each topic's watermark in the join): the reader reads
@@ -190,9 +195,10 @@ class JoinTask:
 
     # -- one batch ------------------------------------------------------------
 
-    async def join_batch(self, p: int, recs: list) -> InFlight | None:
-        """Join ``(record, decoded)`` pairs of partition ``p`` in this order, close the batch in its store and
-        send its examples; the batch in flight (None: the partition is not owned)."""
+    async def join_batch(self, p: int, recs: list, advance_ms: int = 0) -> InFlight | None:
+        """Join ``(record, decoded)`` pairs of partition ``p`` in this order (then move its event time
+        ``advance_ms`` on: the idle timeout), close the batch in its store and send its examples; the batch in
+        flight (None: the partition is not owned)."""
         part = self.parts.get(p)
         if part is None:
             return None
@@ -206,6 +212,8 @@ class JoinTask:
                 log.warning("dead letter %s:%d@%d: %s", rec.topic, rec.partition, rec.offset, e)
                 bad.append((rec, str(e)))
             part.off[rec.topic] = rec.offset + 1
+        if advance_ms:
+            examples += self.joiner.advance(p, advance_ms)
         hit("join.before_send")
         sends, dead = await self.send_all(part, examples, bad)
         part.seq += 1
@@ -295,6 +303,8 @@ class JoinTask:
                 self.take(got, positioned)
                 for p in sorted(positioned):
                     await self.join_released(p, positioned[p])
+                    if self.join.idle_close_s > 0:
+                        await self.close_idle(p, positioned[p])
                 self.pace(positioned)
         finally:
             await self.clients.stop()
@@ -314,6 +324,7 @@ class JoinTask:
                 items.append((d.ts, (rec, d)))
             part.merge.add(tp.topic, items, now)
             part.fetched[tp.topic] = recs[-1].offset + 1
+            part.heard = now
 
     async def join_released(self, p: int, epoch: int) -> None:
         """Join, batch by batch, what partition ``p``'s merge releases now: each batch's acknowledgements
@@ -332,14 +343,34 @@ class JoinTask:
                 await self.settle(p, part)  # the previous batch, acknowledged while this one was joined
                 part.inflight = flight
 
-    def behind(self, p: int, topic: str, part: PartitionCursor) -> bool:
-        """Whether the reader knows of records of ``topic`` partition ``p`` not fetched yet (or has had no
-        answer about it)."""
+    async def close_idle(self, p: int, epoch: int) -> None:
+        """The idle timeout (``join.idle_close_s``): when partition ``p`` received no record for that long, holds
+        none in its merge, the reader knows of none not fetched, and it has windows open or actions waiting,
+        its event time moves on by the wall time since its last record (or its last such move), in a batch of
+        no records: the state change, its examples and the offsets commit in one ``tx``, as a record's do."""
+        async with self.batch_lock:
+            part = self.parts.get(p)
+            now = time.monotonic()
+            if part is None or part.epoch != epoch or len(part.merge) or now - part.heard < self.join.idle_close_s:
+                return
+            if any(self.behind(p, t, part, unanswered=False) for t in self.topics) \
+                    or not self.joiner.machines[p].holds_open():
+                return
+            ms, part.heard = int((now - part.heard) * 1000), now
+            await self.settle(p, part)
+            part.inflight = await self.join_batch(p, [], advance_ms=ms)
+            await self.settle(p, part)
+
+    def behind(self, p: int, topic: str, part: PartitionCursor, unanswered: bool = True) -> bool:
+        """Whether the reader knows of records of ``topic`` partition ``p`` not fetched yet (``unanswered``
+        when no fetch of it answered yet)."""
         from aiokafka import TopicPartition
 
         hw = self.clients.reader.highwater(TopicPartition(topic, p))
+        if hw is None:
+            return unanswered
         at = part.fetched.get(topic)
-        return hw is None or (hw > 0 if at is None else at < hw)
+        return hw > 0 if at is None else at < hw
 
     def pace(self, positioned: dict[int, int]) -> None:
         """Pause a topic partition whose merge queue holds a batch or more (the other topic is fetched

@@ -8,18 +8,24 @@ RocksDB in the worker, a dict in tests); the heaps that find what is due are reb
 :meth:`JoinState.restore`.
 
 Event time, two watermarks per partition: ``wi`` is the largest impression ``ts`` seen, ``wa`` the
-largest action ``ts`` seen. With ``W`` = ``join.window_s``, ``L`` = ``join.allowed_lateness_s``, ``O`` =
+largest action ``ts`` seen. With ``W_k`` the window of task ``k`` (its ``@window_s`` in ``join.task_actions``,
+else ``join.window_s``), ``W`` the longest of them, ``L`` = ``join.allowed_lateness_s``, ``O`` =
 ``join.orphan_wait_s`` (all in ms here) and ``H = W + L + O`` (the dedupe horizon):
 
 * an impression older than ``wi - H`` when it arrives is late: counted and dropped (its duplicates could no
   longer be recognised); a second impression of a ``request_id`` already held is a duplicate (counted once);
-* an action of a label type counts for impression ``I`` (``ts`` ``t``, ``wi`` at its arrival ``wi_I``) when
-  ``a.ts <= t + W`` (else: after the window), ``wa`` through the action is ``<= t + W + L`` (else: late)
-  and ``a.ts + O >= wi_I`` (else: an orphan that expired before its impression came);
+* an action of a label type counts for task ``k`` of impression ``I`` (``ts`` ``t``, ``wi`` at its arrival
+  ``wi_I``) when ``a.ts <= t + W_k``, ``wa`` through the action is ``<= t + W_k + L`` and
+  ``a.ts + O >= wi_I``; an action that counts for none of its type's tasks is counted once: after the
+  window (past every such ``t + W_k``), else late (every window holding it had closed), else an orphan
+  that expired before its impression came;
 * an action whose impression has not arrived waits (an orphan) until ``wi`` passes ``a.ts + O``;
-* the window of ``I`` closes when ``wa`` passes ``t + W + L`` (every action that can count has arrived), or
-  when ``wi`` passes ``t + H``: a partition whose actions stop still closes its windows as its impressions
-  move on, and no row outlives the dedupe horizon open.
+* the window of ``I`` closes when ``wa`` passes ``t + W + L`` (every action that can count for any task has
+  arrived), or when ``wi`` passes ``t + H``: a partition whose actions stop still closes its windows as its
+  impressions move on, and no row outlives the dedupe horizon open;
+* :meth:`JoinState.advance` moves both watermarks on without a record (the join task's idle timeout,
+  ``join.idle_close_s``): a partition whose two topics both stop still closes its windows and expires its
+  orphans as wall time passes. Such closes depend on wall time, not on the records alone.
 
 The rules read the order of records within each topic partition; how the two topics interleave matters only
 through the close by ``wi``, and only for an action that would count but is joined after an impression more
@@ -57,7 +63,8 @@ KINDS = ("positive", "negative", "fake_negative")
 
 @dataclass(frozen=True)
 class JoinRules:
-    """The join's parameters, in ms; ``tasks``: task name -> the action type that labels it (output order)."""
+    """The join's parameters, in ms; ``tasks``: task name -> the action type that labels it (output order);
+    ``windows``: each task's window in that order (empty: every task's is ``window_ms``)."""
 
     mode: str
     window_ms: int
@@ -65,16 +72,39 @@ class JoinRules:
     orphan_ms: int
     tasks: tuple[tuple[str, str], ...]
     single: bool = True  # one task: the output carries ``label``, else ``labels``
+    windows: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.windows and len(self.windows) != len(self.tasks):
+            raise ValueError(f"{len(self.windows)} windows for {len(self.tasks)} tasks")
 
     @classmethod
     def from_config(cls, join) -> "JoinRules":
         tasks = tuple(join.tasks.items())
+        windows = tuple(int(round(w * 1000)) for w in join.task_windows.values())
         return cls(join.mode, int(round(join.window_s * 1000)), int(round(join.allowed_lateness_s * 1000)),
-                   int(round(join.orphan_wait_s * 1000)), tasks, single=not join.task_actions.strip())
+                   int(round(join.orphan_wait_s * 1000)), tasks, single=not join.task_actions.strip(),
+                   windows=windows)
+
+    @functools.cached_property
+    def task_windows(self) -> dict[str, int]:
+        """Task name -> its window (ms)."""
+        return {t: w for (t, _), w in zip(self.tasks, self.windows or [self.window_ms] * len(self.tasks))}
+
+    @functools.cached_property
+    def longest_ms(self) -> int:
+        """The longest task window: an impression's window closes after it."""
+        return max(self.task_windows.values(), default=self.window_ms)
+
+    @property
+    def close_ms(self) -> int:
+        """How long after an impression its window closes, once ``wa`` passes it: the longest window and the
+        allowed lateness."""
+        return self.longest_ms + self.lateness_ms
 
     @property
     def horizon_ms(self) -> int:
-        return self.window_ms + self.lateness_ms + self.orphan_ms
+        return self.longest_ms + self.lateness_ms + self.orphan_ms
 
     @functools.cached_property
     def task_names(self) -> list[str]:
@@ -89,6 +119,14 @@ class JoinRules:
 
     def tasks_of(self, action_type: str) -> list[str]:
         return self._by_action.get(action_type, [])
+
+    @functools.cached_property
+    def _windows_by_action(self) -> dict[str, list[tuple[str, int]]]:
+        return {a: [(t, self.task_windows[t]) for t in ts] for a, ts in self._by_action.items()}
+
+    def windows_of(self, action_type: str) -> list[tuple[str, int]]:
+        """``(task, window ms)`` of the tasks ``action_type`` labels."""
+        return self._windows_by_action.get(action_type, [])
 
 
 @dataclass(frozen=True)
@@ -177,7 +215,7 @@ class JoinState:
                 rows += 1
                 rid = key[2:]
                 if val["open"]:
-                    self._closing.append((val["ts"] + r.window_ms + r.lateness_ms, rid))
+                    self._closing.append((val["ts"] + r.close_ms, rid))
                 else:
                     self._purge.append((val["ts"] + r.horizon_ms, rid))
             elif key.startswith(WAITING):
@@ -237,10 +275,10 @@ class JoinState:
             self._del(WAITING + rid)
             for ats, typ, wa in waiting:
                 out += self._count(rid, rec, ats, typ, wa)
-        if self.wa is not None and self.wa > ts + r.window_ms + r.lateness_ms:
+        if self.wa is not None and self.wa > ts + r.close_ms:
             out += self._close(rid, rec)
         else:
-            heapq.heappush(self._closing, (ts + r.window_ms + r.lateness_ms, rid))
+            heapq.heappush(self._closing, (ts + r.close_ms, rid))
         self.stats.rows += 1  # a new row: ``key`` is not in the store (checked above)
         self.store[key] = rec
         return out
@@ -261,7 +299,7 @@ class JoinState:
                 out += self._count(rid, rec, action.ts, action.type, self.wa)
                 self.store[IMPRESSION + rid] = rec
             elif rec is not None:
-                if action.ts > rec["ts"] + r.window_ms:
+                if all(action.ts > rec["ts"] + w for _, w in r.windows_of(action.type)):
                     self.stats.after_window_actions += 1
                 else:
                     self.stats.late_actions += 1
@@ -279,22 +317,55 @@ class JoinState:
         out += self._close_due()
         return out
 
+    def advance(self, ms: int) -> list[Example]:
+        """Move the partition's event time ``ms`` on without a record (the join task's idle timeout): both
+        watermarks by ``ms`` (one not set yet starts from the other), then what is due closes, expires and is
+        purged as after a record; the examples the closes write."""
+        if ms <= 0 or (self.wi is None and self.wa is None):
+            return []
+        base = self.wi if self.wi is not None else self.wa
+        self.wi = base + ms
+        self.wa = (self.wa if self.wa is not None else base) + ms
+        self._save_wm()
+        self._expire_orphans()
+        out = self._close_due()
+        self._purge_closed()
+        return out
+
+    def holds_open(self) -> bool:
+        """Whether an impression's window is open or an action waits for its impression: what moving event
+        time on could close or expire (entries of the due-time heaps whose row is gone are dropped here)."""
+        while self._closing:
+            rec = self.store.get(IMPRESSION + self._closing[0][1])
+            if rec is not None and rec["open"]:
+                return True
+            heapq.heappop(self._closing)
+        while self._orphans:
+            if self.store.get(WAITING + self._orphans[0][1]):
+                return True
+            heapq.heappop(self._orphans)
+        return False
+
     # -- rules ---------------------------------------------------------------------------------------
     def _count(self, rid: str, rec: ImpressionRow, ats: int, typ: str, wa: int) -> list[Example]:
-        """Apply one label-type action to an open impression ``rec`` (updated in place)."""
+        """Apply one label-type action to an open impression ``rec`` (updated in place): it counts for each task
+        of its type whose window holds it and has not closed in event time; an action that counts for none is
+        after the window (it is past every such window) or late."""
         r = self.rules
         t = rec["ts"]
-        if ats > t + r.window_ms:
+        windows = [(task, w) for task, w in r.windows_of(typ) if ats <= t + w]
+        if not windows:
             self.stats.after_window_actions += 1
             return []
-        if wa > t + r.window_ms + r.lateness_ms:
+        tasks = [task for task, w in windows if wa <= t + w + r.lateness_ms]
+        if not tasks:
             self.stats.late_actions += 1
             return []
         if ats + r.orphan_ms < rec["wi"]:
             self.stats.orphan_actions += 1
             return []
         out: list[Example] = []
-        for task in r.tasks_of(typ):
+        for task in tasks:
             if task in rec["pos"]:
                 self.stats.duplicate_actions += 1
                 continue
@@ -321,7 +392,8 @@ class JoinState:
         return out
 
     def _close_due(self) -> list[Example]:
-        """Close the open windows whose ``t + W + L`` is below ``wa`` or below ``wi - O`` (``t + H < wi``)."""
+        """Close the open windows whose ``t + W + L`` (``W`` the longest task window) is below ``wa`` or below
+        ``wi - O`` (``t + H < wi``)."""
         out: list[Example] = []
         due = [w for w in (self.wa, None if self.wi is None else self.wi - self.rules.orphan_ms) if w is not None]
         if not due:

@@ -119,6 +119,15 @@ class Joiner:
             exs = [ex for rid, ts, ev in d.body for ex in m.impression(rid, ts, ev)]
         else:
             exs = m.impression(d.rid, d.body.get("ts", 0), d.body) if d.impression else m.action(d.body)
+        return self._outputs(p, exs)
+
+    def advance(self, p: int, ms: int) -> list:
+        """The examples partition ``p``'s event time moved ``ms`` on without a record completes
+        (:meth:`~.machine.JoinState.advance`), as :meth:`apply` gives them."""
+        return self._outputs(p, self.machines[p].advance(ms))
+
+    def _outputs(self, p: int, exs: list) -> list:
+        """Partition ``p``'s examples as ``(key, event, kind, identity)``."""
         out = []
         for ex in exs:
             task = ""

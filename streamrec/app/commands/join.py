@@ -67,7 +67,7 @@ def cmd_join(args) -> int:
         j = cfg.join
         startup_line("join", args, brokers=bootstrap,
                      topics=f"{j.impressions_topic} + {j.actions_topic} -> {cfg.kafka.events_topic}", group=j.group,
-                     mode=j.mode, window=f"{j.window_s:g} s + {j.allowed_lateness_s:g} s lateness",
+                     mode=j.mode, window=f"{j.longest_window_s:g} s + {j.allowed_lateness_s:g} s lateness",
                      data=j.state_dir, batch=j.batch_records, workers=workers if workers > 1 else None,
                      metrics=f"{j.metrics_host}:{j.metrics_port}" if j.metrics_port else None)
         if workers > 1:
