@@ -44,7 +44,7 @@ class JoinConfig:
         if self.batch_records < 1:
             raise InvalidValue("batch_records", "must be >= 1", "join")
         for key in ("allowed_lateness_s", "orphan_wait_s", "merge_wait_ms", "idle_close_s"):
-            if getattr(self, key) < 0:
+            if not getattr(self, key) >= 0:  # NaN fails this too
                 raise InvalidValue(key, "must be >= 0", "join")
 
     def _check_task_actions(self) -> None:
