@@ -39,6 +39,7 @@ STORE = "store"
 CHECKSUMS = "checksums.json"
 INFLIGHT = "inflight.json"  # the consumer's crash-loop marker (streamrec.ingest.inflight), kept beside the checkpoints
 _NAME = re.compile(r"^ckpt-(\d{9})$")
+_ANY_SEQ = re.compile(r"ckpt-(\d{9})")
 _DIGESTS: dict[tuple[int, int, int, int], str] = {}  # (dev, inode, size, mtime_ns) -> sha256 of an unchanged file
 _DIGESTS_MAX = 200_000
 
@@ -157,6 +158,19 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
         if m and (p / STATE).is_file():
             out.append((int(m.group(1)), p))
     return sorted(out)
+
+
+def highest_seq(root: str | os.PathLike) -> int:
+    """The highest checkpoint number in use under ``root`` (0 for none): complete checkpoints, those set aside
+    (``corrupt-ckpt-*``), unfinished temporaries and a group's shard checkpoints (``rank-*/ckpt-*``). A run
+    that restores no checkpoint numbers its own after it: :func:`prune` keeps the highest numbers, so a new
+    checkpoint numbered below the ones kept beside it would be removed as the oldest as soon as written."""
+    root = Path(root)
+    if not root.is_dir():
+        return 0
+    names = [p.name for p in root.iterdir()]
+    names += [p.name for d in root.glob("rank-*") if d.is_dir() for p in d.iterdir()]
+    return max((int(m.group(1)) for n in names if (m := _ANY_SEQ.search(n))), default=0)
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:

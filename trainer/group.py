@@ -47,8 +47,9 @@ import torch.distributed as dist
 from streamrec.foundation import StreamrecError, is_resource_error, sha256_file
 from streamrec.foundation.failpoints import hit
 
-from .checkpoint import (CHECKSUMS, INFLIGHT, STATE, CheckpointError, choose_checkpoint, offsets_from_json,
-                         offsets_to_json, read_checkpoint, set_aside, verify_checkpoint, write_checkpoint)
+from .checkpoint import (CHECKSUMS, INFLIGHT, STATE, CheckpointError, choose_checkpoint, highest_seq,
+                         offsets_from_json, offsets_to_json, read_checkpoint, set_aside, verify_checkpoint,
+                         write_checkpoint)
 from .reshard import rank_dir, reshard_into, shard_checkpoints
 from .batch_sizes import batch_sizes
 from .run_loop import RunLoop, Turn
@@ -252,7 +253,9 @@ class GroupTrainerService(TrainerService):
             dist.broadcast_object_list(pick, src=0, group=self.group)
             if pick[0] is None:
                 self._fresh_store()
-                return None, {}, {}
+                seen: list[Any] = [None] * self.world  # numbered after every checkpoint any rank sees (highest_seq)
+                dist.all_gather_object(seen, highest_seq(root), group=self.group)
+                return None, {"seq": max(seen)}, {}
             ckpt, state, dense = Path(pick[0][0]), pick[0][1], pick[0][2]
             check_batch_mode(state, self.settings.trainer, self.world, ckpt.name)  # every rank: the same manifest
             why = ""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from streamrec.foundation import StreamrecError, is_resource_error
 
-from .checkpoint import STORE, choose_checkpoint, read_checkpoint, set_aside
+from .checkpoint import STORE, choose_checkpoint, highest_seq, read_checkpoint, set_aside
 
 if TYPE_CHECKING:
     from .trainer_settings import TrainerSettings
@@ -43,7 +43,8 @@ def open_store(settings: TrainerSettings, device, restore_from: Path | None):
 def restore_point(open_at: Callable[[Path | None], Any], store_path: str, root: str, refused: list[str],
                   map_location: str = "cpu") -> tuple[Path | None, dict[str, Any], dict[str, Any], Any]:
     """Open the store at the newest checkpoint under ``root`` that verifies and loads:
-    ``(dir, state, dense, store)``, or ``(None, {}, {}, a fresh store)`` when there is none. ``open_at(dir)``
+    ``(dir, state, dense, store)``, or ``(None, {"seq": highest_seq(root)}, {}, a fresh store)`` when there is
+    none (a fresh start numbers its checkpoints after every one in use). ``open_at(dir)``
     opens the store at a checkpoint (None: fresh, e.g. :func:`open_store` bound to a config and device);
     ``store_path`` is the live store's (``store.path``); ``map_location`` where tensors load. Each checkpoint
     refused on the way is appended to ``refused`` (``"<dir>: <why>"``)."""
@@ -53,7 +54,7 @@ def restore_point(open_at: Callable[[Path | None], Any], store_path: str, root: 
         if ckpt is None:
             if refused:
                 set_live_store_aside(store_path)
-            return None, {}, {}, open_at(None)
+            return None, {"seq": highest_seq(root)}, {}, open_at(None)
         try:
             state, dense = read_checkpoint(ckpt, map_location=map_location)
             if "world" not in state:  # a group's manifest holds no store: its shards are per rank

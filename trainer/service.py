@@ -110,7 +110,7 @@ class TrainerService(TrainerReporting):
         # the quality evidence each snapshot carries (trainer/evidence.py): on the process that publishes
         self.evidence = collector_for(settings.model, t.metrics_window, self.core) \
             if self.publisher is not None and self.rank == 0 else None
-        self.seq = 0
+        self.seq = int(state.get("seq", 0))  # a fresh start numbers after every checkpoint in use (highest_seq)
         self._pushed_events, self._pushed_version = -1, None  # the newest snapshot built: events it holds, version
         self.offsets: dict[tuple[str, int], int] = {}
         self.topic_ids: dict[str, str] = {}  # topic -> its id when the checkpoint's offsets were read

@@ -142,9 +142,6 @@ def _start_serving(cfg, tmp_path):
 # the clean group and the 3-rank resume, 60 s for serving to come up)
 @pytest.mark.timeout(1560)
 @pytest.mark.xdist_group(HEAVY_GROUP)
-# Known flaky, cause open: rarely the 3-rank resume sets the 2-rank checkpoints aside and relaunches from the
-# committed offsets until its limit. A launch past its limit fails with its stderr; a rerun shows in CI's summary (-rR).
-@pytest.mark.flaky(reruns=1, reason="3-rank resume after the killed 2-rank group: rare relaunch loop (see comment)")
 def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstrap):
     """Also pushes its snapshots to a real serving endpoint: kills mid-snapshot (rank 1 while its rows are on
     the way to rank 0; rank 0 while it builds) never leave serving with part of a version."""

@@ -85,3 +85,20 @@ def test_a_corrupt_newest_checkpoint_falls_back_and_replays_from_kafka(topics, t
     second = again.run()
     assert second["events"] == 2048  # the events after the previous checkpoint were read again, once
     assert abs(second["auc"] - first["auc"]) < 0.01
+
+
+def test_a_run_that_restores_nothing_numbers_its_checkpoints_after_every_number_in_use(tmp_path):
+    """A group whose every manifest was set aside still holds its ranks' shard checkpoints; a checkpoint
+    numbered below them would be pruned as the oldest the moment it is written."""
+    from streamrec.trainer.checkpoint import highest_seq, prune
+
+    root = tmp_path / "ckpts"
+    assert highest_seq(root) == 0
+    for seq in (31, 32, 33):
+        write_checkpoint(root / "rank-000", seq, {"offsets": []}, {"w": 1}, lambda d: {})
+    (root / "corrupt-ckpt-000000034").mkdir(parents=True)
+    assert highest_seq(root) == 34
+    nxt = highest_seq(root) + 1
+    write_checkpoint(root / "rank-000", nxt, {"offsets": []}, {"w": 1}, lambda d: {})
+    prune(root / "rank-000", keep=3)
+    assert [s for s, _ in list_checkpoints(root / "rank-000")] == [32, 33, nxt]
