@@ -49,7 +49,8 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .state_rows import IMPRESSION, WAITING, WATERMARKS, ImpressionRow, WaitingAction, WatermarkRow
+from .state_rows import (IMPRESSION, WAITING, WATERMARKS, ImpressionRow, WaitingAction, WatermarkRow, decoded,
+                         impression_due)
 
 FEEDBACK_HEADER = "streamrec-feedback"
 KINDS = ("positive", "negative", "fake_negative")
@@ -172,17 +173,20 @@ class JoinState:
         self.wi, self.wa = (wm["i"], wm["a"]) if wm else (None, None)
         rows = 0
         r = self.rules
-        for key, val in list(self.store.items()):
+        # a store of serialised rows hands them over undecoded: an impression's event is not decoded
+        raw_items = getattr(self.store, "raw_items", None)
+        for key, val in list(raw_items() if raw_items is not None else self.store.items()):
             if key.startswith(IMPRESSION):
                 rows += 1
                 rid = key[2:]
-                if val["open"]:
-                    self._closing.append((val["ts"] + r.window_ms + r.lateness_ms, rid))
+                ts, is_open = impression_due(val)
+                if is_open:
+                    self._closing.append((ts + r.window_ms + r.lateness_ms, rid))
                 else:
-                    self._purge.append((val["ts"] + r.horizon_ms, rid))
+                    self._purge.append((ts + r.horizon_ms, rid))
             elif key.startswith(WAITING):
                 rows += 1
-                for ats, _typ, _wa in val:
+                for ats, _typ, _wa in decoded(val):
                     self._orphans.append((ats + r.orphan_ms, key[2:]))
         for h in (self._closing, self._purge, self._orphans):
             heapq.heapify(h)
