@@ -120,6 +120,19 @@ def build_app(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, cluster
     return app, joiner
 
 
+def tune_gc() -> None:
+    """Garbage collection for the join's allocation pattern: each record allocates a few dicts and lists,
+    nearly all freed by their reference counts at once, so the collector's default (a young collection
+    every 700 allocations, each older one scanning every module, faust's and Kafka clients' objects)
+    spends much of the join's time finding no garbage. The objects alive after the worker is built are
+    moved out of the collector's scans (``gc.freeze``; reference counting still frees them) and young
+    collections come every 20,000 allocations."""
+    import gc
+
+    gc.set_threshold(20_000, 50, 100)
+    gc.freeze()
+
+
 def run_worker(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, bootstrap: str,
                loglevel: str = "warning") -> int:
     """Run the joiner until SIGINT/SIGTERM (faust's Worker installs the signal handlers). Each local partition
@@ -141,6 +154,7 @@ def run_worker(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, bootst
     if metrics is not None:
         metrics.joiner = joiner
         metrics.start()
+    tune_gc()
     try:
         return run_app(app, loglevel)
     finally:

@@ -125,12 +125,15 @@ class JoinStats:
     rows: int = 0  # state rows held (impressions, closed impressions kept for dedupe, waiting actions' keys)
 
 
+_ACTION_KEYS = frozenset(("request_id", "ts", "type", "value"))
+
+
 def parse_action(obj: Any) -> Action:
     """An action from its decoded JSON object, or ValueError naming what is wrong."""
     if not isinstance(obj, dict):
         raise ValueError(f"action must be a JSON object, got {type(obj).__name__}")
-    extra = sorted(set(obj) - {"request_id", "ts", "type", "value"})
-    if extra:
+    if not obj.keys() <= _ACTION_KEYS:
+        extra = sorted(set(obj) - _ACTION_KEYS)
         raise ValueError(f"unknown key {extra[0]!r} in an action; allowed: request_id, ts, type, value")
     rid = obj.get("request_id")
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
