@@ -396,7 +396,7 @@ class EventSchema:
         sparse = ev.get("sparse")
         if sparse is None:
             sparse = {}
-        elif not isinstance(sparse, Mapping):
+        elif type(sparse) is not dict and not isinstance(sparse, Mapping):  # a JSON object: no ABC check
             raise EventError("sparse must be an object mapping field name to id or list of ids")
         fields = self.fields
         if "user" in ev or "item" in ev:

@@ -14,6 +14,7 @@ import time
 from streamrec.foundation import StreamrecError
 from streamrec.ingest.faust_worker import Cluster
 
+from .key_partitions import partitions_of
 from .txstore import loads
 
 ID_HEADER = "streamrec-join-id"  # "<partition>|<request_id>|<kind>|<task>": one example's identity
@@ -110,13 +111,10 @@ class JoinClients:
         return out
 
     async def partitioner(self):
-        """``partition_of(key)``: the output partition a keyed send of ``key`` goes to (the producer's default
-        partitioner over the output log's partitions, as the Java client's: murmur2 of the key)."""
-        from aiokafka.partitioner import DefaultPartitioner
-
+        """``partitions_of(keys)``: the output partition a keyed send of each key goes to (the producer's
+        default partitioner over the output log's partitions, as the Java client's: murmur2 of the key)."""
         parts = sorted(await self.prod.partitions_for(self.events_topic))  # waits for metadata when none yet
-        choose = DefaultPartitioner()
-        return lambda key: choose(key, parts, parts)
+        return lambda keys: partitions_of(keys, parts)
 
     async def produce(self, topic: str, q: int, records: list) -> list:
         """Queue ``(key, value, headers)`` records, in order, for partition ``q`` of ``topic`` in as few

@@ -248,13 +248,18 @@ class JoinTask:
         :data:`FEEDBACK_HEADER`; a message is acknowledged whole or not at all, so the identities found in
         the log after a crash are exactly the examples written."""
         topic = self.kafka.events_topic
-        partition_of = await self.clients.partitioner()
+        partitions_of = await self.clients.partitioner()
+        if part.written:
+            fresh = []
+            for ex in examples:
+                if ex[3] in part.written:
+                    part.written.discard(ex[3])
+                else:
+                    fresh.append(ex)
+            examples = fresh
         by_q: dict[int, list] = {}
-        for key, ev, kind, ident in examples:
-            if ident in part.written:
-                part.written.discard(ident)
-                continue
-            by_q.setdefault(partition_of(key), []).append((key, ev, kind, ident))
+        for q, ex in zip(partitions_of([ex[0] for ex in examples]), examples):
+            by_q.setdefault(q, []).append(ex)
         futs = []
         for q, exs in sorted(by_q.items()):
             futs += [(q, f, n) for f, n in await self.clients.produce(topic, q, self.messages(exs))]

@@ -55,7 +55,8 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .state_rows import IMPRESSION, WAITING, WATERMARKS, ImpressionRow, WaitingAction, WatermarkRow
+from .state_rows import (IMPRESSION, WAITING, WATERMARKS, ImpressionRow, WaitingAction, WatermarkRow, decoded,
+                         impression_due)
 
 FEEDBACK_HEADER = "streamrec-feedback"
 KINDS = ("positive", "negative", "fake_negative")
@@ -162,12 +163,15 @@ class JoinStats:
     rows: int = 0  # state rows held (impressions, closed impressions kept for dedupe, waiting actions' keys)
 
 
+_ACTION_KEYS = frozenset(("request_id", "ts", "type", "value"))
+
+
 def parse_action(obj: Any) -> Action:
     """An action from its decoded JSON object, or ValueError naming what is wrong."""
     if not isinstance(obj, dict):
         raise ValueError(f"action must be a JSON object, got {type(obj).__name__}")
-    extra = sorted(set(obj) - {"request_id", "ts", "type", "value"})
-    if extra:
+    if not obj.keys() <= _ACTION_KEYS:
+        extra = sorted(set(obj) - _ACTION_KEYS)
         raise ValueError(f"unknown key {extra[0]!r} in an action; allowed: request_id, ts, type, value")
     rid = obj.get("request_id")
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
@@ -210,17 +214,20 @@ class JoinState:
         self.wi, self.wa = (wm["i"], wm["a"]) if wm else (None, None)
         rows = 0
         r = self.rules
-        for key, val in list(self.store.items()):
+        # a store of serialised rows hands them over undecoded: an impression's event is not decoded
+        raw_items = getattr(self.store, "raw_items", None)
+        for key, val in list(raw_items() if raw_items is not None else self.store.items()):
             if key.startswith(IMPRESSION):
                 rows += 1
                 rid = key[2:]
-                if val["open"]:
-                    self._closing.append((val["ts"] + r.close_ms, rid))
+                ts, is_open = impression_due(val)
+                if is_open:
+                    self._closing.append((ts + r.close_ms, rid))
                 else:
-                    self._purge.append((val["ts"] + r.horizon_ms, rid))
+                    self._purge.append((ts + r.horizon_ms, rid))
             elif key.startswith(WAITING):
                 rows += 1
-                for ats, _typ, _wa in val:
+                for ats, _typ, _wa in decoded(val):
                     self._orphans.append((ats + r.orphan_ms, key[2:]))
         for h in (self._closing, self._purge, self._orphans):
             heapq.heapify(h)

@@ -11,6 +11,7 @@ from streamrec.foundation import EventSchema
 from streamrec.joiner.join_config import JoinConfig
 from streamrec.ingest import Decoder, encode_arrow, is_arrow
 
+from .key_partitions import partitions_of
 from .machine import JoinRules, JoinState, JoinStats, parse_action
 from .txstore import dumps, loads
 
@@ -165,10 +166,8 @@ class Joiner:
         if bad is not None:
             raise ValueError(f"impression: request_id must be a non-empty string or an integer (row {bad})")
         if partition is not None and self.partitions:
-            from aiokafka.partitioner import murmur2
-
-            for i, rid in enumerate(rids):  # as a keyed send of request_id: where its actions are
-                q = (murmur2(rid.encode()) & 0x7FFFFFFF) % self.partitions
+            qs = partitions_of([rid.encode() for rid in rids], range(self.partitions))
+            for i, (rid, q) in enumerate(zip(rids, qs)):  # as a keyed send of request_id: where its actions are
                 if q != partition:
                     raise ValueError(f"impression {rid[:64]!r} (row {i}) hashes to partition {q}, not this "
                                      f"record's {partition}: both topics must be partitioned by request_id "

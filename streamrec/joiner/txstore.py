@@ -112,6 +112,18 @@ class _Db:
     def items(self):
         return list(self._rocks().items()) if self.faust else list(self.table.items())
 
+    def items_from(self, prefix: bytes):
+        """The (key, value) pairs whose key starts with ``prefix`` (in key order with faust's table)."""
+        if not self.faust:
+            return [(k, v) for k, v in self.table.items() if isinstance(k, bytes) and k.startswith(prefix)]
+        return self._prefixed(prefix)
+
+    def _prefixed(self, prefix: bytes):
+        for k, v in self._rocks().items(from_key=prefix):
+            if not k.startswith(prefix):
+                return
+            yield k, v
+
     def write(self, records: list[tuple[bytes, bytes | None]]) -> None:
         """Write ``records`` in order, as one atomic write (RocksDB's WriteBatch) with faust's table."""
         if self.faust:
@@ -210,9 +222,15 @@ class TxStore(MutableMapping):
 
     def items(self):
         """The committed keys (the buffer must be empty: read when the partition is restored)."""
-        for k, v in self.db.items():
-            if isinstance(k, bytes) and k.startswith(self.prefix) and v is not None:
-                yield k[len(self.prefix):].decode(), loads(v)
+        for k, v in self.raw_items():
+            yield k, loads(v)
+
+    def raw_items(self):
+        """The committed keys with their values as stored (JSON bytes, not decoded): what a restore reads."""
+        n = len(self.prefix)
+        for k, v in self.db.items_from(self.prefix):
+            if v is not None:
+                yield k[n:].decode(), v
 
     def _tx_row(self) -> dict | None:
         raw = self.db.get(self.tx_key)
@@ -240,9 +258,9 @@ class TxStore(MutableMapping):
         committed in the order they were closed. Returns ``tx``."""
         stage = self.stage() if stage is None else stage
         enc = self.stages.pop(stage)
-        ch = b",".join(dumps(k) + b":" + (b"null" if v is None else v) for k, v in enc.items())
-        head = dumps({**tx.to_row(), "run": self.run})
-        row = head[:-1] + b',"ch":{' + ch + b"}}"
+        # the changes' values are serialised already: orjson writes them in place, in one call
+        row = orjson.dumps({**tx.to_row(), "run": self.run,
+                            "ch": {k: (None if v is None else orjson.Fragment(v)) for k, v in enc.items()}})
         self.outbox.append((self.tx_key, row))
         self.hit("join.after_tx")
         self._apply(enc)

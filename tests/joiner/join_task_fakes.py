@@ -81,7 +81,7 @@ class FakeClients:
         return {p: set() for p in ends_of}
 
     async def partitioner(self):
-        return lambda key: 0
+        return lambda keys: [0] * len(keys)
 
     async def produce(self, topic: str, q: int, records: list) -> list:
         log = self.out.setdefault(topic, [])
