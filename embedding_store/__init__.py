@@ -7,7 +7,8 @@ cold-tier extension point (:class:`ColdTier`, a Protocol, and its built-in
 (deterministic initial rows) and ``adagrad_rows``/``adagrad_rows_np`` (row-wise
 Adagrad); ``note_occurrences`` (how often each id occurs in the coming step, for admission), ``peek_with_admission``
 (rows as a trainer with admission reads them);
-``table_sizes(store)`` (rows and bytes on disk per table). See ``store.py`` for the tiering and durability rules.
+``table_sizes(store)`` (rows and bytes on disk per table); ``store_view``/``remove_view`` (a private view of
+a store directory for a read-only open that must write nothing into it, as by concurrent readers). See ``store.py`` for the tiering and durability rules.
 """
 
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .cold import RocksDBColdTier
     from .errors import StoreError, StoreMismatchError
     from .export import table_sizes
+    from .reader_view import remove_view, store_view
     from .rows import init_rows
     from .store import EmbeddingStore
     from .store_spec import StoreSpec
@@ -32,6 +34,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".cold": "RocksDBColdTier",
     ".errors": "StoreError StoreMismatchError",
     ".export": "table_sizes",
+    ".reader_view": "remove_view store_view",
     ".rows": "init_rows",
     ".store": "EmbeddingStore",
     ".store_spec": "StoreSpec",

@@ -47,7 +47,6 @@ import rocksdict as rd
 
 from .errors import StoreError, StoreMismatchError
 from .keyset import StoredKeys
-from .reader_view import close_views, open_view
 from .rows import KEY_BYTES, decode_keys, encode_keys, pack_records, scatter, shard_of, unpack_records
 
 MANIFEST = "manifest.json"
@@ -144,19 +143,13 @@ class RocksDBColdTier:
         self._cache = rd.Cache(max(1, block_cache_mb) << 20)
         self.dbs: list[rd.Rdict] = []
         access = rd.AccessType.read_only() if read_only else rd.AccessType.read_write()
-        self._views: list[Path] = []  # a read-only open reads each shard through a view of its own (reader_view.py)
         for i in range(shards):
             shard = self.path / f"shard-{i:03d}"
             try:
-                where = shard
-                if read_only:
-                    where = open_view(shard, self.path.parent / f".{self.path.name}-readers")
-                    self._views.append(where)
-                self.dbs.append(rd.Rdict(str(where), _options(self._cache, read_only, wb_mb), access_type=access))
+                self.dbs.append(rd.Rdict(str(shard), _options(self._cache, read_only, wb_mb), access_type=access))
             except Exception as e:  # rocksdict's errors name no path: say which shard (disk full, read-only, ...)
                 for db in self.dbs:
                     db.close()
-                close_views(self._views)
                 raise StoreError(f"cannot open RocksDB shard {shard}: {e}") from e
         self._wopt = rd.WriteOptions()
         self._wopt.sync = sync
@@ -417,5 +410,3 @@ class RocksDBColdTier:
             except Exception:  # already closed
                 pass
         self.dbs = []
-        close_views(self._views)
-        self._views = []

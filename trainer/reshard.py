@@ -44,7 +44,7 @@ def reshard_into(store, sources: list[Path], rank: int, world: int) -> dict[str,
 
     Returns per-table counts of rows taken. Raises :class:`StreamrecError` naming a shard that is
     missing or does not verify (the caller falls back to an older checkpoint)."""
-    from streamrec.embedding_store import EmbeddingStore, StoreSpec
+    from streamrec.embedding_store import EmbeddingStore, StoreSpec, remove_view, store_view
 
     taken: dict[str, int] = {}
     for src in sources:
@@ -52,8 +52,15 @@ def reshard_into(store, sources: list[Path], rank: int, world: int) -> dict[str,
             raise StreamrecError(f"resharding needs every shard of the checkpoint, and {src / STORE} is missing "
                                  "(on several hosts, put trainer.checkpoint_dir on a filesystem they share)")
         verify_checkpoint(src)
-        old = EmbeddingStore(StoreSpec(str(src / STORE), tables={t: store.tables[t].dim for t in store.tables},
-                                       shards=_shards_of(src / STORE), seed=store.seed, read_only=True))
+        # every rank reads every shard while the others verify it: each reads through a view of its own, beside
+        # its own store, since an open in place rewrites a file the checksums cover (embedding_store/reader_view.py)
+        view = store_view(src / STORE, Path(store.path).parent)
+        try:
+            old = EmbeddingStore(StoreSpec(str(view), tables={t: store.tables[t].dim for t in store.tables},
+                                           shards=_shards_of(src / STORE), seed=store.seed, read_only=True))
+        except BaseException:
+            remove_view(view)
+            raise
         try:
             for table, ids, recs in old.export_records():
                 if table not in store.tables:
@@ -65,6 +72,7 @@ def reshard_into(store, sources: list[Path], rank: int, world: int) -> dict[str,
                     taken[table] = taken.get(table, 0) + int(mine.sum())
         finally:
             old.close()
+            remove_view(view)
     store.flush()
     log.info("resharded into rank %d of %d: %s rows from %d shard(s)", rank, world, taken, len(sources))
     return taken

@@ -70,6 +70,7 @@ def test_every_row_and_its_adagrad_state_lands_once(tmp_path, old, new):
             assert (table, i) not in after, "a row landed on two ranks"
         after.update(got)
         store.close()
+        assert not list(tmp_path.glob(".view-*")), "a rank's view of the shards it read is left behind"
     assert after.keys() == before.keys()  # none lost, none duplicated
     for k, (w, acc) in before.items():
         np.testing.assert_array_equal(after[k][0], w)
