@@ -164,3 +164,12 @@ def test_benchmarks_dashboard_fits_one_screen_and_its_commands_parse():
     assert parse_error(["bench", "no-such-bench"]) is not None
     text = (ROOT / "BENCHMARKS.md").read_text()
     assert "## GPU (nvidia H200/H100)" in text and "## Methods" in text
+
+
+def test_the_ports_the_shown_commands_fix_lie_below_the_ephemeral_range():
+    """The README's commands run verbatim in the suite (and on a user's machine beside other programs): a fixed
+    port inside Linux's ephemeral range (32768-60999) can be taken at any moment by a client's own port or
+    a test's free port."""
+    fixed = {int(p) for text in (README, (ROOT / "docs" / "joining.md").read_text())
+             for p in re.findall(r"(?:--port |127\.0\.0\.1:)(\d+)", text)}
+    assert fixed and all(p < 32768 for p in fixed), sorted(fixed)
