@@ -42,7 +42,7 @@ from the start with its own consumer group, store, checkpoints and metrics log.
    (``host_loss_<how>_<percent>``): ``predict_failed`` (calls that failed after the first answer),
    ``predict_max_gap_s``, ``served_versions`` (first and last version answered), ``detect_s`` = from the loss
    to the surviving ranks' restart as a smaller group (its first log line), ``recover_s`` = to training again
-   (the metrics log's events past where they stopped), ``events_lost`` = the events of the records the
+   (the metrics log's first record after that restart with events past where they stopped), ``events_lost`` = the events of the records the
    group's final checkpoint has not consumed (0: every partition's offset at its end),
    ``events_duplicated`` = events trained minus events produced, against the run's ``duplicates_bound`` (one
    checkpoint interval at its own rate before the loss, and the window in hand).
@@ -310,7 +310,10 @@ class ClusterBench:
             server.terminate()
             server.wait(30)
         restarts = [t for lg in logs[:-1] for t in _log_times(lg, "trainer group restarted") if t > killed]
-        resumed = [r["ts"] for r in _records(metrics) if r["ts"] > killed and r["events"] > stopped_at]
+        # training again: a record past the loss's count written after the smaller group's restart (a record the
+        # lost group wrote between the count's read and the kill taking effect is not a recovery)
+        since = min(restarts) if restarts else killed
+        resumed = [r["ts"] for r in _records(metrics) if r["ts"] > since and r["events"] > stopped_at]
         probe = json.loads(probe_out.read_text()) if probe_out.exists() else {}
         from streamrec.app.config import load_config
 
