@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any, TypedDict
 
-import orjson
+from .txstore import loads
 
 IMPRESSION = "i/"  # key prefix of an ImpressionRow
 WAITING = "a/"  # key prefix of a list of WaitingAction
@@ -54,8 +54,9 @@ _TAIL = re.compile(rb',"open":(true|false),"pos":\[[^\]]*\],"done":(?:true|false
 
 
 def decoded(val: Any) -> Any:
-    """A row's value: decoded from its stored JSON bytes, or as it is (a mapping of decoded values)."""
-    return orjson.loads(val) if isinstance(val, (bytes, bytearray, memoryview)) else val
+    """A row's value: decoded from its stored JSON bytes (:func:`~.txstore.loads`, which reads what the store's
+    ``dumps`` writes), or as it is (a mapping of decoded values)."""
+    return loads(val) if isinstance(val, (bytes, bytearray, memoryview)) else val
 
 
 def impression_due(val: Any) -> tuple[int, bool]:

@@ -52,7 +52,7 @@ def test_a_restore_from_undecoded_rows_equals_one_from_decoded_rows(tmp_path, mo
     assert any(v["open"] for k, v in rows.items() if k.startswith("i/"))
     assert any(not v["open"] for k, v in rows.items() if k.startswith("i/"))
     decodes = []
-    monkeypatch.setattr(state_rows, "orjson", SimpleNamespace(loads=lambda raw: decodes.append(raw) or loads(raw)))
+    monkeypatch.setattr(state_rows, "loads", lambda raw: decodes.append(raw) or loads(raw))
     restored = JoinState(RULES, TxStore(table, 0, "imp"))
     assert len(decodes) == 1  # the waiting action's row; no impression row is decoded
     from_rows = JoinState(RULES, dict(rows))
@@ -77,3 +77,12 @@ def test_an_impression_row_is_read_from_its_bytes_or_decoded():
     reordered = {"open": True, "ts": 12, "wi": 3, "ev": {}, "pos": ["x]"], "done": False}
     assert impression_due(dumps(reordered)) == (12, True)  # another layout: decoded
     assert impression_due(dumps({**row, "pos": ["x]"], "open": True})) == (-7, True)
+
+
+def test_a_row_holding_an_integer_beyond_64_bits_restores_as_the_store_wrote_it():
+    from streamrec.joiner.state_rows import decoded
+    from streamrec.joiner.txstore import dumps
+
+    row = {"ts": 5, "wi": 5, "ev": {"sparse": {"user": 2**70}}, "open": True, "pos": [], "done": False}
+    assert impression_due(dumps(row)) == (5, True)
+    assert decoded(dumps([[7, "click", 2**70]])) == [[7, "click", 2**70]]
