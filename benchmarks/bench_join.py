@@ -47,7 +47,8 @@ independent delays it overstates p99). ``freshness_p50_s_window``, ``freshness_p
 Restart: ``restart_s`` = seconds from the start of a ``streamrec join`` worker killed with SIGKILL to it
 joining again (the examples of new impressions on the events topic), with ``restart_state_impressions``
 impressions of state behind it (100k; 2k at ``--tiny``), measured by :mod:`.join_restart` (goal <= 5 s
-with 100k).
+with 100k); ``restart_read_ahead_partitions``: the partitions whose kept state the restarted worker read
+while its group formed (its log says so per partition).
 
 State: ``state_bytes_per_impression`` = the join's table bytes (keys + JSON values, as the worker writes
 them to its RocksDB table and changelog; waiting actions and watermarks included) over the impressions it
@@ -399,8 +400,10 @@ def restart(bootstrap: str, size: str, root: Path) -> dict:
     d.mkdir()
     m = measure_restart(bootstrap, RESTART_STATE[size], d, bench_e2e.STREAMREC)
     print(f"  restart after kill -9          {m['restart_s']:9.1f} s  ({m['state_impressions']:,} impressions of "
-          f"state; the restarted worker's log, stamped: {d / 'restart.log'})", flush=True)
-    return {"restart_s": m["restart_s"], "restart_state_impressions": m["state_impressions"]}
+          f"state, {m['read_ahead_partitions']} of {PARTITIONS} partitions read ahead; the restarted worker's "
+          f"log, stamped: {d / 'restart.log'})", flush=True)
+    return {"restart_s": m["restart_s"], "restart_state_impressions": m["state_impressions"],
+            "restart_read_ahead_partitions": m["read_ahead_partitions"]}
 
 
 def freshness(bootstrap: str, size: str, q: dict) -> dict:
@@ -453,7 +456,7 @@ KEYS = ("join_events_per_s", "join_2_workers_events_per_s", "join_scaling_2_work
         "label_delay_p50_s_fake_negative", "label_delay_p99_s_fake_negative", "pipeline_freshness_p50_s",
         "pipeline_freshness_p99_s", "state_bytes_per_impression", "state_rows_max", "train_json_ran_out",
         "join_impressions", "join_actions", "join_examples", "join_span_s", "quality_impressions", "seeds",
-        "restart_s", "restart_state_impressions")
+        "restart_s", "restart_state_impressions", "restart_read_ahead_partitions")
 
 
 def main(argv: list[str] | None = None) -> int:

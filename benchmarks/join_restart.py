@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -73,7 +74,8 @@ def _wait_new(c, want: int, proc, log: Path, timeout_s: float) -> float:
 
 def measure_restart(bootstrap: str, n: int, root: Path, streamrec: str) -> dict:
     """``restart_s`` (seconds from the restarted worker's start to it joining again), ``build_s`` (the first
-    run's time to join the ``n`` impressions) and ``state_impressions`` (``n``)."""
+    run's time to join the ``n`` impressions), ``state_impressions`` (``n``) and ``read_ahead_partitions``
+    (the partitions whose state the restarted worker read while it joined its group, by its log)."""
     import tomli_w
 
     from streamrec.joiner import DelayedStream
@@ -114,7 +116,9 @@ def measure_restart(bootstrap: str, n: int, root: Path, streamrec: str) -> dict:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         pump.join(5)
-    return {"restart_s": restart_s, "build_s": build_s, "state_impressions": n}
+    ahead = set(re.findall(r"partition (\d+): join state restored at batch \d+ \(\d+ rows, read ahead",
+                           log.read_text(errors="replace")))
+    return {"restart_s": restart_s, "build_s": build_s, "state_impressions": n, "read_ahead_partitions": len(ahead)}
 
 
 if __name__ == "__main__":  # python -m benchmarks.join_restart N DIR: one measurement, the stamped log kept in DIR

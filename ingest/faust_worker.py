@@ -48,8 +48,9 @@ class Cluster:
 
 
 def worker_settings(cluster: Cluster, state_dir: str, partitions: int, **extra: Any) -> dict[str, Any]:
-    """faust App settings for a worker that reads its own partitions: quick group joins (the embedded broker
-    waits a full rebalance timeout), raw keys and values, RocksDB tables under ``state_dir`` with
+    """faust App settings for a worker that reads its own partitions: quick group joins (a 6 s session,
+    Apache Kafka's least by default: the embedded broker holds a JoinGroup for half the session timeout; a
+    3 s rebalance timeout for members to rejoin), raw keys and values, RocksDB tables under ``state_dir`` with
     ``partitions`` partitions, and the cluster's security settings as ``broker_credentials``; ``extra`` adds
     or replaces settings."""
     from .kafka_clients import faust_credentials

@@ -43,8 +43,10 @@ from streamrec.ingest.faust_worker import Cluster, add_membership, run_app, watc
 from .group_member import leave_as_before, worker_client_id
 from .join_clients import ID_HEADER, IDS_HEADER, JoinClients
 from .join_task import JoinTask
-from .local_state import check_local_state
+from .local_state import check_local_state, partition_dbs
+from .machine import JoinRules
 from .records import Joiner
+from .state_prescan import StatePrescan
 
 log = logging.getLogger(__name__)
 
@@ -105,16 +107,18 @@ def check_copartitioned(join: JoinConfig, cluster: Cluster) -> int:
 
 
 def build_app(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, cluster: Cluster, partitions: int,
-              metrics=None):
+              metrics=None, prescan: StatePrescan | None = None):
     """The faust App with its table, the membership agent and the join task; returns (app, joiner).
-    ``schema``: the labelled events the joiner writes to ``kafka.events_topic``."""
+    ``schema``: the labelled events the joiner writes to ``kafka.events_topic``; ``prescan``: the read-ahead
+    of the kept local databases (``app.join_prescan``, finished before faust opens them)."""
     import faust
 
     joiner = Joiner(join, schema, metrics, partitions)
     app = faust.App(join.group, **faust_settings(cluster, join.state_dir, partitions))
+    app.join_prescan = prescan
     table = app.Table(TABLE_NAME, partitions=partitions, key_type=bytes, value_type=bytes,
                       options={"driver": "rocksdict"})
-    task = JoinTask(table, joiner, JoinClients(cluster, kafka.events_topic), kafka, join, metrics)
+    task = JoinTask(table, joiner, JoinClients(cluster, kafka.events_topic), kafka, join, metrics, prescan)
     add_membership(app, task.topics, "join-group")
     watch_rebalances(app, task.topics, task.assigned, task.revoked)
     app.task(task.run)
@@ -144,14 +148,17 @@ def run_worker(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, bootst
     partitions = check_copartitioned(join, cluster)
     state = Path(join.state_dir)
     state.mkdir(parents=True, exist_ok=True)
-    check_local_state(state, TABLE_NAME, changelog_topic(join.group), cluster.bootstrap, cluster.security)
+    verdict = check_local_state(state, TABLE_NAME, changelog_topic(join.group), cluster.bootstrap,
+                                cluster.security)
+    kept = {p: path for p, path in partition_dbs(state, TABLE_NAME).items() if verdict.get(p) == "kept"}
+    prescan = StatePrescan(kept, JoinRules.from_config(join))
     leave_as_before(cluster, join.group, worker_client_id(state))
     metrics = None
     if join.metrics_port:
         from .metrics import JoinMetrics
 
         metrics = JoinMetrics(join.metrics_port, join.metrics_host)
-    app, joiner = build_app(kafka, join, schema, cluster, partitions, metrics)
+    app, joiner = build_app(kafka, join, schema, cluster, partitions, metrics, prescan)
     if metrics is not None:
         metrics.joiner = joiner
         metrics.start()
@@ -159,5 +166,6 @@ def run_worker(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, bootst
     try:
         return run_app(app, loglevel)
     finally:
+        prescan.finish()
         if metrics is not None:
             metrics.close()

@@ -19,6 +19,8 @@ from .txstore import loads
 
 ID_HEADER = "streamrec-join-id"  # "<partition>|<request_id>|<kind>|<task>": one example's identity
 IDS_HEADER = "streamrec-join-ids"  # a JSON list of the identities of an Arrow message's examples, in order
+SCAN_WAIT_MS = 50  # the output log scan's longest wait for one fetch
+SCAN_IDLE_S = 0.1  # the scan ends this long after it reached every end it was told and nothing more came
 
 
 class JoinClients:
@@ -42,8 +44,9 @@ class JoinClients:
             if self.prod is not None:
                 return
             bootstrap, security = self.cluster.bootstrap, self.cluster.aiokafka
+            # the scan reads to the log's end once per restore: a fetch at the end returns after SCAN_WAIT_MS
             scan = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                    client_id="streamrec-join-scan", **security)
+                                    fetch_max_wait_ms=SCAN_WAIT_MS, client_id="streamrec-join-scan", **security)
             reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                       auto_offset_reset="earliest", client_id="streamrec-join-read", **security)
             prod = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0, max_batch_size=1 << 20,
@@ -90,7 +93,7 @@ class JoinClients:
             c.seek(tp, o)
         idle_since = None
         while True:
-            got = await c.getmany(timeout_ms=300, max_records=10_000)
+            got = await c.getmany(timeout_ms=SCAN_WAIT_MS, max_records=10_000)
             for tp, recs in got.items():
                 for r in recs:
                     for i in _identities(r.headers):
@@ -105,7 +108,7 @@ class JoinClients:
             elif done:
                 if idle_since is None:
                     idle_since = time.monotonic()
-                elif time.monotonic() - idle_since > 0.5:
+                elif time.monotonic() - idle_since > SCAN_IDLE_S:
                     break
         c.assign([])
         return out

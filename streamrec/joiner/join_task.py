@@ -38,6 +38,7 @@ from .input_merge import InputMerge
 from .join_clients import ID_HEADER, IDS_HEADER, JoinClients
 from .machine import FEEDBACK_HEADER
 from .records import Joiner
+from .state_prescan import StatePrescan
 from .tx_row import BatchTx
 from .txstore import TxStore, dumps
 
@@ -94,8 +95,9 @@ class JoinTask:
     """The join task of one worker over ``table`` (the faust Table of join state)."""
 
     def __init__(self, table, joiner: Joiner, clients: JoinClients, kafka: KafkaConfig, join: JoinConfig,
-                 metrics=None):
+                 metrics=None, prescan: StatePrescan | None = None):
         self.table = table
+        self.prescan = prescan  # the heaps of the kept local databases, read while the worker joined its group
         self.joiner = joiner
         self.clients = clients
         self.kafka = kafka
@@ -147,8 +149,11 @@ class JoinTask:
         await self.clients.start()
         jc = self.join
         parts: dict[int, PartitionCursor] = {}
+        read_ahead: set[int] = set()
         for p in ps:
             store = TxStore(self.table, p, jc.impressions_topic, on_hit=hit)
+            now = store.fingerprint()
+            ahead = self.prescan.take(p, now) if self.prescan is not None else None
             tx = store.recover()
             await self.write_state(p, store)  # the last tx again: a changelog cut short in its applies is completed
             if tx is None:  # a partition never joined: start at the inputs' beginning and the output log's end
@@ -156,7 +161,11 @@ class JoinTask:
                                      ends=await self.clients.output_ends()))
                 await self.write_state(p, store)  # durable before any example: a crash after one finds these ends
                 tx = store.last_tx()
-            self.joiner.add(p, store)
+            if ahead is not None and store.fingerprint() == now:  # nothing written since the read ahead
+                read_ahead.add(p)
+            else:
+                ahead = None
+            self.joiner.add(p, store, ahead)
             parts[p] = PartitionCursor(store, tx, InputMerge(jc.impressions_topic, jc.actions_topic,
                                                              self.watermarks(p), jc.merge_wait_ms / 1000.0,
                                                              weight=_impressions_in))
@@ -166,8 +175,9 @@ class JoinTask:
             self.epoch[p] = self.epoch.get(p, 0) + 1
             part.epoch = self.epoch[p]
             self.parts[p] = part
-            log.info("partition %d: join state restored at batch %d (%d rows, %d examples already written)", p,
-                     part.seq, self.joiner.machines[p].stats.rows, len(part.written))
+            log.info("partition %d: join state restored at batch %d (%d rows%s, %d examples already written)", p,
+                     part.seq, self.joiner.machines[p].stats.rows, ", read ahead" if p in read_ahead else "",
+                     len(part.written))
 
     def watermarks(self, p: int) -> dict[str, int | None]:
         """Partition ``p``'s join watermarks by topic: where its merge's running maxima continue."""

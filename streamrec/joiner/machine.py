@@ -51,7 +51,7 @@ import functools
 import heapq
 import json
 import math
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -189,12 +189,48 @@ def parse_action(obj: Any) -> Action:
     return Action(str(rid), ts, typ, None if value is None else float(value))
 
 
+@dataclass
+class DueHeaps:
+    """What :class:`JoinState` rebuilds from its stored rows at a restore: the due-time heaps (heapified)
+    and the count of rows (impressions and lists of waiting actions)."""
+
+    closing: list[tuple[int, str]] = field(default_factory=list)  # (close time, rid) of open impressions
+    purge: list[tuple[int, str]] = field(default_factory=list)  # (dedupe horizon end, rid) of closed ones
+    orphans: list[tuple[int, str]] = field(default_factory=list)  # (expiry, rid) of waiting actions
+    rows: int = 0
+
+
+def due_heaps(rules: JoinRules, items: Iterable[tuple[str, Any]],
+              stopped: Callable[[], bool] | None = None) -> DueHeaps | None:
+    """The :class:`DueHeaps` of a partition's stored ``(key, value)`` rows (values decoded or as stored);
+    None when ``stopped()`` turned true on the way (asked every 256 rows)."""
+    out = DueHeaps()
+    for n, (key, val) in enumerate(items):
+        if stopped is not None and not n & 255 and stopped():
+            return None
+        if key.startswith(IMPRESSION):
+            out.rows += 1
+            rid = key[2:]
+            ts, is_open = impression_due(val)
+            if is_open:
+                out.closing.append((ts + rules.close_ms, rid))
+            else:
+                out.purge.append((ts + rules.horizon_ms, rid))
+        elif key.startswith(WAITING):
+            out.rows += 1
+            for ats, _typ, _wa in decoded(val):
+                out.orphans.append((ats + rules.orphan_ms, key[2:]))
+    for h in (out.closing, out.purge, out.orphans):
+        heapq.heapify(h)
+    return out
+
+
 class JoinState:
     """The join of one partition. ``store``: a mutable mapping from str keys to JSON-able values;
     ``on_delay``: called with each counting action's delay after its impression (ms)."""
 
     def __init__(self, rules: JoinRules, store: MutableMapping | None = None,
-                 on_delay: Callable[[int], None] | None = None):
+                 on_delay: Callable[[int], None] | None = None, heaps: DueHeaps | None = None):
         self.rules = rules
         self.store: MutableMapping = store if store is not None else {}
         self.stats = JoinStats()
@@ -204,34 +240,20 @@ class JoinState:
         self._closing: list[tuple[int, str]] = []  # (close time, rid) of open impressions
         self._purge: list[tuple[int, str]] = []  # (dedupe horizon end, rid) of closed impressions
         self._orphans: list[tuple[int, str]] = []  # (expiry, rid) of waiting actions
-        self.restore()
+        self.restore(heaps)
 
     # -- state ---------------------------------------------------------------------------------------
-    def restore(self) -> None:
-        """Read the watermarks and rebuild the due-time heaps from the store (after a restart)."""
-        self._closing, self._purge, self._orphans = [], [], []
+    def restore(self, heaps: DueHeaps | None = None) -> None:
+        """Read the watermarks and rebuild the due-time heaps from the store (after a restart); ``heaps``:
+        the heaps of exactly the rows the store holds, read ahead (:mod:`.state_prescan`), used as given."""
         wm: WatermarkRow | None = self.store.get(WATERMARKS)
         self.wi, self.wa = (wm["i"], wm["a"]) if wm else (None, None)
-        rows = 0
-        r = self.rules
-        # a store of serialised rows hands them over undecoded: an impression's event is not decoded
-        raw_items = getattr(self.store, "raw_items", None)
-        for key, val in list(raw_items() if raw_items is not None else self.store.items()):
-            if key.startswith(IMPRESSION):
-                rows += 1
-                rid = key[2:]
-                ts, is_open = impression_due(val)
-                if is_open:
-                    self._closing.append((ts + r.close_ms, rid))
-                else:
-                    self._purge.append((ts + r.horizon_ms, rid))
-            elif key.startswith(WAITING):
-                rows += 1
-                for ats, _typ, _wa in decoded(val):
-                    self._orphans.append((ats + r.orphan_ms, key[2:]))
-        for h in (self._closing, self._purge, self._orphans):
-            heapq.heapify(h)
-        self.stats.rows = rows
+        if heaps is None:
+            # a store of serialised rows hands them over undecoded: an impression's event is not decoded
+            raw_items = getattr(self.store, "raw_items", None)
+            heaps = due_heaps(self.rules, raw_items() if raw_items is not None else list(self.store.items()))
+        self._closing, self._purge, self._orphans = heaps.closing, heaps.purge, heaps.orphans
+        self.stats.rows = heaps.rows
 
     def _save_wm(self) -> None:
         self.store[WATERMARKS] = WatermarkRow(i=self.wi, a=self.wa)

@@ -12,7 +12,7 @@ from streamrec.joiner.join_config import JoinConfig
 from streamrec.ingest import Decoder, encode_arrow, is_arrow
 
 from .key_partitions import partitions_of
-from .machine import JoinRules, JoinState, JoinStats, parse_action
+from .machine import DueHeaps, JoinRules, JoinState, JoinStats, parse_action
 from .txstore import dumps, loads
 
 
@@ -49,9 +49,10 @@ class Joiner:
         self.malformed = 0
         self.metrics = metrics
 
-    def add(self, p: int, store) -> JoinState:
+    def add(self, p: int, store, heaps: DueHeaps | None = None) -> JoinState:
+        """Partition ``p``'s join over ``store``; ``heaps``: its due-time heaps read ahead (:class:`JoinState`)."""
         on_delay = self.metrics.delay if self.metrics is not None else None
-        m = self.machines[p] = JoinState(self.rules, store, on_delay=on_delay)
+        m = self.machines[p] = JoinState(self.rules, store, on_delay=on_delay, heaps=heaps)
         return m
 
     def drop(self, p: int) -> None:

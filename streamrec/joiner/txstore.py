@@ -52,15 +52,18 @@ class Checkpoint:
     topic: str
     offset: int
     digest: str
+    tx: dict | None = None  # that tx row without its changes (BatchTx.to_row): a restore reads it instead of the row
 
     def to_bytes(self) -> bytes:
-        return dumps({"topic": self.topic, "offset": self.offset, "digest": self.digest})
+        out = {"topic": self.topic, "offset": self.offset, "digest": self.digest}
+        return dumps(out if self.tx is None else {**out, "tx": self.tx})
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "Checkpoint":
         """ValueError (or KeyError/TypeError): not a checkpoint."""
         row = loads(raw)
-        return cls(str(row["topic"]), int(row["offset"]), str(row["digest"]))
+        tx = row.get("tx")
+        return cls(str(row["topic"]), int(row["offset"]), str(row["digest"]), dict(tx) if tx is not None else None)
 
 
 def dumps(v: Any) -> bytes:
@@ -76,6 +79,28 @@ def loads(raw: bytes) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return json.loads(raw)
+
+
+def prefixed_items(rdict, prefix: bytes):
+    """The (key, value) pairs of a RocksDB database (a rocksdict ``Rdict`` in raw mode, opened by faust or
+    read-only by anyone) whose key starts with ``prefix``, in key order."""
+    for k, v in rdict.items(from_key=prefix):
+        if not k.startswith(prefix):
+            return
+        yield k, v
+
+
+def state_prefix(p: int) -> bytes:
+    """The key prefix of partition ``p``'s state keys in its database."""
+    return f"{p}/s/".encode()
+
+
+def fingerprint(get, p: int) -> tuple[bytes | None, bytes | None]:
+    """What tells partition ``p``'s database content apart between two reads in one worker run, through its
+    ``get``: faust's changelog offset and the last ``tx`` row. Every write to the database changes one of
+    them: :meth:`TxStore.persist` writes each batch with its ``tx`` row (which carries the run's nonce and
+    the batch number) and the changelog offset, and faust's changelog recovery moves the offset."""
+    return get(OFFSET_KEY), get(f"{p}/tx".encode())
 
 
 class _Db:
@@ -119,10 +144,7 @@ class _Db:
         return self._prefixed(prefix)
 
     def _prefixed(self, prefix: bytes):
-        for k, v in self._rocks().items(from_key=prefix):
-            if not k.startswith(prefix):
-                return
-            yield k, v
+        return prefixed_items(self._rocks(), prefix)
 
     def write(self, records: list[tuple[bytes, bytes | None]]) -> None:
         """Write ``records`` in order, as one atomic write (RocksDB's WriteBatch) with faust's table."""
@@ -157,7 +179,7 @@ class TxStore(MutableMapping):
         self.db = _Db(table, p)
         self.p = p
         self.topic = topic
-        self.prefix = f"{p}/s/".encode()
+        self.prefix = state_prefix(p)
         self.tx_key = f"{p}/tx".encode()
         self.ck_key = f"{p}/ck".encode()
         self.run = os.urandom(8).hex()  # in every tx row this store writes: its fingerprint is this run's
@@ -170,6 +192,8 @@ class TxStore(MutableMapping):
         self.outbox_stage = 0  # the newest stage committed to the outbox
         self.taken_stage = 0  # the newest stage in the records last taken from the outbox
         self.outbox: list[tuple[bytes, bytes | None]] = []  # changelog records not handed to a producer yet
+        # id of a tx row committed and not persisted yet -> (the row, its head: BatchTx.to_row)
+        self.heads: dict[int, tuple[bytes, dict]] = {}
         self.hit = on_hit or (lambda name: None)
 
     def _raw(self, key: str):
@@ -232,6 +256,10 @@ class TxStore(MutableMapping):
             if v is not None:
                 yield k[n:].decode(), v
 
+    def fingerprint(self) -> tuple[bytes | None, bytes | None]:
+        """The local database's :func:`fingerprint` as it is now (the buffer and closed batches not in it)."""
+        return fingerprint(self.db.get, self.p)
+
     def _tx_row(self) -> dict | None:
         raw = self.db.get(self.tx_key)
         return loads(raw) if raw is not None else None
@@ -259,8 +287,10 @@ class TxStore(MutableMapping):
         stage = self.stage() if stage is None else stage
         enc = self.stages.pop(stage)
         # the changes' values are serialised already: orjson writes them in place, in one call
-        row = orjson.dumps({**tx.to_row(), "run": self.run,
+        head = tx.to_row()
+        row = orjson.dumps({**head, "run": self.run,
                             "ch": {k: (None if v is None else orjson.Fragment(v)) for k, v in enc.items()}})
+        self.heads[id(row)] = (row, head)
         self.outbox.append((self.tx_key, row))
         self.hit("join.after_tx")
         self._apply(enc)
@@ -271,16 +301,20 @@ class TxStore(MutableMapping):
         """Stage the last ``tx`` and its applies again (the changelog's copy of them may have been cut
         short), unless this copy persisted that very ``tx`` (its checkpoint names it: the changelog had
         acknowledged all of the batch); return its record."""
-        row = self._tx_row()
-        if row is None:
-            return None
-        tx = BatchTx.from_row(row)  # a row of a version this streamrec cannot read is refused before any apply
         raw, ck = self.db.get(self.tx_key), self.db.get(self.ck_key)
+        if raw is None:
+            return None
         try:
-            if ck is not None and Checkpoint.from_bytes(ck).digest == digest(raw):
-                return tx
+            c = Checkpoint.from_bytes(ck) if ck is not None else None
         except (ValueError, KeyError, TypeError):
-            pass  # no usable checkpoint: staged again
+            c = None  # no usable checkpoint: staged again
+        persisted = c is not None and c.digest == digest(raw)
+        if persisted and c.tx is not None:  # the row's own offsets, without decoding the batch's changes
+            return BatchTx.from_row(c.tx)  # a row of a version this streamrec cannot read is refused
+        row = loads(raw)
+        tx = BatchTx.from_row(row)  # a row of a version this streamrec cannot read is refused before any apply
+        if persisted:
+            return tx
         self.outbox.append((self.tx_key, raw))
         self._apply({k: (None if v is None else dumps(v)) for k, v in row["ch"].items()})
         return tx
@@ -306,8 +340,14 @@ class TxStore(MutableMapping):
         Without a changelog (``last`` < 0: tests) only the records are written."""
         extra: list[tuple[bytes, bytes | None]] = []
         if last >= 0 and records and records[0][0] == self.tx_key and records[0][1] is not None:
+            row = records[0][1]
+            known = self.heads.get(id(row))
+            head = known[1] if known is not None and known[0] is row else None
             extra = [(OFFSET_KEY, str(last).encode()),
-                     (self.ck_key, Checkpoint(topic, first, digest(records[0][1])).to_bytes())]
+                     (self.ck_key, Checkpoint(topic, first, digest(row), head).to_bytes())]
+        for k, v in records:  # these rows' heads are written (or not needed) now
+            if k == self.tx_key and v is not None:
+                self.heads.pop(id(v), None)
         self.db.write(list(records) + extra)
         # the closed batches these records hold are read from the database now
         self.staged = {k: e for k, e in self.staged.items() if e[1] > self.taken_stage}

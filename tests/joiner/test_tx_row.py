@@ -58,3 +58,25 @@ def test_a_closed_batch_is_read_by_the_next_until_persisted_and_commits_only_its
     store.persist(store.take_outbox())
     assert loads(table[b"1/tx"])["ch"] == {"x": {"n": 2}, "y": None} and b"1/s/y" not in table
     assert not store.staged and TxStore(table, 1)["x"] == {"n": 2}
+
+
+def test_a_persisted_batch_restores_from_its_checkpoint_without_decoding_its_changes(monkeypatch):
+    from streamrec.joiner import txstore as txstore_module
+    from streamrec.joiner.txstore import Checkpoint
+
+    table: dict = {}
+    store = TxStore(table, 2, "impressions")
+    for i in range(3):
+        store[f"k{i}"] = {"n": i}
+    tx = BatchTx(seq=7, off={"impressions": 30, "actions": 4}, ends={0: 9}, pending=["2|r|positive|"])
+    store.commit(tx)
+    store.persist(store.take_outbox(), "changelog", 40, 43)
+    assert Checkpoint.from_bytes(table[b"2/ck"]).tx == tx.to_row() and not store.heads
+    decoded = []
+    monkeypatch.setattr(txstore_module, "loads", lambda raw: decoded.append(raw) or loads(raw))
+    restored = TxStore(table, 2, "impressions")
+    assert restored.recover() == tx and not restored.outbox  # nothing to stage again
+    assert decoded and table[b"2/tx"] not in decoded  # the checkpoint read, never the row
+    table[b"2/tx"] = table[b"2/tx"].replace(b'"n":2', b'"n":5')  # a row the checkpoint does not name
+    again = TxStore(table, 2, "impressions")
+    assert again.recover() == tx and again.outbox  # decoded and staged again

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+from streamrec.benchmarks.bench_join import PARTITIONS as JOIN_PARTITIONS
 from streamrec.benchmarks.cli import NAMES
 from tests.project.conftest import DRY_RUN_BENCHES, GPU_CHECK_WORKER
 
@@ -245,6 +246,7 @@ def test_broker_bench_runs_tiny_and_reports_its_goal_figures(name, bootstrap):
             out["auc_oracle"] - out["auc_fake_negative"])  # the two parts make the fake-negative mode's gap
         assert out["join_2_workers_events_per_s"] > 0 and out["join_scaling_2_workers"] > 0  # both runs read back all
         assert out["restart_s"] > 0 and out["restart_state_impressions"] > 0  # the restarted worker joined again
+        assert out["restart_read_ahead_partitions"] == JOIN_PARTITIONS  # its kept state read while its group formed
 
 
 def test_incidents_drills_deliver_what_they_name_and_served_figures_follow_the_promotions():
