@@ -169,6 +169,8 @@ class JoinTask:
             parts[p] = PartitionCursor(store, tx, InputMerge(jc.impressions_topic, jc.actions_topic,
                                                              self.watermarks(p), jc.merge_wait_ms / 1000.0,
                                                              weight=_impressions_in))
+        if self.prescan is not None:
+            self.prescan.discard()  # what this worker was not given now is not its to restore as read
         written = await self.clients.written_since({p: part.ends for p, part in parts.items()})
         for p, part in parts.items():
             part.written |= written.get(p, set())

@@ -80,6 +80,11 @@ class StatePrescan:
             if got is not None:
                 self._read[p] = got
 
+    def discard(self) -> None:
+        """Drop every partition's heaps not taken (the worker's first restore is done: a partition assigned
+        later has had another owner, whose batches changed its database)."""
+        self._read.clear()
+
     def _yield(self) -> bool:
         """Whether to stop; first lets the worker's own threads run (the read holds the GIL otherwise, and
         each of their waits for it would delay the group join it overlaps)."""

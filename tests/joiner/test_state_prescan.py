@@ -115,3 +115,15 @@ def test_a_stopped_or_failed_read_hands_out_nothing(tmp_path):
             db.close()
     assert failed.take(7, (None, None)) is None
     assert StatePrescan({}, RULES).start().take(0, (None, None)) is None  # nothing kept: nothing to read
+
+
+def test_heaps_not_taken_by_the_first_restore_are_dropped(tmp_path):
+    paths = _two_partitions(tmp_path)
+    prescan = StatePrescan(paths, RULES).start()
+    prescan.wait()
+    prescan.discard()
+    db = _db(tmp_path, 1)
+    try:
+        assert prescan.take(1, TxStore(_table(db), 1, "imp").fingerprint()) is None
+    finally:
+        db.close()
