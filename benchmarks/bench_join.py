@@ -18,7 +18,10 @@ Throughput, on the embedded broker (or ``--bootstrap``), all in one run:
   span starts at the first example, so a rebalance after it (the second worker joining the group late)
   counts against it. ``join_scaling_2_workers`` = two workers' rate over one's, both measured in the same
   run (goal >= 1.8 on a 2-core machine: the workers share nothing but the broker).
-- ``join_vs_train_json`` (goal >= 2: the joiner is never the pipeline's bottleneck) and ``join_vs_raw``.
+- ``join_vs_train_json`` (goal >= 2 with one worker per core: the joiner is never the pipeline's
+  bottleneck): the two workers' rate (one worker's on a 1-core machine: the bench runs at most two) over
+  the JSON trainer's, which uses every core; ``join_vs_train_json_workers`` says which;
+  ``join_vs_train_json_one_worker`` and ``join_vs_raw`` (one worker over the bare consumer).
 
 Quality, in-process (no broker): the delayed stream (clicks after a lognormal delay, some after the window,
 drift in what users like) in event-time order through the pure join (:class:`~streamrec.joiner.JoinState`,
@@ -387,7 +390,13 @@ def throughput(bootstrap: str, size: str, root: Path) -> dict:
     r["train_json_events_per_s"] = t["train_json_events_per_s"]
     r["train_json_ran_out"] = t["train_json_ran_out"]
     print(f"  trainer, JSON                  {r['train_json_events_per_s'] / 1e3:9.1f} k events/s", flush=True)
-    r["join_vs_train_json"] = bench_e2e._ratio(r["join_events_per_s"], r["train_json_events_per_s"])
+    workers = 2 if (os.cpu_count() or 1) >= 2 else 1  # one per core, as many as the bench runs
+    joined = r["join_2_workers_events_per_s"] if workers == 2 else r["join_events_per_s"]
+    r["join_vs_train_json"] = bench_e2e._ratio(joined, r["train_json_events_per_s"])
+    r["join_vs_train_json_workers"] = workers
+    r["join_vs_train_json_one_worker"] = bench_e2e._ratio(r["join_events_per_s"], r["train_json_events_per_s"])
+    print(f"  joiner against the JSON trainer  {r['join_vs_train_json']:7.2f}x with {workers} worker(s), one per "
+          f"core ({r['join_vs_train_json_one_worker']:.2f}x with one)", flush=True)
     r["join_vs_raw"] = bench_e2e._ratio(r["join_events_per_s"], r["raw_consume_events_per_s"])
     return r
 
@@ -435,7 +444,8 @@ def goals(r: dict) -> list[dict]:
     if restart["value"] is not None and (r.get("restart_state_impressions") or 0) < GOAL_RESTART_STATE:
         restart.update(status="FAIL", reason=f"not measured: {r.get('restart_state_impressions')} impressions of "
                                              f"state, not {GOAL_RESTART_STATE:,}")
-    return [restart, one(f"join_vs_train_json >= {GOAL_JOIN_X:g}", "join_vs_train_json", lambda v: v >= GOAL_JOIN_X),
+    return [restart, one(f"join_vs_train_json >= {GOAL_JOIN_X:g} (one worker per core)", "join_vs_train_json",
+                         lambda v: v >= GOAL_JOIN_X),
             one(f"join_scaling_2_workers >= {GOAL_SCALING_2:g}", "join_scaling_2_workers",
                 lambda v: v >= GOAL_SCALING_2),
             one(f"auc_gap_best <= {GOAL_GAP:g}", "auc_gap_best", lambda v: v <= GOAL_GAP),
@@ -446,7 +456,8 @@ def goals(r: dict) -> list[dict]:
 
 
 KEYS = ("join_events_per_s", "join_2_workers_events_per_s", "join_scaling_2_workers", "train_json_events_per_s",
-        "raw_consume_events_per_s", "join_vs_train_json", "join_vs_raw", "auc_oracle", "auc_oracle_delayed",
+        "raw_consume_events_per_s", "join_vs_train_json", "join_vs_train_json_workers",
+        "join_vs_train_json_one_worker", "join_vs_raw", "auc_oracle", "auc_oracle_delayed",
         "auc_gap_label_delay", "auc_gap_fake_negative_vs_delayed", "auc_window", "auc_fake_negative",
         "auc_fake_negative_naive",
         "logloss_oracle", "logloss_window", "logloss_fake_negative", "logloss_fake_negative_naive", "auc_gap_best",
