@@ -68,6 +68,11 @@ class StatePrescan:
             return None
         return got[1]
 
+    def discard(self) -> None:
+        """Drop every partition's heaps not taken (the worker's first restore is done: a partition assigned
+        later has had another owner, whose batches changed its database)."""
+        self._read.clear()
+
     def _run(self) -> None:
         for p, path in sorted(self.dbs.items()):
             if self._stop.is_set():
@@ -79,11 +84,6 @@ class StatePrescan:
                 continue
             if got is not None:
                 self._read[p] = got
-
-    def discard(self) -> None:
-        """Drop every partition's heaps not taken (the worker's first restore is done: a partition assigned
-        later has had another owner, whose batches changed its database)."""
-        self._read.clear()
 
     def _yield(self) -> bool:
         """Whether to stop; first lets the worker's own threads run (the read holds the GIL otherwise, and
