@@ -110,14 +110,14 @@ def build_app(kafka: KafkaConfig, join: JoinConfig, schema: EventSchema, cluster
               metrics=None, prescan: StatePrescan | None = None):
     """The faust App with its table, the membership agent and the join task; returns (app, joiner).
     ``schema``: the labelled events the joiner writes to ``kafka.events_topic``; ``prescan``: the read-ahead
-    of the kept local databases (``app.join_prescan``, finished before faust opens them)."""
+    of the kept local databases (the table manager's ``read_ahead``, finished before faust opens them)."""
     import faust
 
     joiner = Joiner(join, schema, metrics, partitions)
     app = faust.App(join.group, **faust_settings(cluster, join.state_dir, partitions))
-    app.join_prescan = prescan
     table = app.Table(TABLE_NAME, partitions=partitions, key_type=bytes, value_type=bytes,
                       options={"driver": "rocksdict"})
+    app.tables.read_ahead = prescan  # the PromptTableManager of faust_settings
     task = JoinTask(table, joiner, JoinClients(cluster, kafka.events_topic), kafka, join, metrics, prescan)
     add_membership(app, task.topics, "join-group")
     watch_rebalances(app, task.topics, task.assigned, task.revoked)

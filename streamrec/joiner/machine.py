@@ -53,7 +53,7 @@ import json
 import math
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from .state_rows import (IMPRESSION, WAITING, WATERMARKS, ImpressionRow, WaitingAction, WatermarkRow, decoded,
                          impression_due)
@@ -189,6 +189,14 @@ def parse_action(obj: Any) -> Action:
     return Action(str(rid), ts, typ, None if value is None else float(value))
 
 
+@runtime_checkable
+class RawRows(Protocol):
+    """A state store that hands its rows over as stored (JSON bytes), for a restore that reads only what the
+    heaps need from each (:class:`~.txstore.TxStore`)."""
+
+    def raw_items(self) -> Iterable[tuple[str, bytes]]: ...
+
+
 @dataclass
 class DueHeaps:
     """What :class:`JoinState` rebuilds from its stored rows at a restore: the due-time heaps (heapified)
@@ -250,8 +258,8 @@ class JoinState:
         self.wi, self.wa = (wm["i"], wm["a"]) if wm else (None, None)
         if heaps is None:
             # a store of serialised rows hands them over undecoded: an impression's event is not decoded
-            raw_items = getattr(self.store, "raw_items", None)
-            heaps = due_heaps(self.rules, raw_items() if raw_items is not None else list(self.store.items()))
+            rows = self.store.raw_items() if isinstance(self.store, RawRows) else list(self.store.items())
+            heaps = due_heaps(self.rules, rows)
         self._closing, self._purge, self._orphans = heaps.closing, heaps.purge, heaps.orphans
         self.stats.rows = heaps.rows
 
