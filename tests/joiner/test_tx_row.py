@@ -80,3 +80,56 @@ def test_a_persisted_batch_restores_from_its_checkpoint_without_decoding_its_cha
     table[b"2/tx"] = table[b"2/tx"].replace(b'"n":2', b'"n":5')  # a row the checkpoint does not name
     again = TxStore(table, 2, "impressions")
     assert again.recover() == tx and again.outbox  # decoded and staged again
+
+
+class _CountingTable(dict):
+    """A mapping of bytes that counts its reads."""
+
+    reads = 0
+
+    def get(self, key, default=None):
+        self.reads += 1
+        return super().get(key, default)
+
+
+def test_an_indexed_store_reads_as_an_unindexed_one_and_reads_no_absent_key_from_the_database():
+    import random
+
+    rng = random.Random(7)
+    indexed_table, plain_table = _CountingTable(), {}
+    indexed, plain = TxStore(indexed_table, 0, "impressions"), TxStore(plain_table, 0, "impressions")
+    for store in (indexed, plain):
+        store["held"] = {"n": 0}
+        store.commit(BatchTx(seq=1, off={}, ends={}))
+        store.persist(store.take_outbox())
+    indexed = TxStore(indexed_table, 0, "impressions")  # a restarted worker's store over the same database
+    indexed.index()
+    plain = TxStore(plain_table, 0, "impressions")
+    assert indexed.present == {"held"}
+    keys = [f"k{i}" for i in range(12)] + ["held"]
+    pending: list = []  # stages closed and not committed yet, as a batch in flight holds them
+    for step in range(400):
+        op, key = rng.random(), rng.choice(keys)
+        for store in (indexed, plain):
+            if op < 0.35:
+                store[key] = {"n": step}
+            elif op < 0.5 and key in store:
+                del store[key]
+        if 0.5 <= op < 0.6:
+            pending.append((indexed.stage(), plain.stage()))
+        elif 0.6 <= op < 0.7 and pending:
+            si, sp = pending.pop(0)
+            for store, stage in ((indexed, si), (plain, sp)):
+                store.commit(BatchTx(seq=step, off={}, ends={}), stage)
+                store.persist(store.take_outbox())
+        probe = rng.choice(keys)
+        assert (probe in indexed) == (probe in plain) and indexed.get(probe) == plain.get(probe), (step, probe)
+    for si, sp in pending:
+        for store, stage in ((indexed, si), (plain, sp)):
+            store.commit(BatchTx(seq=999, off={}, ends={}), stage)
+            store.persist(store.take_outbox())
+    n = len(b"0/s/")
+    assert indexed.present == {k[n:].decode() for k in indexed_table if k.startswith(b"0/s/")}
+    before = indexed_table.reads
+    assert "never-written" not in indexed and indexed.get("never-written") is None
+    assert indexed_table.reads == before  # an absent key is not read from the database
