@@ -165,8 +165,7 @@ class JoinTask:
                 read_ahead.add(p)
             else:
                 ahead = None
-            store.index(ahead.keys if ahead is not None else None)
-            self.joiner.add(p, store, ahead.heaps if ahead is not None else None)
+            self.joiner.add(p, store, ahead)
             parts[p] = PartitionCursor(store, tx, InputMerge(jc.impressions_topic, jc.actions_topic,
                                                              self.watermarks(p), jc.merge_wait_ms / 1000.0,
                                                              weight=_impressions_in))

@@ -1,16 +1,14 @@
-"""The join state's due-time heaps and keys, read from the kept local databases while the worker joins
-its group.
+"""The join state's due-time heaps, read from the kept local databases while the worker joins its group.
 
 A restarted worker waits for the broker to form its group (seconds) before it learns which partitions it
 owns, and only then restores each one; the largest part of a restore is reading every stored row to
-rebuild the heaps that find what is due (:func:`~.machine.due_heaps`) and to learn which keys it holds
-(:meth:`~.txstore.TxStore.index`). :class:`StatePrescan` reads both ahead, in a thread started as the
-worker asks to join, from each local database that :func:`~.local_state.check_local_state` kept, each
-opened read-only and closed before faust opens any (:meth:`StatePrescan.finish`, called by the joiner's
-table manager before its first rebalance opens them).
+rebuild the heaps that find what is due (:func:`~.machine.due_heaps`). :class:`StatePrescan` reads them
+ahead, in a thread started as the worker asks to join, from each local database that
+:func:`~.local_state.check_local_state` kept, each opened read-only and closed before faust opens any
+(:meth:`StatePrescan.finish`, called by the joiner's table manager before its first rebalance opens them).
 
-A partition's state read ahead is used only when its database holds exactly what was read: the
-:func:`~.txstore.fingerprint` taken with it equals the one the restore finds after faust's changelog
+A partition's heaps read ahead are used only when its database holds exactly what was read: the
+:func:`~.txstore.fingerprint` taken with them equals the one the restore finds after faust's changelog
 recovery and the last batch's recovery (:meth:`StatePrescan.take`). Anything else (faust read newer
 batches from the changelog, the last batch was applied again, the read was stopped, failed, or never
 reached the partition) leaves the restore to read the rows itself, as it does without a prescan.
@@ -21,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .machine import DueHeaps, JoinRules, due_heaps
@@ -30,22 +27,13 @@ from .txstore import fingerprint, prefixed_items, state_prefix
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ReadAhead:
-    """One partition's state as read ahead: the due-time heaps of its rows and the keys of its rows (what
-    :meth:`~.txstore.TxStore.index` knows as present)."""
-
-    heaps: DueHeaps
-    keys: list[str]
-
-
 class StatePrescan:
     """Reads the heaps of the databases ``dbs`` (partition -> path) under ``rules`` in a thread."""
 
     def __init__(self, dbs: dict[int, Path], rules: JoinRules):
         self.dbs = dict(dbs)
         self.rules = rules
-        self._read: dict[int, tuple[tuple[bytes | None, bytes | None], ReadAhead]] = {}
+        self._read: dict[int, tuple[tuple[bytes | None, bytes | None], DueHeaps]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -72,9 +60,9 @@ class StatePrescan:
             self._thread.join()
             self._thread = None
 
-    def take(self, p: int, now: tuple[bytes | None, bytes | None]) -> ReadAhead | None:
-        """Partition ``p``'s state as read ahead, when its database's fingerprint is still ``now`` (each
-        partition's is handed out once)."""
+    def take(self, p: int, now: tuple[bytes | None, bytes | None]) -> DueHeaps | None:
+        """Partition ``p``'s heaps as read ahead, when its database's fingerprint is still ``now`` (each
+        partition's are handed out once)."""
         got = self._read.pop(p, None)
         if got is None or got[0] != now:
             return None
@@ -111,15 +99,8 @@ class StatePrescan:
         try:
             fp = fingerprint(db.get, p)
             n = len(state_prefix(p))
-            keys: list[str] = []
-
-            def rows():
-                for k, v in prefixed_items(db, state_prefix(p)):
-                    if v is not None:
-                        keys.append(k[n:].decode())
-                        yield keys[-1], v
-
-            heaps = due_heaps(self.rules, rows(), self._yield)
+            rows = ((k[n:].decode(), v) for k, v in prefixed_items(db, state_prefix(p)) if v is not None)
+            heaps = due_heaps(self.rules, rows, self._yield)
         finally:
             db.close()
-        return None if heaps is None else (fp, ReadAhead(heaps, keys))
+        return None if heaps is None else (fp, heaps)

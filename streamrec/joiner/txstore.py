@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,22 +195,8 @@ class TxStore(MutableMapping):
         # id of a tx row committed and not persisted yet -> (the row, its head: BatchTx.to_row)
         self.heads: dict[int, tuple[bytes, dict]] = {}
         self.hit = on_hit or (lambda name: None)
-        # the state keys the local database holds, once indexed (:meth:`index`): a key outside it is absent
-        # without a database read (most reads of a join are of keys not there: each new impression's)
-        self.present: set[str] | None = None
-
-    def index(self, keys: Iterable[str] | None = None) -> None:
-        """Know the state keys the local database holds from now on: ``keys`` (read ahead from this very
-        database) or, when not given, every key read from it here; :meth:`persist` keeps them current."""
-        if keys is None:
-            n = len(self.prefix)
-            keys = (k[n:].decode() for k, v in self.db.items_from(self.prefix) if v is not None)
-        self.present = set(keys)
 
     def _raw(self, key: str):
-        present = self.present
-        if present is not None and key not in present:
-            return None
         return self.db.get(self.prefix + key.encode())
 
     def _unwritten(self, key: str) -> Any:
@@ -363,14 +349,5 @@ class TxStore(MutableMapping):
             if k == self.tx_key and v is not None:
                 self.heads.pop(id(v), None)
         self.db.write(list(records) + extra)
-        present = self.present
-        if present is not None:
-            prefix, n = self.prefix, len(self.prefix)
-            for k, v in records:
-                if k.startswith(prefix):
-                    if v is None:
-                        present.discard(k[n:].decode())
-                    else:
-                        present.add(k[n:].decode())
         # the closed batches these records hold are read from the database now
         self.staged = {k: e for k, e in self.staged.items() if e[1] > self.taken_stage}
