@@ -416,7 +416,6 @@ def main(argv: list[str]) -> int:
             f"lookup+forward {base[b]['predict_qps']:8.1f} req/s")
 
     # full snapshot
-    version = 1
     snap1 = write_snapshot(tmp / "snap-1", version=1, parent_version=None, kind="full", dense_state=model.state_dict(),
                            rows=all_rows, kafka_offsets={}, metrics={"auc": 0.0}, config_hash=cfg.model_hash(),
                            newest_event_ms=int(time.time() * 1000), model_config=cfg.to_dict()["model"],
