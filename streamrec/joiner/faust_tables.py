@@ -9,8 +9,9 @@ a restarted worker joins its group a second sooner.
 
 The worker reads the heaps of its kept local databases while it joins its group
 (:class:`~.state_prescan.StatePrescan`, :attr:`PromptTableManager.read_ahead`, started here once the
-consumer is about to join), through read-only handles of its own; faust opens the same databases on a rebalance, so each
-rebalance first stops that read and waits until its handles are closed (at once after the first).
+consumer is about to join), through read-only handles of its own; faust opens the same databases on a
+rebalance, so each rebalance first stops that read and waits until its handles are closed (at once after
+the first).
 """
 
 from __future__ import annotations

@@ -152,19 +152,19 @@ class JoinTask:
         read_ahead: set[int] = set()
         for p in ps:
             store = TxStore(self.table, p, jc.impressions_topic, on_hit=hit)
-            now = store.fingerprint()
-            ahead = self.prescan.take(p, now) if self.prescan is not None else None
+            ahead = self.prescan.take(p, store.fingerprint()) if self.prescan is not None else None
             tx = store.recover()
+            # the database changes below only when the last batch is applied again or a first tx is written
+            if ahead is not None and tx is not None and not store.outbox:
+                read_ahead.add(p)
+            else:
+                ahead = None
             await self.write_state(p, store)  # the last tx again: a changelog cut short in its applies is completed
             if tx is None:  # a partition never joined: start at the inputs' beginning and the output log's end
                 store.commit(BatchTx(seq=0, off={jc.impressions_topic: None, jc.actions_topic: None},
                                      ends=await self.clients.output_ends()))
                 await self.write_state(p, store)  # durable before any example: a crash after one finds these ends
                 tx = store.last_tx()
-            if ahead is not None and store.fingerprint() == now:  # nothing written since the read ahead
-                read_ahead.add(p)
-            else:
-                ahead = None
             self.joiner.add(p, store, ahead)
             parts[p] = PartitionCursor(store, tx, InputMerge(jc.impressions_topic, jc.actions_topic,
                                                              self.watermarks(p), jc.merge_wait_ms / 1000.0,

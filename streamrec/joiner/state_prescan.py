@@ -9,9 +9,10 @@ ahead, in a thread started as the worker asks to join, from each local database 
 
 A partition's heaps read ahead are used only when its database holds exactly what was read: the
 :func:`~.txstore.fingerprint` taken with them equals the one the restore finds after faust's changelog
-recovery and the last batch's recovery (:meth:`StatePrescan.take`). Anything else (faust read newer
-batches from the changelog, the last batch was applied again, the read was stopped, failed, or never
-reached the partition) leaves the restore to read the rows itself, as it does without a prescan.
+recovery (:meth:`StatePrescan.take`), and the restore writes nothing before it rebuilds the join.
+Anything else (faust read newer batches from the changelog, the last batch was applied again, the read
+was stopped, failed, or never reached the partition) leaves the restore to read the rows itself, as it
+does without a prescan.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 from .machine import DueHeaps, JoinRules, due_heaps
-from .txstore import fingerprint, prefixed_items, state_prefix
+from .txstore import fingerprint, prefixed_items, state_items, state_prefix
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,8 @@ class StatePrescan:
                              access_type=rocksdict.AccessType.read_only())
         try:
             fp = fingerprint(db.get, p)
-            n = len(state_prefix(p))
-            rows = ((k[n:].decode(), v) for k, v in prefixed_items(db, state_prefix(p)) if v is not None)
-            heaps = due_heaps(self.rules, rows, self._yield)
+            prefix = state_prefix(p)
+            heaps = due_heaps(self.rules, state_items(prefixed_items(db, prefix), prefix), self._yield)
         finally:
             db.close()
         return None if heaps is None else (fp, heaps)

@@ -95,12 +95,26 @@ def state_prefix(p: int) -> bytes:
     return f"{p}/s/".encode()
 
 
+def tx_key(p: int) -> bytes:
+    """The key of partition ``p``'s last ``tx`` row in its database."""
+    return f"{p}/tx".encode()
+
+
+def state_items(pairs, prefix: bytes):
+    """The ``(key, value)`` pairs of state keys under ``prefix`` (:func:`state_prefix`) as state keys (the
+    prefix dropped, decoded) with their values as stored; deleted ones (None) left out."""
+    n = len(prefix)
+    for k, v in pairs:
+        if v is not None:
+            yield k[n:].decode(), v
+
+
 def fingerprint(get, p: int) -> tuple[bytes | None, bytes | None]:
     """What tells partition ``p``'s database content apart between two reads in one worker run, through its
     ``get``: faust's changelog offset and the last ``tx`` row. Every write to the database changes one of
     them: :meth:`TxStore.persist` writes each batch with its ``tx`` row (which carries the run's nonce and
     the batch number) and the changelog offset, and faust's changelog recovery moves the offset."""
-    return get(OFFSET_KEY), get(f"{p}/tx".encode())
+    return get(OFFSET_KEY), get(tx_key(p))
 
 
 class _Db:
@@ -180,7 +194,7 @@ class TxStore(MutableMapping):
         self.p = p
         self.topic = topic
         self.prefix = state_prefix(p)
-        self.tx_key = f"{p}/tx".encode()
+        self.tx_key = tx_key(p)
         self.ck_key = f"{p}/ck".encode()
         self.run = os.urandom(8).hex()  # in every tx row this store writes: its fingerprint is this run's
         self.buf: dict[str, Any] = {}
@@ -251,10 +265,7 @@ class TxStore(MutableMapping):
 
     def raw_items(self):
         """The committed keys with their values as stored (JSON bytes, not decoded): what a restore reads."""
-        n = len(self.prefix)
-        for k, v in self.db.items_from(self.prefix):
-            if v is not None:
-                yield k[n:].decode(), v
+        return state_items(self.db.items_from(self.prefix), self.prefix)
 
     def fingerprint(self) -> tuple[bytes | None, bytes | None]:
         """The local database's :func:`fingerprint` as it is now (the buffer and closed batches not in it)."""

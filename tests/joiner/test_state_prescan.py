@@ -56,12 +56,27 @@ def _two_partitions(tmp_path):
     return paths
 
 
-def test_heaps_read_ahead_equal_a_restores_own_and_are_handed_out_once(tmp_path):
+def _read_ahead(tmp_path) -> tuple[dict, StatePrescan]:
+    """Two partitions' databases and a prescan that read them to the end."""
     paths = _two_partitions(tmp_path)
     prescan = StatePrescan(paths, RULES).start()
     prescan.wait()
+    return paths, prescan
+
+
+def _fingerprint(tmp_path, p: int):
+    """Partition ``p``'s database fingerprint, through the worker's own read-write open."""
+    db = _db(tmp_path, p)
+    try:
+        return TxStore(_table(db), p, "imp").fingerprint()
+    finally:
+        db.close()
+
+
+def test_heaps_read_ahead_equal_a_restores_own_and_are_handed_out_once(tmp_path):
+    paths, prescan = _read_ahead(tmp_path)
     prescan.finish()
-    for p, path in paths.items():
+    for p in paths:
         db = _db(tmp_path, p)  # the worker's own read-write open, after the read ahead closed its handles
         try:
             store = TxStore(_table(db), p, "imp")
@@ -76,9 +91,7 @@ def test_heaps_read_ahead_equal_a_restores_own_and_are_handed_out_once(tmp_path)
 
 
 def test_a_database_written_after_the_read_is_restored_from_its_rows(tmp_path):
-    paths = _two_partitions(tmp_path)
-    prescan = StatePrescan(paths, RULES).start()
-    prescan.wait()
+    _, prescan = _read_ahead(tmp_path)
     prescan.finish()
     db = _db(tmp_path, 0)
     try:
@@ -107,23 +120,13 @@ def test_a_stopped_or_failed_read_hands_out_nothing(tmp_path):
     (broken / "CURRENT").write_text("not a manifest\n")
     failed = StatePrescan({7: broken}, RULES).start()
     failed.wait()
-    for p, path in paths.items():
-        db = _db(tmp_path, p)
-        try:
-            assert stopped.take(p, TxStore(_table(db), p, "imp").fingerprint()) is None
-        finally:
-            db.close()
+    for p in paths:
+        assert stopped.take(p, _fingerprint(tmp_path, p)) is None
     assert failed.take(7, (None, None)) is None
     assert StatePrescan({}, RULES).start().take(0, (None, None)) is None  # nothing kept: nothing to read
 
 
 def test_heaps_not_taken_by_the_first_restore_are_dropped(tmp_path):
-    paths = _two_partitions(tmp_path)
-    prescan = StatePrescan(paths, RULES).start()
-    prescan.wait()
+    _, prescan = _read_ahead(tmp_path)
     prescan.discard()
-    db = _db(tmp_path, 1)
-    try:
-        assert prescan.take(1, TxStore(_table(db), 1, "imp").fingerprint()) is None
-    finally:
-        db.close()
+    assert prescan.take(1, _fingerprint(tmp_path, 1)) is None
