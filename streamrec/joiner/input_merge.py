@@ -13,8 +13,10 @@ rule the trainer's partition merge (``streamrec.trainer.merge``) applies to even
 - the head with the smaller key is released first (ties: the impression, which precedes its actions);
 - while one topic's queue is empty, the other waits as long as the empty topic *holds*: the reader knows
   it has records not fetched yet (its position is below the broker's high watermark, or no fetch of it
-  answered yet), bounded by ``10 x wait`` since it last delivered, or it delivered within ``wait``
-  (``join.merge_wait_ms``; a broker may report a high watermark short of its log end);
+  answered yet), bounded by ``10 x wait`` since it last delivered (or since the merge started), or it
+  delivered within ``wait`` (``join.merge_wait_ms``: a topic that is streaming holds the other between its
+  fetches). A topic that delivered nothing since the merge started holds only by what the reader knows, so
+  a restarted worker whose reader finds a topic caught up joins the other at once;
 - a record weighs what ``weight(item)`` says (an Arrow record of many impressions: their count), and the
   batch limits of :meth:`InputMerge.release` and :meth:`InputMerge.waiting` count weight, so a batch's
   state and the queues stay bounded in impressions, not messages;
@@ -47,8 +49,8 @@ class InputMerge:
         self.queues: dict[str, deque] = {self.first: deque(), self.second: deque()}  # (key, item, weight)
         self.weights: dict[str, int] = {self.first: 0, self.second: 0}  # each queue's total weight
         self.newest: dict[str, int | None] = {t: newest.get(t) for t in (self.first, self.second)}
-        started = self.clock()
-        self.last: dict[str, float] = {self.first: started, self.second: started}  # last delivery (or the start)
+        self.started = self.clock()
+        self.last: dict[str, float | None] = {self.first: None, self.second: None}  # last delivery (None: none yet)
 
     def __len__(self) -> int:
         return len(self.queues[self.first]) + len(self.queues[self.second])
@@ -74,7 +76,11 @@ class InputMerge:
     def holds(self, topic: str, behind: bool, now: float | None = None) -> bool:
         """Whether ``topic``, its queue empty, holds the other topic back (``behind``: the reader knows of
         records of it not fetched yet, or has no answer about it yet)."""
-        quiet = (self.clock() if now is None else now) - self.last[topic]
+        now = self.clock() if now is None else now
+        last = self.last[topic]
+        if last is None:
+            return behind and now - self.started < 10 * self.wait_s
+        quiet = now - last
         return quiet < self.wait_s or (behind and quiet < 10 * self.wait_s)
 
     def release(self, limit: int, holding: Callable[[str], bool]) -> list[tuple[str, Any]]:

@@ -109,3 +109,26 @@ def test_without_the_merge_the_worst_fetch_order_loses_positives(tmp_path):
     got, want, _late = join_backlog(tmp_path, 0.0, "impressions", expect=fetch_order)
     positives = lambda c: sum(n for (_rid, kind, _labels), n in c.items() if kind == "positive")  # noqa: E731
     assert positives(got) < positives(want) // 2, (positives(got), positives(want))
+
+
+def test_a_topic_holds_the_other_by_its_deliveries_or_by_what_the_reader_knows_of_it():
+    """A topic that delivered within the wait holds the other; one that delivered nothing since the merge
+    started holds only while the reader knows of records of it not fetched (or has no answer about it),
+    and for at most ten waits, so a worker restarted on caught-up actions joins its impressions at once."""
+    from streamrec.joiner.input_merge import InputMerge
+
+    now = [100.0]
+    m = InputMerge("i", "a", {}, 0.5, clock=lambda: now[0])
+    m.add("i", [(1, "impression")])
+    assert not m.holds("a", behind=False)  # the reader answered: nothing of it to fetch
+    assert m.release(10, lambda t: m.holds(t, behind=False)) == [("i", "impression")]
+    assert m.holds("a", behind=True)  # records of it not fetched yet, or no answer yet
+    now[0] += 5.0
+    assert not m.holds("a", behind=True)  # ten waits since the start
+    m.add("a", [(2, "action")])
+    assert m.holds("a", behind=False)  # it delivered within the wait: it is streaming
+    now[0] += 0.6
+    assert not m.holds("a", behind=False)
+    assert m.holds("a", behind=True)
+    m.clear({})
+    assert not m.holds("a", behind=False)  # a new start: its deliveries before do not count
