@@ -12,6 +12,7 @@ the key with where the section sits (``model.fields[2].dim: must be >= 0``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import tomllib
@@ -150,10 +151,17 @@ def _table(value: Any, key: str) -> Mapping[str, Any]:
     return value
 
 
+@functools.cache
+def field_types(cls: type) -> Mapping[str, Any]:
+    """``cls``'s resolved field annotations, read once per class (a section's annotations never change after
+    its class is defined, and resolving them evaluates every string annotation again)."""
+    return types.MappingProxyType(typing.get_type_hints(cls))
+
+
 def build_section(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     """``cls`` built from ``data`` (a TOML table): unknown or removed keys refused, each value coerced to
     its field's type, the section's own checks run; every error names the key under ``prefix``."""
-    hints = typing.get_type_hints(cls)
+    hints = field_types(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown and unknown[0] in removed_keys(cls):
@@ -175,7 +183,7 @@ def build_section(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
 
 
 def _section_class(root: type, section: str) -> type | None:
-    hint = typing.get_type_hints(root).get(section)
+    hint = field_types(root).get(section)
     return hint if hint is not None and dataclasses.is_dataclass(hint) else None
 
 
@@ -183,7 +191,7 @@ def _set_nested(root: type, data: dict[str, Any], parts: list[str], value: Any, 
     """``section.table.key`` of a nested table (``serving.guard.enabled``); False when it names none."""
     section, table, key = parts
     section_cls = _section_class(root, section)
-    inner = typing.get_type_hints(section_cls).get(table) if section_cls is not None else None
+    inner = field_types(section_cls).get(table) if section_cls is not None else None
     if inner is None or not dataclasses.is_dataclass(inner):
         return False
     keys = {f.name for f in dataclasses.fields(inner)}
@@ -259,7 +267,7 @@ def load_sections(
 
 def replace_checked(obj: Any, **changes: Any) -> Any:
     """A copy of the section ``obj`` with ``changes``, coerced and checked as loaded values are."""
-    hints = typing.get_type_hints(type(obj))
+    hints = field_types(type(obj))
     return dataclasses.replace(obj, **{k: _coerce(v, hints[k], k) for k, v in changes.items()})
 
 

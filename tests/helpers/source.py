@@ -27,6 +27,19 @@ def parse(path: Path) -> ast.Module:
 _TREES: dict[tuple[Path, int, int], ast.Module] = {}
 
 
+def nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of the module's tree in ``ast.walk``'s order, walked once per parsed tree (walking each file
+    again is most of what the project's source checks cost)."""
+    tree = parse(path)
+    walked = _WALKED.get(id(tree))
+    if walked is None or walked[0] is not tree:
+        walked = _WALKED[id(tree)] = (tree, tuple(ast.walk(tree)))
+    return walked[1]
+
+
+_WALKED: dict[int, tuple[ast.Module, tuple[ast.AST, ...]]] = {}
+
+
 def _parse(path: Path) -> ast.Module:
     text = Path(path).read_text(encoding="utf-8")
     for attempt in range(5):

@@ -19,7 +19,7 @@ from streamrec.app.config import load_config
 from streamrec.ingest import KafkaSecurityError, client_settings, redacted
 from streamrec.ingest.kafka_clients import PASSWORD_ENV
 
-from tests.helpers.source import parse
+from tests.helpers.source import nodes
 
 SECRET = "s3cr3t-Pa55"
 
@@ -261,7 +261,7 @@ def test_no_client_is_built_outside_the_settings():
     bare = []
     for d in ("ingest", "sketch", "trainer", "serving", "embedding_store", "streamrec", "benchmarks"):
         for path in (root / d).rglob("*.py"):
-            for node in ast.walk(parse(path)):
+            for node in nodes(path):
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                         and node.func.id in ("KafkaConsumer", "KafkaProducer", "KafkaAdminClient")
                         and not any(kw.arg is None for kw in node.keywords)):  # no **settings / **opts

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.helpers.source import parse
+from tests.helpers.source import nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("ingest", "trainer", "embedding_store", "serving", "sketch", "streamrec")
@@ -21,7 +21,7 @@ def oversized(paths, limit: int = MAX_LINES) -> list[str]:
     for p in paths:
         if "_pb2" in p.name:
             continue
-        for node in ast.walk(parse(p)):
+        for node in nodes(p):
             if isinstance(node, ast.ClassDef):
                 n = node.end_lineno - node.lineno + 1
                 if n > limit:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.helpers.source import parse
+from tests.helpers.source import nodes
 from tests.project.test_class_size import ROOT, production_modules
 
 MAX_PRIVATE = 10
@@ -37,7 +37,7 @@ def whole_config_parameters(paths) -> list[str]:
     for p in paths:
         if _rel(p).startswith("streamrec/app/") or _rel(p) == "streamrec/foundation/config.py":
             continue
-        for node in ast.walk(parse(p)):
+        for node in nodes(p):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 args = node.args
                 for a in args.posonlyargs + args.args + args.kwonlyargs:
@@ -51,7 +51,7 @@ def section_assignments(paths) -> list[str]:
     """``"<path>:<line>"`` for each ``cfg.<section>.<key> = ...`` (or ``config.``) in production code."""
     out = []
     for p in paths:
-        for node in ast.walk(parse(p)):
+        for node in nodes(p):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
                 node, (ast.AugAssign, ast.AnnAssign)) else []
             for t in targets:
@@ -67,7 +67,7 @@ def private_reads(paths) -> list[tuple[str, str, bool]]:
     out = []
     for p in paths:
         lines = p.read_text().splitlines()
-        for node in ast.walk(parse(p)):
+        for node in nodes(p):
             if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
                     and ast.unparse(node) not in DOCUMENTED):
@@ -78,7 +78,7 @@ def private_reads(paths) -> list[tuple[str, str, bool]]:
 def long_functions(paths, limit: int = MAX_FUNCTION_LINES) -> list[str]:
     out = []
     for p in paths:
-        for node in ast.walk(parse(p)):
+        for node in nodes(p):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > limit:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.helpers.source import parse
+from tests.helpers.source import nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ingest", "trainer", "embedding_store", "serving", "sketch", "streamrec")
@@ -34,7 +34,7 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in mods.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         deps: set[str] = set()
-        for node in ast.walk(parse(path)):
+        for node in nodes(path):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
