@@ -36,9 +36,9 @@ from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics
 from streamrec.app.config import Config, load_config
 
 
-# The suite runs on two xdist workers (`-n 2`, README) with `--dist loadgroup` (pyproject addopts): tests marked
+# The suite runs on three xdist workers (`-n 3`, README) with `--dist loadgroup` (pyproject addopts): tests marked
 # `xdist_group(HEAVY_GROUP)` run on one worker, one after another. They are the demo runs (which share the
-# session's `scraped_demo` run: on two workers it would run twice) and the group kill test (11 torchrun launches):
+# session's `scraped_demo` run: on several workers it would run on each) and the group kill test (11 torchrun launches):
 # side by side they starved each other's processes of the 2 cores, and the scraped demo ended before its second
 # scrape (seen once in CI).
 HEAVY_GROUP = "heavy-e2e"
