@@ -49,7 +49,9 @@ def _lose_a_host(root, how: str, phase: float, benches: list) -> dict:
     """One host-loss run on a simulated cluster of its own (its broker, backlog and hosts), closed after it."""
     from streamrec.benchmarks.bench_cluster import ClusterBench
 
-    b = ClusterBench(root, 2, 60_000)
+    # the loss waits for serving's first version, which a loaded machine delivers late in training (the snapshot's
+    # program is exported first): the backlog outlasts that wait, so the loss falls before the last event
+    b = ClusterBench(root, 2, 100_000)
     benches.append(b)
     try:
         # 10 Mbit/s links: the group trains long enough for a loss late in its first interval
