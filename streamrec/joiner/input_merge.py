@@ -4,7 +4,8 @@ A Kafka reader hands a partition's two topics over in whatever order its fetches
 backlog, thousands of one topic's records before the other's), and the join emits a positive when its
 action is joined, so without a merge a positive lands as far after its fake negative as the fetches
 happened to put it. :class:`InputMerge` sits between the reader and the join of one partition, on the
-rule the trainer's partition merge (``streamrec.trainer.merge``) applies to event partitions:
+rule the trainer's partition merge (``streamrec.trainer.merge``) applies to event partitions, but for its
+start (the trainer's counts its start as a delivery; this one takes only the reader's word then):
 
 - each topic's records wait in their own queue, in offset order; a record's *key* is the running
   maximum of ``ts`` over its topic (continued from the join's watermark of that topic), so each topic is
