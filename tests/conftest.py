@@ -14,6 +14,7 @@ a subprocess says so itself (a ``pytestmark`` or a mark on the test). A test not
 
 from __future__ import annotations
 
+import gc
 import os
 
 # One torch (OpenMP) thread in the test process and in every process it starts (they inherit the
@@ -155,6 +156,14 @@ _CHILD_STARTERS = (
     (os, "system"),
 )
 _CHILDREN_STARTED = pytest.StashKey[list]()
+
+
+def pytest_collection_finish(session):
+    """What collection made (the imported modules, test functions, fixtures) lives as long as the session:
+    frozen out of the cyclic collector's full passes, which would otherwise walk it again each time the tests'
+    own objects pile up."""
+    gc.collect()
+    gc.freeze()
 
 
 def _may_start_children(item) -> bool:

@@ -14,7 +14,8 @@ Public surface::
     make_hot_source(trainer, model, kafka, budget, bootstrap), SampleHotSource, TopicHotSource, HotUpdate
     HotSetSource                               # the Protocol a hot-set source satisfies
     plan, hot_samples, MiniBatch               # FAE's hot/cold mini-batch schedule
-    dense_optimizer, train_step                # the per-table step (the fused step's reference)
+    train_step                                 # the per-table step (the fused step's reference)
+    dense_optimizer, DenseAdam, DenseAdagrad   # torch's dense updates without torch.optim's classes
     FusedStep, PreparedStep                    # one step for every table: ids resolved on the host, one pass on the device
     RowSource                                  # the Protocol a fused step's row owner satisfies (store, in-memory baseline)
     StageClock                                 # seconds per pipeline stage (bench train --host-ceiling)
@@ -54,7 +55,8 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .snapshots import SnapshotPublisher
     from .stage_clock import StageClock
     from .step_types import RowSource
-    from .step import dense_optimizer, train_step
+    from .step import train_step
+    from .dense_optimizers import DenseAdagrad, DenseAdam, DenseOptimizerProtocol, dense_optimizer
     from .trainer_types import Compression, DenseOptimizer, GroupBatch, HotSource, Precision, Schedule
 
 _EXPORTS = {  # submodule: the public names it defines
@@ -81,7 +83,8 @@ _EXPORTS = {  # submodule: the public names it defines
     ".snapshots": "SnapshotPublisher",
     ".stage_clock": "StageClock",
     ".step_types": "RowSource",
-    ".step": "dense_optimizer train_step",
+    ".step": "train_step",
+    ".dense_optimizers": "DenseAdagrad DenseAdam DenseOptimizerProtocol dense_optimizer",
     ".trainer_types": "Compression DenseOptimizer GroupBatch HotSource Precision Schedule",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

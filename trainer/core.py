@@ -35,7 +35,8 @@ from .delayed_metrics import DelayedLabels
 from .fused_step import FusedStep, PreparedStep
 from .schedule import MiniBatch, plan
 from .stage_clock import StageClock
-from .step import NonFiniteStep, dense_optimizer
+from .dense_optimizers import dense_optimizer
+from .step import NonFiniteStep
 
 if TYPE_CHECKING:
     from streamrec.embedding_store.store_config import StoreConfig

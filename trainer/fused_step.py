@@ -42,6 +42,7 @@ from streamrec.foundation import EventBatch, KeyedJaggedIds
 from streamrec.model import RankingModel, task_logits
 from streamrec.model.dlrm import field_tables, pool_sum, table_fields
 
+from .dense_optimizers import DenseOptimizerProtocol
 from .stage_clock import StageClock
 from .staging import Stager
 from .step import GRAD_ABS_MAX, NonFiniteStep, label_matrix, masked_task_losses, task_weights, weighted_losses
@@ -108,7 +109,7 @@ class PreparedStep:
 class FusedStep:
     """Score-before-train steps of ``model`` over every table of ``model_cfg`` (module doc)."""
 
-    def __init__(self, model: RankingModel, opt: torch.optim.Optimizer, model_cfg, rows: RowSource,
+    def __init__(self, model: RankingModel, opt: DenseOptimizerProtocol, model_cfg, rows: RowSource,
                  device: torch.device, fake_negative: bool = False, clock: StageClock | None = None,
                  weights: Sequence[float] | None = None, fixed_shapes: bool | None = None):
         self.model, self.opt, self.rows, self.device = model, opt, rows, torch.device(device)

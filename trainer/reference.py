@@ -20,7 +20,7 @@ from streamrec.foundation import table_salt
 from streamrec.model import build_model, predict_batch
 
 from .fused_step import FusedStep
-from .step import dense_optimizer
+from .dense_optimizers import dense_optimizer
 
 if TYPE_CHECKING:
     from streamrec.embedding_store.store_config import StoreConfig

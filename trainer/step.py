@@ -1,5 +1,5 @@
 """One training step, PERSIA-style hybrid: the dense network is updated
-synchronously by a torch optimizer; each embedding table hands its unique rows'
+synchronously by torch's Adam or Adagrad update (``dense_optimizers.py``); each embedding table hands its unique rows'
 gradients to whoever owns the rows (the tiered store, or an in-memory table).
 
 The step scores the batch in the same forward pass it trains on, *before* any
@@ -30,7 +30,7 @@ carries its label (a missing label's term stays zero).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, get_args
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -39,19 +39,11 @@ import torch.nn.functional as F
 from streamrec.foundation import FEEDBACK_CODES, EventBatch
 from streamrec.model import RankingModel, embed_batch, task_logits
 
-from .trainer_types import DenseOptimizer
+from .dense_optimizers import DenseOptimizerProtocol
 
 FEEDBACK_FAKE_NEGATIVE, FEEDBACK_POSITIVE = FEEDBACK_CODES["fake_negative"], FEEDBACK_CODES["positive"]
 Lookup = Callable[[str, np.ndarray], torch.Tensor]
 ApplyGrads = Callable[[str, np.ndarray, torch.Tensor], None]
-
-
-def dense_optimizer(model: RankingModel, kind: DenseOptimizer, lr: float) -> torch.optim.Optimizer:
-    if kind == "adam":
-        return torch.optim.Adam(model.parameters(), lr=lr)
-    if kind == "adagrad":
-        return torch.optim.Adagrad(model.parameters(), lr=lr)
-    raise ValueError(f"dense optimizer must be one of {', '.join(get_args(DenseOptimizer))}, got {kind!r}")
 
 
 # A gradient beyond this squares to ~1e30: Adagrad's and Adam's float32 second moments (sums of g**2)
@@ -119,7 +111,7 @@ def weighted_losses(per: torch.Tensor, batch: EventBatch, logits: torch.Tensor, 
     return per
 
 
-def train_step(model: RankingModel, opt: torch.optim.Optimizer, batch: EventBatch, fields, lookup: Lookup,
+def train_step(model: RankingModel, opt: DenseOptimizerProtocol, batch: EventBatch, fields, lookup: Lookup,
                apply_grads: ApplyGrads, device: torch.device, uniques=None,
                weights: Sequence[float] | None = None, fake_negative: bool = False) -> np.ndarray:
     """Score (before update) and train on one mini-batch; returns the scores ``[B, T]``.

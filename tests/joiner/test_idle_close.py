@@ -84,7 +84,7 @@ async def _run_until(task: JoinTask, clients: FakeClients, want: int, timeout_s:
 def test_the_join_task_closes_an_idle_partitions_windows_once_and_commits_the_close(tmp_path, mode):
     cfg = config(tmp_path, 100.0)
     cfg.join.mode = mode
-    cfg.join.idle_close_s = 0.3
+    cfg.join.idle_close_s = 0.2
     r = JoinRules.from_config(cfg.join)
     imps, acts = make_streams(5, 2, n=300)
     last = {p: max(a.ts for a in acts[p]) for p in acts}
@@ -134,7 +134,7 @@ def test_idle_close_is_off_by_default(tmp_path):
         task = JoinTask(FakeTable(), Joiner(cfg.join, EventSchema.from_sections(cfg.model, cfg.ingest)), clients,
                         cfg.kafka, cfg.join)
         await task.assigned({0})
-        await _run_until(task, clients, without + 1, 1.0)
+        await _run_until(task, clients, without + 1, 0.5)
 
     asyncio.run(go())
     assert len(clients.out[EVENTS]) == without

@@ -14,7 +14,8 @@ from streamrec.ingest import SyntheticStream
 from streamrec.model import build_model
 from streamrec.trainer.fused_step import FusedStep, unique_fixed
 from streamrec.trainer.staging import Stager, layout, pack, unpack
-from streamrec.trainer.step import NonFiniteStep, dense_optimizer, train_step
+from streamrec.trainer.dense_optimizers import dense_optimizer
+from streamrec.trainer.step import NonFiniteStep, train_step
 from streamrec.trainer.step_types import RowSource
 from tests.conftest import small_config
 
