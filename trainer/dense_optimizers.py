@@ -53,9 +53,10 @@ class _FunctionalOptimizer:
             else:
                 p.grad.detach_().zero_()
 
-    def _stepped(self) -> list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
-        """(index, parameter, state) of each parameter with a gradient, its state created on first use."""
-        out = []
+    @torch.no_grad()
+    def step(self) -> None:
+        """One update of every parameter with a gradient; a parameter's state is created at its first."""
+        params, states = [], []
         for i, p in enumerate(self.params):
             if p.grad is None:
                 continue
@@ -64,10 +65,16 @@ class _FunctionalOptimizer:
             st = self.state.get(i)
             if st is None:
                 st = self.state[i] = self._new_state(p)
-            out.append((i, p, st))
-        return out
+            params.append(p)
+            states.append(st)
+        if params:
+            self._update(params, [p.grad for p in params], states)
 
     def _new_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _update(self, params: list[torch.Tensor], grads: list[torch.Tensor],
+                states: list[dict[str, torch.Tensor]]) -> None:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -109,16 +116,11 @@ class DenseAdam(_FunctionalOptimizer):
         return {"step": torch.tensor(0.0, dtype=torch.float32), "exp_avg": torch.zeros_like(p),
                 "exp_avg_sq": torch.zeros_like(p)}
 
-    @torch.no_grad()
-    def step(self) -> None:
-        stepped = self._stepped()
-        if not stepped:
-            return
+    def _update(self, params, grads, states) -> None:
         g = self.group
-        adam([p for _i, p, _s in stepped], [p.grad for _i, p, _s in stepped], [s["exp_avg"] for *_r, s in stepped],
-             [s["exp_avg_sq"] for *_r, s in stepped], [], [s["step"] for *_r, s in stepped],
-             foreach=g["foreach"], amsgrad=False, beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"],
-             weight_decay=g["weight_decay"], eps=g["eps"], maximize=g["maximize"])
+        adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
+             [s["step"] for s in states], foreach=g["foreach"], amsgrad=False, beta1=g["betas"][0],
+             beta2=g["betas"][1], lr=g["lr"], weight_decay=g["weight_decay"], eps=g["eps"], maximize=g["maximize"])
 
 
 class DenseAdagrad(_FunctionalOptimizer):
@@ -131,15 +133,10 @@ class DenseAdagrad(_FunctionalOptimizer):
     def _new_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"step": torch.tensor(0.0, dtype=torch.float32), "sum": torch.zeros_like(p)}
 
-    @torch.no_grad()
-    def step(self) -> None:
-        stepped = self._stepped()
-        if not stepped:
-            return
+    def _update(self, params, grads, states) -> None:
         g = self.group
-        adagrad([p for _i, p, _s in stepped], [p.grad for _i, p, _s in stepped], [s["sum"] for *_r, s in stepped],
-                [s["step"] for *_r, s in stepped], foreach=g["foreach"], lr=g["lr"], weight_decay=g["weight_decay"],
-                lr_decay=g["lr_decay"], eps=g["eps"], maximize=g["maximize"])
+        adagrad(params, grads, [s["sum"] for s in states], [s["step"] for s in states], foreach=g["foreach"],
+                lr=g["lr"], weight_decay=g["weight_decay"], lr_decay=g["lr_decay"], eps=g["eps"], maximize=g["maximize"])
 
 
 DENSE_OPTIMIZERS: dict[str, type[_FunctionalOptimizer]] = {"adam": DenseAdam, "adagrad": DenseAdagrad}
