@@ -159,11 +159,27 @@ _CHILDREN_STARTED = pytest.StashKey[list]()
 
 
 def pytest_collection_finish(session):
-    """What collection made (the imported modules, test functions, fixtures) lives as long as the session:
-    frozen out of the cyclic collector's full passes, which would otherwise walk it again each time the tests'
-    own objects pile up."""
+    """Refuses to run where ``--dist loadgroup`` would not group (the heavy tests would run side by side and the
+    GPU check's dry run once per worker). What collection made (the imported modules, test functions, fixtures)
+    lives as long as the session: frozen out of the cyclic collector's full passes, which would otherwise walk it
+    again each time the tests' own objects pile up."""
+    if session.config.getvalue("loadgroup"):  # an xdist worker under --dist loadgroup
+        for item in session.items:
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+                item.stash[_UNGROUPED] = True
     gc.collect()
     gc.freeze()
+
+
+_UNGROUPED = pytest.StashKey[bool]()
+
+
+def pytest_runtest_setup(item):
+    """A test of an xdist group that pytest-xdist did not keep in its group fails before it starts anything."""
+    if item.stash.get(_UNGROUPED, False):
+        pytest.fail("pytest-xdist did not keep this xdist_group test in its group: this pytest and pytest-xdist "
+                    "do not work together (pytest-dev/pytest-xdist#1386); ./scripts/setup.sh installs the pytest "
+                    "constraints.txt pins", pytrace=False)
 
 
 def _may_start_children(item) -> bool:
