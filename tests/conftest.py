@@ -163,7 +163,7 @@ def pytest_collection_finish(session):
     GPU check's dry run once per worker). What collection made (the imported modules, test functions, fixtures)
     lives as long as the session: frozen out of the cyclic collector's full passes, which would otherwise walk it
     again each time the tests' own objects pile up."""
-    if session.config.getvalue("loadgroup"):  # an xdist worker under --dist loadgroup
+    if getattr(session.config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
         for item in session.items:
             if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
                 item.stash[_UNGROUPED] = True

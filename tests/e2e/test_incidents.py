@@ -88,7 +88,13 @@ def test_incident_drill(topics, tmp_path, bootstrap, drill):
         trainer.start()
         send(0, PRE, pause=0.05)  # a few versions of the clean stream: the guard's history
         wait_trained(PRE, 60)
-        time.sleep(1.0)  # a version with every clean event
+        # a version with every clean event: one installed after the newest at this point (the first version waits
+        # for the model's export, which a loaded machine stretches), and a version served
+        before = int(client.status()["newest_version"])
+        deadline = time.monotonic() + 60
+        while not (int(client.status()["newest_version"]) > before and int(client.status()["version"]) > 0):
+            assert time.monotonic() < deadline, f"no version after the clean stretch: {client.status()}"
+            time.sleep(0.1)
         pre_auc, pre_version = served_auc()
         worst, seen = pre_auc, []
 
