@@ -280,7 +280,7 @@ class StreamRecService(pb_grpc.StreamRecServicer):
         with self._swap_lock:
             closed = self._closed
             if not closed:
-                old, self._current = self._current, new
+                self._current = new
                 self.swaps += 1
                 self.not_serving_reason = ""
         if closed:  # an install that outlived close(): never current; its complete directory is kept for the next start

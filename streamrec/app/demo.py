@@ -415,6 +415,8 @@ def cmd_demo(args) -> int:
     result: dict[str, Any] = {}
     code = 1
     try:
+        if args.data:
+            _require_events(args.data, cfg, args.layout)
         with kafka_bootstrap(cfg) as bootstrap:
             err.print(f"Kafka at [cyan]{bootstrap}[/cyan]")
             from streamrec.serving import serving_target
@@ -452,6 +454,16 @@ def cmd_demo(args) -> int:
     else:
         print(json.dumps({"error": "demo failed", "exit_code": code, "run_dir": str(run_dir)}), flush=True)
     return code
+
+
+def _require_events(path: str, cfg: Config, layout: str) -> None:
+    """A data file without one event gives the trainer nothing to train and serving no snapshot: the demo fails
+    before it starts a process, rather than after the trainer's idle exit."""
+    from streamrec.ingest import EventSchema
+    from streamrec.ingest.datasets import read_file
+
+    if not any(len(b) for b in read_file(path, EventSchema.from_sections(cfg.model, cfg.ingest), layout=layout)):
+        raise DemoFailure(f"{path} holds no events: nothing to train (an empty file, or a header alone)")
 
 
 def _console():

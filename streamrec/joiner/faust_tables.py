@@ -37,8 +37,9 @@ class PromptTableManager(TableManager):
 
     async def on_rebalance(self, assigned, revoked, newly_assigned, generation_id: int = 0) -> None:
         prescan = self.read_ahead
-        if prescan is not None and prescan.reading():
-            await asyncio.to_thread(prescan.finish)  # the loop goes on while the read stops
-        elif prescan is not None:
-            prescan.finish()
+        if prescan is not None:
+            if prescan.reading():
+                await asyncio.to_thread(prescan.finish)  # the loop goes on while the read stops
+            else:
+                prescan.finish()
         await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)

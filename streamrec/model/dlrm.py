@@ -16,11 +16,14 @@ ids (:func:`unique_ids`), the lookup and sum-pooling (:func:`embed_batch`), scor
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def mlp(sizes: list[int], last_activation: bool, tasks: int = 0, seed: int = 0) -> nn.Sequential:

@@ -128,8 +128,10 @@ def test_demo_replays_a_file(bootstrap, tmp_path):
 
 
 def test_demo_over_a_file_without_events_fails_fast_and_says_why(bootstrap, tmp_path):
-    """With no event trained there is never a snapshot: the demo fails at once saying there are no events,
-    rather than waiting until --timeout (900 s by default) to say 'served version None never reached 0'."""
+    """A file without events gives no snapshot ever: the demo fails before it starts a process, saying there are
+    no events, rather than waiting until --timeout (900 s by default) to say 'served version None never reached
+    0'. (A file whose every record is dead-lettered fails when the trainer exits:
+    tests/project/test_demo_and_report_inputs.py.)"""
     data = tmp_path / "empty.csv"
     data.write_text("label,dense_0,dense_1,dense_2,dense_3,user\n")
     run_dir = tmp_path / "run"
@@ -141,3 +143,4 @@ def test_demo_over_a_file_without_events_fails_fast_and_says_why(bootstrap, tmp_
     assert json.loads(proc.stdout.strip().splitlines()[-1])["error"] == "demo failed"
     # it stops on the missing events, not on its --timeout (whose message is "never reached")
     assert "no events" in proc.stderr and "never reached" not in proc.stderr, proc.stderr[-3000:]
+    assert "Kafka at" not in proc.stderr and not list((run_dir / "logs").iterdir())  # nothing was started

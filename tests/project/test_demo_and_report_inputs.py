@@ -1,6 +1,6 @@
-"""`streamrec demo` refuses a bad --events before starting anything, and `streamrec report` reports
-what it can read of an odd run. Both run in-process and start nothing (the demo over real
-processes is in tests/e2e/)."""
+"""`streamrec demo` refuses a bad --events before starting anything and fails on a trainer that trained nothing,
+and `streamrec report` reports what it can read of an odd run. Both run in-process and start nothing (the demo
+over real processes is in tests/e2e/)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,22 @@ def test_demo_refuses_negative_events(tmp_path, capsys, events):
     code = main(["demo", "--events", events, "--run-dir", str(tmp_path / "run"), "--no-live"])
     assert code == 2
     assert "--events" in capsys.readouterr().err
+
+
+def test_a_trainer_that_exits_with_no_event_trained_fails_the_demo_naming_the_dead_letters(tmp_path):
+    """A file of records that all go to the dead-letter topic leaves the trainer nothing to train: the demo says
+    so when the trainer exits, rather than waiting for a snapshot that never comes."""
+    from streamrec.app.demo import DemoFailure, View, _watch_training
+    from streamrec.app.procs import Supervisor
+
+    class ExitedTrainer:
+        def poll(self):
+            return 0
+
+    view = View(produced=40)
+    with pytest.raises(DemoFailure, match=r"no events trained \(produced 40; .*dead-lettered to 'bad-events'"):
+        _watch_training(ExitedTrainer(), Supervisor(tmp_path / "logs"), [], float("inf"), 60.0, view,
+                        lambda: None, lambda: None, "bad-events")
 
 
 def test_report_skips_records_it_cannot_read(tmp_path):

@@ -74,7 +74,6 @@ def test_crash_and_resume_loses_nothing(topics, tmp_path, bootstrap):
     resume_positions = {p: o for _t, p, o in starts[1]["positions"]}
     # every offset of every partition trained at least once; count the replays
     trained: Counter = Counter()
-    events_per_offset: dict = {}
     for r in records:
         if "ranges" in r:
             for _t, p, a, b in r["ranges"]:
