@@ -11,6 +11,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+SOURCE_TREES = pytest.mark.xdist_group("source-trees")
+"""The tests that walk the production sources' trees: on one xdist worker, which parses each file once."""
+
 
 def parse(path: Path) -> ast.Module:
     """The module's tree, parsed once per test process while the file is unchanged (several project tests walk

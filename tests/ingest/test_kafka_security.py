@@ -19,7 +19,7 @@ from streamrec.app.config import load_config
 from streamrec.ingest import KafkaSecurityError, client_settings, redacted
 from streamrec.ingest.kafka_clients import PASSWORD_ENV
 
-from tests.helpers.source import nodes
+from tests.helpers.source import SOURCE_TREES, nodes
 
 SECRET = "s3cr3t-Pa55"
 
@@ -252,6 +252,7 @@ def test_faust_gets_ssl_and_plaintext(monkeypatch, pem):
     assert auth["security_protocol"] == "SSL" and auth["ssl_context"].check_hostname
 
 
+@SOURCE_TREES
 def test_no_client_is_built_outside_the_settings():
     """Every construction of a kafka-python client in the package passes the security settings on."""
     import ast

@@ -30,7 +30,6 @@ def config(tmp_path):
     # their arrival's disorder, up to 0.25 s): a record's impressions then join as they would one by one
     cfg.join.window_s, cfg.join.allowed_lateness_s, cfg.join.orphan_wait_s = 1.0, 0.2, 0.5
     cfg.join.batch_records = 100
-    cfg.join.merge_wait_ms = 50.0  # the fake reader hands over every record at once: a wait only ends the run
     cfg.kafka.codec = "json"
     cfg.kafka.events_topic = EVENTS
     return cfg

@@ -84,7 +84,7 @@ async def _run_until(task: JoinTask, clients: FakeClients, want: int, timeout_s:
 def test_the_join_task_closes_an_idle_partitions_windows_once_and_commits_the_close(tmp_path, mode):
     cfg = config(tmp_path, 100.0)
     cfg.join.mode = mode
-    cfg.join.idle_close_s = 0.2
+    cfg.join.idle_close_s = 0.3
     r = JoinRules.from_config(cfg.join)
     imps, acts = make_streams(5, 2, n=300)
     last = {p: max(a.ts for a in acts[p]) for p in acts}

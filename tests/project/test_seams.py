@@ -14,8 +14,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.helpers.source import nodes
+from tests.helpers.source import SOURCE_TREES, nodes
 from tests.project.test_class_size import ROOT, production_modules
+
+pytestmark = SOURCE_TREES
 
 MAX_PRIVATE = 10
 DOCUMENTED = {"os._exit", "sys._getframe"}  # standard-library functions whose documented names start with "_"

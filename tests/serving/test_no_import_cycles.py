@@ -8,7 +8,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.helpers.source import nodes
+from tests.helpers.source import SOURCE_TREES, nodes
+
+pytestmark = SOURCE_TREES
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ingest", "trainer", "embedding_store", "serving", "sketch", "streamrec")
