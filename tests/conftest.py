@@ -159,10 +159,10 @@ _CHILDREN_STARTED = pytest.StashKey[list]()
 
 
 def pytest_collection_finish(session):
-    """Refuses to run where ``--dist loadgroup`` would not group (the heavy tests would run side by side and the
-    GPU check's dry run once per worker). What collection made (the imported modules, test functions, fixtures)
-    lives as long as the session: frozen out of the cyclic collector's full passes, which would otherwise walk it
-    again each time the tests' own objects pile up."""
+    """Marks each grouped test that ``--dist loadgroup`` did not keep in its group, to fail at set-up (ungrouped,
+    the heavy tests would run side by side and the GPU check's dry run once per worker). What collection made (the
+    imported modules, test functions, fixtures) lives as long as the session: frozen out of the cyclic collector's
+    full passes, which would otherwise walk it again each time the tests' own objects pile up."""
     if getattr(session.config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
         for item in session.items:
             if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
