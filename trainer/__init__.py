@@ -16,6 +16,7 @@ Public surface::
     plan, hot_samples, MiniBatch               # FAE's hot/cold mini-batch schedule
     train_step                                 # the per-table step (the fused step's reference)
     dense_optimizer, DenseAdam, DenseAdagrad   # torch's dense updates without torch.optim's classes
+    DenseOptimizerProtocol                     # what the steps ask of the dense optimizer
     FusedStep, PreparedStep                    # one step for every table: ids resolved on the host, one pass on the device
     RowSource                                  # the Protocol a fused step's row owner satisfies (store, in-memory baseline)
     StageClock                                 # seconds per pipeline stage (bench train --host-ceiling)

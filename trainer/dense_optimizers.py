@@ -1,8 +1,7 @@
 """The dense parameters' optimizers: torch's Adam and Adagrad updates, kept without ``torch.optim``'s classes.
 
 Every ``torch.optim.Optimizer`` imports the compiler stack (``torch._dynamo``) when it is built and on each step,
-which costs a process's start as much again as importing torch; a trainer restarted after a crash pays it before
-its first step. :class:`DenseAdam` and :class:`DenseAdagrad` call torch's functional updates
+a large part of a process's start; a trainer restarted after a crash would pay it before its first step. :class:`DenseAdam` and :class:`DenseAdagrad` call torch's functional updates
 (``torch.optim.adam.adam``, ``torch.optim.adagrad.adagrad``) with the classes' defaults and the same choice of
 single-tensor or foreach kernels, so a step changes the parameters exactly as ``torch.optim.Adam(params, lr=lr)``
 or ``torch.optim.Adagrad(params, lr=lr)`` would, and never imports the compiler.

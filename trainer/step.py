@@ -1,6 +1,7 @@
 """One training step, PERSIA-style hybrid: the dense network is updated
-synchronously by torch's Adam or Adagrad update (``dense_optimizers.py``); each embedding table hands its unique rows'
-gradients to whoever owns the rows (the tiered store, or an in-memory table).
+synchronously by torch's Adam or Adagrad update (``dense_optimizers.py``); each
+embedding table hands its unique rows' gradients to whoever owns the rows (the
+tiered store, or an in-memory table).
 
 The step scores the batch in the same forward pass it trains on, *before* any
 update, so the returned probabilities ``[B, T]`` are progressive-validation scores.

@@ -20,6 +20,7 @@ from streamrec.serving import ServingClient, SnapshotPusher, batch_to_request, s
 from streamrec.app.wiring import server_settings, trainer_settings
 from streamrec.trainer import TrainerService
 from tests.helpers.trainer import trainer_cfg
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.grpc]
 
@@ -91,10 +92,12 @@ def test_incident_drill(topics, tmp_path, bootstrap, drill):
         # a version with every clean event: one installed after the newest at this point (the first version waits
         # for the model's export, which a loaded machine stretches), and a version served
         before = int(client.status()["newest_version"])
-        deadline = time.monotonic() + 60
-        while not (int(client.status()["newest_version"]) > before and int(client.status()["version"]) > 0):
-            assert time.monotonic() < deadline, f"no version after the clean stretch: {client.status()}"
-            time.sleep(0.1)
+
+        def newer_served():
+            st = client.status()
+            return int(st["newest_version"]) > before and int(st["version"]) > 0
+
+        wait_until(newer_served, 60, "a version installed after the clean stretch, and one served", interval=0.1)
         pre_auc, pre_version = served_auc()
         worst, seen = pre_auc, []
 
