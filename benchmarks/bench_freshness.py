@@ -230,7 +230,6 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
     lat = np.array([probes.learned_s[p] for p in counted if p in probes.learned_s], dtype=np.float64)
     unseen = sum(1 for p in counted if p not in probes.learned_s)
     window = [s for s in seen if s[0] - t_start >= warmup_s]
-    span = (max(s[0] for s in window) - min(s[0] for s in window)) if len(window) > 1 else float("nan")
     # the baseline: gaps between checkpoints seen while the trainer ran (its final one, at shutdown, comes after
     # the watcher stopped; the first gap, from the trainer's start, is not an interval)
     appeared = sorted(ckpts.values())
@@ -246,7 +245,7 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
         "freshness_max_s": _pct(lat, unseen, 100),
         "versions_served": len(window),
         "deltas_served": sum(1 for s in window if s[2] == "delta"),
-        "versions_per_s": (len(window) - 1) / span if span == span and span > 0 else float("nan"),
+        "versions_per_s": versions_per_s([s[0] for s in window]),
         "push_every_s": cfg.serving.push_every_s,
         "checkpoint_every_s": cfg.trainer.checkpoint_every_s,
         "checkpoints_seen": len(appeared),
@@ -258,9 +257,20 @@ def measure_freshness(bootstrap: str, rate: float = 5000.0, seconds: float = 30.
         out["baseline_note"] = (f"not measured: {len(appeared)} checkpoint(s) appeared while the trainer ran, two are "
                                 f"needed for an interval (trainer.checkpoint_every_s {cfg.trainer.checkpoint_every_s} s "
                                 f"against a {warmup_s + seconds:.0f} s run)")
+    if out["versions_per_s"] is None:
+        out["versions_note"] = (f"not measured: {len(window)} version(s) served after the {warmup_s:.0f} s warm-up, "
+                                f"two are needed for a rate")
     if tmp is not None:
         tmp.cleanup()
     return out
+
+
+def versions_per_s(seen_at: list[float]) -> float | None:
+    """Versions served per second, from the times each was first seen: None when fewer than two were seen or
+    all at one instant (no interval to divide by)."""
+    if len(seen_at) < 2 or max(seen_at) == min(seen_at):
+        return None
+    return (len(seen_at) - 1) / (max(seen_at) - min(seen_at))
 
 
 def _p50_over(lat, unseen: int, interval: float) -> float:
@@ -308,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
           f"one JSON event per message): p50 {out['freshness_p50_s']:.2f} s, p99 {out['freshness_p99_s']:.2f} s, "
           f"max {out['freshness_max_s']:.2f} s over {out['probes']} probes ({out['probes_unseen']} unseen)")
     print(f"served {out['versions_served']} versions ({out['deltas_served']} deltas, "
-          f"{out['versions_per_s']:.2f}/s; push every {out['push_every_s']} s)")
+          + (f"{out['versions_per_s']:.2f}/s" if out["versions_per_s"] is not None else out["versions_note"])
+          + f"; push every {out['push_every_s']} s)")
     if out["checkpoint_interval_s"] is not None:
         print(f"baseline, measured: checkpoints every {out['checkpoint_interval_s']:.2f} s ({out['checkpoints_seen']} "
               f"seen; configured {out['checkpoint_every_s']} s) -> p50 = "
