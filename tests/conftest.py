@@ -37,7 +37,7 @@ from streamrec.ingest import EmbeddedBroker, ensure_topics, pipeline_topics
 from streamrec.app.config import Config, load_config
 
 
-# The suite runs on three xdist workers (`-n 3`, README) with `--dist loadgroup` (pyproject addopts): tests marked
+# The suite runs on four xdist workers (`-n 4`, README) with `--dist loadgroup` (pyproject addopts): tests marked
 # `xdist_group(HEAVY_GROUP)` run on one worker, one after another. They are the demo runs (which share the
 # session's `scraped_demo` run: on several workers it would run on each) and the group kill test (11 torchrun launches):
 # side by side they starved each other's processes of the 2 cores, and the scraped demo ended before its second

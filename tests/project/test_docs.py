@@ -48,7 +48,7 @@ def test_ci_runs_the_readme_test_command():
     commands = re.findall(r"```bash\n(.*?)\n```", README, re.S)
     assert commands[0].strip() == "./scripts/setup.sh && .venv/bin/streamrec demo"
     test_cmd = commands[1].strip()
-    assert test_cmd == "./scripts/setup.sh && .venv/bin/python -m pytest -q -n 3"
+    assert test_cmd == "./scripts/setup.sh && .venv/bin/python -m pytest -q -n 4"
     assert test_cmd in (ROOT / ".ci" / "run").read_text()
 
 
