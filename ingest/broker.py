@@ -38,13 +38,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    os.setpgrp()  # own process group: a Ctrl-C to the terminal is handled by the parent
+def _libc_prctl():
+    """libc's ``prctl``, looked up in the parent: the child calls it between fork and exec, where loading a
+    library could deadlock on a lock another thread of the parent held at the fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: one C call, nothing loaded
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def tansu_binary() -> str:
@@ -180,7 +190,7 @@ class EmbeddedBroker:
         env.setdefault("RUST_LOG", "warn")
         log.info("starting embedded broker: %s", " ".join(cmd))
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent, env=env)
+                                     preexec_fn=_die_with_parent, process_group=0, env=env)
         try:
             deadline = time.monotonic() + timeout
             while True:

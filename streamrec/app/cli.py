@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .procs import tie_to_supervisor
+
+    tie_to_supervisor()  # a child of `streamrec demo` or `streamrec join --workers`: it dies with that parent
     parser = build_parser()
     args = parser.parse_args(argv)
     fmt = getattr(args, "log_format", "text")

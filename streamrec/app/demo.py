@@ -1,8 +1,10 @@
 """``streamrec demo``: the whole pipeline on one machine, as it runs in production.
 
-Starts the embedded broker (or uses ``--bootstrap``), then the serving endpoint,
-the popularity-sketch worker and the trainer as separate processes, streams a
-generated (or replayed) dataset in, shows one live view, and finally scores a
+Starts the embedded broker (or uses ``--bootstrap``), then the serving endpoint and
+the popularity-sketch worker as separate processes, streams a generated (or replayed)
+dataset in, starts the trainer once the stream has begun (so its idle exit,
+``trainer.idle_exit_s``, never counts the wait for serving to come up), shows one
+live view, and finally scores a
 few held-out events through the served model's gRPC ``Predict``. With ``--delayed-feedback`` the
 producer sends impressions and the actions that follow them instead of labelled events, and
 ``streamrec join`` runs in the pipeline to turn them into the labelled events the trainer reads. Every child is
@@ -492,13 +494,14 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
     deadline = time.monotonic() + args.timeout
     target = serving_target(cfg.serving)
     delayed = getattr(args, "delayed_feedback", False)
-    trainer = _start_children(cfg, cfg_path, bootstrap, args, sup, view, delayed)
+    _start_children(cfg, cfg_path, bootstrap, args, sup, view, delayed)
     client = ServingClient(target, token=cfg.serving.predict_token)
     _wait_for_serving(client, target, sup, deadline)
     err.print(f"serving endpoint up at [cyan]{target}[/cyan] (no model yet)")
 
     errors: list[str] = []
     producer, held, truth = _start_producer(cfg, bootstrap, args, view, stop, errors, delayed)
+    trainer = _start_trainer(cfg_path, bootstrap, args, sup, view)
     follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg.kafka))
     metrics_path = Path(cfg.trainer.log_path)
     figures = _Figures(view, client, follower, producer, metrics_path, open(metrics_path.parent / "view.jsonl", "a"),
@@ -524,14 +527,20 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
     return _result(cfg, view, figures, scores, int(version), ev, delayed)
 
 
+def _child_args(cfg_path: Path, bootstrap: str, args) -> tuple[list[str], list[str]]:
+    """The command of a ``streamrec`` child and the arguments every child gets (its config, the brokers, and the
+    demo's own log level and format)."""
+    return [sys.executable, "-m", "streamrec"], [
+        "--config", str(cfg_path), "--bootstrap", bootstrap,
+        "--log-level", str(getattr(args, "log_level", "INFO")), "--log-format", getattr(args, "log_format", "text")]
+
+
 def _start_children(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, view: View,
-                    delayed: bool) -> Child:
-    """Start serving, the sketch worker(s), the joiner (with ``delayed``, after creating its topics) and the
-    trainer, each a ``streamrec`` child logging as the demo was told to; the trainer's child."""
-    base = [sys.executable, "-m", "streamrec"]
-    common = ["--config", str(cfg_path), "--bootstrap", bootstrap,  # children log as the demo was told to
-              "--log-level", str(getattr(args, "log_level", "INFO")), "--log-format", getattr(args, "log_format", "text")]
-    view.phase = "starting serving, sketch and trainer"
+                    delayed: bool) -> None:
+    """Start serving, the sketch worker(s) and the joiner (with ``delayed``, after creating its topics), each a
+    ``streamrec`` child logging as the demo was told to."""
+    base, common = _child_args(cfg_path, bootstrap, args)
+    view.phase = "starting serving and sketch"
     sup.start("serving", base + ["serve", *common])
     sup.start("sketch", base + ["sketch", *common])
     for i in range(2, cfg.trainer.ranks + 1):  # with a trainer group, as many sketch workers (one app)
@@ -544,6 +553,13 @@ def _start_children(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supe
                       security=client_settings(cfg.kafka))
         sup.start("join", base + ["join", *common])
         view.join = {}
+
+
+def _start_trainer(cfg_path: Path, bootstrap: str, args, sup: Supervisor, view: View) -> Child:
+    """Start the trainer child, once the stream has begun: its idle exit (``trainer.idle_exit_s``) counts from
+    its own start, so a trainer started before a slow serving came up could end with nothing trained."""
+    base, common = _child_args(cfg_path, bootstrap, args)
+    view.phase = "starting the trainer"
     return sup.start("trainer", base + ["train", *common], expected_exit=True)
 
 

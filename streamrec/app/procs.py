@@ -3,6 +3,12 @@
 Children run in their own process group, die with their parent
 (``PR_SET_PDEATHSIG``), and are stopped by pid: SIGTERM (or SIGINT), then
 SIGKILL after a grace period, because some workers (faust) may ignore SIGTERM.
+
+Nothing runs in Python between fork and exec (no ``preexec_fn``): a parent may start a child while its
+own threads (a producer, gRPC and Kafka clients) hold locks, and a forked copy that calls into the
+interpreter or the dynamic loader then can deadlock or crash. The process group is set by ``Popen``
+itself (``process_group``), and the child ties itself to its parent as it starts
+(:func:`die_with_parent`, run by the CLI when :data:`PARENT_PID_ENV` names the parent).
 """
 
 from __future__ import annotations
@@ -20,13 +26,28 @@ from typing import IO
 from streamrec.foundation import stop_process
 
 
-def _child_setup() -> None:  # between fork and exec
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    os.setpgrp()
+PARENT_PID_ENV = "STREAMREC_PARENT_PID"  # set for a supervised child: the pid it must not outlive
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``); elsewhere nothing. ``parent``:
+    the pid the parent had; a process whose parent is already another one (it died before the call) exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() == 1 or (parent is not None and os.getppid() != parent):  # the parent died before the call
+        os._exit(1)
+
+
+def tie_to_supervisor() -> None:
+    """For a child a :class:`Supervisor` started (:data:`PARENT_PID_ENV` set): die with that parent. The
+    variable is removed, so this process's own children are not taken for the supervisor's."""
+    parent = os.environ.pop(PARENT_PID_ENV, None)
+    if parent and parent.isdigit():
+        die_with_parent(int(parent))
 
 
 @dataclass
@@ -67,13 +88,16 @@ class Supervisor:
         self.children: list[Child] = []
 
     def start(self, name: str, argv: list[str], env: dict | None = None, expected_exit: bool = False) -> Child:
+        """Start ``argv`` (a ``streamrec`` command: its CLI ties it to this process, :func:`tie_to_supervisor`)
+        in a process group of its own, its output in ``log_dir/NAME.log``."""
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "ab")
         full_env = dict(os.environ)
         full_env.update(env or {})
         full_env.setdefault("PYTHONUNBUFFERED", "1")
+        full_env[PARENT_PID_ENV] = str(os.getpid())
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=full_env, preexec_fn=_child_setup)
+                                env=full_env, process_group=0)
         child = Child(name, proc, log_path, expected_exit, log)
         self.children.append(child)
         self._write_pids()

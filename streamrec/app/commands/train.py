@@ -163,11 +163,12 @@ def _run_rank(cfg, args, stop) -> int:
     import torch
     import torch.distributed as dist
 
+    from streamrec.app.procs import die_with_parent
     from streamrec.foundation import resolve_device
     from streamrec.serving import SnapshotPusher
     from streamrec.trainer.group import GroupTrainerService
 
-    _die_with_parent()  # the torchrun agent supervises this rank: if it is killed, the rank must not live on
+    die_with_parent()  # the torchrun agent supervises this rank: if it is killed, the rank must not live on
     if not cfg.kafka.bootstrap:
         print("streamrec train: a rank of a trainer group needs --bootstrap (or kafka.bootstrap): every rank must "
               "read the same cluster", file=sys.stderr)
@@ -201,21 +202,6 @@ def _run_rank(cfg, args, stop) -> int:
     if rank == 0:
         return _finish(summary)
     return 0
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``); elsewhere nothing.
-    A rank orphaned by a killed agent would otherwise wait in a collective for the group timeout."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        return
-    if os.getppid() == 1:  # the parent died before the call
-        os._exit(1)
 
 
 def _launch_group(cfg, args) -> int:
