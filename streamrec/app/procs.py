@@ -8,7 +8,7 @@ Nothing runs in Python between fork and exec (no ``preexec_fn``): a parent may s
 own threads (a producer, gRPC and Kafka clients) hold locks, and a forked copy that calls into the
 interpreter or the dynamic loader then can deadlock or crash. The process group is set by ``Popen``
 itself (``process_group``), and the child ties itself to its parent as it starts
-(:func:`die_with_parent`, run by the CLI when :data:`PARENT_PID_ENV` names the parent).
+(:func:`tie_to_supervisor`, run by the CLI: :data:`PARENT_PID_ENV` names the parent).
 """
 
 from __future__ import annotations
