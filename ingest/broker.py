@@ -8,19 +8,16 @@ protocol only, so the same code runs unchanged against Apache Kafka.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from streamrec.foundation import StreamrecError
+from streamrec.foundation import StreamrecError, set_pdeathsig
 
 if TYPE_CHECKING:
     from streamrec.ingest.ingest_config import KafkaConfig
@@ -36,25 +33,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _libc_prctl():
-    """libc's ``prctl``, looked up in the parent: the child calls it between fork and exec, where loading a
-    library could deadlock on a lock another thread of the parent held at the fork."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except OSError:
-        return None
-
-
-_PRCTL = _libc_prctl()
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec: one C call, nothing loaded
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def tansu_binary() -> str:
@@ -190,7 +168,7 @@ class EmbeddedBroker:
         env.setdefault("RUST_LOG", "warn")
         log.info("starting embedded broker: %s", " ".join(cmd))
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent, process_group=0, env=env)
+                                     preexec_fn=set_pdeathsig, process_group=0, env=env)
         try:
             deadline = time.monotonic() + timeout
             while True:

@@ -1,7 +1,8 @@
 """The dense parameters' optimizers: torch's Adam and Adagrad updates, kept without ``torch.optim``'s classes.
 
 Every ``torch.optim.Optimizer`` imports the compiler stack (``torch._dynamo``) when it is built and on each step,
-a large part of a process's start; a trainer restarted after a crash would pay it before its first step. :class:`DenseAdam` and :class:`DenseAdagrad` call torch's functional updates
+a large part of a process's start; a trainer restarted after a crash would pay it before its first step.
+:class:`DenseAdam` and :class:`DenseAdagrad` call torch's functional updates
 (``torch.optim.adam.adam``, ``torch.optim.adagrad.adagrad``) with the classes' defaults and the same choice of
 single-tensor or foreach kernels, so a step changes the parameters exactly as ``torch.optim.Adam(params, lr=lr)``
 or ``torch.optim.Adagrad(params, lr=lr)`` would, and never imports the compiler.
@@ -135,7 +136,8 @@ class DenseAdagrad(_FunctionalOptimizer):
     def _update(self, params, grads, states) -> None:
         g = self.group
         adagrad(params, grads, [s["sum"] for s in states], [s["step"] for s in states], foreach=g["foreach"],
-                lr=g["lr"], weight_decay=g["weight_decay"], lr_decay=g["lr_decay"], eps=g["eps"], maximize=g["maximize"])
+                lr=g["lr"], weight_decay=g["weight_decay"], lr_decay=g["lr_decay"], eps=g["eps"],
+                maximize=g["maximize"])
 
 
 DENSE_OPTIMIZERS: dict[str, type[_FunctionalOptimizer]] = {"adam": DenseAdam, "adagrad": DenseAdagrad}

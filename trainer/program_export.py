@@ -11,8 +11,8 @@ nobody started is exported on the first snapshot, on the caller's thread (a snap
 The training thread's forward and backward are the same while the export runs, but ``torch.export`` sets
 process-wide flags (``torch.compiler.is_exporting``): an optimizer step that reads them (torch's Adam update,
 ``dense_optimizers.py``) takes its compile-friendly path meanwhile, the same update rounded differently in the
-last bits. The program itself is checked against the module on every snapshot, so a trace disturbed by the training thread cannot
-reach serving.
+last bits. The program itself is checked against the module on every snapshot, so a trace disturbed by the
+training thread cannot reach serving.
 
 A model that cannot be exported, or whose program scores the probe batch differently, is said in
 :attr:`DenseProgram.error` and one error line of the log; its snapshots carry no program.

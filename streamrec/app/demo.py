@@ -4,12 +4,12 @@ Starts the embedded broker (or uses ``--bootstrap``), then the serving endpoint 
 the popularity-sketch worker as separate processes, streams a generated (or replayed)
 dataset in, starts the trainer once the stream has begun (so its idle exit,
 ``trainer.idle_exit_s``, never counts the wait for serving to come up), shows one
-live view, and finally scores a
-few held-out events through the served model's gRPC ``Predict``. With ``--delayed-feedback`` the
-producer sends impressions and the actions that follow them instead of labelled events, and
-``streamrec join`` runs in the pipeline to turn them into the labelled events the trainer reads. Every child is
-stopped on the way out, also on Ctrl-C or when one of them dies (the demo then
-names it and exits non-zero). The last stdout line is one JSON object.
+live view, and finally scores a few held-out events through the served model's gRPC
+``Predict``. With ``--delayed-feedback`` the producer sends impressions and the actions that
+follow them instead of labelled events, and ``streamrec join`` runs in the pipeline to turn
+them into the labelled events the trainer reads. Every child is stopped on the way out, also
+on Ctrl-C or when one of them dies (the demo then names it and exits non-zero). The last
+stdout line is one JSON object.
 """
 
 from __future__ import annotations

@@ -13,33 +13,18 @@ itself (``process_group``), and the child ties itself to its parent as it starts
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from streamrec.foundation import stop_process
+from streamrec.foundation import die_with_parent, stop_process
 
 
 PARENT_PID_ENV = "STREAMREC_PARENT_PID"  # set for a supervised child: the pid it must not outlive
-
-
-def die_with_parent(parent: int | None = None) -> None:
-    """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``); elsewhere nothing. ``parent``:
-    the pid the parent had; a process whose parent is already another one (it died before the call) exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        return
-    if os.getppid() == 1 or (parent is not None and os.getppid() != parent):  # the parent died before the call
-        os._exit(1)
 
 
 def tie_to_supervisor() -> None:

@@ -1,15 +1,50 @@
-"""Stopping a child process: ask politely, then insist.
+"""Stopping a child process, and tying one to its parent.
 
 One rule for every place that starts processes (the demo's supervisor, the benchmarks):
 send ``sig`` (SIGTERM), wait ``grace`` seconds, then SIGKILL (its whole process group when
 ``group``), because some workers (faust) may ignore SIGTERM and a stop must always end.
+
+A process that must not outlive its parent asks the kernel for SIGKILL when the parent dies
+(Linux ``PR_SET_PDEATHSIG``): :func:`die_with_parent` from the process itself, or
+:func:`set_pdeathsig` between fork and exec for a child that cannot (a binary that is not
+Python). libc's ``prctl`` is looked up when this module is imported, so that call loads nothing
+in a forked copy, where loading a library could deadlock on a lock another thread held at the fork.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
+
+
+def _libc_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
+def set_pdeathsig() -> bool:
+    """SIGKILL this process when its parent dies; False where the platform has no such call (module doc)."""
+    if _PRCTL is None:
+        return False
+    _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    return True
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """:func:`set_pdeathsig`, and exit at once when the parent already died: its parent is then ``init`` or,
+    with ``parent`` (the pid the parent had), another process."""
+    if set_pdeathsig() and (os.getppid() == 1 or (parent is not None and os.getppid() != parent)):
+        os._exit(1)
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 10.0, sig: int = signal.SIGTERM,

@@ -163,8 +163,7 @@ def _run_rank(cfg, args, stop) -> int:
     import torch
     import torch.distributed as dist
 
-    from streamrec.app.procs import die_with_parent
-    from streamrec.foundation import resolve_device
+    from streamrec.foundation import die_with_parent, resolve_device
     from streamrec.serving import SnapshotPusher
     from streamrec.trainer.group import GroupTrainerService
 
