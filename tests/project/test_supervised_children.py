@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrec.app.procs import PARENT_PID_ENV
+from streamrec.app.procs import pid_alive
 
 pytestmark = pytest.mark.subprocess
 
@@ -48,15 +48,6 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")  # a zombie has exited
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_children_start_among_the_parents_threads_and_die_with_it(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
@@ -66,7 +57,7 @@ def test_children_start_among_the_parents_threads_and_die_with_it(tmp_path):
         logs = [tmp_path / "logs" / f"serve{i}.log" for i in range(2)]
         deadline = time.monotonic() + 120
         while not all(lg.exists() and b"serving on" in lg.read_bytes() for lg in logs):
-            assert all(_alive(p) for p in pids), [lg.read_text(errors="replace")[-2000:] for lg in logs]
+            assert all(pid_alive(p) for p in pids), [lg.read_text(errors="replace")[-2000:] for lg in logs]
             assert time.monotonic() < deadline, "the children did not come up"
             time.sleep(0.2)
         for p in pids:  # each leads a process group of its own: a Ctrl-C to the parent's group misses them
@@ -74,7 +65,7 @@ def test_children_start_among_the_parents_threads_and_die_with_it(tmp_path):
         parent.send_signal(signal.SIGKILL)
         parent.wait(30)
         deadline = time.monotonic() + 30
-        while any(_alive(p) for p in pids):
+        while any(pid_alive(p) for p in pids):
             assert time.monotonic() < deadline, f"children outlived their SIGKILLed parent: {pids}"
             time.sleep(0.1)
     finally:
