@@ -2,13 +2,13 @@
 
 Starts the embedded broker (or uses ``--bootstrap``), then the serving endpoint and
 the popularity-sketch worker as separate processes, streams a generated (or replayed)
-dataset in, starts the trainer once the stream has begun (so its idle exit,
-``trainer.idle_exit_s``, never counts the wait for serving to come up), shows one
-live view, and finally scores a few held-out events through the served model's gRPC
-``Predict``. With ``--delayed-feedback`` the producer sends impressions and the actions that
-follow them instead of labelled events, and ``streamrec join`` runs in the pipeline to turn
-them into the labelled events the trainer reads. Every child is stopped on the way out, also
-on Ctrl-C or when one of them dies (the demo then names it and exits non-zero). The last
+dataset in once serving is up, starts the trainer beside serving (or, when it has an idle
+exit, ``trainer.idle_exit_s``, once the stream has begun), shows one live view, and
+finally scores a few held-out events through the served model's gRPC ``Predict``. With
+``--delayed-feedback`` the producer sends impressions and the actions that follow them
+instead of labelled events, and ``streamrec join`` runs in the pipeline to turn them into
+the labelled events the trainer reads. Every child is stopped on the way out, also on
+Ctrl-C or when one of them dies (the demo then names it and exits non-zero). The last
 stdout line is one JSON object.
 """
 
@@ -495,13 +495,17 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
     target = serving_target(cfg.serving)
     delayed = getattr(args, "delayed_feedback", False)
     _start_children(cfg, cfg_path, bootstrap, args, sup, view, delayed)
+    # a trainer that stops at a count starts beside serving, so the stream meets a trainer that is up, as in
+    # production (freshness then measures the pipeline, not its start-up); one with an idle exit (a replayed file)
+    # starts once the stream has begun, so the wait for serving never counts as idle
+    trainer = None if cfg.trainer.idle_exit_s else _start_trainer(cfg_path, bootstrap, args, sup, view)
     client = ServingClient(target, token=cfg.serving.predict_token)
     _wait_for_serving(client, target, sup, deadline)
     err.print(f"serving endpoint up at [cyan]{target}[/cyan] (no model yet)")
 
     errors: list[str] = []
     producer, held, truth = _start_producer(cfg, bootstrap, args, view, stop, errors, delayed)
-    trainer = _start_trainer(cfg_path, bootstrap, args, sup, view)
+    trainer = trainer or _start_trainer(cfg_path, bootstrap, args, sup, view)
     follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg.kafka))
     metrics_path = Path(cfg.trainer.log_path)
     figures = _Figures(view, client, follower, producer, metrics_path, open(metrics_path.parent / "view.jsonl", "a"),
@@ -556,8 +560,8 @@ def _start_children(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supe
 
 
 def _start_trainer(cfg_path: Path, bootstrap: str, args, sup: Supervisor, view: View) -> Child:
-    """Start the trainer child, once the stream has begun: its idle exit (``trainer.idle_exit_s``) counts from
-    its own start, so a trainer started before a slow serving came up could end with nothing trained."""
+    """Start the trainer child. Its idle exit (``trainer.idle_exit_s``) counts from its own start, so a trainer
+    with one starts once the stream has begun, or it could end with nothing trained."""
     base, common = _child_args(cfg_path, bootstrap, args)
     view.phase = "starting the trainer"
     return sup.start("trainer", base + ["train", *common], expected_exit=True)
