@@ -113,6 +113,9 @@ def test_incident_drill(topics, tmp_path, bootstrap, drill):
         sender.start()
         watch(lambda: not sender.is_alive())
         wait_trained(PRE + INCIDENT, 60)
+        # the incident's versions reach the guard as the trainer pushes them, after it trained their events
+        deadline = time.monotonic() + 30
+        watch(lambda: int(client.status()["versions_held"]) >= 1 or time.monotonic() > deadline)
         st = client.status()
         held = dict(server.service.book.held_total)
         assert int(st["versions_held"]) >= 1 and set(held) & REASONS[drill], (st, held)

@@ -239,8 +239,8 @@ def test_broker_bench_runs_tiny_and_reports_its_goal_figures(name, bootstrap):
             assert goals[k]["status"] == "FAIL" and "--no-freshness" in goals[k]["reason"], goals[k]
         assert all(g["status"] in ("PASS", "FAIL") for g in goals.values())
         assert all(g["reason"] for g in goals.values() if g["value"] is None)
-    if name == "freshness":
-        assert out["checkpoint_interval_s"] > 0 and out["probes"] > 0
+    if name == "freshness":  # the interval is null (with its note, above) when under two checkpoints were seen
+        assert out["probes"] > 0 and (out["checkpoint_interval_s"] is None or out["checkpoint_interval_s"] > 0), out
     if name == "join":  # every example the join defines was read back; a fake negative waits for nothing
         assert out["join_examples"] > out["join_impressions"] > 0 and out["join_events_per_s"] > 0
         assert out["freshness_p50_s_fake_negative"] < out["freshness_p50_s_window"]
