@@ -418,13 +418,16 @@ class JoinState:
         return out
 
     def _close(self, rid: str, rec: ImpressionRow) -> list[Example]:
-        """Close ``rec``'s window (updated in place): window mode's negative if it has no example yet."""
+        """Close ``rec``'s window (updated in place): window mode's negative if it has no example yet. The
+        closed row drops its event: no example of a closed impression is written, and the row stays only for
+        dedupe until its horizon passes."""
         out: list[Example] = []
         rec["open"] = False
         if self.rules.mode == "window" and not rec["done"]:
             rec["done"] = True
             out.append(self._example(rid, rec, "negative",
                                      {n: (1 if n in rec["pos"] else 0) for n in self.rules.task_names}))
+        rec.pop("ev", None)
         heapq.heappush(self._purge, (rec["ts"] + self.rules.horizon_ms, rid))
         return out
 

@@ -16,7 +16,7 @@ the event it holds.
 from __future__ import annotations
 
 import re
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from .txstore import loads
 
@@ -28,12 +28,13 @@ WaitingAction = list  # [action ts (ms), action type, the action watermark when 
 
 
 class ImpressionRow(TypedDict):
-    """One impression in the join: its time, the impression watermark at its arrival, the unlabelled event,
+    """One impression in the join: its time, the impression watermark at its arrival, the unlabelled event
+    (while its window is open: a closed row keeps no event, since no example of it is written after the close),
     whether its window is open, the tasks a counting action labelled positive, whether its example is out."""
 
     ts: int
     wi: int
-    ev: dict[str, Any]
+    ev: NotRequired[dict[str, Any]]
     open: bool
     pos: list[str]
     done: bool

@@ -331,12 +331,14 @@ class TxStore(MutableMapping):
         return tx
 
     def _apply(self, changes: dict[str, bytes | None]) -> None:
-        for i, k in enumerate(sorted(changes)):
-            if i == 1:
-                self.hit("join.mid_apply")
-            # a tombstone also for a key this copy never saw: an older run's write of it may sit in the
-            # changelog past where this copy's recovery stopped
-            self.outbox.append((self.prefix + k.encode(), changes[k]))
+        # a tombstone also for a key this copy never saw: an older run's write of it may sit in the changelog
+        # past where this copy's recovery stopped
+        prefix = self.prefix
+        applies = [(prefix + k.encode(), changes[k]) for k in sorted(changes)]
+        self.outbox += applies[:1]
+        if len(applies) > 1:
+            self.hit("join.mid_apply")  # the first apply staged, the others not
+            self.outbox += applies[1:]
 
     def take_outbox(self) -> list[tuple[bytes, bytes | None]]:
         out, self.outbox = self.outbox, []

@@ -86,3 +86,23 @@ def test_a_row_holding_an_integer_beyond_64_bits_restores_as_the_store_wrote_it(
     row = {"ts": 5, "wi": 5, "ev": {"sparse": {"user": 2**70}}, "open": True, "pos": [], "done": False}
     assert impression_due(dumps(row)) == (5, True)
     assert decoded(dumps([[7, "click", 2**70]])) == [[7, "click", 2**70]]
+
+
+@pytest.mark.parametrize("mode", ["window", "fake_negative"])
+def test_a_closed_impression_keeps_no_event_and_still_dedupes(mode):
+    """An open row holds its event (a positive or a window negative is written from it); a closed row drops it,
+    and a duplicate of a closed impression is still refused."""
+    rules = JoinRules(mode, window_ms=100, lateness_ms=10, orphan_ms=50, tasks=(("click", "click"),))
+    store: dict = {}
+    js = JoinState(rules, store)
+    ev = {"request_id": "r", "ts": 0, "sparse": {"item": 1}, "dense": [0.5]}
+    js.impression("r", 0, ev)
+    assert store["i/r"]["ev"] == ev and store["i/r"]["open"]
+    closed = js.action(Action("other", 200, "click"))  # moves the action watermark past r's window
+    assert not store["i/r"]["open"] and "ev" not in store["i/r"]
+    if mode == "window":  # its negative was written from the event before the row dropped it
+        assert [(x.kind, x.event["sparse"]) for x in closed] == [("negative", {"item": 1})]
+    assert dumps(store["i/r"]) == b'{"ts":0,"wi":0,"open":false,"pos":[],"done":' + (
+        b"true}" if mode == "window" else b"false}")
+    assert impression_due(dumps(store["i/r"])) == (0, False)
+    assert js.impression("r", 0, ev) == [] and js.stats.duplicate_impressions == 1
