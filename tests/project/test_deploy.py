@@ -336,3 +336,13 @@ def test_a_renamed_metric_would_fail_the_dashboard_check():
     """The check above can fail: a name the exporters do not produce is caught."""
     assert "streamrec_trainer_events_trained_total" in _exported_names()
     assert "streamrec_trainer_events_total" not in _exported_names()
+
+
+def test_setup_compiles_the_numba_kernels_the_image_compiles():
+    """``scripts/setup.sh`` (both README commands, CI) warms the same kernels as the image, so no sketch or serving
+    process of the demo or the suite compiles them (several compiling at once on a loaded machine stall for a
+    minute)."""
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    for call in ("from streamrec.sketch.kernels import warm", "warm()",
+                 "from streamrec.serving.idindex import IdIndex", "IdIndex(np.arange(4)).find(np.arange(2), -1)"):
+        assert call in DOCKERFILE and call in setup, call
