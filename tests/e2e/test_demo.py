@@ -72,9 +72,13 @@ def test_demo_end_to_end(bootstrap, tmp_path, trainers, request):
     served_floor = 0.5 + 0.6 * (result["bayes_auc"] - 0.5)
     assert served_floor < result["served_auc"] <= result["bayes_auc"] + 0.03, (served_floor, result)
     assert result["predict_latency_ms"]["p50"] > 0
-    # by the Kafka clock; the demo measures a 2-8 s median (2.2 s with two trainers; README, BENCHMARKS.md), 13 s
-    # on a loaded machine: 30 s is the product's freshness goal for the demo, over 2x the slowest median seen
-    assert result["freshness_s_median"] is not None and result["freshness_s_median"] < 30, result
+    # by the Kafka clock; the one-trainer demo's 50 s stream is sampled while it runs: a 2-8 s median (README,
+    # BENCHMARKS.md), 13 s on a loaded machine, and 30 s is the product's freshness goal for the demo. The
+    # two-trainer run's stream lasts 8 s and ends before its first model is served, so its one sample is the
+    # pipeline's cold start (8-12 s on an idle machine; 39-48 s in suite runs on a loaded one, where the first
+    # version took 23 s from its build to being served): bounded by the demo's own waits instead
+    bound = 30 if trainers == 1 else 120
+    assert result["freshness_s_median"] is not None and result["freshness_s_median"] < bound, result
     report = (run_dir / "report.md").read_text()
     for line in ("## Run settings", "Bayes-optimal AUC", "served model's AUC", "Predict latency", "consumer lag",
                  "since the event entered Kafka"):
