@@ -25,8 +25,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 # The numba kernels (the sketch's update, serving's id index) compile once here, as deploy/Dockerfile does for the
 # image, into their on-disk cache beside their sources, not in the first sketch or serving process: a compile
-# costs seconds of CPU, and several processes starting together on a loaded machine each compile them, for up to
-# a minute.
+# costs seconds of CPU, and several processes starting together on a loaded machine would each compile them.
 if ! out=$(.venv/bin/python -c "import numpy as np; from streamrec.sketch.kernels import warm; s = warm()
 from streamrec.serving.idindex import IdIndex; IdIndex(np.arange(4)).find(np.arange(2), -1)
 print(f'setup: compiled the numba kernels into their cache ({s:.0f} s)' if s > 2 else '')" 2>&1); then

@@ -505,7 +505,8 @@ def _run(cfg: Config, cfg_path: Path, bootstrap: str, args, sup: Supervisor, vie
 
     errors: list[str] = []
     producer, held, truth = _start_producer(cfg, bootstrap, args, view, stop, errors, delayed)
-    trainer = trainer or _start_trainer(cfg_path, bootstrap, args, sup, view)
+    if trainer is None:
+        trainer = _start_trainer(cfg_path, bootstrap, args, sup, view)
     follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic, security=client_settings(cfg.kafka))
     metrics_path = Path(cfg.trainer.log_path)
     figures = _Figures(view, client, follower, producer, metrics_path, open(metrics_path.parent / "view.jsonl", "a"),

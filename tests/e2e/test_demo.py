@@ -75,8 +75,8 @@ def test_demo_end_to_end(bootstrap, tmp_path, trainers, request):
     # by the Kafka clock; the one-trainer demo's 50 s stream is sampled while it runs: a 2-8 s median (README,
     # BENCHMARKS.md), 13 s on a loaded machine, and 30 s is the product's freshness goal for the demo. The
     # two-trainer run's stream lasts 8 s and ends before its first model is served, so its one sample is the
-    # pipeline's cold start (8-12 s on an idle machine; 39-48 s in suite runs on a loaded one, where the first
-    # version took 23 s from its build to being served): bounded by the demo's own waits instead
+    # pipeline's cold start (start-ups, first checkpoint, first snapshot served), which a loaded machine stretches
+    # well past 30 s: bounded by the demo's own waits instead
     bound = 30 if trainers == 1 else 120
     assert result["freshness_s_median"] is not None and result["freshness_s_median"] < bound, result
     report = (run_dir / "report.md").read_text()

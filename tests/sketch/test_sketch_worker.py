@@ -180,8 +180,7 @@ def _a_restarted_worker_publishes_every_partitions_restored_counts(topics, boots
     follower = HotSetFollower(bootstrap, cfg.kafka.hotset_topic)
     proc = start_worker(config, bootstrap, log)
     try:
-        # a first group join on the embedded broker takes 10-30 s, longer on a loaded machine
-        hs1 = follower.wait_for(1, timeout=90, predicate=lambda h: h.events == n1)
+        hs1 = follower.wait_for(1, timeout=60, predicate=lambda h: h.events == n1)
         latest = follower.latest()
         assert hs1 is not None, (f"no hot set covering {n1} events (latest: {latest and latest.events} events); "
                                  f"worker log:\n{log.read_text()[-3000:]}")
