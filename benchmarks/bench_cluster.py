@@ -284,7 +284,11 @@ class ClusterBench:
         while not (any(r.get("events", 0) > 0 for r in _records(metrics))
                    and (self.root / name / "probe.ready").exists()):  # training, and serving answers
             if time.monotonic() > deadline or procs[1].poll() is not None:
-                raise RuntimeError(f"the host-loss run did not get going; logs in {self.root / 'hosts'}")
+                why = (f"host 1's trainer exited {procs[1].returncode}" if procs[1].returncode is not None
+                       else "no training and serving within 180 s")
+                tail = logs[0].read_text(errors="replace")[-2000:] if logs[0].exists() else "(no log)"
+                raise RuntimeError(f"the host-loss run did not get going ({why}); logs in {self.root / 'hosts'}; "
+                                   f"host 1's trainer log ends:\n{tail}")
             time.sleep(0.1)
         ckpts = lambda: sorted(t for lg in logs for t in _log_times(lg, "checkpoint "))  # noqa: E731
         seen = len(ckpts())

@@ -355,10 +355,11 @@ class GroupTrainerService(TrainerService):
         moved = self.consumer.partitions_changed is not None  # the topic gained partitions
         ctrl = torch.tensor([float(self.stop.is_set()), float(upd is not None), float(due.checkpoint),
                              float(due.log), float(due.idle), float(n), float(moved), float(due.push),
-                             float(len(ready) if ready is not None else 0)], dtype=torch.float64)
+                             float(len(ready) if ready is not None else 0),
+                             float(n == 0 and bool(self.consumer.partitions_behind()))], dtype=torch.float64)
         dist.all_reduce(ctrl, group=self.group)
         (stop_any, hot_any, ckpt_any, log_any, idle_any, n_group, moved_any, push_any,
-         ready_group) = (float(x) for x in ctrl)
+         ready_group, behind_any) = (float(x) for x in ctrl)
         if hot_any:
             box = [upd]
             dist.broadcast_object_list(box, src=0, group=self.group)
@@ -368,14 +369,15 @@ class GroupTrainerService(TrainerService):
         if ready_group:
             self._train(ready)
             hit("group.trained")  # the window is trained, its offsets not recorded
-        if (n_group or ready_group) and r0:  # idle means no events for trainer.idle_exit_s, not training
+        # idle means no events for trainer.idle_exit_s while every rank has read what its fetches know of
+        if (n_group or ready_group or behind_any) and r0:
             timers.busy()
         if n_group:  # events waiting in a rank's merge are trained before the next checkpoint
             if batch is not None:
                 self._record_trained(batch)
             self._group_events += int(n_group)
             timers.received()
-        idle_any = idle_any and not (n_group or ready_group)  # this poll brought events: not idle
+        idle_any = idle_any and not (n_group or ready_group or behind_any)  # events came, or are known to wait
         done = (stop_any and "stopped") or (moved_any and "repartition") or (idle_any and "idle") or (
             t.max_events and self._group_events >= t.max_events and "max_events")
         return Turn(Due(bool(ckpt_any), bool(push_any), bool(log_any), bool(idle_any)), str(done or ""))

@@ -263,6 +263,8 @@ class TrainerService(TrainerReporting):
         elif len(self.merger) or self.core.pending:  # a quiet stream: train what waits, hold nothing back
             self._train_waiting()
             timers.busy()
+        elif self.consumer.partitions_behind():  # a slow fetch, not a quiet stream: records are known unread
+            timers.busy()
         due = timers.due(self.core.events, self.publisher.wants_full if self.publisher is not None else None)
         return Turn(due, "idle" if due.idle else "")
 

@@ -44,7 +44,7 @@ class TrainerConfig:
     metrics_host: str = "127.0.0.1"  # address the Prometheus endpoint binds (0.0.0.0 to publish it, as in containers)
     log_path: str = ""  # JSON-lines metrics log ("" = none)
     max_events: int = 0  # stop after this many events (0 = run forever)
-    idle_exit_s: float = 0.0  # stop after this long without events (0 = never)
+    idle_exit_s: float = 0.0  # stop after this long without events while no fetch shows records left to read (0 = never)
     ranks: int = 1  # trainer ranks that train one model together (streamrec train --nproc N on one host)
     exchange_precision: Precision = "fp32"  # trainer groups: rows and row gradients on the wire, fp32 | bf16 | fp16 (owners keep fp32; bf16 halves the sparse bytes)
     dense_allreduce_precision: Precision = "fp32"  # trainer groups: the dense gradients' all-reduce, fp32 | bf16 | fp16 (fp16 with a dynamic scale, fp32 again on overflow)

@@ -9,7 +9,7 @@ import threading
 from streamrec.app.wiring import trainer_settings
 from streamrec.ingest import EventProducer, EventSchema, SyntheticStream, read_topic
 from streamrec.trainer.service import TrainerService
-from tests.helpers.trainer import read_jsonl, stream_cfg, trainer_cfg
+from tests.helpers.trainer import produce, read_jsonl, stream_cfg, trainer_cfg
 
 
 def test_bad_records_are_dead_lettered_and_training_goes_on(topics, tmp_path, bootstrap):
@@ -45,3 +45,31 @@ def test_stop_while_waiting_for_partitions_exits_as_stopped(topics, tmp_path, bo
     svc = TrainerService(trainer_settings(cfg), bootstrap, stop=stop, progress=False)
     summary = svc.run()
     assert summary["reason"] == "stopped" and summary["events"] == 0 and summary["checkpoint"] == 0
+
+
+def test_a_fetch_that_keeps_known_records_back_is_not_the_end_of_the_stream(topics, tmp_path, bootstrap):
+    """The idle exit counts only while no fetch shows records left to read: a reader that knows of unread
+    records but hands none out for longer than ``trainer.idle_exit_s`` (a loaded host, a saturated link) does
+    not end the run; once they come, every event trains and the quiet stream then ends it."""
+    import time
+
+    cfg = stream_cfg(topics, tmp_path)
+    cfg.trainer.idle_exit_s = 1.0
+    produce(cfg, bootstrap, 3_000)
+    svc = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
+    poll, behind, began = svc.consumer.poll_batch, svc.consumer.partitions_behind, []
+
+    def stalled() -> bool:  # the first 3 s: the fetch's high watermark is known, its records are not here yet
+        began or began.append(time.monotonic())
+        return time.monotonic() - began[0] < 3.0
+
+    def slow_poll(*args, **kwargs):
+        if stalled():
+            time.sleep(0.1)
+            return None
+        return poll(*args, **kwargs)
+
+    svc.consumer.poll_batch = slow_poll
+    svc.consumer.partitions_behind = lambda: {0} if stalled() else behind()
+    summary = svc.run()
+    assert summary["reason"] == "idle" and summary["events"] == 3_000, summary
