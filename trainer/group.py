@@ -340,9 +340,8 @@ class GroupTrainerService(TrainerService):
         return self._group_events
 
     def turn(self, timers: RunTimers) -> Turn:
-        """One lockstep turn: every rank polls its partitions (this rank's share of a group window, or a whole
-        window of its own mini-batches in "rank" mode: ``sizes.window``), then one ``all_reduce`` carries the
-        turn's decisions (rank 0's clock, every rank's stop and counts), then every rank trains."""
+        """One lockstep turn: every rank polls its partitions (``sizes.window``: its share of a group window),
+        one ``all_reduce`` carries the decisions (rank 0's clock, every rank's stop and counts), every rank trains."""
         t = self.settings.trainer
         batch = self.consumer.poll_batch(self.sizes.window, timeout=0.2)
         r0 = self.rank == 0
@@ -369,15 +368,14 @@ class GroupTrainerService(TrainerService):
         if ready_group:
             self._train(ready)
             hit("group.trained")  # the window is trained, its offsets not recorded
-        # idle means no events for trainer.idle_exit_s while every rank has read what its fetches know of
-        if (n_group or ready_group or behind_any) and r0:
+        if (n_group or ready_group or behind_any) and r0:  # idle: no events, and none known to wait on any rank
             timers.busy()
         if n_group:  # events waiting in a rank's merge are trained before the next checkpoint
             if batch is not None:
                 self._record_trained(batch)
             self._group_events += int(n_group)
             timers.received()
-        idle_any = idle_any and not (n_group or ready_group or behind_any)  # events came, or are known to wait
+        idle_any = idle_any and not (n_group or ready_group or behind_any)  # events came, or some are known to wait
         done = (stop_any and "stopped") or (moved_any and "repartition") or (idle_any and "idle") or (
             t.max_events and self._group_events >= t.max_events and "max_events")
         return Turn(Due(bool(ckpt_any), bool(push_any), bool(log_any), bool(idle_any)), str(done or ""))

@@ -249,7 +249,6 @@ class TrainerService(TrainerReporting):
         self._first_poll = False
         batch = self._last_batch = self.consumer.poll_batch(want, timeout=0.5)
         if batch is not None:
-            timers.busy()
             self.hot.observe(batch)
             # partitions merged by event time (trainer/merge.py); mini-batches form by event count
             # (trainer/batching.py), whatever the poll brought; both checkpoint what waits in them
@@ -260,10 +259,9 @@ class TrainerService(TrainerReporting):
             self._record_trained(batch)
             timers.received()
             timers.busy()  # idle means no events for trainer.idle_exit_s, not training
-        elif len(self.merger) or self.core.pending:  # a quiet stream: train what waits, hold nothing back
-            self._train_waiting()
-            timers.busy()
-        elif self.consumer.partitions_behind():  # a slow fetch, not a quiet stream: records are known unread
+        elif (waiting := len(self.merger) or self.core.pending) or self.consumer.partitions_behind():
+            if waiting:  # a quiet stream: train what waits, hold nothing back (else a slow fetch: records wait)
+                self._train_waiting()
             timers.busy()
         due = timers.due(self.core.events, self.publisher.wants_full if self.publisher is not None else None)
         return Turn(due, "idle" if due.idle else "")
