@@ -34,3 +34,7 @@ print(f'setup: compiled the numba kernels into their cache ({s:.0f} s)' if s > 2
   exit 1
 fi
 [ -z "$out" ] || echo "$out" >&2
+# Every process of the pipeline and the suite imports streamrec's modules: they are compiled to bytecode here, once,
+# so that no process compiles them itself (where PYTHONDONTWRITEBYTECODE is set, each process would, every time).
+.venv/bin/python -m compileall -q -j 0 streamrec ingest trainer embedding_store sketch serving benchmarks tests \
+  >/dev/null || echo "setup: compiling the sources to bytecode failed (each process compiles what it imports)" >&2

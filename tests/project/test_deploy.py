@@ -346,3 +346,17 @@ def test_setup_compiles_the_numba_kernels_the_image_compiles():
     for call in ("from streamrec.sketch.kernels import warm", "warm()",
                  "from streamrec.serving.idindex import IdIndex", "IdIndex(np.arange(4)).find(np.arange(2), -1)"):
         assert call in DOCKERFILE and call in setup, call
+
+
+def test_setup_compiles_every_package_folder_to_bytecode():
+    """``scripts/setup.sh`` compiles every folder setuptools maps into ``streamrec`` (and the tests) to bytecode, so a
+    process started by the demo or the suite reads them compiled, also where PYTHONDONTWRITEBYTECODE is set."""
+    import re
+    import tomllib
+
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    call = re.search(r"-m compileall -q -j 0 ([\w ]+)", setup)
+    assert call is not None, "setup.sh no longer compiles the sources"
+    compiled = set(call.group(1).split())
+    folders = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    assert folders and folders | {"tests"} <= compiled, sorted(folders | {"tests"} - compiled)
