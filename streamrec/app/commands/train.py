@@ -35,7 +35,8 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("train", parents=[common],
                        help="train continuously from the events topic (checkpoints, snapshots, metrics)")
     p.add_argument("--max-events", type=int, help="stop after this many events (trainer.max_events)")
-    p.add_argument("--idle-exit", type=float, metavar="S", help="stop after S seconds without events (trainer.idle_exit_s)")
+    p.add_argument("--idle-exit", type=float, metavar="S",
+                   help="stop after S seconds without events while no fetch shows records left (trainer.idle_exit_s)")
     p.add_argument("--until-end", action="store_true",
                    help="stop at the end of the stream as it is at start: a finite replay (trainer.until_end)")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
