@@ -20,7 +20,7 @@ from .txstore import loads
 ID_HEADER = "streamrec-join-id"  # "<partition>|<request_id>|<kind>|<task>": one example's identity
 IDS_HEADER = "streamrec-join-ids"  # a JSON list of the identities of an Arrow message's examples, in order
 SCAN_WAIT_MS = 50  # the output log scan's longest wait for one fetch
-SCAN_IDLE_S = 0.1  # the scan ends this long after it reached every end it was told and nothing more came
+SCAN_IDLE_S = 0.1  # the scan ends this long after it passed every end with no example of its partitions
 
 
 class JoinClients:
@@ -75,7 +75,12 @@ class JoinClients:
 
     async def written_since(self, ends_of: dict[int, dict[int, int]]) -> dict[int, set[str]]:
         """For each source partition ``p`` in ``ends_of``: the identities of its examples in the output log
-        from ``ends_of[p]`` (output partition -> offset) to the log's end; one read of the log for all."""
+        from ``ends_of[p]`` (output partition -> offset) to the log's end; one read of the log for all.
+
+        The log's end is each partition's end when the read begins: the larger of what ListOffsets answers
+        and the high watermark of the read's first fetch (a broker may answer ListOffsets short of the log
+        end). The read ends once it is past every end and no example of ``ends_of``'s partitions came for
+        ``SCAN_IDLE_S``: what other workers go on writing for their own partitions meanwhile does not hold it."""
         from aiokafka import TopicPartition
 
         c = self.scan
@@ -83,33 +88,38 @@ class JoinClients:
         out: dict[int, set[str]] = {p: set() for p in ends_of}
         if not now or not ends_of:
             return out
-        # every partition, also one whose end looks already reached: the end a broker answers may be short of
-        # the log's (the read below goes on until nothing more comes); one before each end: a broker may
+        # every partition, also one whose end looks already reached; one before each end: a broker may
         # answer ListOffsets one short of the log end
         since = {p: {q: max(0, ends.get(q, 0) - 1) for q in now} for p, ends in ends_of.items()}
         tps = {TopicPartition(self.events_topic, q): min(s[q] for s in since.values()) for q in now}
         c.assign(list(tps))
         for tp, o in tps.items():
             c.seek(tp, o)
+        end, fetched = dict(now), set()  # the ends to read to; the partitions a fetch answered for
         idle_since = None
         while True:
             got = await c.getmany(timeout_ms=SCAN_WAIT_MS, max_records=10_000)
+            ours = False
             for tp, recs in got.items():
                 for r in recs:
                     for i in _identities(r.headers):
                         p = int(i.split("|", 1)[0])
                         if p in out and r.offset >= since[p][tp.partition]:
                             out[p].add(i)
+                            ours = True
             done = True
             for tp in tps:
-                done = done and await c.position(tp) >= now[tp.partition]
-            if got:
+                hw = c.highwater(tp)
+                if hw is not None and tp not in fetched:
+                    fetched.add(tp)
+                    end[tp.partition] = max(end[tp.partition], int(hw))
+                done = done and await c.position(tp) >= end[tp.partition]
+            if ours or not done:
                 idle_since = None
-            elif done:
-                if idle_since is None:
-                    idle_since = time.monotonic()
-                elif time.monotonic() - idle_since > SCAN_IDLE_S:
-                    break
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > SCAN_IDLE_S:
+                break
         c.assign([])
         return out
 
