@@ -358,6 +358,11 @@ class EventConsumer:
         watermark tells (no broker round trip): they will deliver, so waiting for them is worth it."""
         return self.reader.partitions_behind()
 
+    def fetch_behind(self) -> bool:
+        """Whether a fetch's high watermark shows records no fetch has brought yet (a slow fetch, not a
+        quiet stream; :meth:`PartitionReader.fetch_behind`)."""
+        return self.reader.fetch_behind()
+
     def wait_for_assignment(self, timeout_s: float, stop: threading.Event | None = None) -> list:
         """Poll (fetching nothing) until the group assigns this consumer partitions; [] when ``stop`` is set.
         Raises RuntimeError after ``timeout_s`` without an assignment."""

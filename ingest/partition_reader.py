@@ -218,6 +218,18 @@ class PartitionReader:
                 out.add(tp.partition)
         return out
 
+    def fetch_behind(self) -> bool:
+        """Whether a fetch's high watermark shows records of the topic that no fetch has brought yet (the
+        client's fetch position short of it; a transaction's marker is no record to wait for: the fetch
+        position passes it). Records fetched and not handed out yet are :attr:`pending`'s, not counted here."""
+        for tp in self.kc.assignment():
+            hw = self.kc.highwater(tp)
+            if tp.topic == self.topic and hw is not None:
+                at = self.kc.position(tp, timeout_ms=0)  # assigned partitions are positioned: no round trip
+                if at is not None and at < hw:
+                    return True
+        return False
+
     def lag(self) -> dict[int, int] | None:
         """Records not yet handed out per assigned partition (partition -> records, up to the topic head,
         held ones included); None when the broker could not say.

@@ -355,7 +355,7 @@ class GroupTrainerService(TrainerService):
         ctrl = torch.tensor([float(self.stop.is_set()), float(upd is not None), float(due.checkpoint),
                              float(due.log), float(due.idle), float(n), float(moved), float(due.push),
                              float(len(ready) if ready is not None else 0),
-                             float(n == 0 and bool(self.consumer.partitions_behind()))], dtype=torch.float64)
+                             float(n == 0 and self.consumer.fetch_behind())], dtype=torch.float64)
         dist.all_reduce(ctrl, group=self.group)
         (stop_any, hot_any, ckpt_any, log_any, idle_any, n_group, moved_any, push_any,
          ready_group, behind_any) = (float(x) for x in ctrl)

@@ -4,8 +4,8 @@ A checkpoint is due once events arrived since the last one and either ``trainer.
 were trained or ``trainer.checkpoint_every_s`` passed; a push every ``serving.push_every_s`` (0: pushes
 follow the checkpoints instead) when the model changed or serving asked for a full snapshot; a record
 every ``trainer.log_every_s``; the idle exit after ``trainer.idle_exit_s`` (0: never) without events. The
-loops call :meth:`RunTimers.busy` while a fetch's high watermark shows records not handed out yet, so a slow
-fetch (a loaded host, a saturated link) is not taken for the end of the stream.
+loops call :meth:`RunTimers.busy` while a fetch's high watermark shows records no fetch has brought yet, so a
+slow fetch (a loaded host, a saturated link) is not taken for the end of the stream.
 """
 
 from __future__ import annotations

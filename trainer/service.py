@@ -259,7 +259,7 @@ class TrainerService(TrainerReporting):
             self._record_trained(batch)
             timers.received()
             timers.busy()  # idle means no events for trainer.idle_exit_s, not training
-        elif (waiting := len(self.merger) or self.core.pending) or self.consumer.partitions_behind():
+        elif (waiting := len(self.merger) or self.core.pending) or self.consumer.fetch_behind():
             if waiting:  # a quiet stream: train what waits, hold nothing back (else a slow fetch: records wait)
                 self._train_waiting()
             timers.busy()

@@ -96,3 +96,48 @@ def test_a_poll_hands_over_about_what_was_asked_even_before_it_knows_the_records
         assert max(sizes) <= 1024 + 512, sizes
     finally:
         c.close()
+
+
+def test_fetch_behind_holds_while_fetched_records_remain_and_not_after_a_transactions_marker(topics, bootstrap):
+    """``fetch_behind`` (what keeps a trainer's idle clock from running): False once every record is fetched,
+    True after a seek back while a fetch's high watermark shows records no fetch brought yet, and False
+    again at the end of a topic whose last record is a transaction's commit marker (nothing to wait for)."""
+    from kafka import KafkaProducer, TopicPartition
+
+    from streamrec.ingest import TopicSpec, ensure_topics
+
+    cfg = topics
+    _send_synthetic(bootstrap, cfg, 2000)
+    c = EventConsumer(bootstrap, cfg.kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
+                      cfg.kafka.trainer_group, mode="assign")
+    try:
+        assert sum(len(b) for b in poll_events(c, 2000, timeout=20, max_events=5000)) == 2000
+        assert c.poll_batch(1000, timeout=0.5) is None and not c.fetch_behind()
+        start = {(cfg.kafka.events_topic, p): 0 for p in range(cfg.kafka.partitions)}
+        c.reader.set_positions(start)  # back to the start: the high watermarks say records wait unfetched
+        assert c.fetch_behind()
+    finally:
+        c.close()
+
+    topic = cfg.kafka.events_topic + "-tx"
+    ensure_topics(bootstrap, [TopicSpec(topic, 1)])
+    prod = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"tx-{topic}")
+    prod.init_transactions()
+    prod.begin_transaction()
+    for i in range(5):
+        prod.send(topic, b"x", partition=0)
+    prod.commit_transaction()
+    prod.close()
+    kafka = cfg.kafka.__class__(**{**vars(cfg.kafka), "events_topic": topic, "partitions": 1})
+    c = EventConsumer(bootstrap, kafka, cfg.ingest, EventSchema.from_sections(cfg.model, cfg.ingest),
+                      cfg.kafka.trainer_group + "-tx", mode="assign")
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            c.poll_batch(1000, timeout=0.5)  # the five records are malformed events: dead letters
+            if c.reader.kc.highwater(TopicPartition(topic, 0)) == 6 and not c.fetch_behind():
+                break
+        assert c.reader.kc.highwater(TopicPartition(topic, 0)) == 6  # five records and the commit marker
+        assert not c.fetch_behind()
+    finally:
+        c.close()

@@ -57,7 +57,7 @@ def test_a_fetch_that_keeps_known_records_back_is_not_the_end_of_the_stream(topi
     cfg.trainer.idle_exit_s = 1.0
     produce(cfg, bootstrap, 3_000)
     svc = TrainerService(trainer_settings(cfg), bootstrap, progress=False)
-    poll, behind, began = svc.consumer.poll_batch, svc.consumer.partitions_behind, []
+    poll, behind, began = svc.consumer.poll_batch, svc.consumer.fetch_behind, []
 
     def stalled() -> bool:  # the first 3 s: the fetch's high watermark is known, its records are not here yet
         began or began.append(time.monotonic())
@@ -70,6 +70,6 @@ def test_a_fetch_that_keeps_known_records_back_is_not_the_end_of_the_stream(topi
         return poll(*args, **kwargs)
 
     svc.consumer.poll_batch = slow_poll
-    svc.consumer.partitions_behind = lambda: {0} if stalled() else behind()
+    svc.consumer.fetch_behind = lambda: stalled() or behind()
     summary = svc.run()
     assert summary["reason"] == "idle" and summary["events"] == 3_000, summary
