@@ -210,11 +210,17 @@ class PartitionReader:
 
     def partitions_behind(self) -> set[int]:
         """Partitions of the topic with records not handed out yet, as far as the last fetch's high
-        watermark tells (no broker round trip)."""
+        watermark tells (no broker round trip): records held here, or records no fetch has brought yet. A
+        transaction's marker is no record: a partition whose fetch passed it and that holds nothing is not
+        behind, though its last offset is never handed out."""
+        held = {run.partition for run in self.pending if run.topic == self.topic}
         out = set()
         for tp in self.kc.assignment():
             hw = self.kc.highwater(tp)
-            if tp.topic == self.topic and hw is not None and self.positions.get((tp.topic, tp.partition), hw) < hw:
+            if tp.topic != self.topic or hw is None or self.positions.get((tp.topic, tp.partition), hw) >= hw:
+                continue
+            at = self._fetched_to(tp)
+            if tp.partition in held or at is None or at < hw:
                 out.add(tp.partition)
         return out
 
@@ -225,10 +231,15 @@ class PartitionReader:
         for tp in self.kc.assignment():
             hw = self.kc.highwater(tp)
             if tp.topic == self.topic and hw is not None:
-                at = self.kc.position(tp, timeout_ms=0)  # assigned partitions are positioned: no round trip
+                at = self._fetched_to(tp)
                 if at is not None and at < hw:
                     return True
         return False
+
+    def _fetched_to(self, tp) -> int | None:
+        """The client's fetch position of ``tp`` (None: it has none); assigned partitions are positioned, so
+        this makes no round trip."""
+        return self.kc.position(tp, timeout_ms=0)
 
     def lag(self) -> dict[int, int] | None:
         """Records not yet handed out per assigned partition (partition -> records, up to the topic head,

@@ -101,7 +101,8 @@ def test_a_poll_hands_over_about_what_was_asked_even_before_it_knows_the_records
 def test_fetch_behind_holds_while_fetched_records_remain_and_not_after_a_transactions_marker(topics, bootstrap):
     """``fetch_behind`` (what keeps a trainer's idle clock from running): False once every record is fetched,
     True after a seek back while a fetch's high watermark shows records no fetch brought yet, and False
-    again at the end of a topic whose last record is a transaction's commit marker (nothing to wait for)."""
+    again at the end of a topic whose last record is a transaction's commit marker (nothing to wait for);
+    ``partitions_behind`` (what the trainer's merge waits for) names no partition there either."""
     from kafka import KafkaProducer, TopicPartition
 
     from streamrec.ingest import TopicSpec, ensure_topics
@@ -115,7 +116,7 @@ def test_fetch_behind_holds_while_fetched_records_remain_and_not_after_a_transac
         assert c.poll_batch(1000, timeout=0.5) is None and not c.fetch_behind()
         start = {(cfg.kafka.events_topic, p): 0 for p in range(cfg.kafka.partitions)}
         c.reader.set_positions(start)  # back to the start: the high watermarks say records wait unfetched
-        assert c.fetch_behind()
+        assert c.fetch_behind() and c.partitions_behind()
     finally:
         c.close()
 
@@ -139,5 +140,6 @@ def test_fetch_behind_holds_while_fetched_records_remain_and_not_after_a_transac
                 break
         assert c.reader.kc.highwater(TopicPartition(topic, 0)) == 6  # five records and the commit marker
         assert not c.fetch_behind()
+        assert c.partitions_behind() == set()  # the trainer's merge holds no other partition for the marker
     finally:
         c.close()
