@@ -57,6 +57,21 @@ class SlowTaskFilter(logging.Filter):
         return m is None or float(m.group(1)) > self.keep_above_s
 
 
+class ClosedTransportFilter(logging.Filter):
+    """kafka-python's network thread can read or write a connection that the caller's thread closes that same
+    instant (a client closed at a process's stop): the transport's socket is gone (None) by then, and the
+    thread logs the AttributeError with its traceback at ERROR. That is the close, not a fault of the
+    connection: the record is kept at DEBUG, so it shows only where the ``kafka`` loggers log at DEBUG. Any
+    other error of the transport is left as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not (isinstance(exc, AttributeError) and "'NoneType' object has no attribute" in str(exc)):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
 def one_line_resource_error(record: logging.LogRecord):
     """Rewrite a record at ERROR or above whose exception is the machine's (disk full, read-only, no
     permission, no file handles: :func:`streamrec.foundation.resource_error_line`) as one line, its message
@@ -121,6 +136,9 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     selector = logging.getLogger("kafka.net.selector")
     if not any(isinstance(f, SlowTaskFilter) for f in selector.filters):
         selector.addFilter(SlowTaskFilter())
+    transport = logging.getLogger("kafka.net.transport")
+    if not any(isinstance(f, ClosedTransportFilter) for f in transport.filters):
+        transport.addFilter(ClosedTransportFilter())
 
 
 def set_library_level(level: str, names: tuple[str, ...] = NOISY) -> None:

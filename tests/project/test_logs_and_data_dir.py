@@ -13,7 +13,8 @@ import math
 
 import numpy as np
 
-from streamrec.app.logs import JsonFormatter, SlowTaskFilter, set_library_level, setup_logging, startup_line
+from streamrec.app.logs import (ClosedTransportFilter, JsonFormatter, SlowTaskFilter, set_library_level, setup_logging,
+                                startup_line)
 from streamrec.app.preflight import apply_data_dir
 from streamrec.app.config import Config
 
@@ -74,6 +75,34 @@ def test_slow_task_warning_only_for_a_real_stall():
     assert not f.filter(rec(0.132)) and f.filter(rec(2.5))
     other = logging.LogRecord("kafka.net.selector", logging.WARNING, __file__, 1, "something else", (), None)
     assert f.filter(other)
+
+
+def test_a_transport_closed_under_the_network_thread_is_no_error_line(capsys):
+    """The AttributeError kafka-python's network thread logs when it reads a connection closed that instant (its
+    socket None) is dropped at the default levels; any other error of the transport still shows."""
+    import sys
+
+    def rec(exc):
+        try:
+            raise exc
+        except BaseException:
+            info = sys.exc_info()
+        return logging.LogRecord("kafka.net.transport", logging.ERROR, __file__, 1,
+                                 "<KafkaTCPTransport [none] (closed)>: Error receiving network data closing socket",
+                                 (), info)
+
+    closed = rec(AttributeError("'NoneType' object has no attribute 'recv'"))
+    assert not ClosedTransportFilter().filter(closed) and closed.levelno == logging.DEBUG
+    assert ClosedTransportFilter().filter(rec(ConnectionResetError(104, "Connection reset by peer")))
+    setup_logging("INFO", "text")
+    try:
+        log = logging.getLogger("kafka.net.transport")
+        log.error("Error receiving network data", exc_info=closed.exc_info)
+        log.error("Error receiving network data", exc_info=rec(ConnectionResetError(104, "reset")).exc_info)
+        err = capsys.readouterr().err
+        assert "ConnectionResetError" in err and "NoneType" not in err
+    finally:
+        setup_logging("INFO", "text")
 
 
 def test_data_dir_roots_relative_paths_only(tmp_path):
