@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 
 # One torch (OpenMP) thread in the test process and in every process it starts (they inherit the
 # environment), as `streamrec demo` and torchrun ranks already do on a small machine: the suite runs
 # on 2 cores next to a broker, servers and subprocesses, and two threads per process there spin
-# against each other instead of working (one 61k-event in-process training run, measured on a loaded
-# 2-core machine: 42 s of wall time and 19 s of CPU with two threads, 4 s and 2 s with one). Set before
+# against each other instead of working, at several times one thread's wall time and CPU. Set before
 # torch is first imported, which reads it once; export OMP_NUM_THREADS to override.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# pytest keeps each test module's assertion-rewritten code in __pycache__ beside it, as it does wherever
+# PYTHONDONTWRITEBYTECODE is unset: with the variable set, every worker of every run would parse and rewrite
+# every test module again, the larger part of a worker's collection. The flag is read at each module's import,
+# so it holds for every test module collected after this one.
+sys.dont_write_bytecode = False
 
 import multiprocessing.util
 import subprocess
