@@ -290,6 +290,7 @@ def test_sigterm_drains_the_group_with_a_final_checkpoint(topics, tmp_path, boot
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-4000:]
     assert "stopped by signal 15" in err
+    assert "forcefully exiting" not in err, err[-4000:]  # each rank exited after its drain, none was killed
     state, _ = read_checkpoint(latest_checkpoint(cfg.trainer.checkpoint_dir))
     assert state["events"] == 16_000 and state["world"] == 2
     ends = {p: o for _t, p, o in state["offsets"]}

@@ -206,9 +206,14 @@ def _run_rank(cfg, args, stop) -> int:
 
 def _launch_group(cfg, args) -> int:
     """Start ``trainer.ranks`` local ranks with torch.distributed.run (elastic: restarts on a rank's death)."""
+    import multiprocessing
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    from streamrec.app.rank_entry import RANK_MODULES, rank_main, release_ranks_on_close
 
     from streamrec.app.cli import kafka_bootstrap
     from streamrec.ingest import client_settings, free_port
@@ -241,11 +246,15 @@ def _launch_group(cfg, args) -> int:
         launch = get_args_parser().parse_args([
             "--nnodes", "1", "--nproc-per-node", str(n), "--max-restarts", str(cfg.trainer.max_restarts),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "1",
-            "--module", "streamrec", *rank_args])
+            "--start-method", "forkserver", "--module", "streamrec", *rank_args])
+        launch_config, _command, _ = config_from_args(launch)
+        # the ranks fork from one server that imported what a rank needs (streamrec/app/rank_entry.py)
+        multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_MODULES))
+        release_ranks_on_close()
         print(f"streamrec train: starting {n} ranks (torch.distributed.run, up to {cfg.trainer.max_restarts} "
               f"restarts) against {bootstrap}", file=sys.stderr)
         try:
-            run(launch)
+            elastic_launch(config=launch_config, entrypoint=rank_main)(*rank_args)
         except ChildFailedError as e:
             print(f"streamrec train: the trainer group failed after its restarts:\n{e.format_msg()}", file=sys.stderr)
             return 1

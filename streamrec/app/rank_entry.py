@@ -1,0 +1,64 @@
+"""A rank of a local trainer group as a function the elastic agent starts from a fork server.
+
+``streamrec train --nproc N`` runs torch.distributed's elastic agent with :func:`rank_main` as its entry point
+and ``forkserver`` as its start method. The fork server is one process the agent starts once per launch; it
+imports :data:`RANK_MODULES` (torch, the trainer group, serving's pusher, ``torch.export`` for the snapshots'
+program) before it forks any rank, so a rank, and each rank a restart after a rank's death starts, begins with
+them loaded instead of importing them itself. The fork server is a fresh single-threaded interpreter, not a
+fork of the agent (whose rendezvous store and Kafka clients run threads).
+
+Each rank reads the agent's per-rank environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...) as a
+``torchrun``-started process does, and its parent is the fork server, which exits when the agent does:
+:func:`~streamrec.foundation.die_with_parent` in the rank then ends it with the agent.
+
+  agent (streamrec train --nproc 2) ──starts──► fork server (imports RANK_MODULES once)
+        │ rendezvous, restarts                       ├──fork──► rank 0: rank_main(*argv)
+        └──────────── watches ───────────────────────└──fork──► rank 1: rank_main(*argv)
+"""
+
+from __future__ import annotations
+
+import sys
+
+# What every rank imports before it trains; a name that fails to import is skipped by the fork server (the
+# rank then imports what it needs itself).
+RANK_MODULES = ("torch.distributed", "torch.export", "streamrec.trainer.group", "streamrec.serving",
+                "streamrec.app.commands.train")
+
+
+def rank_main(*argv: str) -> None:
+    """``streamrec *argv`` in this rank. Returns on exit code 0 (the agent collects each rank's return value);
+    any other code ends the process with it, which the agent takes for the rank's failure."""
+    from streamrec.app.cli import main
+
+    code = main(list(argv))
+    sys.stdout.flush()
+    if code:
+        sys.exit(code)
+
+
+def release_ranks_on_close() -> None:
+    """Make the elastic agent let its ranks go when it stops or restarts the group.
+
+    A rank started as a function hands its return value to the agent and then waits until the agent has read
+    every rank's (an event the agent sets). An agent that stops the group (SIGTERM, SIGINT) or restarts it
+    (a rank died) closes the ranks without reading: it signals them and waits up to 30 s for them to exit,
+    then kills them. A rank that drains on that signal and returns would wait out those 30 s. The agent's
+    close here sets the event first, so a rank that returns afterwards exits at once. Where torch's
+    ``MultiprocessContext`` has no such close or event, nothing changes (the ranks are killed after the
+    wait, as before). Runs in the agent; idempotent."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    context = getattr(api, "MultiprocessContext", None)
+    close = getattr(context, "_close", None)
+    if close is None or getattr(close, "releases_ranks", False):
+        return
+
+    def _close(self, *args, **kwargs):
+        finished = getattr(self, "_worker_finished_event", None)
+        if finished is not None:
+            finished.set()
+        return close(self, *args, **kwargs)
+
+    _close.releases_ranks = True  # type: ignore[attr-defined]
+    context._close = _close  # torch offers no hook on the close: its method is wrapped
