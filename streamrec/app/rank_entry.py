@@ -8,8 +8,9 @@ them loaded instead of importing them itself. The fork server is a fresh single-
 fork of the agent (whose rendezvous store and Kafka clients run threads).
 
 Each rank reads the agent's per-rank environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...) as a
-``torchrun``-started process does, and its parent is the fork server, which exits when the agent does:
-:func:`~streamrec.foundation.die_with_parent` in the rank then ends it with the agent.
+``torchrun``-started process does. Its parent is the fork server, which lives as long as any of its ranks
+does, not the agent: a rank therefore watches the agent itself (:func:`~streamrec.foundation.die_with`), so
+that no rank trains on after its agent was killed, and the fork server exits once its ranks are gone.
 
   agent (streamrec train --nproc 2) ──starts──► fork server (imports RANK_MODULES once)
         │ rendezvous, restarts                       ├──fork──► rank 0: rank_main(*argv)
@@ -26,11 +27,14 @@ RANK_MODULES = ("torch.distributed", "torch.export", "streamrec.trainer.group", 
                 "streamrec.app.commands.train")
 
 
-def rank_main(*argv: str) -> None:
-    """``streamrec *argv`` in this rank. Returns on exit code 0 (the agent collects each rank's return value);
-    any other code ends the process with it, which the agent takes for the rank's failure."""
+def rank_main(agent_pid: str, *argv: str) -> None:
+    """``streamrec *argv`` in this rank, which dies with the agent ``agent_pid``. Returns on exit code 0 (the
+    agent collects each rank's return value); any other code ends the process with it, which the agent takes
+    for the rank's failure."""
     from streamrec.app.cli import main
+    from streamrec.foundation import die_with
 
+    die_with(int(agent_pid))
     code = main(list(argv))
     sys.stdout.flush()
     if code:

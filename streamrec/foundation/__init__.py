@@ -19,6 +19,7 @@ the generic loader here (``load_sections``); the whole ``Config`` is the applica
     ResourceError, resource_step(what, path), as_resource_error(exc, what, path)
     stop_process(proc, grace)                           # SIGTERM, then SIGKILL after a grace period
     die_with_parent(parent), set_pdeathsig()            # SIGKILL when the parent dies (PR_SET_PDEATHSIG)
+    die_with(pid)                                       # SIGKILL when another process exits
 """
 
 from typing import TYPE_CHECKING
@@ -39,7 +40,7 @@ if TYPE_CHECKING:  # the names below, for type checkers and IDEs; at run time ea
     from .ids import INT64_MAX, INT64_MIN, hash_id, hash_ids, salted_mix, splitmix64, table_salt
     from .lazy import lazy_exports
     from .npz import save_npz
-    from .processes import die_with_parent, set_pdeathsig, stop_process
+    from .processes import die_with, die_with_parent, set_pdeathsig, stop_process
     from .resources import ResourceError, as_resource_error, is_resource_error, resource_error_line, resource_step
 
 # lazy: config readers (the CLI's --help) must not pay for numpy or torch
@@ -56,7 +57,7 @@ _EXPORTS = {  # submodule: the public names it defines
     ".metrics": "roc_auc",
     ".noise": "auc_se binomial_se mean_se paired_auc",
     ".npz": "save_npz",
-    ".processes": "die_with_parent set_pdeathsig stop_process",
+    ".processes": "die_with die_with_parent set_pdeathsig stop_process",
     ".resources": "ResourceError as_resource_error is_resource_error resource_error_line resource_step",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -295,3 +295,33 @@ def test_sigterm_drains_the_group_with_a_final_checkpoint(topics, tmp_path, boot
     assert state["events"] == 16_000 and state["world"] == 2
     ends = {p: o for _t, p, o in state["offsets"]}
     assert _committed(bootstrap, cfg, ends) == ends
+
+
+def test_the_ranks_and_their_fork_server_die_with_a_killed_agent(topics, tmp_path, bootstrap):
+    """The ranks are children of a fork server, not of the agent (streamrec/app/rank_entry.py): kill -9 of the
+    agent still ends every one of them, so no rank trains on beside the group a restart starts."""
+    import signal
+
+    import psutil
+
+    from tests.helpers.trainer import produce
+
+    cfg = _group_cfg(topics, tmp_path)
+    cfg.trainer.idle_exit_s = 0.0  # runs until stopped
+    produce(cfg, bootstrap, 4_000)
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen([sys.executable, "-m", "streamrec", "train", "--nproc", "2", "--config", str(cfg_path),
+                             "--bootstrap", bootstrap, "--no-progress"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not all(read_jsonl(tmp_path / f"trace.jsonl.rank{r}") for r in range(2)):  # both ranks are running
+        assert proc.poll() is None and time.monotonic() < deadline, "the group did not start"
+        time.sleep(0.2)
+    family = psutil.Process(proc.pid).children(recursive=True)
+    assert len(family) >= 3, family  # the fork server and two ranks (and multiprocessing's resource tracker)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    gone, alive = psutil.wait_procs(family, timeout=20)
+    assert not alive, [p.cmdline()[:4] for p in alive]

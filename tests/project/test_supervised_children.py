@@ -95,3 +95,22 @@ def test_a_child_takes_the_variable_out_and_exits_when_its_parent_is_already_ano
     orphan = subprocess.run([sys.executable, "-c", TIE, "999999999"], capture_output=True, text=True, env=env,
                             timeout=60)
     assert orphan.returncode == 1 and orphan.stdout == "", orphan  # its parent is not the one that started it
+
+
+def test_a_process_dies_with_another_it_watches_and_at_once_when_that_one_is_gone():
+    """:func:`~streamrec.foundation.die_with`: a rank forked by a fork server watches the agent, not its parent."""
+    watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    code = "import sys, time; from streamrec.foundation import die_with; die_with(int(sys.argv[1])); time.sleep(600)"
+    watcher = subprocess.Popen([sys.executable, "-c", code, str(watched.pid)], cwd=ROOT)
+    try:
+        time.sleep(1.0)
+        assert watcher.poll() is None  # the watched process lives: so does the watcher
+        watched.kill()
+        watched.wait(10)
+        assert watcher.wait(15) == -signal.SIGKILL
+        late = subprocess.run([sys.executable, "-c", code, str(watched.pid)], cwd=ROOT, timeout=60)
+        assert late.returncode == -signal.SIGKILL  # watching a process already gone ends the watcher at once
+    finally:
+        for p in (watched, watcher):
+            if p.poll() is None:
+                p.kill()

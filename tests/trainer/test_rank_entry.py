@@ -6,6 +6,7 @@ agent's close lets go of ranks that wait to hand over their result."""
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 
@@ -19,9 +20,9 @@ def test_every_module_the_fork_server_imports_exists(name):
 
 def test_a_failing_command_ends_the_rank_with_its_code_and_success_returns(capsys):
     with pytest.raises(SystemExit) as e:  # a config error in the rank: exit code 2, as the command line's
-        rank_main("train", "--set", "trainer.batch_size=0")
+        rank_main(str(os.getpid()), "train", "--set", "trainer.batch_size=0")
     assert e.value.code == 2 and "batch_size" in capsys.readouterr().err
-    assert rank_main("config", "--set", "trainer.batch_size=64") is None
+    assert rank_main(str(os.getpid()), "config", "--set", "trainer.batch_size=64") is None
 
 
 def test_the_agents_close_sets_the_event_its_ranks_wait_on_first_and_is_wrapped_once():

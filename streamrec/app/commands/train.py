@@ -168,7 +168,7 @@ def _run_rank(cfg, args, stop) -> int:
     from streamrec.serving import SnapshotPusher
     from streamrec.trainer.group import GroupTrainerService
 
-    die_with_parent()  # the torchrun agent supervises this rank: if it is killed, the rank must not live on
+    die_with_parent()  # torchrun's agent, or the fork server of a local group (whose ranks watch the agent too)
     if not cfg.kafka.bootstrap:
         print("streamrec train: a rank of a trainer group needs --bootstrap (or kafka.bootstrap): every rank must "
               "read the same cluster", file=sys.stderr)
@@ -254,7 +254,7 @@ def _launch_group(cfg, args) -> int:
         print(f"streamrec train: starting {n} ranks (torch.distributed.run, up to {cfg.trainer.max_restarts} "
               f"restarts) against {bootstrap}", file=sys.stderr)
         try:
-            elastic_launch(config=launch_config, entrypoint=rank_main)(*rank_args)
+            elastic_launch(config=launch_config, entrypoint=rank_main)(str(os.getpid()), *rank_args)
         except ChildFailedError as e:
             print(f"streamrec train: the trainer group failed after its restarts:\n{e.format_msg()}", file=sys.stderr)
             return 1
