@@ -137,9 +137,24 @@ def _start_serving(cfg, tmp_path):
     return proc, client
 
 
-# 11 torchrun launches: 123 s alone on 2 cores, 229 s beside the suite's other worker (a 3-rank launch beside it
-# has taken over 150 s). The limit is above the sum of its own waits (600 s for the killed group, 400 s each for
-# the clean group and the 3-rank resume, 60 s for serving to come up)
+def _start_until_stopped(cfg, tmp_path, bootstrap, events: int, output) -> subprocess.Popen:
+    """``events`` produced, then a 2-rank ``streamrec train`` on them that runs until it is stopped; its
+    stdout and stderr go to ``output`` (text)."""
+    from tests.helpers.trainer import produce
+
+    cfg.trainer.idle_exit_s = 0.0
+    produce(cfg, bootstrap, events)
+    cfg_path = tmp_path / "config.toml"
+    cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    return subprocess.Popen([sys.executable, "-m", "streamrec", "train", "--nproc", "2", "--config", str(cfg_path),
+                             "--bootstrap", bootstrap, "--no-progress"], env=env, stdout=output, stderr=output,
+                            text=True)
+
+
+# eleven launches of the killed group, then the clean group's and the 3-rank resume's: the limit is above the sum
+# of its own waits (600 s for the killed group, 400 s each for the clean group and the 3-rank resume, 60 s for
+# serving to come up)
 @pytest.mark.timeout(1560)
 @pytest.mark.xdist_group(HEAVY_GROUP)
 def test_group_killed_at_ten_points_trains_every_event(topics, tmp_path, bootstrap):
@@ -267,18 +282,9 @@ def test_fewer_partitions_than_ranks_is_refused_before_start(bootstrap, tmp_path
 def test_sigterm_drains_the_group_with_a_final_checkpoint(topics, tmp_path, bootstrap):
     import signal
 
-    from tests.helpers.trainer import produce
-
     cfg = _group_cfg(topics, tmp_path)
-    cfg.trainer.idle_exit_s = 0.0  # runs until told to stop
     cfg.trainer.checkpoint_every_events = 10**9
-    produce(cfg, bootstrap, 16_000)
-    cfg_path = tmp_path / "config.toml"
-    cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    proc = subprocess.Popen([sys.executable, "-m", "streamrec", "train", "--nproc", "2", "--config", str(cfg_path),
-                             "--bootstrap", bootstrap, "--no-progress"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = _start_until_stopped(cfg, tmp_path, bootstrap, 16_000, subprocess.PIPE)
     deadline = time.monotonic() + 120
     while sum(r.get("events", 0) for r in read_jsonl(tmp_path / "trace.jsonl.rank0") if "ranges" in r) \
             + sum(r.get("events", 0) for r in read_jsonl(tmp_path / "trace.jsonl.rank1") if "ranges" in r) < 16_000:
@@ -304,17 +310,7 @@ def test_the_ranks_and_their_fork_server_die_with_a_killed_agent(topics, tmp_pat
 
     import psutil
 
-    from tests.helpers.trainer import produce
-
-    cfg = _group_cfg(topics, tmp_path)
-    cfg.trainer.idle_exit_s = 0.0  # runs until stopped
-    produce(cfg, bootstrap, 4_000)
-    cfg_path = tmp_path / "config.toml"
-    cfg_path.write_text(tomli_w.dumps(cfg.to_dict()))
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    proc = subprocess.Popen([sys.executable, "-m", "streamrec", "train", "--nproc", "2", "--config", str(cfg_path),
-                             "--bootstrap", bootstrap, "--no-progress"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = _start_until_stopped(_group_cfg(topics, tmp_path), tmp_path, bootstrap, 4_000, subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not all(read_jsonl(tmp_path / f"trace.jsonl.rank{r}") for r in range(2)):  # both ranks are running
         assert proc.poll() is None and time.monotonic() < deadline, "the group did not start"
