@@ -1,4 +1,4 @@
-"""Stopping a child process, and tying one to its parent.
+"""Stopping a child process, and tying one to its parent or to another process.
 
 One rule for every place that starts processes (the demo's supervisor, the benchmarks):
 send ``sig`` (SIGTERM), wait ``grace`` seconds, then SIGKILL (its whole process group when
@@ -9,8 +9,9 @@ A process that must not outlive its parent asks the kernel for SIGKILL when the 
 :func:`set_pdeathsig` between fork and exec for a child that cannot (a binary that is not
 Python). One that must not outlive another process than its parent (a rank forked by a fork
 server, which lives as long as its ranks, outliving the agent that supervises them) watches
-that process: :func:`die_with`. libc's ``prctl`` is looked up when this module is imported, so that call loads nothing
-in a forked copy, where loading a library could deadlock on a lock another thread held at the fork.
+that process: :func:`die_with`. libc's ``prctl`` is looked up when this module is imported, so
+that call loads nothing in a forked copy, where loading a library could deadlock on a lock
+another thread held at the fork.
 """
 
 from __future__ import annotations

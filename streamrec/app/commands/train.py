@@ -213,9 +213,8 @@ def _launch_group(cfg, args) -> int:
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, get_args_parser
 
-    from streamrec.app.rank_entry import RANK_MODULES, rank_main, release_ranks_on_close
-
     from streamrec.app.cli import kafka_bootstrap
+    from streamrec.app.rank_entry import RANK_MODULES, rank_main, release_ranks_on_close
     from streamrec.ingest import client_settings, free_port
     from streamrec.trainer.group import GroupError, check_partitions
 
@@ -247,7 +246,7 @@ def _launch_group(cfg, args) -> int:
             "--nnodes", "1", "--nproc-per-node", str(n), "--max-restarts", str(cfg.trainer.max_restarts),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "1",
             "--start-method", "forkserver", "--module", "streamrec", *rank_args])
-        launch_config, _command, _ = config_from_args(launch)
+        launch_config, _command, _ = config_from_args(launch)  # torchrun's --module: rank_main replaces it
         # the ranks fork from one server that imported what a rank needs (streamrec/app/rank_entry.py)
         multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_MODULES))
         release_ranks_on_close()
