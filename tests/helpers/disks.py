@@ -6,6 +6,7 @@ elsewhere it skips with the reason printed (-rs)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
 from pathlib import Path
@@ -37,12 +38,24 @@ def tmpfs(mnt: Path, size: str) -> Iterator[Path]:
 
 
 def fill(mnt: Path, leave: int = 0) -> Path:
-    """Fill ``mnt`` up to ``leave`` free bytes with one file; returns it (unlink it: space is back)."""
+    """Fill ``mnt`` with one file until a write fails for want of space, then give ``leave`` bytes back (rounded
+    to the file system's blocks); returns the file (unlink it: all its space is back).
+
+    Filling until the write fails, rather than writing the free space read beforehand, holds while another
+    process writes to the same file system: the free space it reads may be gone by the time of the write."""
     filler = mnt / "filler"
-    st = os.statvfs(mnt)
-    with open(filler, "ab") as f:
-        try:
-            f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
-        except OSError:  # tmpfs rounds to pages: the last page may not fit
-            pass
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        chunk = b"\0" * (1 << 20)
+        while chunk:
+            try:
+                os.write(fd, chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                chunk = chunk[: len(chunk) // 2] if len(chunk) > 512 else b""
+        if leave:
+            os.ftruncate(fd, max(0, os.fstat(fd).st_size - leave))
+    finally:
+        os.close(fd)
     return filler

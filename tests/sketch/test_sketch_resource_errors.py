@@ -7,7 +7,6 @@ read-only, then given its space back)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from contextlib import ExitStack
@@ -17,7 +16,7 @@ import pytest
 from streamrec.sketch import HotSetFollower
 from streamrec.sketch.app import changelog_topic
 from tests.conftest import small_config, with_fresh_topics
-from tests.helpers.disks import tmpfs
+from tests.helpers.disks import fill, tmpfs
 from tests.helpers.scenarios import Scenarios, selected_scenarios
 from tests.helpers.sketch import (end_offsets, produce_events, snapshot_offsets, start_worker, stop_worker,
                                   write_config)
@@ -97,10 +96,7 @@ def _full_then_read_only(topics, bootstrap, tmp_path, small_disk, leave: int) ->
                        "every partition's snapshot at the topic's end", interval=0.5)
 
             # 2. the disk fills up under the running worker; new events make it write
-            filler = small_disk / "filler"
-            st = os.statvfs(small_disk)
-            with open(filler, "wb") as f:
-                f.write(b"\0" * (st.f_bavail * st.f_frsize - leave))
+            filler = fill(small_disk, leave)
             with pytest.raises(OSError):  # really full: no room for a snapshot
                 with open(small_disk / "probe", "wb") as f:
                     f.write(b"\0" * (leave + 8192))
