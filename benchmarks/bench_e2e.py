@@ -435,11 +435,12 @@ def run(size: str = "full", freshness: bool = True, bootstrap: str | None = None
 ARROW_BACKLOG_GOAL = 500_000.0  # events/s from a Kafka Arrow backlog to a trained model, on a lent GPU
 
 
-def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None) -> dict:
+def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None, batch: int = 0) -> dict:
     """``--arrow-backlog``: one ``streamrec train`` process on ``device`` draining an Arrow IPC backlog (the
     fast path: ``kafka.events_per_message`` events per message) on the broker, alone on the machine, with the
     trainer's own defaults but its device and torch threads (all cores). Its events/s over a window after a
-    warm-up is what Kafka to a trained model sustains (``train_arrow_backlog_events_per_s``)."""
+    warm-up is what Kafka to a trained model sustains (``train_arrow_backlog_events_per_s``). ``batch`` (0: the
+    trainer's default) sets ``trainer.batch_size``: a device trains at a batch that fills it."""
     from contextlib import nullcontext
 
     from streamrec.foundation import EventSchema
@@ -447,7 +448,8 @@ def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None) -> d
     from streamrec.ingest.codec import encode_messages
 
     n, warmup_s, window_s = SIZES[size]
-    n *= 2  # a device trainer drains a backlog several times faster than the JSON trainer it was sized for
+    # a device trainer drains a backlog many times faster than the JSON trainer it was sized for
+    n *= 2 if size == "tiny" else 5
     root = Path(tempfile.mkdtemp(prefix="streamrec-bench-e2e-arrow-"))
     suffix = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
     with (nullcontext() if bootstrap else EmbeddedBroker()) as broker:
@@ -457,13 +459,15 @@ def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None) -> d
         cfg.kafka.dlq_topic = f"events-arrow-{suffix}.dlq"
         cfg.trainer.device = device
         cfg.trainer.torch_threads = 0  # every core: the device trainer's host side is what this measures
+        if batch:
+            cfg.trainer.batch_size = batch
         ensure_topics(bs, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         schema = EventSchema.from_sections(cfg.model, cfg.ingest)
         msgs = [m for b in _events(cfg, n) for m in encode_messages(b, schema, "arrow", cfg.kafka.events_per_message)]
         _produce(bs, cfg.kafka.events_topic, msgs)
         del msgs
         print(f"e2e bench, Arrow backlog: {n:,} events ({cfg.kafka.events_per_message} per message), "
-              f"one trainer on {device}", flush=True)
+              f"one trainer on {device}, batch {cfg.trainer.batch_size}", flush=True)
         r = train_together({"arrow_backlog": _write_config(cfg, root / "train.toml")},
                            {"arrow_backlog": root / "train.log"}, {"arrow_backlog": Path(cfg.trainer.log_path)},
                            bs, {"arrow_backlog": n}, warmup_s, window_s)
@@ -471,7 +475,7 @@ def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None) -> d
     ok = rate >= ARROW_BACKLOG_GOAL
     print(f"  trainer, Arrow backlog, {device}: {rate / 1e3:9.1f} k events/s "
           f"(goal >= {ARROW_BACKLOG_GOAL / 1e3:.0f} k on a GPU: {'PASS' if ok else 'FAIL'})", flush=True)
-    return {**r, "device": device, "events": n, "goal_events_per_s": ARROW_BACKLOG_GOAL}
+    return {**r, "device": device, "events": n, "batch": cfg.trainer.batch_size, "goal_events_per_s": ARROW_BACKLOG_GOAL}
 
 
 def goals(r: dict) -> list[dict]:
@@ -520,11 +524,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-freshness", action="store_true", help="throughput only (skip the freshness measurement)")
     ap.add_argument("--arrow-backlog", action="store_true",
                     help="instead: one trainer on --device draining an Arrow backlog (Kafka to a trained model)")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="with --arrow-backlog: the trainer's trainer.batch_size (default: its configured one)")
     add_device_arg(ap)
     args = ap.parse_args(argv or [])
+    if args.batch < 0:
+        ap.error("--batch must be >= 1 (or 0: the trainer's configured batch)")
     if args.arrow_backlog:
         size = "tiny" if args.tiny else "quick" if args.quick else "full"
-        r = run_arrow_backlog(size, str(bench_device(args.device, ap)), args.bootstrap)
+        r = run_arrow_backlog(size, str(bench_device(args.device, ap)), args.bootstrap, args.batch)
         if args.json:
             print(json.dumps({**r, "size": size}))
         return 0
