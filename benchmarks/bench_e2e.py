@@ -471,6 +471,7 @@ def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None, batc
         r = train_together({"arrow_backlog": _write_config(cfg, root / "train.toml")},
                            {"arrow_backlog": root / "train.log"}, {"arrow_backlog": Path(cfg.trainer.log_path)},
                            bs, {"arrow_backlog": n}, warmup_s, window_s)
+    shutil.rmtree(root, ignore_errors=True)  # kept when a step failed: its logs are named in the error
     rate = r["train_arrow_backlog_events_per_s"]
     ok = rate >= ARROW_BACKLOG_GOAL
     print(f"  trainer, Arrow backlog, {device}: {rate / 1e3:9.1f} k events/s "

@@ -207,6 +207,8 @@ def _run_rank(cfg, args, stop) -> int:
 def _launch_group(cfg, args) -> int:
     """Start ``trainer.ranks`` local ranks with torch.distributed.run (elastic: restarts on a rank's death)."""
     import multiprocessing
+    import tempfile
+    from contextlib import ExitStack
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -220,7 +222,8 @@ def _launch_group(cfg, args) -> int:
 
     n = cfg.trainer.ranks
     _preflight(cfg)
-    with kafka_bootstrap(cfg) as bootstrap:  # creates the events topic with >= n partitions
+    with ExitStack() as stack:
+        bootstrap = stack.enter_context(kafka_bootstrap(cfg))  # creates the events topic with >= n partitions
         _startup(cfg, args, bootstrap)
         try:  # refused here, once: in the ranks it would be retried at every restart
             check_partitions(bootstrap, cfg.kafka.events_topic, n, security=client_settings(cfg.kafka))
@@ -240,12 +243,14 @@ def _launch_group(cfg, args) -> int:
             rank_args += ["--idle-exit", str(cfg.trainer.idle_exit_s)]
         if args.no_progress:
             rank_args.append("--no-progress")
+        # torch's per-launch log folder (the ranks' error files) goes with the launch, not left in /tmp
+        log_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="streamrec-train-ranks-"))
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: the group talks over loopback only
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
         launch = get_args_parser().parse_args([
             "--nnodes", "1", "--nproc-per-node", str(n), "--max-restarts", str(cfg.trainer.max_restarts),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "1",
-            "--start-method", "forkserver", "--module", "streamrec", *rank_args])
+            "--start-method", "forkserver", "--log-dir", log_dir, "--module", "streamrec", *rank_args])
         launch_config, _command, _ = config_from_args(launch)  # torchrun's --module: rank_main replaces it
         # the ranks fork from one server that imported what a rank needs (streamrec/app/rank_entry.py)
         multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_MODULES))
