@@ -50,7 +50,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from streamrec.foundation import stop_process
+from streamrec.foundation import ConfigError, parse_overrides, stop_process
 
 from .common import add_device_arg, bench_device
 
@@ -60,7 +60,8 @@ GOAL_SKETCH_X = 2.0
 GOAL_JSON_VS_ARROW = 0.7
 
 
-def _config(root: Path, suffix: str):
+def _config(root: Path, suffix: str, extra: dict[str, str] | None = None):
+    """The bench's config; ``extra``: ``"section.key"`` overrides on top (validated as any override is)."""
     from streamrec.app.config import load_config
 
     return load_config(None, {
@@ -84,6 +85,7 @@ def _config(root: Path, suffix: str):
         "trainer.log_every_s": 0.5,
         "trainer.log_path": str(root / "metrics.jsonl"),
         "serving.data_dir": str(root / "serving"),
+        **(extra or {}),
     }, env={})
 
 
@@ -435,12 +437,14 @@ def run(size: str = "full", freshness: bool = True, bootstrap: str | None = None
 ARROW_BACKLOG_GOAL = 500_000.0  # events/s from a Kafka Arrow backlog to a trained model, on a lent GPU
 
 
-def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None, batch: int = 0) -> dict:
+def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None, batch: int = 0,
+                      sets: dict[str, str] | None = None) -> dict:
     """``--arrow-backlog``: one ``streamrec train`` process on ``device`` draining an Arrow IPC backlog (the
     fast path: ``kafka.events_per_message`` events per message) on the broker, alone on the machine, with the
     trainer's own defaults but its device and torch threads (all cores). Its events/s over a window after a
     warm-up is what Kafka to a trained model sustains (``train_arrow_backlog_events_per_s``). ``batch`` (0: the
-    trainer's default) sets ``trainer.batch_size``: a device trains at a batch that fills it."""
+    trainer's default) sets ``trainer.batch_size``: a device trains at a batch that fills it; ``sets``: other
+    settings of the bench's config (``{"trainer.checkpoint_every_events": "1000000"}``)."""
     from contextlib import nullcontext
 
     from streamrec.foundation import EventSchema
@@ -454,7 +458,7 @@ def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None, batc
     suffix = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
     with (nullcontext() if bootstrap else EmbeddedBroker()) as broker:
         bs = bootstrap or broker.bootstrap
-        cfg = _config(root, suffix)
+        cfg = _config(root, suffix, sets)
         cfg.kafka.events_topic = f"events-arrow-{suffix}"
         cfg.kafka.dlq_topic = f"events-arrow-{suffix}.dlq"
         cfg.trainer.device = device
@@ -476,7 +480,9 @@ def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None, batc
     ok = rate >= ARROW_BACKLOG_GOAL
     print(f"  trainer, Arrow backlog, {device}: {rate / 1e3:9.1f} k events/s "
           f"(goal >= {ARROW_BACKLOG_GOAL / 1e3:.0f} k on a GPU: {'PASS' if ok else 'FAIL'})", flush=True)
-    return {**r, "device": device, "events": n, "batch": cfg.trainer.batch_size, "goal_events_per_s": ARROW_BACKLOG_GOAL}
+    return {**r, "device": device, "events": n, "batch": cfg.trainer.batch_size,
+            "checkpoint_every_events": cfg.trainer.checkpoint_every_events, "sets": dict(sets or {}),
+            "goal_events_per_s": ARROW_BACKLOG_GOAL}
 
 
 def goals(r: dict) -> list[dict]:
@@ -527,13 +533,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: one trainer on --device draining an Arrow backlog (Kafka to a trained model)")
     ap.add_argument("--batch", type=int, default=0,
                     help="with --arrow-backlog: the trainer's trainer.batch_size (default: its configured one)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="sets",
+                    help="with --arrow-backlog: a setting of the bench's config (repeatable)")
     add_device_arg(ap)
     args = ap.parse_args(argv or [])
     if args.batch < 0:
         ap.error("--batch must be >= 1 (or 0: the trainer's configured batch)")
     if args.arrow_backlog:
         size = "tiny" if args.tiny else "quick" if args.quick else "full"
-        r = run_arrow_backlog(size, str(bench_device(args.device, ap)), args.bootstrap, args.batch)
+        try:
+            sets = parse_overrides(args.sets)
+            r = run_arrow_backlog(size, str(bench_device(args.device, ap)), args.bootstrap, args.batch, sets)
+        except ConfigError as e:  # a setting the config refuses: its one-line reason
+            ap.error(str(e))
         if args.json:
             print(json.dumps({**r, "size": size}))
         return 0

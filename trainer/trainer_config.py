@@ -34,7 +34,7 @@ class TrainerConfig:
     schedule: Schedule = "fae"  # mini-batch order: fae (hot mini-batches apart from cold ones, FAE) | arrival (arrival order, hot and cold mixed)
     hot_per_cold: int = 0  # trainer groups' per-window FAE plans: hot per cold mini-batch, 0 = in proportion (one trainer interleaves by arrival)
     checkpoint_dir: str = "data/checkpoints"  # where durable checkpoints go; offsets are committed only after one
-    checkpoint_every_events: int = 50_000  # checkpoint after this many events ...
+    checkpoint_every_events: int = 500_000  # checkpoint after this many events ...
     checkpoint_every_s: float = 10.0  # ... or after this many seconds, whichever comes first (bounds what a crash re-trains)
     keep_checkpoints: int = 3  # complete checkpoints kept on disk
     snapshot_every: int = 1  # 0 = build no snapshots; with serving.push_every_s = 0, push one after every N checkpoints

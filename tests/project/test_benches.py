@@ -219,8 +219,10 @@ def test_bench_modes_run_tiny_and_report_their_goal_figures(name, extra, keys, r
 
 @pytest.mark.subprocess
 def test_e2e_arrow_backlog_trains_from_kafka_on_the_device(bootstrap):
-    out = _run("e2e", ["--arrow-backlog", "--bootstrap", bootstrap])
+    out = _run("e2e", ["--arrow-backlog", "--bootstrap", bootstrap, "--batch", "512",
+                       "--set", "trainer.checkpoint_every_events=20000"])
     assert out["device"] == "cpu" and out["train_arrow_backlog_events_per_s"] > 0, out
+    assert out["batch"] == 512 and out["checkpoint_every_events"] == 20_000, out
     assert not _bad_numbers(out), _bad_numbers(out)
 
 
