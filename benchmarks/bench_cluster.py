@@ -58,8 +58,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -113,6 +115,21 @@ def _log_times(path: Path, needle: str) -> list[float]:
             t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1e3
             out.append(t)
     return out
+
+
+class GroupNotFormed(RuntimeError):
+    """A host-loss run whose trainer group never formed: host 1's torchrun gave up waiting in the rendezvous
+    store (torch elastic's restart to take in a host that joined after the first round can leave both agents
+    waiting for each other's keys). It says nothing of the host loss the run measures."""
+
+
+def _kill_session(p: subprocess.Popen) -> None:
+    """SIGKILL the process group of ``p`` (started in a session of its own) and reap it."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait(30)
 
 
 class ClusterBench:
@@ -252,16 +269,32 @@ class ClusterBench:
             out[key] = weighted / seen if seen else float("nan")
         return out
 
+    def _wait_going(self, name: str, procs: dict, logs: list[Path], metrics: Path) -> float:
+        """Wait until the host-loss run ``name`` trains and serving answers; returns the run's deadline.
+        :class:`GroupNotFormed` when host 1's torchrun gave up in the rendezvous, RuntimeError on other failures."""
+        deadline = time.monotonic() + 180
+        while not (any(r.get("events", 0) > 0 for r in _records(metrics))
+                   and (self.root / name / "probe.ready").exists()):  # training, and serving answers
+            if time.monotonic() > deadline or procs[1].poll() is not None:
+                why = (f"host 1's trainer exited {procs[1].returncode}" if procs[1].returncode is not None
+                       else "no training and serving within 180 s")
+                tail = logs[0].read_text(errors="replace")[-2000:] if logs[0].exists() else "(no log)"
+                err = GroupNotFormed if procs[1].returncode is not None and "DistStoreError" in tail else RuntimeError
+                raise err(f"the host-loss run did not get going ({why}); logs in {self.root / 'hosts'}; "
+                          f"host 1's trainer log ends:\n{tail}")
+            time.sleep(0.1)
+        return deadline
+
     def host_loss(self, how: str, phase: float, timeout_s: float = 600.0, group_timeout_s: float = GROUP_TIMEOUT_S,
-                  mbit: float = LOSS_MBIT, idle_exit_s: float = 6.0) -> dict:
+                  mbit: float = LOSS_MBIT, idle_exit_s: float = 6.0, retried: bool = False) -> dict:
         """Lose the last host mid-run, ``phase`` of a checkpoint interval after a checkpoint, ``how``: ``kill``
         (SIGKILL to every process it runs) or ``cut`` (its link down: nothing it sends arrives, nobody gets a
         reset). The others go on as a smaller group. Serving runs on host 0 (the trainer pushes to it every
         second) and a prober there calls Predict every 50 ms throughout. ``mbit``: the links (0: unshaped);
         ``group_timeout_s``: how long a cut link goes unnoticed; ``idle_exit_s``: the group's end once the
-        topic is drained."""
+        topic is drained. A run whose group never formed (:class:`GroupNotFormed`) is started again once."""
         self.cluster.shape(mbit)
-        name = f"loss-{how}-{int(phase * 100)}"
+        name = f"loss-{how}-{int(phase * 100)}" + ("-again" if retried else "")
         h0 = self.cluster.hosts[0]
         port = 50051 + len(list(self.root.glob("loss-*")))
         target = f"{h0.address}:{port}"
@@ -280,16 +313,17 @@ class ClusterBench:
                  for h in range(1, self.ranks + 1)}
         logs = [self.root / "hosts" / f"h{h}-train-{name}.log" for h in range(1, last + 1)]
         metrics = self.root / name / "metrics.jsonl"
-        deadline = time.monotonic() + 180
-        while not (any(r.get("events", 0) > 0 for r in _records(metrics))
-                   and (self.root / name / "probe.ready").exists()):  # training, and serving answers
-            if time.monotonic() > deadline or procs[1].poll() is not None:
-                why = (f"host 1's trainer exited {procs[1].returncode}" if procs[1].returncode is not None
-                       else "no training and serving within 180 s")
-                tail = logs[0].read_text(errors="replace")[-2000:] if logs[0].exists() else "(no log)"
-                raise RuntimeError(f"the host-loss run did not get going ({why}); logs in {self.root / 'hosts'}; "
-                                   f"host 1's trainer log ends:\n{tail}")
-            time.sleep(0.1)
+        try:
+            deadline = self._wait_going(name, procs, logs, metrics)
+        except GroupNotFormed as e:
+            if retried:
+                raise
+            print(f"  {name}: the group never formed, starting it again: {str(e).splitlines()[-1]}", flush=True)
+            for h in procs:
+                self.cluster.kill_host(h)
+            for p in (server, prober):  # host 0 also runs the broker: only this run's processes go
+                _kill_session(p)
+            return self.host_loss(how, phase, timeout_s, group_timeout_s, mbit, idle_exit_s, retried=True)
         ckpts = lambda: sorted(t for lg in logs for t in _log_times(lg, "checkpoint "))  # noqa: E731
         seen = len(ckpts())
         while len(ckpts()) == seen and time.monotonic() < deadline and procs[1].poll() is None:

@@ -88,3 +88,23 @@ def test_a_trainer_host_lost_at_three_points_of_a_checkpoint_cycle_loses_nothing
         assert last > first, where  # the smaller group's snapshots reached serving
     assert len(benches) == len(LOSSES)
     assert not any(h.ns in _namespaces() for b in benches for h in b.cluster.hosts)
+
+
+@pytest.mark.parametrize("log, expected", [
+    ("torch.distributed.DistStoreError: wait timeout after 60000ms, keys: /torch.rendezvous.none.1/x", "not formed"),
+    ("streamrec train: the config says no", "failed"),
+])
+def test_a_host_loss_run_whose_group_never_formed_is_told_from_other_start_failures(tmp_path, log, expected):
+    """Only torchrun giving up in the rendezvous is a group that never formed (the run is started again once);
+    any other exit of host 1's trainer before training fails the run."""
+    from types import SimpleNamespace
+
+    from streamrec.benchmarks.bench_cluster import ClusterBench, GroupNotFormed
+
+    (tmp_path / "h1.log").write_text(f"Traceback (most recent call last):\n{log}\n")
+    exited = SimpleNamespace(poll=lambda: 1, returncode=1)
+    bench = SimpleNamespace(root=tmp_path)
+    with pytest.raises(RuntimeError) as e:
+        ClusterBench._wait_going(bench, "loss-kill-10", {1: exited}, [tmp_path / "h1.log"], tmp_path / "none.jsonl")
+    assert isinstance(e.value, GroupNotFormed) == (expected == "not formed"), e.value
+    assert "did not get going (host 1's trainer exited 1)" in str(e.value) and log in str(e.value)
