@@ -458,13 +458,11 @@ def run_arrow_backlog(size: str, device: str, bootstrap: str | None = None, batc
     suffix = f"{os.getpid()}-{int(time.time() * 1000) % 10**8}"
     with (nullcontext() if bootstrap else EmbeddedBroker()) as broker:
         bs = bootstrap or broker.bootstrap
-        cfg = _config(root, suffix, sets)
+        cfg = _config(root, suffix, {**(sets or {}), **({"trainer.batch_size": batch} if batch else {})})
         cfg.kafka.events_topic = f"events-arrow-{suffix}"
         cfg.kafka.dlq_topic = f"events-arrow-{suffix}.dlq"
         cfg.trainer.device = device
         cfg.trainer.torch_threads = 0  # every core: the device trainer's host side is what this measures
-        if batch:
-            cfg.trainer.batch_size = batch
         ensure_topics(bs, pipeline_topics(cfg.kafka, cfg.trainer.ranks))
         schema = EventSchema.from_sections(cfg.model, cfg.ingest)
         msgs = [m for b in _events(cfg, n) for m in encode_messages(b, schema, "arrow", cfg.kafka.events_per_message)]
