@@ -133,10 +133,13 @@ def _kill_session(p: subprocess.Popen) -> None:
 
 
 class ClusterBench:
-    def __init__(self, root: Path, ranks: int, events: int, trainer_hosts: int | None = None):
+    def __init__(self, root: Path, ranks: int, events: int, trainer_hosts: int | None = None,
+                 last_call_s: float = 2.0):
+        """``last_call_s``: torchrun's ``last_call_timeout``, how long a round that has its minimum of hosts waits
+        for more; hosts whose start-ups lie further apart form the first round without the late ones."""
         from .netns import SimulatedCluster
 
-        self.root, self.ranks, self.events = root, ranks, events
+        self.root, self.ranks, self.events, self.last_call_s = root, ranks, events, last_call_s
         # host 0: the broker; 1..trainer_hosts: trainer ranks; the last: the services host (cluster_services)
         self.cluster = SimulatedCluster(max(ranks, trainer_hosts or 0) + 2, root / "hosts")
         h0 = self.cluster.hosts[0]
@@ -200,8 +203,9 @@ class ClusterBench:
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", "1",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{h1.address}:{RDZV_PORT}",
                 # the namespaces share the machine's hostname: say which host holds the rendezvous store; a lost
-                # host's rendezvous slot is dropped after 3 missed 2 s heartbeats, and a smaller group forms 2 s later
-                "--rdzv-conf", f"is_host={'true' if host == 1 else 'false'},last_call_timeout=2,"
+                # host's rendezvous slot is dropped after 3 missed 2 s heartbeats, and a smaller group forms
+                # last_call_s later
+                "--rdzv-conf", f"is_host={'true' if host == 1 else 'false'},last_call_timeout={self.last_call_s:g},"
                                "keep_alive_interval=2,keep_alive_max_attempt=3",
                 "--local-addr", self.cluster.hosts[host].address, "--max-restarts", "5", "--monitor-interval", "1",
                 "-m", "streamrec", "train", "--config", str(cfg), "--bootstrap", self.bootstrap, "--no-progress"]
