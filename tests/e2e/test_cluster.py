@@ -52,7 +52,7 @@ def _lose_a_host(root, how: str, phase: float, benches: list) -> dict:
     # the loss waits for serving's first version, which a loaded machine delivers late in training (the snapshot's
     # program is exported first): the backlog outlasts that wait, so the loss falls before the last event
     # the hosts' torchruns start side by side on a loaded machine, seconds apart: a 5 s last call forms the first
-    # round with both (with 2 s it formed without the later one, and torch's restart to take it in can stall)
+    # round with both (with 2 s it can form without the later one, and torch's restart to take it in can stall)
     b = ClusterBench(root, 2, 100_000, last_call_s=5.0)
     benches.append(b)
     try:
