@@ -58,10 +58,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -121,15 +119,6 @@ class GroupNotFormed(RuntimeError):
     """A host-loss run whose trainer group never formed: host 1's torchrun gave up waiting in the rendezvous
     store (torch elastic's restart to take in a host that joined after the first round can leave both agents
     waiting for each other's keys). It says nothing of the host loss the run measures."""
-
-
-def _kill_session(p: subprocess.Popen) -> None:
-    """SIGKILL the process group of ``p`` (started in a session of its own) and reap it."""
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.wait(30)
 
 
 class ClusterBench:
@@ -325,8 +314,7 @@ class ClusterBench:
             print(f"  {name}: the group never formed, starting it again: {str(e).splitlines()[-1]}", flush=True)
             for h in procs:
                 self.cluster.kill_host(h)
-            for p in (server, prober):  # host 0 also runs the broker: only this run's processes go
-                _kill_session(p)
+            self.cluster.kill([server, prober])  # host 0 also runs the broker: only this run's processes go
             return self.host_loss(how, phase, timeout_s, group_timeout_s, mbit, idle_exit_s, retried=True)
         ckpts = lambda: sorted(t for lg in logs for t in _log_times(lg, "checkpoint "))  # noqa: E731
         seen = len(ckpts())

@@ -154,13 +154,18 @@ class SimulatedCluster:
 
     def kill_host(self, host: int) -> None:
         """SIGKILL every process host ``host`` started (their process groups), at once."""
-        for p in self.hosts[host].procs:
+        self.kill(self.hosts[host].procs)
+
+    @staticmethod
+    def kill(procs: list[subprocess.Popen]) -> None:
+        """SIGKILL the process groups of ``procs`` (started by :meth:`spawn`), at once, and reap them."""
+        for p in procs:
             if p.poll() is None:
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        for p in self.hosts[host].procs:
+        for p in procs:
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:

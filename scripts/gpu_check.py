@@ -7,7 +7,8 @@ Steps, each bounded in time and recorded whatever happens to the others:
 3. the benches of ``BENCHES`` on the device, each with ``--json``: ``bench train`` at batch 2048 and
    8192 (in-memory, FAE, all-in-store), its ``--host-ceiling`` and ``--device-busy`` (torch.profiler:
    the share of the wall time the GPU is busy), ``bench e2e --arrow-backlog`` (Kafka Arrow backlog to a
-   trained model, at the batch of the 1 M events/s goal); ``bench store`` and ``bench serve`` when named in ``--benches``;
+   trained model, at the batch of the 1 M events/s goal); ``bench store`` and ``bench serve`` when named in
+   ``--benches``;
 4. ``goals``: the GPU goals read off those results, each with its figure and PASS/FAIL.
 
 The summary's ``ok`` is true only when every test passed (none failed, none errored, none skipped)
