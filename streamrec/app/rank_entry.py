@@ -2,9 +2,9 @@
 
 ``streamrec train --nproc N`` runs torch.distributed's elastic agent with :func:`rank_main` as its entry point
 and ``forkserver`` as its start method. The fork server is one process the agent starts once per launch; it
-imports :data:`RANK_MODULES` (torch, the trainer group, serving's pusher, ``torch.export`` for the snapshots'
-program) before it forks any rank, so a rank, and each rank a restart after a rank's death starts, begins with
-them loaded instead of importing them itself. The fork server is a fresh single-threaded interpreter, not a
+imports :func:`preload_modules` (torch, the trainer group, serving's pusher, ``torch.export`` and what its
+first export of the snapshots' program needs) before it forks any rank, so a rank, and each rank a restart
+after a rank's death starts, begins with them loaded instead of importing them itself. The fork server is a fresh single-threaded interpreter, not a
 fork of the agent (whose rendezvous store and Kafka clients run threads).
 
 Each rank reads the agent's per-rank environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...) as a
@@ -25,6 +25,16 @@ import sys
 # rank then imports what it needs itself).
 RANK_MODULES = ("torch.distributed", "torch.export", "streamrec.trainer.group", "streamrec.serving",
                 "streamrec.app.commands.train")
+# What ``torch.export`` imports on its first call (dynamo, its tracer and the program serialiser, which bring
+# sympy and networkx along), a load of the size of ``import torch`` itself. Preloaded when rank 0 writes
+# snapshots, so rank 0, and each rank 0 a restart forks, exports the snapshots' program without importing them.
+EXPORT_MODULES = ("torch._dynamo", "torch._functorch.aot_autograd", "torch._export.serde.serialize")
+
+
+def preload_modules(snapshots: bool) -> list[str]:
+    """The modules the fork server imports before it forks a rank: :data:`RANK_MODULES`, and
+    :data:`EXPORT_MODULES` when the group writes snapshots (``snapshots``)."""
+    return list(RANK_MODULES) + (list(EXPORT_MODULES) if snapshots else [])
 
 
 def rank_main(agent_pid: str, *argv: str) -> None:

@@ -10,12 +10,17 @@ import os
 
 import pytest
 
-from streamrec.app.rank_entry import RANK_MODULES, rank_main, release_ranks_on_close
+from streamrec.app.rank_entry import EXPORT_MODULES, RANK_MODULES, preload_modules, rank_main, release_ranks_on_close
 
 
-@pytest.mark.parametrize("name", RANK_MODULES)
+@pytest.mark.parametrize("name", RANK_MODULES + EXPORT_MODULES)
 def test_every_module_the_fork_server_imports_exists(name):
     assert importlib.import_module(name).__name__ == name
+
+
+def test_the_export_modules_are_preloaded_only_for_a_group_that_writes_snapshots():
+    assert preload_modules(False) == list(RANK_MODULES)
+    assert preload_modules(True) == list(RANK_MODULES + EXPORT_MODULES)
 
 
 def test_a_failing_command_ends_the_rank_with_its_code_and_success_returns(capsys):

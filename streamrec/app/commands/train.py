@@ -216,7 +216,7 @@ def _launch_group(cfg, args) -> int:
     from torch.distributed.run import config_from_args, get_args_parser
 
     from streamrec.app.cli import kafka_bootstrap
-    from streamrec.app.rank_entry import RANK_MODULES, rank_main, release_ranks_on_close
+    from streamrec.app.rank_entry import preload_modules, rank_main, release_ranks_on_close
     from streamrec.ingest import client_settings, free_port
     from streamrec.trainer.group import GroupError, check_partitions
 
@@ -253,7 +253,8 @@ def _launch_group(cfg, args) -> int:
             "--start-method", "forkserver", "--log-dir", log_dir, "--module", "streamrec", *rank_args])
         launch_config, _command, _ = config_from_args(launch)  # torchrun's --module: rank_main replaces it
         # the ranks fork from one server that imported what a rank needs (streamrec/app/rank_entry.py)
-        multiprocessing.get_context("forkserver").set_forkserver_preload(list(RANK_MODULES))
+        multiprocessing.get_context("forkserver").set_forkserver_preload(
+            preload_modules(cfg.trainer.snapshot_every > 0))
         release_ranks_on_close()
         print(f"streamrec train: starting {n} ranks (torch.distributed.run, up to {cfg.trainer.max_restarts} "
               f"restarts) against {bootstrap}", file=sys.stderr)
