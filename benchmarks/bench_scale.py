@@ -261,14 +261,11 @@ def _rank_main(rank: int, world: int, port: int, spec: dict, q) -> None:
 
 def run_group(world: int, spec: dict, timeout: float) -> list[list[dict]]:
     """``spec['modes']`` in ``world`` spawned ranks; per rank, one result per mode."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    from streamrec.ingest import free_port
+
+    port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     ps = [ctx.Process(target=_rank_main, args=(r, world, port, spec, q)) for r in range(world)]

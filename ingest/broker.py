@@ -29,10 +29,47 @@ class BrokerError(StreamrecError, RuntimeError):
     """The broker could not be started, reached, or configured."""
 
 
+PORTS_FROM = 20000  # free_port's ports start here, below the kernel's ephemeral range
+_handed_out: set[int] = set()  # the ports free_port gave this process: not given twice
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (``net.ipv4.ip_local_port_range``; Linux's default
+    where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port of ``host`` that nothing holds now, for a server started next (and never one this process
+    was given before).
+
+    The port lies below the kernel's ephemeral range, from which the kernel picks the local port of every
+    outgoing connection and of every bind to port 0: another process's connection (a Kafka client, a gRPC
+    call) can take a port of that range between this check and the server's bind, one below it only a
+    process that binds that very port. Where the range leaves no room below it, the kernel's own choice."""
+    import random
+
+    low, pick = _ephemeral_low(), random.SystemRandom()
+    for _ in range(200 if low - PORTS_FROM >= 1000 else 0):
+        port = pick.randrange(PORTS_FROM, low)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    _handed_out.add(port)
+    return port
 
 
 def tansu_binary() -> str:

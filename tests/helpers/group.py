@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -12,15 +11,9 @@ import torch
 import torch.multiprocessing as mp
 
 from streamrec.foundation import EventBatch
-from streamrec.ingest import SyntheticStream
+from streamrec.ingest import SyntheticStream, free_port
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def synthetic(cfg, n: int) -> EventBatch:

@@ -121,9 +121,10 @@ def test_services_agree_on_ports_tokens_and_the_health_check():
     assert test[:4] == ["CMD", "python", "-m", "streamrec.app.healthcheck"]
     assert test[4] == f"127.0.0.1:{serving.serving.port}"
     from streamrec.app import healthcheck
+    from streamrec.ingest import free_port
 
     assert callable(healthcheck.check)
-    assert healthcheck.check(f"127.0.0.1:{_free_port()}", timeout=0.5) is False  # nothing listens: not healthy
+    assert healthcheck.check(f"127.0.0.1:{free_port()}", timeout=0.5) is False  # nothing listens: not healthy
 
 
 def test_a_misspelled_variable_in_compose_would_be_refused():
@@ -134,14 +135,6 @@ def test_a_misspelled_variable_in_compose_would_be_refused():
         _load(s)
     with pytest.raises(SystemExit):
         build_parser().parse_args(shlex.split("train --config x --no-such-flag"))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 # -- the compose file itself: what `docker compose config` would refuse, checked without Docker -----------------

@@ -66,9 +66,9 @@ def test_unwritable_data_dir_is_one_line(tmp_path):
 
 
 def test_wrong_bootstrap_is_one_line_in_json_too(tmp_path):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from streamrec.ingest import free_port
+
+    port = free_port()  # nobody listens there
     r = _run("sketch", "--bootstrap", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "d"),
              "--set", "kafka.connect_timeout_s=3", "--log-format", "json")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
