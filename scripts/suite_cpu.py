@@ -1,7 +1,7 @@
 """Where a test run's CPU goes: run pytest (by default with the README's test command's arguments, without the
-set-up) and sample it and every process below it twice a second; at the end, print the run's wall time, the CPU seconds its
-processes used by kind (pytest workers, trainer ranks, `streamrec <command>` children, the broker, ...) and
-that total against what the machine's cores could give over the wall time.
+set-up) and sample it and every process below it twice a second; at the end, print the run's wall time, the CPU
+seconds its processes used by kind (pytest workers, group ranks, `streamrec <command>` children, the broker, ...)
+and that total against what the machine's cores could give over the wall time.
 
     .venv/bin/python scripts/suite_cpu.py                       # the suite
     .venv/bin/python scripts/suite_cpu.py -- -m "not e2e" -n 2  # other pytest arguments

@@ -2,17 +2,18 @@
 
 ``streamrec train --nproc N`` runs torch.distributed's elastic agent with :func:`rank_main` as its entry point
 and ``forkserver`` as its start method. The fork server is one process the agent starts once per launch; it
-imports :func:`preload_modules` (torch, the trainer group, serving's pusher, ``torch.export`` and what its
-first export of the snapshots' program needs) before it forks any rank, so a rank, and each rank a restart
-after a rank's death starts, begins with them loaded instead of importing them itself. The fork server is a fresh single-threaded interpreter, not a
-fork of the agent (whose rendezvous store and Kafka clients run threads).
+imports the modules :func:`preload_modules` names (torch, the trainer group, serving's pusher, ``torch.export``
+and what its first export of the snapshots' program needs) before it forks any rank, so a rank, and each rank
+a restart after a rank's death starts, begins with them loaded instead of importing them itself. The fork
+server is a fresh single-threaded interpreter, not a fork of the agent (whose rendezvous store and Kafka
+clients run threads).
 
 Each rank reads the agent's per-rank environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...) as a
 ``torchrun``-started process does. Its parent is the fork server, which lives as long as any of its ranks
 does, not the agent: a rank therefore watches the agent itself (:func:`~streamrec.foundation.die_with`), so
 that no rank trains on after its agent was killed, and the fork server exits once its ranks are gone.
 
-  agent (streamrec train --nproc 2) ──starts──► fork server (imports RANK_MODULES once)
+  agent (streamrec train --nproc 2) ──starts──► fork server (imports preload_modules() once)
         │ rendezvous, restarts                       ├──fork──► rank 0: rank_main(*argv)
         └──────────── watches ───────────────────────└──fork──► rank 1: rank_main(*argv)
 """
