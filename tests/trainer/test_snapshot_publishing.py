@@ -14,6 +14,7 @@ from streamrec.serving import ServingClient, SnapshotPusher, serve
 from streamrec.app.wiring import server_settings
 from streamrec.trainer.snapshots import SnapshotPublisher
 from tests.helpers.serving import FakeTrainer, events_to_batch, make_events
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.grpc
 
@@ -102,8 +103,10 @@ def test_a_replica_that_was_down_gets_what_it_missed(group, tmp_path):
     assert pub.wait_idle(30)
     servers[1].stop(0.5)  # down, data kept: it restores version 1 when it comes back
     v2 = publish()
-    assert not pub.wait_idle(1.0)  # still pending for replica 1 (retried with backoff)
-    assert served(0)[0] == v2 and pub.version == 1 and "UNAVAILABLE" in pub.st.last_error
+    # replica 0 takes v2 and a push to replica 1 fails (however long a loaded machine takes to get there)
+    wait_until(lambda: served(0)[0] == v2 and "UNAVAILABLE" in pub.st.last_error, 30,
+               "v2 on replica 0 and a failed push to replica 1", interval=0.2)
+    assert not pub.wait_idle(1.0) and pub.version == 1  # still pending for replica 1 (retried with backoff)
     servers[1] = start(1, str(tmp_path / "serving-1"))
     assert pub.wait_idle(30), pub.st.last_error
     assert pub.version == v2 and pub.st.history[-1] == (v2, "delta")  # the delta applied on the restored parent
