@@ -8,8 +8,8 @@ and that total against what the machine's cores could give over the wall time.
 
 The sampler sees a process only while it lives through a sample and while it is below pytest (one whose parent
 exited first is seen only if a sample caught it before): the figures are lower bounds, short-lived processes (a
-`streamrec config` call) mostly missed. A process's kind is read from its first command line
-seen; an exited process whose command line was never read counts as "unknown".
+`streamrec config` call) mostly missed. A process's kind is read from its first command line seen; an exited
+process whose command line was never read counts as "unknown".
 """
 
 from __future__ import annotations
@@ -73,8 +73,9 @@ def main(argv: list[str]) -> int:
     by_kind: Counter = Counter()
     count: Counter = Counter()
     for cmd, cpu in seen.values():
-        by_kind[kind(cmd)] += cpu
-        count[kind(cmd)] += 1
+        k = kind(cmd)
+        by_kind[k] += cpu
+        count[k] += 1
     total, cores = sum(by_kind.values()), os.cpu_count() or 1
     print(f"\nwall {wall:.0f} s; processes used at least {total:.0f} CPU-s of the {wall * cores:.0f} that {cores} "
           f"cores give in that time ({total / (wall * cores):.0%})")

@@ -14,8 +14,6 @@ from streamrec.foundation import EventBatch
 from streamrec.ingest import SyntheticStream, free_port
 
 
-
-
 def synthetic(cfg, n: int) -> EventBatch:
     return EventBatch.concat(list(SyntheticStream(cfg).batches(n)), cfg.model.dense_dim, cfg.model.field_names)
 
